@@ -1,0 +1,3 @@
+"""base: a local LLM runtime on MLX."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,63 @@
+"""KV pools: one pair of preallocated arrays per layer, written in place through slot mappings."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from baselm.kv.metadata import AttentionMetadata
+
+
+class LayerKV:
+    """The K and V pools of one attention layer, each (num_blocks, block_size, kv_heads, head_dim)."""
+
+    __slots__ = ("keys", "values")
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype):
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.keys = mx.zeros(shape, dtype=dtype)  # (num_blocks, block_size, kv_heads, head_dim)
+        self.values = mx.zeros(shape, dtype=dtype)
+
+    def write(self, keys: mx.array, values: mx.array, meta: AttentionMetadata) -> None:
+        """Stores this step's rows, (num_tokens, kv_heads, head_dim), at `meta.slot_mapping`.
+
+        NOTE: the pools are rebound to the scatter's result; with no other reference alive
+        MLX donates the old buffer, so the write happens in place.
+        """
+        from baselm.metal import write_kv
+
+        self.keys, self.values = write_kv(self.keys, self.values, keys, values, meta.slot_mapping)
+
+
+class PagedKVCache:
+    """Per-layer KV pools sized once; the engine hands out blocks, models only read and write slots."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: mx.Dtype = mx.float32,
+    ):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("a KV cache needs at least one block of at least one token")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.layers = [LayerKV(num_blocks, block_size, num_kv_heads, head_dim, dtype) for _ in range(num_layers)]
+
+    def __getitem__(self, layer: int) -> LayerKV:
+        return self.layers[layer]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
+
+    @classmethod
+    def for_model(cls, model, num_blocks: int, block_size: int = 16, dtype: mx.Dtype | None = None) -> PagedKVCache:
+        """A cache shaped for `model` (anything with `kv_shape()` and `dtype`)."""
+        num_layers, num_kv_heads, head_dim = model.kv_shape()
+        return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype or model.dtype)

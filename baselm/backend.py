@@ -1,0 +1,63 @@
+"""Which device runs the model and how weights are held there."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+DEVICES = ("auto", "gpu", "cpu")
+
+
+class BackendError(RuntimeError):
+    """The requested device is not available."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """The device in use and the weight policy that is fast on it.
+
+    On CPU only float32 matmul goes through an optimized BLAS, so quantized weights are
+    dequantized to float32 at load. GPUs keep quantized weights quantized.
+    """
+
+    name: str  # "metal", "cuda" or "cpu"
+    compute_dtype: mx.Dtype
+    keep_quantized: bool
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.name != "cpu"
+
+
+def gpu_kind() -> str | None:
+    """'metal' or 'cuda' when MLX has a GPU here, else None."""
+    if not mx.is_available(mx.gpu):
+        return None
+    if platform.system() == "Darwin" and mx.metal.is_available():
+        return "metal"
+    return "cuda"
+
+
+def select_backend(device: str = "auto") -> Backend:
+    """Makes `device` MLX's default and returns the policy for it."""
+    if device not in DEVICES:
+        raise BackendError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    kind = gpu_kind()
+    if device == "gpu" and kind is None:
+        raise BackendError("no GPU is available to MLX here; use --device cpu")
+    if device == "cpu" or kind is None:
+        mx.set_default_device(mx.cpu)
+        return Backend("cpu", mx.float32, keep_quantized=False)
+    mx.set_default_device(mx.gpu)
+    return Backend(kind, mx.bfloat16 if kind == "cuda" else mx.float16, keep_quantized=True)
+
+
+def device_memory_bytes() -> int | None:
+    """Memory MLX may use on the default device, when MLX reports it."""
+    try:
+        info = mx.device_info()
+    except Exception:  # older MLX, or no device info on this backend
+        return None
+    return info.get("memory_size") or info.get("total_memory")

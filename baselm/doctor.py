@@ -1,0 +1,103 @@
+"""`base doctor`: what this machine offers the runtime, and what will make it slow or fail."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+from typing import Any
+
+from baselm import blas
+
+
+def _system_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def collect() -> dict[str, Any]:
+    """Everything doctor reports, as plain data (the --json output)."""
+    import mlx.core as mx
+
+    from baselm.backend import device_memory_bytes, gpu_kind
+    from baselm.store.default_model import base_home
+
+    kind = gpu_kind()
+    backend = kind or "cpu"
+    home = base_home()
+    disk = shutil.disk_usage(home if home.exists() else home.parent if home.parent.exists() else "/")
+    report: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "mlx": mx.__version__,
+        "backend": backend,
+        "device": mx.device_info().get("device_name", "unknown") if hasattr(mx, "device_info") else "unknown",
+        "device_memory_bytes": device_memory_bytes() if kind else None,
+        "system_memory_bytes": _system_memory_bytes(),
+        "cpu_count": os.cpu_count(),
+        "blas": (blas.status["library"] or "MLX's bundled reference BLAS") if backend == "cpu" else "not used (GPU)",
+        "blas_status": blas.status["reason"],
+        "compute": "float32 (quantized weights dequantized at load)" if backend == "cpu" else "quantized weights on the GPU",
+        "store": str(home),
+        "store_free_bytes": disk.free,
+        "warnings": [],
+    }
+    report["warnings"] = _warnings(report)
+    return report
+
+
+def _warnings(report: dict[str, Any]) -> list[str]:
+    warnings = []
+    if sys.version_info < (3, 10):
+        warnings.append("Python 3.10 or newer is required.")
+    if report["backend"] == "cpu":
+        warnings.append(
+            "No GPU: MLX runs on the CPU. Expect tens of tokens/s on small models; large models will be slow."
+        )
+        if blas.status["library"] is None and sys.platform.startswith("linux"):
+            warnings.append(
+                f"No optimized BLAS ({blas.status['reason']}): matmuls run on the reference BLAS, "
+                "about 40x slower. Install one: apt-get install libopenblas0-pthread"
+            )
+    memory = report["device_memory_bytes"] or report["system_memory_bytes"]
+    if memory is not None and memory < 8 * 2**30:
+        warnings.append(f"Only {memory / 2**30:.1f} GiB of memory: models above ~1B parameters may not fit.")
+    if report["store_free_bytes"] < 5 * 2**30:
+        warnings.append(f"Only {report['store_free_bytes'] / 2**30:.1f} GiB free where models are stored.")
+    return warnings
+
+
+def _gib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def render(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console()
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("Python", report["python"]),
+        ("Platform", report["platform"]),
+        ("MLX", report["mlx"]),
+        ("Backend", f"{report['backend']} ({report['device']})"),
+        ("Memory", f"device {_gib(report['device_memory_bytes'])}, system {_gib(report['system_memory_bytes'])}"),
+        ("CPU cores", str(report["cpu_count"])),
+        ("BLAS", f"{report['blas']} ({report['blas_status']})"),
+        ("Compute", report["compute"]),
+        ("Store", f"{report['store']} ({_gib(report['store_free_bytes'])} free)"),
+    ]
+    for key, value in rows:
+        table.add_row(key, Text(value))
+    console.print(table)
+    for warning in report["warnings"]:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    if not report["warnings"]:
+        console.print("[green]All good.[/]")

@@ -1,0 +1,135 @@
+"""A generation request as the engine tracks it, its status, and what one step reports for it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is; every status from FINISHED_STOPPED on is final."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI-style reason: "stop", "length" or "abort"; None while unfinished."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+FINISHED_STATUS_BY_REASON = {reason: status for status, reason in _FINISH_REASONS.items()}
+
+
+class Request:
+    """Token ids in and out, and how far the KV cache has caught up with them.
+
+    `num_computed_tokens` counts the leading tokens whose K/V are in the cache; each step
+    the scheduler feeds a request tokens from there until it reaches `num_tokens`, which is
+    when a new token is sampled.
+
+    NOTE: 0 <= num_computed_tokens <= num_tokens; between steps an unfinished request has
+    num_computed_tokens < num_tokens (its newest token is never computed yet).
+    """
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "output_token_ids", "_all_token_ids", "sampling_params",
+        "max_tokens", "arrival_time", "cache_salt", "status", "num_computed_tokens",
+        "num_cached_tokens", "num_preemptions", "block_hashes",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling_params: Any = None,
+        *,
+        max_tokens: int | None = None,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+    ):
+        """`max_tokens` defaults to `sampling_params.max_tokens`; None lets the scheduler fill it in."""
+        if len(prompt_token_ids) == 0:
+            raise ValueError(f"request {request_id} has an empty prompt; give it at least one token")
+        if max_tokens is None:
+            max_tokens = getattr(sampling_params, "max_tokens", None)
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"request {request_id} asks for max_tokens={max_tokens}; it must be at least 1")
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self._all_token_ids = list(prompt_token_ids)  # prompt + output, appended in place
+        self.sampling_params = sampling_params
+        self.max_tokens = max_tokens
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.cache_salt = cache_salt  # mixed into the first block's hash: no sharing across salts
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache when first scheduled
+        self.num_preemptions = 0
+        self.block_hashes: list[int] = []  # hashes of the full blocks of all_token_ids, filled lazily
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt then output ids; read-only by convention (use `append_output_token_ids`)."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.finish_reason
+
+    def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
+        if isinstance(token_ids, int):
+            token_ids = (token_ids,)
+        for token_id in token_ids:
+            self.output_token_ids.append(token_id)
+            self._all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, num_tokens={self.num_tokens}, "
+            f"num_computed_tokens={self.num_computed_tokens})"
+        )
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What one step produced for one request: the new token ids and whether it is done."""
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None  # "stop", "length" or "abort" once finished
+    num_cached_tokens: int = 0  # prompt tokens that were prefix-cache hits

@@ -1,0 +1,358 @@
+"""The scheduler: which requests run this step, with how many tokens each, and what follows.
+
+One rule, no phases: each request has `num_computed_tokens` and `num_tokens`, and each step
+gives it tokens from a shared budget until it catches up. A fresh prompt, a prefix hit, a
+chunk of a long prompt, a decode and a request resumed after preemption are all the same
+thing: the tokens in `all_token_ids[num_computed_tokens:]`. Running requests are served
+first, in admission order, so a long prompt never stalls running streams; then waiting
+requests, first come first served, while budget, sequence slots and KV blocks last.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from baselm.kv.manager import KVCacheManager
+from baselm.request import FINISHED_STATUS_BY_REASON, Request, RequestOutput, RequestStatus
+
+StopCheck = Callable[[Request], "str | None"]
+
+
+class RequestTooLongError(ValueError):
+    """A request that could never be served with this model length or KV cache size."""
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step: what the runner feeds and where its K/V lives."""
+
+    request: Request
+    token_ids: list[int]  # the tokens to feed: all_token_ids[num_computed_tokens : context_len]
+    num_computed_tokens: int  # tokens already in the cache before this step
+    block_ids: list[int]  # the request's block table (live list; valid until the next schedule)
+    is_sampling: bool  # the last fed token is the request's newest: sample one token from it
+    is_new: bool  # admitted from the waiting queue this step (new, or resumed after preemption)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens in the cache after this step's writes (AttentionMetadata's context_lens)."""
+        return self.num_computed_tokens + len(self.token_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """A step's plan: scheduled requests in feed order, and what changed since the last one."""
+
+    requests: list[ScheduledRequest] = field(default_factory=list)
+    num_scheduled_tokens: int = 0
+    preempted_request_ids: list[str] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)  # finished or aborted since the last schedule
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    kv_usage: float  # fraction of KV blocks in use
+    prefix_cache_queries: int  # tokens
+    prefix_cache_hits: int  # tokens
+    num_preemptions: int  # since start
+
+
+class Scheduler:
+    """Plans each step (`schedule`) and applies its results (`update`); owns the request queues.
+
+    `check_stop(request)` is called after each appended token and returns a finish reason
+    ("stop" or "length") or None; the engine supplies EOS and stop-string checks there.
+    max_tokens is always enforced here, after that callback, so a stop token that lands
+    exactly on the limit reports "stop".
+    """
+
+    def __init__(
+        self,
+        kv_manager: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        long_prefill_token_threshold: int = 0,
+        check_stop: StopCheck | None = None,
+    ):
+        """`long_prefill_token_threshold` > 0 caps the tokens one request gets per step (its chunk size)."""
+        if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_model_len < 2:
+            raise ValueError("a scheduler needs max_num_seqs >= 1, max_num_batched_tokens >= 1 and max_model_len >= 2")
+        if long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be 0 (off) or positive, got {long_prefill_token_threshold}")
+        self.kv = kv_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.check_stop = check_stop
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order; the last is the newest
+        self.num_preemptions = 0
+        self._finished_ids: list[str] = []
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def add_request(self, request: Request) -> None:
+        """Queues a new request, or raises RequestTooLongError if it could never fit.
+
+        A request without max_tokens gets whatever the model length leaves after its prompt.
+        """
+        if request.request_id in self.requests:
+            raise ValueError(f"a request with id {request.request_id!r} is already queued or running")
+        self._check_fits(request)
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def fork_request(self, parent_id: str, child: Request) -> None:
+        """Adds `child` (same prompt as the running `parent_id`, for n > 1) sharing the parent's cached blocks.
+
+        The child joins the running requests when a sequence slot is free, holding the
+        parent's full blocks, and recomputes only the last partial block; otherwise it
+        waits at the front of the queue and picks those blocks up as prefix hits.
+        """
+        if child.request_id in self.requests:
+            raise ValueError(f"a request with id {child.request_id!r} is already queued or running")
+        parent = self.requests.get(parent_id)
+        if parent is None or parent.status != RequestStatus.RUNNING:
+            raise ValueError(f"request {parent_id!r} is not running, so it cannot be forked")
+        self._check_fits(child)
+        self.requests[child.request_id] = child
+        if len(self.running) < self.max_num_seqs:
+            self.kv.fork(parent, child)
+            child.num_cached_tokens = child.num_computed_tokens
+            child.status = RequestStatus.RUNNING
+            self.running.append(child)
+        else:
+            self.waiting.appendleft(child)
+
+    def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
+        """Finishes the given requests now and frees their blocks; unknown or finished ids are ignored.
+
+        If a step that includes them is in flight, `update` drops its results for them.
+        """
+        outputs = []
+        aborted = set()
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                aborted.add(request_id)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED)
+            outputs.append(_output(request, []))
+        if aborted:
+            self.running = [r for r in self.running if r.request_id not in aborted]
+        return outputs
+
+    def schedule(self) -> SchedulerOutput:
+        """Picks this step's requests and tokens: running ones first, then waiting ones (FCFS)."""
+        output = SchedulerOutput(finished_request_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self._schedule_running(output, self.max_num_batched_tokens)
+        if not output.preempted_request_ids:  # under memory pressure, admit nobody new
+            budget = self._schedule_waiting(output, budget)
+        output.num_scheduled_tokens = self.max_num_batched_tokens - budget
+        return output
+
+    def update(self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]) -> list[RequestOutput]:
+        """Applies a finished step: advances computed tokens, caches full blocks, appends samples, stops.
+
+        `sampled_token_ids` holds the new ids of every sampling request of `output`. Returns
+        one RequestOutput per request that got tokens or finished.
+        """
+        outputs = []
+        finished = False
+        for scheduled in output.requests:
+            request = scheduled.request
+            if request.is_finished:  # aborted while the step ran
+                continue
+            request.num_computed_tokens += scheduled.num_scheduled_tokens
+            # NOTE: num_computed_tokens <= num_tokens, and the request's blocks cover it.
+            self.kv.cache_full_blocks(request)
+            new_token_ids = _sampled_for(scheduled, sampled_token_ids)
+            if not new_token_ids:
+                continue
+            new_token_ids, status = self._append_until_stop(request, new_token_ids)
+            if status is not None:
+                self._finish(request, status)
+                finished = True
+            outputs.append(_output(request, new_token_ids))
+        if finished:
+            self.running = [r for r in self.running if not r.is_finished]
+        return outputs
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_free_blocks=self.kv.num_free_blocks,
+            kv_usage=self.kv.usage,
+            prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+    def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
+        """Gives each running request its tokens, preempting the newest ones when blocks run out."""
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                output.preempted_request_ids.append(victim.request_id)
+                if victim is request:
+                    return budget
+            output.requests.append(self._scheduled(request, num_new, is_new=False))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> int:
+        """Admits waiting requests in order until budget, sequence slots or blocks run out."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            computed_blocks, num_hit = self.kv.get_computed_blocks(request)  # NOTE: it holds no blocks
+            num_new = self._num_new_tokens(request, num_hit, budget)
+            if not self.kv.allocate_slots(request, num_new, computed_blocks):
+                break
+            self.waiting.popleft()
+            if request.status == RequestStatus.WAITING:  # not on resumption after preemption
+                request.num_cached_tokens = num_hit
+            request.num_computed_tokens = num_hit
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            output.requests.append(self._scheduled(request, num_new, is_new=True))
+            budget -= num_new
+        return budget
+
+    def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
+        num_new = min(request.num_tokens - num_computed, budget)
+        if self.long_prefill_token_threshold:
+            num_new = min(num_new, self.long_prefill_token_threshold)
+        return num_new
+
+    def _scheduled(self, request: Request, num_new: int, is_new: bool) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = start + num_new
+        return ScheduledRequest(
+            request=request,
+            token_ids=request.all_token_ids[start:end],
+            num_computed_tokens=start,
+            block_ids=self.kv.block_table(request),
+            is_sampling=end == request.num_tokens,
+            is_new=is_new,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        """Preemption by recompute: drop the K/V, start over later from the front of the queue."""
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _append_until_stop(self, request: Request, token_ids: list[int]) -> tuple[list[int], RequestStatus | None]:
+        """Appends sampled ids one by one; ids after a stop are dropped."""
+        for i, token_id in enumerate(token_ids):
+            request.append_output_token_ids(token_id)
+            status = self._stop_status(request)
+            if status is not None:
+                return token_ids[: i + 1], status
+        return token_ids, None
+
+    def _stop_status(self, request: Request) -> RequestStatus | None:
+        reason = self.check_stop(request) if self.check_stop is not None else None
+        if reason is not None:
+            status = FINISHED_STATUS_BY_REASON.get(reason)
+            if status is None or status == RequestStatus.FINISHED_ABORTED:
+                raise ValueError(f"check_stop returned {reason!r}; it must return 'stop', 'length' or None")
+            return status
+        if request.num_output_tokens >= request.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """Marks a request finished and frees its blocks; the caller removes it from `running`."""
+        request.status = status
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)
+
+    def _check_fits(self, request: Request) -> None:
+        """Raises RequestTooLongError unless the request fits; fills in a missing max_tokens."""
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise RequestTooLongError(
+                f"request {request.request_id} has a prompt of {request.num_prompt_tokens} tokens but the model "
+                f"takes at most {self.max_model_len} in all, leaving no room to generate; shorten the prompt"
+            )
+        if request.max_tokens is None:
+            request.max_tokens = self.max_model_len - request.num_prompt_tokens
+        total = request.num_prompt_tokens + request.max_tokens
+        if total > self.max_model_len:
+            raise RequestTooLongError(
+                f"request {request.request_id} needs {total} tokens ({request.num_prompt_tokens} prompt + "
+                f"{request.max_tokens} max_tokens) but the model takes at most {self.max_model_len}; "
+                "shorten the prompt or lower max_tokens"
+            )
+        # The last sampled token is never fed back, so its K/V is never stored.
+        num_blocks = -(-(total - 1) // self.kv.block_size)
+        if num_blocks > self.kv.num_blocks:
+            raise RequestTooLongError(
+                f"request {request.request_id} needs up to {num_blocks} KV blocks of {self.kv.block_size} tokens "
+                f"but the cache has only {self.kv.num_blocks}; lower max_tokens or give the KV cache more memory"
+            )
+
+
+def _sampled_for(scheduled: ScheduledRequest, sampled_token_ids: dict[str, list[int]]) -> list[int]:
+    """The step's new ids for one request; a sampling request must have some, a chunk none."""
+    token_ids = sampled_token_ids.get(scheduled.request_id)
+    if scheduled.is_sampling and not token_ids:
+        raise ValueError(f"request {scheduled.request_id} sampled this step but no token ids came back for it")
+    if not scheduled.is_sampling and token_ids:
+        raise ValueError(f"request {scheduled.request_id} fed a prompt chunk this step and cannot take sampled ids")
+    return token_ids or []
+
+
+def _output(request: Request, new_token_ids: list[int]) -> RequestOutput:
+    return RequestOutput(
+        request_id=request.request_id,
+        new_token_ids=new_token_ids,
+        finished=request.is_finished,
+        finish_reason=request.finish_reason,
+        num_cached_tokens=request.num_cached_tokens,
+    )

@@ -13,6 +13,14 @@ from baselm.models.base import DecoderModel, ModelConfigError
 # HF model_type -> module in this package.
 ARCHITECTURES = {
     "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "phi3": "phi3",
+    "qwen3_moe": "qwen3_moe",
+    "mixtral": "mixtral",
 }
 
 

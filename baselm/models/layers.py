@@ -42,11 +42,29 @@ def _yarn_inv_freq(inv_freq: np.ndarray, dims: int, base: float, scaling: dict[s
     return inv, mscale
 
 
+def _longrope_freqs(dims: int, base: float, scaling: dict[str, Any], max_position_embeddings: int):
+    """Short and long per-dimension periods and the cos/sin scale of LongRoPE (Phi-3)."""
+    old_len = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or max_position_embeddings / old_len
+    mscale = scaling.get("attention_factor")
+    if mscale is None:
+        mscale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old_len))
+    periods = base ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    freqs = []
+    for key in ("short_factor", "long_factor"):
+        ext = np.asarray(scaling[key], dtype=np.float64)
+        if ext.shape != periods.shape:
+            raise ModelConfigError(f"rope_scaling {key} has {ext.size} values, the rotary dims need {periods.size}")
+        freqs.append(ext * periods)
+    return freqs[0], freqs[1], old_len, mscale
+
+
 class RoPE(nn.Module):
     """Rotary embedding at arbitrary per-token positions (HF "rotate half" layout by default).
 
-    Supports rope_scaling types default, linear, dynamic (as default within the trained
-    length), llama3 and yarn. Positions come per token, so sequences of a batch need not align.
+    Supports rope types default, linear, dynamic (as default within the trained length),
+    llama3, yarn and longrope. Positions come per token, so sequences of a batch need not align.
+    `dims` below the head size rotates only the first `dims` features (partial rotary).
     """
 
     def __init__(
@@ -55,39 +73,71 @@ class RoPE(nn.Module):
         base: float,
         scaling: dict[str, Any] | None = None,
         traditional: bool = False,
+        max_position_embeddings: int = 4096,
     ):
         super().__init__()
         self.dims = dims
         self.traditional = traditional
         self.mscale = 1.0
+        self._long_freqs = None
         inv_freq = 1.0 / (base ** (np.arange(0, dims, 2, dtype=np.float64) / dims))
-        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+        kind = rope_type(scaling)
         if kind == "linear":
             inv_freq = inv_freq / scaling["factor"]
         elif kind == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
         elif kind == "yarn":
             inv_freq, self.mscale = _yarn_inv_freq(inv_freq, dims, base, scaling)
+        elif kind == "longrope":
+            short, long, self._long_from, self.mscale = _longrope_freqs(dims, base, scaling, max_position_embeddings)
+            inv_freq = 1.0 / short
+            self._long_freqs = mx.array(long.astype(np.float32))  # (dims // 2,)
         elif kind not in ("default", "dynamic"):
-            raise ModelConfigError(f"rope_scaling type {kind!r} is not supported")
+            raise ModelConfigError(f"rope type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
         self._freqs = mx.array((1.0 / inv_freq).astype(np.float32))  # (dims // 2,) periods / 2pi
 
-    def __call__(self, x: mx.array, positions: mx.array) -> mx.array:
-        """x: (num_tokens, heads, head_dim); positions: (num_tokens,)."""
+    def _rotate(self, x: mx.array, positions: mx.array, freqs: mx.array) -> mx.array:
         # Each token is its own batch entry with a length-1 sequence at offset = its position.
-        out = mx.fast.rope(
+        return mx.fast.rope(
             x[:, :, None, :],
             self.dims,
             traditional=self.traditional,
             base=None,
             scale=1.0,
             offset=positions,
-            freqs=self._freqs,
+            freqs=freqs,
         )[:, :, 0, :]
+
+    def __call__(self, x: mx.array, positions: mx.array) -> mx.array:
+        """x: (num_tokens, heads, head_dim); positions: (num_tokens,)."""
+        out = self._rotate(x, positions, self._freqs)
+        if self._long_freqs is not None:
+            # NOTE: LongRoPE switches to its long factors past the trained length. HF decides per
+            # forward call (by the largest position); here each token decides by its own position,
+            # which agrees with HF whenever a call's positions all lie on one side of that length.
+            is_long = (positions >= self._long_from)[:, None, None]
+            out = mx.where(is_long, self._rotate(x, positions, self._long_freqs), out)
         if self.mscale != 1.0:
             rotated = out[..., : self.dims] * self.mscale
             out = rotated if self.dims == out.shape[-1] else mx.concatenate([rotated, out[..., self.dims :]], -1)
         return out
+
+
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+
+
+def rope_type(params: dict[str, Any] | None) -> str:
+    """The rope type of an HF rope dict (`rope_type`, or the older `type`; "su" is longrope's old name)."""
+    kind = (params or {}).get("rope_type", (params or {}).get("type", "default"))
+    return "longrope" if kind == "su" else kind
+
+
+def make_rope(head_dim: int, params: dict[str, Any], max_position_embeddings: int) -> RoPE:
+    """RoPE from a resolved HF rope dict: `rope_theta`, optional `partial_rotary_factor` and scaling keys."""
+    dims = int(head_dim * params.get("partial_rotary_factor", 1.0))
+    if dims % 2 or not 0 < dims <= head_dim:
+        raise ModelConfigError(f"partial_rotary_factor gives {dims} rotary dims for head_dim {head_dim}; need an even count")
+    return RoPE(dims, params["rope_theta"], params, max_position_embeddings=max_position_embeddings)
 
 
 class Attention(nn.Module):
@@ -177,3 +227,120 @@ class MLP(nn.Module):
 def select_logits(hidden: mx.array, meta) -> mx.array:
     """Rows of `hidden` (num_tokens, hidden) whose logits are wanted."""
     return hidden if meta.logits_indices is None else hidden[meta.logits_indices]
+
+
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm that scales by (1 + weight): Gemma checkpoints store the offset from one."""
+
+    def __init__(self, dims: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = mx.zeros((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+
+
+class SwitchLinear(nn.Module):
+    """One bias-free linear layer per expert, weights stacked: (num_experts, out, in)."""
+
+    def __init__(self, input_dims: int, output_dims: int, num_experts: int):
+        super().__init__()
+        scale = input_dims**-0.5
+        self.weight = mx.random.uniform(-scale, scale, (num_experts, output_dims, input_dims))
+
+    def __call__(self, x: mx.array, expert_ids: mx.array) -> mx.array:
+        """x: (num_tokens, k or 1, 1, in); expert_ids: (num_tokens, k); returns (num_tokens, k, 1, out)."""
+        return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=expert_ids)
+
+
+class SwitchGLU(nn.Module):
+    """The experts of a sparse MoE: a gated MLP per expert, run only for the experts each token picked."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, act: str = "silu"):
+        super().__init__()
+        self.gate_proj = SwitchLinear(hidden_size, intermediate_size, num_experts)
+        self.up_proj = SwitchLinear(hidden_size, intermediate_size, num_experts)
+        self.down_proj = SwitchLinear(intermediate_size, hidden_size, num_experts)
+        self.act = activation(act)
+
+    def __call__(self, x: mx.array, expert_ids: mx.array) -> mx.array:
+        """x: (num_tokens, hidden); expert_ids: (num_tokens, k); returns (num_tokens, k, hidden)."""
+        x = x[:, None, None, :]  # (num_tokens, 1, 1, hidden)
+        h = self.act(self.gate_proj(x, expert_ids)) * self.up_proj(x, expert_ids)  # (num_tokens, k, 1, inter)
+        return self.down_proj(h, expert_ids)[:, :, 0, :]
+
+
+class SparseMoE(nn.Module):
+    """Top-k routed mixture of gated-MLP experts (Mixtral, Qwen3-MoE).
+
+    The router's softmax runs over all experts in float32; the k largest probabilities weight
+    their experts' outputs, renormalized to sum to one when `norm_topk_prob`.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int,
+        num_experts_per_tok: int,
+        norm_topk_prob: bool,
+        act: str = "silu",
+    ):
+        super().__init__()
+        if not 0 < num_experts_per_tok <= num_experts:
+            raise ModelConfigError(
+                f"num_experts_per_tok ({num_experts_per_tok}) must be between 1 and the number of experts ({num_experts})"
+            )
+        self.num_experts_per_tok = num_experts_per_tok
+        self.norm_topk_prob = norm_topk_prob
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
+        self.experts = SwitchGLU(hidden_size, intermediate_size, num_experts, act)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        """x: (num_tokens, hidden) -> (num_tokens, hidden)."""
+        k = self.num_experts_per_tok
+        probs = mx.softmax(self.gate(x).astype(mx.float32), axis=-1, precise=True)  # (num_tokens, num_experts)
+        expert_ids = mx.argpartition(-probs, kth=k - 1, axis=-1)[:, :k]  # (num_tokens, k), unordered
+        weights = mx.take_along_axis(probs, expert_ids, axis=-1)  # (num_tokens, k)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        out = self.experts(x, expert_ids)  # (num_tokens, k, hidden)
+        return (out * weights[..., None].astype(out.dtype)).sum(axis=1)
+
+
+def stack_experts(
+    weights: dict[str, mx.array], prefix: str, num_experts: int, names: dict[str, str]
+) -> dict[str, mx.array]:
+    """Stacks per-expert tensors `{prefix}.experts.{e}.{src}.*` into `{prefix}.experts.{dst}.*`, in place.
+
+    `names` maps each checkpoint projection name to the SwitchGLU one (e.g. "w1" -> "gate_proj").
+    The suffix (weight, or a quantized triplet's scales/biases) is kept.
+    """
+    for src, dst in names.items():
+        for suffix in ("weight", "scales", "biases"):
+            keys = [f"{prefix}.experts.{e}.{src}.{suffix}" for e in range(num_experts)]
+            present = [k for k in keys if k in weights]
+            if not present:
+                continue
+            if len(present) < num_experts:
+                missing = next(k for k in keys if k not in weights)
+                raise ModelConfigError(f"checkpoint lacks expert tensor {missing}")
+            weights[f"{prefix}.experts.{dst}.{suffix}"] = mx.stack([weights.pop(k) for k in keys])
+    return weights
+
+
+def split_fused_experts(weights: dict[str, mx.array], prefix: str) -> dict[str, mx.array]:
+    """Splits a stacked `{prefix}.experts.gate_up_proj` (num_experts, 2 * inter, hidden) in place.
+
+    Some checkpoints store the experts fused this way, with `down_proj` stacked but suffix-less.
+    """
+    fused = weights.pop(f"{prefix}.experts.gate_up_proj", None)
+    if fused is not None:
+        gate, up = mx.split(fused, 2, axis=1)
+        weights[f"{prefix}.experts.gate_proj.weight"] = gate
+        weights[f"{prefix}.experts.up_proj.weight"] = up
+    down = weights.pop(f"{prefix}.experts.down_proj", None)
+    if down is not None:
+        weights[f"{prefix}.experts.down_proj.weight"] = down
+    return weights

@@ -1,15 +1,22 @@
-"""Llama (and the many checkpoints shaped like it): pre-norm decoder, GQA, SwiGLU, RoPE."""
+"""Llama (and the many checkpoints shaped like it): pre-norm decoder, GQA, SwiGLU, RoPE.
+
+The other Llama-like files subclass `ModelArgs` and `Model` here and override a hook or two
+(`resolve_layer_types`, `attention_options`, `make_mlp`, `make_layer`, `embed`, `lm_logits`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError
-from baselm.models.layers import MLP, Attention, RoPE, select_logits
+from baselm.models.layers import MLP, Attention, make_rope, rope_type, select_logits
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass
@@ -22,20 +29,33 @@ class ModelArgs(BaseModelArgs):
     rms_norm_eps: float = 1e-6
     num_key_value_heads: int | None = None
     head_dim: int | None = None
-    rope_theta: float = 10000.0
+    # RoPE comes either as `rope_theta` + `rope_scaling` (older configs) or as one
+    # `rope_parameters` dict (newer ones); `rope_params()` resolves both.
+    rope_theta: float | None = None
     rope_scaling: dict[str, Any] | None = None
+    rope_parameters: dict[str, Any] | None = None
+    partial_rotary_factor: float | None = None
+    original_max_position_embeddings: int | None = None
     attention_bias: bool = False
     mlp_bias: bool = False
     hidden_act: str = "silu"
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
     sliding_window: int | None = None
+    layer_types: list[str] | None = None
+
+    default_rope_theta: ClassVar[float] = 10000.0
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
+        self.layer_types = self.resolve_layer_types()
+
+    def resolve_layer_types(self) -> list[str]:
+        """Attention kind of each layer. Llama attends over the whole context in every layer."""
+        return ["full_attention"] * self.num_hidden_layers
 
     def validate(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -43,17 +63,44 @@ class ModelArgs(BaseModelArgs):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ModelConfigError(
+                f"layer_types lists {len(self.layer_types)} layers but num_hidden_layers is {self.num_hidden_layers}"
+            )
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ModelConfigError(f"layer type {unknown[0]!r} is not supported (supported: {', '.join(LAYER_TYPES)})")
+        if "sliding_attention" in self.layer_types and not self.sliding_window:
+            raise ModelConfigError("the config has sliding-attention layers but no sliding_window size")
+        for layer_type in sorted(set(self.layer_types)):
+            make_rope(self.head_dim, self.rope_params(layer_type), self.max_position_embeddings)
+
+    def rope_params(self, layer_type: str) -> dict[str, Any]:
+        """The resolved RoPE dict for layers of `layer_type`: `rope_theta` plus any scaling keys."""
+        params = dict(self.rope_scaling or self.rope_parameters or {})
+        params.setdefault("rope_theta", self.rope_theta if self.rope_theta is not None else self.default_rope_theta)
+        if self.partial_rotary_factor is not None:
+            params.setdefault("partial_rotary_factor", self.partial_rotary_factor)
+        if rope_type(params) in ("llama3", "yarn", "longrope"):
+            if self.original_max_position_embeddings is not None:  # a top-level value wins, as in HF
+                params["original_max_position_embeddings"] = self.original_max_position_embeddings
+            params.setdefault("original_max_position_embeddings", self.max_position_embeddings)
+        return params
+
+    def layer_window(self, layer_idx: int) -> int | None:
+        """Sliding-window size of a layer, None for full attention."""
+        return self.sliding_window if self.layer_types[layer_idx] == "sliding_attention" else None
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, args: ModelArgs, self_attn: Attention, mlp: nn.Module):
+    def __init__(self, self_attn: Attention, mlp: nn.Module, make_norm: Callable[[], nn.Module]):
         super().__init__()
         self.self_attn = self_attn
         self.mlp = mlp
-        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.input_layernorm = make_norm()
+        self.post_attention_layernorm = make_norm()
 
     def __call__(self, x: mx.array, positions: mx.array, meta, layer_kv) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), positions, meta, layer_kv)
@@ -68,35 +115,48 @@ class Model(DecoderModel):
         self.args = args
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [self.make_layer(args, i) for i in range(args.num_hidden_layers)]
-        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.norm = self.make_norm()
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
+    def make_norm(self, dims: int | None = None) -> nn.Module:
+        return nn.RMSNorm(dims or self.args.hidden_size, eps=self.args.rms_norm_eps)
+
+    def attention_options(self, args: ModelArgs, layer_idx: int) -> dict[str, Any]:
+        """Keyword options of `Attention` that differ between architectures."""
+        return {"qkv_bias": args.attention_bias, "o_bias": args.attention_bias}
+
     def make_attention(self, args: ModelArgs, layer_idx: int) -> Attention:
-        rope = RoPE(args.head_dim, args.rope_theta, args.rope_scaling)
+        layer_type = args.layer_types[layer_idx]
+        rope = make_rope(args.head_dim, args.rope_params(layer_type), args.max_position_embeddings)
         return Attention(
             args.hidden_size,
             args.num_attention_heads,
             args.num_key_value_heads,
             args.head_dim,
             rope,
-            qkv_bias=args.attention_bias,
-            o_bias=args.attention_bias,
-            window=args.sliding_window,
+            window=args.layer_window(layer_idx),
+            **self.attention_options(args, layer_idx),
         )
 
     def make_mlp(self, args: ModelArgs, layer_idx: int) -> nn.Module:
         return MLP(args.hidden_size, args.intermediate_size, args.hidden_act, bias=args.mlp_bias)
 
     def make_layer(self, args: ModelArgs, layer_idx: int) -> nn.Module:
-        return DecoderLayer(args, self.make_attention(args, layer_idx), self.make_mlp(args, layer_idx))
+        return DecoderLayer(self.make_attention(args, layer_idx), self.make_mlp(args, layer_idx), self.make_norm)
+
+    def embed(self, input_ids: mx.array) -> mx.array:
+        return self.embed_tokens(input_ids)  # (num_tokens, hidden)
+
+    def lm_logits(self, h: mx.array) -> mx.array:
+        """(num_logits, hidden) normed hidden states -> (num_logits, vocab_size)."""
+        return self.embed_tokens.as_linear(h) if self.args.tie_word_embeddings else self.lm_head(h)
 
     def __call__(self, input_ids: mx.array, positions: mx.array, meta, cache) -> mx.array:
-        h = self.embed_tokens(input_ids)  # (num_tokens, hidden)
+        h = self.embed(input_ids)  # (num_tokens, hidden)
         for i, layer in enumerate(self.layers):
             h = layer(h, positions, meta, cache[i])
-        h = self.norm(select_logits(h, meta))
-        return self.embed_tokens.as_linear(h) if self.args.tie_word_embeddings else self.lm_head(h)
+        return self.lm_logits(self.norm(select_logits(h, meta)))
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         weights = {k.removeprefix("model."): v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}

@@ -1,0 +1,75 @@
+"""Gemma 2: Llama-like with sandwich norms, (1 + w) RMSNorm, a scaled embedding, soft-capped
+attention scores and logits, and sliding-window layers alternating with global ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from baselm.models import llama
+from baselm.models.layers import MLP, Attention, GemmaRMSNorm
+
+
+@dataclass
+class ModelArgs(llama.ModelArgs):
+    hidden_activation: str = "gelu_pytorch_tanh"
+    query_pre_attn_scalar: float = 256
+    attn_logit_softcapping: float | None = 50.0
+    final_logit_softcapping: float | None = 30.0
+    sliding_window: int | None = 4096
+    tie_word_embeddings: bool = True
+
+    def resolve_layer_types(self) -> list[str]:
+        """The config's `layer_types`, else even layers slide and odd ones attend globally."""
+        if self.layer_types is not None:
+            return list(self.layer_types)
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(self.num_hidden_layers)]
+
+
+class SandwichDecoderLayer(nn.Module):
+    """Norms on both sides of each sublayer: x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))."""
+
+    def __init__(self, self_attn: Attention, mlp: nn.Module, make_norm: Callable[[], nn.Module]):
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = make_norm()
+        self.post_attention_layernorm = make_norm()
+        self.pre_feedforward_layernorm = make_norm()
+        self.post_feedforward_layernorm = make_norm()
+
+    def __call__(self, x: mx.array, positions: mx.array, meta, layer_kv) -> mx.array:
+        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), positions, meta, layer_kv))
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+class Model(llama.Model):
+    def make_norm(self, dims: int | None = None) -> nn.Module:
+        return GemmaRMSNorm(dims or self.args.hidden_size, eps=self.args.rms_norm_eps)
+
+    def attention_options(self, args: ModelArgs, layer_idx: int) -> dict[str, Any]:
+        return {
+            **super().attention_options(args, layer_idx),
+            "scale": args.query_pre_attn_scalar**-0.5,
+            "softcap": args.attn_logit_softcapping,
+        }
+
+    def make_mlp(self, args: ModelArgs, layer_idx: int) -> nn.Module:
+        return MLP(args.hidden_size, args.intermediate_size, args.hidden_activation)
+
+    def make_layer(self, args: ModelArgs, layer_idx: int) -> nn.Module:
+        return SandwichDecoderLayer(self.make_attention(args, layer_idx), self.make_mlp(args, layer_idx), self.make_norm)
+
+    def embed(self, input_ids: mx.array) -> mx.array:
+        h = self.embed_tokens(input_ids)  # (num_tokens, hidden)
+        # The scale is rounded to the activation dtype first, as the checkpoints were trained.
+        return h * mx.array(self.args.hidden_size**0.5, dtype=h.dtype)
+
+    def lm_logits(self, h: mx.array) -> mx.array:
+        logits = super().lm_logits(h)  # (num_logits, vocab_size)
+        cap = self.args.final_logit_softcapping
+        return logits if cap is None else mx.tanh(logits / cap) * cap

@@ -277,7 +277,7 @@ class Sampler:
         x = self.process(logits.astype(mx.float32), seqs)  # (num_seqs, vocab)
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if sampled:
-            scaled = self._truncate(_scale(x, params), params, sampled)
+            scaled = self.truncate(x, params)
             token_ids = mx.argmax(scaled + self._noise(seqs, sampled, x.shape[1]), axis=-1)
         else:
             token_ids = mx.argmax(x, axis=-1)
@@ -312,16 +312,20 @@ class Sampler:
         if unseeded:
             self._key, key = mx.random.split(self._key)
             noise[mx.array(unseeded)] = mx.random.gumbel((len(unseeded), vocab), key=key)
-        for i in sampled:
-            seed = seqs[i].sampling_params.seed
-            if seed is not None:
-                key = mx.random.key(step_seed(seed, len(seqs[i].output_token_ids)))
-                noise[i] = mx.random.gumbel((vocab,), key=key)
+        seeded = [i for i in sampled if seqs[i].sampling_params.seed is not None]
+        if seeded:
+            keys = [mx.random.key(step_seed(seqs[i].sampling_params.seed, len(seqs[i].output_token_ids))) for i in seeded]
+            noise[mx.array(seeded)] = mx.stack([mx.random.gumbel((vocab,), key=k) for k in keys])
         return noise
 
-    def _truncate(self, x: mx.array, params: list[SamplingParams], sampled: list[int]) -> mx.array:
-        """Top-k and top-p (on the rows that use them), then min-p; x is temperature-scaled."""
+    def truncate(self, x: mx.array, params: Sequence[SamplingParams]) -> mx.array:
+        """Step 5 on processed logits (num_seqs, vocab): temperature, then top-k, top-p, min-p.
+
+        Returns the logits the draw uses, dropped tokens at -inf; greedy rows pass unchanged.
+        """
+        x = _scale(x, params)
         vocab = x.shape[1]
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
         cut = [i for i in sampled if 0 < params[i].top_k < vocab or params[i].top_p < 1.0]
         if cut:
             idx = mx.array(cut)
@@ -402,7 +406,7 @@ def _apply_penalties(flat: mx.array, seqs: Sequence[SamplingSequence], vocab: in
     return flat
 
 
-def _scale(x: mx.array, params: list[SamplingParams]) -> mx.array:
+def _scale(x: mx.array, params: Sequence[SamplingParams]) -> mx.array:
     temps = mx.array([1.0 if p.greedy else p.temperature for p in params], dtype=mx.float32)
     return x / temps[:, None]
 

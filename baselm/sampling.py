@@ -314,11 +314,15 @@ class Sampler:
             noise[mx.array(unseeded)] = mx.random.gumbel((len(unseeded), vocab), key=key)
         seeded = [i for i in sampled if seqs[i].sampling_params.seed is not None]
         if seeded:
-            keys = [mx.random.key(step_seed(seqs[i].sampling_params.seed, len(seqs[i].output_token_ids))) for i in seeded]
-            noise[mx.array(seeded)] = mx.stack([mx.random.gumbel((vocab,), key=k) for k in keys])
+            rows = []
+            for i in seeded:
+                key = mx.random.key(step_seed(seqs[i].sampling_params.seed, len(seqs[i].output_token_ids)))
+                rows.append(mx.random.gumbel((vocab,), key=key))
+            noise[mx.array(seeded)] = mx.stack(rows)
         return noise
 
-    def truncate(self, x: mx.array, params: Sequence[SamplingParams]) -> mx.array:
+    @staticmethod
+    def truncate(x: mx.array, params: Sequence[SamplingParams]) -> mx.array:
         """Step 5 on processed logits (num_seqs, vocab): temperature, then top-k, top-p, min-p.
 
         Returns the logits the draw uses, dropped tokens at -inf; greedy rows pass unchanged.

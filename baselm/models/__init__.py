@@ -108,10 +108,10 @@ def _check_shapes(model: nn.Module, weights: dict[str, mx.array]) -> None:
         if unexpected:
             parts.append(f"unexpected {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
         raise ModelConfigError("checkpoint does not match the architecture: " + "; ".join(parts))
-    for name, value in weights.items():
-        if expected[name].shape != value.shape:
+    for name, param in expected.items():  # in the model's order, so the first bad tensor is reported
+        if param.shape != weights[name].shape:
             raise ModelConfigError(
-                f"tensor {name} has shape {tuple(value.shape)}, the config implies {tuple(expected[name].shape)}"
+                f"tensor {name} has shape {tuple(weights[name].shape)}, the config implies {tuple(param.shape)}"
             )
 
 

@@ -62,7 +62,8 @@ class Model(llama.Model):
         return MLP(args.hidden_size, args.intermediate_size, args.hidden_activation)
 
     def make_layer(self, args: ModelArgs, layer_idx: int) -> nn.Module:
-        return SandwichDecoderLayer(self.make_attention(args, layer_idx), self.make_mlp(args, layer_idx), self.make_norm)
+        attention, mlp = self.make_attention(args, layer_idx), self.make_mlp(args, layer_idx)
+        return SandwichDecoderLayer(attention, mlp, self.make_norm)
 
     def embed(self, input_ids: mx.array) -> mx.array:
         h = self.embed_tokens(input_ids)  # (num_tokens, hidden)

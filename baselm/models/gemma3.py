@@ -49,4 +49,5 @@ class ModelArgs(gemma2.ModelArgs):
 
 class Model(gemma2.Model):
     def attention_options(self, args: ModelArgs, layer_idx: int) -> dict[str, Any]:
-        return {**super().attention_options(args, layer_idx), "qk_norm_eps": args.rms_norm_eps, "norm_cls": GemmaRMSNorm}
+        options = super().attention_options(args, layer_idx)
+        return {**options, "qk_norm_eps": args.rms_norm_eps, "norm_cls": GemmaRMSNorm}

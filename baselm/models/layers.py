@@ -54,7 +54,7 @@ def _longrope_freqs(dims: int, base: float, scaling: dict[str, Any], max_positio
     for key in ("short_factor", "long_factor"):
         ext = np.asarray(scaling[key], dtype=np.float64)
         if ext.shape != periods.shape:
-            raise ModelConfigError(f"rope_scaling {key} has {ext.size} values, the rotary dims need {periods.size}")
+            raise ModelConfigError(f"longrope {key} has {ext.size} values, but {dims} rotary dims need {periods.size}")
         freqs.append(ext * periods)
     return freqs[0], freqs[1], old_len, mscale
 
@@ -136,7 +136,9 @@ def make_rope(head_dim: int, params: dict[str, Any], max_position_embeddings: in
     """RoPE from a resolved HF rope dict: `rope_theta`, optional `partial_rotary_factor` and scaling keys."""
     dims = int(head_dim * params.get("partial_rotary_factor", 1.0))
     if dims % 2 or not 0 < dims <= head_dim:
-        raise ModelConfigError(f"partial_rotary_factor gives {dims} rotary dims for head_dim {head_dim}; need an even count")
+        raise ModelConfigError(
+            f"partial_rotary_factor gives {dims} rotary dims for head_dim {head_dim}; need an even count"
+        )
     return RoPE(dims, params["rope_theta"], params, max_position_embeddings=max_position_embeddings)
 
 
@@ -290,7 +292,8 @@ class SparseMoE(nn.Module):
         super().__init__()
         if not 0 < num_experts_per_tok <= num_experts:
             raise ModelConfigError(
-                f"num_experts_per_tok ({num_experts_per_tok}) must be between 1 and the number of experts ({num_experts})"
+                f"num_experts_per_tok ({num_experts_per_tok}) must be between 1 and "
+                f"the number of experts ({num_experts})"
             )
         self.num_experts_per_tok = num_experts_per_tok
         self.norm_topk_prob = norm_topk_prob

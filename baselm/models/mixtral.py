@@ -27,7 +27,12 @@ class Model(llama.Model):
     def make_mlp(self, args: ModelArgs, layer_idx: int) -> nn.Module:
         # Mixtral always renormalizes the top-k router probabilities.
         return SparseMoE(
-            args.hidden_size, args.intermediate_size, args.num_local_experts, args.num_experts_per_tok, True, args.hidden_act
+            args.hidden_size,
+            args.intermediate_size,
+            args.num_local_experts,
+            args.num_experts_per_tok,
+            norm_topk_prob=True,
+            act=args.hidden_act,
         )
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:

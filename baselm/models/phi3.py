@@ -39,5 +39,6 @@ class Model(llama.Model):
         for i in range(a.num_hidden_layers):
             attn, mlp = f"layers.{i}.self_attn", f"layers.{i}.mlp"
             _split_rows(weights, f"{attn}.qkv_proj", {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows})
-            _split_rows(weights, f"{mlp}.gate_up_proj", {"gate_proj": a.intermediate_size, "up_proj": a.intermediate_size})
+            halves = {"gate_proj": a.intermediate_size, "up_proj": a.intermediate_size}
+            _split_rows(weights, f"{mlp}.gate_up_proj", halves)
         return weights

@@ -1,0 +1,120 @@
+"""Configs and checkpoints a model cannot run with fail with one sentence naming the problem."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from baselm.models import build_model, supported_model_types
+from baselm.models.base import ModelConfigError
+from baselm.store import hf
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+
+
+def build(name: str, change: dict | None = None, drop: tuple[str, ...] = (), weights: dict | None = None):
+    folder = FIXTURES / name
+    config = {k: v for k, v in {**hf.read_config(folder), **(change or {})}.items() if k not in drop}
+    return build_model(config, hf.read_weights(folder) if weights is None else weights)
+
+
+def test_all_architectures_are_registered():
+    assert supported_model_types() == [
+        "gemma2",
+        "gemma3_text",
+        "llama",
+        "mistral",
+        "mixtral",
+        "phi3",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+    ]
+
+
+def test_unknown_model_type_lists_the_supported_ones():
+    message = "model_type 'gpt_neox' is not supported; supported: " + ", ".join(supported_model_types())
+    with pytest.raises(ModelConfigError, match=f"^{re.escape(message)}$"):
+        build("llama", {"model_type": "gpt_neox"})
+
+
+@pytest.mark.parametrize(
+    "name, change, message",
+    [
+        (
+            "llama",
+            {"rope_parameters": {"rope_type": "mrope", "rope_theta": 10000.0}},
+            "rope type 'mrope' is not supported (supported: default, linear, dynamic, llama3, yarn, longrope)",
+        ),
+        ("llama", {"hidden_act": "relu2"}, "activation 'relu2' is not supported"),
+        ("llama", {"num_key_value_heads": 3}, "num_attention_heads (4) must be a multiple of num_key_value_heads (3)"),
+        (
+            "gemma2",
+            {"layer_types": ["sliding_attention", "chunked_attention"]},
+            "layer type 'chunked_attention' is not supported (supported: full_attention, sliding_attention)",
+        ),
+        ("gemma2", {"layer_types": ["full_attention"]}, "layer_types lists 1 layers but num_hidden_layers is 2"),
+        ("gemma2", {"sliding_window": None}, "the config has sliding-attention layers but no sliding_window size"),
+        (
+            "gemma3",
+            {"use_bidirectional_attention": True},
+            "use_bidirectional_attention is set; only causal (decoder) Gemma 3 models can run",
+        ),
+        (
+            "mixtral",
+            {"num_experts_per_tok": 5},
+            "num_experts_per_tok (5) must be between 1 and the number of experts (4)",
+        ),
+        (
+            "phi3",
+            {
+                "rope_parameters": {
+                    "rope_type": "longrope",
+                    "partial_rotary_factor": 0.5,
+                    "short_factor": [1.0] * 3,
+                    "long_factor": [1.0] * 4,
+                }
+            },
+            "longrope short_factor has 3 values, but 8 rotary dims need 4",
+        ),
+        (
+            "phi3",
+            {"partial_rotary_factor": 0.3125, "rope_parameters": None},
+            "partial_rotary_factor gives 5 rotary dims for head_dim 16; need an even count",
+        ),
+    ],
+)
+def test_config_the_model_cannot_honour_is_refused(name, change, message):
+    with pytest.raises(ModelConfigError, match=f"^{re.escape(message)}$"):
+        build(name, change)
+
+
+def test_missing_config_key_is_named():
+    with pytest.raises(ModelConfigError, match=r"^config\.json lacks hidden_size needed by baselm\.models\.qwen2$"):
+        build("qwen2", drop=("hidden_size",))
+
+
+def test_missing_tensor_is_named():
+    weights = hf.read_weights(FIXTURES / "qwen3")
+    del weights["model.layers.1.self_attn.k_norm.weight"]
+    message = "checkpoint does not match the architecture: missing layers.1.self_attn.k_norm.weight"
+    with pytest.raises(ModelConfigError, match=f"^{re.escape(message)}$"):
+        build("qwen3", weights=weights)
+
+
+def test_missing_expert_is_named():
+    weights = hf.read_weights(FIXTURES / "mixtral")
+    del weights["model.layers.0.block_sparse_moe.experts.3.w2.weight"]
+    message = "checkpoint lacks expert tensor layers.0.mlp.experts.3.w2.weight"
+    with pytest.raises(ModelConfigError, match=f"^{re.escape(message)}$"):
+        build("mixtral", weights=weights)
+
+
+def test_tensor_of_the_wrong_shape_is_named():
+    with pytest.raises(
+        ModelConfigError,
+        match=r"^tensor layers\.0\.mlp\.gate_proj\.weight has shape \(64, 64\), the config implies \(80, 64\)$",
+    ):
+        build("mistral", {"intermediate_size": 80})

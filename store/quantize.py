@@ -107,7 +107,8 @@ def _round_to(values: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
         bits = values.view(np.uint32)
         stored = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype("<u2")
         return stored, to_float32(stored, "bf16")
-    stored = values.astype(FLOAT_DTYPES[dtype])
+    with np.errstate(over="ignore"):  # an overflow becomes inf, which the caller rejects
+        stored = values.astype(FLOAT_DTYPES[dtype])
     return stored, stored.astype(np.float32)
 
 

@@ -1,0 +1,483 @@
+"""Makes the tokenizer fixtures in tests/fixtures/tokenizers/ and their expected outputs.
+
+Dev tool: needs `transformers` and `sentencepiece`, which the package and the tests never import.
+
+    python scripts/make_tokenizer_fixtures.py [--smollm2 PATH_TO_GGUF]
+
+It trains two small tokenizers on a built-in text, saves each as an HF folder
+(tokenizer.json, tokenizer_config.json) and as GGUF files holding only tokenizer metadata
+(plus the few llama header keys transformers needs to open them), then writes expected.json:
+transformers' ids, decoded text and rendered chat templates for an edge-case corpus, for every
+fixture and for the SmolLM2 GGUF.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import gguf
+import sentencepiece as spm
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tokenizers"
+SMOLLM2 = Path("/root/.cache/base/downloads/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+TRAINING_TEXT = """\
+The quick brown fox jumps over the lazy dog. The dog sleeps in the sun, and the fox runs away.
+Once upon a time there was a small village by the sea. People there fished, sang and told stories.
+def fibonacci(n):
+    if n < 2:
+        return n
+    return fibonacci(n - 1) + fibonacci(n - 2)
+
+for i in range(10):
+    print(i, fibonacci(i))
+In 2024 the population was 1,234,567 and the budget 3.14 million; in 1999 it was 987654.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 100 1000 2048 65536 31415926535.
+Café, naïve, résumé, Ångström, façade, jalapeño, über, Straße, crème brûlée.
+日本語のテキストです。東京は日本の首都です。中文测试，北京是中国的首都。
+Emoji: 😀 😂 👍 🎉 ❤️ and a family 👨‍👩‍👧 on a 🚀.
+I'm sure you'll see they've done it; we'd go, she's here, they're there.
+<html><body class="main">Hello &amp; welcome</body></html>
+{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+What is the capital of France? Paris is the capital of France. Tell me a story about the sea.
+    Indented line with    several     spaces.\tTabs\tand\ttabs.
+Line one
+Line two
+
+Line four after a blank line.
+"""
+
+# Edge cases every tokenizer is checked on: spaces, newlines, tabs, accents, CJK, emoji, digits,
+# code, special tokens inside text, and the empty string.
+CORPUS = [
+    "",
+    " ",
+    "   ",
+    "hello",
+    " hello",
+    "  hello  world  ",
+    "Hello, world!",
+    "The capital of France is",
+    "line one\nline two\n\n\nline three",
+    "\n",
+    "\n\n",
+    "a\r\nb",
+    "\ttabbed\tcolumns\n",
+    "    indented code",
+    "Café naïve résumé Ångström façade",
+    "日本語のテキスト",
+    "中文测试，北京",
+    "한국어 텍스트",
+    "emoji 😀👍🏽 and family 👨‍👩‍👧 🚀",
+    "🦜",
+    "digits 12345 and 3.14159 and 1,000,000",
+    "2024-11-29 08:15:00",
+    "31415926535897932384626433832795",
+    "def f(x):\n    return x ** 2  # square\n",
+    '{"a": [1, 2, {"b": null}]}',
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "text <|endoftext|> more",
+    "<think>reasoning</think> answer",
+    "<s> starts [INST] and </s> ends",
+    "<unk> token",
+    "don't I'll we've THEY'RE",
+    "UPPER lower MiXeD",
+    "trailing spaces   ",
+    "ünïcödé ¿¡ «quotes» — dash … ellipsis",
+    "x" * 40,
+    "Ⅻ ½ ² ₃ ⁴",
+    "\u00a0non-breaking\u2009thin\u200bzero-width",
+]
+
+CHATML_TEMPLATE = """\
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}
+{{- messages[0].content + '\\n\\n' }}
+{%- endif %}
+{{- 'You can call these tools:\\n' }}
+{%- for tool in tools %}
+{{- tool | tojson(indent=2) + '\\n' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- if not loop.first %}{{ raise_exception('A system message must come first.') }}{% endif %}
+{%- continue %}
+{%- endif %}
+{{- '<|im_start|>' + message.role + '\\n' }}
+{%- if message.content is string %}
+{{- message.content }}
+{%- elif message.content is not none and message.content is defined %}
+{%- for part in message.content %}
+{%- if part.type == 'text' %}{{ part.text }}{% endif %}
+{%- endfor %}
+{%- endif %}
+{%- if message.tool_calls is defined %}
+{%- for call in message.tool_calls %}
+{{- '<tool_call>' + {'name': call.function.name, 'arguments': call.function.arguments} | tojson + '</tool_call>' }}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+INST_TEMPLATE = """\
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set system = none %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant.') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system %}
+            {{- '[INST] ' + system + '\\n\\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- '[INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- else %}
+        {{- ' ' + message['content'] + eos_token }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city — «météo»",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+CONVERSATIONS = {
+    "system_user": {"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}]},
+    "user_only": {"messages": [{"role": "user", "content": "What is 2+2?"}]},
+    "multi_turn": {
+        "messages": [
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Blue."},
+            {"role": "user", "content": "Another one, in 日本語?"},
+        ]
+    },
+    "multi_turn_no_prompt": {
+        "messages": [
+            {"role": "system", "content": "Be kind."},
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Hi there 😀"},
+        ],
+        "add_generation_prompt": False,
+    },
+    "tool_call": {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21}'},
+        ],
+        "tools": [WEATHER_TOOL],
+    },
+    "tool_role": {
+        "messages": [
+            {"role": "user", "content": "Run it."},
+            {"role": "assistant", "content": "Running."},
+            {"role": "tool", "content": "exit code 0"},
+        ],
+    },
+    "content_parts": {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Part one. "}, {"type": "text", "text": "Part two."}]}
+        ]
+    },
+}
+
+
+def train_bpe(text: str) -> Tokenizer:
+    """A GPT-2 kind byte-level BPE with ChatML special tokens and one plain added token."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        min_frequency=2,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(text.splitlines(keepends=True) * 3, trainer)
+    tok.add_tokens([AddedToken("<think>", normalized=False, special=False)])
+    tok.add_tokens([AddedToken("</think>", normalized=False, special=False)])
+    return tok
+
+
+def save_bpe_folder(tok: Tokenizer, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|im_end|>",
+        "unk_token": None,
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 2048,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "chat_template.jinja").write_text(CHATML_TEMPLATE)
+    generation = {"bos_token_id": tok.token_to_id("<|endoftext|>"), "eos_token_id": [2, 0]}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+def gguf_header(writer: gguf.GGUFWriter, vocab_size: int) -> None:
+    """The llama header keys transformers reads before it builds a GGUF tokenizer."""
+    writer.add_name("tokenizer fixture")
+    writer.add_context_length(256)
+    writer.add_embedding_length(16)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(32)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_rope_dimension_count(8)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(vocab_size)
+
+
+def write_gguf(path: Path, tokenizer_meta: dict) -> None:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    gguf_header(writer, len(tokenizer_meta["tokens"]))
+    writer.add_tokenizer_model(tokenizer_meta["model"])
+    if "pre" in tokenizer_meta:
+        writer.add_tokenizer_pre(tokenizer_meta["pre"])
+    writer.add_token_list(tokenizer_meta["tokens"])
+    writer.add_token_types(tokenizer_meta["token_type"])
+    if "scores" in tokenizer_meta:
+        writer.add_token_scores(tokenizer_meta["scores"])
+    if "merges" in tokenizer_meta:
+        writer.add_token_merges(tokenizer_meta["merges"])
+    for key in ("bos", "eos", "unk", "pad"):
+        if f"{key}_id" in tokenizer_meta:
+            getattr(writer, {"unk": "add_unk_token_id", "pad": "add_pad_token_id"}.get(key, f"add_{key}_token_id"))(
+                tokenizer_meta[f"{key}_id"]
+            )
+    writer.add_add_bos_token(tokenizer_meta["add_bos"])
+    writer.add_add_eos_token(False)
+    writer.add_chat_template(tokenizer_meta["chat_template"])
+    # mx.load wants at least one tensor in a GGUF file.
+    import numpy as np
+
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokenizer_meta["tokens"]), 16), dtype=np.float32)[:1])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def bpe_gguf_meta(tok: Tokenizer, pre: str) -> dict:
+    state = json.loads(tok.to_str())
+    merges = [m if isinstance(m, str) else " ".join(m) for m in state["model"]["merges"]]
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    tokens = [tok.id_to_token(i) for i in range(vocab_size)]
+    special = {t["content"]: t["special"] for t in state["added_tokens"]}
+    token_type = [(3 if special[t] else 4) if t in special else 1 for t in tokens]
+    return {
+        "model": "gpt2",
+        "pre": pre,
+        "tokens": tokens,
+        "token_type": token_type,
+        "merges": merges,
+        "bos_id": tok.token_to_id("<|endoftext|>"),
+        "eos_id": tok.token_to_id("<|im_end|>"),
+        "add_bos": False,
+        "chat_template": CHATML_TEMPLATE,
+    }
+
+
+def train_spm(text: str, folder: Path) -> spm.SentencePieceProcessor:
+    """A llama kind SentencePiece BPE with byte fallback; rare characters fall back to bytes."""
+    work = Path(tempfile.mkdtemp())
+    (work / "train.txt").write_text(text * 3)
+    spm.SentencePieceTrainer.train(
+        input=str(work / "train.txt"),
+        model_prefix=str(work / "spm"),
+        model_type="bpe",
+        vocab_size=800,
+        byte_fallback=True,
+        character_coverage=0.98,
+        split_digits=True,
+        user_defined_symbols=["<think>", "</think>"],
+        control_symbols=["<|im_start|>", "<|im_end|>"],
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        add_dummy_prefix=True,
+        remove_extra_whitespaces=False,
+        normalization_rule_name="identity",
+        minloglevel=2,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(work / "spm.model", folder / "tokenizer.model")
+    return spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+
+
+def spm_gguf_meta(sp: spm.SentencePieceProcessor) -> dict:
+    tokens, scores, token_type = [], [], []
+    for i in range(sp.get_piece_size()):
+        piece = sp.id_to_piece(i)
+        tokens.append(piece)
+        scores.append(sp.get_score(i))
+        if sp.is_unknown(i):
+            token_type.append(2)
+        elif sp.is_control(i):
+            token_type.append(3)
+        elif sp.is_byte(i):
+            token_type.append(6)
+        elif piece in ("<think>", "</think>"):
+            token_type.append(4)
+        else:
+            token_type.append(1)
+    return {
+        "model": "llama",
+        "pre": "default",
+        "tokens": tokens,
+        "scores": scores,
+        "token_type": token_type,
+        "bos_id": 1,
+        "eos_id": 2,
+        "unk_id": 0,
+        "add_bos": True,
+        "chat_template": INST_TEMPLATE,
+    }
+
+
+def save_spm_folder(folder: Path) -> None:
+    """The HF folder the way transformers converts a sentencepiece model: tokenizer.json + config."""
+    from transformers import LlamaTokenizer
+
+    hf = LlamaTokenizer.from_pretrained(str(folder), add_bos_token=True, legacy=False)
+    hf.chat_template = INST_TEMPLATE
+    hf.save_pretrained(str(folder))
+    (folder / "tokenizer.model").unlink()
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = INST_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for extra in ("chat_template.jinja", "special_tokens_map.json"):
+        if (folder / extra).exists():
+            (folder / extra).unlink()
+
+
+def smollm_reference_tokenizer(bpe_folder: Path) -> PreTrainedTokenizerFast:
+    """The fixture vocabulary with SmolLM2's own tokenizer.json pre-tokenizer: digits split, then GPT-2."""
+    tok = Tokenizer.from_file(str(bpe_folder / "tokenizer.json"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>")
+
+
+def expected_for(hf, conversations: dict) -> dict:
+    encode, encode_plain, decode, decode_skip = [], [], [], []
+    for text in CORPUS:
+        ids = hf.encode(text)
+        encode.append(ids)
+        encode_plain.append(hf.encode(text, add_special_tokens=False))
+        decode.append(hf.decode(ids))
+        decode_skip.append(hf.decode(ids, skip_special_tokens=True))
+    chats = {}
+    for name, case in conversations.items():
+        try:
+            rendered = hf.apply_chat_template(
+                case["messages"],
+                tools=case.get("tools"),
+                add_generation_prompt=case.get("add_generation_prompt", True),
+                tokenize=False,
+            )
+            chats[name] = {"text": rendered, "ids": hf.encode(rendered, add_special_tokens=False)}
+        except Exception as exc:  # the template refuses this conversation
+            chats[name] = {"error": str(exc)}
+    return {
+        "encode": encode,
+        "encode_plain": encode_plain,
+        "decode": decode,
+        "decode_skip": decode_skip,
+        "chat": chats,
+        "bos_token_id": hf.bos_token_id,
+        "eos_token_id": hf.eos_token_id,
+        "vocab_size": len(hf),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smollm2", type=Path, default=SMOLLM2)
+    args = parser.parse_args()
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    OUT.mkdir(parents=True)
+
+    bpe = train_bpe(TRAINING_TEXT)
+    save_bpe_folder(bpe, OUT / "bpe")
+    for pre in ("gpt2", "llama-bpe", "qwen2", "smollm"):
+        write_gguf(OUT / f"bpe-{pre}.gguf", bpe_gguf_meta(bpe, pre))
+
+    sp = train_spm(TRAINING_TEXT, OUT / "spm")
+    write_gguf(OUT / "spm.gguf", spm_gguf_meta(sp))
+    save_spm_folder(OUT / "spm")
+
+    sources = {
+        "bpe": AutoTokenizer.from_pretrained(str(OUT / "bpe")),
+        "bpe-gpt2.gguf": AutoTokenizer.from_pretrained(str(OUT), gguf_file="bpe-gpt2.gguf"),
+        "bpe-llama-bpe.gguf": AutoTokenizer.from_pretrained(str(OUT), gguf_file="bpe-llama-bpe.gguf"),
+        "bpe-qwen2.gguf": AutoTokenizer.from_pretrained(str(OUT), gguf_file="bpe-qwen2.gguf"),
+        # transformers gives `smollm` files the plain GPT-2 split; the model's own tokenizer.json
+        # (and llama.cpp) first split digits, so the expected output comes from that pre-tokenizer.
+        "bpe-smollm.gguf": smollm_reference_tokenizer(OUT / "bpe"),
+        "spm": AutoTokenizer.from_pretrained(str(OUT / "spm")),
+        "spm.gguf": AutoTokenizer.from_pretrained(str(OUT), gguf_file="spm.gguf"),
+    }
+    sources["bpe-smollm.gguf"].chat_template = CHATML_TEMPLATE
+    expected = {"corpus": CORPUS, "conversations": CONVERSATIONS, "tokenizers": {}}
+    for name, hf in sources.items():
+        expected["tokenizers"][name] = expected_for(hf, CONVERSATIONS)
+    if args.smollm2.is_file():
+        hf = AutoTokenizer.from_pretrained(str(args.smollm2.parent), gguf_file=args.smollm2.name)
+        # SmolLM2's own tokenizer.json splits digits first (llama.cpp's `smollm` does too);
+        # transformers' GGUF loader does not, which differs on numerals like "½" or "²".
+        hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
+        expected["smollm2"] = expected_for(hf, CONVERSATIONS)
+    (OUT / "expected.json").write_text(json.dumps(expected, ensure_ascii=False, indent=1) + "\n")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,8 @@ when transformers writes one, and `reference.npz` with:
   `decode_from` tokens are one prefill and each later token is its own cached step.
 Some fixtures also get `config_legacy.json`: the same model described with the older config keys
 (`rope_theta`, `rope_scaling`, ...), checked here to give transformers the same logits.
+Variants reuse a fixture's weights under another config (`config_<variant>.json`, e.g. a RoPE
+scaling or a sliding window), with transformers' logits for input_ids as `logits_<variant>`.
 Weights are redrawn with unit-scale statistics so that logits, soft-caps and routing are not
 all near zero, as they would be with the usual 0.02 initialisation.
 """
@@ -48,7 +50,11 @@ COMMON = dict(
 
 # name -> (config class, overrides of COMMON, extra fixture options)
 FIXTURES = {
-    "llama": ("LlamaConfig", {}, {}),
+    "llama": (
+        "LlamaConfig",
+        {},
+        {"variants": {"linear": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}}},
+    ),
     "llama_rope3_mqa": (
         "LlamaConfig",
         dict(
@@ -66,8 +72,36 @@ FIXTURES = {
         {"legacy": True},
     ),
     "mistral": ("MistralConfig", dict(sliding_window=5), {}),
-    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True), {}),
-    "qwen3": ("Qwen3Config", dict(head_dim=24), {}),
+    "qwen2": (
+        "Qwen2Config",
+        dict(tie_word_embeddings=True),
+        # Only layers from max_window_layers on slide.
+        {"variants": {"window": {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1, "layer_types": None}}},
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        dict(head_dim=24),
+        {
+            "variants": {
+                "yarn": {
+                    "rope_parameters": dict(
+                        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8
+                    )
+                },
+                "yarn_mscale": {
+                    "rope_parameters": dict(
+                        rope_type="yarn",
+                        rope_theta=10000.0,
+                        factor=4.0,
+                        original_max_position_embeddings=8,
+                        mscale=1.0,
+                        mscale_all_dim=0.5,
+                        beta_fast=16,
+                    )
+                },
+            }
+        },
+    ),
     "gemma2": (
         "Gemma2Config",
         dict(
@@ -113,7 +147,11 @@ FIXTURES = {
         dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False, mlp_only_layers=[1]),
         {},
     ),
-    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32), {}),
+    "mixtral": (
+        "MixtralConfig",
+        dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32),
+        {"variants": {"window": {"sliding_window": 5}}},
+    ),
 }
 
 
@@ -195,9 +233,27 @@ def make(name: str) -> None:
         ref["decode_from"] = torch.tensor(options["decode_from"], dtype=torch.int32)
     if options.get("legacy"):
         _write_legacy(folder, model, ids, ref["logits"])
+    for variant, change in options.get("variants", {}).items():
+        ref[f"logits_{variant}"] = _variant_logits(folder, model, variant, change, ids)
     np.savez(folder / "reference.npz", **{k: v.numpy() for k, v in ref.items()})
     size = sum(f.stat().st_size for f in folder.iterdir())
     print(f"{name}: {size / 1024:.0f} KiB, logits |max| {ref['logits'].abs().max():.2f}")
+
+
+def _variant_logits(folder: Path, model, variant: str, change: dict, ids: torch.Tensor) -> torch.Tensor:
+    """Writes config_<variant>.json and returns transformers' logits for it, on the same weights."""
+    config = {**json.loads((folder / "config.json").read_text()), **change}
+    config = {k: v for k, v in config.items() if v is not None or k not in change}
+    path = folder / f"config_{variant}.json"
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    variant_config = type(model.config).from_json_file(str(path))
+    other = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, config=variant_config, attn_implementation="eager", dtype=torch.float32
+    )
+    logits = _logits(other.eval(), ids)
+    if (logits - _logits(model, ids)).abs().max() < 1e-2:
+        raise SystemExit(f"{folder.name}: variant {variant} does not change the logits; it would test nothing")
+    return logits
 
 
 def _write_legacy(folder: Path, model, ids: torch.Tensor, logits: torch.Tensor) -> None:

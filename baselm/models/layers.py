@@ -25,20 +25,32 @@ def _llama3_inv_freq(inv_freq: np.ndarray, scaling: dict[str, Any]) -> np.ndarra
     return np.where(is_medium, smoothed, scaled)
 
 
-def _yarn_inv_freq(inv_freq: np.ndarray, dims: int, base: float, scaling: dict[str, Any]) -> tuple[np.ndarray, float]:
-    factor = scaling["factor"]
-    old_len = scaling.get("original_max_position_embeddings", 4096)
-    beta_fast, beta_slow = scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0)
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_inv_freq(
+    inv_freq: np.ndarray, dims: int, base: float, scaling: dict[str, Any], max_position_embeddings: int
+) -> tuple[np.ndarray, float]:
+    """YaRN: interpolated low frequencies, extrapolated high ones, a linear ramp between; and the cos/sin scale."""
+    old_len = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or max_position_embeddings / old_len
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32.0, scaling.get("beta_slow") or 1.0
 
     def dim_for(rotations: float) -> float:
         return dims * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(dim_for(beta_fast)), 0)
-    high = min(math.ceil(dim_for(beta_slow)), dims - 1)
-    ramp = np.clip((np.arange(dims // 2) - low) / max(high - low, 1e-3), 0, 1)
+    low, high = dim_for(beta_fast), dim_for(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dims - 1)
+    ramp = np.clip((np.arange(dims // 2) - low) / (high - low if high != low else 1e-3), 0, 1)
     extrapolation = 1 - ramp
     inv = (inv_freq / factor) * (1 - extrapolation) + inv_freq * extrapolation
-    mscale = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    mscale = scaling.get("attention_factor")
+    if mscale is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        mscale = _yarn_mscale(factor, m) / _yarn_mscale(factor, m_all) if m and m_all else _yarn_mscale(factor)
     return inv, mscale
 
 
@@ -87,7 +99,7 @@ class RoPE(nn.Module):
         elif kind == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
         elif kind == "yarn":
-            inv_freq, self.mscale = _yarn_inv_freq(inv_freq, dims, base, scaling)
+            inv_freq, self.mscale = _yarn_inv_freq(inv_freq, dims, base, scaling, max_position_embeddings)
         elif kind == "longrope":
             short, long, self._long_from, self.mscale = _longrope_freqs(dims, base, scaling, max_position_embeddings)
             inv_freq = 1.0 / short

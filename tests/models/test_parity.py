@@ -41,9 +41,10 @@ TABLE_B = [6, 1, 11, 4, 3]
 
 
 @functools.cache
-def load(name: str, legacy_config: bool = False) -> DecoderModel:
+def load(name: str, config_name: str | None = None) -> DecoderModel:
+    """A fixture's model, under its config.json or under `config_{config_name}.json`."""
     folder = FIXTURES / name
-    config = json.loads((folder / "config_legacy.json").read_text()) if legacy_config else hf.read_config(folder)
+    config = json.loads((folder / f"config_{config_name}.json").read_text()) if config_name else hf.read_config(folder)
     return build_model(config, hf.read_weights(folder))
 
 
@@ -129,9 +130,25 @@ def test_phi3_decoding_past_the_trained_length_uses_the_long_rope_factors_as_tra
 def test_older_config_keys_describe_the_same_model(name):
     # config_legacy.json spells RoPE as rope_theta + rope_scaling (and Gemma 3's
     # rope_local_base_freq + sliding_window_pattern); transformers reads it as the same model.
-    model, ref = load(name, legacy_config=True), reference(name)
+    model, ref = load(name, "legacy"), reference(name)
     (logits,) = step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
     assert max_diff(logits, ref["logits"]) < TOL
+
+
+@pytest.mark.parametrize(
+    "name, variant",
+    [
+        ("llama", "linear"),  # linear RoPE scaling
+        ("qwen2", "window"),  # sliding window from max_window_layers on
+        ("qwen3", "yarn"),
+        ("qwen3", "yarn_mscale"),  # YaRN with mscale / mscale_all_dim and a custom beta_fast
+        ("mixtral", "window"),  # sliding window in every layer
+    ],
+)
+def test_config_variant_on_the_same_weights_gives_transformers_logits(name, variant):
+    model, ref = load(name, variant), reference(name)
+    (logits,) = step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
+    assert max_diff(logits, ref[f"logits_{variant}"]) < TOL
 
 
 def test_experts_stored_fused_load_as_the_same_model():

@@ -267,6 +267,33 @@ class SwitchLinear(nn.Module):
         """x: (num_tokens, k or 1, 1, in); expert_ids: (num_tokens, k); returns (num_tokens, k, 1, out)."""
         return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=expert_ids)
 
+    def to_quantized(self, group_size: int = 64, bits: int = 4, mode: str = "affine", **_: Any) -> nn.Module:
+        """The quantized twin, so `nn.quantize` (and quantized checkpoints) cover the experts too."""
+        return QuantizedSwitchLinear(self.weight, group_size, bits, mode)
+
+
+class QuantizedSwitchLinear(nn.Module):
+    """SwitchLinear over affine-quantized stacked weights: codes (num_experts, out, in * bits / 32)."""
+
+    def __init__(self, weight: mx.array, group_size: int, bits: int, mode: str = "affine"):
+        super().__init__()
+        self.group_size, self.bits, self.mode = group_size, bits, mode
+        self.weight, self.scales, self.biases = mx.quantize(weight, group_size, bits, mode=mode)
+
+    def __call__(self, x: mx.array, expert_ids: mx.array) -> mx.array:
+        """x: (num_tokens, k or 1, 1, in); expert_ids: (num_tokens, k); returns (num_tokens, k, 1, out)."""
+        return mx.gather_qmm(
+            x,
+            self.weight,
+            self.scales,
+            self.biases,
+            rhs_indices=expert_ids,
+            transpose=True,
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+        )
+
 
 class SwitchGLU(nn.Module):
     """The experts of a sparse MoE: a gated MLP per expert, run only for the experts each token picked."""

@@ -164,6 +164,25 @@ def test_experts_stored_fused_load_as_the_same_model():
     assert max_diff(logits, ref["logits"]) < TOL
 
 
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_quantized_experts_run_kept_quantized_as_they_do_dequantized(name):
+    # 8-bit expert triplets, as a quantized checkpoint stores them per expert: gather_qmm over the
+    # stacked codes must compute what the float path computes from the dequantized weights.
+    folder, ref = FIXTURES / name, reference(name)
+    weights = hf.read_weights(folder)
+    for key in [k for k in weights if ".experts." in k]:
+        codes, scales, biases = mx.quantize(weights[key], group_size=32, bits=8)
+        stem = key.removesuffix(".weight")
+        weights.update({key: codes, f"{stem}.scales": scales, f"{stem}.biases": biases})
+    outputs = []
+    for keep_quantized in (True, False):
+        model = build_model(hf.read_config(folder), weights, group_size=32, keep_quantized=keep_quantized)
+        (logits,) = step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
+        outputs.append(logits)
+    assert max_diff(outputs[0], np.array(outputs[1])) < TOL
+    assert 0 < max_diff(outputs[0], ref["logits"]) < 0.1  # 8-bit rounding moves logits, a little
+
+
 # Each fixture exercises what its architecture adds: without the feature, logits move well past TOL.
 @pytest.mark.parametrize(
     "name, change",

@@ -33,7 +33,7 @@ class ScheduledRequest:
     num_computed_tokens: int  # tokens already in the cache before this step
     block_ids: list[int]  # the request's block table (live list; valid until the next schedule)
     is_sampling: bool  # the last fed token is the request's newest: sample one token from it
-    is_new: bool  # admitted from the waiting queue this step (new, or resumed after preemption)
+    is_new: bool  # first step since admission: new, forked, or resumed after preemption
 
     @property
     def request_id(self) -> str:
@@ -97,7 +97,9 @@ class Scheduler:
         if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_model_len < 2:
             raise ValueError("a scheduler needs max_num_seqs >= 1, max_num_batched_tokens >= 1 and max_model_len >= 2")
         if long_prefill_token_threshold < 0:
-            raise ValueError(f"long_prefill_token_threshold must be 0 (off) or positive, got {long_prefill_token_threshold}")
+            raise ValueError(
+                f"long_prefill_token_threshold must be 0 (off) or positive, got {long_prefill_token_threshold}"
+            )
         self.kv = kv_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -109,6 +111,7 @@ class Scheduler:
         self.running: list[Request] = []  # admission order; the last is the newest
         self.num_preemptions = 0
         self._finished_ids: list[str] = []
+        self._forked_ids: set[str] = set()  # forked into running, not scheduled yet: their first step is new
 
     @property
     def num_running(self) -> int:
@@ -152,6 +155,7 @@ class Scheduler:
             child.num_cached_tokens = child.num_computed_tokens
             child.status = RequestStatus.RUNNING
             self.running.append(child)
+            self._forked_ids.add(child.request_id)
         else:
             self.waiting.appendleft(child)
 
@@ -236,7 +240,11 @@ class Scheduler:
                 output.preempted_request_ids.append(victim.request_id)
                 if victim is request:
                     return budget
-            output.requests.append(self._scheduled(request, num_new, is_new=False))
+            # NOTE: victims come from the end, past index i, so no scheduled request is ever preempted.
+            is_new = bool(self._forked_ids) and request.request_id in self._forked_ids
+            if is_new:
+                self._forked_ids.discard(request.request_id)
+            output.requests.append(self._scheduled(request, num_new, is_new))
             budget -= num_new
             i += 1
         return budget
@@ -280,6 +288,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         """Preemption by recompute: drop the K/V, start over later from the front of the queue."""
         self.kv.free(request)
+        self._forked_ids.discard(request.request_id)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
@@ -310,6 +319,7 @@ class Scheduler:
         """Marks a request finished and frees its blocks; the caller removes it from `running`."""
         request.status = status
         self.kv.free(request)
+        self._forked_ids.discard(request.request_id)
         del self.requests[request.request_id]
         self._finished_ids.append(request.request_id)
 

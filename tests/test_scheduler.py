@@ -324,7 +324,8 @@ def test_a_step_that_preempted_admits_no_waiting_request():
 
 def test_too_long_requests_are_rejected_when_added():
     scheduler, _ = make(num_blocks=4, block_size=4, max_model_len=32)
-    with pytest.raises(RequestTooLongError, match=r"needs 33 tokens \(30 prompt \+ 3 max_tokens\) but the model takes at most 32"):
+    too_long = r"needs 33 tokens \(30 prompt \+ 3 max_tokens\) but the model takes at most 32"
+    with pytest.raises(RequestTooLongError, match=too_long):
         scheduler.add_request(request("a", list(range(30)), max_tokens=3))
     with pytest.raises(RequestTooLongError, match="needs up to 5 KV blocks of 4 tokens but the cache has only 4"):
         scheduler.add_request(request("b", list(range(10)), max_tokens=8))
@@ -359,7 +360,10 @@ def test_abort_frees_running_and_waiting_requests_at_once():
     scheduler.add_request(request("b", [1, 2]))
     step(scheduler, model)
     outputs = scheduler.abort(["a", "b", "unknown"])
-    assert [(o.request_id, o.finished, o.finish_reason) for o in outputs] == [("a", True, "abort"), ("b", True, "abort")]
+    assert [(o.request_id, o.finished, o.finish_reason) for o in outputs] == [
+        ("a", True, "abort"),
+        ("b", True, "abort"),
+    ]
     assert (scheduler.num_running, scheduler.num_waiting, scheduler.has_unfinished) == (0, 0, False)
     assert scheduler.kv.num_free_blocks == 16
     assert scheduler.schedule().finished_request_ids == ["a", "b"]
@@ -385,11 +389,13 @@ def test_forked_child_shares_the_parents_full_blocks_and_recomputes_the_rest():
     child = request("p-1", prompt, max_tokens=3, seed=2)
     scheduler.fork_request("p", child)
     assert scheduler.kv.block_table(child) == [0, 1] and child.num_computed_tokens == 8
-    output, _ = step(scheduler, model)
+    output, outputs = step(scheduler, model)
     assert plan(output) == [("p", 10, 1, True), ("p-1", 8, 2, True)]
     assert output.requests[1].block_ids == [0, 1, 3]
+    assert [s.is_new for s in output.requests] == [False, True]
     tokens = run_to_end(scheduler, model)
-    assert tokens["p-1"][-2:] == greedy(prompt, 2, 3)[-2:]
+    assert outputs[1].new_token_ids + tokens["p-1"] == greedy(prompt, 2, 3)
+    assert outputs[1].num_cached_tokens == 8
     assert scheduler.kv.num_free_blocks == 16
 
 
@@ -438,9 +444,10 @@ def test_random_arrivals_aborts_and_forks_all_finish_correctly_and_free_every_bl
         running = [r for r in scheduler.running if r.output_token_ids and "c" not in r.request_id]
         if running and rng.random() < 0.1:
             parent = rng.choice(running)
-            child = request(f"{parent.request_id}c{step_index}", parent.prompt_token_ids, parent.max_tokens, seed=1000 + step_index)
+            seed = 1000 + step_index
+            child = request(f"{parent.request_id}c{step_index}", parent.prompt_token_ids, parent.max_tokens, seed)
             scheduler.fork_request(parent.request_id, child)
-            expected[child.request_id] = greedy(child.prompt_token_ids, child.sampling_params.seed, child.max_tokens, eos=EOS)
+            expected[child.request_id] = greedy(child.prompt_token_ids, seed, child.max_tokens, eos=EOS)
         if scheduler.requests and rng.random() < 0.05:
             victim = rng.choice(sorted(scheduler.requests))
             scheduler.abort([victim])

@@ -21,7 +21,9 @@ ExtraKey = int | str | bytes
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
-def hash_block(parent_hash: BlockHash | None, token_ids: Sequence[int], extra_keys: Sequence[ExtraKey] = ()) -> BlockHash:
+def hash_block(
+    parent_hash: BlockHash | None, token_ids: Sequence[int], extra_keys: Sequence[ExtraKey] = ()
+) -> BlockHash:
     """The content hash of a full block: `H(parent_hash, token ids, extra keys)`.
 
     Stable across processes and machines (xxh3-128 over a canonical little-endian encoding,

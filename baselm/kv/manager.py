@@ -85,7 +85,9 @@ class KVCacheManager:
         held = self._blocks.get(request_id)
         computed = computed_blocks or ()
         if computed and held:
-            raise ValueError(f"request {request_id} already holds KV blocks; prefix hits apply only to its first allocation")
+            raise ValueError(
+                f"request {request_id} already holds KV blocks; prefix hits apply only to its first allocation"
+            )
         num_held = len(held) if held else 0
         num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
         num_needed = -(-num_tokens // self.block_size) - num_held - len(computed)

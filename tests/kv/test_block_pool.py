@@ -19,7 +19,10 @@ def ids(blocks) -> list[int]:
 
 
 def test_hash_is_the_same_in_another_process_with_another_hash_seed():
-    code = "from baselm.kv.block_pool import hash_block; print(hash_block(hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8], ('salt',)))"
+    code = (
+        "from baselm.kv.block_pool import hash_block; "
+        "print(hash_block(hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8], ('salt',)))"
+    )
     env = dict(os.environ, PYTHONHASHSEED="12345")
     other = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert int(other.stdout) == hash_block(hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8], ("salt",))

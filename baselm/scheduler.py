@@ -67,11 +67,16 @@ class SchedulerOutput:
 class SchedulerStats:
     num_running: int
     num_waiting: int
-    num_free_blocks: int
+    num_used_blocks: int
+    num_free_blocks: int  # cached free blocks included
     kv_usage: float  # fraction of KV blocks in use
-    prefix_cache_queries: int  # tokens
-    prefix_cache_hits: int  # tokens
+    prefix_cache_queries: int  # tokens looked up at admission
+    prefix_cache_hits: int  # tokens found
     num_preemptions: int  # since start
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
 
 class Scheduler:
@@ -221,6 +226,7 @@ class Scheduler:
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
+            num_used_blocks=self.kv.num_blocks - self.kv.num_free_blocks,
             num_free_blocks=self.kv.num_free_blocks,
             kv_usage=self.kv.usage,
             prefix_cache_queries=self.kv.prefix_cache_queries,

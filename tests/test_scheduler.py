@@ -178,7 +178,19 @@ def test_second_request_with_the_same_prompt_starts_from_a_prefix_hit():
     assert outputs[1].num_cached_tokens == 8
     tokens = run_to_end(scheduler, model)
     assert outputs[1].new_token_ids + tokens["b"] == greedy(prompt, 5, 4)
-    assert scheduler.stats().prefix_cache_hits == 8
+    stats = scheduler.stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.prefix_cache_hit_rate) == (20, 8, 0.4)
+    assert (stats.num_used_blocks, stats.num_free_blocks, stats.kv_usage) == (0, 16, 0.0)
+
+
+def test_stats_count_blocks_in_use():
+    scheduler, model = make()
+    scheduler.add_request(request("a", list(range(10))))
+    scheduler.add_request(request("b", [1]))
+    step(scheduler, model)
+    stats = scheduler.stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_used_blocks, stats.num_free_blocks) == (2, 0, 4, 12)
+    assert stats.kv_usage == 0.25
 
 
 # --- stops --------------------------------------------------------------------------------

@@ -91,6 +91,8 @@ class KVCacheManager:
         num_held = len(held) if held else 0
         num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
         num_needed = -(-num_tokens // self.block_size) - num_held - len(computed)
+        if num_needed <= 0 and computed_blocks is None:  # the common decode step: the last block has room
+            return True
         num_reclaimed = sum(1 for block in computed if block.ref_cnt == 0)  # hits sitting in the free list
         if max(num_needed, 0) + num_reclaimed > self.pool.num_free_blocks:
             return False
@@ -98,7 +100,8 @@ class KVCacheManager:
             held = self._blocks[request_id] = []
             self._block_ids[request_id] = []
             self._num_cached_blocks[request_id] = 0
-        self._take(request_id, computed, touch=True)
+        if computed:
+            self._take(request_id, computed, touch=True)
         if num_needed > 0:
             self._take(request_id, self.pool.allocate(num_needed), touch=False)
         if computed_blocks is not None:

@@ -160,6 +160,29 @@ class TensorRecord:
             values, _ = float_numpy(mx.array(to_float32(values, own)).astype(_MX_DTYPES[dtype]))
         return cls(dtype=dtype, shape=tuple(values.shape), data=np.ascontiguousarray(values))
 
+    @classmethod
+    def from_triplet(cls, codes: mx.array | np.ndarray, scales: mx.array | np.ndarray, biases: mx.array | np.ndarray, group_size: int) -> TensorRecord:
+        """A quantized record from an MLX affine triplet as it is (e.g. GGUF Q4_1 read by `mx.load`).
+
+        Bits follow from the shapes: `in = scales.shape[1] * group_size`, `bits = 32 * codes.shape[1] / in`.
+        """
+        codes = np.ascontiguousarray(np.array(codes), dtype="<u4")  # (out, in * bits / 32)
+        scale_values, scale_dtype = float_numpy(scales)  # (out, in / group_size)
+        bias_values, bias_dtype = float_numpy(biases)
+        in_features = scale_values.shape[1] * group_size
+        bits, rem = divmod(codes.shape[1] * 32, in_features)
+        if rem or bits not in QUANT_BITS.values() or bias_dtype != scale_dtype or bias_values.shape != scale_values.shape:
+            raise ValueError(f"codes {codes.shape}, scales {scale_values.shape} and biases {bias_values.shape} are not an MLX triplet of group {group_size}")
+        return cls(
+            dtype=f"base_q{bits}",
+            shape=(codes.shape[0], in_features),
+            codes=codes,
+            scales=np.ascontiguousarray(scale_values),
+            biases=np.ascontiguousarray(bias_values),
+            group_size=group_size,
+            scale_dtype=scale_dtype,
+        )
+
     @property
     def bits(self) -> int | None:
         return QUANT_BITS.get(self.dtype)

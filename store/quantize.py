@@ -11,8 +11,10 @@ stream for 3/5/6 bits), so the result feeds `mx.quantized_matmul` / `mx.dequanti
 
 A profile is an ordered list of rules `pattern -> scheme [, group_size]`; the first rule whose
 pattern matches the tensor's name wins. Only 2-D `*.weight` tensors are ever quantized, and only
-when the group size divides their input dimension; anything else stays float (the decision
-says why). `float` as a rule's scheme keeps the tensor's source float dtype.
+when the group size divides their input dimension. A scheme's default group size steps down
+(128 -> 64 -> 32) until one divides (hidden sizes like 576 = 9 * 64 are common); a group size
+the rule names is kept as it is. A tensor no group fits stays float, and the decision says why.
+`float` as a rule's scheme keeps the tensor's source float dtype.
 """
 
 from __future__ import annotations
@@ -200,11 +202,13 @@ class QuantProfile:
         scheme = SCHEMES[rule.scheme]
         if not scheme.is_quantized:
             return Decision(name, scheme.dtype, None, f"rule {rule.pattern!r} stores it as {scheme.name}")
-        group_size = rule.group_size or scheme.group_size
         if len(shape) != 2 or not name.endswith(".weight"):
             return Decision(name, source_dtype, None, f"rule {rule.pattern!r} asks {scheme.name}, but only 2-D .weight tensors are quantized; kept float")
-        if shape[1] % group_size:
-            return Decision(name, source_dtype, None, f"rule {rule.pattern!r} asks {scheme.name}, but input dim {shape[1]} is not a multiple of group size {group_size}; kept float")
+        # A rule's own group size is a demand; the scheme's default may step down to one that divides.
+        sizes = [rule.group_size] if rule.group_size else [g for g in sorted(GROUP_SIZES, reverse=True) if g <= scheme.group_size]
+        group_size = next((g for g in sizes if shape[1] % g == 0), None)
+        if group_size is None:
+            return Decision(name, source_dtype, None, f"rule {rule.pattern!r} asks {scheme.name}, but input dim {shape[1]} is not a multiple of group size {sizes[-1]}; kept float")
         return Decision(name, scheme.dtype, group_size, f"rule {rule.pattern!r}: {scheme.name}, group {group_size}")
 
     def to_json(self) -> dict[str, Any]:

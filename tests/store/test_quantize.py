@@ -136,6 +136,7 @@ LLAMA_TENSORS = {
     "model.layers.0.mlp.down_proj.weight": (128, 96),
     "model.layers.0.mlp.up_proj.weight": (96, 128),
     "model.layers.0.mlp.gate.weight": (8, 128),
+    "model.layers.0.mlp.odd.weight": (8, 100),
     "model.norm.weight": (128,),
     "lm_head.weight": (256, 128),
 }
@@ -163,9 +164,10 @@ def test_default_q4_profile() -> None:
         "model.layers.0.self_attn.q_proj.weight": ("base_q4", 64),
         "model.layers.0.self_attn.v_proj.weight": ("base_q4", 64),
         "model.layers.0.self_attn.q_proj.bias": ("bf16", None),
-        "model.layers.0.mlp.down_proj.weight": ("bf16", None),  # 96 is not a multiple of 64
+        "model.layers.0.mlp.down_proj.weight": ("base_q4", 32),  # 96 is not a multiple of 64: groups of 32
         "model.layers.0.mlp.up_proj.weight": ("base_q4", 64),
         "model.layers.0.mlp.gate.weight": ("bf16", None),  # an MoE router
+        "model.layers.0.mlp.odd.weight": ("bf16", None),  # no group size divides 100
         "model.norm.weight": ("bf16", None),
         "lm_head.weight": ("base_q8", 128),
     }
@@ -187,20 +189,29 @@ def test_float_scheme_profile_stores_everything_in_it() -> None:
 
 def test_decisions_say_why_a_tensor_stayed_float() -> None:
     profile = builtin_profile("default", "q4")
-    assert profile.decide("model.layers.0.mlp.down_proj.weight", (128, 96), "f32") == Decision(
-        "model.layers.0.mlp.down_proj.weight", "f32", None,
-        "rule '*' asks q4, but input dim 96 is not a multiple of group size 64; kept float",
+    assert profile.decide("model.layers.0.mlp.odd.weight", (128, 100), "f32") == Decision(
+        "model.layers.0.mlp.odd.weight", "f32", None,
+        "rule '*' asks q4, but input dim 100 is not a multiple of group size 32; kept float",
     )
     assert profile.decide("x.bias", (128,), "f16").reason == "rule '*' asks q4, but only 2-D .weight tensors are quantized; kept float"
 
 
 def test_first_matching_rule_wins_and_unmatched_names_stay() -> None:
     profile = QuantProfile("p", (Rule(r"layers\.0\.", "q8", is_regex=True), Rule("*.weight", "q3", 64)))
-    assert profile.decide("model.layers.0.o.weight", (4, 128), "f32").dtype == "base_q8"
-    assert profile.decide("model.layers.0.o.weight", (4, 64), "f32").dtype == "f32"  # 64 inputs, q8 groups of 128
+    first = profile.decide("model.layers.0.o.weight", (4, 128), "f32")
+    assert (first.dtype, first.group_size) == ("base_q8", 128)
     second = profile.decide("model.layers.1.o.weight", (4, 64), "f32")
     assert (second.dtype, second.group_size) == ("base_q3", 64)
     assert profile.decide("scale", (4,), "f16") == Decision("scale", "f16", None, "no rule matches; kept as stored")
+
+
+def test_default_group_size_steps_down_but_a_rule_group_size_is_kept() -> None:
+    profile = QuantProfile("p", (Rule("a.*", "q8"), Rule("b.*", "q8", 128)))
+    embed = profile.decide("a.weight", (49152, 576), "bf16")  # 576 = 9 * 64
+    assert (embed.dtype, embed.group_size, embed.reason) == ("base_q8", 64, "rule 'a.*': q8, group 64")
+    pinned = profile.decide("b.weight", (49152, 576), "bf16")
+    assert (pinned.dtype, pinned.group_size) == ("bf16", None)
+    assert pinned.reason == "rule 'b.*' asks q8, but input dim 576 is not a multiple of group size 128; kept float"
 
 
 def test_unknown_profile_and_scheme() -> None:

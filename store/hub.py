@@ -1,0 +1,367 @@
+"""The Hugging Face hub client: which files a model needs, and downloading them safely.
+
+Built on `huggingface_hub` for the API, auth and HTTP session (it honours `HF_TOKEN`; `HF_ENDPOINT`
+is read here at call time, since the library reads it once at import). Files are fetched
+with plain HTTP GETs (never Xet), into `<folder>/<file>.part`, so an interrupted download,
+even of a killed process, resumes where it stopped (an HTTP Range request). Every finished
+file is checked against what the hub reports: its size, and its sha256 (LFS files) or its
+git blob id (small files). Only the files a model needs are fetched: config, tokenizer and
+safetensors for an HF repo; the one `.gguf` of the requested quant for a GGUF repo.
+
+Callers hold the model's store lock while downloading, so one `.part` file has one writer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from baselm.store.errors import ModelFileError, StoreError, UnsupportedModelError
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+CHUNK_SIZE = 256 * 1024  # bytes written (and resumable) at a time
+DOWNLOAD_TIMEOUT = 30.0  # seconds without data before a read counts as a network failure
+MAX_RETRIES = 5  # consecutive attempts that bring no new bytes
+
+# What an HF (safetensors) model needs; weights and the rest of the repo are left out.
+HF_PATTERNS = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.json",
+    "chat_template.jinja",
+    "*.safetensors",
+    "model.safetensors.index.json",
+)
+# GGUF quant tags in order of preference when none is asked for: first the types base keeps bit
+# for bit (MLX reads Q4_0/Q4_1/Q8_0 as its own affine groups), 4-bit before 8-bit, then floats,
+# then K-quants (which need re-quantizing).
+GGUF_DEFAULT_ORDER = ("Q4_0", "Q4_1", "Q8_0", "F16", "BF16", "F32", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K")
+_GGUF_TAG = re.compile(r"[-._]((?:I?Q\d[A-Z0-9_]*)|F16|BF16|F32)$", re.IGNORECASE)
+
+
+class HubError(StoreError):
+    """The hub refused or failed a request; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class HubFile:
+    path: str  # relative to the repo root
+    size: int
+    sha256: str | None  # LFS files
+    blob_id: str | None  # git blob sha1 (small files)
+
+
+@dataclass(frozen=True, slots=True)
+class RepoSnapshot:
+    """A repo at one commit: what the hub lists for it."""
+
+    repo: str
+    revision: str  # as asked (branch, tag or commit)
+    commit: str  # the commit sha it resolved to
+    files: tuple[HubFile, ...]
+
+    def file(self, path: str) -> HubFile | None:
+        return next((f for f in self.files if f.path == path), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The files to fetch for one model: `kind` is "safetensors" or "gguf"."""
+
+    kind: str
+    files: tuple[HubFile, ...]
+    gguf_tag: str | None = None  # the quant tag of the chosen .gguf, e.g. "Q4_K_M"
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+class Progress(Protocol):
+    def start(self, label: str, total: int, done: int) -> None: ...
+    def advance(self, num_bytes: int) -> None: ...
+    def finish(self) -> None: ...
+
+
+class NoProgress:
+    def start(self, label: str, total: int, done: int) -> None:
+        pass
+
+    def advance(self, num_bytes: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class LineProgress:
+    """Plain lines (for logs and pipes): the start, each further 25%, and the end."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self.label, self.total, self.done, self.next_mark = "", 0, 0, 0
+
+    def start(self, label: str, total: int, done: int) -> None:
+        self.label, self.total, self.done = label, total, done
+        resumed = f", resuming at {_human(done)}" if done else ""
+        print(f"downloading {label} ({_human(total)}{resumed})", file=self.stream, flush=True)
+        self.next_mark = (done * 4 // max(total, 1) + 1) * total // 4
+
+    def advance(self, num_bytes: int) -> None:
+        self.done += num_bytes
+        if self.total and self.done >= self.next_mark and self.done < self.total:
+            print(f"  {self.label}: {100 * self.done // self.total}%", file=self.stream, flush=True)
+            self.next_mark = (self.done * 4 // self.total + 1) * self.total // 4
+
+    def finish(self) -> None:
+        print(f"  {self.label}: done", file=self.stream, flush=True)
+
+
+class RichProgress:
+    """One rich progress bar per file, for a terminal."""
+
+    def __init__(self) -> None:
+        from rich.progress import DownloadColumn, Progress as Bars, TransferSpeedColumn
+
+        self.bars = Bars(*Bars.get_default_columns(), DownloadColumn(), TransferSpeedColumn(), transient=False)
+        self.task: Any = None
+
+    def start(self, label: str, total: int, done: int) -> None:
+        self.bars.start()
+        self.task = self.bars.add_task(label, total=total, completed=done)
+
+    def advance(self, num_bytes: int) -> None:
+        self.bars.update(self.task, advance=num_bytes)
+
+    def finish(self) -> None:
+        self.bars.stop()
+
+
+def default_progress(quiet: bool = False) -> Progress:
+    """Bars on a terminal, plain lines otherwise, nothing when quiet."""
+    if quiet:
+        return NoProgress()
+    return RichProgress() if sys.stderr.isatty() else LineProgress()
+
+
+# ---------------------------------------------------------------------------------------------
+# The API side
+
+
+class HubClient:
+    """Talks to the hub at `endpoint` (default `$HF_ENDPOINT`, else huggingface.co)."""
+
+    def __init__(self, endpoint: str | None = None, token: str | None = None) -> None:
+        self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        self.token = token or os.environ.get("HF_TOKEN") or None
+
+    def snapshot(self, repo: str, revision: str = "main") -> RepoSnapshot:
+        """The repo's files (with sizes and hashes) at `revision`."""
+        from huggingface_hub import HfApi
+
+        api = HfApi(endpoint=self.endpoint, token=self.token)
+        with _hub_errors(repo, revision, self.endpoint):
+            info = api.model_info(repo, revision=revision, files_metadata=True)
+        files = tuple(
+            HubFile(s.rfilename, int(s.size or 0), s.lfs.sha256 if s.lfs else None, s.blob_id)
+            for s in info.siblings or []
+        )
+        if not info.sha:
+            raise HubError(f"{self.endpoint} did not say which commit {repo}@{revision} is; is HF_ENDPOINT a hub?")
+        return RepoSnapshot(repo, revision, info.sha, files)
+
+    def download(self, snapshot: RepoSnapshot, file: HubFile, folder: Path, progress: Progress | None = None) -> Path:
+        """`file` under `folder`, fetched (or resumed from its `.part`) and verified; a verified copy is reused."""
+        from huggingface_hub.file_download import hf_hub_url
+
+        target = folder / file.path
+        if target.is_file() and _matches(target, file):
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        if part.is_file() and part.stat().st_size > file.size:
+            part.unlink()  # not a prefix of this file: start over
+        url = hf_hub_url(snapshot.repo, file.path, revision=snapshot.commit, endpoint=self.endpoint)
+        progress = progress or NoProgress()
+        with open(part, "ab") as f:
+            progress.start(file.path, file.size, f.tell())
+            try:
+                with _hub_errors(snapshot.repo, snapshot.revision, self.endpoint):
+                    self._fetch(url, f, file.size, progress)
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                progress.finish()
+        if not _matches(part, file):
+            part.unlink()
+            raise HubError(f"{file.path} from {snapshot.repo} does not match the hash the hub lists; it was removed, pull again")
+        os.replace(part, target)
+        return target
+
+    def _fetch(self, url: str, f: BinaryIO, size: int, progress: Progress) -> None:
+        """Appends the rest of the file to `f`, resuming with a Range request after each cut."""
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+        headers = build_hf_headers(token=self.token)
+        headers["Accept-Encoding"] = "identity"  # byte offsets must be offsets in the file
+        failures = 0
+        while f.tell() < size:
+            done = f.tell()
+            try:
+                ranged = {**headers, "Range": f"bytes={done}-"} if done else headers
+                with get_session().stream("GET", url, headers=ranged, timeout=DOWNLOAD_TIMEOUT) as response:
+                    hf_raise_for_status(response)
+                    if done and response.status_code == 200:  # the server ignored the Range: start over
+                        f.seek(0)
+                        f.truncate()
+                    for chunk in response.iter_bytes(CHUNK_SIZE):
+                        f.write(chunk)
+                        progress.advance(len(chunk))
+            except Exception as exc:
+                if not _is_network_error(exc):
+                    raise
+                failures = 0 if f.tell() > done else failures + 1
+                if failures >= MAX_RETRIES:
+                    raise
+                time.sleep(min(0.1 * 2**failures, 2.0))
+            if f.tell() > size:
+                raise HubError(f"{url} sent more bytes than the {size} the hub lists; pull again")
+
+
+def select_files(snapshot: RepoSnapshot, tag: str | None) -> Selection:
+    """The files to fetch: a GGUF file when `tag` names one (or the repo has only GGUF), else the HF files."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    ggufs = [f for f in snapshot.files if f.path.endswith(".gguf") and not _is_extra_gguf(f.path)]
+    has_safetensors = any(f.path.endswith(".safetensors") for f in snapshot.files)
+    tagged = [f for f in ggufs if tag and gguf_tag(f.path).upper() == tag.upper()]
+    if has_safetensors and snapshot.file("config.json") and not tagged:
+        files = filter_repo_objects(snapshot.files, allow_patterns=list(HF_PATTERNS), key=lambda f: f.path)
+        return Selection("safetensors", tuple(files))
+    if not ggufs:
+        raise ModelFileError(f"{snapshot.repo} has neither safetensors weights with a config.json nor .gguf files")
+    chosen = _choose_gguf(snapshot.repo, ggufs, tag)
+    return Selection("gguf", (chosen,), gguf_tag(chosen.path).upper())
+
+
+def gguf_tag(path: str) -> str:
+    """The quant tag in a GGUF file name (`SmolLM2-135M-Instruct.Q4_K_M.gguf` -> `Q4_K_M`), or ""."""
+    match = _GGUF_TAG.search(Path(path).name.removesuffix(".gguf"))
+    return match.group(1) if match else ""
+
+
+def _is_extra_gguf(path: str) -> bool:
+    """Vision projectors and split shards are not whole language models."""
+    name = Path(path).name.lower()
+    return name.startswith("mmproj") or re.search(r"-\d{5}-of-\d{5}\.gguf$", name) is not None
+
+
+def _choose_gguf(repo: str, ggufs: list[HubFile], tag: str | None) -> HubFile:
+    by_tag = {gguf_tag(f.path).upper(): f for f in ggufs}
+    if tag:
+        if tag.upper() in by_tag:
+            return by_tag[tag.upper()]
+        raise ModelFileError(f"{repo} has no {tag} GGUF file; it has {', '.join(sorted(t or '?' for t in by_tag))}")
+    if len(ggufs) == 1:
+        return ggufs[0]
+    for preferred in GGUF_DEFAULT_ORDER:
+        if preferred in by_tag:
+            return by_tag[preferred]
+    raise ModelFileError(f"{repo} has several GGUF files; pick one: {', '.join(sorted(by_tag))}")
+
+
+def check_model_type(config: dict[str, Any], supported: Iterable[str], repo: str) -> str:
+    """The config's model_type, or an error when base cannot run it."""
+    model_type = config.get("model_type")
+    supported = set(supported)
+    if model_type not in supported:
+        raise UnsupportedModelError(
+            f"{repo} is a {model_type!r} model, which base does not run; supported: {', '.join(sorted(supported))}"
+        )
+    return str(model_type)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors, verification, plumbing
+
+
+@contextmanager
+def _hub_errors(repo: str, revision: str, endpoint: str) -> Iterator[None]:
+    """Turns huggingface_hub and network errors into one-sentence HubErrors."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:
+        message = _hub_error_message(exc, repo, revision, endpoint)
+        if message is None:
+            raise
+        raise HubError(message) from None
+
+
+def _hub_error_message(exc: BaseException, repo: str, revision: str, endpoint: str) -> str | None:
+    from huggingface_hub import errors as hf
+
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, hf.GatedRepoError) or status == 403:
+        return f"{repo} is gated or private: it needs a token (set HF_TOKEN) with access granted on its hub page"
+    if isinstance(exc, hf.RevisionNotFoundError):
+        return f"{repo} has no revision {revision!r}"
+    if isinstance(exc, hf.RepositoryNotFoundError) or status == 401:
+        hint = "; if it is private or gated, set HF_TOKEN to a token with access" if status == 401 else ""
+        return f"no such repo {repo!r} on {endpoint} (or no such revision {revision!r}){hint}"
+    if isinstance(exc, hf.EntryNotFoundError) or status == 404:
+        return f"{repo}@{revision}: a listed file is missing on the hub; try again later or another revision"
+    if isinstance(exc, hf.HfHubHTTPError):
+        return f"the hub answered {status} for {repo}; try again later"
+    if _is_network_error(exc):
+        return f"cannot reach {endpoint} ({type(exc).__name__}); check the network, or HF_ENDPOINT"
+    return None
+
+
+def _is_network_error(exc: BaseException) -> bool:
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"TransportError", "TimeoutException", "ConnectionError"})
+
+
+def _matches(path: Path, file: HubFile) -> bool:
+    """Size and content hash against the hub's listing (sha256 for LFS, git blob sha1 otherwise)."""
+    size = path.stat().st_size
+    if size != file.size:
+        return False
+    if file.sha256:
+        return _digest(path, hashlib.sha256()) == file.sha256
+    if file.blob_id:
+        return _digest(path, hashlib.sha1(f"blob {size}\0".encode())) == file.blob_id
+    return True
+
+
+def _digest(path: Path, h: Any) -> str:
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _human(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if num_bytes < 1024 or unit == "GiB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes:.1f} GiB"
+
+
+def wait_note(name: str, stream: Any = None) -> None:
+    """What a pull prints when another process is pulling the same model."""
+    print(f"waiting for another pull of {name} to finish", file=stream or sys.stderr, flush=True)

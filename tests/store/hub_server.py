@@ -1,0 +1,248 @@
+"""A local HTTP server speaking the part of the Hugging Face hub's API that downloads use.
+
+Enough for `huggingface_hub` (2.x) with `HF_ENDPOINT` pointing here:
+- `GET /api/models/{repo}` and `/api/models/{repo}/revision/{rev}`: model info with `sha` and
+  `siblings` (with `?blobs=true`: `size`, `blobId`, `lfs {sha256, size, pointerSize}`);
+- `GET /api/models/{repo}/tree/{rev}[/{folder}]`: the file listing;
+- `HEAD`/`GET /{repo}/resolve/{rev}/{path}`: the file, with `X-Repo-Commit`, `ETag`, and for LFS
+  files `X-Linked-Etag`/`X-Linked-Size`; `Range: bytes=a-[b]` answers 206 with `Content-Range`.
+No Xet headers are ever sent, so clients download over plain HTTP.
+
+Behaviours for tests: gated repos (401 without a token, 403 with a token lacking access, as the
+hub answers), private repos (401 RepoNotFound), missing repos and revisions (404 with the hub's
+`X-Error-Code`), a download cut off after N bytes the first time (`cut_after`), and a download
+that sends N bytes then stalls until released (`stall_after`, for killing a client mid-file).
+Every request is logged in `requests` as (method, path, range header).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+LFS_SUFFIXES = (".safetensors", ".gguf", ".bin")
+_REPO = r"(?P<repo>[^/]+/[^/]+)"
+_ROUTES = [
+    ("info", re.compile(rf"^/api/models/{_REPO}(?:/revision/(?P<rev>[^/]+))?$")),
+    ("tree", re.compile(rf"^/api/models/{_REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?$")),
+    ("resolve", re.compile(rf"^/{_REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")),
+]
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@dataclass
+class Repo:
+    files: dict[str, bytes]
+    commit: str
+    gated: bool = False
+    private: bool = False
+    granted_tokens: set[str] = field(default_factory=set)
+
+    def entry(self, path: str) -> dict[str, Any]:
+        data = self.files[path]
+        entry: dict[str, Any] = {"rfilename": path, "size": len(data), "blobId": git_blob_id(data)}
+        if path.endswith(LFS_SUFFIXES):
+            entry["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+        return entry
+
+
+class HubServer:
+    """Serves repos on 127.0.0.1 at a free port; use as a context manager or call start/stop."""
+
+    def __init__(self) -> None:
+        self.repos: dict[str, Repo] = {}
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.cut_after: dict[str, int] = {}  # file path -> bytes sent before the connection drops (once)
+        self.stall_after: dict[str, int] = {}  # file path -> bytes sent before waiting for `release`
+        self.stalled = threading.Event()  # set when a stalled download has sent its bytes
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def add_repo(self, repo: str, files: dict[str, bytes], *, gated: bool = False, private: bool = False,
+                 granted_tokens: tuple[str, ...] = ()) -> str:
+        """Publishes `files` as `repo` at branch main; returns the commit sha."""
+        digest = hashlib.sha1(repo.encode())
+        for path in sorted(files):
+            digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+        commit = digest.hexdigest()
+        self.repos[repo] = Repo(dict(files), commit, gated, private, set(granted_tokens))
+        return commit
+
+    def downloads_of(self, path: str) -> list[str | None]:
+        """The Range headers of each GET of a file (None: the whole file)."""
+        return [r for m, p, r in self.requests if m == "GET" and "/resolve/" in p and p.endswith("/" + path)]
+
+    def start(self) -> HubServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> HubServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            pass
+
+        def do_HEAD(self) -> None:
+            self._dispatch(body=False)
+
+        def do_GET(self) -> None:
+            self._dispatch(body=True)
+
+        def _dispatch(self, body: bool) -> None:
+            path = urlsplit(self.path).path
+            with server._lock:
+                server.requests.append((self.command, path, self.headers.get("Range")))
+            for kind, pattern in _ROUTES:
+                match = pattern.match(path)
+                if match:
+                    groups = {k: unquote(v) if v else v for k, v in match.groupdict().items()}
+                    return getattr(self, f"_{kind}")(body=body, **groups)
+            self._error(404, "EntryNotFound", "no such route")
+
+        # -- access rules, as the hub applies them
+
+        def _repo(self, repo: str, rev: str | None, download: bool) -> Repo | None:
+            found = server.repos.get(repo)
+            token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+            if found is None:
+                self._error(404, "RepoNotFound", "Repository not found")
+            elif found.private and token not in found.granted_tokens:
+                self._error(401, "RepoNotFound", "Repository not found")
+            elif rev not in (None, "main", found.commit):
+                self._error(404, "RevisionNotFound", "Invalid rev id: " + rev)
+            elif download and found.gated and token not in found.granted_tokens:
+                status = 403 if token else 401
+                self._error(status, "GatedRepo", f"Access to model {repo} is restricted")
+            else:
+                return found
+            return None
+
+        def _error(self, status: int, code: str, message: str) -> None:
+            data = json.dumps({"error": message}).encode()
+            self.send_response(status)
+            self.send_header("X-Error-Code", code)
+            self.send_header("X-Error-Message", message)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        def _json(self, obj: Any, body: bool, commit: str) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("X-Repo-Commit", commit)
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+
+        # -- routes
+
+        def _info(self, repo: str, rev: str | None, body: bool) -> None:
+            found = self._repo(repo, rev, download=False)
+            if found is None:
+                return
+            query = urlsplit(self.path).query
+            siblings = [found.entry(p) if "blobs=true" in query else {"rfilename": p} for p in sorted(found.files)]
+            info = {"id": repo, "modelId": repo, "sha": found.commit, "private": found.private,
+                    "gated": "manual" if found.gated else False, "siblings": siblings, "tags": []}
+            self._json(info, body, found.commit)
+
+        def _tree(self, repo: str, rev: str, path: str | None, body: bool) -> None:
+            found = self._repo(repo, rev, download=False)
+            if found is None:
+                return
+            prefix = f"{path.rstrip('/')}/" if path else ""
+            items = []
+            for name in sorted(p for p in found.files if p.startswith(prefix)):
+                entry = found.entry(name)
+                item = {"type": "file", "oid": entry["blobId"], "size": entry["size"], "path": name}
+                if "lfs" in entry:
+                    item["lfs"] = {"oid": entry["lfs"]["sha256"], "size": entry["size"], "pointerSize": 134}
+                items.append(item)
+            self._json(items, body, found.commit)
+
+        def _resolve(self, repo: str, rev: str, path: str, body: bool) -> None:
+            found = self._repo(repo, rev, download=True)
+            if found is None:
+                return
+            if path not in found.files:
+                return self._error(404, "EntryNotFound", f"{path} does not exist on {rev}")
+            data = found.files[path]
+            entry = found.entry(path)
+            start, end = self._range(len(data))
+            self.send_response(206 if (start, end) != (0, len(data)) else 200)
+            self.send_header("X-Repo-Commit", found.commit)
+            etag = entry["lfs"]["sha256"] if "lfs" in entry else entry["blobId"]
+            self.send_header("ETag", f'"{etag}"')
+            if "lfs" in entry:
+                self.send_header("X-Linked-Etag", f'"{etag}"')
+                self.send_header("X-Linked-Size", str(len(data)))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(end - start))
+            if (start, end) != (0, len(data)):
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+            self.end_headers()
+            if body:
+                self._send_body(path, data[start:end])
+
+        def _range(self, size: int) -> tuple[int, int]:
+            match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+            if not match:
+                return 0, size
+            start = int(match.group(1))
+            end = int(match.group(2)) + 1 if match.group(2) else size
+            return min(start, size), min(end, size)
+
+        def _send_body(self, path: str, data: bytes) -> None:
+            with server._lock:
+                cut = server.cut_after.pop(path, None)
+                stall = server.stall_after.pop(path, None)
+            limit = cut if cut is not None else stall
+            try:
+                if limit is None:
+                    self.wfile.write(data)
+                    return
+                self.wfile.write(data[:limit])
+                self.wfile.flush()
+                if stall is not None:
+                    server.stalled.set()
+                    server.release.wait(timeout=60)
+                self.close_connection = True
+                self.connection.shutdown(2)  # the client sees the body end early
+            except OSError:
+                self.close_connection = True  # the client went away
+
+    return Handler

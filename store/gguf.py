@@ -16,6 +16,8 @@ import mlx.core as mx
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 
 GGUF_GROUP_SIZE = 32
+# Kept under its GGUF name: it has no HF counterpart (HF configs describe llama 3 scaling in rope_scaling).
+ROPE_FREQS = "rope_freqs.weight"
 
 # GGUF architecture -> HF model_type. Only architectures whose tensor layout we map.
 _ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -105,14 +107,19 @@ def _unpermute_rows(w: mx.array, num_heads: int) -> mx.array:
 
 
 def hf_tensors(tensors: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:
-    """GGUF tensors renamed to HF names, llama-family q/k rows back in HF order."""
+    """GGUF tensors renamed to HF names, llama-family q/k rows back in HF order.
+
+    `rope_freqs.weight` (llama 3 GGUFs: RoPE frequency divisors, one per rotary pair) keeps its name;
+    the llama model's `sanitize` folds it into its RoPE.
+    """
     out = {}
     for name, value in tensors.items():
         match = _NAME.match(name)
         base = match and (_LAYER_TENSORS if match.group(1) else _GLOBAL_TENSORS).get(match.group(2))
+        if name == ROPE_FREQS:  # llama 3's rope scaling, as per-frequency divisors; the model applies it
+            out[name] = value
+            continue
         if not base:
-            if name == "rope_freqs.weight":  # llama 3 stores its rope scaling as a tensor; config has it too
-                continue
             raise UnsupportedModelError(f"GGUF tensor {name!r} has no known place in a {config['model_type']} model")
         layer, kind = match.group(1), match.group(3)
         hf_name = f"model.layers.{layer}.{base}.{kind}" if layer else f"{base}.{kind}"

@@ -108,6 +108,14 @@ class RoPE(nn.Module):
             raise ModelConfigError(f"rope type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
         self._freqs = mx.array((1.0 / inv_freq).astype(np.float32))  # (dims // 2,) periods / 2pi
 
+    def divide_frequencies(self, factors: mx.array) -> None:
+        """Divides each rotary frequency by its factor, (dims // 2,): llama 3 scaling as GGUF stores it."""
+        if factors.shape != self._freqs.shape:
+            raise ModelConfigError(
+                f"rope_freqs has {factors.size} factors, but {self.dims} rotary dims need {self._freqs.size}"
+            )
+        self._freqs = self._freqs * factors.astype(mx.float32)
+
     def _rotate(self, x: mx.array, positions: mx.array, freqs: mx.array) -> mx.array:
         # Each token is its own batch entry with a length-1 sequence at offset = its position.
         return mx.fast.rope(

@@ -20,7 +20,8 @@ from baselm.models import build_model
 from baselm.models.base import DecoderModel, ModelConfigError
 from baselm.store import gguf as gguf_store
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "llama"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+FIXTURE = FIXTURES / "llama"
 TOL = 1e-4
 
 # HF name (after "model.layers.{i}.") -> GGUF name (after "blk.{i}.")
@@ -43,8 +44,8 @@ def llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_tensors(config: dict, permute: bool = True) -> dict[str, np.ndarray]:
-    weights = {k: np.array(v) for k, v in mx.load(str(FIXTURE / "model.safetensors")).items()}
+def gguf_tensors(config: dict, permute: bool = True, folder: Path = FIXTURE) -> dict[str, np.ndarray]:
+    weights = {k: np.array(v) for k, v in mx.load(str(folder / "model.safetensors")).items()}
     out = {}
     for name, value in weights.items():
         stem = name.removesuffix(".weight")
@@ -91,6 +92,22 @@ def prefill_logits(model: DecoderModel, ids: np.ndarray) -> np.ndarray:
     return np.array(model(mx.array(ids), meta.positions, meta, cache))
 
 
+def llama3_rope_freqs(config: dict) -> np.ndarray:
+    """The divisors llama.cpp's converter stores for llama 3 rope scaling, one per rotary pair."""
+    rope = config["rope_parameters"]
+    head_dim = config["head_dim"]
+    wavelens = 2 * np.pi * rope["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+    old_len, low, high, factor = (
+        rope["original_max_position_embeddings"],
+        rope["low_freq_factor"],
+        rope["high_freq_factor"],
+        rope["factor"],
+    )
+    smooth = (old_len / wavelens - low) / (high - low)
+    medium = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelens < old_len / high, 1.0, np.where(wavelens > old_len / low, factor, medium))
+
+
 @pytest.fixture(scope="module")
 def config() -> dict:
     return json.loads((FIXTURE / "config.json").read_text())
@@ -103,6 +120,20 @@ def reference() -> dict[str, np.ndarray]:
 
 def test_gguf_with_converter_permuted_qk_rows_gives_the_hf_logits(tmp_path, config, reference):
     model = load_gguf(write_gguf(tmp_path / "llama.gguf", config, gguf_tensors(config)))
+    logits = prefill_logits(model, reference["input_ids"])
+    assert np.abs(logits - reference["logits"]).max() < TOL
+
+
+def test_llama3_gguf_with_rope_freqs_and_one_kv_head_gives_the_hf_logits(tmp_path):
+    # llama 3 rope scaling lives in a rope_freqs tensor in GGUF; this fixture also ties its
+    # embeddings (no output tensor) and has a single KV head.
+    folder = FIXTURES / "llama_rope3_mqa"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = gguf_tensors(config, folder=folder)
+    assert "output.weight" not in tensors
+    tensors["rope_freqs.weight"] = llama3_rope_freqs(config)
+    model = load_gguf(write_gguf(tmp_path / "llama3.gguf", config, tensors))
+    reference = np.load(folder / "reference.npz")
     logits = prefill_logits(model, reference["input_ids"])
     assert np.abs(logits - reference["logits"]).max() < TOL
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 from baselm.models import build_model, supported_model_types
@@ -118,3 +119,18 @@ def test_tensor_of_the_wrong_shape_is_named():
         match=r"^tensor layers\.0\.mlp\.gate_proj\.weight has shape \(64, 64\), the config implies \(80, 64\)$",
     ):
         build("mistral", {"intermediate_size": 80})
+
+
+def test_rope_freqs_tensor_on_top_of_a_config_rope_scaling_is_refused():
+    weights = hf.read_weights(FIXTURES / "llama_rope3_mqa")
+    weights["rope_freqs.weight"] = mx.ones((8,))
+    message = "the checkpoint has a rope_freqs tensor and the config a rope scaling; only one may scale"
+    with pytest.raises(ModelConfigError, match=f"^{re.escape(message)}$"):
+        build("llama_rope3_mqa", weights=weights)
+
+
+def test_rope_freqs_tensor_of_the_wrong_length_is_refused():
+    weights = hf.read_weights(FIXTURES / "llama")
+    weights["rope_freqs.weight"] = mx.ones((5,))
+    with pytest.raises(ModelConfigError, match=r"^rope_freqs has 5 factors, but 16 rotary dims need 8$"):
+        build("llama", weights=weights)

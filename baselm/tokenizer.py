@@ -122,7 +122,7 @@ class Tokenizer:
         eos_ids: list[int] = []
         if (path / "generation_config.json").is_file():
             eos = _read_json(path / "generation_config.json").get("eos_token_id")
-            eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+            eos_ids = [i for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int)]
         tokenizer_json = (path / "tokenizer.json").read_text(encoding="utf-8")
         return cls.from_hf_files(tokenizer_json, config, chat_template=template, eos_token_ids=eos_ids)
 
@@ -197,7 +197,8 @@ class Tokenizer:
         add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
         backend.post_processor = _bos_eos_processor(backend, special, add_bos, add_eos)
         # End of turn / end of message end a generation too (llama.cpp stops on them).
-        extra_eos = [metadata[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in metadata]
+        turn_keys = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+        extra_eos = [metadata[k] for k in turn_keys if isinstance(metadata.get(k), int)]
         return cls(
             backend,
             special_tokens=special,
@@ -301,11 +302,11 @@ class Tokenizer:
         compiled = _compile_template(template)
         wants_parts = _template_iterates_content(template)
         plain = [_prepare_message(m, wants_parts) for m in messages]
-        variables = {**self._special_tokens, **extra}
+        variables = {**self._special_tokens, **_plain(extra)}
         try:
             return compiled.render(
                 messages=plain,
-                tools=[dict(t) for t in tools] if tools is not None else None,
+                tools=_plain(list(tools)) if tools is not None else None,
                 add_generation_prompt=add_generation_prompt,
                 **variables,
             )
@@ -532,7 +533,9 @@ def _sentencepiece_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[s
     return backend, vocab
 
 
-def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float], vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+def _merges_from_scores(
+    tokens: Sequence[str], scores: Sequence[float], vocab: Mapping[str, int]
+) -> list[tuple[str, str]]:
     """BPE merges implied by a scored vocabulary: every split of a token into two tokens.
 
     Ranked by the merged token's score (highest first), then longer left and right pieces
@@ -547,7 +550,9 @@ def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float], vocab: M
     return [(left, right) for left, right, _ in candidates]
 
 
-def _add_gguf_tokens(backend: Backend, metadata: Mapping[str, Any], vocab: Mapping[str, int], byte_level: bool) -> None:
+def _add_gguf_tokens(
+    backend: Backend, metadata: Mapping[str, Any], vocab: Mapping[str, int], byte_level: bool
+) -> None:
     """Control tokens become special added tokens, user-defined ones plain added tokens.
 
     In a byte-level vocabulary a control token spelled outside the byte alphabet is a
@@ -563,7 +568,11 @@ def _add_gguf_tokens(backend: Backend, metadata: Mapping[str, Any], vocab: Mappi
     ]
     if control:
         backend.add_special_tokens(control)
-    user = [AddedToken(t, special=False, normalized=False) for t, kind in zip(tokens, types) if kind == _USER_DEFINED and t in vocab]
+    user = [
+        AddedToken(t, special=False, normalized=False)
+        for t, kind in zip(tokens, types)
+        if kind == _USER_DEFINED and t in vocab
+    ]
     if user:
         backend.add_tokens(user)
 
@@ -585,7 +594,9 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(f"the chat template refused this conversation: {message}")
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # jinja's own tojson escapes HTML characters; HF templates expect plain json.dumps.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -610,12 +621,17 @@ def _compile_template(template: str) -> jinja2.Template:
     try:
         return _environment().from_string(template)
     except jinja2.TemplateSyntaxError as exc:
-        raise ChatTemplateError(f"the model's chat template is not valid Jinja (line {exc.lineno}: {exc.message})") from None
+        where = f"line {exc.lineno}: {exc.message}"
+        raise ChatTemplateError(f"the model's chat template is not valid Jinja ({where})") from None
 
 
 @lru_cache(maxsize=16)
 def _template_iterates_content(template: str) -> bool:
-    """Whether the template loops over or type-tests a message's content (so takes content parts)."""
+    """Whether the template loops over a message's content, directly or through a variable.
+
+    Such a template takes OpenAI content parts; any other gets their text joined. (A type test
+    like `content is string` alone does not count: some templates render '' for other types.)
+    """
     try:
         tree = _environment().parse(template)
     except jinja2.TemplateSyntaxError:
@@ -628,22 +644,27 @@ def _template_iterates_content(template: str) -> bool:
             return isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == "content"
         return False
 
-    loops = any(is_content(loop.iter) for loop in tree.find_all(jinja2.nodes.For))
-    tests = any(
-        test.name in ("string", "iterable", "sequence", "mapping") and is_content(test.node)
-        for test in tree.find_all(jinja2.nodes.Test)
+    aliases = {
+        assign.target.name
+        for assign in tree.find_all(jinja2.nodes.Assign)
+        if isinstance(assign.target, jinja2.nodes.Name) and is_content(assign.node)
+    }
+    return any(
+        is_content(loop.iter) or (isinstance(loop.iter, jinja2.nodes.Name) and loop.iter.name in aliases)
+        for loop in tree.find_all(jinja2.nodes.For)
     )
-    return loops or tests
 
 
 def _prepare_message(message: Message, wants_parts: bool) -> dict[str, Any]:
     """A plain-dict copy of a message, shaped the way HF chat templates read messages."""
     if not isinstance(message, Mapping):
-        raise ChatTemplateError(f"a chat message must be a dict with 'role' and 'content', not {type(message).__name__}")
+        kind = type(message).__name__
+        raise ChatTemplateError(f"a chat message must be a dict with 'role' and 'content', not {kind}")
     plain = {k: _plain(v) for k, v in message.items() if v is not None}
     content = plain.get("content")
     if isinstance(content, list) and not wants_parts:
-        plain["content"] = "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        plain["content"] = "\n".join(texts)
     reasoning = next((plain[k] for k in _REASONING_FIELDS if k in plain), None)
     if reasoning is not None:
         plain = {"thinking": reasoning, **plain, "reasoning_content": reasoning}

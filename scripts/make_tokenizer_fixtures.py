@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import gguf
+import numpy as np
 import sentencepiece as spm
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -213,7 +214,10 @@ CONVERSATIONS = {
     },
     "content_parts": {
         "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "Part one. "}, {"type": "text", "text": "Part two."}]}
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Part one. "}, {"type": "text", "text": "Part two."}],
+            }
         ]
     },
 }
@@ -282,18 +286,15 @@ def write_gguf(path: Path, tokenizer_meta: dict) -> None:
         writer.add_token_scores(tokenizer_meta["scores"])
     if "merges" in tokenizer_meta:
         writer.add_token_merges(tokenizer_meta["merges"])
-    for key in ("bos", "eos", "unk", "pad"):
-        if f"{key}_id" in tokenizer_meta:
-            getattr(writer, {"unk": "add_unk_token_id", "pad": "add_pad_token_id"}.get(key, f"add_{key}_token_id"))(
-                tokenizer_meta[f"{key}_id"]
-            )
+    writer.add_bos_token_id(tokenizer_meta["bos_id"])
+    writer.add_eos_token_id(tokenizer_meta["eos_id"])
+    if "unk_id" in tokenizer_meta:
+        writer.add_unk_token_id(tokenizer_meta["unk_id"])
     writer.add_add_bos_token(tokenizer_meta["add_bos"])
     writer.add_add_eos_token(False)
     writer.add_chat_template(tokenizer_meta["chat_template"])
     # mx.load wants at least one tensor in a GGUF file.
-    import numpy as np
-
-    writer.add_tensor("token_embd.weight", np.zeros((len(tokenizer_meta["tokens"]), 16), dtype=np.float32)[:1])
+    writer.add_tensor("token_embd.weight", np.zeros((1, 16), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

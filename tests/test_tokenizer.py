@@ -171,7 +171,8 @@ def test_content_parts_are_joined_for_string_only_templates(smollm2_gguf):
     parts = CONVERSATIONS["content_parts"]["messages"]
     joined = [{"role": "user", "content": "Part one. \nPart two."}]
     assert tok.apply_chat_template(parts) == tok.apply_chat_template(joined)
-    assert tok.apply_chat_template(joined).endswith("<|im_start|>user\nPart one. \nPart two.<|im_end|>\n<|im_start|>assistant\n")
+    tail = "<|im_start|>user\nPart one. \nPart two.<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.apply_chat_template(joined).endswith(tail)
 
 
 def test_tool_call_arguments_as_json_string_render_like_a_dict():
@@ -272,7 +273,8 @@ def test_gguf_tokenizer_survives_a_round_trip_through_hf_files():
     tok = load("spm.gguf")
     again = Tokenizer.from_hf_files(*tok.to_hf_files())
     assert [again.encode(t) for t in CORPUS] == EXPECTED["tokenizers"]["spm.gguf"]["encode"]
-    assert render(again, CONVERSATIONS["multi_turn"]) == EXPECTED["tokenizers"]["spm.gguf"]["chat"]["multi_turn"]["text"]
+    want = EXPECTED["tokenizers"]["spm.gguf"]["chat"]["multi_turn"]["text"]
+    assert render(again, CONVERSATIONS["multi_turn"]) == want
 
 
 def test_unknown_gguf_pre_tokenizer_and_model_are_refused():
@@ -342,3 +344,33 @@ def test_detokenizer_finish_flushes_an_incomplete_tail_as_decode_does(smollm2_gg
     deltas = stream(tok, ids)
     assert "\ufffd" not in "".join(deltas[:-1])
     assert "".join(deltas) == tok.decode(ids) and deltas[-1].endswith("\ufffd")
+
+
+def test_templates_that_only_type_test_content_get_joined_text():
+    # Some templates render '' for non-string content; only a loop over content takes parts.
+    tok = with_template(
+        "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}?{% endif %}{% endfor %}"
+    )
+    assert tok.apply_chat_template(CONVERSATIONS["content_parts"]["messages"]) == "Part one. \nPart two."
+
+
+def test_templates_that_loop_over_content_through_a_variable_get_parts():
+    tok = with_template(
+        "{% for m in messages %}{% set c = m['content'] %}{% for p in c %}[{{ p.text }}]{% endfor %}{% endfor %}"
+    )
+    assert tok.apply_chat_template(CONVERSATIONS["content_parts"]["messages"]) == "[Part one. ][Part two.]"
+
+
+def test_gguf_sentencepiece_without_space_prefix_adds_no_leading_space():
+    metadata = {**read_metadata(FIXTURES / "spm.gguf")[1], "tokenizer.ggml.add_space_prefix": False}
+    tok = Tokenizer.from_gguf_metadata(metadata)
+    with_prefix = load("spm.gguf")
+    assert with_prefix.id_to_token(with_prefix.encode("hello", add_special_tokens=False)[0]).startswith("▁")
+    assert not tok.id_to_token(tok.encode("hello", add_special_tokens=False)[0]).startswith("▁")
+    assert tok.decode(tok.encode(" hi", add_special_tokens=False)) == " hi"
+
+
+def test_gguf_sentencepiece_of_gemma_is_refused_rather_than_guessed():
+    metadata = {**read_metadata(FIXTURES / "spm.gguf")[1], "general.architecture": "gemma2"}
+    with pytest.raises(TokenizerError, match="'gemma2' models are not supported"):
+        Tokenizer.from_gguf_metadata(metadata)

@@ -9,30 +9,61 @@ package imports nothing from the engine) supplies `slot_mapping`, `block_tables`
 
 from __future__ import annotations
 
+import functools
 import math
 
 import mlx.core as mx
 
+from baselm.metal import dispatch, self_check
+from baselm.metal.launch import KernelSource, Launch, Runner, run_on_metal
 
-def write_kv_reference(
-    key_pool: mx.array, value_pool: mx.array, keys: mx.array, values: mx.array, slot_mapping: mx.array
-) -> tuple[mx.array, mx.array]:
-    """Scatters `keys`/`values` (num_tokens, kv_heads, head_dim) into the pools at `slot_mapping`."""
-    shape = key_pool.shape
-    flat_k = key_pool.reshape(-1, shape[2], shape[3])  # (num_slots, kv_heads, head_dim)
-    flat_v = value_pool.reshape(-1, shape[2], shape[3])
-    flat_k[slot_mapping] = keys.astype(flat_k.dtype)
-    flat_v[slot_mapping] = values.astype(flat_v.dtype)
-    return flat_k.reshape(shape), flat_v.reshape(shape)
+from baselm.metal.kv_quant import Pool, QuantizedPool, dequantize_rows, quantize_rows
 
 
-def _gather_sequences(pool: mx.array, meta) -> mx.array:
-    """Each sequence's cached rows, (num_seqs, kv_heads, num_blocks_used * block_size, head_dim)."""
+def write_kv_reference(key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array) -> tuple[Pool, Pool]:
+    """Scatters `keys`/`values` (num_tokens, kv_heads, head_dim) into the pools at `slot_mapping`.
+
+    Quantized pools get the rows quantized first (kv_quant.quantize_rows).
+    """
+    return _write_pool(key_pool, keys, slot_mapping), _write_pool(value_pool, values, slot_mapping)
+
+
+def _write_pool(pool: Pool, rows: mx.array, slot_mapping: mx.array) -> Pool:
+    if isinstance(pool, QuantizedPool):
+        return _scatter_quantized(pool, quantize_rows(rows, pool.bits, pool.group_size, pool.dtype), slot_mapping)
+    return _scatter(pool, rows.astype(pool.dtype), slot_mapping)
+
+
+def _scatter(pool: mx.array, rows: mx.array, slot_mapping: mx.array) -> mx.array:
+    """`pool` with `rows` (num_tokens, kv_heads, X) at the slots; in place when the pool is donated."""
+    shape = pool.shape
+    flat = pool.reshape(-1, shape[2], shape[3])  # (num_slots, kv_heads, X)
+    flat[slot_mapping] = rows
+    return flat.reshape(shape)
+
+
+def _scatter_quantized(pool: QuantizedPool, parts: tuple[mx.array, mx.array, mx.array], slot_mapping) -> QuantizedPool:
+    codes, scales, biases = (_scatter(a, p, slot_mapping) for a, p in zip(pool[:3], parts))
+    return QuantizedPool(codes, scales, biases, pool.bits, pool.group_size)
+
+
+def _gather_sequences(pool: Pool, meta) -> mx.array:
+    """Each sequence's cached rows, (num_seqs, kv_heads, num_blocks_used * block_size, head_dim).
+
+    Quantized pools are dequantized after the gather, to the dtype of their scales.
+    """
     num_blocks_used = math.ceil(meta.max_context_len / meta.block_size)
     tables = meta.block_tables[:, :num_blocks_used]  # (num_seqs, num_blocks_used)
-    rows = pool[tables]  # (num_seqs, num_blocks_used, block_size, kv_heads, head_dim)
-    num_seqs = rows.shape[0]
-    return rows.reshape(num_seqs, -1, pool.shape[2], pool.shape[3]).transpose(0, 2, 1, 3)
+    num_seqs = tables.shape[0]
+
+    def gather(a: mx.array) -> mx.array:  # (num_seqs, num_blocks_used * block_size, kv_heads, X)
+        return a[tables].reshape(num_seqs, -1, a.shape[2], a.shape[3])
+
+    if isinstance(pool, QuantizedPool):
+        rows = dequantize_rows(gather(pool.codes), gather(pool.scales), gather(pool.biases), pool.bits, pool.group_size)
+    else:
+        rows = gather(pool)
+    return rows.transpose(0, 2, 1, 3)
 
 
 def _attention_mask(meta, num_keys: int, window: int | None) -> mx.array:
@@ -60,8 +91,8 @@ def _softcapped_attention(q, k, v, scale: float, mask: mx.array, softcap: float)
 
 def paged_attention_reference(
     queries: mx.array,
-    key_pool: mx.array,
-    value_pool: mx.array,
+    key_pool: Pool,
+    value_pool: Pool,
     meta,
     scale: float,
     softcap: float | None = None,
@@ -70,7 +101,9 @@ def paged_attention_reference(
     """Attention of the flattened `queries` (num_tokens, heads, head_dim) over paged K/V.
 
     Gathers every sequence's blocks into a dense tensor (the copy the Metal kernel avoids),
-    pads queries to the longest query of the step, and attends with a causal mask.
+    dequantizing quantized pools, pads queries to the longest query of the step, and
+    attends with a causal mask (keys at positions <= the query's, and, with `window`,
+    > the query's position - window) and optional tanh soft-capping of the scores.
     Returns (num_tokens, heads, head_dim).
     """
     num_heads, head_dim = queries.shape[1], queries.shape[2]
@@ -87,6 +120,188 @@ def paged_attention_reference(
     return out[meta.token_rows]
 
 
-# The engine calls these; backends with a custom kernel route to it here.
-write_kv = write_kv_reference
-paged_attention = paged_attention_reference
+# ---------------------------------------------------------------- kernels
+
+HEAD_DIMS = (64, 80, 96, 128, 256)
+_FLOAT_POOLS = ("k_pool", "v_pool")
+_QUANT_POOLS = ("k_codes", "k_scales", "k_biases", "v_codes", "v_scales", "v_biases")
+_ATTENTION_META = ("block_tables", "seq_ids", "positions", "params", "window")
+
+
+def _attention_source(quantized: bool, split: bool) -> KernelSource:
+    pools = _QUANT_POOLS if quantized else _FLOAT_POOLS
+    return KernelSource(
+        name="base_paged_attention" + ("_q" if quantized else "") + ("_split" if split else ""),
+        body="paged_attention.metal",
+        input_names=("queries", *pools, *_ATTENTION_META),
+        output_names=("part_o", "part_ml") if split else ("out",),
+        headers=("paged_attention.h",),
+        defines=(("BASE_KV_QUANT", int(quantized)), ("BASE_SPLIT", int(split))),
+    )
+
+
+ATTENTION_REDUCE = KernelSource(
+    name="base_paged_attention_reduce",
+    body="paged_attention_reduce.metal",
+    input_names=("part_o", "part_ml"),
+    output_names=("out",),
+)
+KV_QUANTIZE = KernelSource(
+    name="base_kv_quantize",
+    body="write_kv.metal",
+    input_names=("rows",),
+    output_names=("codes", "scales", "biases"),
+)
+
+
+def num_simdgroups(max_context_len: int) -> int:
+    """Simdgroups per threadgroup: more of them share a long context's keys."""
+    return 8 if max_context_len >= 512 else 4
+
+
+def num_key_splits(num_tokens: int, num_heads: int, max_context_len: int) -> int:
+    """Key splits (flash decoding): only when few (token, head) pairs leave the GPU idle on long contexts."""
+    num_groups = num_tokens * num_heads
+    if max_context_len < 1024 or num_groups >= 512:
+        return 1
+    return max(1, min(32, max_context_len // 512, 512 // num_groups))
+
+
+def kernel_supports(queries: mx.array, key_pool: Pool) -> bool:
+    """Whether the attention kernel handles these shapes (else the reference runs)."""
+    head_dim = queries.shape[-1]
+    num_heads, num_kv_heads = queries.shape[1], key_pool.shape[2]
+    return head_dim in HEAD_DIMS and num_heads % num_kv_heads == 0
+
+
+def paged_attention_kernel(
+    queries: mx.array,
+    key_pool: Pool,
+    value_pool: Pool,
+    meta,
+    scale: float,
+    softcap: float | None = None,
+    window: int | None = None,
+    num_splits: int | None = None,
+    run: Runner = run_on_metal,
+) -> mx.array:
+    """`paged_attention_reference` as Metal kernels reading the pools through the block tables.
+
+    One threadgroup per (token, head, key split); with more than one split a reduce kernel
+    merges the partial softmax states. Returns (num_tokens, heads, head_dim).
+    """
+    num_tokens, num_heads, head_dim = queries.shape
+    quantized = isinstance(key_pool, QuantizedPool)
+    splits = num_splits or num_key_splits(num_tokens, num_heads, meta.max_context_len)
+    nsg = num_simdgroups(meta.max_context_len)
+    seq_ids = (meta.token_rows // meta.max_query_len).astype(mx.int32)  # (num_tokens,)
+    params = mx.array([scale, softcap or 0.0], dtype=mx.float32)
+    window_arr = mx.array([window or 0], dtype=mx.int32)
+    pools = [*key_pool[:3], *value_pool[:3]] if quantized else [key_pool, value_pool]
+    template = [
+        ("T", queries.dtype), ("P", key_pool.dtype), ("D", head_dim), ("BS", key_pool.shape[1]),
+        ("HEADS", num_heads), ("KV_HEADS", key_pool.shape[2]), ("NSG", nsg),
+        ("SOFTCAP", softcap is not None), ("WINDOW", window is not None),
+    ]
+    if quantized:
+        template += [("BITS", key_pool.bits), ("GROUP", key_pool.group_size)]
+    launch = Launch(
+        kernel=_attention_source(quantized, splits > 1),
+        inputs=[queries, *pools, meta.block_tables, seq_ids, meta.positions, params, window_arr],
+        template=template,
+        grid=(splits * nsg * 32, num_heads, num_tokens),
+        threadgroup=(nsg * 32, 1, 1),
+        output_shapes=[queries.shape],
+        output_dtypes=[queries.dtype],
+    )
+    if splits == 1:
+        return run(launch)[0]
+    launch.output_shapes = [(num_tokens, num_heads, splits, head_dim), (num_tokens, num_heads, splits, 2)]
+    launch.output_dtypes = [mx.float32, mx.float32]
+    part_o, part_ml = run(launch)
+    reduce = Launch(
+        kernel=ATTENTION_REDUCE,
+        inputs=[part_o, part_ml],
+        template=[("T", queries.dtype), ("D", head_dim)],
+        grid=(head_dim, num_heads, num_tokens),
+        threadgroup=(head_dim, 1, 1),
+        output_shapes=[queries.shape],
+        output_dtypes=[queries.dtype],
+    )
+    return run(reduce)[0]
+
+
+def quantize_rows_kernel(
+    rows: mx.array, bits: int, group_size: int, dtype: mx.Dtype, run: Runner = run_on_metal
+) -> tuple[mx.array, mx.array, mx.array]:
+    """`kv_quant.quantize_rows` for rows (num_tokens, kv_heads, head_dim), one thread per group."""
+    num_tokens, num_kv_heads, head_dim = rows.shape
+    num_groups = num_tokens * num_kv_heads * head_dim // group_size
+    lead = (num_tokens, num_kv_heads)
+    launch = Launch(
+        kernel=KV_QUANTIZE,
+        inputs=[rows],
+        template=[("T", rows.dtype), ("P", dtype), ("D", head_dim), ("BITS", bits), ("GROUP", group_size)],
+        grid=(num_groups, 1, 1),
+        threadgroup=(min(256, num_groups), 1, 1),
+        output_shapes=[(*lead, head_dim * bits // 32), (*lead, head_dim // group_size), (*lead, head_dim // group_size)],
+        output_dtypes=[mx.uint32, dtype, dtype],
+    )
+    codes, scales, biases = run(launch)
+    return codes, scales, biases
+
+
+def write_kv_kernel(
+    key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array, run: Runner = run_on_metal
+) -> tuple[Pool, Pool]:
+    """`write_kv_reference` with the quantization of new rows done by the kernel.
+
+    NOTE: `mx.fast.metal_kernel` always allocates its outputs, so a kernel that wrote into
+    the pool would have to copy the whole pool every step. The kernel therefore produces only
+    the new rows' codes/scales/biases; MLX's scatter then writes them (and float rows) into
+    the pool, in place when the caller holds the only reference to the pool (donation).
+    """
+
+    def write(pool: Pool, rows: mx.array) -> Pool:
+        if not isinstance(pool, QuantizedPool):
+            return _scatter(pool, rows.astype(pool.dtype), slot_mapping)
+        parts = quantize_rows_kernel(rows, pool.bits, pool.group_size, pool.dtype, run)
+        return _scatter_quantized(pool, parts, slot_mapping)
+
+    return write(key_pool, keys), write(value_pool, values)
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def paged_attention(
+    queries: mx.array,
+    key_pool: Pool,
+    value_pool: Pool,
+    meta,
+    scale: float,
+    softcap: float | None = None,
+    window: int | None = None,
+) -> mx.array:
+    """Paged attention: the Metal kernel where it is available and passed its self-check, else the reference."""
+    if kernel_supports(queries, key_pool):
+        variant = _attention_variant(queries, key_pool, softcap, window)
+        check = functools.partial(self_check.check_attention, queries, key_pool, softcap, window)
+        if dispatch.use_kernel("paged_attention", variant, check):
+            return paged_attention_kernel(queries, key_pool, value_pool, meta, scale, softcap, window)
+    return paged_attention_reference(queries, key_pool, value_pool, meta, scale, softcap, window)
+
+
+def write_kv(key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array) -> tuple[Pool, Pool]:
+    """KV write: quantize-on-write by the Metal kernel where it is available and checked, else the reference."""
+    if isinstance(key_pool, QuantizedPool):
+        variant = (keys.dtype, keys.shape[1:], key_pool.bits, key_pool.dtype)
+        check = functools.partial(self_check.check_write_kv, keys, key_pool)
+        if dispatch.use_kernel("write_kv", variant, check):
+            return write_kv_kernel(key_pool, value_pool, keys, values, slot_mapping)
+    return write_kv_reference(key_pool, value_pool, keys, values, slot_mapping)
+
+
+def _attention_variant(queries: mx.array, key_pool: Pool, softcap: float | None, window: int | None) -> tuple:
+    bits = key_pool.bits if isinstance(key_pool, QuantizedPool) else 16
+    return (queries.dtype, queries.shape[1:], key_pool.dtype, key_pool.shape[1:3], bits, softcap, window)

@@ -1,0 +1,110 @@
+// Helpers for the paged-attention and KV-write kernels (prepended to their bodies as
+// `header`). Rows of a pool are addressed as `row = slot * KV_HEADS + kv_head`; a lane
+// works on 4-value chunks of a row: chunk c holds values 4c .. 4c+3.
+
+// 4 consecutive values of a float pool row as float4 (one vector load each).
+inline float4 load4(const device float* p) { return *((const device float4*)p); }
+inline float4 load4(const device half* p) { return float4(*((const device half4*)p)); }
+inline float4 load4(const device bfloat16_t* p) {
+  // bfloat16 is the upper half of a float32: widen the bits of two packed pairs.
+  uint2 w = *((const device uint2*)p);
+  return float4(as_type<float>(w.x << 16), as_type<float>(w.x & 0xffff0000u),
+                as_type<float>(w.y << 16), as_type<float>(w.y & 0xffff0000u));
+}
+
+// Rows of a float pool (num_slots * KV_HEADS, D).
+template <typename P, int D>
+struct FloatRows {
+  const device P* data;
+  float4 chunk(int row, int c) const { return load4(data + row * D + 4 * c); }
+};
+
+// Rows of a quantized pool: codes (num_slots * KV_HEADS, D * BITS / 32) uint32, scales and
+// biases (num_slots * KV_HEADS, D / GROUP). One chunk is one uint32 word (8-bit) or half
+// a word (4-bit), and never crosses a group since GROUP is a multiple of 4.
+template <typename P, int D, int BITS, int GROUP>
+struct QuantRows {
+  const device uint32_t* codes;
+  const device P* scales;
+  const device P* biases;
+  float4 chunk(int row, int c) const {
+    int group = row * (D / GROUP) + (4 * c) / GROUP;
+    float s = float(scales[group]);
+    float b = float(biases[group]);
+    uint w;
+    float4 q;
+    if (BITS == 8) {
+      w = codes[row * (D / 4) + c];
+      q = float4(float(w & 0xffu), float((w >> 8) & 0xffu), float((w >> 16) & 0xffu), float(w >> 24));
+    } else {
+      w = codes[row * (D / 8) + c / 2] >> (16 * (c & 1));
+      q = float4(float(w & 0xfu), float((w >> 4) & 0xfu), float((w >> 8) & 0xfu), float((w >> 12) & 0xfu));
+    }
+    return q * s + float4(b);
+  }
+};
+
+// Chunks per lane: a simdgroup of 32 lanes covers D / 4 chunks.
+constant constexpr int kLanes = 32;
+
+template <int D>
+struct LaneChunks {
+  static constexpr int N = (D / 4 + kLanes - 1) / kLanes;
+};
+
+// Online-softmax state of one simdgroup over its keys; every lane holds the same m and l
+// and its own chunks of the unnormalized output.
+template <int D>
+struct SoftmaxState {
+  float m;
+  float l;
+  float4 o[LaneChunks<D>::N];
+};
+
+// Unnormalized attention of one query over keys [begin, end) of a sequence, keys taken
+// every `stride` starting at begin + offset (one simdgroup's share).
+// NOTE: every lane of the simdgroup must call this with the same arguments (simd_sum).
+template <typename T, int D, int BS, int KV_HEADS, bool SOFTCAP, typename Rows>
+SoftmaxState<D> attend_keys(
+    const device T* query, float scale, float softcap, Rows keys, Rows values,
+    const device int32_t* table, int kv_head, int begin, int end, int offset, int stride, uint lane) {
+  constexpr int N = LaneChunks<D>::N;
+  float4 q[N];
+  SoftmaxState<D> st;
+  st.m = -1e30f;  // finite: fast math may not honour infinities
+  st.l = 0.0f;
+  for (int i = 0; i < N; i++) {
+    int c = int(lane) + kLanes * i;
+    q[i] = float4(0.0f);
+    if (c < D / 4) {
+      q[i] = float4(float(query[4 * c]), float(query[4 * c + 1]), float(query[4 * c + 2]), float(query[4 * c + 3])) * scale;
+    }
+    st.o[i] = float4(0.0f);
+  }
+  for (int k = begin + offset; k < end; k += stride) {
+    int row = (table[k / BS] * BS + k % BS) * KV_HEADS + kv_head;
+    float s = 0.0f;
+    for (int i = 0; i < N; i++) {
+      int c = int(lane) + kLanes * i;
+      if (c < D / 4) {
+        s += dot(q[i], keys.chunk(row, c));
+      }
+    }
+    s = simd_sum(s);
+    if (SOFTCAP) {
+      s = tanh(s / softcap) * softcap;
+    }
+    float m = max(st.m, s);
+    float rescale = exp(st.m - m);
+    float p = exp(s - m);
+    st.l = st.l * rescale + p;
+    st.m = m;
+    for (int i = 0; i < N; i++) {
+      int c = int(lane) + kLanes * i;
+      if (c < D / 4) {
+        st.o[i] = st.o[i] * rescale + values.chunk(row, c) * p;
+      }
+    }
+  }
+  return st;
+}

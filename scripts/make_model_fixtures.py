@@ -145,7 +145,7 @@ FIXTURES = {
     "qwen3_moe": (
         "Qwen3MoeConfig",
         dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False, mlp_only_layers=[1]),
-        {},
+        {"variants": {"window": {"use_sliding_window": True, "sliding_window": 5}}},
     ),
     "mixtral": (
         "MixtralConfig",

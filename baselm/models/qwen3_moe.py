@@ -28,6 +28,11 @@ class ModelArgs(qwen3.ModelArgs):
         if self.num_experts is None:
             self.num_experts = self.num_local_experts if self.num_local_experts is not None else 128
 
+    def resolve_layer_types(self) -> list[str]:
+        """As HF: with `use_sliding_window`, every layer slides (no `max_window_layers` here)."""
+        is_sliding = self.use_sliding_window and self.sliding_window
+        return ["sliding_attention" if is_sliding else "full_attention"] * self.num_hidden_layers
+
     def validate(self) -> None:
         if self.decoder_sparse_step < 1:
             raise ModelConfigError(f"decoder_sparse_step must be at least 1, got {self.decoder_sparse_step}")

@@ -143,6 +143,7 @@ def test_older_config_keys_describe_the_same_model(name):
         ("qwen3", "yarn"),
         ("qwen3", "yarn_mscale"),  # YaRN with mscale / mscale_all_dim and a custom beta_fast
         ("mixtral", "window"),  # sliding window in every layer
+        ("qwen3_moe", "window"),  # use_sliding_window: every layer slides
     ],
 )
 def test_config_variant_on_the_same_weights_gives_transformers_logits(name, variant):

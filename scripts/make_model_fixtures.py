@@ -76,7 +76,11 @@ FIXTURES = {
         "Qwen2Config",
         dict(tie_word_embeddings=True),
         # Only layers from max_window_layers on slide.
-        {"variants": {"window": {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1, "layer_types": None}}},
+        {
+            "variants": {
+                "window": {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1, "layer_types": None}
+            }
+        },
     ),
     "qwen3": (
         "Qwen3Config",

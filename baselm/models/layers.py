@@ -54,7 +54,9 @@ def _yarn_inv_freq(
     return inv, mscale
 
 
-def _longrope_freqs(dims: int, base: float, scaling: dict[str, Any], max_position_embeddings: int):
+def _longrope_freqs(
+    dims: int, base: float, scaling: dict[str, Any], max_position_embeddings: int
+) -> tuple[np.ndarray, np.ndarray, int, float]:
     """Short and long per-dimension periods and the cos/sin scale of LongRoPE (Phi-3)."""
     old_len = scaling["original_max_position_embeddings"]
     factor = scaling.get("factor") or max_position_embeddings / old_len
@@ -94,6 +96,16 @@ class RoPE(nn.Module):
         self._long_freqs = None
         inv_freq = 1.0 / (base ** (np.arange(0, dims, 2, dtype=np.float64) / dims))
         kind = rope_type(scaling)
+        try:
+            inv_freq = self._scaled(kind, inv_freq, dims, base, scaling, max_position_embeddings)
+        except KeyError as exc:
+            raise ModelConfigError(f"rope type {kind!r} needs {exc.args[0]!r} in the config's rope scaling") from None
+        self._freqs = mx.array((1.0 / inv_freq).astype(np.float32))  # (dims // 2,) periods / 2pi
+
+    def _scaled(
+        self, kind: str, inv_freq: np.ndarray, dims: int, base: float, scaling: Any, max_position_embeddings: int
+    ) -> np.ndarray:
+        """inv_freq after the scaling of rope type `kind`; sets the cos/sin scale and long factors it implies."""
         if kind == "linear":
             inv_freq = inv_freq / scaling["factor"]
         elif kind == "llama3":
@@ -106,7 +118,7 @@ class RoPE(nn.Module):
             self._long_freqs = mx.array(long.astype(np.float32))  # (dims // 2,)
         elif kind not in ("default", "dynamic"):
             raise ModelConfigError(f"rope type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
-        self._freqs = mx.array((1.0 / inv_freq).astype(np.float32))  # (dims // 2,) periods / 2pi
+        return inv_freq
 
     def divide_frequencies(self, factors: mx.array) -> None:
         """Divides each rotary frequency by its factor, (dims // 2,): llama 3 scaling as GGUF stores it."""

@@ -49,6 +49,11 @@ def test_unknown_model_type_lists_the_supported_ones():
             {"rope_parameters": {"rope_type": "mrope", "rope_theta": 10000.0}},
             "rope type 'mrope' is not supported (supported: default, linear, dynamic, llama3, yarn, longrope)",
         ),
+        (
+            "llama",
+            {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0}},
+            "rope type 'linear' needs 'factor' in the config's rope scaling",
+        ),
         ("llama", {"hidden_act": "relu2"}, "activation 'relu2' is not supported"),
         ("llama", {"num_key_value_heads": 3}, "num_attention_heads (4) must be a multiple of num_key_value_heads (3)"),
         (

@@ -273,17 +273,21 @@ def _hf_source(folder: Path, quant: str, group_size: int | None, profile_name: s
 
 
 def hf_tokenizer(folder: Path) -> dict[str, Any]:
-    """The header's `tokenizer`: tokenizer.json, tokenizer_config.json and the chat template."""
-    files = {name: _read_json(folder / name) for name in ("tokenizer.json", "tokenizer_config.json")
-             if (folder / name).is_file()}
-    if "tokenizer.json" not in files:
+    """The header's `tokenizer`: tokenizer.json as its text (for `Tokenizer.from_str`), the parsed
+    tokenizer_config.json, and the chat template (chat_template.jinja/.json win over the config's)."""
+    if not (folder / "tokenizer.json").is_file():
         raise StoreError(f"{folder}: no tokenizer.json; base needs the fast tokenizer file")
-    template = files.get("tokenizer_config.json", {}).get("chat_template")
+    config = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    template = config.get("chat_template")
     if (folder / "chat_template.jinja").is_file():
         template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
     elif (folder / "chat_template.json").is_file():
         template = _read_json(folder / "chat_template.json").get("chat_template", template)
-    return {**files, "chat_template": template}
+    return {
+        "tokenizer.json": (folder / "tokenizer.json").read_text(encoding="utf-8"),
+        "tokenizer_config.json": config,
+        "chat_template": template,
+    }
 
 
 def _gguf_source(path: Path, quant: str | None, group_size: int | None, profile_name: str) -> tuple:
@@ -310,46 +314,28 @@ def _gguf_source(path: Path, quant: str | None, group_size: int | None, profile_
     return config["model_type"], config, tokenizer, tensors, (quant, profile.to_json())
 
 
-class _Triplet(tuple):
-    """A GGUF quantized tensor as mx.load gives it: (codes, scales, biases, bits, in_features)."""
-
-
 def _gguf_tensors(weights: dict[str, Any]) -> Iterator[tuple[str, Any]]:
-    """(name, float array or _Triplet) per logical tensor, sorted by name."""
-    from baselm.store.gguf import GGUF_GROUP_SIZE
-
+    """(name, float array or (codes, scales, biases) triplet) per logical tensor, sorted by name."""
     for name in sorted(weights):
         prefix = name.removesuffix(".weight")
         if name.endswith((".scales", ".biases")):
             continue
-        if f"{prefix}.scales" not in weights:
+        if f"{prefix}.scales" in weights:
+            yield name, tuple(weights[f"{prefix}.{k}"] for k in ("weight", "scales", "biases"))
+        else:
             yield name, weights[name]
-            continue
-        codes, scales, biases = (weights[f"{prefix}.{k}"] for k in ("weight", "scales", "biases"))
-        in_features = scales.shape[1] * GGUF_GROUP_SIZE
-        yield name, _Triplet((codes, scales, biases, codes.shape[1] * 32 // in_features, in_features))
 
 
 def _gguf_records(weights: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """GGUF tensors as `.base` records, the quantized ones bit for bit (groups of 32)."""
-    from baselm.store.base_file import TensorRecord, float_numpy
+    from baselm.store.base_file import TensorRecord
     from baselm.store.gguf import GGUF_GROUP_SIZE
 
     for name, value in _gguf_tensors(weights):
-        if not isinstance(value, _Triplet):
+        if isinstance(value, tuple):
+            yield name, TensorRecord.from_triplet(*value, group_size=GGUF_GROUP_SIZE)
+        else:
             yield name, TensorRecord.from_array(value)
-            continue
-        codes, scales, biases, bits, in_features = value
-        scales, scale_dtype = float_numpy(scales)
-        yield name, TensorRecord(
-            dtype=f"base_q{bits}",
-            shape=(codes.shape[0], in_features),
-            codes=np.ascontiguousarray(np.array(codes)),  # (out, in * bits / 32) uint32
-            scales=np.ascontiguousarray(scales),  # (out, in / 32)
-            biases=np.ascontiguousarray(float_numpy(biases)[0]),  # (out, in / 32)
-            group_size=GGUF_GROUP_SIZE,
-            scale_dtype=scale_dtype,
-        )
 
 
 def _gguf_floats(weights: dict[str, Any]) -> Iterator[tuple[str, Any]]:
@@ -359,7 +345,8 @@ def _gguf_floats(weights: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     from baselm.store.gguf import GGUF_GROUP_SIZE
 
     for name, value in _gguf_tensors(weights):
-        if isinstance(value, _Triplet):
-            codes, scales, biases, bits, _ = value
+        if isinstance(value, tuple):
+            codes, scales, biases = value
+            bits = codes.shape[1] * 32 // (scales.shape[1] * GGUF_GROUP_SIZE)
             value = mx.dequantize(codes, scales, biases, group_size=GGUF_GROUP_SIZE, bits=bits).astype(mx.float32)
         yield name, value

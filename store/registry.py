@@ -228,13 +228,16 @@ class Store:
 
     @staticmethod
     def _unknown_message(ref: str, models: list[StoredModel]) -> str:
-        names: dict[str, str] = {}
+        labels: dict[str, tuple[str, str]] = {}  # casefolded label -> (label, model ref)
         for m in models:
             for label in (m.ref, m.name, m.short_name):
-                names.setdefault(label.casefold(), label)
-        close = difflib.get_close_matches(ref.casefold(), list(names), n=3, cutoff=0.6)
-        if close:
-            return f"no stored model named {ref!r}; did you mean {' or '.join(names[c] for c in close)}?"
+                labels.setdefault(label.casefold(), (label, m.ref))
+        suggestions: dict[str, str] = {}  # model ref -> its closest label, one per model
+        for key in difflib.get_close_matches(ref.casefold(), list(labels), n=10, cutoff=0.6):
+            label, model_ref = labels[key]
+            suggestions.setdefault(model_ref, label)
+        if suggestions:
+            return f"no stored model named {ref!r}; did you mean {' or '.join(list(suggestions.values())[:3])}?"
         return f"no stored model named {ref!r}; `base list` shows the stored models, `base pull org/name` adds one"
 
     def _read_manifest(self, folder: Path) -> dict[str, Any] | None:

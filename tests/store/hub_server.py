@@ -11,7 +11,8 @@ No Xet headers are ever sent, so clients download over plain HTTP.
 Behaviours for tests: gated repos (401 without a token, 403 with a token lacking access, as the
 hub answers), private repos (401 RepoNotFound), missing repos and revisions (404 with the hub's
 `X-Error-Code`), a download cut off after N bytes the first time (`cut_after`), and a download
-that sends N bytes then stalls until released (`stall_after`, for killing a client mid-file).
+that sends N bytes then stalls until released (`stall_after`, for killing a client mid-file),
+and a file served once with a wrong byte (`corrupt`).
 Every request is logged in `requests` as (method, path, range header).
 """
 
@@ -22,9 +23,13 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+import numpy as np
 
 LFS_SUFFIXES = (".safetensors", ".gguf", ".bin")
 _REPO = r"(?P<repo>[^/]+/[^/]+)"
@@ -63,6 +68,7 @@ class HubServer:
         self.requests: list[tuple[str, str, str | None]] = []
         self.cut_after: dict[str, int] = {}  # file path -> bytes sent before the connection drops (once)
         self.stall_after: dict[str, int] = {}  # file path -> bytes sent before waiting for `release`
+        self.corrupt: set[str] = set()  # file paths served once with their first byte changed
         self.stalled = threading.Event()  # set when a stalled download has sent its bytes
         self.release = threading.Event()
         self._lock = threading.Lock()
@@ -230,6 +236,9 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             with server._lock:
                 cut = server.cut_after.pop(path, None)
                 stall = server.stall_after.pop(path, None)
+                if path in server.corrupt and data:
+                    server.corrupt.discard(path)
+                    data = bytes([data[0] ^ 0xFF]) + data[1:]
             limit = cut if cut is not None else stall
             try:
                 if limit is None:
@@ -246,3 +255,87 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True  # the client went away
 
     return Handler
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny repos to serve
+
+
+def tiny_llama_files(fixture: Path, model_type: str = "llama") -> dict[str, bytes]:
+    """A safetensors repo from the committed tiny llama fixture, with a word-level tokenizer and
+    files a pull must leave alone (README, a .bin and an ONNX export)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    config = json.loads((fixture / "config.json").read_text())
+    config["model_type"] = model_type
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(config["vocab_size"])}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return {
+        "config.json": json.dumps(config).encode(),
+        "generation_config.json": (fixture / "generation_config.json").read_bytes(),
+        "model.safetensors": (fixture / "model.safetensors").read_bytes(),
+        "tokenizer.json": tokenizer.to_str().encode(),
+        "tokenizer_config.json": json.dumps({"eos_token": "t2", "chat_template": "{{ messages }}"}).encode(),
+        "README.md": b"# tiny\n",
+        "pytorch_model.bin": b"\0" * 1000,
+        "onnx/model.onnx": b"\0" * 1000,
+    }
+
+
+def tiny_gguf_files(fixture: Path, folder: Path, tags: tuple[str, ...] = ("Q4_0", "Q8_0", "F32")) -> dict[str, bytes]:
+    """A GGUF repo: the tiny llama fixture written once per quant type (2-D weights quantized)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((fixture / "config.json").read_text())
+    weights = load_file(str(fixture / "model.safetensors"))
+    files = {"README.md": b"# tiny gguf\n"}
+    for tag in tags:
+        path = folder / f"tiny-llama.{tag}.gguf"
+        writer = gguf.GGUFWriter(str(path), "llama")
+        _gguf_metadata(writer, config)
+        for name, value in _gguf_tensors(weights, config):
+            kind = gguf.GGMLQuantizationType[tag] if value.ndim == 2 else gguf.GGMLQuantizationType.F32
+            data = gguf.quants.quantize(value, kind) if kind != gguf.GGMLQuantizationType.F32 else value
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        files[path.name] = path.read_bytes()
+    return files
+
+
+def _gguf_metadata(writer: Any, config: dict[str, Any]) -> None:
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(config["vocab_size"])])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+
+
+def _gguf_tensors(weights: dict[str, Any], config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """HF tensors under llama.cpp names, q/k rows permuted as llama.cpp's converter does."""
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down"}
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    for name, value in sorted(weights.items()):
+        if name in top:
+            yield top[name], value
+            continue
+        _, _, layer, rest = name.split(".", 3)
+        base = rest.removesuffix(".weight")
+        if base in ("self_attn.q_proj", "self_attn.k_proj"):
+            heads = config["num_attention_heads" if "q_proj" in base else "num_key_value_heads"]
+            value = value.reshape(heads, 2, value.shape[0] // heads // 2, value.shape[1]).swapaxes(1, 2).reshape(value.shape)
+        yield f"blk.{layer}.{names[base]}.weight", np.ascontiguousarray(value)

@@ -1,0 +1,180 @@
+"""The hub client against a local server speaking the hub's API: listing, choosing files,
+resumable verified downloads, and the errors people see."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import pytest
+from hub_server import HubServer, git_blob_id
+
+from baselm.store.hub import HubClient, HubError, LineProgress, check_model_type, gguf_tag, select_files
+from baselm.store.errors import ModelFileError, UnsupportedModelError
+
+WEIGHTS = bytes(range(256)) * 4096  # 1 MiB, several download chunks
+FILES = {
+    "config.json": b'{"model_type": "llama"}',
+    "tokenizer.json": b'{"model": {}}',
+    "model.safetensors": WEIGHTS,
+    "README.md": b"# readme\n",
+    "pytorch_model.bin": b"\0" * 100,
+    "onnx/model.onnx": b"\0" * 100,
+}
+GGUFS = {f"Tiny-{tag}.gguf": tag.encode() * 10 for tag in ("Q4_K_M", "q8_0", "Q4_0", "F16")}
+
+
+@pytest.fixture(scope="module")
+def hub():
+    with HubServer() as server:
+        server.add_repo("org/tiny", FILES)
+        server.add_repo("org/tiny-gguf", {**GGUFS, "mmproj-Tiny-F16.gguf": b"p", "README.md": b"r"})
+        server.add_repo("org/gated", FILES, gated=True, granted_tokens=("hf_granted",))
+        server.add_repo("org/private", FILES, private=True, granted_tokens=("hf_granted",))
+        yield server
+
+
+@pytest.fixture
+def client(hub: HubServer) -> HubClient:
+    return HubClient(endpoint=hub.url, token="hf_other")
+
+
+def test_huggingface_hub_itself_downloads_from_the_test_server(hub: HubServer, tmp_path: Path) -> None:
+    from huggingface_hub import HfApi, hf_hub_download
+
+    path = hf_hub_download("org/tiny", "model.safetensors", cache_dir=tmp_path, endpoint=hub.url, token=False)
+    assert Path(path).read_bytes() == WEIGHTS
+    tree = HfApi(endpoint=hub.url, token=False).list_repo_tree("org/tiny", recursive=True)
+    assert sorted(f.path for f in tree) == sorted(FILES)
+
+
+def test_a_snapshot_lists_the_commit_sizes_and_hashes(hub: HubServer, client: HubClient) -> None:
+    snapshot = client.snapshot("org/tiny")
+    assert snapshot.commit == hub.repos["org/tiny"].commit
+    weights = snapshot.file("model.safetensors")
+    assert (weights.size, weights.sha256) == (len(WEIGHTS), hashlib.sha256(WEIGHTS).hexdigest())
+    config = snapshot.file("config.json")
+    assert (config.sha256, config.blob_id) == (None, git_blob_id(FILES["config.json"]))
+
+
+def test_a_safetensors_repo_selects_only_what_a_model_needs(client: HubClient) -> None:
+    selection = select_files(client.snapshot("org/tiny"), None)
+    assert selection.kind == "safetensors"
+    assert sorted(f.path for f in selection.files) == ["config.json", "model.safetensors", "tokenizer.json"]
+
+
+@pytest.mark.parametrize(
+    ("tag", "expected"),
+    [("Q8_0", "Tiny-q8_0.gguf"), ("q4_k_m", "Tiny-Q4_K_M.gguf"), (None, "Tiny-Q4_0.gguf")],
+)
+def test_a_gguf_repo_selects_the_one_file_of_the_asked_quant(client: HubClient, tag: str | None, expected: str) -> None:
+    selection = select_files(client.snapshot("org/tiny-gguf"), tag)
+    assert (selection.kind, [f.path for f in selection.files]) == ("gguf", [expected])
+
+
+def test_an_absent_gguf_quant_lists_the_ones_there_are(client: HubClient) -> None:
+    with pytest.raises(ModelFileError, match="org/tiny-gguf has no Q2_K GGUF file; it has F16, Q4_0, Q4_K_M, Q8_0"):
+        select_files(client.snapshot("org/tiny-gguf"), "Q2_K")
+
+
+@pytest.mark.parametrize(
+    ("name", "tag"),
+    [("SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1"), ("model-q8_0.gguf", "q8_0"), ("x-IQ4_XS.gguf", "IQ4_XS"),
+     ("tiny.F16.gguf", "F16"), ("tiny.gguf", "")],
+)
+def test_the_quant_tag_of_a_gguf_file_name(name: str, tag: str) -> None:
+    assert gguf_tag(name) == tag
+
+
+def test_an_unsupported_model_type_is_refused_by_name() -> None:
+    with pytest.raises(UnsupportedModelError, match="org/x is a 'bert' model, which base does not run; supported: llama, qwen2"):
+        check_model_type({"model_type": "bert"}, {"llama", "qwen2"}, "org/x")
+
+
+def test_a_download_is_verified_and_byte_identical(hub: HubServer, client: HubClient, tmp_path: Path) -> None:
+    snapshot = client.snapshot("org/tiny")
+    path = client.download(snapshot, snapshot.file("model.safetensors"), tmp_path)
+    assert path == tmp_path / "model.safetensors" and path.read_bytes() == WEIGHTS
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+
+
+def test_a_download_cut_off_halfway_resumes_with_a_range_request(hub: HubServer, client: HubClient, tmp_path: Path) -> None:
+    snapshot = client.snapshot("org/tiny")
+    hub.cut_after["model.safetensors"] = len(WEIGHTS) // 2 + 1000
+    before = len(hub.downloads_of("model.safetensors"))
+    path = client.download(snapshot, snapshot.file("model.safetensors"), tmp_path)
+    assert path.read_bytes() == WEIGHTS
+    # whole chunks (256 KiB) received before the cut are kept: the retry asks for the rest
+    assert hub.downloads_of("model.safetensors")[before:] == [None, f"bytes={len(WEIGHTS) // 2}-"]
+
+
+def test_a_partial_file_from_an_earlier_run_is_resumed(hub: HubServer, client: HubClient, tmp_path: Path) -> None:
+    snapshot = client.snapshot("org/tiny")
+    (tmp_path / "model.safetensors.part").write_bytes(WEIGHTS[:300_000])
+    before = len(hub.downloads_of("model.safetensors"))
+    path = client.download(snapshot, snapshot.file("model.safetensors"), tmp_path)
+    assert path.read_bytes() == WEIGHTS
+    assert hub.downloads_of("model.safetensors")[before:] == ["bytes=300000-"]
+
+
+def test_a_download_that_does_not_match_its_hash_is_removed(hub: HubServer, client: HubClient, tmp_path: Path) -> None:
+    snapshot = client.snapshot("org/tiny")
+    hub.corrupt.add("model.safetensors")
+    with pytest.raises(HubError, match="model.safetensors from org/tiny does not match the hash the hub lists"):
+        client.download(snapshot, snapshot.file("model.safetensors"), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    assert client.download(snapshot, snapshot.file("model.safetensors"), tmp_path).read_bytes() == WEIGHTS
+
+
+def test_progress_lines_when_not_on_a_terminal(client: HubClient, tmp_path: Path) -> None:
+    out = io.StringIO()
+    snapshot = client.snapshot("org/tiny")
+    client.download(snapshot, snapshot.file("model.safetensors"), tmp_path, LineProgress(out))
+    assert out.getvalue().splitlines() == [
+        "downloading model.safetensors (1.0 MiB)",
+        "  model.safetensors: 25%",
+        "  model.safetensors: 50%",
+        "  model.safetensors: 75%",
+        "  model.safetensors: done",
+    ]
+
+
+@pytest.mark.parametrize("token", [None, "hf_other"])
+def test_a_gated_repo_needs_a_token_with_access(hub: HubServer, tmp_path: Path, token: str | None,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no stored token either
+    client = HubClient(endpoint=hub.url, token=token)
+    snapshot = client.snapshot("org/gated")  # the listing is public, as on the hub
+    with pytest.raises(HubError, match=r"org/gated is gated or private: it needs a token \(set HF_TOKEN\) with access"):
+        client.download(snapshot, snapshot.file("config.json"), tmp_path)
+
+
+def test_hf_token_grants_access(hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_granted")
+    client = HubClient(endpoint=hub.url)
+    snapshot = client.snapshot("org/private")
+    assert client.download(snapshot, snapshot.file("config.json"), tmp_path).read_bytes() == FILES["config.json"]
+
+
+def test_a_private_repo_without_access_says_to_set_a_token(client: HubClient) -> None:
+    with pytest.raises(HubError, match="no such repo 'org/private' .*set HF_TOKEN to a token with access"):
+        client.snapshot("org/private")
+
+
+def test_a_missing_repo_and_a_missing_revision_are_named(client: HubClient) -> None:
+    with pytest.raises(HubError, match=r"no such repo 'org/nothing' on http://127\.0\.0\.1:\d+"):
+        client.snapshot("org/nothing")
+    with pytest.raises(HubError, match="org/tiny has no revision 'v2'"):
+        client.snapshot("org/tiny", revision="v2")
+
+
+def test_hf_endpoint_is_read_when_the_client_is_made(hub: HubServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    assert HubClient().snapshot("org/tiny").commit == hub.repos["org/tiny"].commit
+
+
+def test_an_unreachable_hub_is_a_network_error() -> None:
+    with pytest.raises(HubError, match=r"cannot reach http://127\.0\.0\.1:9 \(ConnectError\); check the network"):
+        HubClient(endpoint="http://127.0.0.1:9").snapshot("org/tiny")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import cached_property, lru_cache
@@ -64,7 +63,6 @@ _SPLITS = {
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-_BYTE_TOKEN = re.compile(r"^<0x[0-9A-F]{2}>$")
 
 
 class TokenizerError(Exception):
@@ -93,8 +91,8 @@ class Tokenizer:
     ) -> None:
         self._backend = backend
         self._special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
-        self.add_bos_token = add_bos_token
-        self.add_eos_token = add_eos_token
+        self._add_bos_token = add_bos_token
+        self._add_eos_token = add_eos_token
         self._chat_template = chat_template
         own_eos = self.token_to_id(self._special_tokens.get("eos_token", ""))
         ids = ([own_eos] if own_eos is not None else []) + [int(i) for i in eos_token_ids]
@@ -224,6 +222,16 @@ class Tokenizer:
         return self._backend.to_str(), config
 
     # ---- properties ---------------------------------------------------------------------
+
+    @property
+    def add_bos_token(self) -> bool:
+        """Whether `encode` (with special tokens) starts a text with BOS."""
+        return self._add_bos_token
+
+    @property
+    def add_eos_token(self) -> bool:
+        """Whether `encode` (with special tokens) ends a text with EOS."""
+        return self._add_eos_token
 
     @property
     def vocab_size(self) -> int:

@@ -223,6 +223,26 @@ CONVERSATIONS = {
 }
 
 
+README = """\
+# Tokenizer fixtures
+
+Made by `scripts/make_tokenizer_fixtures.py` (deterministic; rerun it to regenerate all of this).
+
+- `bpe/`: a GPT-2 kind byte-level BPE (700 tokens) trained with `tokenizers` on a small text:
+  special `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, plain added `<think>`, `</think>`, a ChatML
+  template with tools in `chat_template.jinja`, and a `generation_config.json` with two EOS ids.
+- `bpe-<pre>.gguf`: the same vocabulary as GGUF tokenizer metadata, with `tokenizer.ggml.pre`
+  set to gpt2, llama-bpe, qwen2 or smollm (each splits text, digits above all, differently).
+- `spm/` and `spm.gguf`: a llama kind SentencePiece BPE (800 pieces, byte fallback, scores, no
+  merges in the GGUF) trained with `sentencepiece`, with an [INST] template that writes `bos_token`.
+  The folder is transformers' conversion of the sentencepiece model.
+- `expected.json`: for each of these and for the SmolLM2 GGUF, transformers' ids, decoded text and
+  rendered chat templates on an edge-case corpus and a set of conversations.
+
+Every GGUF holds a one-row `token_embd.weight` only because `mx.load` wants a tensor.
+"""
+
+
 def train_bpe(text: str) -> Tokenizer:
     """A GPT-2 kind byte-level BPE with ChatML special tokens and one plain added token."""
     tok = Tokenizer(models.BPE())
@@ -477,6 +497,7 @@ def main() -> None:
         )
         expected["smollm2"] = expected_for(hf, CONVERSATIONS)
     (OUT / "expected.json").write_text(json.dumps(expected, ensure_ascii=False, indent=1) + "\n")
+    (OUT / "README.md").write_text(README)
     print(f"wrote {OUT}")
 
 

@@ -41,8 +41,11 @@ def load(name: str, smollm2_gguf: Path | None = None) -> Tokenizer:
 
 
 @pytest.fixture
-def tokenizer(request, smollm2_gguf) -> Tokenizer:
-    return load(request.param, smollm2_gguf if request.param == "smollm2" else None)
+def tokenizer(request) -> Tokenizer:
+    """The tokenizer named by the test's parameter; only SmolLM2's needs the real model file."""
+    if request.param == "smollm2":
+        return load("smollm2", request.getfixturevalue("smollm2_gguf"))
+    return load(request.param)
 
 
 def expected(name: str) -> dict:
@@ -85,20 +88,21 @@ def test_vocab_size_and_special_ids_equal_transformers(tokenizer, request):
 
 
 def test_pre_tokenizer_names_pick_their_split_of_digits():
-    # Same vocabulary, different `tokenizer.ggml.pre`: GPT-2 keeps "2024" whole for BPE,
-    # llama-bpe cuts numbers into runs of at most three digits, smollm and qwen2 into single digits.
-    pieces = {
-        pre: [load(f"bpe-{pre}.gguf").id_to_token(i) for i in load(f"bpe-{pre}.gguf").encode("in 2024")]
-        for pre in ("gpt2", "llama-bpe", "qwen2", "smollm")
-    }
-    assert pieces["smollm"] == ["in", "Ġ", "2", "0", "2", "4"]
-    assert pieces["qwen2"] == ["in", "Ġ", "2", "0", "2", "4"]
-    assert "".join(pieces["llama-bpe"][2:]) == "2024" and len(pieces["llama-bpe"][2:]) >= 2
-    assert pieces["gpt2"] != pieces["smollm"]
+    # One vocabulary, four `tokenizer.ggml.pre`: GPT-2 lets BPE merge across digits, llama-bpe
+    # cuts numbers into runs of at most three digits first, qwen2 and smollm into single digits.
+    def pieces(pre: str) -> list[str]:
+        tok = load(f"bpe-{pre}.gguf")
+        return [tok.id_to_token(i) for i in tok.encode("in 2024, 31415926")]
+
+    assert pieces("gpt2") == ["in", "Ġ2024", ",", "Ġ314", "15", "9", "2", "6"]
+    assert pieces("llama-bpe") == ["in", "Ġ", "2", "0", "2", "4", ",", "Ġ", "3", "14", "15", "9", "2", "6"]
+    singles = ["in", "Ġ", "2", "0", "2", "4", ",", "Ġ", "3", "1", "4", "1", "5", "9", "2", "6"]
+    assert pieces("qwen2") == singles
+    assert pieces("smollm") == singles
 
 
 def test_bos_is_added_only_when_the_config_says_so():
-    assert load("spm").encode("hello")[0] == 1  # add_bos_token: true
+    assert load("spm").encode("hello")[0] == 1  # tokenizer.json's post-processor adds <s>
     assert load("spm.gguf").encode("hello")[0] == 1  # tokenizer.ggml.add_bos_token: true
     assert load("spm").encode("hello", add_special_tokens=False)[0] != 1
     assert load("bpe").encode("<|endoftext|>hi") == [0] + load("bpe").encode("hi")  # no BOS added
@@ -254,6 +258,14 @@ def test_folder_reads_chat_template_json_and_generation_eos_ids(tmp_path):
     case = CONVERSATIONS["multi_turn"]
     assert render(tok, case) == EXPECTED["tokenizers"]["bpe"]["chat"]["multi_turn"]["text"]
     assert tok.eos_token_ids == (2, 0)  # <|im_end|> from the config, then generation_config's [2, 0]
+
+
+def test_explicit_add_bos_token_in_the_config_wins_over_tokenizer_json():
+    tokenizer_json = (FIXTURES / "bpe" / "tokenizer.json").read_text()
+    config = {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": True}
+    tok = Tokenizer.from_hf_files(tokenizer_json, config)
+    assert tok.add_bos_token
+    assert tok.encode("hi") == [0] + tok.encode("hi", add_special_tokens=False)
 
 
 def test_with_eos_ids_adds_ids_and_leaves_the_original_alone():

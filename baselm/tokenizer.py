@@ -363,7 +363,8 @@ class StreamingDetokenizer:
 
     Each step decodes only a window: from the last token whose text is settled to the end.
     That relies on the decoder property transformers' and vLLM's streaming also rely on:
-    decode(a + b) starts with decode(a) when a ends on a complete character.
+    decode(a + b) starts with decode(a) when a ends on a complete character. The window grows
+    only while every new token ends inside a character (a run of byte tokens, say).
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:

@@ -1,0 +1,180 @@
+"""`pull` end to end against a local hub server: download, convert to `.base`, store; and what
+a killed, failed or concurrent pull leaves behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hub_server import HubServer, tiny_gguf_files, tiny_llama_files
+from safetensors.numpy import load_file
+
+from baselm.store import gguf
+from baselm.store.base_file import QuantizedArray, read_base_file
+from baselm.store.errors import UnsupportedModelError
+from baselm.store.hub import HubClient, HubError, NoProgress
+from baselm.store.pull import pull
+from baselm.store.registry import Store
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "llama"
+SUPPORTED = {"llama", "qwen2"}
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory):
+    gguf_dir = tmp_path_factory.mktemp("gguf")
+    with HubServer() as server:
+        server.add_repo("org/Tiny-Llama", tiny_llama_files(FIXTURE))
+        server.add_repo("org/Tiny-Bert", tiny_llama_files(FIXTURE, model_type="bert"))
+        server.add_repo("org/Tiny-Llama-GGUF", tiny_gguf_files(FIXTURE, gguf_dir))
+        server.add_repo("org/Gated", tiny_llama_files(FIXTURE), gated=True)
+        server.gguf_dir = gguf_dir
+        yield server
+
+
+def run_pull(hub: HubServer, store: Store, ref: str, **options) -> object:
+    client = HubClient(endpoint=hub.url, token="hf_none")
+    return pull(ref, store=store, client=client, supported=SUPPORTED, progress=NoProgress(), **options)
+
+
+def test_a_safetensors_repo_is_pulled_as_q4_by_default(hub: HubServer, tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    model = run_pull(hub, store, "org/Tiny-Llama")
+    assert store.list() == [model]
+    assert (model.ref, model.arch, model.quant) == ("org/Tiny-Llama:q4", "llama", "q4")
+    source = load_file(str(FIXTURE / "model.safetensors"))
+    assert model.params == sum(v.size for v in source.values())
+    assert model.source["commit"] == hub.repos["org/Tiny-Llama"].commit
+    header, tensors = read_base_file(model.path, verify=True)
+    assert (header["arch"], header["quant_scheme"], header["config"]["hidden_size"]) == ("llama", "q4", 64)
+    assert header["tokenizer"]["tokenizer.json"].startswith("{") and header["tokenizer"]["chat_template"] == "{{ messages }}"
+    assert sorted(tensors) == sorted(source)
+    assert isinstance(tensors["model.layers.0.mlp.up_proj.weight"], QuantizedArray)
+    assert tensors["model.layers.0.mlp.up_proj.weight"].bits == 4
+    assert not (tmp_path / "downloads" / "org" / "Tiny-Llama").exists()  # sources are removed once stored
+
+
+def test_only_the_files_a_model_needs_are_downloaded(hub: HubServer, tmp_path: Path) -> None:
+    before = len(hub.requests)
+    run_pull(hub, Store(tmp_path), "org/Tiny-Llama:q8")
+    fetched = sorted(p.rsplit("/", 1)[1] for m, p, _ in hub.requests[before:] if m == "GET" and "/resolve/" in p)
+    expected = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert fetched == expected
+
+
+def test_an_f32_pull_stores_the_source_tensors_exactly(hub: HubServer, tmp_path: Path) -> None:
+    model = run_pull(hub, Store(tmp_path), "org/Tiny-Llama:f32")
+    _, tensors = read_base_file(model.path)
+    for name, value in load_file(str(FIXTURE / "model.safetensors")).items():
+        np.testing.assert_array_equal(np.array(tensors[name]), value)
+
+
+def test_a_gguf_pull_picks_the_asked_file_and_keeps_its_quantization_bit_for_bit(hub: HubServer, tmp_path: Path) -> None:
+    before = len(hub.requests)
+    model = run_pull(hub, Store(tmp_path), "org/Tiny-Llama-GGUF:Q8_0")
+    fetched = [p.rsplit("/", 1)[1] for m, p, _ in hub.requests[before:] if m == "GET" and "/resolve/" in p]
+    assert fetched == ["tiny-llama.Q8_0.gguf"]
+    assert (model.ref, model.quant, model.source["format"]) == ("org/Tiny-Llama-GGUF:q8_0", "q8", "gguf")
+    raw, metadata = gguf.read_metadata(hub.gguf_dir / "tiny-llama.Q8_0.gguf")
+    expected = gguf.hf_tensors(raw, gguf.hf_config(metadata, set(raw)))
+    _, tensors = read_base_file(model.path, verify=True)
+    q = tensors["model.layers.1.self_attn.q_proj.weight"]
+    assert (q.bits, q.group_size, q.shape) == (8, 32, (64, 64))
+    for part in ("weight", "scales", "biases"):
+        assert mx.array_equal(getattr(q, {"weight": "codes"}.get(part, part)), expected[f"model.layers.1.self_attn.q_proj.{part}"])
+
+
+def test_a_gguf_repo_without_a_tag_gets_the_default_file(hub: HubServer, tmp_path: Path) -> None:
+    model = run_pull(hub, Store(tmp_path), "org/Tiny-Llama-GGUF")
+    assert (model.variant, model.source["files"]) == ("q4_0", ["tiny-llama.Q4_0.gguf"])
+
+
+def test_an_unsupported_model_is_refused_before_any_weights_are_fetched(hub: HubServer, tmp_path: Path) -> None:
+    before = len(hub.requests)
+    with pytest.raises(UnsupportedModelError, match="org/Tiny-Bert is a 'bert' model, which base does not run"):
+        run_pull(hub, Store(tmp_path), "org/Tiny-Bert")
+    fetched = [p.rsplit("/", 1)[1] for m, p, _ in hub.requests[before:] if m == "GET" and "/resolve/" in p]
+    assert fetched == ["config.json"]
+    assert Store(tmp_path).list() == []
+
+
+def test_a_gated_repo_fails_clearly_and_stores_nothing(hub: HubServer, tmp_path: Path) -> None:
+    with pytest.raises(HubError, match="org/Gated is gated or private: it needs a token"):
+        run_pull(hub, Store(tmp_path), "org/Gated")
+    assert Store(tmp_path).list() == []
+
+
+def test_a_missing_repo_fails_clearly(hub: HubServer, tmp_path: Path) -> None:
+    with pytest.raises(HubError, match="no such repo 'org/Nothing'"):
+        run_pull(hub, Store(tmp_path), "org/Nothing")
+
+
+def test_pulling_a_stored_model_again_downloads_nothing(hub: HubServer, tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    first = run_pull(hub, store, "org/Tiny-Llama")
+    before = len(hub.requests)
+    assert run_pull(hub, store, "org/Tiny-Llama") == first
+    assert [m for m, p, _ in hub.requests[before:] if "/resolve/" in p] == []
+
+
+def test_two_concurrent_pulls_of_one_model_both_finish_with_one_valid_model(hub: HubServer, tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    results: list[object] = []
+    threads = [threading.Thread(target=lambda: results.append(run_pull(hub, store, "org/Tiny-Llama:q8"))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(results) == 2 and results[0] == results[1]
+    assert [m.ref for m in store.list()] == ["org/Tiny-Llama:q8"]
+    read_base_file(results[0].path, verify=True)
+
+
+def _wait_for(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+_PULLER = """
+import sys
+from baselm.store.hub import HubClient, NoProgress
+from baselm.store.pull import pull
+from baselm.store.registry import Store
+pull("org/Tiny-Llama", store=Store(sys.argv[1]), client=HubClient(endpoint=sys.argv[2]), supported={"llama"},
+     progress=NoProgress())
+"""
+
+
+def test_a_pull_killed_mid_download_leaves_nothing_listed_and_the_next_pull_resumes(hub: HubServer, tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    hub.stalled.clear()
+    hub.release.clear()
+    hub.stall_after["model.safetensors"] = 300_000
+    partial = tmp_path / "downloads/org/Tiny-Llama" / hub.repos["org/Tiny-Llama"].commit / "model.safetensors.part"
+    child = subprocess.Popen([sys.executable, "-c", _PULLER, str(tmp_path), hub.url])
+    try:
+        assert hub.stalled.wait(60), "the child never reached the weights"
+        assert _wait_for(lambda: partial.is_file() and partial.stat().st_size > 0), "the child wrote nothing"
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(30)
+        hub.release.set()
+    assert partial.stat().st_size == 262_144  # the whole chunks received before the kill
+    assert store.list() == []
+    before = len(hub.downloads_of("model.safetensors"))
+    model = run_pull(hub, store, "org/Tiny-Llama")
+    assert hub.downloads_of("model.safetensors")[before:] == ["bytes=262144-"]
+    assert [m.ref for m in store.list()] == [model.ref]
+    read_base_file(model.path, verify=True)

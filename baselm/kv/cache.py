@@ -45,6 +45,7 @@ class PagedKVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.layers = [LayerKV(num_blocks, block_size, num_kv_heads, head_dim, dtype) for _ in range(num_layers)]
+        mx.eval([(layer.keys, layer.values) for layer in self.layers])  # allocate now, not in the first step
 
     def __getitem__(self, layer: int) -> LayerKV:
         return self.layers[layer]

@@ -1,0 +1,58 @@
+"""Engine settings: one slotted dataclass, validated once, with sizes parsed from text."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+class ConfigError(ValueError):
+    """An engine setting has a value the engine cannot use."""
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from '4GiB', '256MiB', '1.5G', '1000000' (binary units with 'i', decimal without)."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(text)
+    if not match:
+        raise ConfigError(f"cannot read {text!r} as a size; write e.g. 4GiB, 512MiB or 2000000000")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    prefix = unit[:1] if unit[:1] in "kmgt" and unit[:1] else ""
+    factor = 1024 ** ("kmgt".index(prefix) + 1) if prefix and "i" in unit else _UNITS[prefix]
+    return int(number * factor)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """How the engine runs a model. Defaults suit a laptop; the CLI exposes each as an option."""
+
+    block_size: int = 16
+    kv_memory: int | None = None  # bytes for the KV pools; None: from free memory and model size
+    kv_bits: int = 16  # 16: model dtype; 8 or 4: affine-quantized KV
+    max_num_seqs: int = 16  # running requests at once
+    max_num_batched_tokens: int = 1024  # tokens one step may feed (the chunked-prefill budget)
+    max_model_len: int | None = None  # None: the model's own context length
+    long_prefill_token_threshold: int = 0  # >0 caps one request's tokens per step
+    enable_prefix_caching: bool = True
+    max_waiting: int = 256  # queued requests beyond this are refused (the server answers 429/503)
+    compile: bool = True  # mx.compile the decode path where it pays
+    seed: int | None = None  # for unseeded sampling
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ConfigError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if self.kv_bits not in (16, 8, 4):
+            raise ConfigError(f"kv_bits must be 16, 8 or 4, got {self.kv_bits}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.kv_memory is not None and self.kv_memory < 1:
+            raise ConfigError("kv_memory must be positive")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError("long_prefill_token_threshold must be 0 (off) or positive")

@@ -132,9 +132,11 @@ class RichProgress:
     """One rich progress bar per file, for a terminal."""
 
     def __init__(self) -> None:
+        from rich.console import Console
         from rich.progress import DownloadColumn, Progress as Bars, TransferSpeedColumn
 
-        self.bars = Bars(*Bars.get_default_columns(), DownloadColumn(), TransferSpeedColumn(), transient=False)
+        columns = (*Bars.get_default_columns(), DownloadColumn(), TransferSpeedColumn())
+        self.bars = Bars(*columns, console=Console(stderr=True))
         self.task: Any = None
 
     def start(self, label: str, total: int, done: int) -> None:
@@ -145,7 +147,8 @@ class RichProgress:
         self.bars.update(self.task, advance=num_bytes)
 
     def finish(self) -> None:
-        self.bars.stop()
+        self.bars.stop()  # the finished bar stays on screen; the next file's display starts without it
+        self.bars.remove_task(self.task)
 
 
 def default_progress(quiet: bool = False) -> Progress:
@@ -360,8 +363,3 @@ def _human(num_bytes: float) -> str:
             return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
         num_bytes /= 1024
     return f"{num_bytes:.1f} GiB"
-
-
-def wait_note(name: str, stream: Any = None) -> None:
-    """What a pull prints when another process is pulling the same model."""
-    print(f"waiting for another pull of {name} to finish", file=stream or sys.stderr, flush=True)

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from baselm.store.errors import ProfileError, StoreError
 from baselm.store.hub import (
@@ -34,7 +34,6 @@ from baselm.store.hub import (
     default_progress,
     gguf_tag,
     select_files,
-    wait_note,
 )
 from baselm.store.registry import Store, StoredModel, check_model_name, split_ref
 
@@ -103,6 +102,11 @@ def pull(
         if not keep_download:
             shutil.rmtree(downloads, ignore_errors=True)
     return stored
+
+
+def wait_note(name: str) -> None:
+    """What a pull prints when another process is pulling the same model."""
+    print(f"waiting for another pull of {name} to finish", file=sys.stderr, flush=True)
 
 
 def plan_variant(selection: Selection, tag: str | None, quant: str | None, profile: str | None,

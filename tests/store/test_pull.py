@@ -178,3 +178,20 @@ def test_a_pull_killed_mid_download_leaves_nothing_listed_and_the_next_pull_resu
     assert hub.downloads_of("model.safetensors")[before:] == ["bytes=262144-"]
     assert [m.ref for m in store.list()] == [model.ref]
     read_base_file(model.path, verify=True)
+
+
+@pytest.mark.slow
+def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(smollm2_gguf: Path, tmp_path: Path) -> None:
+    from baselm.store.base_file import model_weights
+    from baselm.store.pull import convert
+
+    converted = convert(smollm2_gguf, tmp_path / "smollm2.base", None, None, "default")
+    assert (converted.arch, converted.quant, converted.params) == ("llama", "q4", 134_515_008)
+    header, tensors = read_base_file(tmp_path / "smollm2.base", verify=True)
+    weights, group_sizes = model_weights(tensors)
+    raw, metadata = gguf.read_metadata(smollm2_gguf)
+    config = gguf.hf_config(metadata, set(raw))
+    expected = gguf.hf_tensors(raw, config)
+    assert header["config"] == config and header["quant_profile"] == "gguf-Q4_1"
+    assert sorted(weights) == sorted(expected) and set(group_sizes.values()) == {32}
+    assert all(mx.array_equal(weights[name], expected[name]) for name in expected)

@@ -354,3 +354,36 @@ def test_render_inspect_prints_the_table(tmp_path: Path) -> None:
     render_inspect(inspect_report(write_small(tmp_path / "m.base")), console)
     text = console.export_text()
     assert Q_NAME in text and "base_q4" in text and "8x128" in text and "not checked" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# The real model
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_triplets_round_trip_bit_exactly(tmp_path: Path, smollm2_gguf: Path) -> None:
+    """GGUF Q4_1/Q8_0 triplets go into a .base file as they are and come back identical."""
+    from baselm.store import gguf
+
+    raw, metadata = gguf.read_metadata(smollm2_gguf)
+    config = gguf.hf_config(metadata, set(raw))
+    source = gguf.hf_tensors(raw, config)
+
+    def records():
+        for name, value in source.items():
+            prefix = name.removesuffix(".weight")
+            if name.endswith((".scales", ".biases")):
+                continue
+            if f"{prefix}.scales" in source:
+                yield name, TensorRecord.from_triplet(value, source[f"{prefix}.scales"], source[f"{prefix}.biases"], 32)
+            else:
+                yield name, value
+
+    path = write_base_file(tmp_path / "smollm2.base", records(), **{**HEADER_FIELDS, "config": config})
+    header, tensors = read_base_file(path, verify=True)
+    weights, group_sizes = model_weights(tensors)
+    assert header["config"] == config
+    assert set(weights) == set(source) and set(group_sizes.values()) == {32}
+    assert {t["dtype"] for t in header["tensors"]} == {"base_q4", "base_q8", "f32"}
+    for name, value in source.items():
+        assert weights[name].dtype == value.dtype and mx.array_equal(weights[name], value).item(), name

@@ -122,6 +122,7 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
         model = loaded.model
+        self.vocab_size = model.args.vocab_size
         num_layers, num_kv_heads, head_dim = model.kv_shape()
         dtype = model.dtype
         bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * dtype.size
@@ -151,7 +152,7 @@ class LLMEngine:
     ) -> str:
         """Queues a prompt (text or token ids); returns the request id. Raises on requests that can't fit."""
         params = params or SamplingParams()
-        params.check_vocab(self.tokenizer.vocab_size)
+        params.check_vocab(self.vocab_size)
         if self.scheduler.num_waiting >= self.config.max_waiting:
             raise QueueFullError(f"{self.scheduler.num_waiting} requests are already waiting; try again shortly")
         request_id = request_id or f"req-{next(self._ids)}"

@@ -1,0 +1,155 @@
+"""LLMEngine behaviour: accounting, aborts, seeds, stops, logprobs, n > 1, the async client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from baselm.engine import AsyncEngine, LLMEngine
+from baselm.sampling import SamplingParams
+from baselm.scheduler import RequestTooLongError
+
+PROMPTS = [[5, 17, 99, 3], list(range(10, 60)), [200] * 33, [1, 2]]
+
+
+def all_free(engine: LLMEngine) -> bool:
+    return engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+
+
+def test_every_block_is_free_after_requests_finish(make_engine):
+    engine = make_engine()
+    results = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=7))
+    assert [len(r.completions[0].token_ids) for r in results] == [7, 7, 7, 7]
+    assert [r.completions[0].finish_reason for r in results] == ["length"] * 4
+    assert all_free(engine)
+
+
+def test_abort_frees_blocks_at_the_next_step(make_engine):
+    engine = make_engine()
+    keep = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=20))
+    gone = engine.add_request(PROMPTS[2], SamplingParams(temperature=0, max_tokens=20))
+    engine.step()
+    used = engine.kv_manager.num_blocks - engine.kv_manager.num_free_blocks
+    engine.abort(gone)
+    outputs = engine.step()
+    assert [(o.request_id, o.finish_reason) for o in outputs if o.finished] == [(gone, "abort")]
+    assert engine.kv_manager.num_blocks - engine.kv_manager.num_free_blocks < used
+    while engine.has_unfinished:
+        engine.step()
+    assert all_free(engine)
+    assert keep not in engine._groups
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(make_engine):
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=12)
+    alone = make_engine().generate([PROMPTS[1]], seeded)[0].completions[0].token_ids
+    others = [SamplingParams(temperature=0.8, max_tokens=9), SamplingParams(temperature=0, max_tokens=5)]
+    batch = make_engine().generate([PROMPTS[0], PROMPTS[1], PROMPTS[2]], [others[0], seeded, others[1]])
+    assert batch[1].completions[0].token_ids == alone
+    other_seed = SamplingParams(temperature=1.0, top_p=0.9, seed=4321, max_tokens=12)
+    assert make_engine().generate([PROMPTS[1]], other_seed)[0].completions[0].token_ids != alone
+
+
+def test_stop_string_split_across_tokens_ends_the_text_before_it(make_engine):
+    engine = make_engine()
+    free_run = engine.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=16))[0].completions[0]
+    text = free_run.text
+    assert len(text) > 6
+    # A stop string spanning the boundary of the 3rd and 4th tokens' text.
+    pieces = [engine.tokenizer.decode(free_run.token_ids[:i]) for i in range(1, 6)]
+    cut = len(pieces[2]) - 1
+    stop = text[cut : cut + 3]
+    assert stop and text.find(stop) == cut
+    stopped = engine.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=16, stop=[stop]))[0]
+    assert stopped.completions[0].text == text[:cut]
+    assert stopped.completions[0].finish_reason == "stop"
+    assert stopped.completions[0].stop_reason == stop
+
+
+def test_min_tokens_holds_back_a_stop_token(make_engine):
+    engine = make_engine()
+    free_run = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=8))[0].completions[0]
+    first = free_run.token_ids[0]
+    early = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[first]))
+    assert early[0].completions[0].token_ids == [first]
+    held = engine.generate(
+        [PROMPTS[0]], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[first], min_tokens=3)
+    )[0].completions[0]
+    assert len(held.token_ids) >= 3 and first not in held.token_ids[:3]
+
+
+def test_logprobs_are_the_log_softmax_of_the_logits(make_engine):
+    engine = make_engine()
+    captured = []
+
+    def capture(output_ids, logits):
+        captured.append(np.array(logits))
+        return logits
+
+    params = SamplingParams(temperature=0, max_tokens=4, logprobs=5, logits_processors=[capture])
+    completion = engine.generate([PROMPTS[1]], params)[0].completions[0]
+    assert len(completion.logprobs) == 4
+    for logits, entry in zip(captured, completion.logprobs):
+        expected = logits - np.logaddexp.reduce(logits)
+        assert entry.token_id == int(np.argmax(logits))
+        assert abs(entry.logprob - expected[entry.token_id]) < 1e-5
+        assert [t for t, _ in entry.top] == list(np.argsort(-expected)[:5])
+        assert np.exp(expected).sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_n_copies_share_the_prompt_blocks(make_engine):
+    engine = make_engine()
+    prompt = list(range(1, 70))  # 69 tokens: 4 full blocks of 16, one partial
+    engine.add_request(prompt, SamplingParams(temperature=1.0, seed=7, max_tokens=6, n=4))
+    peak_used = 0
+    outputs = []
+    while engine.has_unfinished or engine._pending_forks:
+        outputs += engine.step()
+        peak_used = max(peak_used, engine.kv_manager.num_blocks - engine.kv_manager.num_free_blocks)
+    finished = sorted((o.index, o.finish_reason) for o in outputs if o.finished)
+    assert finished == [(i, "length") for i in range(4)]
+    # Alone, four copies would hold 4 x 5 blocks; sharing the 4 full prompt blocks leaves 4 + 4 x 1.
+    assert peak_used == 8
+    assert all_free(engine)
+
+
+def test_n_copies_with_a_seed_differ_from_each_other(make_engine):
+    result = make_engine().generate([PROMPTS[1]], SamplingParams(temperature=1.0, seed=3, max_tokens=8, n=3))[0]
+    assert [c.index for c in result.completions] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in result.completions}) > 1
+
+
+def test_a_request_longer_than_the_model_is_refused(make_engine):
+    engine = make_engine()
+    with pytest.raises(RequestTooLongError, match="at most 512"):
+        engine.add_request(list(range(100)) * 5, SamplingParams(max_tokens=50))
+    assert not engine.has_unfinished
+
+
+def test_async_client_streams_and_aborts_on_early_exit(make_engine):
+    engine = make_engine()
+    client = AsyncEngine(engine).start()
+
+    async def main():
+        full = [o async for o in await client.submit(PROMPTS[1], SamplingParams(temperature=0, max_tokens=6))]
+        stream = await client.submit(PROMPTS[2], SamplingParams(temperature=0, max_tokens=200))
+        async for _ in stream:
+            break
+        await stream.aclose()
+        with pytest.raises(RequestTooLongError):
+            await client.submit(list(range(600)), SamplingParams(max_tokens=5))
+        for _ in range(100):  # the abort lands at the engine's next step
+            if await client.run_on_engine(all_free):
+                break
+            await asyncio.sleep(0.02)
+        return full
+
+    try:
+        full = asyncio.run(main())
+    finally:
+        client.stop()
+    assert sum(len(o.token_ids) for o in full) == 6 and full[-1].finished
+    assert all_free(engine)

@@ -39,13 +39,19 @@ def model_class(model_type: str):
     return module.ModelArgs, module.Model
 
 
-def _quant_params(weights: dict[str, mx.array], prefix: str, group_size: int) -> dict[str, int]:
-    """Group size and bits of one quantized triplet; bits follow from the shapes and the group size."""
+QUANT_BITS = (2, 3, 4, 5, 6, 8)
+
+
+def _quant_params(weights: dict[str, mx.array], prefix: str, in_features: int) -> dict[str, int]:
+    """Bits and group size of one quantized triplet: both follow from its shapes and the layer's inputs."""
     codes, scales = weights[prefix + ".weight"], weights[prefix + ".scales"]
-    in_features = scales.shape[-1] * group_size
-    bits, rem = divmod(codes.shape[-1] * 32, in_features)
-    if rem or bits not in (2, 3, 4, 5, 6, 8):
-        raise ModelConfigError(f"quantized tensor {prefix} has inconsistent codes/scales shapes")
+    bits, rem_bits = divmod(codes.shape[-1] * 32, in_features)
+    group_size, rem_groups = divmod(in_features, scales.shape[-1])
+    if rem_bits or rem_groups or bits not in QUANT_BITS:
+        raise ModelConfigError(
+            f"quantized tensor {prefix} has codes {tuple(codes.shape)} and scales {tuple(scales.shape)}, "
+            f"which fit no bit width and group size for {in_features} inputs"
+        )
     return {"group_size": group_size, "bits": bits}
 
 
@@ -53,13 +59,34 @@ def _quantized_prefixes(weights: dict[str, mx.array]) -> list[str]:
     return [n[: -len(".scales")] for n in weights if n.endswith(".scales")]
 
 
-def _dequantize_triplets(weights: dict[str, mx.array], group_sizes: dict[str, int], dtype: mx.Dtype) -> None:
+def _quantization(
+    model: nn.Module, weights: dict[str, mx.array], group_size: int | dict[str, int] | None
+) -> dict[str, dict[str, int]]:
+    """Group size and bits of each quantized triplet (by module path), checked against `group_size` if given."""
+    dense = dict(nn.utils.tree_flatten(model.parameters()))
+    prefixes = set(_quantized_prefixes(weights))
+    unexpected = sorted(p for p in prefixes if p + ".weight" not in dense)
+    if unexpected:
+        raise ModelConfigError(f"checkpoint does not match the architecture: unexpected quantized tensor {unexpected[0]}")
+    params = {}
+    in_model_order = [n.removesuffix(".weight") for n in dense if n.removesuffix(".weight") in prefixes]
+    for prefix in in_model_order:
+        found = _quant_params(weights, prefix, dense[prefix + ".weight"].shape[-1])
+        wanted = group_size.get(prefix) if isinstance(group_size, dict) else group_size
+        if wanted is not None and wanted != found["group_size"]:
+            raise ModelConfigError(
+                f"quantized tensor {prefix} has groups of {found['group_size']}, not the {wanted} its metadata gives"
+            )
+        params[prefix] = found
+    return params
+
+
+def _dequantize_triplets(weights: dict[str, mx.array], params: dict[str, dict[str, int]], dtype: mx.Dtype) -> None:
     """Replaces each `x.weight`/`x.scales`/`x.biases` triplet by a dense `x.weight`, in place."""
-    for prefix in _quantized_prefixes(weights):
-        params = _quant_params(weights, prefix, group_sizes[prefix])
+    for prefix, quant in params.items():
         scales = weights.pop(prefix + ".scales").astype(mx.float32)
         biases = weights.pop(prefix + ".biases").astype(mx.float32)
-        dense = mx.dequantize(weights[prefix + ".weight"], scales, biases, **params)
+        dense = mx.dequantize(weights[prefix + ".weight"], scales, biases, **quant)
         weights[prefix + ".weight"] = dense.astype(dtype)
         mx.eval(weights[prefix + ".weight"])  # frees the codes now, not at the end
 
@@ -73,23 +100,19 @@ def build_model(
 ) -> DecoderModel:
     """Instantiates the architecture of `config` and loads `weights` (HF names) into it.
 
-    Quantized triplets (`group_size`: one for all, or per tensor prefix) are either dequantized to
-    `dtype` (the CPU path: float32 through BLAS is the only fast CPU compute) or kept as
-    `nn.QuantizedLinear`/`QuantizedEmbedding` layers (GPU paths).
+    Quantized triplets are either dequantized to `dtype` (the CPU path: float32 through BLAS is
+    the only fast CPU compute) or kept as quantized layers (GPU paths). Their bits and group size
+    follow from the shapes; `group_size` (one for all, or per module path), when given, is checked.
     """
     args_cls, model_cls = model_class(config.get("model_type", ""))
     args = args_cls.from_dict(config)
     model = model_cls(args)
     weights = model.sanitize(dict(weights))
-    prefixes = _quantized_prefixes(weights)
-    if prefixes and group_size is None:
-        raise ModelConfigError("quantized tensors found but no group size given")
-    group_sizes = group_size if isinstance(group_size, dict) else {p: group_size for p in prefixes}
-    if prefixes and keep_quantized:
-        params = {p: _quant_params(weights, p, group_sizes[p]) for p in prefixes}
+    params = _quantization(model, weights, group_size)
+    if params and keep_quantized:
         nn.quantize(model, class_predicate=lambda path, _: params.get(path, False))
-    elif prefixes:
-        _dequantize_triplets(weights, group_sizes, dtype)
+    elif params:
+        _dequantize_triplets(weights, params, dtype)
     weights = {k: _cast_float(k, v, dtype) for k, v in weights.items()}
     _check_shapes(model, weights)
     model.load_weights(list(weights.items()), strict=True)

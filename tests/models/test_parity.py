@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import mlx.core as mx
@@ -16,7 +17,7 @@ import pytest
 
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models import build_model
-from baselm.models.base import DecoderModel
+from baselm.models.base import DecoderModel, ModelConfigError
 from baselm.store import hf
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
@@ -182,6 +183,26 @@ def test_quantized_experts_run_kept_quantized_as_they_do_dequantized(name):
         outputs.append(logits)
     assert max_diff(outputs[0], np.array(outputs[1])) < TOL
     assert 0 < max_diff(outputs[0], ref["logits"]) < 0.1  # 8-bit rounding moves logits, a little
+
+
+def test_quantized_triplets_need_no_group_size_and_a_wrong_one_is_named():
+    # Bits and group size follow from the codes/scales shapes and the layer's input size: the model
+    # computes what it computes from the same weights dequantized by hand.
+    folder, ref = FIXTURES / "llama", reference("llama")
+    quantized, dequantized = hf.read_weights(folder), hf.read_weights(folder)
+    for key in [k for k in quantized if k.endswith("_proj.weight")]:
+        codes, scales, biases = mx.quantize(quantized[key], group_size=64, bits=4)
+        stem = key.removesuffix(".weight")
+        quantized.update({key: codes, f"{stem}.scales": scales, f"{stem}.biases": biases})
+        dequantized[key] = mx.dequantize(codes, scales, biases, group_size=64, bits=4)
+    outputs = []
+    for weights in (quantized, dequantized):
+        model = build_model(hf.read_config(folder), weights)
+        outputs += step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
+    assert max_diff(outputs[0], np.array(outputs[1])) < TOL
+    message = "quantized tensor layers.0.self_attn.q_proj has groups of 64, not the 32 its metadata gives"
+    with pytest.raises(ModelConfigError, match=f"^{re.escape(message)}$"):
+        build_model(hf.read_config(folder), quantized, group_size=32)
 
 
 # Each fixture exercises what its architecture adds: without the feature, logits move well past TOL.

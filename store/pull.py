@@ -101,6 +101,7 @@ def pull(
         stored = pending.commit(arch=converted.arch, params=converted.params, quant=converted.quant, source=source)
         if not keep_download:
             shutil.rmtree(downloads, ignore_errors=True)
+            _remove_empty_dir(downloads.parent)
     return stored
 
 
@@ -116,18 +117,24 @@ def plan_variant(selection: Selection, tag: str | None, quant: str | None, profi
 
     if quant is not None and quant not in SCHEMES:
         raise StoreError(f"unknown quantization {quant!r}; choose one of {', '.join(SCHEMES)}")
-    if selection.kind == "gguf":
+    if selection.kind == "gguf":  # the file's own quant, or re-quantized to `quant`
         base = (selection.gguf_tag or "gguf").lower()
-        variant = f"{base}-{quant}" if quant else base
-        return Plan(variant, quant, profile or DEFAULT_PROFILE, group_size)
+        profile = profile or DEFAULT_PROFILE
+        variant = f"{base}-{_variant_name(profile, quant, group_size)}" if quant else base
+        return Plan(variant, quant, profile, group_size)
     tag_profile, tag_quant = _parse_tag(tag, BUILTIN_PROFILES, SCHEMES)
     quant = quant or tag_quant or DEFAULT_QUANT
     profile = profile or tag_profile or DEFAULT_PROFILE
-    name = Path(profile).stem if profile not in BUILTIN_PROFILES else profile
+    return Plan(_variant_name(profile, quant, group_size), quant, profile, group_size)
+
+
+def _variant_name(profile: str, quant: str, group_size: int | None) -> str:
+    """`q4`, `mixed-q4`, `myprofile-q4-g32` (a profile file is named by its stem)."""
+    from baselm.store.quantize import BUILTIN_PROFILES
+
+    name = profile if profile in BUILTIN_PROFILES else Path(profile).stem
     variant = quant if name == DEFAULT_PROFILE else f"{name}-{quant}"
-    if group_size is not None:
-        variant += f"-g{group_size}"
-    return Plan(variant, quant, profile, group_size)
+    return variant if group_size is None else f"{variant}-g{group_size}"
 
 
 def _parse_tag(tag: str | None, profiles: Iterable[str], schemes: Iterable[str]) -> tuple[str | None, str | None]:
@@ -172,6 +179,13 @@ def _remove_other_commits(downloads: Path, commit: str) -> None:
         for path in downloads.iterdir():
             if path.name != commit:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_empty_dir(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty: other models' downloads
 
 
 def _source_info(snapshot: RepoSnapshot, selection: Selection) -> dict[str, Any]:

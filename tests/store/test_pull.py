@@ -3,6 +3,7 @@ a killed, failed or concurrent pull leaves behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,9 +20,10 @@ from safetensors.numpy import load_file
 
 from baselm.store import gguf
 from baselm.store.base_file import QuantizedArray, read_base_file
-from baselm.store.errors import UnsupportedModelError
+from baselm.store.errors import StoreError, UnsupportedModelError
 from baselm.store.hub import HubClient, HubError, NoProgress
-from baselm.store.pull import pull
+from baselm.store.hub import Selection
+from baselm.store.pull import Plan, plan_variant, pull
 from baselm.store.registry import Store
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "llama"
@@ -36,8 +38,23 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
         server.add_repo("org/Tiny-Bert", tiny_llama_files(FIXTURE, model_type="bert"))
         server.add_repo("org/Tiny-Llama-GGUF", tiny_gguf_files(FIXTURE, gguf_dir))
         server.add_repo("org/Gated", tiny_llama_files(FIXTURE), gated=True)
+        server.add_repo("org/Tiny-Sharded", sharded(tiny_llama_files(FIXTURE)))
         server.gguf_dir = gguf_dir
         yield server
+
+
+def sharded(files: dict[str, bytes]) -> dict[str, bytes]:
+    """The same repo with its weights in two safetensors shards and an index."""
+    from safetensors.numpy import load, save
+
+    weights = load(files.pop("model.safetensors"))
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[:10], "model-00002-of-00002.safetensors": names[10:]}
+    for shard, shard_names in shards.items():
+        files[shard] = save({n: weights[n] for n in shard_names})
+    index = {"metadata": {}, "weight_map": {n: shard for shard, ns in shards.items() for n in ns}}
+    files["model.safetensors.index.json"] = json.dumps(index).encode()
+    return files
 
 
 def run_pull(hub: HubServer, store: Store, ref: str, **options) -> object:
@@ -150,7 +167,8 @@ def _wait_for(condition, timeout: float = 30.0) -> bool:
 _PULLER = """
 import sys
 from baselm.store.hub import HubClient, NoProgress
-from baselm.store.pull import pull
+from baselm.store.hub import Selection
+from baselm.store.pull import Plan, plan_variant, pull
 from baselm.store.registry import Store
 pull("org/Tiny-Llama", store=Store(sys.argv[1]), client=HubClient(endpoint=sys.argv[2]), supported={"llama"},
      progress=NoProgress())
@@ -195,3 +213,63 @@ def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(sm
     assert header["config"] == config and header["quant_profile"] == "gguf-Q4_1"
     assert sorted(weights) == sorted(expected) and set(group_sizes.values()) == {32}
     assert all(mx.array_equal(weights[name], expected[name]) for name in expected)
+
+
+SAFETENSORS = Selection("safetensors", ())
+GGUF_Q4_K_M = Selection("gguf", (), "Q4_K_M")
+
+
+@pytest.mark.parametrize(
+    ("selection", "tag", "options", "plan"),
+    [
+        (SAFETENSORS, None, {}, Plan("q4", "q4", "default", None)),
+        (SAFETENSORS, "Q8", {}, Plan("q8", "q8", "default", None)),
+        (SAFETENSORS, "mixed", {}, Plan("mixed-q4", "q4", "mixed", None)),
+        (SAFETENSORS, "mixed-q6", {}, Plan("mixed-q6", "q6", "mixed", None)),
+        (SAFETENSORS, None, {"quant": "q3", "group_size": 64}, Plan("q3-g64", "q3", "default", 64)),
+        (SAFETENSORS, None, {"profile": "/p/attn-heavy.json"}, Plan("attn-heavy-q4", "q4", "/p/attn-heavy.json", None)),
+        (GGUF_Q4_K_M, "Q4_K_M", {}, Plan("q4_k_m", None, "default", None)),
+        (GGUF_Q4_K_M, "Q4_K_M", {"quant": "q8"}, Plan("q4_k_m-q8", "q8", "default", None)),
+    ],
+)
+def test_the_variant_name_says_how_the_model_was_stored(selection: Selection, tag: str | None, options: dict, plan: Plan) -> None:
+    options = {"quant": None, "profile": None, "group_size": None, **options}
+    assert plan_variant(selection, tag, **options) == plan
+
+
+def test_an_unknown_variant_tag_lists_the_choices() -> None:
+    with pytest.raises(StoreError, match=r"unknown variant 'q9'; use a quantization \(q2, q3, q4, q5, q6, q8, f16, bf16, f32\), a profile \(default, mixed\)"):
+        plan_variant(SAFETENSORS, "q9", None, None, None)
+
+
+def test_a_sharded_repo_is_pulled_through_its_index(hub: HubServer, tmp_path: Path) -> None:
+    model = run_pull(hub, Store(tmp_path), "org/Tiny-Sharded:f32", keep_download=True)
+    assert sorted(model.source["files"]) == [
+        "config.json", "generation_config.json", "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+    ]
+    _, tensors = read_base_file(model.path)
+    for name, value in load_file(str(FIXTURE / "model.safetensors")).items():
+        np.testing.assert_array_equal(np.array(tensors[name]), value)
+    commit = hub.repos["org/Tiny-Sharded"].commit
+    assert (tmp_path / "downloads/org/Tiny-Sharded" / commit / "model.safetensors.index.json").is_file()
+
+
+def test_a_new_commit_on_the_hub_replaces_the_stored_variant(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with HubServer() as hub:
+        files = tiny_llama_files(FIXTURE)
+        first = hub.add_repo("org/Moving", files)
+        assert run_pull(hub, store, "org/Moving").source["commit"] == first
+        second = hub.add_repo("org/Moving", {**files, "tokenizer_config.json": b'{"eos_token": "t3"}'})
+        model = run_pull(hub, store, "org/Moving")
+    assert (model.source["commit"], second != first) == (second, True)
+    assert store.list() == [model]
+    header, _ = read_base_file(model.path)
+    assert header["tokenizer"]["tokenizer_config.json"] == {"eos_token": "t3"}
+
+
+def test_a_pull_can_pin_a_commit(hub: HubServer, tmp_path: Path) -> None:
+    commit = hub.repos["org/Tiny-Llama"].commit
+    model = run_pull(hub, Store(tmp_path), "org/Tiny-Llama", revision=commit)
+    assert (model.source["revision"], model.source["commit"]) == (commit, commit)

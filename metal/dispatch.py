@@ -34,7 +34,14 @@ def on_metal() -> bool:
 
 def use_kernel(name: str, variant: Hashable, self_check: Callable[[], None]) -> bool:
     """Whether kernel `name` serves this call; runs `self_check` (raising on mismatch) once per variant."""
-    if not (on_metal() and kernels_enabled()) or name in _failures:
+    if not (on_metal() and kernels_enabled()):
+        return False
+    return passes_self_check(name, variant, self_check)
+
+
+def passes_self_check(name: str, variant: Hashable, self_check: Callable[[], None]) -> bool:
+    """Runs `self_check` once per (kernel, variant); a failure turns the kernel off for good."""
+    if name in _failures:
         return False
     if (name, variant) in _checked:
         return True

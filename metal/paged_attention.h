@@ -63,11 +63,13 @@ struct SoftmaxState {
 
 // Unnormalized attention of one query over keys [begin, end) of a sequence, keys taken
 // every `stride` starting at begin + offset (one simdgroup's share).
+// `Table` is the block table's pointer type: MLX passes inputs of fewer than 8 elements in
+// the constant address space, larger ones in device memory.
 // NOTE: every lane of the simdgroup must call this with the same arguments (simd_sum).
-template <typename T, int D, int BS, int KV_HEADS, bool SOFTCAP, typename Rows>
+template <typename T, int D, int BS, int KV_HEADS, bool SOFTCAP, typename Rows, typename Table>
 SoftmaxState<D> attend_keys(
-    const device T* query, float scale, float softcap, Rows keys, Rows values,
-    const device int32_t* table, int kv_head, int begin, int end, int offset, int stride, uint lane) {
+    const device T* query, float scale, float softcap, Rows keys, Rows values, Table table,
+    int kv_head, int begin, int end, int offset, int stride, uint lane) {
   constexpr int N = LaneChunks<D>::N;
   float4 q[N];
   SoftmaxState<D> st;

@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 
 from baselm.metal.kv_quant import Pool, QuantizedPool, allocate_pool
+from baselm.metal.launch import Runner, run_on_metal
 
 # A decode token (context 21) and a 3-token prefill chunk (context 7), over block tables
 # that name the pool's blocks in reverse order.
@@ -15,7 +16,9 @@ _QUERY_LENS = [1, 3]
 _CONTEXT_LENS = [21, 7]
 
 
-def check_attention(queries: mx.array, key_pool: Pool, softcap: float | None, window: int | None) -> None:
+def check_attention(
+    queries: mx.array, key_pool: Pool, softcap: float | None, window: int | None, run: Runner = run_on_metal
+) -> None:
     """Raises if the attention kernel (single pass and split) disagrees with the reference."""
     from baselm.metal.paged_attention import paged_attention_kernel, paged_attention_reference
 
@@ -30,18 +33,18 @@ def check_attention(queries: mx.array, key_pool: Pool, softcap: float | None, wi
     q = mx.random.normal((meta.num_tokens, num_heads, head_dim), key=mx.random.key(3)).astype(queries.dtype)
     expected = paged_attention_reference(q, *pools, meta, head_dim**-0.5, softcap, window)
     for splits in (1, 3):
-        got = paged_attention_kernel(q, *pools, meta, head_dim**-0.5, softcap, window, num_splits=splits)
+        got = paged_attention_kernel(q, *pools, meta, head_dim**-0.5, softcap, window, num_splits=splits, run=run)
         _assert_close(got, expected, f"paged_attention with {splits} key split(s)")
 
 
-def check_write_kv(keys: mx.array, key_pool: QuantizedPool) -> None:
+def check_write_kv(keys: mx.array, key_pool: QuantizedPool, run: Runner = run_on_metal) -> None:
     """Raises if the quantize-on-write kernel disagrees with kv_quant.quantize_rows."""
     from baselm.metal.kv_quant import dequantize_rows, quantize_rows
     from baselm.metal.paged_attention import quantize_rows_kernel
 
     rows = mx.random.normal((5, *keys.shape[1:]), key=mx.random.key(4)).astype(keys.dtype)
     args = (key_pool.bits, key_pool.group_size, key_pool.dtype)
-    got = dequantize_rows(*quantize_rows_kernel(rows, *args), key_pool.bits, key_pool.group_size)
+    got = dequantize_rows(*quantize_rows_kernel(rows, *args, run=run), key_pool.bits, key_pool.group_size)
     expected = dequantize_rows(*quantize_rows(rows, *args), key_pool.bits, key_pool.group_size)
     _assert_close(got, expected, "KV quantization")
 

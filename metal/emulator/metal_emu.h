@@ -383,7 +383,7 @@ inline void install_fault_handler() {
 }
 
 // A buffer of `bytes` between two guard regions of 64 KiB.
-inline Buffer& allocate(const std::string& name, size_t bytes) {
+inline Buffer allocate(const std::string& name, size_t bytes) {
   const size_t page = sysconf(_SC_PAGESIZE), guard = 64 * 1024;
   size_t data_pages = (bytes + page - 1) / page * page;
   if (data_pages == 0) data_pages = page;
@@ -398,10 +398,10 @@ inline Buffer& allocate(const std::string& name, size_t bytes) {
   bool at_start = align && std::string(align) == "start";
   b.data = at_start ? b.map + guard : b.map + guard + ((data_pages - bytes) & ~size_t(3));
   buffers().push_back(b);
-  return buffers().back();
+  return b;
 }
 
-inline void read_file(const std::string& path, Buffer& b) {
+inline void read_file(const std::string& path, const Buffer& b) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot open an input file");
   in.read(b.data, b.bytes);

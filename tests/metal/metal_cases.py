@@ -1,0 +1,73 @@
+"""Paged-attention cases shared by the emulated and the real-GPU kernel tests.
+
+Each case is a step of several sequences over random pools; the pools are filled in every
+slot, and the block tables name blocks out of order, so reading a wrong block shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from baselm.kv.metadata import AttentionMetadata
+from baselm.metal.kv_quant import allocate_pool
+from baselm.metal.paged_attention import write_kv_reference
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    dtype: mx.Dtype
+    head_dim: int
+    num_heads: int
+    num_kv_heads: int
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    block_size: int = 16
+    kv_bits: int = 16
+    softcap: float | None = None
+    window: int | None = None
+    num_splits: int | None = 1
+
+
+F32, F16, BF16 = mx.float32, mx.float16, mx.bfloat16
+CASES = [
+    Case("decode_only_mha_d64", F32, 64, 4, 4, (1, 1, 1), (5, 17, 33)),
+    Case("prefill_only_gqa_d128", F16, 128, 4, 2, (9, 20), (9, 20)),
+    Case("mixed_gqa3_d80_bs8", BF16, 80, 6, 2, (1, 5, 7), (30, 12, 7), block_size=8),
+    Case("mixed_mqa_d96", F32, 96, 4, 1, (1, 4), (19, 6)),
+    Case("mixed_gqa_d256", F16, 256, 2, 1, (1, 3), (21, 3)),
+    Case("q8_pool_gqa_d128", F16, 128, 4, 2, (1, 6), (25, 11), kv_bits=8),
+    Case("q4_pool_d80_group16", F32, 80, 2, 2, (1, 4), (18, 9), kv_bits=4),
+    Case("sliding_window", F16, 64, 4, 2, (1, 6), (40, 14), window=6),
+    Case("softcap", F32, 64, 2, 1, (1, 5), (23, 5), softcap=5.0),
+    Case("split_k_decode", F32, 128, 2, 1, (1, 1), (70, 45), num_splits=3),
+    Case("split_k_mixed_empty_splits", BF16, 64, 4, 2, (1, 6), (50, 6), num_splits=4),
+    Case("split_k_q4_window_softcap", F16, 64, 2, 2, (2, 1), (37, 60), kv_bits=4, window=20, softcap=8.0, num_splits=2),
+]
+TOLERANCE = {F32: 2e-5, F16: 3e-3, BF16: 2e-2}
+
+
+def build(case: Case) -> tuple[mx.array, object, object, AttentionMetadata]:
+    """(queries, key_pool, value_pool, meta) for a case, with blocks handed out in reverse order."""
+    counts = [-(-c // case.block_size) for c in case.context_lens]
+    num_blocks = sum(counts) + 1  # one block no sequence owns
+    ids = list(range(num_blocks - 1, 0, -1))
+    tables, start = [], 0
+    for n in counts:
+        tables.append(ids[start : start + n])
+        start += n
+    meta = AttentionMetadata.build(tables, list(case.query_lens), list(case.context_lens), case.block_size)
+    num_slots = num_blocks * case.block_size
+    keys = 2 * mx.random.normal((num_slots, case.num_kv_heads, case.head_dim), key=mx.random.key(1))
+    values = mx.random.normal((num_slots, case.num_kv_heads, case.head_dim), key=mx.random.key(2))
+    pool = allocate_pool(num_blocks, case.block_size, case.num_kv_heads, case.head_dim, case.dtype, case.kv_bits)
+    slots = mx.arange(num_slots, dtype=mx.int32)
+    key_pool, value_pool = write_kv_reference(pool, pool, keys.astype(case.dtype), values.astype(case.dtype), slots)
+    queries = mx.random.normal((meta.num_tokens, case.num_heads, case.head_dim), key=mx.random.key(3))
+    return queries.astype(case.dtype), key_pool, value_pool, meta
+
+
+def max_error(got: mx.array, expected: mx.array) -> float:
+    return mx.max(mx.abs(got.astype(mx.float32) - expected.astype(mx.float32))).item()

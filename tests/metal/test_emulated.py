@@ -1,0 +1,177 @@
+"""The Metal kernels, run on the CPU under metal/emulator/metal_emu.h, against the MLX references.
+
+Each launch is the one the real wrapper builds (same source, template arguments, grid and
+threadgroup); only the runner differs. Needs g++ (C++20).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from metal_cases import CASES, TOLERANCE, Case, build, max_error
+from metal_emulate import EmulatorError, run_launch
+
+from baselm.metal import dispatch, self_check
+from baselm.metal.kv_quant import allocate_pool, dequantize_rows, quantize_rows
+from baselm.metal.launch import KernelSource, Launch
+from baselm.metal.paged_attention import (
+    paged_attention_kernel,
+    paged_attention_reference,
+    quantize_rows_kernel,
+    write_kv_kernel,
+    write_kv_reference,
+)
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the Metal emulator needs g++")
+
+
+def attend(case: Case, run=run_launch) -> tuple[mx.array, mx.array]:
+    queries, key_pool, value_pool, meta = build(case)
+    scale = case.head_dim**-0.5
+    args = (queries, key_pool, value_pool, meta, scale, case.softcap, case.window)
+    return paged_attention_kernel(*args, num_splits=case.num_splits, run=run), paged_attention_reference(*args)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_paged_attention_matches_reference(case: Case):
+    got, expected = attend(case)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    assert max_error(got, expected) <= TOLERANCE[case.dtype]
+
+
+def test_reads_before_a_buffer_start_would_fault_too():
+    # Buffers placed right after their front guard page: an index below 0 faults here.
+    case = CASES[2]
+    got, expected = attend(case, run=lambda launch: run_launch(launch, align="start"))
+    assert max_error(got, expected) <= TOLERANCE[case.dtype]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "bits"), [(mx.float16, 128, 8), (mx.bfloat16, 80, 4), (mx.float32, 64, 4)]
+)
+def test_quantize_kernel_gives_the_reference_codes(dtype, head_dim, bits):
+    rows = (3 * mx.random.normal((5, 2, head_dim), key=mx.random.key(7))).astype(dtype)
+    group = 16 if head_dim == 80 else 32
+    got = quantize_rows_kernel(rows, bits, group, dtype, run=run_launch)
+    expected = quantize_rows(rows, bits, group, dtype)
+    assert mx.array_equal(got[1], expected[1]) and mx.array_equal(got[2], expected[2])  # scales, biases
+    got_q = dequantize_rows(*got, bits, group).astype(mx.float32)
+    expected_q = dequantize_rows(*expected, bits, group).astype(mx.float32)
+    # Codes may differ only where a value sits on a rounding tie: never by more than one step.
+    step = mx.repeat(expected[1].astype(mx.float32), group, axis=-1)
+    assert mx.all(mx.abs(got_q - expected_q) <= step * 1.001 + 1e-6).item()
+    assert mx.mean((got[0] == expected[0]).astype(mx.float32)).item() >= 0.99
+
+
+def test_write_kv_kernel_fills_the_slots_like_the_reference():
+    key_pool = allocate_pool(3, 8, 2, 64, mx.float16, 8)
+    value_pool = allocate_pool(3, 8, 2, 64, mx.float16, 8)
+    keys = mx.random.normal((4, 2, 64), key=mx.random.key(8)).astype(mx.float16)
+    values = mx.random.normal((4, 2, 64), key=mx.random.key(9)).astype(mx.float16)
+    slots = mx.array([17, 3, 8, 23], dtype=mx.int32)
+    got = write_kv_kernel(key_pool, value_pool, keys, values, slots, run=run_launch)
+    expected = write_kv_reference(key_pool, value_pool, keys, values, slots)
+    for g, e in zip(got, expected):
+        assert all(mx.array_equal(a, b).item() for a, b in zip(g[:3], e[:3]))
+
+
+def test_self_check_passes_for_a_correct_kernel_and_fails_for_a_wrong_one():
+    queries = mx.zeros((1, 4, 64), dtype=mx.float16)
+    key_pool = allocate_pool(2, 16, 2, 64, mx.float16, 8)
+    self_check.check_attention(queries, key_pool, None, None, run=run_launch)
+
+    def off_by_a_little(launch: Launch) -> list[mx.array]:
+        return [out * 1.05 for out in run_launch(launch)]
+
+    with pytest.raises(AssertionError, match="paged_attention with 1 key split"):
+        self_check.check_attention(queries, key_pool, None, None, run=off_by_a_little)
+
+
+def test_failed_self_check_turns_the_kernel_off_with_one_warning(monkeypatch, caplog):
+    monkeypatch.setattr(dispatch, "_failures", {})
+    monkeypatch.setattr(dispatch, "_checked", set())
+
+    def broken() -> None:
+        raise RuntimeError("Unable to build metal library from source\nerror: use of undeclared identifier")
+
+    assert dispatch.passes_self_check("paged_attention", "variant a", broken) is False
+    assert dispatch.passes_self_check("paged_attention", "variant b", lambda: None) is False
+    assert dispatch.kernel_status()["paged_attention"] == (
+        "failed self-check: Unable to build metal library from source error: use of undeclared identifier"
+    )
+    assert len([r for r in caplog.records if "failed its self-check" in r.getMessage()]) == 1
+
+
+# ---------------------------------------------------------------- the emulator itself
+
+
+@dataclass(frozen=True)
+class InlineKernel(KernelSource):
+    text: str = ""
+
+    def source(self) -> str:
+        return self.text
+
+
+def run_inline(body: str, inputs: list[mx.array], outputs: list[tuple[tuple[int, ...], mx.Dtype]], grid, group, **kw):
+    kernel = InlineKernel(
+        name="emu_probe", body="", input_names=tuple(f"in{i}" for i in range(len(inputs))),
+        output_names=tuple(f"out{i}" for i in range(len(outputs))), text=body,
+    )
+    launch = Launch(kernel, inputs, [("T", mx.float32)], grid, group, [s for s, _ in outputs], [d for _, d in outputs])
+    return run_launch(launch, **kw)
+
+
+def test_barrier_orders_threadgroup_writes_before_reads():
+    # Each thread writes its slot, waits, then reads the mirrored slot another thread wrote.
+    body = """
+    threadgroup float shared[64];
+    uint i = thread_position_in_threadgroup.x;
+    shared[i] = in0[thread_position_in_grid.x];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out0[thread_position_in_grid.x] = shared[63 - i];
+    """
+    x = mx.arange(128, dtype=mx.float32)
+    (out,) = run_inline(body, [x], [((128,), mx.float32)], (128, 1, 1), (64, 1, 1))
+    expected = np.concatenate([np.arange(63, -1, -1), np.arange(127, 63, -1)])
+    assert np.array_equal(np.array(out), expected)
+
+
+def test_simd_ops_exchange_values_between_the_32_lanes_of_a_simdgroup():
+    body = """
+    uint lane = thread_index_in_simdgroup;
+    float x = in0[thread_position_in_grid.x];
+    out0[thread_position_in_grid.x] = simd_sum(x);
+    out1[thread_position_in_grid.x] = simd_shuffle_xor(x, ushort(1)) + 1000.0f * simd_max(x) + simd_broadcast(x, ushort(31)) * 0.0f + float(lane) * 0.0f;
+    """
+    x = mx.arange(64, dtype=mx.float32)
+    sums, mixed = run_inline(body, [x], [((64,), mx.float32), ((64,), mx.float32)], (64, 1, 1), (64, 1, 1))
+    xs = np.arange(64)
+    assert np.array_equal(np.array(sums), np.repeat([xs[:32].sum(), xs[32:].sum()], 32))
+    assert np.array_equal(np.array(mixed), (xs ^ 1) + 1000.0 * np.repeat([31, 63], 32))
+
+
+def test_out_of_bounds_read_past_the_end_aborts_the_run():
+    body = "out0[thread_position_in_grid.x] = in0[thread_position_in_grid.x + 1];"
+    with pytest.raises(EmulatorError, match="out-of-bounds access to buffer 'in0' at byte offset 64"):
+        run_inline(body, [mx.zeros((16,))], [((16,), mx.float32)], (16, 1, 1), (16, 1, 1))
+
+
+def test_out_of_bounds_write_before_the_start_aborts_the_run():
+    body = "out0[int(thread_position_in_grid.x) - 1] = in0[thread_position_in_grid.x];"
+    with pytest.raises(EmulatorError, match="out-of-bounds access to buffer 'out0' at byte offset -4"):
+        run_inline(body, [mx.zeros((16,))], [((16,), mx.float32)], (16, 1, 1), (16, 1, 1), align="start")
+
+
+def test_barrier_skipped_by_returning_threads_is_reported():
+    body = """
+    if (thread_position_in_grid.x == 3) { return; }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out0[thread_position_in_grid.x] = in0[thread_position_in_grid.x];
+    """
+    with pytest.raises(EmulatorError, match="returned without reaching it"):
+        run_inline(body, [mx.zeros((16,))], [((16,), mx.float32)], (16, 1, 1), (16, 1, 1))

@@ -7,8 +7,8 @@ Layout (all integers little-endian):
           tensor blob: one region per tensor, each aligned     <- offsets are blob-relative
           (optional slots after the last region)
 
-The header is canonical JSON (sorted keys, compact separators, no NaN), so the same inputs
-give the same bytes. Offsets are relative to the blob start, which makes the tensor layout
+The header is canonical JSON (sorted keys, compact separators, ASCII with escapes, no NaN),
+so the same inputs give the same bytes. Offsets are relative to the blob start, which makes the tensor layout
 independent of the header's length: the writer streams the blob first and writes the header
 last (see `write_base_file`).
 
@@ -106,8 +106,9 @@ def _align(value: int, alignment: int) -> int:
 
 
 def canonical_json(obj: Any) -> bytes:
-    """The one serialization of a header: sorted keys, compact, UTF-8, no NaN/Infinity."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    """The one serialization of a header: sorted keys, compact, ASCII (escapes keep even lone
+    surrogates of odd vocabularies intact), no NaN/Infinity."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 def _header_checksum(header: dict[str, Any]) -> str:
@@ -271,6 +272,7 @@ def write_base_file(
         "flags": sorted(flags),
         "created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    _check_fields(fields)
     reserve = _reserve_bytes if _reserve_bytes is not None else _estimate_reserve(fields, tensors)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -293,6 +295,20 @@ def write_base_file(
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _check_fields(fields: dict[str, Any]) -> None:
+    """Fails before any tensor is written if the header fields could not make a readable file."""
+    for key, value in fields.items():
+        types = _HEADER_TYPES[key]
+        if not isinstance(value, types):
+            raise ValueError(f"header field {key!r} must be {' or '.join(t.__name__ for t in types)}, not {type(value).__name__}")
+    if not all(isinstance(flag, str) for flag in fields["flags"]):
+        raise ValueError("header field 'flags' must hold strings only")
+    try:
+        canonical_json(fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"header fields are not plain JSON ({exc})") from None
 
 
 def _estimate_reserve(fields: dict[str, Any], tensors: Iterable[Any]) -> int:

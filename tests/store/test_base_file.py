@@ -121,6 +121,21 @@ def test_quantized_round_trip_within_half_a_step(tmp_path: Path, bits: int, grou
     np.testing.assert_allclose(np.array(product), np.array(x) @ dense.T, rtol=1e-4, atol=1e-4)
 
 
+def test_empty_and_zero_sized_tensors(tmp_path: Path) -> None:
+    empty = write_base_file(tmp_path / "e.base", [], **HEADER_FIELDS)
+    assert empty.stat().st_size == BLOB_ALIGN and read_base_file(empty, verify=True)[1] == {}
+    path = write_base_file(tmp_path / "z.base", [("a", np.zeros((0,), np.float32)), ("b", np.ones(3, np.float16))], **HEADER_FIELDS)
+    _, tensors = read_base_file(path, verify=True)
+    assert tensors["a"].shape == (0,) and tensors["b"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_header_text_survives_any_unicode(tmp_path: Path) -> None:
+    tokenizer = {"tokenizer.json": {"vocab": {"\udc80": 0, "日本": 1, "é": 2}}, "chat_template": "{{ '✓' }}"}
+    path = write_base_file(tmp_path / "u.base", [], **{**HEADER_FIELDS, "tokenizer": tokenizer})
+    header, _ = read_base_file(path, verify=True)
+    assert header["tokenizer"] == tokenizer
+
+
 def test_model_weights_flatten_triplets_with_group_sizes(tmp_path: Path) -> None:
     _, tensors = read_base_file(write_small(tmp_path / "m.base"))
     weights, group_sizes = model_weights(tensors)
@@ -164,6 +179,14 @@ def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
         write_base_file(path, broken(), **HEADER_FIELDS)
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["m.base"]
+
+
+def test_writer_rejects_bad_header_fields_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^header field 'config' must be dict, not list$"):
+        write_base_file(tmp_path / "h.base", [], **{**HEADER_FIELDS, "config": []})
+    with pytest.raises(ValueError, match=r"^header fields are not plain JSON \(Out of range float values are not JSON compliant"):
+        write_base_file(tmp_path / "h.base", [], **{**HEADER_FIELDS, "config": {"eps": float("nan")}})
+    assert os.listdir(tmp_path) == []
 
 
 def test_writer_rejects_duplicate_names_and_integer_arrays(tmp_path: Path) -> None:
@@ -226,6 +249,7 @@ def test_header_len_over_the_limit(tmp_path: Path) -> None:
         (b'{"a": NaN}', "its header is not valid JSON (NaN is not valid JSON)"),
         (b"[" * 100000 + b"]" * 100000, "its header is not valid JSON (maximum recursion depth exceeded while decoding a JSON array from a unicode string)"),
         (b"[1, 2]", "its header is a JSON list, not an object"),
+        (b'{"a": ' + b"9" * 5000 + b"}", "its header is not valid JSON (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the limit)"),
     ],
 )
 def test_unparseable_headers(tmp_path: Path, header_bytes: bytes, problem: str) -> None:

@@ -30,6 +30,7 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 CHUNK_SIZE = 256 * 1024  # bytes written (and resumable) at a time
 DOWNLOAD_TIMEOUT = 30.0  # seconds without data before a read counts as a network failure
 MAX_RETRIES = 5  # consecutive attempts that bring no new bytes
+RETRY_DELAY = 0.1  # seconds before the first retry; doubles after each fruitless attempt, up to 2 s
 
 # What an HF (safetensors) model needs; weights and the rest of the repo are left out.
 HF_PATTERNS = (
@@ -237,9 +238,13 @@ class HubClient:
                 failures = 0 if f.tell() > done else failures + 1
                 if failures >= MAX_RETRIES:
                     raise
-                time.sleep(min(0.1 * 2**failures, 2.0))
+                time.sleep(min(RETRY_DELAY * 2**failures, 2.0))
+                continue
             if f.tell() > size:
                 raise HubError(f"{url} sent more bytes than the {size} the hub lists; pull again")
+            failures = 0 if f.tell() > done else failures + 1
+            if failures >= MAX_RETRIES:  # answers that end early without an error, and bring nothing
+                raise HubError(f"{url} stops sending data at byte {done} of {size}; try again later")
 
 
 def select_files(snapshot: RepoSnapshot, tag: str | None) -> Selection:
@@ -329,7 +334,10 @@ def _hub_error_message(exc: BaseException, repo: str, revision: str, endpoint: s
     if isinstance(exc, hf.HfHubHTTPError):
         return f"the hub answered {status} for {repo}; try again later"
     if _is_network_error(exc):
-        return f"cannot reach {endpoint} ({type(exc).__name__}); check the network, or HF_ENDPOINT"
+        kind = type(exc).__name__
+        if kind == "ConnectError":
+            return f"cannot reach {endpoint} ({kind}); check the network, or HF_ENDPOINT"
+        return f"the connection to {endpoint} failed ({kind}); pull again to resume"
     return None
 
 

@@ -10,9 +10,9 @@ No Xet headers are ever sent, so clients download over plain HTTP.
 
 Behaviours for tests: gated repos (401 without a token, 403 with a token lacking access, as the
 hub answers), private repos (401 RepoNotFound), missing repos and revisions (404 with the hub's
-`X-Error-Code`), a download cut off after N bytes the first time (`cut_after`), and a download
-that sends N bytes then stalls until released (`stall_after`, for killing a client mid-file),
-and a file served once with a wrong byte (`corrupt`).
+`X-Error-Code`), a download cut off after N bytes the first time (`cut_after`) or every time
+(`cut_always`), a download that sends N bytes then stalls until released (`stall_after`, for
+killing a client mid-file), and a file served once with a wrong byte (`corrupt`).
 Every request is logged in `requests` as (method, path, range header).
 """
 
@@ -67,6 +67,7 @@ class HubServer:
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, str | None]] = []
         self.cut_after: dict[str, int] = {}  # file path -> bytes sent before the connection drops (once)
+        self.cut_always: dict[str, int] = {}  # the same, every time
         self.stall_after: dict[str, int] = {}  # file path -> bytes sent before waiting for `release`
         self.corrupt: set[str] = set()  # file paths served once with their first byte changed
         self.stalled = threading.Event()  # set when a stalled download has sent its bytes
@@ -234,7 +235,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
 
         def _send_body(self, path: str, data: bytes) -> None:
             with server._lock:
-                cut = server.cut_after.pop(path, None)
+                cut = server.cut_after.pop(path, server.cut_always.get(path))
                 stall = server.stall_after.pop(path, None)
                 if path in server.corrupt and data:
                     server.corrupt.discard(path)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hub_server import HubServer, git_blob_id
 
+from baselm.store import hub as hub_module
 from baselm.store.hub import HubClient, HubError, LineProgress, check_model_type, gguf_tag, select_files
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 
@@ -178,3 +179,18 @@ def test_hf_endpoint_is_read_when_the_client_is_made(hub: HubServer, monkeypatch
 def test_an_unreachable_hub_is_a_network_error() -> None:
     with pytest.raises(HubError, match=r"cannot reach http://127\.0\.0\.1:9 \(ConnectError\); check the network"):
         HubClient(endpoint="http://127.0.0.1:9").snapshot("org/tiny")
+
+
+def test_a_connection_that_keeps_dropping_gives_up_with_a_resumable_error(
+    hub: HubServer, client: HubClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hub_module, "RETRY_DELAY", 0.001)
+    snapshot = client.snapshot("org/tiny")
+    hub.cut_always["config.json"] = 5  # less than a chunk: no attempt brings new bytes
+    try:
+        with pytest.raises(HubError, match=r"the connection to http://127\.0\.0\.1:\d+ failed \(RemoteProtocolError\); pull again to resume"):
+            client.download(snapshot, snapshot.file("config.json"), tmp_path)
+    finally:
+        del hub.cut_always["config.json"]
+    assert len(hub.downloads_of("config.json")) >= 5
+    assert client.download(snapshot, snapshot.file("config.json"), tmp_path).read_bytes() == FILES["config.json"]

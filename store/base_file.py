@@ -170,6 +170,8 @@ class TensorRecord:
         codes = np.ascontiguousarray(np.array(codes), dtype="<u4")  # (out, in * bits / 32)
         scale_values, scale_dtype = float_numpy(scales)  # (out, in / group_size)
         bias_values, bias_dtype = float_numpy(biases)
+        if codes.ndim != 2 or scale_values.ndim != 2 or scale_values.shape[1] == 0:
+            raise ValueError(f"codes {codes.shape} and scales {scale_values.shape} are not 2-D MLX triplet parts")
         in_features = scale_values.shape[1] * group_size
         bits, rem = divmod(codes.shape[1] * 32, in_features)
         if rem or bits not in QUANT_BITS.values() or bias_dtype != scale_dtype or bias_values.shape != scale_values.shape:
@@ -760,9 +762,10 @@ def render_inspect(report: dict[str, Any], console: Any, max_rows: int | None = 
     console.print(summary)
 
 
-def _human(num_bytes: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if num_bytes < 1024 or unit == "GiB":
-            return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{num_bytes} B"
+def _human(num_bytes: float) -> str:
+    if num_bytes < 1024:
+        return f"{int(num_bytes)} B"
+    for unit in ("KiB", "MiB", "GiB"):
         num_bytes /= 1024
-    return f"{num_bytes} B"
+        if num_bytes < 1024 or unit == "GiB":
+            return f"{num_bytes:.1f} {unit}"

@@ -136,6 +136,18 @@ def test_header_text_survives_any_unicode(tmp_path: Path) -> None:
     assert header["tokenizer"] == tokenizer
 
 
+@pytest.mark.parametrize("bits", [3, 4, 8])
+def test_mlx_triplets_are_stored_as_they_are(tmp_path: Path, bits: int) -> None:
+    codes, scales, biases = mx.quantize(mx.random.normal((4, 128), key=mx.random.key(0)).astype(mx.float16), group_size=32, bits=bits)
+    record = TensorRecord.from_triplet(codes, scales, biases, group_size=32)
+    assert (record.dtype, record.shape, record.scale_dtype) == (f"base_q{bits}", (4, 128), "f16")
+    _, tensors = read_base_file(write_base_file(tmp_path / "t.base", [("w.weight", record)], **HEADER_FIELDS), verify=True)
+    loaded = tensors["w.weight"]
+    assert all(mx.array_equal(a, b).item() for a, b in zip(loaded[:3], (codes, scales, biases)))
+    with pytest.raises(ValueError, match="not an MLX triplet of group 32"):
+        TensorRecord.from_triplet(codes, scales, biases[:, :2], group_size=32)
+
+
 def test_model_weights_flatten_triplets_with_group_sizes(tmp_path: Path) -> None:
     _, tensors = read_base_file(write_small(tmp_path / "m.base"))
     weights, group_sizes = model_weights(tensors)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 import numpy as np
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "models"
@@ -191,6 +192,15 @@ def _redraw(model: torch.nn.Module, zero_centered_norms: bool) -> None:
                 p.copy_(noise / math.sqrt(p.shape[-1]))
 
 
+def _reload(folder: Path, config_path: Path | None = None):
+    """The saved model as transformers reads it (eager attention, float32), under another config if given."""
+    kwargs = {"attn_implementation": "eager", "dtype": torch.float32}
+    if config_path is not None:
+        model_type = json.loads(config_path.read_text())["model_type"]
+        kwargs["config"] = CONFIG_MAPPING[model_type].from_json_file(str(config_path))
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs).eval()
+
+
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(ids[None]).logits[0].float()
@@ -218,8 +228,7 @@ def make(name: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     # Reload: the reference is what transformers computes from the files as written.
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
-    model.eval()
+    model = _reload(folder)
     gen = torch.Generator().manual_seed(SEED + 1)
     num_tokens = options.get("num_tokens", NUM_TOKENS)
     ids = torch.randint(3, COMMON["vocab_size"], (num_tokens,), generator=gen)
@@ -236,7 +245,7 @@ def make(name: str) -> None:
         ref["decode_logits"] = _decode_logits(model, long_ids, options["decode_from"])
         ref["decode_from"] = torch.tensor(options["decode_from"], dtype=torch.int32)
     if options.get("legacy"):
-        _write_legacy(folder, model, ids, ref["logits"])
+        _write_legacy(folder, ids, ref["logits"])
     for variant, change in options.get("variants", {}).items():
         ref[f"logits_{variant}"] = _variant_logits(folder, model, variant, change, ids)
     np.savez(folder / "reference.npz", **{k: v.numpy() for k, v in ref.items()})
@@ -250,27 +259,19 @@ def _variant_logits(folder: Path, model, variant: str, change: dict, ids: torch.
     config = {k: v for k, v in config.items() if v is not None or k not in change}
     path = folder / f"config_{variant}.json"
     path.write_text(json.dumps(config, indent=2) + "\n")
-    variant_config = type(model.config).from_json_file(str(path))
-    other = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, config=variant_config, attn_implementation="eager", dtype=torch.float32
-    )
-    logits = _logits(other.eval(), ids)
+    logits = _logits(_reload(folder, path), ids)
     if (logits - _logits(model, ids)).abs().max() < 1e-2:
         raise SystemExit(f"{folder.name}: variant {variant} does not change the logits; it would test nothing")
     return logits
 
 
-def _write_legacy(folder: Path, model, ids: torch.Tensor, logits: torch.Tensor) -> None:
+def _write_legacy(folder: Path, ids: torch.Tensor, logits: torch.Tensor) -> None:
     """Writes config_legacy.json and checks that transformers reads it as the same model."""
     config = json.loads((folder / "config.json").read_text())
     legacy = _legacy_config(config)
     path = folder / "config_legacy.json"
     path.write_text(json.dumps(legacy, indent=2) + "\n")
-    legacy_config = type(model.config).from_json_file(str(path))
-    again = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, config=legacy_config, attn_implementation="eager", dtype=torch.float32
-    )
-    diff = (_logits(again.eval(), ids) - logits).abs().max().item()
+    diff = (_logits(_reload(folder, path), ids) - logits).abs().max().item()
     if diff > 1e-6:
         raise SystemExit(f"{folder.name}: config_legacy.json gives transformers different logits ({diff})")
 

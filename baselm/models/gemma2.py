@@ -30,15 +30,11 @@ class ModelArgs(llama.ModelArgs):
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(self.num_hidden_layers)]
 
 
-class SandwichDecoderLayer(nn.Module):
+class SandwichDecoderLayer(llama.DecoderLayer):
     """Norms on both sides of each sublayer: x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))."""
 
     def __init__(self, self_attn: Attention, mlp: nn.Module, make_norm: Callable[[], nn.Module]):
-        super().__init__()
-        self.self_attn = self_attn
-        self.mlp = mlp
-        self.input_layernorm = make_norm()
-        self.post_attention_layernorm = make_norm()
+        super().__init__(self_attn, mlp, make_norm)
         self.pre_feedforward_layernorm = make_norm()
         self.post_feedforward_layernorm = make_norm()
 

@@ -1,4 +1,4 @@
-"""Pieces shared by the model files: RoPE, the attention call, gated MLPs."""
+"""Pieces shared by the model files: RoPE, the attention call, gated MLPs, Gemma's RMSNorm, sparse MoE."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ class ModelArgs(gemma2.ModelArgs):
             params = dict(nested[layer_type] or {})
             default_theta = self.rope_local_base_freq if layer_type == "sliding_attention" else self.rope_theta
             params.setdefault("rope_theta", default_theta or self.default_rope_theta)
-            return params
+            return self.complete_rope_params(params)
         if layer_type == "sliding_attention":
             return {"rope_type": "default", "rope_theta": self.rope_local_base_freq}
         return super().rope_params(layer_type)

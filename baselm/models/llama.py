@@ -80,6 +80,10 @@ class ModelArgs(BaseModelArgs):
         """The resolved RoPE dict for layers of `layer_type`: `rope_theta` plus any scaling keys."""
         params = dict(self.rope_scaling or self.rope_parameters or {})
         params.setdefault("rope_theta", self.rope_theta if self.rope_theta is not None else self.default_rope_theta)
+        return self.complete_rope_params(params)
+
+    def complete_rope_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Adds the top-level keys HF folds into a rope dict: partial rotary, the trained length."""
         if self.partial_rotary_factor is not None:
             params.setdefault("partial_rotary_factor", self.partial_rotary_factor)
         if rope_type(params) in ("llama3", "yarn", "longrope"):

@@ -183,7 +183,8 @@ class HubClient:
         )
         if not info.sha:
             raise HubError(f"{self.endpoint} did not say which commit {repo}@{revision} is; is HF_ENDPOINT a hub?")
-        return RepoSnapshot(repo, revision, info.sha, files)
+        # The hub matches repo ids in any case and answers with the canonical spelling: store by that.
+        return RepoSnapshot(info.id or repo, revision, info.sha, files)
 
     def download(self, snapshot: RepoSnapshot, file: HubFile, folder: Path, progress: Progress | None = None) -> Path:
         """`file` under `folder`, fetched (or resumed from its `.part`) and verified; a verified copy is reused."""

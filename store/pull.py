@@ -86,6 +86,7 @@ def pull(
     client = client or HubClient()
     progress = progress or default_progress()
     snapshot = client.snapshot(repo, revision)
+    repo = snapshot.repo
     selection = select_files(snapshot, tag)
     plan = plan_variant(selection, tag, quant, profile, group_size)
     with store.begin_write(repo, plan.variant, on_wait=lambda: wait_note(repo)) as pending:

@@ -130,7 +130,7 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     _fsync_dir(path.parent)
 
 
-def _no_space(path: Path, exc: OSError) -> NoSpaceError:
+def _no_space(path: Path) -> NoSpaceError:
     free = shutil.disk_usage(path).free if path.exists() else 0
     return NoSpaceError(
         f"no space left on the disk holding {path} ({free / 2**30:.1f} GiB free); free some space or set BASE_HOME to another disk"
@@ -147,7 +147,6 @@ class PendingWrite:
     folder: Path
     temp_path: Path  # write the .base file here (a dot-name: invisible to list, removed if abandoned)
     existing: StoredModel | None  # what the store holds for this variant now, if anything
-    committed: StoredModel | None = None
 
     @property
     def final_path(self) -> Path:
@@ -169,11 +168,13 @@ class PendingWrite:
             "source": source,
             "pulled": _now(),
         }
-        manifest = self.store._read_manifest(self.folder) or {"schema": MANIFEST_SCHEMA, "name": self.name, "variants": {}}
+        manifest = _read_manifest(self.folder) or {"schema": MANIFEST_SCHEMA, "name": self.name, "variants": {}}
         manifest["variants"][self.variant] = entry
         _write_json_atomic(self.folder / MANIFEST, manifest)
-        self.committed = self.store._entry_model(self.name, self.variant, self.folder, entry)
-        return self.committed
+        model = _entry_model(self.name, self.variant, self.folder, entry)
+        if model is None:
+            raise StoreError(f"{self.final_path} changed while it was being stored; pull it again")
+        return model
 
 
 class Store:
@@ -190,11 +191,11 @@ class Store:
         """Every complete stored variant, sorted by reference."""
         models = []
         for manifest_path in sorted(self.models_dir.glob(f"*/*/{MANIFEST}")):
-            manifest = self._read_manifest(manifest_path.parent)
+            manifest = _read_manifest(manifest_path.parent)
             if not manifest:
                 continue
             for variant, entry in manifest.get("variants", {}).items():
-                model = self._entry_model(manifest["name"], variant, manifest_path.parent, entry)
+                model = _entry_model(manifest["name"], variant, manifest_path.parent, entry)
                 if model is not None:
                     models.append(model)
         return sorted(models, key=lambda m: m.ref.casefold())
@@ -203,9 +204,9 @@ class Store:
         """The stored variant `name:variant` (exact org/name), or None."""
         org, short = check_model_name(name)
         folder = self.models_dir / org / short
-        manifest = self._read_manifest(folder)
+        manifest = _read_manifest(folder)
         entry = manifest and manifest.get("variants", {}).get(variant)
-        return self._entry_model(manifest["name"], variant, folder, entry) if entry else None
+        return _entry_model(manifest["name"], variant, folder, entry) if entry else None
 
     def resolve(self, ref: str) -> StoredModel:
         """The stored model a reference names: `org/name[:variant]` or `name[:variant]`, any case."""
@@ -239,34 +240,6 @@ class Store:
         if suggestions:
             return f"no stored model named {ref!r}; did you mean {' or '.join(list(suggestions.values())[:3])}?"
         return f"no stored model named {ref!r}; `base list` shows the stored models, `base pull org/name` adds one"
-
-    def _read_manifest(self, folder: Path) -> dict[str, Any] | None:
-        try:
-            manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None  # absent, or damaged by something other than our atomic writes: not listed
-        ok = isinstance(manifest, dict) and isinstance(manifest.get("variants"), dict) and "name" in manifest
-        return manifest if ok else None
-
-    @staticmethod
-    def _entry_model(name: str, variant: str, folder: Path, entry: dict[str, Any]) -> StoredModel | None:
-        path = folder / f"{variant}.base"
-        try:
-            if path.stat().st_size != entry["size"]:
-                return None
-            return StoredModel(
-                name=name,
-                variant=variant,
-                path=path,
-                arch=str(entry["arch"]),
-                params=int(entry["params"]),
-                size=int(entry["size"]),
-                quant=str(entry["quant"]),
-                source=dict(entry.get("source") or {}),
-                pulled=str(entry.get("pulled", "")),
-            )
-        except (OSError, KeyError, TypeError, ValueError):
-            return None
 
     # -- writing
 
@@ -309,7 +282,7 @@ class Store:
                 yield pending
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
-                    raise _no_space(folder, exc) from None
+                    raise _no_space(folder) from None
                 raise
             finally:
                 temp.unlink(missing_ok=True)
@@ -324,7 +297,7 @@ class Store:
         """Removes one stored variant (the manifest entry first, then its file)."""
         model = self.resolve(ref)
         with self.lock(model.name) as folder:
-            manifest = self._read_manifest(folder)
+            manifest = _read_manifest(folder)
             if manifest and model.variant in manifest["variants"]:
                 del manifest["variants"][model.variant]
                 if manifest["variants"]:
@@ -345,6 +318,34 @@ class Store:
                 f"not enough disk space in {self.root}: need {num_bytes / 2**30:.2f} GiB, "
                 f"{free / 2**30:.2f} GiB free; free some space or set BASE_HOME to another disk"
             )
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # absent, or damaged by something other than our atomic writes: not listed
+    ok = isinstance(manifest, dict) and isinstance(manifest.get("variants"), dict) and "name" in manifest
+    return manifest if ok else None
+
+def _entry_model(name: str, variant: str, folder: Path, entry: dict[str, Any]) -> StoredModel | None:
+    path = folder / f"{variant}.base"
+    try:
+        if path.stat().st_size != entry["size"]:
+            return None
+        return StoredModel(
+            name=name,
+            variant=variant,
+            path=path,
+            arch=str(entry["arch"]),
+            params=int(entry["params"]),
+            size=int(entry["size"]),
+            quant=str(entry["quant"]),
+            source=dict(entry.get("source") or {}),
+            pulled=str(entry.get("pulled", "")),
+        )
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _remove_leftovers(folder: Path) -> None:

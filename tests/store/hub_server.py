@@ -46,6 +46,7 @@ def git_blob_id(data: bytes) -> str:
 
 @dataclass
 class Repo:
+    name: str  # canonical "org/name"; requests may use any letter case, as on the hub
     files: dict[str, bytes]
     commit: str
     gated: bool = False
@@ -89,7 +90,7 @@ class HubServer:
         for path in sorted(files):
             digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
         commit = digest.hexdigest()
-        self.repos[repo] = Repo(dict(files), commit, gated, private, set(granted_tokens))
+        self.repos[repo] = Repo(repo, dict(files), commit, gated, private, set(granted_tokens))
         return commit
 
     def downloads_of(self, path: str) -> list[str | None]:
@@ -139,7 +140,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
         # -- access rules, as the hub applies them
 
         def _repo(self, repo: str, rev: str | None, download: bool) -> Repo | None:
-            found = server.repos.get(repo)
+            found = next((r for name, r in server.repos.items() if name.lower() == repo.lower()), None)
             token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
             if found is None:
                 self._error(404, "RepoNotFound", "Repository not found")
@@ -183,7 +184,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 return
             query = urlsplit(self.path).query
             siblings = [found.entry(p) if "blobs=true" in query else {"rfilename": p} for p in sorted(found.files)]
-            info = {"id": repo, "modelId": repo, "sha": found.commit, "private": found.private,
+            info = {"id": found.name, "modelId": found.name, "sha": found.commit, "private": found.private,
                     "gated": "manual" if found.gated else False, "siblings": siblings, "tags": []}
             self._json(info, body, found.commit)
 

@@ -269,6 +269,14 @@ def test_a_new_commit_on_the_hub_replaces_the_stored_variant(tmp_path: Path) -> 
     assert header["tokenizer"]["tokenizer_config.json"] == {"eos_token": "t3"}
 
 
+def test_a_repo_named_in_another_case_is_stored_under_the_hubs_spelling(hub: HubServer, tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    first = run_pull(hub, store, "ORG/tiny-llama")
+    assert first.ref == "org/Tiny-Llama:q4"
+    assert run_pull(hub, store, "org/Tiny-Llama") == first
+    assert store.list() == [first]
+
+
 def test_a_pull_can_pin_a_commit(hub: HubServer, tmp_path: Path) -> None:
     commit = hub.repos["org/Tiny-Llama"].commit
     model = run_pull(hub, Store(tmp_path), "org/Tiny-Llama", revision=commit)

@@ -89,6 +89,15 @@ def test_an_unknown_variant_lists_the_stored_ones(tmp_path: Path) -> None:
         store.resolve("org/Tiny:q8")
 
 
+def test_add_copies_a_finished_file_into_the_store(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    source = tmp_path / "made.base"
+    source.write_bytes(b"x" * 10)
+    model = store.add("org/Tiny", "q8", source, **INFO)
+    assert (model.path.read_bytes(), model.size, source.exists()) == (b"x" * 10, 10, True)
+    assert store.list() == [model]
+
+
 def test_remove_deletes_the_file_and_the_entry(tmp_path: Path) -> None:
     store = Store(tmp_path)
     put(store, "org/Tiny", "q4")

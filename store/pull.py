@@ -316,8 +316,9 @@ def _gguf_source(path: Path, quant: str | None, group_size: int | None, profile_
     config = gguf.hf_config(metadata, set(tensors))
     weights = gguf.hf_tensors(tensors, config)
     del tensors
+    # The GGUF's own tokenizer keys, as `Tokenizer.from_gguf_metadata` reads them.
     tokenizer = {
-        "gguf": {k: v for k, v in metadata.items() if k.startswith("tokenizer.ggml.")},
+        "gguf": {k: v for k, v in metadata.items() if k.startswith("tokenizer.")},
         "chat_template": metadata.get("tokenizer.chat_template"),
     }
     tag = gguf_tag(path.name).upper()

@@ -72,7 +72,11 @@ def test_a_safetensors_repo_is_pulled_as_q4_by_default(hub: HubServer, tmp_path:
     assert model.source["commit"] == hub.repos["org/Tiny-Llama"].commit
     header, tensors = read_base_file(model.path, verify=True)
     assert (header["arch"], header["quant_scheme"], header["config"]["hidden_size"]) == ("llama", "q4", 64)
-    assert header["tokenizer"]["tokenizer.json"].startswith("{") and header["tokenizer"]["chat_template"] == "{{ messages }}"
+    from baselm.tokenizer import Tokenizer
+
+    stored = header["tokenizer"]
+    tokenizer = Tokenizer.from_hf_files(stored["tokenizer.json"], stored["tokenizer_config.json"], stored["chat_template"])
+    assert tokenizer.encode("t5 t7 t200") == [5, 7, 200] and stored["chat_template"] == "{{ messages }}"
     assert sorted(tensors) == sorted(source)
     assert isinstance(tensors["model.layers.0.mlp.up_proj.weight"], QuantizedArray)
     assert tensors["model.layers.0.mlp.up_proj.weight"].bits == 4
@@ -213,6 +217,12 @@ def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(sm
     assert header["config"] == config and header["quant_profile"] == "gguf-Q4_1"
     assert sorted(weights) == sorted(expected) and set(group_sizes.values()) == {32}
     assert all(mx.array_equal(weights[name], expected[name]) for name in expected)
+    from baselm.tokenizer import Tokenizer
+
+    stored, original = Tokenizer.from_gguf_metadata(header["tokenizer"]["gguf"]), Tokenizer.from_gguf_metadata(metadata)
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    assert stored.encode("Hello, world!") == original.encode("Hello, world!")
+    assert stored.apply_chat_template(messages) == original.apply_chat_template(messages)
 
 
 SAFETENSORS = Selection("safetensors", ())

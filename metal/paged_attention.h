@@ -49,7 +49,7 @@ constant constexpr int kLanes = 32;
 
 template <int D>
 struct LaneChunks {
-  static constexpr int N = (D / 4 + kLanes - 1) / kLanes;
+  static constant constexpr const int N = (D / 4 + kLanes - 1) / kLanes;
 };
 
 // Online-softmax state of one simdgroup over its keys; every lane holds the same m and l

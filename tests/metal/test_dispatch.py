@@ -1,0 +1,45 @@
+"""Which path serves a call off Metal, and the launch-shape choices of the kernel wrappers."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from metal_cases import CASES, build
+
+from baselm.metal import kernel_status, paged_attention, paged_attention_reference, write_kv, write_kv_reference
+from baselm.metal.dispatch import on_metal
+from baselm.metal.paged_attention import num_key_splits, num_simdgroups
+
+off_metal = pytest.mark.skipif(on_metal(), reason="checks the behaviour off Metal")
+
+
+@off_metal
+def test_kernels_are_reported_unavailable_off_metal():
+    assert kernel_status() == {
+        "paged_attention": "not available on this backend",
+        "write_kv": "not available on this backend",
+    }
+
+
+@off_metal
+def test_public_functions_are_the_references_off_metal():
+    queries, key_pool, value_pool, meta = build(CASES[5])  # q8 pools
+    rows = mx.ones((meta.num_tokens, 2, 128), dtype=mx.float16)
+    written = write_kv(key_pool, value_pool, rows, rows, meta.slot_mapping)
+    expected = write_kv_reference(key_pool, value_pool, rows, rows, meta.slot_mapping)
+    assert all(mx.array_equal(a, b) for a, b in zip(written[0][:3], expected[0][:3]))
+    got = paged_attention(queries, *written, meta, 0.1)
+    assert mx.array_equal(got, paged_attention_reference(queries, *expected, meta, 0.1))
+    assert kernel_status()["paged_attention"] == "not available on this backend"
+
+
+def test_keys_are_split_only_for_few_queries_over_long_contexts():
+    assert num_key_splits(num_tokens=1, num_heads=8, max_context_len=1000) == 1
+    assert num_key_splits(num_tokens=1, num_heads=8, max_context_len=4096) == 8
+    assert num_key_splits(num_tokens=4, num_heads=32, max_context_len=32768) == 4
+    assert num_key_splits(num_tokens=16, num_heads=32, max_context_len=32768) == 1
+    assert num_key_splits(num_tokens=1, num_heads=1, max_context_len=100_000) == 32
+
+
+def test_long_contexts_get_more_simdgroups_per_threadgroup():
+    assert [num_simdgroups(n) for n in (1, 511, 512, 10_000)] == [4, 4, 8, 8]

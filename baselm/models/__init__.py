@@ -139,7 +139,11 @@ def _check_shapes(model: nn.Module, weights: dict[str, mx.array]) -> None:
 
 
 def _cast_float(name: str, value: mx.array, dtype: mx.Dtype) -> mx.array:
-    """Float parameters in the compute dtype; quantization scales and biases stay as stored."""
-    if name.endswith((".scales", ".biases")) or not mx.issubdtype(value.dtype, mx.floating):
+    """Float parameters in the compute dtype. Quantization scales and biases stay as stored, except
+    that a float32 model lifts them to float32 (losslessly): float16 scales would make its quantized
+    layers compute, and round, in float16."""
+    if not mx.issubdtype(value.dtype, mx.floating):
+        return value
+    if name.endswith((".scales", ".biases")) and dtype != mx.float32:
         return value
     return value.astype(dtype)

@@ -205,6 +205,22 @@ def test_quantized_triplets_need_no_group_size_and_a_wrong_one_is_named():
         build_model(hf.read_config(folder), quantized, group_size=32)
 
 
+def test_float32_model_kept_quantized_with_float16_scales_computes_as_dequantized():
+    # A quantized embedding with float16 scales would otherwise hand float16 rows to every layer.
+    folder, ref = FIXTURES / "llama", reference("llama")
+    weights = hf.read_weights(folder)
+    for key in [k for k in weights if k.endswith(("_proj.weight", "embed_tokens.weight"))]:
+        codes, scales, biases = mx.quantize(weights[key], group_size=32, bits=4)
+        stem = key.removesuffix(".weight")
+        scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)  # as GGUF stores them
+        weights.update({key: codes, f"{stem}.scales": scales, f"{stem}.biases": biases})
+    outputs = []
+    for keep_quantized in (True, False):
+        model = build_model(hf.read_config(folder), weights, keep_quantized=keep_quantized)
+        outputs += step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
+    assert max_diff(outputs[0], np.array(outputs[1])) < TOL
+
+
 # Each fixture exercises what its architecture adds: without the feature, logits move well past TOL.
 @pytest.mark.parametrize(
     "name, change",

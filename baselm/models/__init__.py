@@ -67,7 +67,9 @@ def _quantization(
     prefixes = set(_quantized_prefixes(weights))
     unexpected = sorted(p for p in prefixes if p + ".weight" not in dense)
     if unexpected:
-        raise ModelConfigError(f"checkpoint does not match the architecture: unexpected quantized tensor {unexpected[0]}")
+        raise ModelConfigError(
+            f"checkpoint does not match the architecture: unexpected quantized tensor {unexpected[0]}"
+        )
     params = {}
     in_model_order = [n.removesuffix(".weight") for n in dense if n.removesuffix(".weight") in prefixes]
     for prefix in in_model_order:

@@ -1,10 +1,15 @@
-"""Paged attention over block pools, and KV writes into pool slots (pure-MLX references).
+"""Paged attention over block pools, and KV writes into pool slots: references, kernels, dispatch.
 
-Pools are (num_blocks, block_size, kv_heads, head_dim). A sequence's keys are the rows of
-the blocks its block table names, in order. The metadata object (duck-typed here, so this
-package imports nothing from the engine) supplies `slot_mapping`, `block_tables`,
-`context_lens`, `query_pos`, `query_rows`, `token_rows`, `block_size`, `num_seqs`,
-`max_query_len` and `max_context_len`.
+Pools are (num_blocks, block_size, kv_heads, head_dim) float arrays or QuantizedPools of
+that logical shape (kv_quant.py). A sequence's keys are the rows of the blocks its block
+table names, in order. The metadata object (duck-typed here, so this package imports
+nothing from the engine) supplies `slot_mapping`, `block_tables`, `context_lens`,
+`query_pos`, `query_rows`, `token_rows`, `positions`, `block_size`, `num_seqs`,
+`num_tokens`, `max_query_len` and `max_context_len`.
+
+The pure-MLX references are the path on CPU and CUDA and the tests' oracle; the Metal
+kernels (paged_attention.metal, paged_attention_reduce.metal, write_kv.metal) compute the
+same maths and serve `paged_attention` / `write_kv` on Metal (see README.md).
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@
 //   that is running (threadgroups never overlap). They are not cleared between threadgroups.
 // - Device buffers live in their own mappings with inaccessible guard pages around them;
 //   an access past either end faults, and the fault handler names the buffer and exits
-//   with status 86. With METAL_EMU_ALIGN=end (default) a buffer ends exactly at its guard
-//   page (reads one element past the end fault); with METAL_EMU_ALIGN=start it begins
-//   exactly after the front guard page (reads before the start fault).
+//   with status 86. With METAL_EMU_ALIGN=end (default) a buffer ends at its guard page
+//   (exactly when its size is a multiple of 4 bytes, else within 3 bytes: buffers stay
+//   4-byte aligned), so a read one element past the end faults; with METAL_EMU_ALIGN=start
+//   it begins exactly after the front guard page, so a read before the start faults.
 // - Unwritten output bytes are 0xFF (NaN for floats) unless the launch gives an init value.
 // - Errors in the kernel's use of barriers or simd ops (a barrier some threads never reach,
 //   simd ops where lanes of one simdgroup diverge) stop the run with status 87.
@@ -214,7 +215,8 @@ constexpr size_t kStackBytes = 256 * 1024;
 
 struct Threadgroup {
   std::vector<Thread> threads;
-  std::vector<char> stacks;
+  char* stacks = nullptr;  // kStackBytes per thread, mapped once, committed lazily
+  size_t num_stacks = 0;
   ucontext_t scheduler;
   int current = 0;
   int size = 0;
@@ -306,12 +308,18 @@ inline void run_threadgroup(Threadgroup& tg, int size, std::function<void(int)> 
   tg.size = size;
   tg.body = std::move(body);
   tg.threads.assign(size, Thread{});
-  if (tg.stacks.size() < size * kStackBytes) tg.stacks.resize(size * kStackBytes);
+  if (tg.num_stacks < size_t(size)) {
+    if (tg.stacks) munmap(tg.stacks, tg.num_stacks * kStackBytes);
+    void* m = mmap(nullptr, size * kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) fail("cannot map fiber stacks");
+    tg.stacks = static_cast<char*>(m);
+    tg.num_stacks = size;
+  }
   active() = &tg;
   for (int i = 0; i < size; i++) {
     Thread& t = tg.threads[i];
     getcontext(&t.ctx);
-    t.ctx.uc_stack.ss_sp = tg.stacks.data() + i * kStackBytes;
+    t.ctx.uc_stack.ss_sp = tg.stacks + i * kStackBytes;
     t.ctx.uc_stack.ss_size = kStackBytes;
     t.ctx.uc_link = &tg.scheduler;
     makecontext(&t.ctx, fiber_entry, 0);

@@ -29,12 +29,111 @@ def _fail(message: str, code: int = 1) -> None:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     from baselm.backend import BackendError
+    from baselm.config import ConfigError
     from baselm.models.base import ModelConfigError
     from baselm.sampling import SamplingParamsError
+    from baselm.scheduler import RequestTooLongError
     from baselm.store.errors import StoreError
     from baselm.tokenizer import TokenizerError
 
-    return (BackendError, ModelConfigError, SamplingParamsError, StoreError, TokenizerError)
+    return (
+        BackendError, ConfigError, ModelConfigError, RequestTooLongError, SamplingParamsError, StoreError, TokenizerError
+    )
+
+
+MODEL_HELP = "Model: a store name (org/name[:variant] or an alias), a .base or .gguf file, or an HF folder."
+
+
+@app.command()
+def pull(
+    source: str = typer.Argument(..., help="HF repo id (org/name[:variant]), an HF or MLX folder, a .gguf or .base file."),
+    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="q2, q3, q4, q5, q6, q8, f16, bf16 or f32."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", help="Quantization group size: 32, 64 or 128."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Built-in profile name or a profile JSON file."),
+    name: Optional[str] = typer.Option(None, "--name", help="Store the model as org/name (local sources)."),
+    revision: str = typer.Option("main", "--revision", help="Hub branch, tag or commit."),
+    force: bool = typer.Option(False, "--force", help="Pull and convert again even if already stored."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+) -> None:
+    """Bring a model into the local store as a .base file."""
+    from pathlib import Path
+
+    from baselm.models import supported_model_types
+    from baselm.store import pull as pulling
+
+    supported = set(supported_model_types())
+    try:
+        if Path(source).expanduser().exists():
+            stored = pulling.import_local(
+                Path(source).expanduser(), name=name, quant=quant, group_size=group_size, profile=profile,
+                supported=supported, force=force,
+            )
+        else:
+            stored = pulling.pull(
+                source, quant=quant, group_size=group_size, profile=profile, revision=revision,
+                supported=supported, force=force, progress=pulling.default_progress(quiet),
+            )
+    except _user_errors() as exc:
+        _fail(str(exc))
+    print(stored.ref)
+
+
+@app.command("list")
+def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List the models in the local store."""
+    from baselm.store.registry import Store, model_entry
+
+    models = Store().list()
+    if as_json:
+        print(json.dumps([model_entry(m) for m in models], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    if not models:
+        Console().print("No models yet. Try: base pull HuggingFaceTB/SmolLM2-135M-Instruct")
+        return
+    table = Table("name", "variant", "arch", "params", "size", "quant", "source", "pulled")
+    for m in models:
+        origin = m.source.get("repo") or m.source.get("path") or m.source.get("format", "")
+        table.add_row(m.name, m.variant, m.arch, f"{m.params / 1e6:.0f}M", f"{m.size / 2**20:.0f} MiB", m.quant,
+                      str(origin), m.pulled[:19])
+    Console().print(table)
+
+
+@app.command()
+def rm(model: str = typer.Argument(..., help="Store name (org/name:variant or an alias).")) -> None:
+    """Remove a model from the local store."""
+    from baselm.store.registry import Store
+
+    try:
+        removed = Store().remove(model)
+    except _user_errors() as exc:
+        _fail(str(exc))
+    print(f"removed {removed.ref}")
+
+
+@app.command()
+def inspect(
+    model: str = typer.Argument(..., help="A .base file or a store name."),
+    verify: bool = typer.Option(False, "--verify", help="Check every tensor's checksum."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show a .base file's header, tensor table and totals."""
+    from baselm.loader import resolve
+    from baselm.store.base_file import inspect_report, render_inspect
+
+    try:
+        _, path = resolve(model)
+        report = inspect_report(path, verify=verify)
+    except _user_errors() as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        from rich.console import Console
+
+        render_inspect(report, Console())
 
 
 @app.command()
@@ -51,7 +150,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
 
 @app.command()
 def run(
-    model: str = typer.Argument(..., help="Model: a path to an HF model folder or a .gguf file."),
+    model: str = typer.Argument(..., help=MODEL_HELP),
     prompt: str = typer.Argument(..., help="The prompt. Use - to read it from standard input."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Most tokens to generate."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy."),
@@ -84,6 +183,64 @@ def run(
         )
     except _user_errors() as exc:
         _fail(str(exc))
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"expected comma-separated integers, got {text!r}")
+
+
+@app.command()
+def bench(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Prompt length of each request."),
+    gen_tokens: int = typer.Option(64, "--gen-tokens", help="Tokens generated per request."),
+    concurrency: str = typer.Option("1,4,8", "--concurrency", help="Comma-separated concurrent request counts."),
+    shared_prefix: int = typer.Option(0, "--shared-prefix", help="Also time a request whose first N tokens are cached."),
+    long_prompt: int = typer.Option(0, "--long-prompt", help="Also prefill an N-token prompt while 4 streams decode."),
+    chunk: int = typer.Option(64, "--chunk", help="Token budget per step in the --long-prompt scenario."),
+    pool_sizes: str = typer.Option("", "--pool-sizes", help="Also compare decode step time for KV pools, e.g. 256MiB,4GiB."),
+    compare_mlx_lm: bool = typer.Option(False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop on the same weights."),
+    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."),
+    max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Most requests running at once."),
+    max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Token budget per step."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+) -> None:
+    """Measure prefill and decode speed, latency and memory of the engine on a model."""
+    from baselm.backend import select_backend
+    from baselm.bench import render, run_all
+    from baselm.config import EngineConfig, parse_size
+    from baselm.loader import load_model
+
+    try:
+        loaded = load_model(model, select_backend(device))
+        config = EngineConfig(
+            kv_memory=parse_size(kv_memory) if kv_memory else None,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+        )
+        options = {
+            "prompt_tokens": prompt_tokens,
+            "gen_tokens": gen_tokens,
+            "concurrency": _int_list(concurrency),
+            "shared_prefix": shared_prefix,
+            "long_prompt": long_prompt,
+            "chunk": chunk,
+            "pool_sizes": [parse_size(s) for s in pool_sizes.split(",") if s.strip()],
+            "compare_mlx_lm": compare_mlx_lm,
+            "seed": seed,
+        }
+        report = run_all(loaded, config, options)
+    except _user_errors() as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        render(report)
 
 
 def main() -> None:

@@ -1,4 +1,8 @@
-"""Turns a model reference (a path to an HF folder or a GGUF file) into a runnable model."""
+"""Turns a model reference into a runnable model.
+
+A reference is a store name (`org/name[:variant]` or a short alias), a `.base` file, an HF
+model folder (config.json + safetensors), or a `.gguf` file.
+"""
 
 from __future__ import annotations
 
@@ -65,19 +69,48 @@ def _load_hf_folder(path: Path, backend: Backend) -> tuple[DecoderModel, Tokeniz
     return model, Tokenizer.from_folder(path), config
 
 
-def load_model(ref: str | Path, backend: Backend) -> LoadedModel:
-    """Loads `ref`: a folder with config.json and safetensors, or a .gguf file."""
+def _load_base_file(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
+    from baselm.store.base_file import model_weights, read_base_file
+
+    header, tensors = read_base_file(path)
+    weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
+    del tensors
+    config = header["config"]
+    model = build_model(config, weights, backend.compute_dtype, keep_quantized=backend.keep_quantized)
+    return model, tokenizer_from_header(header["tokenizer"]), config
+
+
+def tokenizer_from_header(spec: dict[str, Any]) -> Tokenizer:
+    """The tokenizer a `.base` header carries: GGUF vocabulary metadata, or HF tokenizer files."""
+    if "gguf" in spec:
+        return Tokenizer.from_gguf_metadata(spec["gguf"])
+    return Tokenizer.from_hf_files(spec["tokenizer.json"], spec.get("tokenizer_config.json") or {}, spec.get("chat_template"))
+
+
+def resolve(ref: str | Path) -> tuple[str, Path]:
+    """(display name, path) of a reference: an existing path, else a name in the local store."""
     path = Path(ref).expanduser()
+    if path.exists():
+        return (path.stem if path.is_file() else path.name), path
+    from baselm.store.registry import Store
+
+    stored = Store().resolve(str(ref))
+    return stored.ref, stored.path
+
+
+def load_model(ref: str | Path, backend: Backend) -> LoadedModel:
+    """Loads a store name, a `.base` file, an HF model folder or a `.gguf` file."""
+    name, path = resolve(ref)
     if path.is_dir():
         model, tokenizer, config = _load_hf_folder(path, backend)
-    elif path.is_file() and path.suffix == ".gguf":
+    elif path.suffix == ".gguf":
         model, tokenizer, config = _load_gguf(path, backend)
-    elif path.exists():
-        raise ModelFileError(f"{path}: not a model; give an HF model folder or a .gguf file")
+    elif path.suffix == ".base":
+        model, tokenizer, config = _load_base_file(path, backend)
     else:
-        raise ModelFileError(f"{ref}: no such model file or folder")
+        raise ModelFileError(f"{path}: not a model; give a store name, a .base or .gguf file, or an HF model folder")
     return LoadedModel(
-        name=path.stem if path.is_file() else path.name,
+        name=name,
         path=path,
         model=model,
         tokenizer=tokenizer,

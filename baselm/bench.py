@@ -1,0 +1,291 @@
+"""`base bench`: measured speed of the engine on one model, as a table or JSON.
+
+Scenarios (each run in the same process, so ratios compare like with like):
+- throughput: N concurrent requests of random prompt tokens, greedy, fixed output length:
+  prefill tok/s, decode tok/s per stream and aggregate, TTFT and inter-token latency
+  percentiles, and where a decode step's time goes.
+- prefix: a request whose first `shared_prefix` tokens are cached vs the same request cold.
+- interleave: a long prompt arriving while streams decode: their worst gap vs median gap.
+- pool: decode step time with a small and a large KV pool (in-place updates keep it flat).
+- mlx_lm: mlx-lm's own generation loop on the same weights, for single-stream decode.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from baselm.config import EngineConfig
+from baselm.engine import LLMEngine, StepStats
+from baselm.loader import LoadedModel
+from baselm.sampling import SamplingParams
+
+STEP_PARTS = ("schedule", "prepare", "forward", "sample", "update")
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (MiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+@dataclass
+class Trace:
+    """Token arrival times of one request, relative to when it was added."""
+
+    added: float
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.added
+
+    @property
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+
+class Runner:
+    """Drives an engine step by step, timestamping every token of every request."""
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self.traces: dict[str, Trace] = {}
+        self.steps: list[StepStats] = []
+
+    def add(self, prompt_ids: list[int], max_tokens: int) -> str:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        request_id = self.engine.add_request(prompt_ids, params)
+        self.traces[request_id] = Trace(time.perf_counter())
+        return request_id
+
+    def step(self) -> None:
+        outputs = self.engine.step()
+        now = time.perf_counter()
+        self.steps.append(self.engine.last_step)
+        for out in outputs:
+            trace = self.traces.get(out.request_id)
+            if trace is not None:
+                trace.token_times += [now] * len(out.token_ids)
+
+    def run_until_done(self) -> None:
+        while self.engine.has_unfinished:
+            self.step()
+
+
+def random_prompt(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
+    return rng.integers(100, min(vocab, 30000), n).tolist()
+
+
+def step_breakdown(steps: list[StepStats]) -> dict[str, float]:
+    """Mean milliseconds per part over decode-only steps (one token per sequence)."""
+    decode = [s for s in steps if s.num_seqs and s.num_tokens == s.num_seqs] or steps
+    parts = {p: 1000 * statistics.fmean(getattr(s, p) for s in decode) for p in STEP_PARTS}
+    total = sum(parts.values())
+    parts["total"] = total
+    parts["overhead_pct"] = 100 * (total - parts["forward"] - parts["sample"]) / total if total else 0.0
+    return {k: round(v, 3) for k, v in parts.items()}
+
+
+def throughput(engine: LLMEngine, concurrency: int, prompt_tokens: int, gen_tokens: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    runner = Runner(engine)
+    start = time.perf_counter()
+    for _ in range(concurrency):
+        runner.add(random_prompt(rng, engine.vocab_size, prompt_tokens), gen_tokens)
+    runner.run_until_done()
+    elapsed = time.perf_counter() - start
+    traces = list(runner.traces.values())
+    first = max(t.token_times[0] for t in traces)
+    last = max(t.token_times[-1] for t in traces)
+    per_stream = [(len(t.token_times) - 1) / (t.token_times[-1] - t.token_times[0]) for t in traces]
+    gaps = [g for t in traces for g in t.gaps]
+    ttfts = [t.ttft for t in traces]
+    return {
+        "concurrency": concurrency,
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens,
+        "prefill_tok_s": round(concurrency * prompt_tokens / (first - start), 1),
+        "decode_tok_s_per_stream": round(statistics.median(per_stream), 2),
+        "decode_tok_s_aggregate": round(concurrency * (gen_tokens - 1) / (last - first), 2) if last > first else 0.0,
+        "ttft_p50_ms": round(1000 * percentile(ttfts, 50), 1),
+        "ttft_p95_ms": round(1000 * percentile(ttfts, 95), 1),
+        "itl_p50_ms": round(1000 * percentile(gaps, 50), 2),
+        "itl_p99_ms": round(1000 * percentile(gaps, 99), 2),
+        "elapsed_s": round(elapsed, 2),
+        "step_ms": step_breakdown(runner.steps),
+    }
+
+
+def prefix_cache(engine: LLMEngine, shared_prefix: int, seed: int) -> dict:
+    """TTFT of a request whose first `shared_prefix` tokens are cached, vs. the same request cold."""
+    rng = np.random.default_rng(seed)
+    prefix = random_prompt(rng, engine.vocab_size, shared_prefix)
+    suffix_a, suffix_b = (random_prompt(rng, engine.vocab_size, 16) for _ in range(2))
+    cold = Runner(engine)
+    cold.add(prefix + suffix_a, 1)
+    cold.run_until_done()
+    warm = Runner(engine)
+    warm.add(prefix + suffix_b, 1)
+    warm.run_until_done()
+    cold_ttft = next(iter(cold.traces.values())).ttft
+    warm_ttft = next(iter(warm.traces.values())).ttft
+    return {
+        "shared_prefix": shared_prefix,
+        "cold_ttft_ms": round(1000 * cold_ttft, 1),
+        "cached_ttft_ms": round(1000 * warm_ttft, 1),
+        "speedup": round(cold_ttft / warm_ttft, 2),
+    }
+
+
+def interleave(engine: LLMEngine, long_prompt: int, num_streams: int, seed: int) -> dict:
+    """Streams decoding while a long prompt is prefilled in chunks: their worst gap vs median gap."""
+    rng = np.random.default_rng(seed)
+    runner = Runner(engine)
+    budget = 512  # streams are aborted long before this
+    streams = [runner.add(random_prompt(rng, engine.vocab_size, 32), budget) for _ in range(num_streams)]
+    for _ in range(8):  # let the streams settle into decoding
+        runner.step()
+    marks = {rid: len(runner.traces[rid].token_times) for rid in streams}
+    long_id = runner.add(random_prompt(rng, engine.vocab_size, long_prompt), 4)
+    while not runner.traces[long_id].token_times:  # the prompt is prefilled chunk by chunk
+        runner.step()
+    for rid in streams:
+        engine.abort(rid)
+    runner.run_until_done()
+    gaps = [g for rid in streams for g in runner.traces[rid].gaps[marks[rid] :]]
+    median = statistics.median(gaps)
+    return {
+        "long_prompt": long_prompt,
+        "num_streams": num_streams,
+        "long_prompt_ttft_ms": round(1000 * runner.traces[long_id].ttft, 1),
+        "stream_gap_median_ms": round(1000 * median, 2),
+        "stream_gap_max_ms": round(1000 * max(gaps), 2),
+        "max_over_median": round(max(gaps) / median, 2),
+    }
+
+
+def run_all(loaded: LoadedModel, config: EngineConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """Every scenario the options ask for, in one process; returns the JSON report."""
+    from dataclasses import replace
+
+    from baselm.metal import kernel_status
+
+    seed = options["seed"]
+    engine = LLMEngine(loaded, config)
+    report: dict[str, Any] = {
+        "model": loaded.name,
+        "backend": loaded.backend.name,
+        "attention": kernel_status(),
+        "kv_pool_bytes": engine.cache.nbytes,
+        "kv_blocks": engine.kv_manager.num_blocks,
+        "config": {k: getattr(config, k) for k in config.__slots__},
+        "throughput": [],
+    }
+    throughput(engine, 1, 16, 4, seed)  # warm-up: first-call allocations and compilation
+    for concurrency in options["concurrency"]:
+        report["throughput"].append(
+            throughput(engine, concurrency, options["prompt_tokens"], options["gen_tokens"], seed)
+        )
+    if options.get("shared_prefix"):
+        report["prefix_cache"] = prefix_cache(engine, options["shared_prefix"], seed)
+    if options.get("long_prompt"):
+        chunked = LLMEngine(loaded, replace(config, max_num_batched_tokens=options["chunk"]))
+        report["interleave"] = interleave(chunked, options["long_prompt"], 4, seed)
+        del chunked
+    del engine
+    if options.get("pool_sizes"):
+        report["pool"] = pool_sizes(loaded, config, options["pool_sizes"], options["gen_tokens"], seed)
+    if options.get("compare_mlx_lm"):
+        base_single = throughput(LLMEngine(loaded, replace(config, max_num_seqs=1)), 1, options["prompt_tokens"], options["gen_tokens"], seed)
+        theirs = mlx_lm_decode(loaded, options["prompt_tokens"], options["gen_tokens"], seed)
+        report["mlx_lm"] = (
+            {"error": "mlx-lm is not installed (pip install -e .[bench])"}
+            if theirs is None
+            else {
+                "mlx_lm_decode_tok_s": theirs["decode_tok_s"],
+                "base_decode_tok_s": base_single["decode_tok_s_per_stream"],
+                "base_over_mlx_lm": round(base_single["decode_tok_s_per_stream"] / theirs["decode_tok_s"], 3),
+            }
+        )
+    report["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    return report
+
+
+def render(report: dict[str, Any]) -> None:
+    """The report as rich tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"[bold]{report['model']}[/] on {report['backend']}, KV pool {report['kv_pool_bytes'] / 2**20:.0f} MiB "
+        f"({report['kv_blocks']} blocks), peak RSS {report['peak_rss_mb']:.0f} MiB"
+    )
+    table = Table("conc", "prefill tok/s", "decode tok/s/stream", "decode tok/s total", "TTFT p50/p95 ms",
+                  "ITL p50/p99 ms", "step ms (sched/prep/fwd/sample/upd)", "overhead")
+    for r in report["throughput"]:
+        s = r["step_ms"]
+        table.add_row(
+            str(r["concurrency"]), f"{r['prefill_tok_s']:.0f}", f"{r['decode_tok_s_per_stream']:.1f}",
+            f"{r['decode_tok_s_aggregate']:.1f}", f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}",
+            f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f}",
+            f"{s['schedule']:.2f}/{s['prepare']:.2f}/{s['forward']:.1f}/{s['sample']:.2f}/{s['update']:.2f}",
+            f"{s['overhead_pct']:.1f}%",
+        )
+    console.print(table)
+    for key in ("prefix_cache", "interleave", "pool", "mlx_lm"):
+        if key in report:
+            console.print(f"[bold]{key}[/]: " + ", ".join(f"{k}={v}" for k, v in report[key].items()), highlight=False)
+
+
+def pool_sizes(loaded: LoadedModel, base: EngineConfig, sizes: list[int], gen_tokens: int, seed: int) -> dict:
+    """Decode step time at concurrency 1 for each KV pool size (alternating runs, best of 3)."""
+    from dataclasses import replace
+
+    engines = {size: LLMEngine(loaded, replace(base, kv_memory=size, max_num_seqs=1)) for size in sizes}
+    best = {size: float("inf") for size in sizes}
+    for _ in range(3):
+        for size, engine in engines.items():
+            result = throughput(engine, 1, 64, gen_tokens, seed)
+            best[size] = min(best[size], result["step_ms"]["total"])
+    small, large = min(sizes), max(sizes)
+    out = {f"{size / 2**20:.0f}MiB_step_ms": round(best[size], 3) for size in sizes}
+    out["large_over_small"] = round(best[large] / best[small], 3)
+    return out
+
+
+def mlx_lm_decode(loaded: LoadedModel, prompt_tokens: int, gen_tokens: int, seed: int) -> dict | None:
+    """Single-stream decode of mlx-lm's generate_step on our loaded weights (same arrays)."""
+    try:
+        import importlib
+
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+        from mlx_lm.generate import generate_step
+    except ImportError:
+        return None
+    module = importlib.import_module(f"mlx_lm.models.{loaded.config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(loaded.config))
+    ours = tree_flatten(loaded.model.parameters())
+    model.load_weights([(k if k.startswith("lm_head") else f"model.{k}", v) for k, v in ours], strict=False)
+    mx.eval(model.parameters())
+    prompt = mx.array(random_prompt(np.random.default_rng(seed), loaded.model.args.vocab_size, prompt_tokens))
+    start = time.perf_counter()
+    times = []
+    for _ in generate_step(prompt, model, max_tokens=gen_tokens):
+        times.append(time.perf_counter())
+    return {
+        "decode_tok_s": round((len(times) - 1) / (times[-1] - times[0]), 2),
+        "ttft_ms": round(1000 * (times[0] - start), 1),
+    }

@@ -424,6 +424,8 @@ inline void write_file(const std::string& path, const Buffer& b) {
 // Runs `kernel(attrs)` for every thread of a dispatchThreads(grid, threadgroup) launch.
 template <typename K>
 void run_grid(uint3 grid, uint3 group, K kernel) {
+  if (group.x * group.y * group.z > 1024) fail("threadgroup larger than 1024 threads (Apple GPU limit)");
+  if (group.x * group.y * group.z == 0 || grid.x * grid.y * grid.z == 0) fail("empty grid or threadgroup");
   uint3 groups((grid.x + group.x - 1) / group.x, (grid.y + group.y - 1) / group.y, (grid.z + group.z - 1) / group.z);
   Threadgroup tg;
   for (uint gz = 0; gz < groups.z; gz++)

@@ -45,6 +45,10 @@ CASES = [
     Case("split_k_decode", F32, 128, 2, 1, (1, 1), (70, 45), num_splits=3),
     Case("split_k_mixed_empty_splits", BF16, 64, 4, 2, (1, 6), (50, 6), num_splits=4),
     Case("split_k_q4_window_softcap", F16, 64, 2, 2, (2, 1), (37, 60), kv_bits=4, window=20, softcap=8.0, num_splits=2),
+    Case("split_k_q8_bf16_d96", BF16, 96, 4, 2, (1, 3), (300, 41), kv_bits=8, num_splits=5),
+    Case("q4_pool_d256", F16, 256, 2, 1, (1, 2), (35, 18), kv_bits=4),
+    Case("eight_simdgroups_long_prefill_tail", F16, 64, 2, 1, (1, 3), (600, 520)),
+    Case("auto_split_long_decode", F32, 64, 2, 2, (1,), (1100,), num_splits=None),
 ]
 TOLERANCE = {F32: 2e-5, F16: 3e-3, BF16: 2e-2}
 

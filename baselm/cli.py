@@ -185,6 +185,32 @@ def run(
         _fail(str(exc))
 
 
+@app.command()
+def chat(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt for the conversation."),
+    temperature: float = typer.Option(0.7, "--temperature", "-t", help="0 is greedy."),
+    top_p: float = typer.Option(0.9, "--top-p", help="Nucleus sampling threshold."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "-n", help="Most tokens per answer (default: the context's room)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="Memory for the KV cache, e.g. 2GiB."),
+    serve: bool = typer.Option(False, "--serve", help="Also serve the HTTP API on the same engine."),
+    port: int = typer.Option(8000, "--port", help="Port for --serve."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
+) -> None:
+    """Chat with a model in the terminal (/help inside for commands)."""
+    from baselm.chat import ChatSettings, run_chat
+
+    try:
+        settings = ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
+        run_chat(
+            model, settings=settings, system=system, device=device, kv_memory=kv_memory, serve=serve, host=host, port=port
+        )
+    except _user_errors() as exc:
+        _fail(str(exc))
+
+
 def _int_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]

@@ -52,59 +52,69 @@ struct LaneChunks {
   static constant constexpr const int N = (D / 4 + kLanes - 1) / kLanes;
 };
 
-// Online-softmax state of one simdgroup over its keys; every lane holds the same m and l
-// and its own chunks of the unnormalized output.
-template <int D>
+// Online-softmax state of one simdgroup over its keys, for GQ query heads; every lane
+// holds the same m and l and its own chunks of the unnormalized outputs.
+template <int D, int GQ>
 struct SoftmaxState {
-  float m;
-  float l;
-  float4 o[LaneChunks<D>::N];
+  float m[GQ];
+  float l[GQ];
+  float4 o[GQ][LaneChunks<D>::N];
 };
 
-// Unnormalized attention of one query over keys [begin, end) of a sequence, keys taken
-// every `stride` starting at begin + offset (one simdgroup's share).
-// `Table` is the block table's pointer type: MLX passes inputs of fewer than 8 elements in
-// the constant address space, larger ones in device memory.
+// Unnormalized attention of GQ consecutive query heads (`query` points at the first; they
+// share `kv_head`) over keys [begin, end) of a sequence, taking every `stride`-th key from
+// begin + offset (one simdgroup's share). Each key and value chunk is loaded once for
+// all GQ heads. `Table` is the block table's pointer type: MLX passes inputs of fewer than
+// 8 elements in the constant address space, larger ones in device memory.
 // NOTE: every lane of the simdgroup must call this with the same arguments (simd_sum).
-template <typename T, int D, int BS, int KV_HEADS, bool SOFTCAP, typename Rows, typename Table>
-SoftmaxState<D> attend_keys(
+template <typename T, int D, int GQ, int BS, int KV_HEADS, bool SOFTCAP, typename Rows, typename Table>
+SoftmaxState<D, GQ> attend_keys(
     const device T* query, float scale, float softcap, Rows keys, Rows values, Table table,
     int kv_head, int begin, int end, int offset, int stride, uint lane) {
   constexpr int N = LaneChunks<D>::N;
-  float4 q[N];
-  SoftmaxState<D> st;
-  st.m = -1e30f;  // finite: fast math may not honour infinities
-  st.l = 0.0f;
-  for (int i = 0; i < N; i++) {
-    int c = int(lane) + kLanes * i;
-    q[i] = float4(0.0f);
-    if (c < D / 4) {
-      q[i] = float4(float(query[4 * c]), float(query[4 * c + 1]), float(query[4 * c + 2]), float(query[4 * c + 3])) * scale;
+  float4 q[GQ][N];
+  SoftmaxState<D, GQ> st;
+  for (int j = 0; j < GQ; j++) {
+    st.m[j] = -1e30f;  // finite: fast math may not honour infinities
+    st.l[j] = 0.0f;
+    for (int i = 0; i < N; i++) {
+      int c = int(lane) + kLanes * i;
+      const device T* x = query + j * D + 4 * c;
+      q[j][i] = c < D / 4 ? float4(float(x[0]), float(x[1]), float(x[2]), float(x[3])) * scale : float4(0.0f);
+      st.o[j][i] = float4(0.0f);
     }
-    st.o[i] = float4(0.0f);
   }
   for (int k = begin + offset; k < end; k += stride) {
     int row = (table[k / BS] * BS + k % BS) * KV_HEADS + kv_head;
-    float s = 0.0f;
+    float4 chunk[N];
     for (int i = 0; i < N; i++) {
       int c = int(lane) + kLanes * i;
-      if (c < D / 4) {
-        s += dot(q[i], keys.chunk(row, c));
+      chunk[i] = c < D / 4 ? keys.chunk(row, c) : float4(0.0f);
+    }
+    float p[GQ];
+    float rescale[GQ];
+    for (int j = 0; j < GQ; j++) {
+      float s = 0.0f;
+      for (int i = 0; i < N; i++) {
+        s += dot(q[j][i], chunk[i]);
       }
+      s = simd_sum(s);
+      if (SOFTCAP) {
+        s = tanh(s / softcap) * softcap;
+      }
+      float m = max(st.m[j], s);
+      rescale[j] = exp(st.m[j] - m);
+      p[j] = exp(s - m);
+      st.l[j] = st.l[j] * rescale[j] + p[j];
+      st.m[j] = m;
     }
-    s = simd_sum(s);
-    if (SOFTCAP) {
-      s = tanh(s / softcap) * softcap;
-    }
-    float m = max(st.m, s);
-    float rescale = exp(st.m - m);
-    float p = exp(s - m);
-    st.l = st.l * rescale + p;
-    st.m = m;
     for (int i = 0; i < N; i++) {
       int c = int(lane) + kLanes * i;
-      if (c < D / 4) {
-        st.o[i] = st.o[i] * rescale + values.chunk(row, c) * p;
+      chunk[i] = c < D / 4 ? values.chunk(row, c) : float4(0.0f);
+    }
+    for (int j = 0; j < GQ; j++) {
+      for (int i = 0; i < N; i++) {
+        st.o[j][i] = st.o[j][i] * rescale[j] + chunk[i] * p[j];
       }
     }
   }

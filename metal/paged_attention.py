@@ -164,6 +164,12 @@ def num_simdgroups(max_context_len: int) -> int:
     return 8 if max_context_len >= 512 else 4
 
 
+def heads_per_threadgroup(num_heads: int, num_kv_heads: int) -> int:
+    """Query heads of one KV head served together (each K/V chunk loaded once for them): <= 4, for registers."""
+    group = num_heads // num_kv_heads
+    return max(n for n in (1, 2, 3, 4) if group % n == 0)
+
+
 def num_key_splits(num_tokens: int, num_heads: int, max_context_len: int) -> int:
     """Key splits (flash decoding): only when few (token, head) pairs leave the GPU idle on long contexts."""
     num_groups = num_tokens * num_heads
@@ -192,12 +198,15 @@ def paged_attention_kernel(
 ) -> mx.array:
     """`paged_attention_reference` as Metal kernels reading the pools through the block tables.
 
-    One threadgroup per (token, head, key split); with more than one split a reduce kernel
-    merges the partial softmax states. Returns (num_tokens, heads, head_dim).
+    One threadgroup per (token, group of query heads sharing a KV head, key split); with more
+    than one split a reduce kernel merges the partial softmax states.
+    Returns (num_tokens, heads, head_dim).
     """
     num_tokens, num_heads, head_dim = queries.shape
     quantized = isinstance(key_pool, QuantizedPool)
-    splits = num_splits or num_key_splits(num_tokens, num_heads, meta.max_context_len)
+    num_kv_heads = key_pool.shape[2]
+    gq = heads_per_threadgroup(num_heads, num_kv_heads)
+    splits = num_splits or num_key_splits(num_tokens, num_heads // gq, meta.max_context_len)
     nsg = num_simdgroups(meta.max_context_len)
     seq_ids = (meta.token_rows // meta.max_query_len).astype(mx.int32)  # (num_tokens,)
     params = mx.array([scale, softcap or 0.0], dtype=mx.float32)
@@ -205,7 +214,7 @@ def paged_attention_kernel(
     pools = [*key_pool[:3], *value_pool[:3]] if quantized else [key_pool, value_pool]
     template = [
         ("T", queries.dtype), ("P", key_pool.dtype), ("D", head_dim), ("BS", key_pool.shape[1]),
-        ("HEADS", num_heads), ("KV_HEADS", key_pool.shape[2]), ("NSG", nsg),
+        ("HEADS", num_heads), ("KV_HEADS", num_kv_heads), ("GQ", gq), ("NSG", nsg),
         ("SOFTCAP", softcap is not None), ("WINDOW", window is not None),
     ]
     if quantized:
@@ -214,7 +223,7 @@ def paged_attention_kernel(
         kernel=_attention_source(quantized, splits > 1),
         inputs=[queries, *pools, meta.block_tables, seq_ids, meta.positions, params, window_arr],
         template=template,
-        grid=(splits * nsg * 32, num_heads, num_tokens),
+        grid=(splits * nsg * 32, num_heads // gq, num_tokens),
         threadgroup=(nsg * 32, 1, 1),
         output_shapes=[queries.shape],
         output_dtypes=[queries.dtype],

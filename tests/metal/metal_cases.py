@@ -37,6 +37,8 @@ CASES = [
     Case("prefill_only_gqa_d128", F16, 128, 4, 2, (9, 20), (9, 20)),
     Case("mixed_gqa3_d80_bs8", BF16, 80, 6, 2, (1, 5, 7), (30, 12, 7), block_size=8),
     Case("mixed_mqa_d96", F32, 96, 4, 1, (1, 4), (19, 6)),
+    Case("mqa_8_heads_in_two_threadgroups", F16, 64, 8, 1, (1, 4), (26, 9)),
+    Case("gqa_7_heads_per_kv_head", F32, 64, 14, 2, (2, 1), (11, 17)),
     Case("mixed_gqa_d256", F16, 256, 2, 1, (1, 3), (21, 3)),
     Case("q8_pool_gqa_d128", F16, 128, 4, 2, (1, 6), (25, 11), kv_bits=8),
     Case("q4_pool_d80_group16", F32, 80, 2, 2, (1, 4), (18, 9), kv_bits=4),
@@ -50,6 +52,12 @@ CASES = [
     Case("eight_simdgroups_long_prefill_tail", F16, 64, 2, 1, (1, 3), (600, 520)),
     Case("auto_split_long_decode", F32, 64, 2, 2, (1,), (1100,), num_splits=None),
 ]
+
+
+def case_named(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
 TOLERANCE = {F32: 2e-5, F16: 3e-3, BF16: 2e-2}
 
 

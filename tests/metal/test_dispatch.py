@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from metal_cases import CASES, build
+from metal_cases import build, case_named
 
 from baselm.metal import kernel_status, paged_attention, paged_attention_reference, write_kv, write_kv_reference
 from baselm.metal.dispatch import on_metal
-from baselm.metal.paged_attention import num_key_splits, num_simdgroups
+from baselm.metal.paged_attention import heads_per_threadgroup, num_key_splits, num_simdgroups
 
 off_metal = pytest.mark.skipif(on_metal(), reason="checks the behaviour off Metal")
 
@@ -23,7 +23,7 @@ def test_kernels_are_reported_unavailable_off_metal():
 
 @off_metal
 def test_public_functions_are_the_references_off_metal():
-    queries, key_pool, value_pool, meta = build(CASES[5])  # q8 pools
+    queries, key_pool, value_pool, meta = build(case_named("q8_pool_gqa_d128"))
     rows = mx.ones((meta.num_tokens, 2, 128), dtype=mx.float16)
     written = write_kv(key_pool, value_pool, rows, rows, meta.slot_mapping)
     expected = write_kv_reference(key_pool, value_pool, rows, rows, meta.slot_mapping)
@@ -43,3 +43,8 @@ def test_keys_are_split_only_for_few_queries_over_long_contexts():
 
 def test_long_contexts_get_more_simdgroups_per_threadgroup():
     assert [num_simdgroups(n) for n in (1, 511, 512, 10_000)] == [4, 4, 8, 8]
+
+
+def test_query_heads_of_a_kv_head_share_a_threadgroup_up_to_four():
+    pairs = [(32, 8), (9, 3), (6, 1), (8, 1), (8, 8), (14, 2), (40, 8)]
+    assert [heads_per_threadgroup(h, kv) for h, kv in pairs] == [4, 3, 3, 4, 1, 1, 1]

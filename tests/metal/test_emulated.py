@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 import pytest
-from metal_cases import CASES, TOLERANCE, Case, build, max_error
+from metal_cases import CASES, TOLERANCE, Case, build, case_named, max_error
 from metal_emulate import EmulatorError, run_launch
 
 from baselm.metal import dispatch, self_check
@@ -45,7 +45,7 @@ def test_paged_attention_matches_reference(case: Case):
 
 def test_reads_before_a_buffer_start_would_fault_too():
     # Buffers placed right after their front guard page: an index below 0 faults here.
-    case = CASES[2]
+    case = case_named("mixed_gqa3_d80_bs8")
     got, expected = attend(case, run=lambda launch: run_launch(launch, align="start"))
     assert max_error(got, expected) <= TOLERANCE[case.dtype]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from metal_cases import CASES, TOLERANCE, Case, build, max_error
+from metal_cases import CASES, TOLERANCE, Case, build, case_named, max_error
 
 from baselm.metal import dispatch, kernel_status, paged_attention, write_kv
 from baselm.metal.kv_quant import allocate_pool, dequantize_rows, quantize_rows
@@ -63,7 +63,7 @@ def test_write_kv_kernel_matches_reference():
 
 def test_public_functions_use_the_kernels_after_their_self_check(monkeypatch):
     monkeypatch.delenv("BASE_KERNELS", raising=False)
-    case = CASES[5]  # q8 pools
+    case = case_named("q8_pool_gqa_d128")
     queries, key_pool, value_pool, meta = build(case)
     key_pool, value_pool = write_kv(key_pool, value_pool, mx.zeros((meta.num_tokens, 2, 128), mx.float16),
                                     mx.zeros((meta.num_tokens, 2, 128), mx.float16), meta.slot_mapping)

@@ -170,9 +170,9 @@ def heads_per_threadgroup(num_heads: int, num_kv_heads: int) -> int:
     return max(n for n in (1, 2, 3, 4) if group % n == 0)
 
 
-def num_key_splits(num_tokens: int, num_heads: int, max_context_len: int) -> int:
-    """Key splits (flash decoding): only when few (token, head) pairs leave the GPU idle on long contexts."""
-    num_groups = num_tokens * num_heads
+def num_key_splits(num_tokens: int, num_head_groups: int, max_context_len: int) -> int:
+    """Key splits (flash decoding): only for long contexts with few threadgroups (tokens x head groups)."""
+    num_groups = num_tokens * num_head_groups
     if max_context_len < 1024 or num_groups >= 512:
         return 1
     return max(1, min(32, max_context_len // 512, 512 // num_groups))
@@ -202,11 +202,21 @@ def paged_attention_kernel(
     than one split a reduce kernel merges the partial softmax states.
     Returns (num_tokens, heads, head_dim).
     """
+    num_tokens, num_heads, _ = queries.shape
+    num_head_groups = num_heads // heads_per_threadgroup(num_heads, key_pool.shape[2])
+    splits = num_splits or num_key_splits(num_tokens, num_head_groups, meta.max_context_len)
+    launch = _attention_launch(queries, key_pool, value_pool, meta, scale, softcap, window, splits)
+    if splits == 1:
+        return run(launch)[0]
+    part_o, part_ml = run(launch)
+    return run(_reduce_launch(part_o, part_ml, queries.dtype))[0]
+
+
+def _attention_launch(queries, key_pool: Pool, value_pool: Pool, meta, scale, softcap, window, splits: int) -> Launch:
     num_tokens, num_heads, head_dim = queries.shape
-    quantized = isinstance(key_pool, QuantizedPool)
     num_kv_heads = key_pool.shape[2]
+    quantized = isinstance(key_pool, QuantizedPool)
     gq = heads_per_threadgroup(num_heads, num_kv_heads)
-    splits = num_splits or num_key_splits(num_tokens, num_heads // gq, meta.max_context_len)
     nsg = num_simdgroups(meta.max_context_len)
     seq_ids = (meta.token_rows // meta.max_query_len).astype(mx.int32)  # (num_tokens,)
     params = mx.array([scale, softcap or 0.0], dtype=mx.float32)
@@ -219,30 +229,34 @@ def paged_attention_kernel(
     ]
     if quantized:
         template += [("BITS", key_pool.bits), ("GROUP", key_pool.group_size)]
-    launch = Launch(
+    if splits == 1:
+        outputs = [(queries.shape, queries.dtype)]
+    else:
+        partial = (num_tokens, num_heads, splits)
+        outputs = [((*partial, head_dim), mx.float32), ((*partial, 2), mx.float32)]
+    return Launch(
         kernel=_attention_source(quantized, splits > 1),
         inputs=[queries, *pools, meta.block_tables, seq_ids, meta.positions, params, window_arr],
         template=template,
         grid=(splits * nsg * 32, num_heads // gq, num_tokens),
         threadgroup=(nsg * 32, 1, 1),
-        output_shapes=[queries.shape],
-        output_dtypes=[queries.dtype],
+        output_shapes=[shape for shape, _ in outputs],
+        output_dtypes=[dtype for _, dtype in outputs],
     )
-    if splits == 1:
-        return run(launch)[0]
-    launch.output_shapes = [(num_tokens, num_heads, splits, head_dim), (num_tokens, num_heads, splits, 2)]
-    launch.output_dtypes = [mx.float32, mx.float32]
-    part_o, part_ml = run(launch)
-    reduce = Launch(
+
+
+def _reduce_launch(part_o: mx.array, part_ml: mx.array, dtype: mx.Dtype) -> Launch:
+    """Merges part_o (tokens, heads, splits, head_dim) and part_ml (tokens, heads, splits, 2)."""
+    num_tokens, num_heads, _, head_dim = part_o.shape
+    return Launch(
         kernel=ATTENTION_REDUCE,
         inputs=[part_o, part_ml],
-        template=[("T", queries.dtype), ("D", head_dim)],
+        template=[("T", dtype), ("D", head_dim)],
         grid=(head_dim, num_heads, num_tokens),
         threadgroup=(head_dim, 1, 1),
-        output_shapes=[queries.shape],
-        output_dtypes=[queries.dtype],
+        output_shapes=[(num_tokens, num_heads, head_dim)],
+        output_dtypes=[dtype],
     )
-    return run(reduce)[0]
 
 
 def quantize_rows_kernel(

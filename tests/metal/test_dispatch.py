@@ -34,11 +34,11 @@ def test_public_functions_are_the_references_off_metal():
 
 
 def test_keys_are_split_only_for_few_queries_over_long_contexts():
-    assert num_key_splits(num_tokens=1, num_heads=8, max_context_len=1000) == 1
-    assert num_key_splits(num_tokens=1, num_heads=8, max_context_len=4096) == 8
-    assert num_key_splits(num_tokens=4, num_heads=32, max_context_len=32768) == 4
-    assert num_key_splits(num_tokens=16, num_heads=32, max_context_len=32768) == 1
-    assert num_key_splits(num_tokens=1, num_heads=1, max_context_len=100_000) == 32
+    assert num_key_splits(num_tokens=1, num_head_groups=8, max_context_len=1000) == 1
+    assert num_key_splits(num_tokens=1, num_head_groups=8, max_context_len=4096) == 8
+    assert num_key_splits(num_tokens=4, num_head_groups=32, max_context_len=32768) == 4
+    assert num_key_splits(num_tokens=16, num_head_groups=32, max_context_len=32768) == 1
+    assert num_key_splits(num_tokens=1, num_head_groups=1, max_context_len=100_000) == 32
 
 
 def test_long_contexts_get_more_simdgroups_per_threadgroup():

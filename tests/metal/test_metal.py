@@ -36,7 +36,7 @@ def test_paged_attention_matches_reference(case: Case):
 def test_long_decode_takes_the_split_path_and_matches_reference():
     case = Case("long_decode", mx.float16, 128, 8, 2, (1, 1), (3000, 1500), num_splits=None)
     queries, key_pool, value_pool, meta = build(case)
-    assert num_key_splits(meta.num_tokens, case.num_heads, meta.max_context_len) > 1
+    assert num_key_splits(meta.num_tokens, case.num_kv_heads, meta.max_context_len) > 1
     args = (queries, key_pool, value_pool, meta, case.head_dim**-0.5)
     assert max_error(paged_attention_kernel(*args), paged_attention_reference(*args)) <= TOLERANCE[mx.float16]
 

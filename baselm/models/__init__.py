@@ -9,6 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from baselm.models.base import DecoderModel, ModelConfigError
+from baselm.models.layers import fuse_projections
 
 # HF model_type -> module in this package.
 ARCHITECTURES = {
@@ -118,6 +119,8 @@ def build_model(
     weights = {k: _cast_float(k, v, dtype) for k, v in weights.items()}
     _check_shapes(model, weights)
     model.load_weights(list(weights.items()), strict=True)
+    if not keep_quantized:
+        fuse_projections(model)
     mx.eval(model.parameters())
     return model
 

@@ -269,6 +269,48 @@ def bench(
         render(report)
 
 
+@app.command()
+def serve(
+    model: str = typer.Argument(..., help="Model: a path to an HF model folder or a .gguf file."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8080, "--port", help="Port to listen on."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="BASE_API_KEY", help="Require 'Authorization: Bearer KEY' (env BASE_API_KEY)."
+    ),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name clients send."),
+    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="Memory for the KV cache, e.g. 2GiB."),
+    kv_bits: int = typer.Option(16, "--kv-bits", help="KV cache precision: 16 (model dtype), 8 or 4."),
+    max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Requests running at once."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context length cap."),
+    max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Tokens per engine step."),
+    no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Turn prefix caching off."),
+    max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
+    max_body: str = typer.Option("8MiB", "--max-body", help="Largest request body accepted (413 past it)."),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+) -> None:
+    """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
+    from baselm.api.server import ServeOptions, run_server
+    from baselm.backend import select_backend
+    from baselm.config import ConfigError, EngineConfig, parse_size
+    from baselm.loader import load_model
+
+    try:
+        config = EngineConfig(
+            kv_memory=parse_size(kv_memory) if kv_memory else None,
+            kv_bits=kv_bits,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=not no_prefix_caching,
+            max_waiting=max_waiting,
+        )
+        options = ServeOptions(host, port, api_key or None, served_model_name, max_body_bytes=parse_size(max_body))
+        loaded = load_model(model, select_backend(device))
+    except (ConfigError, *_user_errors()) as exc:
+        _fail(str(exc))
+    raise typer.Exit(run_server(loaded, config, options))
+
+
 def main() -> None:
     app()
 

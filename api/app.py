@@ -1,0 +1,129 @@
+"""The starlette application: routes, error handlers, auth, and the engine's lifetime.
+
+`create_app(client, model_name)` serves an already started AsyncEngine; server.py builds
+one from a model path and runs it under uvicorn.
+"""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from baselm.api.auth import Gate
+from baselm.api.errors import EXCEPTION_HANDLERS, APIError, bad_request
+from baselm.api.generate import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
+from baselm.api.metrics import Metrics
+from baselm.api.routes_chat import chat_completions
+from baselm.api.routes_completions import completions
+from baselm.api.schemas import Body, array_field, read_message
+from baselm.engine import AsyncEngine, LLMEngine
+from baselm.tokenizer import ChatTemplateError
+
+
+def _model_card(state: ServerState) -> dict:
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "base",
+        "max_model_len": state.max_model_len,
+    }
+
+
+async def list_models(request: Request) -> Response:
+    state: ServerState = request.app.state.base
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def get_model(request: Request) -> Response:
+    state: ServerState = request.app.state.base
+    check_model(state, request.path_params["model"])
+    return JSONResponse(_model_card(state))
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.base
+    stats = await state.client.run_on_engine(LLMEngine.stats)
+    return PlainTextResponse(state.metrics.render(stats, state.model_name), media_type="text/plain; version=0.0.4")
+
+
+async def tokenize(request: Request) -> Response:
+    """{"prompt": text} or {"messages": [...]} -> {"tokens", "count", "max_model_len"}."""
+    state: ServerState = request.app.state.base
+    body = Body(await read_json(request, state.max_body_bytes))
+    model = body.string("model")
+    if model is not None:
+        check_model(state, model)
+    add_special = body.boolean("add_special_tokens", default=True)
+    if body.has("messages") == body.has("prompt"):
+        raise bad_request("give either prompt or messages", "prompt")
+    if body.has("messages"):
+        messages = [read_message(m, i) for i, m in enumerate(array_field(body.raw("messages"), "messages"))]
+        add_generation_prompt = body.boolean("add_generation_prompt", default=True)
+        body.finish()
+        try:
+            tokens = state.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt)
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), "messages") from None
+    else:
+        prompt = body.string("prompt", required=True)
+        body.finish()
+        tokens = state.tokenizer.encode(prompt, add_special_tokens=add_special)
+    return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len})
+
+
+async def detokenize(request: Request) -> Response:
+    """{"tokens": [ids]} -> {"prompt": text}."""
+    state: ServerState = request.app.state.base
+    body = Body(await read_json(request, state.max_body_bytes))
+    model = body.string("model")
+    if model is not None:
+        check_model(state, model)
+    tokens = body.raw("tokens")
+    body.finish()
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise bad_request("tokens must be an array of token ids", "tokens")
+    bad = [t for t in tokens if not 0 <= t < state.tokenizer.vocab_size]
+    if bad:
+        raise bad_request(f"token {bad[0]} is outside the vocabulary of {state.tokenizer.vocab_size}", "tokens")
+    return JSONResponse({"prompt": state.tokenizer.decode(tokens)})
+
+
+ROUTES = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]
+
+
+def create_app(
+    client: AsyncEngine,
+    model_name: str,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Starlette:
+    """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth."""
+    state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
+    app = Starlette(
+        routes=ROUTES,
+        exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[Middleware(Gate, api_key=state.api_key, metrics=state.metrics)],
+    )
+    app.state.base = state
+    return app
+
+
+__all__ = ["create_app", "APIError"]

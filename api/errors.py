@@ -1,0 +1,76 @@
+"""OpenAI-style errors: one exception type for every refusal, one JSON body for every status.
+
+Every error the server returns has the body `{"error": {"message", "type", "param", "code"}}`.
+Validation mistakes are 400s (never a framework's 422), unknown routes 404, and only a real
+bug is a 500, whose body says so without a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+logger = logging.getLogger("baselm.api")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+class APIError(Exception):
+    """A refused request: the HTTP status, one sentence for the caller, and the field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param, code)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
+
+
+def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(error.status, error.message, error.param, error.code), error.status, headers=headers)
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"no route {request.method} {request.url.path}; see GET /v1/models, POST /v1/chat/completions"
+    elif exc.status_code == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    return error_response(APIError(exc.status_code, message), headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(APIError(500, "the server hit an internal error; the request was not completed"))
+
+
+EXCEPTION_HANDLERS = {APIError: _api_error, HTTPException: _http_error, Exception: _server_error}

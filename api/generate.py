@@ -1,0 +1,251 @@
+"""What the chat and completions routes share: server state, body reading, turning checked
+fields into SamplingParams, submitting to the engine, and merging the outputs of several
+engine requests (several prompts, or copies that each need their own grammar) into one stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+from baselm.api.errors import APIError, bad_request
+from baselm.api.metrics import Metrics
+from baselm.engine import AsyncEngine, CompletionOutput, QueueFullError
+from baselm.sampling import SamplingParams, SamplingParamsError
+from baselm.scheduler import RequestTooLongError
+from baselm.tokenizer import Tokenizer
+
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+
+
+@dataclass(slots=True)
+class ServerState:
+    """Everything a route needs; built once by `create_app`."""
+
+    client: AsyncEngine
+    model_name: str
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    metrics: Metrics = field(default_factory=Metrics)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.client.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.client.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.client.engine.vocab_size
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The ids that end an answer: the model's, else its tokenizer's."""
+        return list(self.client.engine.eos_token_ids or self.tokenizer.eos_token_ids)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body parsed as JSON; 413 past `limit` bytes, 400 when it is not JSON."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise APIError(413, f"the request body is {length} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"the request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"the request body is not valid JSON ({str(exc)[:200]})") from None
+
+
+def check_model(state: ServerState, name: str) -> None:
+    if name != state.model_name:
+        raise APIError(404, f"model {name!r} does not exist; this server serves {state.model_name!r}", "model", "model_not_found")
+
+
+def make_params(sampling: dict[str, Any], max_tokens_field: str, **extra: Any) -> SamplingParams:
+    """SamplingParams from checked fields; a value the sampler refuses is a 400 naming the field."""
+    try:
+        return SamplingParams(**sampling, **extra)
+    except SamplingParamsError as exc:
+        param = max_tokens_field if exc.field == "max_tokens" else exc.field
+        raise bad_request(str(exc), param) from None
+
+
+def check_prompt(state: ServerState, prompt_ids: list[int], max_tokens: int | None, max_tokens_field: str) -> None:
+    """Refuses prompts that are empty, hold unknown ids, or leave no room for the answer."""
+    if not prompt_ids:
+        raise bad_request("the prompt is empty; give it at least one token", "prompt")
+    bad = [t for t in prompt_ids if t >= state.vocab_size]
+    if bad:
+        raise bad_request(f"prompt token {bad[0]} is outside the vocabulary of {state.vocab_size}", "prompt")
+    limit = state.max_model_len
+    if len(prompt_ids) >= limit:
+        raise bad_request(
+            f"the prompt has {len(prompt_ids)} tokens; this model's context is {limit}, so no room is left to answer",
+            "messages" if max_tokens_field else "prompt",
+            "context_length_exceeded",
+        )
+    if max_tokens is not None and len(prompt_ids) + max_tokens > limit:
+        raise bad_request(
+            f"{len(prompt_ids)} prompt tokens + {max_tokens_field}={max_tokens} exceed this model's context of {limit}",
+            max_tokens_field,
+            "context_length_exceeded",
+        )
+
+
+@dataclass(slots=True)
+class Job:
+    """One engine request: its prompt, params, and where its copies land among the choices."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    index_offset: int
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+def split_copies(prompt_ids: list[int], make: Callable[[], SamplingParams], offset: int) -> list[Job]:
+    """One job for all n copies, or one job per copy when each needs its own logits processors.
+
+    NOTE: a per-copy job with a seed uses seed + copy index, as the engine does for its copies.
+    """
+    params = make()
+    if not params.logits_processors or params.n == 1:
+        return [Job(prompt_ids, params, offset)]
+    jobs = []
+    for i in range(params.n):
+        copy = make() if i else params
+        seed = None if copy.seed is None else copy.seed + i
+        jobs.append(Job(prompt_ids, dataclasses.replace(copy, n=1, seed=seed), offset + i))
+    return jobs
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts of one API request, summed over its engine requests."""
+
+    prompt: dict[str, int] = field(default_factory=dict)  # request id -> prompt tokens
+    cached: dict[str, int] = field(default_factory=dict)
+    completion: dict[int, int] = field(default_factory=dict)  # choice index -> output tokens
+
+    def add(self, request_id: str, index: int, out: CompletionOutput) -> None:
+        self.prompt[request_id] = out.num_prompt_tokens
+        self.cached[request_id] = max(self.cached.get(request_id, 0), out.num_cached_tokens)
+        self.completion[index] = out.num_output_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        prompt, completion = sum(self.prompt.values()), sum(self.completion.values())
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(self.cached.values())},
+        }
+
+
+async def submit(state: ServerState, jobs: list[Job]) -> list[tuple[Job, AsyncIterator[CompletionOutput]]]:
+    """Queues every job on the engine; on a refusal, aborts those already queued and raises an APIError."""
+    started: list[tuple[Job, AsyncIterator[CompletionOutput]]] = []
+    try:
+        for job in jobs:
+            started.append((job, await state.client.submit(job.prompt_ids, job.params, job.request_id)))
+    except BaseException as exc:
+        for job, iterator in started:
+            state.client.abort(job.request_id)
+            await iterator.aclose()
+        if isinstance(exc, QueueFullError):
+            raise APIError(429, f"the server is busy ({exc}); retry shortly", code="queue_full") from None
+        if isinstance(exc, RequestTooLongError):
+            raise bad_request(str(exc), "messages", "context_length_exceeded") from None
+        if isinstance(exc, SamplingParamsError):
+            raise bad_request(str(exc), exc.field) from None
+        if isinstance(exc, ValueError):
+            raise bad_request(str(exc)) from None
+        raise
+    return started
+
+
+async def outputs(
+    state: ServerState, started: list[tuple[Job, AsyncIterator[CompletionOutput]]], usage: Usage
+) -> AsyncIterator[CompletionOutput]:
+    """The outputs of all jobs as they come, `index` set to the choice index; counts usage and latency.
+
+    Leaving early (a disconnect, an error) aborts every job still running.
+    """
+    queue: asyncio.Queue = asyncio.Queue()
+    arrival = time.monotonic()
+    last_seen: dict[int, float] = {}
+    pumps = [asyncio.create_task(_pump(job, iterator, queue)) for job, iterator in started]
+    remaining = len(pumps)
+    try:
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            job, out = item
+            out.index += job.index_offset
+            usage.add(job.request_id, out.index, out)
+            _observe_latency(state.metrics, out, arrival, last_seen)
+            yield out
+    finally:
+        for task in pumps:
+            task.cancel()
+        for job, _ in started:
+            state.client.abort(job.request_id)
+        await asyncio.gather(*pumps, return_exceptions=True)
+        state.metrics.count_tokens(sum(usage.prompt.values()), sum(usage.completion.values()))
+
+
+async def _pump(job: Job, iterator: AsyncIterator[CompletionOutput], queue: asyncio.Queue) -> None:
+    try:
+        async for out in iterator:
+            queue.put_nowait((job, out))
+        queue.put_nowait(None)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # the engine failed this request: hand the error to the reader
+        queue.put_nowait(exc)
+    finally:
+        await iterator.aclose()
+
+
+def _observe_latency(metrics: Metrics, out: CompletionOutput, arrival: float, last_seen: dict[int, float]) -> None:
+    if not out.token_ids:
+        return
+    now = time.monotonic()
+    if out.index in last_seen:
+        metrics.observe_itl(now - last_seen[out.index])
+    else:
+        metrics.observe_ttft(now - arrival)
+    last_seen[out.index] = now
+
+
+def finish_reason(out: CompletionOutput) -> str:
+    """OpenAI's reason for an engine's: "stop" or "length" (an abort only happens on shutdown)."""
+    if out.finish_reason == "abort":
+        raise APIError(503, "the server is shutting down; the request was stopped")
+    return out.finish_reason or "stop"
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id])

@@ -1,0 +1,108 @@
+"""Server metrics in the Prometheus text format (version 0.0.4), kept by hand: counters,
+gauges read from the engine's scheduler at scrape time, and two latency histograms."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass(slots=True)
+class Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    num: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.num += 1
+
+    def lines(self, name: str) -> list[str]:
+        out = [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts)]
+        out += [f'{name}_bucket{{le="+Inf"}} {self.num}', f"{name}_sum {self.total}", f"{name}_count {self.num}"]
+        return out
+
+
+class Metrics:
+    """What the server counts; safe to update from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, int]] = Counter()  # (endpoint, status) -> count
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+
+    def count_request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] += 1
+
+    def count_tokens(self, num_prompt: int, num_generated: int) -> None:
+        with self._lock:
+            self.prompt_tokens += num_prompt
+            self.generation_tokens += num_generated
+
+    def observe_ttft(self, seconds: float) -> None:
+        with self._lock:
+            self.ttft.observe(seconds)
+
+    def observe_itl(self, seconds: float) -> None:
+        with self._lock:
+            self.itl.observe(seconds)
+
+    def render(self, stats: Any, model_name: str) -> str:
+        """The exposition text; `stats` is the engine's SchedulerStats read on its thread."""
+        label = f'model="{model_name}"'
+        with self._lock:
+            lines = [
+                "# HELP base_requests_total HTTP requests by endpoint and status code.",
+                "# TYPE base_requests_total counter",
+                *(
+                    f'base_requests_total{{endpoint="{e}",status="{s}"}} {n}'
+                    for (e, s), n in sorted(self.requests.items())
+                ),
+                "# TYPE base_prompt_tokens_total counter",
+                f"base_prompt_tokens_total{{{label}}} {self.prompt_tokens}",
+                "# TYPE base_generation_tokens_total counter",
+                f"base_generation_tokens_total{{{label}}} {self.generation_tokens}",
+                "# HELP base_time_to_first_token_seconds From request arrival to its first token.",
+                "# TYPE base_time_to_first_token_seconds histogram",
+                *self.ttft.lines("base_time_to_first_token_seconds"),
+                "# HELP base_inter_token_latency_seconds Between consecutive outputs of a stream.",
+                "# TYPE base_inter_token_latency_seconds histogram",
+                *self.itl.lines("base_inter_token_latency_seconds"),
+            ]
+        queries = stats.prefix_cache_queries
+        hit_rate = stats.prefix_cache_hits / queries if queries else 0.0
+        total_blocks = stats.num_used_blocks + stats.num_free_blocks
+        gauges = [
+            ("base_num_requests_running", "Requests in the running batch.", stats.num_running),
+            ("base_num_requests_waiting", "Requests waiting to start.", stats.num_waiting),
+            ("base_kv_blocks_used", "KV cache blocks in use.", stats.num_used_blocks),
+            ("base_kv_blocks_total", "KV cache blocks in the pool.", total_blocks),
+            ("base_kv_cache_usage", "Fraction of KV cache blocks in use.", stats.kv_usage),
+            ("base_prefix_cache_hit_rate", "Prefix-cache hits over queries, in tokens.", hit_rate),
+        ]
+        for name, help_text, value in gauges:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{label}}} {value}"]
+        counters = [
+            ("base_prefix_cache_queries_total", queries),
+            ("base_prefix_cache_hits_total", stats.prefix_cache_hits),
+            ("base_num_preemptions_total", stats.num_preemptions),
+        ]
+        for name, value in counters:
+            lines += [f"# TYPE {name} counter", f"{name}{{{label}}} {value}"]
+        return "\n".join(lines) + "\n"

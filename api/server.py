@@ -1,0 +1,109 @@
+"""`base serve`: load a model, start the engine thread, run the app under uvicorn until a signal.
+
+SIGINT or SIGTERM: stop accepting connections, let in-flight requests finish for up to
+`shutdown_timeout` seconds (then they are cancelled, which aborts them), stop the engine,
+exit 0. A second SIGINT quits at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import uvicorn
+
+from baselm.api.app import create_app
+from baselm.api.generate import DEFAULT_MAX_BODY_BYTES
+from baselm.config import EngineConfig
+from baselm.engine import AsyncEngine, LLMEngine
+
+logger = logging.getLogger("baselm.api")
+
+
+@dataclass(slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    served_model_name: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    shutdown_timeout: float = 30.0
+    log_level: str = "info"
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server with signal handling that ends in a clean exit (uvicorn re-raises the signal)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> Server:
+    app = create_app(client, model_name, api_key=options.api_key, max_body_bytes=options.max_body_bytes)
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level,
+        timeout_graceful_shutdown=options.shutdown_timeout,
+        lifespan="off",
+        access_log=options.log_level == "debug",
+    )
+    return Server(config)
+
+
+def banner(model_name: str, options: ServeOptions) -> str:
+    """What `base serve` prints at start: the URL and a request to paste."""
+    host = f"[{options.host}]" if ":" in options.host else options.host
+    url = f"http://{host}:{options.port}"
+    body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}]})
+    auth = ' -H "Authorization: Bearer $BASE_API_KEY"' if options.api_key else ""
+    return (
+        f"Serving {model_name} at {url}/v1 (OpenAI-compatible)\n"
+        f"Try:\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n    -d '{body}'\n"
+    )
+
+
+def run_server(loaded, config: EngineConfig, options: ServeOptions) -> int:
+    """Serves `loaded` (a LoadedModel) until SIGINT/SIGTERM; returns the exit status."""
+    if not options.api_key and not is_loopback(options.host):
+        print(
+            f"WARNING: serving on {options.host} without an API key: anyone who can reach this port can use the "
+            "model. Set --api-key or BASE_API_KEY.",
+            file=sys.stderr,
+        )
+    engine = LLMEngine(loaded, config)
+    client = AsyncEngine(engine).start()
+    model_name = options.served_model_name or loaded.name
+    server = make_server(client, model_name, options)
+    print(banner(model_name, options), flush=True)
+    try:
+        server.run()
+    finally:
+        client.stop()
+    return 0 if server.started else 1

@@ -1,0 +1,171 @@
+"""Tool calls: which format a model writes, parsing it into OpenAI `tool_calls`, forcing it by grammar.
+
+Two formats are understood:
+
+- `hermes` (Hermes, Qwen 2/2.5/3 and any template that mentions `<tool_call>`):
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call.
+- `llama3_json` (Llama 3.1+ templates): the whole answer is `{"name": ..., "parameters": {...}}`,
+  several calls separated by `;`.
+
+One `ToolCallParser` reads the text for both the streamed and the whole answer, so a stream's
+deltas reassemble to exactly the non-streamed result. Content outside calls streams as it
+comes; a call is sent as soon as it closes (its id, type and name in one delta, its
+arguments in the next). A call that never closes (the answer ran out of tokens, or the JSON
+is broken) is not a call: its raw text is returned as content, with the finish reason the
+engine gave ("length" for a truncated one).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from baselm.api.errors import bad_request
+
+HERMES, LLAMA3_JSON = "hermes", "llama3_json"
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+# Inside forced calls: compact JSON, at most one space between tokens.
+_X_GUIDANCE = {"whitespace_flexible": False, "whitespace_pattern": "[ ]?"}
+
+
+def tool_format(chat_template: str | dict[str, str] | None) -> str:
+    """The call format a chat template teaches its model (hermes when the template does not say)."""
+    text = " ".join(chat_template.values()) if isinstance(chat_template, dict) else chat_template or ""
+    if _OPEN in text:
+        return HERMES
+    if "<|python_tag|>" in text or ("ipython" in text and "parameters" in text):
+        return LLAMA3_JSON
+    return HERMES
+
+
+@dataclass(slots=True)
+class ToolCall:
+    index: int
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def _call_from_json(text: str, index: int) -> ToolCall | None:
+    """A call from one JSON object with a name and arguments (or parameters); None when it is not one."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(index, f"call_{secrets.token_hex(12)}", data["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+class ToolCallParser:
+    """Splits a growing answer into content and complete tool calls.
+
+    `feed(delta)` and `finish()` return `(content, calls)`: the text now safe to show as
+    content, and the calls that closed. Text that may still become a call is held back.
+    """
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self.buffer = ""  # text not yet handed out
+        self.calls: list[ToolCall] = []
+        self._started = False  # llama3_json: has the answer shown its first non-space character
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
+        self.buffer += delta
+        return self._feed_hermes() if self.fmt == HERMES else self._feed_llama3()
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """The rest: held text becomes content unless it is a complete call."""
+        content, calls = self.feed("")
+        rest, self.buffer = self.buffer, ""
+        if self.fmt == LLAMA3_JSON and rest.strip():
+            parsed = [_call_from_json(part, len(self.calls) + i) for i, part in enumerate(rest.strip().split(";"))]
+            if all(parsed):
+                self.calls += parsed
+                return content, calls + parsed
+        return content + rest, calls
+
+    def _feed_hermes(self) -> tuple[str, list[ToolCall]]:
+        content, calls = "", []
+        while True:
+            start = self.buffer.find(_OPEN)
+            if start < 0:
+                keep = _partial_suffix(self.buffer, _OPEN)
+                content += self.buffer[: len(self.buffer) - keep]
+                self.buffer = self.buffer[len(self.buffer) - keep :]
+                return content, calls
+            content += self.buffer[:start]
+            self.buffer = self.buffer[start:]
+            end = self.buffer.find(_CLOSE)
+            if end < 0:
+                return content, calls  # inside a call: hold it until it closes
+            block = self.buffer[: end + len(_CLOSE)]
+            self.buffer = self.buffer[end + len(_CLOSE) :]
+            call = _call_from_json(block[len(_OPEN) : -len(_CLOSE)].strip(), len(self.calls))
+            if call is None:
+                content += block
+            else:
+                self.calls.append(call)
+                calls.append(call)
+
+    def _feed_llama3(self) -> tuple[str, list[ToolCall]]:
+        if not self._started:
+            stripped = self.buffer.lstrip()
+            if not stripped:
+                return "", []
+            self._started = True
+            if not stripped.startswith("{"):
+                self.fmt = "content"
+        if self.fmt == "content":
+            content, self.buffer = self.buffer, ""
+            return content, []
+        return "", []  # a JSON call: parsed whole at the end
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that starts `marker`."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-size:]):
+            return size
+    return 0
+
+
+# ---- forcing a call -----------------------------------------------------------------------
+
+
+def _call_schema(tool: dict[str, Any], fmt: str) -> dict[str, Any]:
+    function = tool["function"]
+    key = "parameters" if fmt == LLAMA3_JSON else "arguments"
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, key: function["parameters"]},
+        "required": ["name", key],
+        "additionalProperties": False,
+    }
+
+
+def forced_call_lark(tools: list[dict[str, Any]], fmt: str, only: str | None, parallel: bool) -> str:
+    """A Lark grammar (llguidance dialect) whose sentences are calls of `tools` in format `fmt`.
+
+    `only` names the one tool allowed; `parallel` allows more than one call.
+    """
+    chosen = [t for t in tools if only is None or t["function"]["name"] == only]
+    if not chosen:
+        raise bad_request(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")
+    schema = {"anyOf": [_call_schema(t, fmt) for t in chosen], "x-guidance": _X_GUIDANCE}
+    separator, open_, close = ('";"', "", "") if fmt == LLAMA3_JSON else (r'"\n"', rf'"{_OPEN}\n" ', rf' "\n{_CLOSE}"')
+    repeat = f" ({separator} call)*" if parallel else ""
+    return f"start: call{repeat}\ncall: {open_}body{close}\nbody: %json {json.dumps(schema)}\n"

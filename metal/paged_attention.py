@@ -25,7 +25,9 @@ from baselm.metal.launch import KernelSource, Launch, Runner, run_on_metal
 from baselm.metal.kv_quant import Pool, QuantizedPool, dequantize_rows, quantize_rows
 
 
-def write_kv_reference(key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array) -> tuple[Pool, Pool]:
+def write_kv_reference(
+    key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array
+) -> tuple[Pool, Pool]:
     """Scatters `keys`/`values` (num_tokens, kv_heads, head_dim) into the pools at `slot_mapping`.
 
     Quantized pools get the rows quantized first (kv_quant.quantize_rows).
@@ -272,7 +274,7 @@ def quantize_rows_kernel(
         template=[("T", rows.dtype), ("P", dtype), ("D", head_dim), ("BITS", bits), ("GROUP", group_size)],
         grid=(num_groups, 1, 1),
         threadgroup=(min(256, num_groups), 1, 1),
-        output_shapes=[(*lead, head_dim * bits // 32), (*lead, head_dim // group_size), (*lead, head_dim // group_size)],
+        output_shapes=[(*lead, head_dim * bits // 32), *[(*lead, head_dim // group_size)] * 2],
         output_dtypes=[mx.uint32, dtype, dtype],
     )
     codes, scales, biases = run(launch)
@@ -280,7 +282,12 @@ def quantize_rows_kernel(
 
 
 def write_kv_kernel(
-    key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array, run: Runner = run_on_metal
+    key_pool: Pool,
+    value_pool: Pool,
+    keys: mx.array,
+    values: mx.array,
+    slot_mapping: mx.array,
+    run: Runner = run_on_metal,
 ) -> tuple[Pool, Pool]:
     """`write_kv_reference` with the quantization of new rows done by the kernel.
 
@@ -320,7 +327,9 @@ def paged_attention(
     return paged_attention_reference(queries, key_pool, value_pool, meta, scale, softcap, window)
 
 
-def write_kv(key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array) -> tuple[Pool, Pool]:
+def write_kv(
+    key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array
+) -> tuple[Pool, Pool]:
     """KV write: quantize-on-write by the Metal kernel where it is available and checked, else the reference."""
     if isinstance(key_pool, QuantizedPool):
         variant = (keys.dtype, keys.shape[1:], key_pool.bits, key_pool.dtype)

@@ -62,6 +62,10 @@ def _template_value(value: object) -> str:
     return TYPE_NAMES[value]
 
 
+def _template_kind(value: object) -> str:
+    return "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "typename"
+
+
 def _buffer_params(kernel: KernelSource, launch: Launch, source: str) -> list[tuple[str, str, str]]:
     """(declaration, buffer name, role) for each buffer in MLX's binding order."""
     params = []
@@ -87,7 +91,7 @@ def kernel_source(kernel: KernelSource, launch: Launch) -> tuple[str, list[tuple
     attributes = [(a, t) for a, t in ATTRIBUTES if a in source]
     text = kernel.header()
     if launch.template:
-        kinds = ["bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "typename" for _, v in launch.template]
+        kinds = [_template_kind(v) for _, v in launch.template]
         text += "template <" + ", ".join(f"{k} {n}" for k, (n, _) in zip(kinds, launch.template)) + ">\n"
     lines = [f"  {decl} [[buffer({i})]]" for i, (decl, _, _) in enumerate(params)]
     lines += [f"  {t} {a} [[{a}]]" for a, t in attributes]

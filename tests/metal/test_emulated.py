@@ -143,16 +143,22 @@ def test_barrier_orders_threadgroup_writes_before_reads():
 
 def test_simd_ops_exchange_values_between_the_32_lanes_of_a_simdgroup():
     body = """
-    uint lane = thread_index_in_simdgroup;
-    float x = in0[thread_position_in_grid.x];
-    out0[thread_position_in_grid.x] = simd_sum(x);
-    out1[thread_position_in_grid.x] = simd_shuffle_xor(x, ushort(1)) + 1000.0f * simd_max(x) + simd_broadcast(x, ushort(31)) * 0.0f + float(lane) * 0.0f;
+    uint i = thread_position_in_grid.x;
+    float x = in0[i];
+    out0[i] = simd_sum(x);
+    out1[i] = simd_max(x);
+    out2[i] = simd_shuffle_xor(x, ushort(1));
+    out3[i] = simd_broadcast(x, ushort(31));
+    out4[i] = simd_shuffle_down(x, ushort(1));
     """
     x = mx.arange(64, dtype=mx.float32)
-    sums, mixed = run_inline(body, [x], [((64,), mx.float32), ((64,), mx.float32)], (64, 1, 1), (64, 1, 1))
+    outs = run_inline(body, [x], [((64,), mx.float32)] * 5, (64, 1, 1), (64, 1, 1))
     xs = np.arange(64)
-    assert np.array_equal(np.array(sums), np.repeat([xs[:32].sum(), xs[32:].sum()], 32))
-    assert np.array_equal(np.array(mixed), (xs ^ 1) + 1000.0 * np.repeat([31, 63], 32))
+    shifted = np.where(xs % 32 == 31, xs, xs + 1)  # the top lane keeps its own value
+    expected = [np.repeat([xs[:32].sum(), xs[32:].sum()], 32), np.repeat([31, 63], 32), xs ^ 1,
+                np.repeat([31, 63], 32), shifted]
+    for got, want in zip(outs, expected):
+        assert np.array_equal(np.array(got), want)
 
 
 def test_out_of_bounds_read_past_the_end_aborts_the_run():

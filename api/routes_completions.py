@@ -61,7 +61,10 @@ class _Logprobs:
             text = token_text(state.tokenizer, e.token_id)
             self.tokens.append(text)
             self.token_logprobs.append(e.logprob)
-            self.top_logprobs.append({token_text(state.tokenizer, i): lp for i, lp in e.top})
+            top: dict[str, float] = {}
+            for token_id, logprob in e.top:  # best first: two ids that print alike keep the better
+                top.setdefault(token_text(state.tokenizer, token_id), logprob)
+            self.top_logprobs.append(top)
             self.text_offset.append(offset)
             offset += len(text)
         return offset

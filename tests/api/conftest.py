@@ -1,0 +1,130 @@
+"""Real servers on loopback over the tiny fixture llama model and the fixture BPE tokenizer (ChatML)."""
+
+from __future__ import annotations
+
+import functools
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import mlx.core as mx
+import numpy as np
+import openai
+import pytest
+
+from baselm.api.server import ServeOptions, make_server
+from baselm.backend import select_backend
+from baselm.config import EngineConfig
+from baselm.engine import AsyncEngine, LLMEngine
+from baselm.loader import LoadedModel
+from baselm.models import build_model
+from baselm.store import hf
+from baselm.tokenizer import Tokenizer
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+MODEL = "tiny"
+
+
+@functools.cache
+def tiny_model() -> LoadedModel:
+    """The tiny fixture llama, its vocabulary widened to the fixture BPE tokenizer's 702 tokens.
+
+    The fixture model has 256 embedding rows; chat prompts use ids up to 701, so the extra
+    rows of the embedding and lm_head are filled with seeded random values. End-of-sequence
+    ids are the tokenizer's (<|im_end|>, <|endoftext|>), so answers can end.
+    """
+    folder = FIXTURES / "models" / "llama"
+    tokenizer = Tokenizer.from_folder(FIXTURES / "tokenizers" / "bpe")
+    config = hf.read_config(folder)
+    config["max_position_embeddings"] = 512
+    config["vocab_size"] = tokenizer.vocab_size
+    weights = hf.read_weights(folder)
+    rng = np.random.default_rng(0)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        rows = weights[name]  # (256, hidden)
+        extra = rng.normal(0.0, 0.02, (tokenizer.vocab_size - rows.shape[0], rows.shape[1])).astype(np.float32)
+        weights[name] = mx.concatenate([rows, mx.array(extra)])  # (702, hidden)
+    model = build_model(config, weights)
+    return LoadedModel(MODEL, folder, model, tokenizer, config, tokenizer.eos_token_ids, select_backend("cpu"))
+
+
+class RunningServer:
+    """An engine thread and a uvicorn server on a free loopback port, in threads of this process."""
+
+    def __init__(self, api_key: str | None = None, max_body_bytes: int = 8 * 2**20, **config) -> None:
+        config.setdefault("kv_memory", 4 * 2**20)
+        config.setdefault("max_num_seqs", 32)
+        self.engine = LLMEngine(tiny_model(), EngineConfig(**config))
+        self.client = AsyncEngine(self.engine).start()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        options = ServeOptions(port=self.port, api_key=api_key, max_body_bytes=max_body_bytes, log_level="error")
+        self.server = make_server(self.client, MODEL, options)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def openai(self, api_key: str = "none", **kwargs) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=60, **kwargs)
+
+    def http(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """Gauge and counter values by name (labels dropped, histogram buckets skipped)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=30).text
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("#") or "_bucket" in line:
+                continue
+            name, value = line.rsplit(" ", 1)
+            values[name.split("{")[0]] = values.get(name.split("{")[0], 0.0) + float(value)
+        return values
+
+    def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
+        """Metrics once no request runs or waits and no KV block is used (or the last reading at the timeout)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            idle = m["base_num_requests_running"] == 0 and m["base_num_requests_waiting"] == 0
+            if (idle and m["base_kv_blocks_used"] == 0) or time.monotonic() > deadline:
+                return m
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.client.stop()
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[RunningServer]:
+    """One shared server with default limits and no API key."""
+    running = RunningServer()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def make_server_with():
+    started: list[RunningServer] = []
+
+    def make(**kwargs) -> RunningServer:
+        started.append(RunningServer(**kwargs))
+        return started[-1]
+
+    yield make
+    for running in started:
+        running.stop()

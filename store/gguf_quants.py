@@ -1,0 +1,150 @@
+"""GGUF tensor types as `.base` records: which are kept exactly, which are re-quantized, which are refused.
+
+The legacy block types are affine groups of 32 values, so each becomes a `base_q{bits}` record
+with group size 32 and no loss:
+
+    type   block bytes                    value            .base scale / bias
+    Q4_0   d f16 | 16 B nibbles           d * (q - 8)      d / -8d
+    Q4_1   d f16 | m f16 | 16 B nibbles   d * q + m        d / m
+    Q5_0   d f16 | qh u32 | 16 B nibbles  d * (q - 16)     d / -16d
+    Q5_1   d f16 | m f16 | qh | nibbles   d * q + m        d / m
+    Q8_0   d f16 | 32 x int8              d * q            d / -128d (codes q + 128)
+
+Nibble byte j holds value j (low half) and value j + 16 (high half); bit j of `qh` is bit 4 of
+value j. `-8d`, `-16d` and `-128d` are powers of two times an f16, so they are f16 values too
+unless they overflow f16's range; a tensor with such a block keeps f32 scales and biases instead
+(f32 holds every f16 exactly). In float32, `scale * q + bias` then equals the GGUF's own
+dequantization bit for bit: `d * q` is exact (at most 11 + 8 significant bits), so both round the
+same single sum. F32, F16 and BF16 stay float tensors as they are.
+
+K-quants (Q2_K..Q6_K) use super-blocks with 6- or 8-bit sub-scales and groups of 16 in Q2_K, Q3_K
+and Q6_K, which the affine scheme cannot hold; they are dequantized (with the `gguf` package's
+own code) and quantized again by the caller, which compounds the two rounding errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from baselm.store.base_file import TensorRecord
+from baselm.store.errors import UnsupportedModelError
+
+GROUP_SIZE = 32
+FLOAT_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+
+
+@dataclass(frozen=True, slots=True)
+class BlockType:
+    """A legacy GGUF block type: bits per value, block bytes, and where its fields sit."""
+
+    bits: int
+    block_bytes: int
+    has_min: bool  # Q4_1/Q5_1 store the bias m; the others have a fixed zero point
+    zero_point: int  # the q that means 0 in the symmetric types
+
+
+EXACT_TYPES = {
+    "Q4_0": BlockType(4, 18, False, 8),
+    "Q4_1": BlockType(4, 20, True, 0),
+    "Q5_0": BlockType(5, 22, False, 16),
+    "Q5_1": BlockType(5, 24, True, 0),
+    "Q8_0": BlockType(8, 34, False, 128),
+}
+# The .base scheme a K-quant becomes when it is kept (re-quantized at the nearest bit width).
+K_TYPES = {"Q2_K": "q2", "Q3_K": "q3", "Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6"}
+READABLE = (*FLOAT_TYPES, *EXACT_TYPES, *K_TYPES)
+
+
+def check_readable(type_name: str, tensor: str, label: str) -> None:
+    """A clear error for a tensor type base cannot read (IQ*, TQ*, MXFP4, integer types, ...)."""
+    if type_name not in READABLE:
+        raise UnsupportedModelError(
+            f"{label}: tensor {tensor!r} is GGUF type {type_name}, which base cannot read; "
+            f"base reads {', '.join(READABLE)} (convert the model to one of those first)"
+        )
+
+
+def _split_block(blocks: np.ndarray, block: BlockType) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """(d as float16 (..., n), m as float16 or None, q as uint8 (..., n, 32)) of raw blocks (..., n, bytes)."""
+    d = np.ascontiguousarray(blocks[..., 0:2]).view("<f2")[..., 0]
+    at = 2
+    m = None
+    if block.has_min:
+        m = np.ascontiguousarray(blocks[..., 2:4]).view("<f2")[..., 0]
+        at = 4
+    if block.bits == 8:
+        return d, m, blocks[..., at:] ^ np.uint8(0x80)  # int8 q -> q + 128 as uint8
+    high = None
+    if block.bits == 5:
+        qh = np.ascontiguousarray(blocks[..., at : at + 4]).view("<u4")  # (..., n, 1)
+        high = ((qh >> np.arange(32, dtype=np.uint32)) & np.uint32(1)).astype(np.uint8) << np.uint8(4)
+        at += 4
+    nibbles = blocks[..., at : at + 16]  # (..., n, 16)
+    q = np.concatenate([nibbles & np.uint8(0x0F), nibbles >> np.uint8(4)], axis=-1)  # (..., n, 32)
+    return d, m, q if high is None else q | high
+
+
+def exact_record(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> TensorRecord:
+    """A Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 tensor's raw bytes (out, in / 32 * block_bytes) as a lossless record."""
+    block = EXACT_TYPES[type_name]
+    out_features, in_features = shape
+    blocks = raw.reshape(out_features, in_features // GROUP_SIZE, block.block_bytes)  # (out, in/32, bytes)
+    d, m, q = _split_block(blocks, block)
+    if m is not None:
+        scales, biases, scale_dtype = d, m, "f16"
+    else:
+        scales, biases, scale_dtype = _zero_point_bias(d, block.zero_point)
+    return TensorRecord(
+        dtype=f"base_q{block.bits}",
+        shape=shape,
+        codes=pack_affine(q.reshape(out_features, in_features), block.bits),  # (out, in * bits / 32)
+        scales=np.ascontiguousarray(scales),
+        biases=np.ascontiguousarray(biases),
+        group_size=GROUP_SIZE,
+        scale_dtype=scale_dtype,
+    )
+
+
+def pack_affine(q: np.ndarray, bits: int) -> np.ndarray:
+    """(out, in) uint8 codes -> (out, in * bits / 32) uint32 in MLX's packing: value i at bit
+    `i * bits` of the row's little-endian bit stream (`store.quantize.pack_codes`, vectorized by bytes)."""
+    out_features, in_features = q.shape
+    if bits == 8:
+        packed = q
+    elif bits == 4:
+        packed = q[:, 0::2] | (q[:, 1::2] << np.uint8(4))  # (out, in / 2)
+    else:
+        stream = (q[..., None] >> np.arange(bits, dtype=np.uint8)) & np.uint8(1)  # (out, in, bits)
+        packed = np.packbits(stream.reshape(out_features, in_features * bits), axis=-1, bitorder="little")
+    return np.ascontiguousarray(packed, dtype=np.uint8).view("<u4").reshape(out_features, in_features * bits // 32)
+
+
+def _zero_point_bias(d: np.ndarray, zero_point: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """(scales, biases, scale dtype) for `w = d * (q - zero_point)`: f16 when every `-zero_point * d`
+    is an f16 value, else both in f32 (which holds `d` and the product exactly)."""
+    bias32 = d.astype(np.float32) * np.float32(-zero_point)  # exact: a power of two times an f16
+    with np.errstate(over="ignore"):
+        bias16 = bias32.astype(np.float16)
+    same = (bias16.astype(np.float32) == bias32) | (np.isnan(bias32) & np.isnan(bias16))
+    if same.all():
+        return d, bias16, "f16"
+    return d.astype(np.float32), bias32, "f32"
+
+
+def float_record(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> TensorRecord:
+    """An F32/F16/BF16 tensor as it is (bf16 values held as their uint16 bits)."""
+    dtype = FLOAT_TYPES[type_name]
+    numpy_dtype = {"f32": "<f4", "f16": "<f2", "bf16": "<u2"}[dtype]
+    data = np.ascontiguousarray(raw.reshape(-1).view(numpy_dtype).reshape(shape))
+    return TensorRecord(dtype=dtype, shape=tuple(shape), data=data)
+
+
+def dequantize_k(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A K-quant tensor as float32 values, by the `gguf` package's own dequantization."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    values = dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[type_name])  # (out, in)
+    return values.reshape(shape).astype(np.float32, copy=False)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from baselm.sampling import SamplingParams, SamplingParamsError
+from baselm.scheduler import SchedulerStats
 from baselm.tokenizer import Tokenizer
 
 PROMPT = ">>> "
@@ -235,9 +237,9 @@ def turn_line(stats: TurnStats, max_model_len: int) -> str:
     """The dimmed line after each answer: speeds and context use."""
     used = stats.num_prompt_tokens + stats.num_output_tokens
     parts = [
-        f"{stats.num_prompt_tokens} prompt tokens ({stats.num_cached_tokens} cached)"
-        f" at {stats.prefill_tokens_per_s:.0f} tok/s, TTFT {stats.ttft_s * 1000:.0f} ms",
-        f"{stats.num_output_tokens} tokens at {stats.decode_tokens_per_s:.1f} tok/s",
+        f"prefill {stats.num_prompt_tokens} tokens ({stats.num_cached_tokens} cached) {stats.prefill_tokens_per_s:.0f} tok/s",
+        f"TTFT {stats.ttft_s * 1000:.0f} ms",
+        f"decode {stats.num_output_tokens} tokens {stats.decode_tokens_per_s:.1f} tok/s",
         f"context {used}/{max_model_len}",
     ]
     if stats.finish_reason == "abort":
@@ -247,7 +249,7 @@ def turn_line(stats: TurnStats, max_model_len: int) -> str:
     return " · ".join(parts)
 
 
-def stats_report(session: SessionStats, kv_usage: float | None, max_model_len: int) -> str:
+def stats_report(session: SessionStats, kv: SchedulerStats | None, max_model_len: int) -> str:
     """What /stats prints: the last turn, the session's totals and the KV cache's use."""
     lines = []
     last = session.last
@@ -268,8 +270,11 @@ def stats_report(session: SessionStats, kv_usage: float | None, max_model_len: i
         f"({session.total('num_cached_tokens'):.0f} cached), {session.total('num_output_tokens'):.0f} generated, "
         f"mean TTFT {mean_ttft:.0f} ms, decode {session.decode_tokens_per_s:.1f} tok/s"
     )
-    if kv_usage is not None:
-        lines.append(f"KV cache: {kv_usage:.1%} of blocks in use")
+    if kv is not None:
+        lines.append(
+            f"KV cache: {kv.num_used_blocks}/{kv.num_used_blocks + kv.num_free_blocks} blocks in use "
+            f"({kv.kv_usage:.1%}), prefix cache hit rate {kv.prefix_cache_hit_rate:.1%}"
+        )
     return "\n".join(lines)
 
 
@@ -526,9 +531,9 @@ class ChatREPL:
     async def _stream(self, prompt: Prompt, params: SamplingParams, answer: _Answer) -> None:
         stats = answer.stats
         stats.num_prompt_tokens = len(prompt.token_ids)
-        start = time.perf_counter()
-        outputs = await self.client.submit(prompt.token_ids, params)
         with AnswerView(self.console, self.rich_output) as view:
+            start = time.perf_counter()
+            outputs = await self.client.submit(prompt.token_ids, params)
             try:
                 async with contextlib.aclosing(outputs):  # leaving early aborts the request
                     async for out in outputs:
@@ -621,10 +626,10 @@ class ChatREPL:
         from baselm.engine import LLMEngine
 
         try:
-            kv_usage = self.client.call(LLMEngine.stats).result(timeout=5).kv_usage
+            kv = self.client.call(LLMEngine.stats).result(timeout=5)
         except Exception:  # the numbers are informative; a busy or stopped engine leaves them out
-            kv_usage = None
-        self.note(stats_report(self.session, kv_usage, self.engine.max_model_len), style="")
+            kv = None
+        self.note(stats_report(self.session, kv, self.engine.max_model_len), style="")
 
 
 def _settings_text(settings: ChatSettings) -> str:
@@ -649,7 +654,7 @@ def run_chat(
     kv_memory: str | None,
     serve: bool = False,
     host: str = "127.0.0.1",
-    port: int = 8000,
+    port: int = 8080,
 ) -> None:
     """Loads `model`, starts the engine thread (and the HTTP server with `serve`), runs the REPL."""
     from rich.console import Console
@@ -671,15 +676,76 @@ def run_chat(
     server = None
     try:
         if serve:
-            server = start_server(client, loaded, host, port)
-        ChatREPL(client, loaded.name, settings, system, history_path()).run()
+            server = start_server(client, loaded.name, host, port)
+        repl = ChatREPL(client, loaded.name, settings, system, history_path())
+        if server is not None:
+            repl.note(f"serving the OpenAI API at {server.url} on this chat's engine")
+        repl.run()
     finally:
         if server is not None:
             server.stop()
         client.stop()
+        _wait_for_os_thread(client._thread)
 
 
-def start_server(client, loaded, host: str, port: int):
-    """Serves the HTTP API on `client`'s engine from a background thread."""
-    raise NotImplementedError("--serve needs the HTTP server (baselm.api), which this build does not have yet")
+def _wait_for_os_thread(thread, timeout_s: float = 2.0) -> None:
+    """Waits until a joined thread's OS thread is gone too (Linux; elsewhere a no-op).
+
+    NOTE: `Thread.join` returns before the OS thread runs its thread-local destructors.
+    MLX keeps its compile cache per thread and releases Python objects from it there; if
+    the interpreter is already finalizing at that moment, the process aborts ("terminate
+    called without an active exception"). Waiting here keeps `base chat` exiting with 0.
+    """
+    task = Path(f"/proc/self/task/{thread.native_id}")
+    deadline = time.monotonic() + timeout_s
+    while thread.native_id is not None and task.exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+class ServeError(RuntimeError):
+    """The HTTP server of `--serve` could not start; the message says why."""
+
+
+class BackgroundServer:
+    """The HTTP API (baselm.api) under uvicorn on a thread of its own, over the REPL's AsyncEngine."""
+
+    def __init__(self, client, model_name: str, host: str, port: int, api_key: str | None = None):
+        from baselm.api.server import ServeOptions, make_server
+
+        self.options = ServeOptions(host=host, port=port, api_key=api_key, log_level="warning")
+        self.server = make_server(client, model_name, self.options)
+        self._thread = threading.Thread(target=self.server.run, name="base-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.options.host}]" if ":" in self.options.host else self.options.host
+        return f"http://{host}:{self.options.port}/v1"
+
+    def start(self, timeout_s: float = 10.0) -> BackgroundServer:
+        """Starts serving; raises ServeError when uvicorn does not come up (a port in use, say)."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self.server.started:
+            self.stop()
+            raise ServeError(f"could not serve on {self.options.host}:{self.options.port}; is the port in use?")
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+
+def start_server(client, model_name: str, host: str, port: int) -> BackgroundServer:
+    """Serves the HTTP API on `client`'s engine from a background thread (API key: $BASE_API_KEY)."""
+    import os
+
+    from baselm.api.server import is_loopback
+
+    api_key = os.environ.get("BASE_API_KEY") or None
+    if not api_key and not is_loopback(host):
+        print(f"WARNING: serving on {host} without an API key; set BASE_API_KEY.", file=sys.stderr)
+    return BackgroundServer(client, model_name, host, port, api_key).start()
 

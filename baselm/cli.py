@@ -196,18 +196,18 @@ def chat(
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="Memory for the KV cache, e.g. 2GiB."),
     serve: bool = typer.Option(False, "--serve", help="Also serve the HTTP API on the same engine."),
-    port: int = typer.Option(8000, "--port", help="Port for --serve."),
+    port: int = typer.Option(8080, "--port", help="Port for --serve."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
-    from baselm.chat import ChatSettings, run_chat
+    from baselm.chat import ChatSettings, ServeError, run_chat
 
     try:
         settings = ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
         run_chat(
             model, settings=settings, system=system, device=device, kv_memory=kv_memory, serve=serve, host=host, port=port
         )
-    except _user_errors() as exc:
+    except _user_errors() + (ServeError,) as exc:
         _fail(str(exc))
 
 

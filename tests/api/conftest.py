@@ -39,7 +39,7 @@ def tiny_model() -> LoadedModel:
     folder = FIXTURES / "models" / "llama"
     tokenizer = Tokenizer.from_folder(FIXTURES / "tokenizers" / "bpe")
     config = hf.read_config(folder)
-    config["max_position_embeddings"] = 512
+    config["max_position_embeddings"] = 2048
     config["vocab_size"] = tokenizer.vocab_size
     weights = hf.read_weights(folder)
     rng = np.random.default_rng(0)

@@ -14,8 +14,11 @@ Downloaded sources are removed after a successful pull unless `keep_download`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
+import re
 import shutil
 import sys
 from collections.abc import Iterable, Iterator
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 
-from baselm.store.errors import ProfileError, StoreError
+from baselm.store.errors import ProfileError, StoreError, UnsupportedModelError
 from baselm.store.hub import (
     HubClient,
     Progress,
@@ -39,8 +42,7 @@ from baselm.store.registry import Store, StoredModel, check_model_name, split_re
 
 DEFAULT_QUANT = "q4"
 DEFAULT_PROFILE = "default"
-# GGUF tensor types that mx.load keeps as MLX affine triplets, and the .base scheme they become.
-_GGUF_SCHEMES = {"Q4_0": "q4", "Q4_1": "q4", "Q8_0": "q8", "F16": "f16", "BF16": "bf16", "F32": "f32"}
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,13 +224,18 @@ def convert(
     source_info: dict[str, Any] | None = None,
     supported: Iterable[str] | None = None,
 ) -> Converted:
-    """Writes `source` (an HF model folder or a .gguf file) as the `.base` file `target`.
+    """Writes `source` (an HF or MLX model folder, or a .gguf file) as the `.base` file `target`.
 
-    `quant` None keeps a GGUF's own quantization (an HF folder always gets one: q4 by default).
+    `quant` None keeps an already-quantized source's own quantization (GGUF, MLX folder); an HF
+    folder always gets one (q4 by default). Re-quantizing a quantized source logs that it
+    compounds error.
     """
     from baselm.store.base_file import write_base_file
+    from baselm.store.mlx_folder import is_mlx_folder
 
-    if source.is_dir():
+    if source.is_dir() and is_mlx_folder(_folder_config(source)):
+        arch, config, tokenizer, tensors, label = _mlx_source(source, quant, group_size, profile)
+    elif source.is_dir():
         arch, config, tokenizer, tensors, label = _hf_source(source, quant or DEFAULT_QUANT, group_size, profile)
     else:
         arch, config, tokenizer, tensors, label = _gguf_source(source, quant, group_size, profile)
@@ -243,7 +250,7 @@ def convert(
         tokenizer=tokenizer,
         quant_scheme=label[0],
         quant_profile=label[1],
-        source=source_info or {"format": "safetensors" if source.is_dir() else "gguf", "path": str(source)},
+        source=source_info or {"format": source_format(source), "path": str(source)},
     )
     return Converted(arch, counter.params, label[0])
 
@@ -280,11 +287,29 @@ def _quantizes(rule: Any) -> bool:
     return scheme is not None and scheme.is_quantized
 
 
+def _folder_config(folder: Path) -> dict[str, Any]:
+    from baselm.store import hf
+
+    return hf.read_config(folder)
+
+
+def source_format(source: Path) -> str:
+    """`safetensors` (HF folder), `mlx` (MLX quantized folder), `gguf` or `base`."""
+    from baselm.store.mlx_folder import is_mlx_folder
+
+    if source.is_dir():
+        return "mlx" if is_mlx_folder(_folder_config(source)) else "safetensors"
+    return "base" if source.suffix == ".base" else "gguf"
+
+
 def _hf_source(folder: Path, quant: str, group_size: int | None, profile_name: str) -> tuple:
     from baselm.store import hf
     from baselm.store.quantize import quantize_tensors
 
     config = hf.read_config(folder)
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if method:
+        raise UnsupportedModelError(f"{folder}: its weights are {method}-quantized, which base cannot read; use the unquantized model")
     weights = hf.read_weights(folder)
     profile = _profile(profile_name, quant, group_size)
     tensors = quantize_tensors(((n, weights[n]) for n in sorted(weights)), profile)
@@ -309,64 +334,277 @@ def hf_tokenizer(folder: Path) -> dict[str, Any]:
     }
 
 
-def _gguf_source(path: Path, quant: str | None, group_size: int | None, profile_name: str) -> tuple:
-    from baselm.store import gguf
+def requantize_note(label: str, source_quant: str, quant: str) -> None:
+    """The one line that says a quantized source is being rounded a second time."""
+    log.warning("%s: requantizing its %s weights to %s compounds the two rounding errors", label, source_quant, quant)
 
-    tensors, metadata = gguf.read_metadata(path)
-    config = gguf.hf_config(metadata, set(tensors))
-    weights = gguf.hf_tensors(tensors, config)
-    del tensors
-    # The GGUF's own tokenizer keys, as `Tokenizer.from_gguf_metadata` reads them.
-    tokenizer = {
+
+def _record_values(record: Any) -> Any:
+    """A `.base` record as MLX float values: float records as stored, quantized ones dequantized in f32."""
+    import mlx.core as mx
+
+    if record.bits is None:
+        values = mx.array(record.data)
+        return values.view(mx.bfloat16) if record.dtype == "bf16" else values
+    scales = mx.array(record.scales)
+    biases = mx.array(record.biases)
+    if record.scale_dtype == "bf16":
+        scales, biases = scales.view(mx.bfloat16), biases.view(mx.bfloat16)
+    return mx.dequantize(mx.array(record.codes), scales.astype(mx.float32), biases.astype(mx.float32),
+                         group_size=record.group_size, bits=record.bits)  # (out, in) float32
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF sources
+
+
+# The .base scheme a GGUF tensor type is kept as (K-quants: re-quantized at that width).
+_GGUF_SCHEMES = {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q5", "Q5_1": "q5", "Q8_0": "q8",
+                 "Q2_K": "q2", "Q3_K": "q3", "Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6",
+                 "F16": "f16", "BF16": "bf16", "F32": "f32"}
+
+
+def gguf_body_type(gguf_file: Any) -> str:
+    """The tensor type holding most of a GGUF's matrix weights (e.g. Q4_1 beside a Q8_0 embedding)."""
+    counts: dict[str, int] = {}
+    for info in gguf_file.tensors.values():
+        if len(info.shape) >= 2:
+            counts[info.type_name] = counts.get(info.type_name, 0) + info.num_params
+    return max(sorted(counts), key=counts.get) if counts else "F32"
+
+
+def gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The header's `tokenizer` for a GGUF: its own tokenizer keys, as `Tokenizer.from_gguf_metadata` reads them."""
+    return {
         "gguf": {k: v for k, v in metadata.items() if k.startswith("tokenizer.")},
         "chat_template": metadata.get("tokenizer.chat_template"),
     }
-    tag = gguf_tag(path.name).upper()
+
+
+def _gguf_source(path: Path, quant: str | None, group_size: int | None, profile_name: str) -> tuple:
+    from baselm.store import gguf
+
+    gguf_file = gguf.GGUFFile.open(path)
+    gguf_file.check_types()
+    config = gguf.hf_config(gguf_file.metadata, set(gguf_file.tensors))
+    tokenizer = gguf_tokenizer(gguf_file.metadata)
+    records = gguf.hf_records(gguf_file, config)
+    body = gguf_body_type(gguf_file)
     if quant is None:
-        scheme = _GGUF_SCHEMES.get(tag)
-        if scheme is None:
-            raise StoreError(f"{path.name}: base keeps only {', '.join(_GGUF_SCHEMES)} GGUF files as they are; pass a quantization to convert it")
-        return config["model_type"], config, tokenizer, _gguf_records(weights), (scheme, f"gguf-{tag}")
+        tag = gguf_tag(path.name).upper() or body
+        return config["model_type"], config, tokenizer, _kept_gguf(path.name, gguf_file, records), (_GGUF_SCHEMES[body], f"gguf-{tag}")
     from baselm.store.quantize import quantize_tensors
 
+    if any(info.type_name not in ("F32", "F16", "BF16") for info in gguf_file.tensors.values()):
+        requantize_note(path.name, body, quant)
     profile = _profile(profile_name, quant, group_size)
-    tensors = quantize_tensors(_gguf_floats(weights), profile)
+    tensors = quantize_tensors(_gguf_floats(records), profile)
     return config["model_type"], config, tokenizer, tensors, (quant, profile.to_json())
 
 
-def _gguf_tensors(weights: dict[str, Any]) -> Iterator[tuple[str, Any]]:
-    """(name, float array or (codes, scales, biases) triplet) per logical tensor, sorted by name."""
-    for name in sorted(weights):
-        prefix = name.removesuffix(".weight")
-        if name.endswith((".scales", ".biases")):
-            continue
-        if f"{prefix}.scales" in weights:
-            yield name, tuple(weights[f"{prefix}.{k}"] for k in ("weight", "scales", "biases"))
-        else:
-            yield name, weights[name]
+def _kept_gguf(label: str, gguf_file: Any, records: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, Any]]:
+    """GGUF tensors as `.base` records: float and legacy-quant ones exactly, K-quants at their own width."""
+    from baselm.store.gguf_quants import K_TYPES
+    from baselm.store.quantize import QuantProfile, Rule, quantize_tensor
 
-
-def _gguf_records(weights: dict[str, Any]) -> Iterator[tuple[str, Any]]:
-    """GGUF tensors as `.base` records, the quantized ones bit for bit (groups of 32)."""
-    from baselm.store.base_file import TensorRecord
-    from baselm.store.gguf import GGUF_GROUP_SIZE
-
-    for name, value in _gguf_tensors(weights):
-        if isinstance(value, tuple):
-            yield name, TensorRecord.from_triplet(*value, group_size=GGUF_GROUP_SIZE)
-        else:
-            yield name, TensorRecord.from_array(value)
-
-
-def _gguf_floats(weights: dict[str, Any]) -> Iterator[tuple[str, Any]]:
-    """GGUF tensors as float arrays, quantized ones dequantized (for re-quantization)."""
-    import mlx.core as mx
-
-    from baselm.store.gguf import GGUF_GROUP_SIZE
-
-    for name, value in _gguf_tensors(weights):
-        if isinstance(value, tuple):
-            codes, scales, biases = value
-            bits = codes.shape[1] * 32 // (scales.shape[1] * GGUF_GROUP_SIZE)
-            value = mx.dequantize(codes, scales, biases, group_size=GGUF_GROUP_SIZE, bits=bits).astype(mx.float32)
+    k_types = sorted({i.type_name for i in gguf_file.tensors.values() if i.type_name in K_TYPES})
+    if k_types:
+        widths = ", ".join(f"{t} -> {K_TYPES[t]}" for t in k_types)
+        log.warning("%s: K-quant tensors have no exact .base form; requantizing them (%s) compounds the two rounding errors", label, widths)
+    for name, type_name, value in records:
+        if type_name in K_TYPES:
+            scheme = K_TYPES[type_name]
+            value, _ = quantize_tensor(name, value, QuantProfile(f"gguf-{type_name}", (Rule("*", scheme),)))
         yield name, value
+
+
+def _gguf_floats(records: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, Any]]:
+    """GGUF tensors as float arrays (quantized ones dequantized), for re-quantization."""
+    import numpy as np
+
+    for name, _, value in records:
+        yield name, value if isinstance(value, np.ndarray) else _record_values(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# MLX sources
+
+
+def _mlx_source(folder: Path, quant: str | None, group_size: int | None, profile_name: str) -> tuple:
+    from baselm.store import mlx_folder
+
+    config = _folder_config(folder)
+    bits = mlx_folder.default_bits(mlx_folder.check_quantization(folder, config))
+    plain = mlx_folder.plain_config(config)
+    records = mlx_folder.mlx_records(folder, config)
+    if quant is None:
+        return str(plain.get("model_type")), plain, hf_tokenizer(folder), records, (f"q{bits}", f"mlx-q{bits}")
+    from baselm.store.quantize import quantize_tensors
+
+    requantize_note(folder.name, f"MLX q{bits}", quant)
+    profile = _profile(profile_name, quant, group_size)
+    tensors = quantize_tensors(((name, _record_values(record)) for name, record in records), profile)
+    return str(plain.get("model_type")), plain, hf_tokenizer(folder), tensors, (quant, profile.to_json())
+
+
+# ---------------------------------------------------------------------------------------------
+# Local sources: `base pull ./folder`, `base pull model.gguf`, `base pull model.base`
+
+
+LOCAL_ORG = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSource:
+    """What a local path holds: its format, the name it is stored under by default, and its own variant."""
+
+    path: Path
+    format: str  # safetensors | mlx | gguf | base
+    default_name: str
+    own_variant: str | None  # the variant a quantized source keeps when no quant is asked (None: HF folder)
+
+
+def import_local(
+    path: Path,
+    *,
+    name: str | None = None,
+    quant: str | None = None,
+    group_size: int | None = None,
+    profile: str | None = None,
+    supported: Iterable[str] | None,
+    force: bool = False,
+    store: Store | None = None,
+) -> StoredModel:
+    """Stores a local model (HF folder, MLX folder, `.gguf` or `.base` file) as `local/<name>:<variant>`.
+
+    The name defaults to the folder's or file's name (`--name org/name` overrides); the variant is
+    the quantization asked for, or the source's own when it is already quantized and none is asked
+    (GGUF `q4_1`, MLX `mlx-q4`, a `.base` file's). A `.base` file is verified and copied as it is.
+    The write is atomic and locked as a hub pull's is. A variant already stored from the same
+    bytes (sha256) is returned as it is unless `force`; one from other bytes needs `force`.
+    """
+    from baselm.store.quantize import SCHEMES
+
+    store = store or Store()
+    if quant is not None and quant not in SCHEMES:
+        raise StoreError(f"unknown quantization {quant!r}; choose one of {', '.join(SCHEMES)}")
+    local = inspect_local(Path(path).expanduser().resolve())
+    variant = _local_variant(local, quant, profile, group_size)
+    model_name = _local_name(name, local.default_name)
+    digest = source_sha256(local.path)
+    source = {"format": local.format, "path": str(local.path), "sha256": digest}
+    with store.begin_write(model_name, variant, on_wait=lambda: wait_note(model_name)) as pending:
+        existing = pending.existing
+        if existing and not force:
+            if existing.source.get("sha256") == digest:
+                return existing
+            raise StoreError(f"{existing.ref} is already stored from {existing.source.get('path') or 'another source'}; pass --force to replace it")
+        store.check_free_space(_num_bytes(local.path))
+        if local.format == "base":
+            return _import_base(local.path, pending, source, supported)
+        converted = convert(local.path, pending.temp_path, quant, group_size, profile or DEFAULT_PROFILE, source, supported)
+        return pending.commit(arch=converted.arch, params=converted.params, quant=converted.quant, source=source)
+
+
+def inspect_local(path: Path) -> LocalSource:
+    """The format, default name and own variant of a local model path, or a clear error."""
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise StoreError(f"{path}: a model folder needs a config.json (an HF or MLX model folder)")
+        from baselm.store.mlx_folder import default_bits, is_mlx_folder
+
+        config = _folder_config(path)
+        if is_mlx_folder(config):
+            return LocalSource(path, "mlx", path.name, f"mlx-q{default_bits(config)}")
+        return LocalSource(path, "safetensors", path.name, None)
+    if path.suffix == ".gguf":
+        from baselm.store import gguf
+
+        gguf_file = gguf.GGUFFile.open(path)
+        tag = gguf_tag(path.name)
+        stem = path.name.removesuffix(".gguf")
+        stem = stem[: -len(tag) - 1] if tag else stem
+        return LocalSource(path, "gguf", _gguf_name(stem, gguf_file.metadata), (tag or gguf_body_type(gguf_file)).lower())
+    if path.suffix == ".base":
+        from baselm.store.base_file import BaseFile
+
+        header = BaseFile.open(path).header
+        return LocalSource(path, "base", path.stem, _base_variant(header))
+    raise StoreError(f"{path}: not a model; give an HF or MLX model folder, a .gguf file or a .base file")
+
+
+def _gguf_name(stem: str, metadata: dict[str, Any]) -> str:
+    """The file's name without its quant tag; the metadata's names when the file name says nothing."""
+    parts = [metadata.get("general.basename"), metadata.get("general.size_label")]
+    candidates = [stem, "-".join(str(p) for p in parts if p) if parts[0] else "", metadata.get("general.name") or "", "model"]
+    return next(n for n in (_clean_name(str(c)) for c in candidates) if n)
+
+
+def _clean_name(text: str) -> str:
+    """A string as a store name part: letters, digits, '.', '_', '-' (other runs become '-')."""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", text)
+    return re.sub(r"\.{2,}", ".", text).strip("-._")
+
+
+def _local_name(name: str | None, default: str) -> str:
+    """`org/name` as given, `name` alone under `local/`, or the source's own name under `local/`."""
+    if name is None:
+        full = f"{LOCAL_ORG}/{_clean_name(default) or 'model'}"
+    else:
+        full = name if "/" in name else f"{LOCAL_ORG}/{name}"
+    check_model_name(full)
+    return full
+
+
+def _local_variant(local: LocalSource, quant: str | None, profile: str | None, group_size: int | None) -> str:
+    if local.format == "base" and (quant or profile or group_size):
+        raise StoreError(f"{local.path.name}: a .base file is stored as it is; --quant, --profile and --group-size do not apply")
+    if quant is None and local.own_variant is not None:
+        if profile or group_size:
+            raise StoreError(f"{local.path.name} is already quantized; --profile and --group-size apply only with --quant (which requantizes it)")
+        return local.own_variant
+    return _variant_name(profile or DEFAULT_PROFILE, quant or DEFAULT_QUANT, group_size)
+
+
+def _base_variant(header: dict[str, Any]) -> str:
+    """A `.base` file's variant from its header: `q4` (default profile), `mixed-q4`, `q4_1` (a kept GGUF)."""
+    profile = header.get("quant_profile")
+    name = profile.get("name") if isinstance(profile, dict) else profile
+    scheme = str(header.get("quant_scheme") or "base")
+    if not isinstance(name, str) or not name:
+        return _clean_name(scheme.lower()) or "base"
+    if name.startswith("gguf-"):
+        return _clean_name(name.removeprefix("gguf-").lower())
+    return _clean_name(name.removeprefix(f"{DEFAULT_PROFILE}-")) or scheme
+
+
+def _import_base(path: Path, pending: Any, source: dict[str, Any], supported: Iterable[str] | None) -> StoredModel:
+    """Verifies a `.base` file (layout and every checksum) and copies it into the store as it is."""
+    from baselm.store.base_file import BaseFile
+
+    base = BaseFile.open(path)
+    base.verify()
+    if supported is not None:
+        check_model_type(base.header["config"], supported, str(path))
+    shutil.copyfile(path, pending.temp_path)
+    params = sum(entry.num_params for entry in base.tensors.values())
+    return pending.commit(arch=base.header["arch"], params=params, quant=base.header["quant_scheme"], source=source)
+
+
+def source_sha256(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (relative names and contents, in name order)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as f:
+            while chunk := f.read(8 * 1024 * 1024):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _num_bytes(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size

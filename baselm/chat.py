@@ -487,7 +487,7 @@ class ChatREPL:
                 self._turn(runner, line)
 
     def note(self, text: str, style: str = "dim") -> None:
-        self.notes.print(text, style=style, markup=False)
+        self.notes.print(text, style=style, markup=False, soft_wrap=True)
 
     def _read_message(self) -> str:
         first = self.reader.read(PROMPT)

@@ -434,7 +434,8 @@ def _mlx_source(folder: Path, quant: str | None, group_size: int | None, profile
     from baselm.store import mlx_folder
 
     config = _folder_config(folder)
-    bits = mlx_folder.default_bits(mlx_folder.check_quantization(folder, config))
+    mlx_folder.check_quantization(folder, config)
+    bits = mlx_folder.default_bits(config)
     plain = mlx_folder.plain_config(config)
     records = mlx_folder.mlx_records(folder, config)
     if quant is None:

@@ -52,69 +52,92 @@ struct LaneChunks {
   static constant constexpr const int N = (D / 4 + kLanes - 1) / kLanes;
 };
 
-// Online-softmax state of one simdgroup over its keys, for GQ query heads; every lane
-// holds the same m and l and its own chunks of the unnormalized outputs.
-template <int D, int GQ>
+// Online-softmax state of one simdgroup over its keys, for R query rows; every lane holds
+// the same m and l and its own chunks of the unnormalized outputs.
+template <int D, int R>
 struct SoftmaxState {
-  float m[GQ];
-  float l[GQ];
-  float4 o[GQ][LaneChunks<D>::N];
+  float m[R];
+  float l[R];
+  float4 o[R][LaneChunks<D>::N];
 };
 
-// Unnormalized attention of GQ consecutive query heads (`query` points at the first; they
-// share `kv_head`) over keys [begin, end) of a sequence, taking every `stride`-th key from
-// begin + offset (one simdgroup's share). Each key and value chunk is loaded once for
-// all GQ heads. `Table` is the block table's pointer type: MLX passes inputs of fewer than
-// 8 elements in the constant address space, larger ones in device memory.
+// The query rows of one threadgroup: `num_tokens` consecutive tokens of one sequence
+// (positions first_pos, first_pos + 1, ...) times the GQ query heads from `first_head`,
+// which share `kv_head`. Row r is token r / GQ, head first_head + r % GQ.
+struct QueryTile {
+  int first_token;
+  int num_tokens;
+  int first_pos;
+  int window;  // 0: none
+  int first_head;
+  int kv_head;
+};
+
+// Unnormalized attention of a tile's query rows over keys [begin, end) of its sequence,
+// taking every `stride`-th key from begin + offset (one simdgroup's share); each row sees
+// the keys its position and the window allow. Each key and value chunk is loaded once for
+// all rows. `Table` is the block table's pointer type: MLX passes inputs of fewer than 8
+// elements in the constant address space, larger ones in device memory.
 // NOTE: every lane of the simdgroup must call this with the same arguments (simd_sum).
-template <typename T, int D, int GQ, int BS, int KV_HEADS, bool SOFTCAP, typename Rows, typename Table>
-SoftmaxState<D, GQ> attend_keys(
-    const device T* query, float scale, float softcap, Rows keys, Rows values, Table table,
-    int kv_head, int begin, int end, int offset, int stride, uint lane) {
+template <typename T, int D, int GQ, int QT, int HEADS, int BS, int KV_HEADS, bool SOFTCAP, typename Rows,
+          typename Table>
+SoftmaxState<D, GQ * QT> attend_keys(
+    const device T* queries, QueryTile tile, float scale, float softcap, Rows keys, Rows values, Table table,
+    int begin, int end, int offset, int stride, uint lane) {
   constexpr int N = LaneChunks<D>::N;
-  float4 q[GQ][N];
-  SoftmaxState<D, GQ> st;
-  for (int j = 0; j < GQ; j++) {
-    st.m[j] = -1e30f;  // finite: fast math may not honour infinities
-    st.l[j] = 0.0f;
+  constexpr int R = GQ * QT;
+  const int rows = tile.num_tokens * GQ;
+  float4 q[R][N];
+  SoftmaxState<D, R> st;
+  for (int r = 0; r < R; r++) {
+    st.m[r] = -1e30f;  // finite: fast math may not honour infinities
+    st.l[r] = 0.0f;
+    int token = tile.first_token + min(r / GQ, tile.num_tokens - 1);
+    const device T* x = queries + (token * HEADS + tile.first_head + r % GQ) * D;
     for (int i = 0; i < N; i++) {
       int c = int(lane) + kLanes * i;
-      const device T* x = query + j * D + 4 * c;
-      q[j][i] = c < D / 4 ? float4(float(x[0]), float(x[1]), float(x[2]), float(x[3])) * scale : float4(0.0f);
-      st.o[j][i] = float4(0.0f);
+      q[r][i] = c < D / 4 ? float4(float(x[4 * c]), float(x[4 * c + 1]), float(x[4 * c + 2]), float(x[4 * c + 3])) * scale
+                          : float4(0.0f);
+      st.o[r][i] = float4(0.0f);
     }
   }
   for (int k = begin + offset; k < end; k += stride) {
-    int row = (table[k / BS] * BS + k % BS) * KV_HEADS + kv_head;
+    int row = (table[k / BS] * BS + k % BS) * KV_HEADS + tile.kv_head;
     float4 chunk[N];
     for (int i = 0; i < N; i++) {
       int c = int(lane) + kLanes * i;
       chunk[i] = c < D / 4 ? keys.chunk(row, c) : float4(0.0f);
     }
-    float p[GQ];
-    float rescale[GQ];
-    for (int j = 0; j < GQ; j++) {
-      float s = 0.0f;
-      for (int i = 0; i < N; i++) {
-        s += dot(q[j][i], chunk[i]);
+    float p[R];
+    float rescale[R];
+    for (int r = 0; r < R; r++) {
+      int pos = tile.first_pos + r / GQ;
+      bool visible = r < rows && k <= pos && (tile.window == 0 || k > pos - tile.window);
+      p[r] = 0.0f;
+      rescale[r] = 1.0f;
+      if (visible) {  // the same for every lane: depends on k and r only
+        float s = 0.0f;
+        for (int i = 0; i < N; i++) {
+          s += dot(q[r][i], chunk[i]);
+        }
+        s = simd_sum(s);
+        if (SOFTCAP) {
+          s = tanh(s / softcap) * softcap;
+        }
+        float m = max(st.m[r], s);
+        rescale[r] = exp(st.m[r] - m);
+        p[r] = exp(s - m);
+        st.l[r] = st.l[r] * rescale[r] + p[r];
+        st.m[r] = m;
       }
-      s = simd_sum(s);
-      if (SOFTCAP) {
-        s = tanh(s / softcap) * softcap;
-      }
-      float m = max(st.m[j], s);
-      rescale[j] = exp(st.m[j] - m);
-      p[j] = exp(s - m);
-      st.l[j] = st.l[j] * rescale[j] + p[j];
-      st.m[j] = m;
     }
     for (int i = 0; i < N; i++) {
       int c = int(lane) + kLanes * i;
       chunk[i] = c < D / 4 ? values.chunk(row, c) : float4(0.0f);
     }
-    for (int j = 0; j < GQ; j++) {
+    for (int r = 0; r < rows; r++) {
       for (int i = 0; i < N; i++) {
-        st.o[j][i] = st.o[j][i] * rescale[j] + chunk[i] * p[j];
+        st.o[r][i] = st.o[r][i] * rescale[r] + chunk[i] * p[r];
       }
     }
   }

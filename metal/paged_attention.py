@@ -4,8 +4,8 @@ Pools are (num_blocks, block_size, kv_heads, head_dim) float arrays or Quantized
 that logical shape (kv_quant.py). A sequence's keys are the rows of the blocks its block
 table names, in order. The metadata object (duck-typed here, so this package imports
 nothing from the engine) supplies `slot_mapping`, `block_tables`, `context_lens`,
-`query_pos`, `query_rows`, `token_rows`, `positions`, `block_size`, `num_seqs`,
-`num_tokens`, `max_query_len` and `max_context_len`.
+`query_pos`, `query_rows`, `token_rows`, `positions`, `block_size`, `query_lens` (a host
+tuple), `num_seqs`, `num_tokens`, `max_query_len` and `max_context_len`.
 
 The pure-MLX references are the path on CPU and CUDA and the tests' oracle; the Metal
 kernels (paged_attention.metal, paged_attention_reduce.metal, write_kv.metal) compute the
@@ -18,6 +18,7 @@ import functools
 import math
 
 import mlx.core as mx
+import numpy as np
 
 from baselm.metal import dispatch, self_check
 from baselm.metal.launch import KernelSource, Launch, Runner, run_on_metal
@@ -132,7 +133,7 @@ def paged_attention_reference(
 HEAD_DIMS = (64, 80, 96, 128, 256)
 _FLOAT_POOLS = ("k_pool", "v_pool")
 _QUANT_POOLS = ("k_codes", "k_scales", "k_biases", "v_codes", "v_scales", "v_biases")
-_ATTENTION_META = ("block_tables", "seq_ids", "positions", "params", "window")
+_ATTENTION_META = ("block_tables", "tiles", "seq_ids", "positions", "params", "window")
 
 
 def _attention_source(quantized: bool, split: bool) -> KernelSource:
@@ -172,6 +173,29 @@ def heads_per_threadgroup(num_heads: int, num_kv_heads: int) -> int:
     return max(n for n in (1, 2, 3, 4) if group % n == 0)
 
 
+def tokens_per_threadgroup(max_query_len: int, heads_per_group: int, head_dim: int) -> int:
+    """Query tokens of one sequence served together (keys loaded once for them): 1 for pure decode.
+
+    A threadgroup's query rows (tokens x heads) are capped at 8 (4 for head_dim 256) for registers.
+    """
+    if max_query_len == 1:
+        return 1
+    return max(1, (4 if head_dim > 128 else 8) // heads_per_group)
+
+
+@functools.lru_cache(maxsize=256)
+def query_tiles(query_lens: tuple[int, ...], tokens_per_tile: int) -> mx.array:
+    """(num_tiles, 2) int32: first flattened token and token count of each tile; a tile stays in one sequence."""
+    q_lens = np.asarray(query_lens, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
+    per_seq = -(-q_lens // tokens_per_tile)  # tiles per sequence
+    seq = np.repeat(np.arange(len(q_lens)), per_seq)  # (num_tiles,)
+    index = np.arange(per_seq.sum()) - np.repeat(np.cumsum(per_seq) - per_seq, per_seq)
+    first = starts[seq] + index * tokens_per_tile
+    count = np.minimum(tokens_per_tile, q_lens[seq] - index * tokens_per_tile)
+    return mx.array(np.stack([first, count], axis=1).astype(np.int32))
+
+
 def num_key_splits(num_tokens: int, num_head_groups: int, max_context_len: int) -> int:
     """Key splits (flash decoding): only for long contexts with few threadgroups (tokens x head groups)."""
     num_groups = num_tokens * num_head_groups
@@ -200,25 +224,30 @@ def paged_attention_kernel(
 ) -> mx.array:
     """`paged_attention_reference` as Metal kernels reading the pools through the block tables.
 
-    One threadgroup per (token, group of query heads sharing a KV head, key split); with more
-    than one split a reduce kernel merges the partial softmax states.
+    One threadgroup per (tile of a sequence's query tokens, group of query heads sharing a KV
+    head, key split): each K/V chunk read serves all of its query rows. With more than one
+    split a reduce kernel merges the partial softmax states.
     Returns (num_tokens, heads, head_dim).
     """
-    num_tokens, num_heads, _ = queries.shape
-    num_head_groups = num_heads // heads_per_threadgroup(num_heads, key_pool.shape[2])
-    splits = num_splits or num_key_splits(num_tokens, num_head_groups, meta.max_context_len)
-    launch = _attention_launch(queries, key_pool, value_pool, meta, scale, softcap, window, splits)
+    num_heads, head_dim = queries.shape[1:]
+    gq = heads_per_threadgroup(num_heads, key_pool.shape[2])
+    tiles = query_tiles(tuple(meta.query_lens), tokens_per_threadgroup(meta.max_query_len, gq, head_dim))
+    splits = num_splits or num_key_splits(tiles.shape[0], num_heads // gq, meta.max_context_len)
+    launch = _attention_launch(queries, key_pool, value_pool, meta, scale, softcap, window, tiles, splits)
     if splits == 1:
         return run(launch)[0]
     part_o, part_ml = run(launch)
     return run(_reduce_launch(part_o, part_ml, queries.dtype))[0]
 
 
-def _attention_launch(queries, key_pool: Pool, value_pool: Pool, meta, scale, softcap, window, splits: int) -> Launch:
+def _attention_launch(
+    queries, key_pool: Pool, value_pool: Pool, meta, scale, softcap, window, tiles: mx.array, splits: int
+) -> Launch:
     num_tokens, num_heads, head_dim = queries.shape
     num_kv_heads = key_pool.shape[2]
     quantized = isinstance(key_pool, QuantizedPool)
     gq = heads_per_threadgroup(num_heads, num_kv_heads)
+    qt = tokens_per_threadgroup(meta.max_query_len, gq, head_dim)
     nsg = num_simdgroups(meta.max_context_len)
     seq_ids = (meta.token_rows // meta.max_query_len).astype(mx.int32)  # (num_tokens,)
     params = mx.array([scale, softcap or 0.0], dtype=mx.float32)
@@ -226,7 +255,7 @@ def _attention_launch(queries, key_pool: Pool, value_pool: Pool, meta, scale, so
     pools = [*key_pool[:3], *value_pool[:3]] if quantized else [key_pool, value_pool]
     template = [
         ("T", queries.dtype), ("P", key_pool.dtype), ("D", head_dim), ("BS", key_pool.shape[1]),
-        ("HEADS", num_heads), ("KV_HEADS", num_kv_heads), ("GQ", gq), ("NSG", nsg),
+        ("HEADS", num_heads), ("KV_HEADS", num_kv_heads), ("GQ", gq), ("QT", qt), ("NSG", nsg),
         ("SOFTCAP", softcap is not None), ("WINDOW", window is not None),
     ]
     if quantized:
@@ -238,9 +267,9 @@ def _attention_launch(queries, key_pool: Pool, value_pool: Pool, meta, scale, so
         outputs = [((*partial, head_dim), mx.float32), ((*partial, 2), mx.float32)]
     return Launch(
         kernel=_attention_source(quantized, splits > 1),
-        inputs=[queries, *pools, meta.block_tables, seq_ids, meta.positions, params, window_arr],
+        inputs=[queries, *pools, meta.block_tables, tiles, seq_ids, meta.positions, params, window_arr],
         template=template,
-        grid=(splits * nsg * 32, num_heads // gq, num_tokens),
+        grid=(splits * nsg * 32, num_heads // gq, tiles.shape[0]),
         threadgroup=(nsg * 32, 1, 1),
         output_shapes=[shape for shape, _ in outputs],
         output_dtypes=[dtype for _, dtype in outputs],

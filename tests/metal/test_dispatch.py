@@ -8,7 +8,13 @@ from metal_cases import build, case_named
 
 from baselm.metal import kernel_status, paged_attention, paged_attention_reference, write_kv, write_kv_reference
 from baselm.metal.dispatch import on_metal
-from baselm.metal.paged_attention import heads_per_threadgroup, num_key_splits, num_simdgroups
+from baselm.metal.paged_attention import (
+    heads_per_threadgroup,
+    num_key_splits,
+    num_simdgroups,
+    query_tiles,
+    tokens_per_threadgroup,
+)
 
 off_metal = pytest.mark.skipif(on_metal(), reason="checks the behaviour off Metal")
 
@@ -48,3 +54,16 @@ def test_long_contexts_get_more_simdgroups_per_threadgroup():
 def test_query_heads_of_a_kv_head_share_a_threadgroup_up_to_four():
     pairs = [(32, 8), (9, 3), (6, 1), (8, 1), (8, 8), (14, 2), (40, 8)]
     assert [heads_per_threadgroup(h, kv) for h, kv in pairs] == [4, 3, 3, 4, 1, 1, 1]
+
+
+def test_prefill_tokens_share_a_threadgroup_within_a_register_budget():
+    assert tokens_per_threadgroup(max_query_len=1, heads_per_group=3, head_dim=64) == 1
+    assert tokens_per_threadgroup(max_query_len=9, heads_per_group=3, head_dim=64) == 2
+    assert tokens_per_threadgroup(max_query_len=9, heads_per_group=1, head_dim=128) == 8
+    assert tokens_per_threadgroup(max_query_len=9, heads_per_group=2, head_dim=256) == 2
+    assert tokens_per_threadgroup(max_query_len=9, heads_per_group=8, head_dim=256) == 1
+
+
+def test_query_tiles_never_cross_a_sequence():
+    tiles = query_tiles((1, 6, 3), 4)
+    assert tiles.tolist() == [[0, 1], [1, 4], [5, 2], [7, 3]]

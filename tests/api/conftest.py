@@ -59,7 +59,8 @@ class RunningServer:
         config.setdefault("max_num_seqs", 32)
         self.engine = LLMEngine(tiny_model(), EngineConfig(**config))
         self.client = AsyncEngine(self.engine).start()
-        self.sock = socket.socket()
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         options = ServeOptions(port=self.port, api_key=api_key, max_body_bytes=max_body_bytes, log_level="error")

@@ -463,6 +463,7 @@ class ChatREPL:
         self.notes = self.console if self.rich_output else Console(stderr=True, highlight=False)
         self.reader = LineReader(history_path, interactive=sys.stdin.isatty())
         self._eos_ids = frozenset(self.engine.eos_token_ids)
+        self._num_requests = 0
 
     def run(self) -> None:
         """The loop: until /quit or end of input."""
@@ -503,37 +504,43 @@ class ChatREPL:
 
         prompt = self.conversation.next_prompt(user_text)
         answer = _Answer()
+        self._num_requests += 1
+        request_id = f"repl-{self._num_requests}"
         try:
             params = self._params_for(prompt)
-            runner.run(self._stream(prompt, params, answer))
+            runner.run(self._stream(request_id, prompt, params, answer))
         except KeyboardInterrupt:
+            # Also covers a Ctrl-C that lands while the request is being queued, before its stream exists.
+            self.client.abort(request_id)
             answer.stats.finish_reason = "abort"
         except (RequestTooLongError, QueueFullError, SamplingParamsError) as exc:
             self.note(f"error: {exc}", style="red")
             return
+        except Exception as exc:  # the engine failed this request; the chat itself can go on
+            self.note(f"error: the engine failed on this turn ({type(exc).__name__}: {exc})", style="red")
+            return
         self._record(prompt, user_text, answer)
 
     def _params_for(self, prompt: Prompt) -> SamplingParams:
-        """This turn's sampling; without max_tokens, as many tokens as the context and the KV cache hold."""
+        """This turn's sampling; max_tokens is capped to what the context and the KV cache still hold."""
         from baselm.scheduler import RequestTooLongError
 
-        if self.settings.max_tokens is not None:
-            return self.settings.sampling_params()
         kv_tokens = self.engine.kv_manager.num_blocks * self.engine.kv_manager.block_size
-        room = min(self.engine.max_model_len, kv_tokens) - len(prompt.token_ids)
+        capacity = min(self.engine.max_model_len, kv_tokens)
+        room = capacity - len(prompt.token_ids)
         if room < 1:
             raise RequestTooLongError(
-                f"the conversation is {len(prompt.token_ids)} tokens and the context holds "
-                f"{min(self.engine.max_model_len, kv_tokens)}; /clear to start over"
+                f"the conversation is {len(prompt.token_ids)} tokens and the context holds {capacity}; "
+                "/clear to start over"
             )
-        return self.settings.sampling_params(max_tokens=room)
+        return self.settings.sampling_params(max_tokens=min(self.settings.max_tokens or room, room))
 
-    async def _stream(self, prompt: Prompt, params: SamplingParams, answer: _Answer) -> None:
+    async def _stream(self, request_id: str, prompt: Prompt, params: SamplingParams, answer: _Answer) -> None:
         stats = answer.stats
         stats.num_prompt_tokens = len(prompt.token_ids)
         with AnswerView(self.console, self.rich_output) as view:
             start = time.perf_counter()
-            outputs = await self.client.submit(prompt.token_ids, params)
+            outputs = await self.client.submit(prompt.token_ids, params, request_id)
             try:
                 async with contextlib.aclosing(outputs):  # leaving early aborts the request
                     async for out in outputs:

@@ -3,6 +3,7 @@ the prefix cache across turns, and the REPL itself driven through a pseudo-termi
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -14,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pexpect
 import pytest
+from rich.console import Console
 from safetensors.numpy import load_file, save_file
 
 from baselm.backend import select_backend
 from baselm.chat import (
+    AnswerView,
     ChatCommandError,
     ChatSettings,
     Conversation,
@@ -107,6 +110,24 @@ def test_triple_quotes_enclose_a_block():
     more = iter(["line one", "", "line two", '"""'])
     assert join_continued('"""', lambda: next(more)) == "line one\n\nline two"
     assert join_continued('"""one line"""', lambda: "") == "one line"
+
+
+def test_a_finished_answer_is_rendered_as_markdown_in_a_terminal():
+    file = io.StringIO()
+    console = Console(file=file, force_terminal=True, width=60, height=20)
+    with AnswerView(console, rich_output=True) as view:
+        view.add("Two **points**:\n\n- first", 5)
+        view.add("\n- second\n", 3)
+    final = file.getvalue().rsplit("\x1b[2K", 1)[-1]  # what stays after the live view is erased
+    final = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", final)
+    assert "• first" in final and "• second" in final
+    assert "**" not in final and "tokens · Ctrl-C stops" not in final
+
+
+def test_an_answer_is_plain_text_when_stdout_is_not_a_terminal(capsys):
+    with AnswerView(Console(file=io.StringIO()), rich_output=False) as view:
+        view.add("Two **points**:\n\n- first", 5)
+    assert capsys.readouterr().out == "Two **points**:\n\n- first\n"
 
 
 # ---- prompts across turns -------------------------------------------------------------------
@@ -251,6 +272,7 @@ def _leave(child: pexpect.spawn) -> int:
 def test_repl_answers_and_runs_its_commands(chat_model, tmp_path):
     child = _spawn(chat_model, tmp_path / "home", "--max-tokens", "8")
     try:
+        _ask(child, "/help", "Multi-line input")
         _ask(child, "/system Be brief.", "system prompt set")
         _ask(child, "hello there", r"decode 8 tokens [\d.]+ tok/s · context \d+/4096")
         _ask(child, "/set temperature hot", "error: temperature takes a number, got 'hot'")

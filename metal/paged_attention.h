@@ -46,6 +46,8 @@ struct QuantRows {
 
 // Chunks per lane: a simdgroup of 32 lanes covers D / 4 chunks.
 constant constexpr int kLanes = 32;
+// Simdgroups per attention threadgroup, at most (sizes its threadgroup memory).
+constant constexpr int kMaxSimdgroups = 8;
 
 template <int D>
 struct LaneChunks {

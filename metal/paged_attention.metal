@@ -1,4 +1,4 @@
-// Paged attention: one threadgroup of NSG simdgroups per (query tile, group of GQ query
+// Paged attention: one threadgroup of up to 8 simdgroups per (query tile, group of GQ query
 // heads sharing a KV head, key split). A tile is up to QT consecutive query tokens of one
 // sequence (`tiles`: first token, token count). The simdgroups share the tile's keys
 // round-robin, each keeping an online softmax per query row (token x head); threadgroup
@@ -10,6 +10,7 @@ const int num_splits = int(threadgroups_per_grid.x);
 const uint sg = simdgroup_index_in_threadgroup;
 const uint lane = thread_index_in_simdgroup;
 const int tid = int(sg) * 32 + int(lane);
+const int nsg = int(simdgroups_per_threadgroup);  // chosen at launch: no recompile per context length
 QueryTile tile;
 tile.first_token = tiles[2 * int(threadgroup_position_in_grid.z)];
 tile.num_tokens = tiles[2 * int(threadgroup_position_in_grid.z) + 1];
@@ -35,12 +36,12 @@ FloatRows<P, D> values{v_pool};
 #endif
 SoftmaxState<D, GQ * QT> st = attend_keys<T, D, GQ, QT, HEADS, BS, KV_HEADS, SOFTCAP>(
     queries, tile, params[0], params[1], keys, values, block_tables + seq * block_tables_shape[1],
-    begin, end, int(sg), NSG, lane);
+    begin, end, int(sg), nsg, lane);
 
 // Merge the simdgroups, one query row at a time: rescale each to the common maximum.
-threadgroup float tg_m[NSG];
-threadgroup float tg_l[NSG];
-threadgroup float tg_o[NSG * D];
+threadgroup float tg_m[kMaxSimdgroups];
+threadgroup float tg_l[kMaxSimdgroups];
+threadgroup float tg_o[kMaxSimdgroups * D];
 for (int r = 0; r < tile.num_tokens * GQ; r++) {
   if (lane == 0) {
     tg_m[sg] = st.m[r];
@@ -56,17 +57,17 @@ for (int r = 0; r < tile.num_tokens * GQ; r++) {
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   float m = -1e30f;
-  for (int g = 0; g < NSG; g++) {
+  for (int g = 0; g < nsg; g++) {
     m = max(m, tg_m[g]);
   }
   float l = 0.0f;
-  for (int g = 0; g < NSG; g++) {
+  for (int g = 0; g < nsg; g++) {
     l += tg_l[g] * exp(tg_m[g] - m);
   }
   const int out_row = (tile.first_token + r / GQ) * HEADS + tile.first_head + r % GQ;
-  for (int d = tid; d < D; d += NSG * 32) {
+  for (int d = tid; d < D; d += nsg * 32) {
     float acc = 0.0f;
-    for (int g = 0; g < NSG; g++) {
+    for (int g = 0; g < nsg; g++) {
       acc += tg_o[g * D + d] * exp(tg_m[g] - m);
     }
 #if BASE_SPLIT

@@ -163,7 +163,7 @@ KV_QUANTIZE = KernelSource(
 
 
 def num_simdgroups(max_context_len: int) -> int:
-    """Simdgroups per threadgroup: more of them share a long context's keys."""
+    """Simdgroups per threadgroup (at most 8, a runtime choice): more of them share a long context's keys."""
     return 8 if max_context_len >= 512 else 4
 
 
@@ -255,7 +255,7 @@ def _attention_launch(
     pools = [*key_pool[:3], *value_pool[:3]] if quantized else [key_pool, value_pool]
     template = [
         ("T", queries.dtype), ("P", key_pool.dtype), ("D", head_dim), ("BS", key_pool.shape[1]),
-        ("HEADS", num_heads), ("KV_HEADS", num_kv_heads), ("GQ", gq), ("QT", qt), ("NSG", nsg),
+        ("HEADS", num_heads), ("KV_HEADS", num_kv_heads), ("GQ", gq), ("QT", qt),
         ("SOFTCAP", softcap is not None), ("WINDOW", window is not None),
     ]
     if quantized:

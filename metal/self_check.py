@@ -10,16 +10,17 @@ import numpy as np
 from baselm.metal.kv_quant import Pool, QuantizedPool, allocate_pool
 from baselm.metal.launch import Runner, run_on_metal
 
-# A decode token (context 21) and a 3-token prefill chunk (context 7), over block tables
-# that name the pool's blocks in reverse order.
-_QUERY_LENS = [1, 3]
+# Two sequences (contexts 21 and 7) over block tables that name the pool's blocks in
+# reverse order; run as a decode-only step and as a step with a 3-token prefill chunk,
+# so both compiled variants (one query token per threadgroup, or a tile) are checked.
 _CONTEXT_LENS = [21, 7]
+_STEPS = ([1, 1], [1, 3])
 
 
 def check_attention(
     queries: mx.array, key_pool: Pool, softcap: float | None, window: int | None, run: Runner = run_on_metal
 ) -> None:
-    """Raises if the attention kernel (single pass and split) disagrees with the reference."""
+    """Raises if the attention kernel (single pass and split, decode and prefill) disagrees with the reference."""
     from baselm.metal.paged_attention import paged_attention_kernel, paged_attention_reference
 
     num_heads, head_dim = queries.shape[1:]
@@ -28,13 +29,14 @@ def check_attention(
     counts = [-(-c // block_size) for c in _CONTEXT_LENS]
     ids = list(reversed(range(sum(counts))))
     tables = [ids[: counts[0]], ids[counts[0] :]]
-    meta = small_metadata(tables, _QUERY_LENS, _CONTEXT_LENS, block_size)
     pools = [_random_pool(key_pool.dtype, sum(counts), block_size, num_kv_heads, head_dim, bits, s) for s in (1, 2)]
-    q = mx.random.normal((meta.num_tokens, num_heads, head_dim), key=mx.random.key(3)).astype(queries.dtype)
-    expected = paged_attention_reference(q, *pools, meta, head_dim**-0.5, softcap, window)
-    for splits in (1, 3):
-        got = paged_attention_kernel(q, *pools, meta, head_dim**-0.5, softcap, window, num_splits=splits, run=run)
-        _assert_close(got, expected, f"paged_attention with {splits} key split(s)")
+    for query_lens in _STEPS:
+        meta = small_metadata(tables, query_lens, _CONTEXT_LENS, block_size)
+        q = mx.random.normal((meta.num_tokens, num_heads, head_dim), key=mx.random.key(3)).astype(queries.dtype)
+        expected = paged_attention_reference(q, *pools, meta, head_dim**-0.5, softcap, window)
+        for splits in (1, 3):
+            got = paged_attention_kernel(q, *pools, meta, head_dim**-0.5, softcap, window, num_splits=splits, run=run)
+            _assert_close(got, expected, f"paged_attention ({query_lens} query tokens, {splits} key split(s))")
 
 
 def check_write_kv(keys: mx.array, key_pool: QuantizedPool, run: Runner = run_on_metal) -> None:

@@ -13,12 +13,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from metal_cases import CASES, TOLERANCE, Case, build, case_named, max_error
-from metal_emulate import EmulatorError, run_launch
+from metal_emulate import EmulatorError, kernel_source, run_launch
 
 from baselm.metal import dispatch, self_check
 from baselm.metal.kv_quant import allocate_pool, dequantize_rows, quantize_rows
 from baselm.metal.launch import KernelSource, Launch
 from baselm.metal.paged_attention import (
+    ATTENTION_REDUCE,
     paged_attention_kernel,
     paged_attention_reference,
     quantize_rows_kernel,
@@ -107,6 +108,23 @@ def test_failed_self_check_turns_the_kernel_off_with_one_warning(monkeypatch, ca
 
 
 # ---------------------------------------------------------------- the emulator itself
+
+
+def test_generated_signature_follows_mlx():
+    # Small inputs bind as `constant`, `<name>_shape` is passed when the body mentions it,
+    # and the thread attributes the body names follow the outputs.
+    part_o, part_ml = mx.zeros((1, 2, 3, 64)), mx.zeros((1, 2, 3, 2))
+    launch = Launch(ATTENTION_REDUCE, [part_o, part_ml], [("T", mx.float16), ("D", 64)], (64, 2, 1), (64, 1, 1),
+                    [(1, 2, 64)], [mx.float16])
+    text, _, _ = kernel_source(ATTENTION_REDUCE, launch)
+    assert text.startswith("template <typename T, int D>\n[[kernel]] void custom_kernel_base_paged_attention_reduce(\n"
+                           "  const device float* part_o [[buffer(0)]],\n"
+                           "  const device float* part_ml [[buffer(1)]],\n"
+                           "  const constant int* part_ml_shape [[buffer(2)]],\n"
+                           "  device float16_t* out [[buffer(3)]],\n"
+                           "  uint3 thread_position_in_grid [[thread_position_in_grid]]) {\n")
+    instance = "custom_kernel_base_paged_attention_reduce<float16_t, 64>"
+    assert text.endswith(f"[[kernel]] decltype({instance}) {instance};\n")
 
 
 @dataclass(frozen=True)

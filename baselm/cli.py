@@ -289,7 +289,7 @@ def serve(
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
-    from baselm.api.server import ServeOptions, run_server
+    from baselm.api.server import ServeOptions, exit_process, run_server
     from baselm.backend import select_backend
     from baselm.config import ConfigError, EngineConfig, parse_size
     from baselm.loader import load_model
@@ -308,7 +308,7 @@ def serve(
         loaded = load_model(model, select_backend(device))
     except (ConfigError, *_user_errors()) as exc:
         _fail(str(exc))
-    raise typer.Exit(run_server(loaded, config, options))
+    exit_process(run_server(loaded, config, options))
 
 
 @app.command()

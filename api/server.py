@@ -11,10 +11,12 @@ import contextlib
 import ipaddress
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 from dataclasses import dataclass
 
 import uvicorn
@@ -107,3 +109,16 @@ def run_server(loaded, config: EngineConfig, options: ServeOptions) -> int:
     finally:
         client.stop()
     return 0 if server.started else 1
+
+
+def exit_process(code: int) -> NoReturn:
+    """Ends the process now, output flushed.
+
+    NOTE: after MLX has run on a thread other than the main one (the engine's), the
+    interpreter's own exit can abort in MLX's teardown (std::terminate, SIGABRT), which would
+    turn a clean shutdown into a crash. Everything is stopped by now, so that teardown is skipped.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)

@@ -25,19 +25,17 @@ from baselm.store import hf
 from baselm.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TOKENIZER = FIXTURES / "tokenizers" / "bpe"
 MODEL = "tiny"
 
 
-@functools.cache
-def tiny_model() -> LoadedModel:
-    """The tiny fixture llama, its vocabulary widened to the fixture BPE tokenizer's 702 tokens.
+def widened_llama(tokenizer: Tokenizer) -> tuple[dict, dict[str, mx.array]]:
+    """Config and weights of the tiny fixture llama, its vocabulary widened to the tokenizer's.
 
     The fixture model has 256 embedding rows; chat prompts use ids up to 701, so the extra
-    rows of the embedding and lm_head are filled with seeded random values. End-of-sequence
-    ids are the tokenizer's (<|im_end|>, <|endoftext|>), so answers can end.
+    rows of the embedding and lm_head are filled with seeded random values.
     """
     folder = FIXTURES / "models" / "llama"
-    tokenizer = Tokenizer.from_folder(FIXTURES / "tokenizers" / "bpe")
     config = hf.read_config(folder)
     config["max_position_embeddings"] = 2048
     config["vocab_size"] = tokenizer.vocab_size
@@ -47,7 +45,17 @@ def tiny_model() -> LoadedModel:
         rows = weights[name]  # (256, hidden)
         extra = rng.normal(0.0, 0.02, (tokenizer.vocab_size - rows.shape[0], rows.shape[1])).astype(np.float32)
         weights[name] = mx.concatenate([rows, mx.array(extra)])  # (702, hidden)
+    return config, weights
+
+
+@functools.cache
+def tiny_model() -> LoadedModel:
+    """The widened tiny llama with the fixture BPE tokenizer (ChatML template). End-of-sequence ids
+    are the tokenizer's (<|im_end|>, <|endoftext|>), so answers can end."""
+    tokenizer = Tokenizer.from_folder(TOKENIZER)
+    config, weights = widened_llama(tokenizer)
     model = build_model(config, weights)
+    folder = FIXTURES / "models" / "llama"
     return LoadedModel(MODEL, folder, model, tokenizer, config, tokenizer.eos_token_ids, select_backend("cpu"))
 
 

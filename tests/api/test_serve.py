@@ -1,0 +1,118 @@
+"""`base serve` as a process: banner, answers, and a clean exit on SIGTERM/SIGINT with streams in flight."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import mlx.core as mx
+import openai
+import pytest
+
+from baselm.tokenizer import Tokenizer
+from tests.api.conftest import TOKENIZER, widened_llama
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    """An HF folder `load_model` reads: the widened tiny llama and the fixture BPE tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny-chatml")
+    config, weights = widened_llama(Tokenizer.from_folder(TOKENIZER))
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(TOKENIZER / name, folder / name)
+    return folder
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    def __init__(self, model: Path | str, *args: str, timeout: float = 60.0) -> None:
+        self.port = _free_port()
+        command = [sys.executable, "-m", "baselm.cli", "serve", str(model), "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not self._healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError("base serve did not start:\n" + "".join(self.lines))
+            time.sleep(0.1)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=120)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_answers_then_exits_0_on_a_signal_after_finishing_streams(model_folder, sig):
+    served = ServeProcess(model_folder, "--kv-memory", "4MiB", "--served-model-name", "tiny-chat", "--max-num-seqs", "4")
+    try:
+        banner = "".join(served.lines)
+        assert f"http://127.0.0.1:{served.port}/v1" in banner
+        assert f"curl http://127.0.0.1:{served.port}/v1/chat/completions" in banner and '"model": "tiny-chat"' in banner
+        client = served.openai()
+        answer = client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=3)
+        assert answer.usage.completion_tokens == 3
+        stream = client.completions.create(model="tiny-chat", prompt="Count:", max_tokens=150, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        chunks = iter(stream)
+        text = next(chunks).choices[0].text
+        served.proc.send_signal(sig)
+        for chunk in chunks:  # the stream in flight is finished, not cut
+            text += "".join(c.text for c in chunk.choices)
+        assert served.proc.wait(30) == 0
+        whole = len(Tokenizer.from_folder(TOKENIZER).encode(text, add_special_tokens=False))
+        assert whole > 100  # 150 tokens re-encode to about as many
+    finally:
+        served.close()
+
+
+def test_serve_refuses_a_missing_model_with_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "baselm.cli", "serve", str(tmp_path / "nothing")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error:") and "nothing" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_warns_without_a_key_off_loopback(model_folder):
+    served = ServeProcess(model_folder, "--host", "0.0.0.0", "--kv-memory", "4MiB")
+    try:
+        assert any("without an API key" in line for line in served.lines)
+    finally:
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(30) == 0
+        served.close()

@@ -76,11 +76,13 @@ class ServeProcess:
             self.proc.wait(10)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_serve_answers_then_exits_0_on_a_signal_after_finishing_streams(model_folder, sig):
-    served = ServeProcess(model_folder, "--kv-memory", "4MiB", "--served-model-name", "tiny-chat", "--max-num-seqs", "4")
+@pytest.mark.parametrize(("sig", "host"), [(signal.SIGTERM, "127.0.0.1"), (signal.SIGINT, "0.0.0.0")])
+def test_serve_answers_then_exits_0_on_a_signal_after_finishing_streams(model_folder, sig, host):
+    served = ServeProcess(model_folder, "--host", host, "--kv-memory", "4MiB", "--served-model-name", "tiny-chat",
+                          "--max-num-seqs", "4")
     try:
         banner = "".join(served.lines)
+        assert ("without an API key" in banner) == (host == "0.0.0.0")  # a loud warning off loopback
         assert f"http://127.0.0.1:{served.port}/v1" in banner
         assert f"curl http://127.0.0.1:{served.port}/v1/chat/completions" in banner and '"model": "tiny-chat"' in banner
         client = served.openai()
@@ -108,11 +110,22 @@ def test_serve_refuses_a_missing_model_with_one_line(tmp_path):
     assert result.stderr.startswith("error:") and "nothing" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_serve_warns_without_a_key_off_loopback(model_folder):
-    served = ServeProcess(model_folder, "--host", "0.0.0.0", "--kv-memory", "4MiB")
+@pytest.mark.slow
+def test_smollm2_served_from_its_gguf_knows_the_capital_of_france(smollm2_gguf):
+    served = ServeProcess(smollm2_gguf, "--kv-memory", "64MiB", "--max-model-len", "1024", timeout=180)
     try:
-        assert any("without an API key" in line for line in served.lines)
-    finally:
+        client = served.openai()
+        [model] = client.models.list().data
+        answer = client.chat.completions.create(
+            model=model.id, messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=40, temperature=0,
+        )
+        assert "Paris" in answer.choices[0].message.content
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=model.id, messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=40, temperature=0, stream=True) if c.choices)
+        assert streamed == answer.choices[0].message.content
         served.proc.send_signal(signal.SIGTERM)
-        assert served.proc.wait(30) == 0
+        assert served.proc.wait(60) == 0
+    finally:
         served.close()

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,6 +238,28 @@ def _observe_latency(metrics: Metrics, out: CompletionOutput, arrival: float, la
     else:
         metrics.observe_ttft(now - arrival)
     last_seen[out.index] = now
+
+
+async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Awaits `work` (a whole, non-streamed answer); a client that leaves first cancels it, which
+    aborts its engine requests. Streams watch the connection themselves (see sse.py)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise APIError(499, "the client closed the connection before the answer was ready")
+    finally:
+        watcher.cancel()
+        task.cancel()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def finish_reason(out: CompletionOutput) -> str:

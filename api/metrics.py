@@ -85,8 +85,6 @@ class Metrics:
                 "# TYPE base_inter_token_latency_seconds histogram",
                 *self.itl.lines("base_inter_token_latency_seconds"),
             ]
-        queries = stats.prefix_cache_queries
-        hit_rate = stats.prefix_cache_hits / queries if queries else 0.0
         total_blocks = stats.num_used_blocks + stats.num_free_blocks
         gauges = [
             ("base_num_requests_running", "Requests in the running batch.", stats.num_running),
@@ -94,12 +92,12 @@ class Metrics:
             ("base_kv_blocks_used", "KV cache blocks in use.", stats.num_used_blocks),
             ("base_kv_blocks_total", "KV cache blocks in the pool.", total_blocks),
             ("base_kv_cache_usage", "Fraction of KV cache blocks in use.", stats.kv_usage),
-            ("base_prefix_cache_hit_rate", "Prefix-cache hits over queries, in tokens.", hit_rate),
+            ("base_prefix_cache_hit_rate", "Prefix-cache hits over queries, in tokens.", stats.prefix_cache_hit_rate),
         ]
         for name, help_text, value in gauges:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{label}}} {value}"]
         counters = [
-            ("base_prefix_cache_queries_total", queries),
+            ("base_prefix_cache_queries_total", stats.prefix_cache_queries),
             ("base_prefix_cache_hits_total", stats.prefix_cache_hits),
             ("base_num_preemptions_total", stats.num_preemptions),
         ]

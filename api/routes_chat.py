@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from baselm.api import grammar, tools
 from baselm.api.errors import bad_request
 from baselm.api.generate import (
+    Job,
     ServerState,
     Usage,
     check_model,
@@ -24,6 +26,7 @@ from baselm.api.generate import (
     split_copies,
     submit,
     token_text,
+    unless_disconnected,
 )
 from baselm.api.schemas import ChatRequest, parse_chat
 from baselm.api.sse import DONE, EventStream, error_event, event
@@ -36,15 +39,21 @@ async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.base
     chat = parse_chat(await read_json(request, state.max_body_bytes))
     check_model(state, chat.common.model)
-    prompt_ids = _prompt_ids(state, chat)
-    check_prompt(state, prompt_ids, chat.common.sampling["max_tokens"], chat.common.max_tokens_field)
-    make = _params_factory(state, chat)
-    started = await submit(state, split_copies(prompt_ids, make, 0))
+    # Templates, tokenizing and grammar compiling can take a while: off the event loop.
+    jobs = await asyncio.to_thread(_prepare, state, chat)
+    started = await submit(state, jobs)
     fmt = tools.tool_format(state.tokenizer.to_hf_files()[1].get("chat_template")) if _parses_tools(chat) else None
     response = _Response(state, chat, fmt)
     if chat.common.stream:
         return EventStream(response.stream(outputs(state, started, response.usage)))
-    return JSONResponse(await response.collect(outputs(state, started, response.usage)))
+    return JSONResponse(await unless_disconnected(request, response.collect(outputs(state, started, response.usage))))
+
+
+def _prepare(state: ServerState, chat: ChatRequest) -> list[Job]:
+    """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
+    prompt_ids = _prompt_ids(state, chat)
+    check_prompt(state, prompt_ids, chat.common.sampling["max_tokens"], chat.common.max_tokens_field)
+    return split_copies(prompt_ids, _params_factory(state, chat), 0)
 
 
 def _parses_tools(chat: ChatRequest) -> bool:

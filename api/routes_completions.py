@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from baselm.api.generate import (
     split_copies,
     submit,
     token_text,
+    unless_disconnected,
 )
 from baselm.api.schemas import CompletionRequest, parse_completion
 from baselm.api.sse import DONE, EventStream, error_event, event
@@ -33,7 +35,7 @@ async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.base
     req = parse_completion(await read_json(request, state.max_body_bytes))
     check_model(state, req.common.model)
-    prompt_ids = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
+    prompt_ids = await asyncio.to_thread(_encode, state, req.prompts)
     for ids in prompt_ids:
         check_prompt(state, ids, req.common.sampling["max_tokens"], "max_tokens")
     params = make_params(req.common.sampling, "max_tokens", logprobs=req.logprobs)
@@ -43,7 +45,11 @@ async def completions(request: Request) -> Response:
     response = _Response(state, req, prompt_ids)
     if req.common.stream:
         return EventStream(response.stream(outputs(state, started, response.usage)))
-    return JSONResponse(await response.collect(outputs(state, started, response.usage)))
+    return JSONResponse(await unless_disconnected(request, response.collect(outputs(state, started, response.usage))))
+
+
+def _encode(state: ServerState, prompts: list[str | list[int]]) -> list[list[int]]:
+    return [state.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
 
 
 class _Logprobs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 import openai
 
 from tests.api.conftest import MODEL
@@ -74,3 +75,19 @@ def test_a_client_that_leaves_mid_stream_frees_its_blocks_and_others_go_on(serve
     assert reason == "length" and text
     after = server.wait_idle()
     assert after["base_kv_blocks_used"] == 0 and after["base_num_requests_running"] == 0
+
+
+def test_a_client_that_leaves_before_a_whole_answer_aborts_it(server):
+    before = server.wait_idle()["base_generation_tokens_total"]
+    body = {"model": MODEL, "messages": _prompt(3), "max_tokens": 1500, "ignore_eos": True}
+    with server.http() as http:
+        try:
+            http.post("/v1/chat/completions", json=body, timeout=0.5)
+        except httpx.TimeoutException:
+            pass
+        else:
+            raise AssertionError("1500 tokens came back within half a second")
+    metrics = server.wait_idle(timeout=10)
+    assert metrics["base_num_requests_running"] == 0 and metrics["base_kv_blocks_used"] == 0
+    assert 'status="499"' in server.http().get("/metrics").text
+    assert 0 < metrics["base_generation_tokens_total"] - before < 1500

@@ -49,10 +49,6 @@ class Window:
     end: int
     first_target: int
 
-    @property
-    def num_targets(self) -> int:
-        return self.end - self.first_target
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PerplexityResult:
@@ -102,18 +98,21 @@ def check_window(context: int, stride: int, max_context: int | None = None) -> N
     if context < 2:
         raise PerplexityError(f"context must be at least 2 tokens, got {context}")
     if max_context is not None and context > max_context:
-        raise PerplexityError(f"context {context} is longer than the model's {max_context} positions; pass --context {max_context} or less")
+        raise PerplexityError(
+            f"context {context} is longer than the model's {max_context} positions; pass --context {max_context} or less"
+        )
     if not 1 <= stride < context:
         raise PerplexityError(f"stride must be at least 1 and less than the context ({context}), got {stride}")
 
 
 def check_kv_bits(kv_bits: int) -> None:
+    """Raises PerplexityError unless the KV pools can hold `kv_bits` (16: the model dtype)."""
     if kv_bits not in KV_BITS:
         raise PerplexityError(f"kv_bits must be one of {', '.join(map(str, KV_BITS))}, got {kv_bits}")
 
 
 def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Plain-text token ids, with BOS only if the tokenizer's config adds it."""
+    """Plain-text token ids: BOS (or EOS) only where the tokenizer's config adds them."""
     return tokenizer.encode(text, add_special_tokens=True)
 
 

@@ -97,7 +97,8 @@ def quant_table(rows: list[tuple[Variant, dict]]) -> str:
             target, met = ("reference", "") if variant.quant == "f32" else ("reported", "")
         else:
             target, met = f"+{variant.target_pct:g}%", "yes" if change <= variant.target_pct else "no"
-        lines.append(f"| {variant.name} | {m['size_mib']:.1f} | {m['perplexity']:.4f} | {change:+.2f}% | {target} | {met} |")
+        cells = (variant.name, f"{m['size_mib']:.1f}", f"{m['perplexity']:.4f}", f"{change:+.2f}%", target, met)
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -133,7 +134,8 @@ def main() -> None:
         kv_rows = [(16, rows[0][1])]
         if args.kv:
             for bits in (8, 4):
-                kv_rows.append((bits, measure(build(VARIANTS[0], gguf, workdir), text, args.context, args.stride, bits)))
+                f32_path = build(VARIANTS[0], gguf, workdir)
+                kv_rows.append((bits, measure(f32_path, text, args.context, args.stride, bits)))
                 log(f"kv q{bits}: {json.dumps(kv_rows[-1][1])}")
     m = rows[0][1]
     print(f"SmolLM2-135M-Instruct, {args.text.name}: {m['num_scored']} tokens scored, "

@@ -62,7 +62,9 @@ def test_sliding_windows_plan_is_exact():
     ]
 
 
-@pytest.mark.parametrize("num_tokens, context, stride", [(2, 2, 1), (40, 16, 15), (40, 16, 1), (100, 7, 3), (10, 64, 32)])
+@pytest.mark.parametrize(
+    "num_tokens, context, stride", [(2, 2, 1), (40, 16, 15), (40, 16, 1), (100, 7, 3), (10, 64, 32)]
+)
 def test_sliding_windows_score_every_target_exactly_once(num_tokens, context, stride):
     windows = plan_windows(num_tokens, context, stride)
     targets = [t for w in windows for t in range(w.first_target, w.end)]
@@ -111,7 +113,8 @@ def test_unknown_kv_bits_is_refused():
 
 
 def test_cli_reports_a_bad_stride_in_one_line(tmp_path):
-    result = CliRunner().invoke(app, ["perplexity", str(tmp_path / "none.base"), str(TEXT), "--context", "8", "--stride", "8"])
+    args = ["perplexity", str(tmp_path / "none.base"), str(TEXT), "--context", "8", "--stride", "8"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 1
     assert "error: stride must be at least 1 and less than the context (8), got 8" in result.output
     assert "Traceback" not in result.output
@@ -120,12 +123,12 @@ def test_cli_reports_a_bad_stride_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_smollm2_perplexity_on_a_short_passage(smollm2_gguf, tmp_path):
     passage = tmp_path / "passage.txt"
-    passage.write_text(TEXT.read_text(encoding="utf-8")[:1200], encoding="utf-8")
+    passage.write_text(TEXT.read_text(encoding="utf-8")[:1000], encoding="utf-8")
     args = ["perplexity", str(smollm2_gguf), str(passage), "--context", "128", "--json", "--device", "cpu"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert 250 < report["num_scored"] < 350
+    assert 200 < report["num_scored"] < 300
     assert report["context"] == 128 and report["stride"] == 64
     # A uniform guess over the 49,152-token vocabulary scores 49,152; the model reads this passage far better.
     assert math.isfinite(report["perplexity"]) and 1 < report["perplexity"] < 100

@@ -118,22 +118,24 @@ class Job:
     prompt_ids: list[int]
     params: SamplingParams
     index_offset: int
+    prompt_index: int = 0  # which prompt of the API request (usage counts each prompt once)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
-def split_copies(prompt_ids: list[int], make: Callable[[], SamplingParams], offset: int) -> list[Job]:
+def split_copies(prompt_ids: list[int], make: Callable[[], SamplingParams], prompt_index: int = 0) -> list[Job]:
     """One job for all n copies, or one job per copy when each needs its own logits processors.
 
     NOTE: a per-copy job with a seed uses seed + copy index, as the engine does for its copies.
     """
     params = make()
+    offset = prompt_index * params.n
     if not params.logits_processors or params.n == 1:
-        return [Job(prompt_ids, params, offset)]
+        return [Job(prompt_ids, params, offset, prompt_index)]
     jobs = []
     for i in range(params.n):
         copy = make() if i else params
         seed = None if copy.seed is None else copy.seed + i
-        jobs.append(Job(prompt_ids, dataclasses.replace(copy, n=1, seed=seed), offset + i))
+        jobs.append(Job(prompt_ids, dataclasses.replace(copy, n=1, seed=seed), offset + i, prompt_index))
     return jobs
 
 
@@ -141,13 +143,13 @@ def split_copies(prompt_ids: list[int], make: Callable[[], SamplingParams], offs
 class Usage:
     """Token counts of one API request, summed over its engine requests."""
 
-    prompt: dict[str, int] = field(default_factory=dict)  # request id -> prompt tokens
-    cached: dict[str, int] = field(default_factory=dict)
+    prompt: dict[int, int] = field(default_factory=dict)  # prompt index -> prompt tokens
+    cached: dict[int, int] = field(default_factory=dict)  # prompt index -> its most prefix-cache hits
     completion: dict[int, int] = field(default_factory=dict)  # choice index -> output tokens
 
-    def add(self, request_id: str, index: int, out: CompletionOutput) -> None:
-        self.prompt[request_id] = out.num_prompt_tokens
-        self.cached[request_id] = max(self.cached.get(request_id, 0), out.num_cached_tokens)
+    def add(self, prompt_index: int, index: int, out: CompletionOutput) -> None:
+        self.prompt[prompt_index] = out.num_prompt_tokens
+        self.cached[prompt_index] = max(self.cached.get(prompt_index, 0), out.num_cached_tokens)
         self.completion[index] = out.num_output_tokens
 
     def as_dict(self) -> dict[str, Any]:
@@ -204,7 +206,7 @@ async def outputs(
                 raise item
             job, out = item
             out.index += job.index_offset
-            usage.add(job.request_id, out.index, out)
+            usage.add(job.prompt_index, out.index, out)
             _observe_latency(state.metrics, out, arrival, last_seen)
             yield out
     finally:

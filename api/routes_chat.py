@@ -53,7 +53,7 @@ def _prepare(state: ServerState, chat: ChatRequest) -> list[Job]:
     """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
     prompt_ids = _prompt_ids(state, chat)
     check_prompt(state, prompt_ids, chat.common.sampling["max_tokens"], chat.common.max_tokens_field)
-    return split_copies(prompt_ids, _params_factory(state, chat), 0)
+    return split_copies(prompt_ids, _params_factory(state, chat))
 
 
 def _parses_tools(chat: ChatRequest) -> bool:

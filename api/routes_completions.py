@@ -39,8 +39,7 @@ async def completions(request: Request) -> Response:
     for ids in prompt_ids:
         check_prompt(state, ids, req.common.sampling["max_tokens"], "max_tokens")
     params = make_params(req.common.sampling, "max_tokens", logprobs=req.logprobs)
-    n = req.common.n
-    jobs = [job for i, ids in enumerate(prompt_ids) for job in split_copies(ids, lambda: params, i * n)]
+    jobs = [job for i, ids in enumerate(prompt_ids) for job in split_copies(ids, lambda: params, i)]
     started = await submit(state, jobs)
     response = _Response(state, req, prompt_ids)
     if req.common.stream:

@@ -84,6 +84,7 @@ def _person_format() -> dict:
 def test_json_schema_output_validates_for_every_seed_and_copy(server):
     response = _chat(server, max_tokens=200, temperature=1.0, seed=5, n=4, response_format=_person_format())
     assert len(response.choices) == 4
+    assert response.usage.prompt_tokens == len(server.engine.tokenizer.encode_chat(ASK))  # counted once, not per copy
     for choice in response.choices:
         assert choice.finish_reason == "stop"
         validate(json.loads(choice.message.content), PERSON)
@@ -231,3 +232,55 @@ def test_format_follows_the_chat_template():
     assert tool_format("{{ '<|python_tag|>' }} parameters") == LLAMA3_JSON
     assert tool_format({"default": "x", "tool_use": "ipython ... parameters"}) == LLAMA3_JSON
     assert tool_format(None) == HERMES
+
+
+# ---- grammars driven by random logits, without a server -----------------------------------------
+
+
+def _random_walk(processor, vocab: int, seed: int, eos: int, max_steps: int = 400) -> list[int]:
+    """Greedy over seeded random logits, masked by `processor`, until eos."""
+    import mlx.core as mx
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out: list[int] = []
+    for _ in range(max_steps):
+        logits = processor(out, mx.array(rng.normal(size=vocab).astype(np.float32)))
+        token_id = int(mx.argmax(logits).item())
+        if token_id == eos:
+            return out
+        out.append(token_id)
+    raise AssertionError("the grammar did not finish")
+
+
+def test_schema_grammar_works_when_the_model_has_fewer_rows_than_the_tokenizer():
+    from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar
+    from baselm.tokenizer import Tokenizer
+    from tests.api.conftest import TOKENIZER
+
+    tokenizer = Tokenizer.from_folder(TOKENIZER)  # 702 tokens; this model only emits ids < 256
+    lltokenizer = grammar_tokenizer(tokenizer, 256, [2])
+    grammar = json_schema_grammar(PERSON)
+    for seed in range(5):
+        ids = _random_walk(GrammarProcessor(lltokenizer, grammar, [2]), 256, seed, eos=2)
+        assert max(ids) < 256
+        validate(json.loads(tokenizer.decode(ids)), PERSON)
+
+
+@pytest.mark.parametrize("fmt", [HERMES, LLAMA3_JSON])
+def test_forced_call_grammars_parse_back_to_valid_calls(fmt):
+    from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, lark_grammar
+    from baselm.api.tools import forced_call_lark
+    from baselm.tokenizer import Tokenizer
+    from tests.api.conftest import TOKENIZER
+
+    tokenizer = Tokenizer.from_folder(TOKENIZER)
+    lltokenizer = grammar_tokenizer(tokenizer, tokenizer.vocab_size, [2])
+    grammar = lark_grammar(forced_call_lark([WEATHER, TIME], fmt, None, parallel=True))
+    for seed in range(4):
+        text = tokenizer.decode(_random_walk(GrammarProcessor(lltokenizer, grammar, [2]), tokenizer.vocab_size, seed, 2))
+        content, calls = _run(fmt, [text])
+        assert content.strip() == "" and calls, text
+        for name, arguments in calls:
+            tool = {"get_weather": WEATHER, "get_time": TIME}[name]
+            validate(json.loads(arguments), tool["function"]["parameters"])

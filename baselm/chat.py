@@ -21,11 +21,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import SchedulerStats
 from baselm.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from baselm.engine import AsyncEngine
 
 PROMPT = ">>> "
 CONTINUATION = "... "
@@ -43,7 +48,9 @@ Type a message and press Enter. Commands:
   /stats                  the last turn's and the session's numbers
   /quit                   leave (or Ctrl-D)
 Multi-line input: end a line with \\ to continue it on the next, or put the text between
-two lines of three quotes (\"\"\"). Ctrl-C stops an answer; at the prompt it clears the line."""
+two lines of three quotes (\"\"\"). Ctrl-C stops an answer (what came so far stays in the
+conversation); at the prompt it clears the line. Arrow keys browse the input history, kept
+in $BASE_HOME/chat_history (default ~/.cache/base/chat_history)."""
 
 COMMAND_HINT = "commands: /help /clear /system /set /save /load /stats /quit"
 
@@ -237,7 +244,8 @@ def turn_line(stats: TurnStats, max_model_len: int) -> str:
     """The dimmed line after each answer: speeds and context use."""
     used = stats.num_prompt_tokens + stats.num_output_tokens
     parts = [
-        f"prefill {stats.num_prompt_tokens} tokens ({stats.num_cached_tokens} cached) {stats.prefill_tokens_per_s:.0f} tok/s",
+        f"prefill {stats.num_prompt_tokens} tokens ({stats.num_cached_tokens} cached) "
+        f"{stats.prefill_tokens_per_s:.0f} tok/s",
         f"TTFT {stats.ttft_s * 1000:.0f} ms",
         f"decode {stats.num_output_tokens} tokens {stats.decode_tokens_per_s:.1f} tok/s",
         f"context {used}/{max_model_len}",
@@ -393,7 +401,7 @@ class _LiveAnswer:
 class AnswerView:
     """Shows an answer as it streams: markdown in a terminal, plain text otherwise."""
 
-    def __init__(self, console, rich_output: bool):
+    def __init__(self, console: Console, rich_output: bool):
         self.console = console
         self.rich_output = rich_output
         self._live = None
@@ -443,7 +451,7 @@ class ChatREPL:
 
     def __init__(
         self,
-        client,
+        client: AsyncEngine,
         model_name: str,
         settings: ChatSettings,
         system: str | None = None,
@@ -695,7 +703,7 @@ def run_chat(
         _wait_for_os_thread(client._thread)
 
 
-def _wait_for_os_thread(thread, timeout_s: float = 2.0) -> None:
+def _wait_for_os_thread(thread: threading.Thread, timeout_s: float = 2.0) -> None:
     """Waits until a joined thread's OS thread is gone too (Linux; elsewhere a no-op).
 
     NOTE: `Thread.join` returns before the OS thread runs its thread-local destructors.
@@ -716,7 +724,7 @@ class ServeError(RuntimeError):
 class BackgroundServer:
     """The HTTP API (baselm.api) under uvicorn on a thread of its own, over the REPL's AsyncEngine."""
 
-    def __init__(self, client, model_name: str, host: str, port: int, api_key: str | None = None):
+    def __init__(self, client: AsyncEngine, model_name: str, host: str, port: int, api_key: str | None = None):
         from baselm.api.server import ServeOptions, make_server
 
         self.options = ServeOptions(host=host, port=port, api_key=api_key, log_level="warning")
@@ -745,7 +753,7 @@ class BackgroundServer:
             self._thread.join(timeout_s)
 
 
-def start_server(client, model_name: str, host: str, port: int) -> BackgroundServer:
+def start_server(client: AsyncEngine, model_name: str, host: str, port: int) -> BackgroundServer:
     """Serves the HTTP API on `client`'s engine from a background thread (API key: $BASE_API_KEY)."""
     import os
 

@@ -140,15 +140,19 @@ def test_fixture_template_renders_append_only(tokenizer):
     messages += [{"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "More"}]
     second = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     assert second.startswith(first + "Hello there")
-    assert second[len(first + "Hello there") :] == "<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"
+    tail = second[len(first + "Hello there") :]
+    assert tail == "<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_next_prompt_starts_with_the_previous_prompt_and_the_generated_ids(tokenizer):
     conversation = Conversation(tokenizer, system="Be brief.")
     first = conversation.next_prompt("Hi")
     assert first.token_ids == tokenizer.encode_chat(conversation.messages + [{"role": "user", "content": "Hi"}])
-    answer_ids = tokenizer.encode("Hel", add_special_tokens=False) + tokenizer.encode("lo there", add_special_tokens=False)
-    assert answer_ids != tokenizer.encode("Hello there", add_special_tokens=False)  # the model split it its own way
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    answer_ids = encode("Hel") + encode("lo there")
+    assert answer_ids != encode("Hello there")  # the model split the text its own way
     conversation.add_turn(first, "Hi", "Hello there", answer_ids)
     second = conversation.next_prompt("More")
     assert second.num_reused_ids == len(first.token_ids) + len(answer_ids)
@@ -321,6 +325,7 @@ def test_ctrl_c_at_the_prompt_clears_the_line_and_ctrl_d_leaves(chat_model, tmp_
     child = _spawn(chat_model, home, "--max-tokens", "4")
     try:
         child.send("this line is dropped")
+        child.expect_exact("this line is dropped")  # echoed: readline has it and waits for more
         child.sendintr()
         child.expect_exact(">>> ")
         _ask(child, "/stats", "last turn: none yet", "session: 0 turns")

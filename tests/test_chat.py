@@ -8,8 +8,10 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -334,6 +336,54 @@ def test_ctrl_c_at_the_prompt_clears_the_line_and_ctrl_d_leaves(chat_model, tmp_
     finally:
         child.close(force=True)
     assert (home / "chat_history").read_text().splitlines()[-1] == "/stats"
+
+
+def test_history_carries_over_to_the_next_session(chat_model, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "chat_history").write_text("/system From the last session.\n")
+    child = _spawn(chat_model, home, "--max-tokens", "4")
+    try:
+        child.send("\x1b[A")  # arrow up recalls the last line of the previous session
+        child.send("\r")
+        child.expect("system prompt set")
+        child.expect_exact(">>> ")
+        _ask(child, "/system", "system prompt: 'From the last session.'")
+        child.sendline("/quit")
+        assert _leave(child) == 0
+    finally:
+        child.close(force=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_answers_http_while_the_repl_streams_on_the_same_engine(chat_model, tmp_path):
+    port = _free_port()
+    child = _spawn(chat_model, tmp_path / "home", "--max-tokens", "3000", "--serve", "--port", str(port))
+    try:
+        child.sendline("tell me a long story")
+        child.expect(r"[1-9]\d* tokens · Ctrl-C stops")
+        body = {"model": chat_model.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            answer = json.loads(response.read())
+        assert answer["usage"]["completion_tokens"] == 5
+        assert answer["choices"][0]["finish_reason"] == "length"
+        child.sendintr()  # the REPL's answer was still running alongside
+        child.expect("stopped")
+        child.expect_exact(">>> ")
+        child.sendline("/quit")
+        assert _leave(child) == 0
+    finally:
+        child.close(force=True)
 
 
 def test_piped_chat_prints_plain_answers_on_stdout(chat_model, tmp_path):

@@ -19,6 +19,7 @@ from baselm.api.metrics import Metrics
 from baselm.api.routes_chat import chat_completions
 from baselm.api.routes_completions import completions
 from baselm.api.schemas import Body, array_field, read_message
+from baselm.api.tools import tool_format
 from baselm.engine import AsyncEngine, LLMEngine
 from baselm.tokenizer import ChatTemplateError
 
@@ -117,6 +118,7 @@ def create_app(
 ) -> Starlette:
     """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth."""
     state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
+    state.tool_format = tool_format(state.tokenizer.to_hf_files()[1].get("chat_template"))
     app = Starlette(
         routes=ROUTES,
         exception_handlers=EXCEPTION_HANDLERS,

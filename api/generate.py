@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
@@ -36,6 +36,7 @@ class ServerState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
+    tool_format: str = ""  # the call format the chat template teaches; set by create_app
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -61,11 +62,14 @@ async def read_json(request: Request, limit: int) -> Any:
     if length is not None and length.isdigit() and int(length) > limit:
         raise APIError(413, f"the request body is {length} bytes; the limit is {limit}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"the request body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"the request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise APIError(499, "the client closed the connection while sending the request") from None
     raw = b"".join(chunks)
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object")
@@ -89,18 +93,20 @@ def make_params(sampling: dict[str, Any], max_tokens_field: str, **extra: Any) -
         raise bad_request(str(exc), param) from None
 
 
-def check_prompt(state: ServerState, prompt_ids: list[int], max_tokens: int | None, max_tokens_field: str) -> None:
+def check_prompt(
+    state: ServerState, prompt_ids: list[int], prompt_field: str, max_tokens: int | None, max_tokens_field: str
+) -> None:
     """Refuses prompts that are empty, hold unknown ids, or leave no room for the answer."""
     if not prompt_ids:
-        raise bad_request("the prompt is empty; give it at least one token", "prompt")
+        raise bad_request("the prompt is empty; give it at least one token", prompt_field)
     bad = [t for t in prompt_ids if t >= state.vocab_size]
     if bad:
-        raise bad_request(f"prompt token {bad[0]} is outside the vocabulary of {state.vocab_size}", "prompt")
+        raise bad_request(f"prompt token {bad[0]} is outside the vocabulary of {state.vocab_size}", prompt_field)
     limit = state.max_model_len
     if len(prompt_ids) >= limit:
         raise bad_request(
             f"the prompt has {len(prompt_ids)} tokens; this model's context is {limit}, so no room is left to answer",
-            "messages" if max_tokens_field else "prompt",
+            prompt_field,
             "context_length_exceeded",
         )
     if max_tokens is not None and len(prompt_ids) + max_tokens > limit:
@@ -162,7 +168,9 @@ class Usage:
         }
 
 
-async def submit(state: ServerState, jobs: list[Job]) -> list[tuple[Job, AsyncIterator[CompletionOutput]]]:
+async def submit(
+    state: ServerState, jobs: list[Job], prompt_field: str
+) -> list[tuple[Job, AsyncIterator[CompletionOutput]]]:
     """Queues every job on the engine; on a refusal, aborts those already queued and raises an APIError."""
     started: list[tuple[Job, AsyncIterator[CompletionOutput]]] = []
     try:
@@ -175,7 +183,7 @@ async def submit(state: ServerState, jobs: list[Job]) -> list[tuple[Job, AsyncIt
         if isinstance(exc, QueueFullError):
             raise APIError(429, f"the server is busy ({exc}); retry shortly", code="queue_full") from None
         if isinstance(exc, RequestTooLongError):
-            raise bad_request(str(exc), "messages", "context_length_exceeded") from None
+            raise bad_request(str(exc), prompt_field, "context_length_exceeded") from None
         if isinstance(exc, SamplingParamsError):
             raise bad_request(str(exc), exc.field) from None
         if isinstance(exc, ValueError):

@@ -41,9 +41,8 @@ async def chat_completions(request: Request) -> Response:
     check_model(state, chat.common.model)
     # Templates, tokenizing and grammar compiling can take a while: off the event loop.
     jobs = await asyncio.to_thread(_prepare, state, chat)
-    started = await submit(state, jobs)
-    fmt = tools.tool_format(state.tokenizer.to_hf_files()[1].get("chat_template")) if _parses_tools(chat) else None
-    response = _Response(state, chat, fmt)
+    started = await submit(state, jobs, "messages")
+    response = _Response(state, chat, state.tool_format if _parses_tools(chat) else None)
     if chat.common.stream:
         return EventStream(response.stream(outputs(state, started, response.usage)))
     return JSONResponse(await unless_disconnected(request, response.collect(outputs(state, started, response.usage))))
@@ -52,7 +51,7 @@ async def chat_completions(request: Request) -> Response:
 def _prepare(state: ServerState, chat: ChatRequest) -> list[Job]:
     """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
     prompt_ids = _prompt_ids(state, chat)
-    check_prompt(state, prompt_ids, chat.common.sampling["max_tokens"], chat.common.max_tokens_field)
+    check_prompt(state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field)
     return split_copies(prompt_ids, _params_factory(state, chat))
 
 
@@ -74,8 +73,7 @@ def _grammar(state: ServerState, chat: ChatRequest) -> tuple[str, str] | None:
         schema = chat.response_format.get("schema") if chat.response_format["type"] == "json_schema" else None
         return grammar.json_schema_grammar(schema), "response_format"
     if chat.tool_choice == "required" or chat.named_tool:
-        fmt = tools.tool_format(state.tokenizer.to_hf_files()[1].get("chat_template"))
-        lark = tools.forced_call_lark(chat.tools, fmt, chat.named_tool, chat.parallel_tool_calls)
+        lark = tools.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, chat.parallel_tool_calls)
         return grammar.lark_grammar(lark), "tools"
     return None
 
@@ -100,7 +98,6 @@ def _params_factory(state: ServerState, chat: ChatRequest):
             sampling, chat.common.max_tokens_field, logprobs=logprobs, logits_processors=[processor], stop_token_ids=stop_ids
         )
 
-    make()  # refuses bad fields now, before anything is queued
     return make
 
 

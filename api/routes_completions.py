@@ -37,10 +37,10 @@ async def completions(request: Request) -> Response:
     check_model(state, req.common.model)
     prompt_ids = await asyncio.to_thread(_encode, state, req.prompts)
     for ids in prompt_ids:
-        check_prompt(state, ids, req.common.sampling["max_tokens"], "max_tokens")
+        check_prompt(state, ids, "prompt", req.common.sampling["max_tokens"], "max_tokens")
     params = make_params(req.common.sampling, "max_tokens", logprobs=req.logprobs)
     jobs = [job for i, ids in enumerate(prompt_ids) for job in split_copies(ids, lambda: params, i)]
-    started = await submit(state, jobs)
+    started = await submit(state, jobs, "prompt")
     response = _Response(state, req, prompt_ids)
     if req.common.stream:
         return EventStream(response.stream(outputs(state, started, response.usage)))

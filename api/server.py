@@ -107,6 +107,8 @@ def run_server(loaded, config: EngineConfig, options: ServeOptions) -> int:
     print(banner(model_name, options), flush=True)
     try:
         server.run()
+    except SystemExit as exc:  # uvicorn exits when it cannot bind the port (it has logged why)
+        return exc.code if isinstance(exc.code, int) else 1
     finally:
         client.stop()
     return 0 if server.started else 1

@@ -91,6 +91,8 @@ class ToolCallParser:
         """The rest: held text becomes content unless it is a complete call."""
         content, calls = self.feed("")
         rest, self.buffer = self.buffer, ""
+        if self.calls and not rest.strip():  # whitespace after the last call is not content
+            rest = ""
         if self.fmt == LLAMA3_JSON and rest.strip():
             parsed = [_call_from_json(part, len(self.calls) + i) for i, part in enumerate(rest.strip().split(";"))]
             if all(parsed):
@@ -103,11 +105,14 @@ class ToolCallParser:
         while True:
             start = self.buffer.find(_OPEN)
             if start < 0:
-                keep = _partial_suffix(self.buffer, _OPEN)
-                content += self.buffer[: len(self.buffer) - keep]
-                self.buffer = self.buffer[len(self.buffer) - keep :]
+                keep = len(self.buffer) - _partial_suffix(self.buffer, _OPEN)
+                if self.calls and not self.buffer[:keep].strip():
+                    return content, calls  # whitespace after a call: hold it until what follows shows
+                content += self.buffer[:keep]
+                self.buffer = self.buffer[keep:]
                 return content, calls
-            content += self.buffer[:start]
+            if not (self.calls and not self.buffer[:start].strip()):  # whitespace between calls is dropped
+                content += self.buffer[:start]
             self.buffer = self.buffer[start:]
             end = self.buffer.find(_CLOSE)
             if end < 0:

@@ -71,7 +71,9 @@ def test_context_length_exceeded(server):
     http = server.http()
     long_prompt = "word " * 3000
     assert_error(http.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": long_prompt}]}), 400,
-                 code="context_length_exceeded")
+                 "messages", "context_length_exceeded")
+    assert_error(http.post("/v1/completions", json={"model": MODEL, "prompt": long_prompt}), 400,
+                 "prompt", "context_length_exceeded")
     assert_error(http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 5000}), 400,
                  "max_tokens", "context_length_exceeded")
     with pytest.raises(openai.BadRequestError) as raised:

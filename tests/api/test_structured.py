@@ -181,8 +181,8 @@ def test_tool_call_truncated_by_max_tokens_is_returned_as_content(server):
 # ---- the parser on its own ---------------------------------------------------------------------
 
 HERMES_TEXT = (
-    'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
-    '<tool_call>{"name": "get_time", "arguments": "{\\"zone\\": \\"CET\\"}"}</tool_call>'
+    'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>\n\n'
+    '<tool_call>{"name": "get_time", "arguments": "{\\"zone\\": \\"CET\\"}"}</tool_call>\n'
 )
 
 
@@ -207,6 +207,13 @@ def test_hermes_calls_parse_the_same_in_any_split():
     rng = random.Random(0)
     for _ in range(50):
         assert _run(HERMES, _splits(HERMES_TEXT, rng)) == expected
+
+
+def test_text_after_a_call_stays_content_but_whitespace_between_calls_does_not():
+    call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    assert _run(HERMES, [call + "\n ", call]) == ("", [("f", "{}"), ("f", "{}")])
+    assert _run(HERMES, [call, "\n", " Done."]) == ("\n Done.", [("f", "{}")])
+    assert _run(HERMES, ["Hi\n", call]) == ("Hi\n", [("f", "{}")])
 
 
 def test_llama3_json_calls_and_plain_answers():
@@ -280,7 +287,7 @@ def test_forced_call_grammars_parse_back_to_valid_calls(fmt):
     for seed in range(4):
         text = tokenizer.decode(_random_walk(GrammarProcessor(lltokenizer, grammar, [2]), tokenizer.vocab_size, seed, 2))
         content, calls = _run(fmt, [text])
-        assert content.strip() == "" and calls, text
+        assert content == "" and calls, text
         for name, arguments in calls:
             tool = {"get_weather": WEATHER, "get_time": TIME}[name]
             validate(json.loads(arguments), tool["function"]["parameters"])

@@ -7,7 +7,9 @@ generate.py (engine submission, merged outputs, usage) -> sse.py (streams).
 Choices made where the OpenAI API leaves room:
 - Unknown fields are a 400 naming them; only `user` (informational) is accepted and ignored.
 - `n` is at most 16; `logprobs`/`top_logprobs` at most 20; `stop` at most 16 strings.
-- `tool_choice: "none"` leaves the tools out of the prompt and parses no calls.
+- `tool_choice: "none"` leaves the tools out of the prompt and parses no calls. A named
+  `tool_choice` forces exactly one call of that function; `"required"` forces one or more
+  (exactly one with `parallel_tool_calls: false`), arguments following each function's schema.
 - A tool call cut off by `max_tokens` (or with broken JSON) is not a call: its text is
   returned as content, with finish_reason "length" (or "stop").
 - `response_format` and forced tool calls are enforced by llguidance; an answer that runs

@@ -73,7 +73,9 @@ def _grammar(state: ServerState, chat: ChatRequest) -> tuple[str, str] | None:
         schema = chat.response_format.get("schema") if chat.response_format["type"] == "json_schema" else None
         return grammar.json_schema_grammar(schema), "response_format"
     if chat.tool_choice == "required" or chat.named_tool:
-        lark = tools.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, chat.parallel_tool_calls)
+        # A named function is called once; "required" may call several when parallel_tool_calls allows.
+        parallel = chat.parallel_tool_calls and chat.named_tool is None
+        lark = tools.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, parallel)
         return grammar.lark_grammar(lark), "tools"
     return None
 

@@ -132,8 +132,14 @@ def test_required_tool_call_follows_the_function_schema(server):
 
 
 def test_named_tool_choice_calls_that_tool(server):
+    response = _chat(server, max_tokens=120, temperature=1.0, seed=2, n=3, tools=[WEATHER, TIME],
+                     tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert [c.finish_reason for c in response.choices] == ["tool_calls"] * 3
+    for choice in response.choices:
+        [call] = choice.message.tool_calls  # one call, though parallel_tool_calls defaults to true
+        assert call.function.name == "get_time"
     response = _chat(server, max_tokens=120, temperature=0, tools=[WEATHER, TIME],
-                     tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel_tool_calls=False)
+                     tool_choice={"type": "function", "function": {"name": "get_time"}})
     [call] = response.choices[0].message.tool_calls
     assert call.function.name == "get_time"
     assert json.loads(call.function.arguments)["zone"] in ("UTC", "CET")

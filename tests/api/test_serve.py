@@ -125,6 +125,14 @@ def test_smollm2_served_from_its_gguf_knows_the_capital_of_france(smollm2_gguf):
             model=model.id, messages=[{"role": "user", "content": "What is the capital of France?"}],
             max_tokens=40, temperature=0, stream=True) if c.choices)
         assert streamed == answer.choices[0].message.content
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+                  "additionalProperties": False}
+        structured = client.chat.completions.create(
+            model=model.id, messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+            max_tokens=40, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}},
+        )
+        assert json.loads(structured.choices[0].message.content) == {"city": "Paris"}
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(60) == 0
     finally:

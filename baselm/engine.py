@@ -95,7 +95,7 @@ class _Sequence:
         self.stop_reason: int | str | None = None
 
 
-def kv_num_blocks(config: EngineConfig, model, max_model_len: int, bytes_per_token: int) -> int:
+def kv_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_token: int) -> int:
     """Blocks for the pools: `kv_memory` when given, else enough for max_num_seqs full contexts
     up to a ceiling of min(2 GiB, a fifth of system memory)."""
     if config.kv_memory is not None:
@@ -125,9 +125,11 @@ class LLMEngine:
         self.vocab_size = model.args.vocab_size
         num_layers, num_kv_heads, head_dim = model.kv_shape()
         dtype = model.dtype
-        bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * dtype.size
-        num_blocks = kv_num_blocks(config, model, self.max_model_len, bytes_per_token)
-        self.cache = PagedKVCache(num_layers, num_blocks, config.block_size, num_kv_heads, head_dim, dtype)
+        bytes_per_token = PagedKVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, dtype, config.kv_bits)
+        num_blocks = kv_num_blocks(config, self.max_model_len, bytes_per_token)
+        self.cache = PagedKVCache(
+            num_layers, num_blocks, config.block_size, num_kv_heads, head_dim, dtype, kv_bits=config.kv_bits
+        )
         self.kv_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.kv_manager,
@@ -159,6 +161,9 @@ class LLMEngine:
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        bad = next((i for i in prompt_ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the model's vocabulary of {self.vocab_size} tokens")
         copies = [self._make_sequence(request_id, i, prompt_ids, params) for i in range(params.n)]
         self.scheduler.add_request(copies[0].request)  # validates the length for all copies
         self._groups[request_id] = [s.request.request_id for s in copies]
@@ -318,6 +323,18 @@ class LLMEngine:
         return self.scheduler.stats()
 
 
+def _wait_native_exit(native_id: int | None, deadline: float) -> None:
+    """Waits until the OS thread `native_id` of this process has ended (Linux; elsewhere a short pause)."""
+    import os
+
+    task = f"/proc/self/task/{native_id}"
+    if native_id is None or not os.path.isdir("/proc/self/task"):
+        time.sleep(0.05)
+        return
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 class AsyncEngine:
     """Runs an LLMEngine on a thread of its own, which does all MLX work; asyncio code talks to it.
 
@@ -342,10 +359,15 @@ class AsyncEngine:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Aborts what is in flight and stops the thread."""
+        """Aborts what is in flight and stops the thread.
+
+        NOTE: returns only once the OS thread is gone, not just its Python part: MLX frees
+        per-thread state in thread-exit destructors, which must not race interpreter shutdown.
+        """
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
+        _wait_native_exit(self._thread.native_id, deadline=time.monotonic() + timeout)
 
     def call(self, fn, *args):
         """Runs `fn(engine, *args)` on the engine thread; returns a concurrent Future."""
@@ -375,6 +397,7 @@ class AsyncEngine:
             await self.run_on_engine(LLMEngine.add_request, prompt, params, request_id)
         except BaseException:
             self._streams.pop(request_id, None)
+            self.abort(request_id)  # cancelled after the engine took it: nobody would read it
             raise
         return self._iterate(request_id, stream, params.n)
 

@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
+import baselm  # noqa: F401  first, so the optimized BLAS is loaded before anything imports mlx.core
+from baselm import blas
+
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "smollm2_transformers_greedy.json"
 LOCAL_REFERENCE = FIXTURES / "smollm2_transformers_greedy.json"
+
+
+def pytest_report_header(config) -> str:
+    return f"base BLAS: {blas.status['library'] or 'MLX bundled reference BLAS'} ({blas.status['reason']})"
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,25 @@
-"""KV pools: one pair of preallocated arrays per layer, written in place through slot mappings."""
+"""KV pools: one pair of preallocated pools per layer, written in place through slot mappings."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 
 from baselm.kv.metadata import AttentionMetadata
+from baselm.metal import allocate_pool, write_kv
 
 
 class LayerKV:
-    """The K and V pools of one attention layer, each (num_blocks, block_size, kv_heads, head_dim)."""
+    """The K and V pools of one attention layer.
+
+    A pool is (num_blocks, block_size, kv_heads, head_dim) in the model dtype, or for
+    kv_bits 8/4 a `QuantizedPool` (codes, scales, biases) of the same leading shape.
+    """
 
     __slots__ = ("keys", "values")
 
-    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype):
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.keys = mx.zeros(shape, dtype=dtype)  # (num_blocks, block_size, kv_heads, head_dim)
-        self.values = mx.zeros(shape, dtype=dtype)
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, kv_bits: int):
+        self.keys = allocate_pool(num_blocks, block_size, num_kv_heads, head_dim, dtype, kv_bits)
+        self.values = allocate_pool(num_blocks, block_size, num_kv_heads, head_dim, dtype, kv_bits)
 
     def write(self, keys: mx.array, values: mx.array, meta: AttentionMetadata) -> None:
         """Stores this step's rows, (num_tokens, kv_heads, head_dim), at `meta.slot_mapping`.
@@ -23,8 +27,6 @@ class LayerKV:
         NOTE: the pools are rebound to the scatter's result; with no other reference alive
         MLX donates the old buffer, so the write happens in place.
         """
-        from baselm.metal import write_kv
-
         self.keys, self.values = write_kv(self.keys, self.values, keys, values, meta.slot_mapping)
 
 
@@ -39,12 +41,16 @@ class PagedKVCache:
         num_kv_heads: int,
         head_dim: int,
         dtype: mx.Dtype = mx.float32,
+        kv_bits: int = 16,
     ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("a KV cache needs at least one block of at least one token")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.layers = [LayerKV(num_blocks, block_size, num_kv_heads, head_dim, dtype) for _ in range(num_layers)]
+        self.kv_bits = kv_bits
+        self.layers = [
+            LayerKV(num_blocks, block_size, num_kv_heads, head_dim, dtype, kv_bits) for _ in range(num_layers)
+        ]
         mx.eval([(layer.keys, layer.values) for layer in self.layers])  # allocate now, not in the first step
 
     def __getitem__(self, layer: int) -> LayerKV:
@@ -57,8 +63,21 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
 
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, kv_bits: int) -> int:
+        """Pool bytes one cached token takes across all layers (K and V, with quantization scales)."""
+        if kv_bits == 16:
+            per_row = head_dim * dtype.size
+        else:
+            from baselm.metal.kv_quant import kv_group_size
+
+            per_row = head_dim * kv_bits // 8 + 2 * (head_dim // kv_group_size(head_dim)) * dtype.size
+        return 2 * num_layers * num_kv_heads * per_row
+
     @classmethod
-    def for_model(cls, model, num_blocks: int, block_size: int = 16, dtype: mx.Dtype | None = None) -> PagedKVCache:
+    def for_model(
+        cls, model, num_blocks: int, block_size: int = 16, dtype: mx.Dtype | None = None, kv_bits: int = 16
+    ) -> PagedKVCache:
         """A cache shaped for `model` (anything with `kv_shape()` and `dtype`)."""
         num_layers, num_kv_heads, head_dim = model.kv_shape()
-        return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype or model.dtype)
+        return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype or model.dtype, kv_bits)

@@ -125,7 +125,7 @@ def test_n_copies_with_a_seed_differ_from_each_other(make_engine):
 def test_a_request_longer_than_the_model_is_refused(make_engine):
     engine = make_engine()
     with pytest.raises(RequestTooLongError, match="at most 512"):
-        engine.add_request(list(range(100)) * 5, SamplingParams(max_tokens=50))
+        engine.add_request([7] * 500, SamplingParams(max_tokens=50))
     assert not engine.has_unfinished
 
 
@@ -140,7 +140,7 @@ def test_async_client_streams_and_aborts_on_early_exit(make_engine):
             break
         await stream.aclose()
         with pytest.raises(RequestTooLongError):
-            await client.submit(list(range(600)), SamplingParams(max_tokens=5))
+            await client.submit([7] * 600, SamplingParams(max_tokens=5))
         for _ in range(100):  # the abort lands at the engine's next step
             if await client.run_on_engine(all_free):
                 break
@@ -153,3 +153,31 @@ def test_async_client_streams_and_aborts_on_early_exit(make_engine):
         client.stop()
     assert sum(len(o.token_ids) for o in full) == 6 and full[-1].finished
     assert all_free(engine)
+
+
+@pytest.mark.parametrize("kv_bits, tol", [(8, 0.05), (4, 0.5)])
+def test_quantized_kv_stays_close_to_float_kv(make_engine, kv_bits, tol):
+    def record(into):
+        def processor(output_ids, logits):
+            into.append(np.array(logits))
+            return logits
+
+        return processor
+
+    runs = {}
+    for bits in (16, kv_bits):
+        captured: list[np.ndarray] = []
+        engine = make_engine(kv_bits=bits)
+        params = SamplingParams(temperature=0, max_tokens=6, logits_processors=[record(captured)])
+        engine.generate([PROMPTS[1]], params)
+        assert all_free(engine)
+        runs[bits] = np.stack(captured)
+    assert runs[kv_bits].shape == runs[16].shape
+    assert np.abs(runs[kv_bits][0] - runs[16][0]).max() < tol
+
+
+def test_prompt_ids_outside_the_vocabulary_are_refused(make_engine):
+    engine = make_engine()
+    with pytest.raises(ValueError, match="outside the model's vocabulary of 256"):
+        engine.add_request([1, 2, 256], SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished

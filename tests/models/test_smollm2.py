@@ -57,3 +57,32 @@ def test_first_step_logprobs_match_transformers(smollm2, smollm2_reference):
         logprobs = logits[step] - mx.logsumexp(logits[step])
         for token_id, expected in top5:
             assert abs(logprobs[token_id].item() - expected) < 1e-3
+
+
+def engine_greedy(loaded, prompts: list[list[int]], num_tokens: int, **config) -> list[list[int]]:
+    from baselm.config import EngineConfig
+    from baselm.engine import LLMEngine
+    from baselm.sampling import SamplingParams
+
+    engine = LLMEngine(loaded, EngineConfig(kv_memory=64 * 2**20, **config))
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
+    results = engine.generate(prompts, params)
+    assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+    return [r.completions[0].token_ids for r in results]
+
+
+def test_batch_of_8_gives_the_reference_tokens(smollm2, smollm2_reference):
+    cases = smollm2_reference["cases"]
+    assert len(cases) == 8
+    outputs = engine_greedy(smollm2, [c["prompt_token_ids"] for c in cases], 16)
+    for case, tokens in zip(cases, outputs):
+        expected = case["generated_token_ids"][:16]  # a reference may end early, at its eos
+        assert tokens[: len(expected)] == expected, case["prompt"]
+
+
+def test_q8_kv_cache_keeps_the_first_16_greedy_tokens(smollm2, smollm2_reference):
+    cases = smollm2_reference["cases"]
+    outputs = engine_greedy(smollm2, [c["prompt_token_ids"] for c in cases], 16, kv_bits=8)
+    for case, tokens in zip(cases, outputs):
+        expected = case["generated_token_ids"][:16]  # a reference may end early, at its eos
+        assert tokens[: len(expected)] == expected, case["prompt"]

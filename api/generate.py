@@ -203,16 +203,16 @@ async def outputs(
     arrival = time.monotonic()
     last_seen: dict[int, float] = {}
     pumps = [asyncio.create_task(_pump(job, iterator, queue)) for job, iterator in started]
-    remaining = len(pumps)
+    done: set[str] = set()  # request ids whose outputs are all in
     try:
-        while remaining:
+        while len(done) < len(started):
             item = await queue.get()
-            if item is None:
-                remaining -= 1
-                continue
             if isinstance(item, BaseException):
                 raise item
             job, out = item
+            if out is None:
+                done.add(job.request_id)
+                continue
             out.index += job.index_offset
             usage.add(job.prompt_index, out.index, out)
             _observe_latency(state.metrics, out, arrival, last_seen)
@@ -221,7 +221,8 @@ async def outputs(
         for task in pumps:
             task.cancel()
         for job, _ in started:
-            state.client.abort(job.request_id)
+            if job.request_id not in done:  # a pump cancelled before it began cannot abort by itself
+                state.client.abort(job.request_id)
         await asyncio.gather(*pumps, return_exceptions=True)
         state.metrics.count_tokens(sum(usage.prompt.values()), sum(usage.completion.values()))
 
@@ -230,7 +231,7 @@ async def _pump(job: Job, iterator: AsyncIterator[CompletionOutput], queue: asyn
     try:
         async for out in iterator:
             queue.put_nowait((job, out))
-        queue.put_nowait(None)
+        queue.put_nowait((job, None))
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # the engine failed this request: hand the error to the reader

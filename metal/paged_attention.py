@@ -74,14 +74,28 @@ def _gather_sequences(pool: Pool, meta) -> mx.array:
     return rows.transpose(0, 2, 1, 3)
 
 
-def _attention_mask(meta, num_keys: int, window: int | None) -> mx.array:
-    """(num_seqs, 1, max_query_len, num_keys) bool: causal, inside the context, inside the window."""
+def _attention_mask(meta, num_keys: int, window: int | None) -> mx.array | None:
+    """(num_seqs, 1, max_query_len, num_keys) bool: causal, inside the context, inside the window.
+
+    None when nothing needs masking: one sequence decoding one token over exactly its keys.
+    Built once per step and window, then shared by every layer (through `meta.mask_cache`
+    when the metadata offers one).
+    """
+    if meta.num_seqs == 1 and meta.max_query_len == 1 and num_keys == meta.max_context_len and window is None:
+        return None
+    cache = getattr(meta, "mask_cache", None)
+    key = (num_keys, window)
+    if cache is not None and key in cache:
+        return cache[key]
     key_pos = mx.arange(num_keys)  # (num_keys,)
     query_pos = meta.query_pos[:, :, None]  # (num_seqs, max_query_len, 1)
     mask = (key_pos <= query_pos) & (key_pos < meta.context_lens[:, None, None])
     if window is not None:
         mask = mask & (key_pos > query_pos - window)
-    return mask[:, None]
+    mask = mask[:, None]
+    if cache is not None:
+        cache[key] = mask
+    return mask
 
 
 def _softcapped_attention(q, k, v, scale: float, mask: mx.array, softcap: float) -> mx.array:
@@ -91,7 +105,8 @@ def _softcapped_attention(q, k, v, scale: float, mask: mx.array, softcap: float)
     q = q.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, num_queries, head_dim)
     scores = (q * scale) @ k[:, :, None].swapaxes(-1, -2)  # (S, kv_heads, group, Q, L)
     scores = mx.tanh(scores / softcap) * softcap
-    scores = mx.where(mask[:, :, None], scores, mx.array(-float("inf"), scores.dtype))
+    if mask is not None:
+        scores = mx.where(mask[:, :, None], scores, mx.array(-float("inf"), scores.dtype))
     probs = mx.softmax(scores.astype(mx.float32), axis=-1, precise=True).astype(v.dtype)
     out = probs @ v[:, :, None]  # (S, kv_heads, group, Q, head_dim)
     return out.reshape(num_seqs, num_heads, num_queries, -1)
@@ -117,13 +132,21 @@ def paged_attention_reference(
     num_heads, head_dim = queries.shape[1], queries.shape[2]
     keys = _gather_sequences(key_pool, meta)  # (S, kv_heads, L, head_dim)
     values = _gather_sequences(value_pool, meta)
-    q = queries[meta.query_rows].reshape(meta.num_seqs, meta.max_query_len, num_heads, head_dim)
-    q = q.transpose(0, 2, 1, 3)  # (S, heads, max_query_len, head_dim)
+    decode_only = meta.max_query_len == 1  # one query per sequence: no padding, no reordering
+    if meta.num_seqs == 1 and decode_only:
+        keys, values = keys[:, :, : meta.max_context_len], values[:, :, : meta.max_context_len]
+    if decode_only:
+        q = queries[:, :, None, :]  # (S, heads, 1, head_dim)
+    else:
+        q = queries[meta.query_rows].reshape(meta.num_seqs, meta.max_query_len, num_heads, head_dim)
+        q = q.transpose(0, 2, 1, 3)  # (S, heads, max_query_len, head_dim)
     mask = _attention_mask(meta, keys.shape[2], window)
     if softcap is None:
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
     else:
         out = _softcapped_attention(q, keys, values, scale, mask, softcap)
+    if decode_only:
+        return out[:, :, 0, :]  # (S, heads, head_dim)
     out = out.transpose(0, 2, 1, 3).reshape(-1, num_heads, out.shape[-1])  # (S * max_query_len, heads, head_dim)
     return out[meta.token_rows]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
@@ -30,6 +30,7 @@ class AttentionMetadata:
     logits_indices: mx.array | None  # (num_logits,) int32 rows whose logits are wanted; None = all
     query_lens: tuple[int, ...]  # host copies: no device sync needed to read them
     context_lens_host: tuple[int, ...]
+    mask_cache: dict = field(default_factory=dict)  # attention masks of this step, shared by the layers
 
     @property
     def num_seqs(self) -> int:

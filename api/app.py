@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from baselm.api.auth import Gate
-from baselm.api.errors import EXCEPTION_HANDLERS, APIError, bad_request
+from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
 from baselm.api.generate import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
 from baselm.api.metrics import Metrics
 from baselm.api.routes_chat import chat_completions
@@ -128,4 +128,4 @@ def create_app(
     return app
 
 
-__all__ = ["create_app", "APIError"]
+__all__ = ["create_app"]

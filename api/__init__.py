@@ -14,6 +14,7 @@ Choices made where the OpenAI API leaves room:
   returned as content, with finish_reason "length" (or "stop").
 - `response_format` and forced tool calls are enforced by llguidance; an answer that runs
   out of tokens mid-JSON ends with finish_reason "length" and partial JSON, as OpenAI's does.
+  `min_tokens` and `ignore_eos` are refused with them: the grammar decides where the answer ends.
 - A full waiting queue is a 429 (code "queue_full"); a client that disconnects aborts its
   request, streamed or not (counted as status 499 in /metrics).
 - Completions `echo` with `logprobs` is refused (no prompt logprobs); `suffix` is refused;

@@ -92,7 +92,7 @@ def json_schema_grammar(schema: dict[str, Any] | bool | None) -> str:
         schema = {"type": "object"}
     try:
         return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_JSON_OPTIONS)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise bad_request(f"response_format's schema is not valid: {exc}", "response_format") from None
 
 

@@ -89,15 +89,17 @@ def _params_factory(state: ServerState, chat: ChatRequest):
         params = make_params(sampling, chat.common.max_tokens_field, logprobs=logprobs)
         return lambda: params
     text, param = constrained
+    for name in ("min_tokens", "ignore_eos"):  # both would keep a finished grammar from ending the answer
+        if sampling[name]:
+            raise bad_request(f"{name} cannot be combined with {param} (the grammar decides where the answer ends)", name)
     lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
     grammar.check_grammar(text, lltokenizer, param)
     eos = state.eos_token_ids
-    stop_ids = eos if not sampling["ignore_eos"] else []
 
     def make() -> SamplingParams:
         processor = grammar.GrammarProcessor(lltokenizer, text, eos)
         return make_params(
-            sampling, chat.common.max_tokens_field, logprobs=logprobs, logits_processors=[processor], stop_token_ids=stop_ids
+            sampling, chat.common.max_tokens_field, logprobs=logprobs, logits_processors=[processor], stop_token_ids=eos
         )
 
     return make

@@ -56,6 +56,7 @@ CHAT_BAD = {
               [{"type": "function", "function": {"name": "f", "parameters": "x"}}]],
     "tool_choice": ["always", 5, {"type": "function"}, {"type": "function", "function": {"name": "missing"}}],
     "echo": [True],
+    "min_tokens": [-1, "x", 3, 1],  # 1: with a grammar (see _cases)
 }
 COMPLETION_BAD = {
     "prompt": [None, [], 5, [[]], [-1], [1.5], ["a", 1], [[1], "a"], [True], [10**9], "", "word " * 3000, {}],
@@ -83,6 +84,8 @@ def _cases(rng: random.Random) -> list[tuple[str, bytes]]:
                 body = copy.deepcopy(good)
                 if name == "min_tokens":
                     body["max_tokens"] = 2  # min_tokens 3 > max_tokens 2
+                    if value == 1:
+                        body["response_format"] = {"type": "json_object"}
                 if name == "top_logprobs" and value == 5:
                     pass  # top_logprobs without logprobs
                 if name == "stream_options" and isinstance(value, dict):

@@ -32,12 +32,20 @@ _TYPES = {
 class APIError(Exception):
     """A refused request: the HTTP status, one sentence for the caller, and the field at fault."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -49,6 +57,7 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    headers = {**(error.headers or {}), **(headers or {})}
     return JSONResponse(error_body(error.status, error.message, error.param, error.code), error.status, headers=headers)
 
 

@@ -181,7 +181,9 @@ async def submit(
             state.client.abort(job.request_id)
             await iterator.aclose()
         if isinstance(exc, QueueFullError):
-            raise APIError(429, f"the server is busy ({exc}); retry shortly", code="queue_full") from None
+            raise APIError(
+                429, f"the server is busy ({exc}); retry shortly", code="queue_full", headers={"Retry-After": "1"}
+            ) from None
         if isinstance(exc, RequestTooLongError):
             raise bad_request(str(exc), prompt_field, "context_length_exceeded") from None
         if isinstance(exc, SamplingParamsError):

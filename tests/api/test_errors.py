@@ -147,6 +147,7 @@ def test_full_queue_is_429_and_clears(make_server_with):
         time.sleep(0.02)
     response = server.http().post(CHAT, json={"model": MODEL, "messages": HELLO, "max_tokens": 2})
     assert_error(response, 429, code="queue_full")
+    assert response.headers["retry-after"] == "1"
     with pytest.raises(openai.RateLimitError):
         client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     running.close()  # the running request is aborted, the waiting one runs

@@ -271,7 +271,7 @@ def bench(
 
 @app.command()
 def serve(
-    model: str = typer.Argument(..., help="Model: a path to an HF model folder or a .gguf file."),
+    model: str = typer.Argument(..., help=MODEL_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="Port to listen on."),
     api_key: Optional[str] = typer.Option(
@@ -286,6 +286,9 @@ def serve(
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Turn prefix caching off."),
     max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
     max_body: str = typer.Option("8MiB", "--max-body", help="Largest request body accepted (413 past it)."),
+    shutdown_timeout: float = typer.Option(
+        30.0, "--shutdown-timeout", help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."
+    ),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
@@ -304,7 +307,9 @@ def serve(
             enable_prefix_caching=not no_prefix_caching,
             max_waiting=max_waiting,
         )
-        options = ServeOptions(host, port, api_key or None, served_model_name, max_body_bytes=parse_size(max_body))
+        options = ServeOptions(
+            host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout=shutdown_timeout
+        )
         loaded = load_model(model, select_backend(device))
     except (ConfigError, *_user_errors()) as exc:
         _fail(str(exc))

@@ -1,0 +1,115 @@
+"""SmolLM2's GGUF pulled into the store: kept as it is, as q8 and as q4, against the GGUF loaded directly.
+
+For each reference prompt the GGUF's own greedy continuation (16 tokens, through the engine) is
+the target. A stored variant is then run once over prompt + continuation (teacher forcing): its
+greedy tokens equal the GGUF's for exactly as many steps as its argmax agrees with the
+continuation from the first step on, since up to the first disagreement both see the same
+context. All runs are on the CPU backend (float32 compute), which is deterministic.
+
+What happens, measured with this file (Q4_1 body, Q8_0 tied embeddings):
+- kept (`q4_1`): the triplets are the GGUF's bit for bit, so the logits are identical at every
+  step of every prompt and all 16 tokens match.
+- `q8` (default profile: 8-bit min/max groups of 64, or 128 where the inputs allow): the Q4_1
+  grid (16 levels per group of 32) is not a subset of the 8-bit grid, so every weight moves by
+  up to half an 8-bit step (~0.6% rms) and the logits by up to ~1.2. Greedy tokens agree for all
+  16 steps on 6 of 8 prompts; the chat prompt "What is the capital of France?" flips at step 0,
+  where the GGUF's own top-2 margin is 0.082, and "List three primary colors." at step 9, margin 0.033.
+- `q4` (4-bit min/max groups of 64): the Q4_1 values are rounded a second time onto a coarser,
+  differently placed grid; logits move by up to ~14 and only "1, 2, 3, 4," and the France chat
+  prompt keep all 16 tokens. This is the compounding the pull warns about: a 4-bit GGUF should be
+  kept as it is, or requantized only to more bits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from baselm.backend import select_backend
+from baselm.kv import AttentionMetadata, PagedKVCache
+from baselm.loader import LoadedModel, load_model
+from baselm.store.pull import import_local
+from baselm.store.registry import Store
+
+pytestmark = pytest.mark.slow
+
+NUM_TOKENS = 16
+BLOCK_SIZE = 16
+# Per reference prompt: how many leading greedy tokens equal the GGUF's (see the module docstring).
+MATCHING_TOKENS = {
+    "q8": [16, 16, 16, 16, 16, 0, 16, 9],
+    "q4": [4, 1, 1, 16, 0, 16, 1, 0],
+}
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return select_backend("cpu")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory):
+    """A store that `load_model` resolves names in."""
+    root = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BASE_HOME", str(root))
+        yield Store(root)
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2_reference) -> list[list[int]]:
+    return [case["prompt_token_ids"] for case in smollm2_reference["cases"]]
+
+
+@pytest.fixture(scope="module")
+def gguf_run(smollm2_gguf: Path, backend, prompts) -> tuple[list[list[int]], list[np.ndarray]]:
+    """The GGUF's greedy tokens (engine) and its teacher-forced logits over them, per prompt."""
+    from baselm.config import EngineConfig
+    from baselm.engine import LLMEngine
+    from baselm.sampling import SamplingParams
+
+    loaded = load_model(smollm2_gguf, backend)
+    engine = LLMEngine(loaded, EngineConfig(kv_memory=64 * 2**20))
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    tokens = [r.completions[0].token_ids for r in engine.generate(prompts, params)]
+    logits = [forced_logits(loaded, p, t) for p, t in zip(prompts, tokens)]
+    # Teacher forcing reproduces the engine's greedy run (the premise of the counts below).
+    assert [list(l.argmax(axis=-1)) for l in logits] == tokens
+    return tokens, logits
+
+
+def forced_logits(loaded: LoadedModel, prompt: list[int], tokens: list[int]) -> np.ndarray:
+    """Logits at each of the `len(tokens)` steps, from one pass over prompt + tokens[:-1]."""
+    ids = prompt + tokens[:-1]
+    num_blocks = len(ids) // BLOCK_SIZE + 1
+    cache = PagedKVCache.for_model(loaded.model, num_blocks=num_blocks, block_size=BLOCK_SIZE)
+    steps = list(range(len(prompt) - 1, len(ids)))
+    meta = AttentionMetadata.build([list(range(num_blocks))], [len(ids)], [len(ids)], BLOCK_SIZE, steps)
+    return np.array(loaded.model(mx.array(ids), meta.positions, meta, cache))  # (len(tokens), vocab)
+
+
+def matching_tokens(logits: np.ndarray, tokens: list[int]) -> int:
+    agree = logits.argmax(axis=-1) == np.array(tokens)
+    return len(tokens) if agree.all() else int(np.argmin(agree))
+
+
+def test_the_kept_gguf_variant_gives_the_ggufs_logits_exactly(smollm2_gguf, store, backend, prompts, gguf_run) -> None:
+    model = import_local(smollm2_gguf, supported={"llama"}, store=store)
+    assert model.ref == "local/SmolLM2-135M-Instruct:q4_1"
+    loaded = load_model(model.ref, backend)
+    tokens, expected = gguf_run
+    for prompt, continuation, gguf_logits in zip(prompts, tokens, expected):
+        assert np.array_equal(forced_logits(loaded, prompt, continuation), gguf_logits)
+
+
+@pytest.mark.parametrize("quant", ["q8", "q4"])
+def test_a_requantized_variant_follows_the_ggufs_greedy_tokens_as_far_as_measured(quant, smollm2_gguf, store, backend, prompts, gguf_run) -> None:
+    model = import_local(smollm2_gguf, quant=quant, supported={"llama"}, store=store)
+    assert model.ref == f"local/SmolLM2-135M-Instruct:{quant}"
+    loaded = load_model(model.ref, backend)
+    tokens, _ = gguf_run
+    counts = [matching_tokens(forced_logits(loaded, p, t), t) for p, t in zip(prompts, tokens)]
+    assert counts == MATCHING_TOKENS[quant]

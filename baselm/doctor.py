@@ -23,6 +23,7 @@ def collect() -> dict[str, Any]:
     import mlx.core as mx
 
     from baselm.backend import device_memory_bytes, gpu_kind
+    from baselm.metal import kernel_status
     from baselm.store.default_model import base_home
 
     kind = gpu_kind()
@@ -41,6 +42,7 @@ def collect() -> dict[str, Any]:
         "blas": (blas.status["library"] or "MLX's bundled reference BLAS") if backend == "cpu" else "not used (GPU)",
         "blas_status": blas.status["reason"],
         "compute": "float32 (quantized weights dequantized at load)" if backend == "cpu" else "quantized weights on the GPU",
+        "kernels": kernel_status(),
         "store": str(home),
         "store_free_bytes": disk.free,
         "warnings": [],
@@ -92,6 +94,7 @@ def render(report: dict[str, Any]) -> None:
         ("CPU cores", str(report["cpu_count"])),
         ("BLAS", f"{report['blas']} ({report['blas_status']})"),
         ("Compute", report["compute"]),
+        ("Kernels", ", ".join(f"{name}: {state}" for name, state in report["kernels"].items())),
         ("Store", f"{report['store']} ({_gib(report['store_free_bytes'])} free)"),
     ]
     for key, value in rows:

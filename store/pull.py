@@ -1,10 +1,17 @@
-"""`base pull`: resolve a hub reference, download what the model needs, convert it to `.base`, store it.
+"""`base pull`: bring a model into the store as a `.base` file, from the hub or from a local path.
 
-A reference is `org/name[:tag]`. For a safetensors repo the tag is a quant scheme (`q4`), a
+A hub reference is `org/name[:tag]`. For a safetensors repo the tag is a quant scheme (`q4`), a
 built-in profile (`mixed`) or both (`mixed-q4`); the default is `q4` with the default profile.
-For a GGUF repo the tag picks the `.gguf` file by its quant (`Q4_0`, `q8_0`, `Q4_K_M`); its
-quantized tensors are kept exactly as they are (Q4_0/Q4_1/Q8_0 already are MLX affine groups
-of 32) unless a `quant` is asked for, which re-quantizes everything from dequantized floats.
+For a GGUF repo the tag picks the `.gguf` file by its quant (`Q4_0`, `q8_0`, `Q4_K_M`).
+
+A local path (`import_local`) is an HF folder, an MLX quantized folder, a `.gguf` or a `.base`
+file, stored as `local/<name>` (or `--name org/name`).
+
+An already-quantized source keeps its own quantization unless a `quant` is asked for: GGUF
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks and MLX triplets are carried over exactly (see
+`store/gguf_quants.py`, `store/mlx_folder.py`); GGUF K-quants have no exact `.base` form and are
+re-quantized at their own bit width. Every re-quantization of quantized weights logs one line
+saying that it compounds error.
 
 The whole pull of one model runs under the store's lock for that model: downloads resume
 from `.part` files left by an interrupted pull, the `.base` file is written under a temp name,

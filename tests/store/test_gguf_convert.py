@@ -276,3 +276,31 @@ def test_a_converted_llama_gguf_holds_its_tensors_exactly_with_qk_rows_in_hf_ord
     down = tensors["model.layers.0.mlp.down_proj.weight"]
     down_values = mx.dequantize(down.codes, down.scales.astype(mx.float32), down.biases.astype(mx.float32), group_size=32, bits=5)
     assert same_bits(np.array(down_values), expected["blk.0.ffn_down.weight"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Direct loading (`read_metadata`): the mx.load layout, for every readable type
+
+
+@pytest.mark.parametrize("type_name", ["F32", "F16", "Q4_0", "Q4_1", "Q8_0"])
+def test_read_metadata_gives_what_mx_load_gives_for_the_types_mx_load_reads(type_name: str, tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (encode(weights(), type_name), type_name), "n.weight": (np.linspace(-1, 1, 128, dtype=np.float32), "F32")})
+    ours, _ = gguf_store.read_metadata(path)
+    theirs = mx.load(str(path), format="gguf")
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        assert ours[name].dtype == value.dtype and mx.array_equal(ours[name], value), name
+
+
+def test_read_metadata_gives_q5_triplets_and_k_quants_as_float16(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "w.gguf", {
+        "a.weight": (encode(weights(), "Q5_1"), "Q5_1"),
+        "b.weight": (random_k_blocks("Q6_K", 8, 256), "Q6_K"),
+    })
+    tensors, _ = gguf_store.read_metadata(path)
+    expected = oracle(path)
+    assert sorted(tensors) == ["a.biases", "a.scales", "a.weight", "b.weight"]
+    a = mx.dequantize(tensors["a.weight"], tensors["a.scales"].astype(mx.float32), tensors["a.biases"].astype(mx.float32), group_size=32, bits=5)
+    assert same_bits(np.array(a), expected["a.weight"])
+    assert tensors["b.weight"].dtype == mx.float16
+    assert np.array_equal(np.array(tensors["b.weight"]), expected["b.weight"].astype(np.float16))

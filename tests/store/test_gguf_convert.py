@@ -10,6 +10,7 @@ random blocks with sane `d`/`dmin` fields, which its dequantizer reads like any 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -46,8 +47,11 @@ def encode(values: np.ndarray, type_name: str) -> np.ndarray:
     return gguf.quants.quantize(values, T[type_name])
 
 
-def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, str]], arch: str = "llama") -> Path:
-    writer = gguf.GGUFWriter(str(path), arch)
+def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, str]], metadata: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
+    """A llama GGUF of `tensors` (encoded data, type name), with `metadata` written by the callback."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    if metadata is not None:
+        metadata(writer)
     for name, (data, type_name) in tensors.items():
         if type_name in ("F32", "F16"):
             writer.add_tensor(name, data)
@@ -234,6 +238,8 @@ def test_a_truncated_gguf_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def llama_gguf(path: Path, type_name: str) -> tuple[Path, dict]:
+    """The llama fixture as llama.cpp's converter writes it (q/k rows permuted), 2-D weights as
+    `type_name`, norms F32; the tiny `t0..t255` vocabulary of the hub tests."""
     import json
 
     from hub_server import _gguf_metadata, _gguf_tensors
@@ -241,20 +247,11 @@ def llama_gguf(path: Path, type_name: str) -> tuple[Path, dict]:
 
     folder = FIXTURES / "models" / "llama"
     config = json.loads((folder / "config.json").read_text())
-    config["eos_token_id"], config["bos_token_id"] = 2, 1
-    writer = gguf.GGUFWriter(str(path), "llama")
-    _gguf_metadata(writer, config)
+    tensors = {}
     for name, value in _gguf_tensors(load_file(str(folder / "model.safetensors")), config):
         kind = type_name if value.ndim == 2 else "F32"
-        data = encode(value, kind)
-        if kind == "F32":
-            writer.add_tensor(name, data)
-        else:
-            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=T[kind])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        tensors[name] = (encode(value, kind), kind)
+    write_gguf(path, tensors, lambda writer: _gguf_metadata(writer, config))
     return path, config
 
 

@@ -14,11 +14,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pexpect
 import pytest
 from rich.console import Console
-from safetensors.numpy import load_file, save_file
 
 from baselm.backend import select_backend
 from baselm.chat import (
@@ -35,6 +33,7 @@ from baselm.engine import LLMEngine
 from baselm.loader import load_model
 from baselm.sampling import SamplingParams
 from baselm.tokenizer import Tokenizer
+from tests.tiny_model import write_model_folder
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BPE = FIXTURES / "tokenizers" / "bpe"
@@ -44,28 +43,9 @@ TIMEOUT_S = 15  # for any one expected output of the REPL
 
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory) -> Path:
-    """An HF folder `base chat` can load: the tiny llama fixture, its vocabulary widened to the fixture
-    BPE tokenizer's 702 ids (new embedding and output rows drawn with a fixed seed), a 4096-token
-    context, and no end-of-sequence token, so every answer runs to max_tokens."""
-    folder = tmp_path_factory.mktemp("chat_model")
-    tokenizer_json = json.loads((BPE / "tokenizer.json").read_text())
-    vocab_size = max(t["id"] for t in tokenizer_json["added_tokens"]) + 1
-    weights = load_file(FIXTURES / "models" / "llama" / "model.safetensors")
-    rng = np.random.default_rng(0)
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        rows = weights[name]  # (256, hidden)
-        extra = rng.normal(0.0, rows.std(), (vocab_size - rows.shape[0], rows.shape[1])).astype(rows.dtype)
-        weights[name] = np.concatenate([rows, extra])  # (702, hidden)
-    save_file(weights, folder / "model.safetensors")
-    config = json.loads((FIXTURES / "models" / "llama" / "config.json").read_text())
-    config.update(vocab_size=vocab_size, max_position_embeddings=4096, eos_token_id=None)
-    (folder / "config.json").write_text(json.dumps(config))
-    tokenizer_config = json.loads((BPE / "tokenizer_config.json").read_text())
-    tokenizer_config["eos_token"] = None
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    for name in ("tokenizer.json", "chat_template.jinja"):
-        shutil.copy(BPE / name, folder / name)
-    return folder
+    """The widened tiny llama (tests/tiny_model.py) with a 4096-token context and no
+    end-of-sequence token, so every answer runs to max_tokens."""
+    return write_model_folder(tmp_path_factory.mktemp("chat_model"), eos=False, max_position_embeddings=4096)
 
 
 @pytest.fixture(scope="module")

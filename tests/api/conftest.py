@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import mlx.core as mx
-import numpy as np
 import openai
 import pytest
 
@@ -21,31 +19,11 @@ from baselm.config import EngineConfig
 from baselm.engine import AsyncEngine, LLMEngine
 from baselm.loader import LoadedModel
 from baselm.models import build_model
-from baselm.store import hf
 from baselm.tokenizer import Tokenizer
+from tests.tiny_model import TOKENIZER, widened_llama
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-TOKENIZER = FIXTURES / "tokenizers" / "bpe"
 MODEL = "tiny"
-
-
-def widened_llama(tokenizer: Tokenizer) -> tuple[dict, dict[str, mx.array]]:
-    """Config and weights of the tiny fixture llama, its vocabulary widened to the tokenizer's.
-
-    The fixture model has 256 embedding rows; chat prompts use ids up to 701, so the extra
-    rows of the embedding and lm_head are filled with seeded random values.
-    """
-    folder = FIXTURES / "models" / "llama"
-    config = hf.read_config(folder)
-    config["max_position_embeddings"] = 2048
-    config["vocab_size"] = tokenizer.vocab_size
-    weights = hf.read_weights(folder)
-    rng = np.random.default_rng(0)
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        rows = weights[name]  # (256, hidden)
-        extra = rng.normal(0.0, 0.02, (tokenizer.vocab_size - rows.shape[0], rows.shape[1])).astype(np.float32)
-        weights[name] = mx.concatenate([rows, mx.array(extra)])  # (702, hidden)
-    return config, weights
 
 
 @functools.cache

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -13,24 +12,17 @@ import time
 from pathlib import Path
 
 import httpx
-import mlx.core as mx
 import openai
 import pytest
 
 from baselm.tokenizer import Tokenizer
-from tests.api.conftest import TOKENIZER, widened_llama
+from tests.tiny_model import TOKENIZER, write_model_folder
 
 
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory) -> Path:
     """An HF folder `load_model` reads: the widened tiny llama and the fixture BPE tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny-chatml")
-    config, weights = widened_llama(Tokenizer.from_folder(TOKENIZER))
-    (folder / "config.json").write_text(json.dumps(config))
-    mx.save_safetensors(str(folder / "model.safetensors"), weights)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        shutil.copy(TOKENIZER / name, folder / name)
-    return folder
+    return write_model_folder(tmp_path_factory.mktemp("tiny-chatml"))
 
 
 def _free_port() -> int:

@@ -1,0 +1,86 @@
+"""The `base` command as a person runs it: a real subprocess, its output and exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.tiny_model import write_model_folder
+
+COMMANDS = ["pull", "list", "rm", "inspect", "doctor", "run", "chat", "bench", "serve", "perplexity"]
+
+
+def base(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "baselm.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    return write_model_folder(tmp_path_factory.mktemp("tiny"))
+
+
+def test_help_lists_every_command():
+    result = base("--help")
+    assert result.returncode == 0
+    for command in COMMANDS:
+        assert f" {command} " in result.stdout
+
+
+def test_help_does_not_import_mlx():
+    code = "import sys; from baselm.cli import app; print('mlx.core' in sys.modules)"
+    # baselm/__init__ loads the BLAS only; the CLI module itself must not pull in MLX.
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False"
+
+
+def test_doctor_json_reports_the_backend_and_blas():
+    report = json.loads(base("doctor", "--json").stdout)
+    assert report["backend"] in ("cpu", "metal", "cuda")
+    assert {"python", "mlx", "blas", "kernels", "store", "warnings"} <= set(report)
+
+
+def test_run_json_returns_text_ids_logprobs_usage_and_timings(model_folder):
+    result = base("run", str(model_folder), "Hello there", "--json", "--max-tokens", "5", "--logprobs", "2",
+                  "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert len(out["token_ids"]) == len(out["logprobs"]) <= 5
+    assert out["usage"] == {
+        "prompt_tokens": len(out["prompt_token_ids"]),
+        "completion_tokens": len(out["token_ids"]),
+        "total_tokens": len(out["prompt_token_ids"]) + len(out["token_ids"]),
+    }
+    assert out["finish_reason"] in ("stop", "length")
+    assert all(len(entry["top_logprobs"]) == 2 for entry in out["logprobs"])
+    assert {"prefill_tokens_per_s", "decode_tokens_per_s", "ttft_s"} <= set(out["timings"])
+
+
+def test_raw_prompt_skips_the_chat_template(model_folder):
+    templated = json.loads(base("run", str(model_folder), "Hi", "--json", "-n", "1", "--device", "cpu").stdout)
+    raw = json.loads(base("run", str(model_folder), "Hi", "--json", "-n", "1", "--raw", "--device", "cpu").stdout)
+    assert len(raw["prompt_token_ids"]) < len(templated["prompt_token_ids"])
+
+
+def test_a_missing_model_is_one_clear_line_and_exit_1(tmp_path):
+    result = base("run", str(tmp_path / "nope.gguf"), "hi", env={"BASE_HOME": str(tmp_path), "PATH": ""})
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "error:" in result.stderr and "nope.gguf" in result.stderr
+
+
+def test_bad_sampling_values_are_refused_clearly(model_folder):
+    result = base("run", str(model_folder), "hi", "--top-p", "1.5", "--device", "cpu")
+    assert result.returncode == 1 and "top_p" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_run_answers_the_capital_of_france(smollm2_gguf):
+    result = base("run", str(smollm2_gguf), "What is the capital of France?", "--max-tokens", "24", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "tok/s" in result.stderr

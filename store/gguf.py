@@ -145,6 +145,8 @@ class _Parser:
             metadata[key] = self._value(self._scalar("I"))
         infos = [self._tensor_info() for _ in range(num_tensors)]
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if type(alignment) is not int or alignment <= 0:
+            raise ValueError(f"general.alignment is {alignment!r}, not a positive integer")
         start = -(-self.pos // alignment) * alignment
         tensors = {name: TensorInfo(name, type_name, shape, start + offset, num_bytes)
                    for name, type_name, shape, offset, num_bytes in infos}
@@ -196,7 +198,7 @@ class _Parser:
         return strings
 
     def _tensor_info(self) -> tuple[str, str, tuple[int, ...], int, int]:
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # the type table, from its source
 
         name = self._string()
         num_dims = self._scalar("I")

@@ -233,6 +233,16 @@ def test_a_truncated_gguf_is_a_clear_error(tmp_path: Path) -> None:
         gguf_store.GGUFFile.open(path)
 
 
+@pytest.mark.parametrize("cut", [3, 8, 40, 200, 1000])
+def test_a_gguf_cut_short_or_scrambled_is_a_clear_error(cut: int, tmp_path: Path) -> None:
+    source = write_gguf(tmp_path / "w.gguf", {"w.weight": (encode(weights(), "Q4_0"), "Q4_0")}).read_bytes()
+    scrambled = source[:cut] + np.random.default_rng(cut).integers(0, 256, 64, dtype=np.uint8).tobytes()
+    for data in (source[:cut], scrambled):
+        (tmp_path / "bad.gguf").write_bytes(data)
+        with pytest.raises(gguf_store.ModelFileError, match=r"bad\.gguf: "):
+            gguf_store.GGUFFile.open(tmp_path / "bad.gguf")
+
+
 # ---------------------------------------------------------------------------------------------
 # A whole model: llama q/k rows unpermuted on quantized blocks too
 

@@ -1,0 +1,123 @@
+"""Throughput of concurrent streams through `base serve`, measured with the openai client.
+
+Starts `base serve MODEL` on a free loopback port, sends N streaming chat requests at once
+(greedy, a fixed number of tokens each, ignore_eos), then the same one stream alone, and
+prints aggregate and per-stream decode tokens/s and time to first token as JSON.
+
+    python scripts/bench_http.py [MODEL] [--concurrency 8] [--max-tokens 64] [--device cpu]
+
+MODEL defaults to SmolLM2-135M-Instruct (fetched once into the store's downloads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+PROMPTS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how rain forms.",
+    "List some uses of copper.",
+    "Describe a walk through a forest in autumn.",
+    "What makes a good cup of tea?",
+    "Tell me about the history of bicycles.",
+    "How do bees make honey?",
+    "Describe the night sky in winter.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stream_one(client: openai.OpenAI, model: str, prompt: str, max_tokens: int) -> dict:
+    start = time.perf_counter()
+    times = []
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    tokens = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            times.append(time.perf_counter())
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    return {"ttft": times[0] - start, "first": times[0], "last": times[-1], "tokens": tokens}
+
+
+def run(client: openai.OpenAI, model: str, concurrency: int, max_tokens: int) -> dict:
+    with ThreadPoolExecutor(concurrency) as pool:
+        start = time.perf_counter()
+        results = list(pool.map(lambda p: stream_one(client, model, p, max_tokens), (PROMPTS * 4)[:concurrency]))
+    first = min(r["first"] for r in results)
+    last = max(r["last"] for r in results)
+    per_stream = [(r["tokens"] - 1) / (r["last"] - r["first"]) for r in results]
+    return {
+        "concurrency": concurrency,
+        "completion_tokens": sum(r["tokens"] for r in results),
+        "aggregate_tok_s": round(sum(r["tokens"] for r in results) / (last - start), 2),
+        "decode_tok_s_aggregate": round(sum(r["tokens"] - 1 for r in results) / (last - first), 2),
+        "decode_tok_s_per_stream_median": round(statistics.median(per_stream), 2),
+        "ttft_p50_ms": round(1000 * statistics.median(r["ttft"] for r in results), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", nargs="?")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args()
+    model = args.model
+    if model is None:
+        from baselm.store.default_model import fetch_default_gguf
+
+        model = str(fetch_default_gguf())
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "baselm.cli", "serve", model, "--port", str(port), "--device", args.device,
+         "--max-num-seqs", str(max(args.concurrency, 1)), "--served-model-name", "bench"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("base serve did not start")
+                time.sleep(0.5)
+        run(client, "bench", 1, 4)  # warm-up
+        report = {"single": run(client, "bench", 1, args.max_tokens),
+                  "concurrent": run(client, "bench", args.concurrency, args.max_tokens)}
+        report["speedup"] = round(
+            report["concurrent"]["decode_tok_s_aggregate"] / report["single"]["decode_tok_s_aggregate"], 2
+        )
+        print(json.dumps(report, indent=2))
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+if __name__ == "__main__":
+    main()

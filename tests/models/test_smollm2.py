@@ -43,10 +43,8 @@ def greedy(model, prompt_ids: list[int], num_tokens: int) -> tuple[list[int], li
 
 def test_greedy_tokens_match_transformers(smollm2, smollm2_reference):
     for case in smollm2_reference["cases"]:
-        expected = case["generated_token_ids"]
+        expected = case["generated_token_ids"][:16]
         tokens, _ = greedy(smollm2.model, case["prompt_token_ids"], len(expected))
-        assert tokens[:16] == expected[:16], case["prompt"]
-        # Past 16 tokens margins can be tiny (see README); this file still matches to the end.
         assert tokens == expected, case["prompt"]
 
 
@@ -71,12 +69,14 @@ def engine_greedy(loaded, prompts: list[list[int]], num_tokens: int, **config) -
     return [r.completions[0].token_ids for r in results]
 
 
-def test_batch_of_8_gives_the_reference_tokens(smollm2, smollm2_reference):
+def test_batch_of_8_gives_the_reference_tokens_to_the_end(smollm2, smollm2_reference):
+    # Past 16 tokens some top-2 margins are as small as 0.05, yet exact dequantization in
+    # float32 still reproduces every one of the reference's tokens, batched.
     cases = smollm2_reference["cases"]
     assert len(cases) == 8
-    outputs = engine_greedy(smollm2, [c["prompt_token_ids"] for c in cases], 16)
+    outputs = engine_greedy(smollm2, [c["prompt_token_ids"] for c in cases], 32)
     for case, tokens in zip(cases, outputs):
-        expected = case["generated_token_ids"][:16]  # a reference may end early, at its eos
+        expected = case["generated_token_ids"]  # a reference may end early, at its eos
         assert tokens[: len(expected)] == expected, case["prompt"]
 
 

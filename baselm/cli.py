@@ -31,13 +31,15 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from baselm.backend import BackendError
     from baselm.config import ConfigError
     from baselm.models.base import ModelConfigError
+    from baselm.request import InvalidRequestError
     from baselm.sampling import SamplingParamsError
     from baselm.scheduler import RequestTooLongError
     from baselm.store.errors import StoreError
     from baselm.tokenizer import TokenizerError
 
     return (
-        BackendError, ConfigError, ModelConfigError, RequestTooLongError, SamplingParamsError, StoreError, TokenizerError
+        BackendError, ConfigError, InvalidRequestError, ModelConfigError, RequestTooLongError, SamplingParamsError,
+        StoreError, TokenizerError,
     )
 
 

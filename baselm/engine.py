@@ -16,7 +16,7 @@ from baselm.config import EngineConfig
 from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
 from baselm.loader import LoadedModel
-from baselm.request import Request
+from baselm.request import InvalidRequestError, Request
 from baselm.runner import ModelRunner
 from baselm.sampling import Sampler, SamplingParams, TokenLogprobs
 from baselm.scheduler import Scheduler, SchedulerOutput
@@ -159,11 +159,11 @@ class LLMEngine:
             raise QueueFullError(f"{self.scheduler.num_waiting} requests are already waiting; try again shortly")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._groups:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         bad = next((i for i in prompt_ids if not 0 <= i < self.vocab_size), None)
         if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the model's vocabulary of {self.vocab_size} tokens")
+            raise InvalidRequestError(f"prompt token id {bad} is outside the model's vocabulary of {self.vocab_size} tokens")
         copies = [self._make_sequence(request_id, i, prompt_ids, params) for i in range(params.n)]
         self.scheduler.add_request(copies[0].request)  # validates the length for all copies
         self._groups[request_id] = [s.request.request_id for s in copies]

@@ -58,14 +58,8 @@ def _load_hf_folder(path: Path, backend: Backend) -> tuple[DecoderModel, Tokeniz
     from baselm.store import hf
 
     config = hf.read_config(path)
-    quant = config.get("quantization") or {}
-    model = build_model(
-        config,
-        hf.read_weights(path),
-        backend.compute_dtype,
-        group_size=quant.get("group_size"),
-        keep_quantized=backend.keep_quantized,
-    )
+    # An MLX folder's quantized layers may differ in group size and bits: the shapes tell them.
+    model = build_model(config, hf.read_weights(path), backend.compute_dtype, keep_quantized=backend.keep_quantized)
     return model, Tokenizer.from_folder(path), config
 
 

@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class InvalidRequestError(ValueError):
+    """A request the engine cannot take as given (empty prompt, unknown token ids, ...)."""
+
+
 class RequestStatus(enum.IntEnum):
     """Where a request is; every status from FINISHED_STOPPED on is final."""
 
@@ -66,11 +70,11 @@ class Request:
     ):
         """`max_tokens` defaults to `sampling_params.max_tokens`; None lets the scheduler fill it in."""
         if len(prompt_token_ids) == 0:
-            raise ValueError(f"request {request_id} has an empty prompt; give it at least one token")
+            raise InvalidRequestError(f"request {request_id} has an empty prompt; give it at least one token")
         if max_tokens is None:
             max_tokens = getattr(sampling_params, "max_tokens", None)
         if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"request {request_id} asks for max_tokens={max_tokens}; it must be at least 1")
+            raise InvalidRequestError(f"request {request_id} asks for max_tokens={max_tokens}; it must be at least 1")
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []

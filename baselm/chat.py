@@ -699,22 +699,7 @@ def run_chat(
     finally:
         if server is not None:
             server.stop()
-        client.stop()
-        _wait_for_os_thread(client._thread)
-
-
-def _wait_for_os_thread(thread: threading.Thread, timeout_s: float = 2.0) -> None:
-    """Waits until a joined thread's OS thread is gone too (Linux; elsewhere a no-op).
-
-    NOTE: `Thread.join` returns before the OS thread runs its thread-local destructors.
-    MLX keeps its compile cache per thread and releases Python objects from it there; if
-    the interpreter is already finalizing at that moment, the process aborts ("terminate
-    called without an active exception"). Waiting here keeps `base chat` exiting with 0.
-    """
-    task = Path(f"/proc/self/task/{thread.native_id}")
-    deadline = time.monotonic() + timeout_s
-    while thread.native_id is not None and task.exists() and time.monotonic() < deadline:
-        time.sleep(0.005)
+        client.stop()  # returns once the engine's OS thread is gone (see AsyncEngine.stop)
 
 
 class ServeError(RuntimeError):

@@ -295,7 +295,7 @@ def write_base_file(
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
@@ -374,7 +374,8 @@ def _move(f: Any, source: int, target: int, length: int, chunk: int = 8 * 1024 *
         f.write(data)
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Makes a rename inside `folder` durable."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:  # some platforms cannot open folders; the rename is still atomic

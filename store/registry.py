@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from baselm.store.base_file import fsync_dir
 from baselm.store.default_model import base_home
 from baselm.store.errors import StoreError
 
@@ -108,14 +109,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -127,7 +120,7 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _no_space(path: Path) -> NoSpaceError:
@@ -159,7 +152,7 @@ class PendingWrite:
         with open(self.temp_path, "rb") as f:
             os.fsync(f.fileno())
         os.replace(self.temp_path, self.final_path)
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
         entry = {
             "arch": arch,
             "params": int(params),

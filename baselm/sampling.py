@@ -415,14 +415,47 @@ def _scale(x: mx.array, params: Sequence[SamplingParams]) -> mx.array:
     return x / temps[:, None]
 
 
+_NUM_CANDIDATES = 512  # best tokens sorted per row; the nucleus almost always lies inside them
+
+
 def _top_k_top_p(x: mx.array, top_k: mx.array, top_p: mx.array) -> mx.array:
-    """x: (rows, vocab); keeps each row's top_k best, then the smallest head whose mass reaches top_p."""
-    order = mx.argsort(-x, axis=-1)  # (rows, vocab): best first
-    ranked = mx.take_along_axis(x, order, axis=-1)
-    keep = mx.arange(x.shape[1])[None, :] < top_k[:, None]  # (rows, vocab) in rank order
-    probs = mx.softmax(mx.where(keep, ranked, -mx.inf), axis=-1)
+    """x: (rows, vocab); keeps each row's top_k best, then the smallest head whose mass reaches top_p.
+
+    Exact, without sorting the whole vocabulary: only the best `_NUM_CANDIDATES` tokens of a
+    row are sorted (argpartition finds them), and probabilities use the full normalizer. A row
+    whose kept head is not complete inside the candidates (a flat distribution, or top_k
+    larger than the candidates but not off) is redone with a full sort.
+    """
+    rows, vocab = x.shape
+    num = min(_NUM_CANDIDATES, vocab)
+    if num == vocab:
+        return _top_k_top_p_sorted(x, mx.argsort(-x, axis=-1), top_k, top_p)
+    best = mx.argpartition(-x, num - 1, axis=-1)[:, :num]  # (rows, num): the best, unordered
+    order = mx.take_along_axis(best, mx.argsort(-mx.take_along_axis(x, best, axis=-1), axis=-1), axis=-1)
+    ranked = mx.take_along_axis(x, order, axis=-1)  # (rows, num) best first
+    # Off (0 or -1) means the whole vocabulary; the mass is then normalized over all of it.
+    k = mx.where(top_k > 0, mx.minimum(top_k, vocab), vocab)
+    log_total = mx.where(k <= num, mx.logsumexp(mx.where(mx.arange(num) < k[:, None], ranked, -mx.inf), axis=-1),
+                         mx.logsumexp(x, axis=-1))  # (rows,)
+    probs = mx.exp(ranked - log_total[:, None])
+    head_mass = probs.sum(axis=-1)
+    complete = (k <= num) | ((k == vocab) & (head_mass >= top_p))  # the kept set lies in the candidates
+    if not all(complete.tolist()):
+        return _top_k_top_p_sorted(x, mx.argsort(-x, axis=-1), top_k, top_p)
     mass_before = mx.cumsum(probs, axis=-1) - probs
     # NOTE: the best token always stays (mass_before = 0 < top_p).
+    keep = (mx.arange(num)[None, :] < k[:, None]) & (mass_before < top_p[:, None])
+    out = mx.full(x.shape, -mx.inf, dtype=x.dtype)
+    return mx.put_along_axis(out, order, mx.where(keep, ranked, -mx.inf), axis=-1)
+
+
+def _top_k_top_p_sorted(x: mx.array, order: mx.array, top_k: mx.array, top_p: mx.array) -> mx.array:
+    """The same cut over a full sort of each row (`order`: (rows, vocab) indices, best first)."""
+    ranked = mx.take_along_axis(x, order, axis=-1)
+    k = mx.where(top_k > 0, top_k, x.shape[1])
+    keep = mx.arange(x.shape[1])[None, :] < k[:, None]  # (rows, vocab) in rank order
+    probs = mx.softmax(mx.where(keep, ranked, -mx.inf), axis=-1)
+    mass_before = mx.cumsum(probs, axis=-1) - probs
     keep = keep & (mass_before < top_p[:, None])
     keep = mx.put_along_axis(mx.zeros(x.shape, dtype=mx.bool_), order, keep, axis=-1)
     return mx.where(keep, x, -mx.inf)

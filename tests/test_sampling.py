@@ -362,3 +362,19 @@ def test_check_vocab_rejects_token_ids_outside_the_vocabulary():
 def test_logits_of_the_wrong_shape_are_refused():
     with pytest.raises(ValueError, match="2 sequences"):
         Sampler()(mx.zeros((3, 8)), [SamplingRow(SamplingParams())] * 2)
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.9), (40, 1.0), (40, 0.5), (600, 0.95), (0, 0.999999)])
+def test_candidate_top_k_top_p_equals_the_full_sort(top_k, top_p):
+    from baselm.sampling import _top_k_top_p, _top_k_top_p_sorted
+
+    vocab = 4096
+    sharp = mx.random.normal((3, vocab), key=mx.random.key(1)) * 4.0  # nucleus inside the candidates
+    flat = mx.random.normal((1, vocab), key=mx.random.key(2)) * 0.1  # nucleus far beyond them
+    x = mx.concatenate([sharp, flat])
+    k = mx.array([top_k if top_k else vocab] * 4)
+    p = mx.array([top_p if top_p < 1.0 else 2.0] * 4)
+    fast = _top_k_top_p(x, k, p)
+    full = _top_k_top_p_sorted(x, mx.argsort(-x, axis=-1), k, p)
+    assert mx.array_equal(mx.isinf(fast), mx.isinf(full)).item()
+    assert mx.array_equal(mx.where(mx.isinf(full), 0, fast), mx.where(mx.isinf(full), 0, full)).item()

@@ -120,26 +120,7 @@ def make_cache(model: DecoderModel, context: int, kv_bits: int = 16) -> PagedKVC
     """A cache holding one window of `context` tokens, pools in the model dtype or `kv_bits` codes."""
     check_kv_bits(kv_bits)
     num_blocks = -(-context // BLOCK_SIZE)
-    cache = PagedKVCache.for_model(model, num_blocks, BLOCK_SIZE)
-    if kv_bits != 16:
-        _quantize_pools(cache, model, kv_bits)
-    return cache
-
-
-def _quantize_pools(cache: PagedKVCache, model: DecoderModel, kv_bits: int) -> None:
-    """Swaps the cache's float pools for quantized ones of the same logical shape.
-
-    NOTE: write_kv and paged_attention take QuantizedPools wherever they take float pools;
-    PagedKVCache has no kv_bits option yet, so the pools are replaced after it allocates them.
-    """
-    from baselm.metal import allocate_pool
-
-    _, num_kv_heads, head_dim = model.kv_shape()
-    shape = (cache.num_blocks, cache.block_size, num_kv_heads, head_dim)
-    for layer in cache.layers:
-        layer.keys = allocate_pool(*shape, model.dtype, kv_bits)
-        layer.values = allocate_pool(*shape, model.dtype, kv_bits)
-    mx.eval([(layer.keys, layer.values) for layer in cache.layers])
+    return PagedKVCache.for_model(model, num_blocks, BLOCK_SIZE, kv_bits=kv_bits)
 
 
 def window_nlls(model: DecoderModel, cache: PagedKVCache, token_ids: list[int], window: Window) -> np.ndarray:

@@ -4,8 +4,9 @@ Pools are (num_blocks, block_size, kv_heads, head_dim) float arrays or Quantized
 that logical shape (kv_quant.py). A sequence's keys are the rows of the blocks its block
 table names, in order. The metadata object (duck-typed here, so this package imports
 nothing from the engine) supplies `slot_mapping`, `block_tables`, `context_lens`,
-`query_pos`, `query_rows`, `token_rows`, `positions`, `block_size`, `query_lens` (a host
-tuple), `num_seqs`, `num_tokens`, `max_query_len` and `max_context_len`.
+`query_pos`, `query_rows`, `token_rows`, `positions`, `block_size`, `query_lens` and
+`context_lens_host` (host tuples), `num_seqs`, `num_tokens`, `max_query_len` and
+`max_context_len`.
 
 The pure-MLX references are the path on CPU and CUDA and the tests' oracle; the Metal
 kernels (paged_attention.metal, paged_attention_reduce.metal, write_kv.metal) compute the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -124,11 +126,101 @@ def paged_attention_reference(
     """Attention of the flattened `queries` (num_tokens, heads, head_dim) over paged K/V.
 
     Gathers every sequence's blocks into a dense tensor (the copy the Metal kernel avoids),
-    dequantizing quantized pools, pads queries to the longest query of the step, and
-    attends with a causal mask (keys at positions <= the query's, and, with `window`,
-    > the query's position - window) and optional tanh soft-capping of the scores.
-    Returns (num_tokens, heads, head_dim).
+    dequantizing quantized pools, pads queries to the longest query, and attends with a
+    causal mask (keys at positions <= the query's, and, with `window`, > the query's
+    position - window) and optional tanh soft-capping of the scores.
+    A step that mixes decodes with longer query chunks attends in groups (all decodes
+    together, each chunk alone), so a long prompt chunk does not pad every decode to its
+    length and context. Returns (num_tokens, heads, head_dim).
     """
+    if meta.max_query_len == 1 or meta.num_seqs == 1:
+        return _attend_padded(queries, key_pool, value_pool, meta, scale, softcap, window)
+    groups = _query_groups(meta)
+    outs = [_attend_padded(queries[g.rows], key_pool, value_pool, g, scale, softcap, window) for g in groups]
+    order = np.argsort(np.concatenate([g.rows_host for g in groups]), kind="stable")
+    return mx.concatenate(outs)[mx.array(order.astype(np.int32))]  # back to the flattened order
+
+
+@dataclass
+class _GroupMeta:
+    """The metadata fields the reference reads, for a subset of a step's sequences."""
+
+    block_size: int
+    block_tables: mx.array
+    context_lens: mx.array
+    query_pos: mx.array
+    query_rows: mx.array
+    token_rows: mx.array
+    query_lens: tuple[int, ...]
+    context_lens_host: tuple[int, ...]
+    rows: mx.array  # (group tokens,) rows of the step's flattened tokens
+    rows_host: np.ndarray
+    mask_cache: dict
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens)
+
+    @property
+    def max_context_len(self) -> int:
+        return max(self.context_lens_host)
+
+
+def _query_groups(meta) -> list[_GroupMeta]:
+    """Decoding sequences in one group, every longer query chunk in its own (cached per step)."""
+    cache = getattr(meta, "mask_cache", None)
+    if cache is not None and "groups" in cache:
+        return cache["groups"]
+    q_lens = np.asarray(meta.query_lens)
+    c_lens = np.asarray(meta.context_lens_host)
+    starts = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
+    decodes = np.flatnonzero(q_lens == 1)
+    members = ([decodes] if len(decodes) else []) + [np.array([s]) for s in np.flatnonzero(q_lens > 1)]
+    groups = [_group_meta(meta, ids, q_lens[ids], c_lens[ids], starts[ids]) for ids in members]
+    if cache is not None:
+        cache["groups"] = groups
+    return groups
+
+
+def _group_meta(meta, ids: np.ndarray, q_lens: np.ndarray, c_lens: np.ndarray, starts: np.ndarray) -> _GroupMeta:
+    max_q = int(q_lens.max())
+    grid = np.arange(max_q)[None, :]  # (1, max_q)
+    valid = grid < q_lens[:, None]  # (group seqs, max_q)
+    local_starts = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
+    rows = np.concatenate([np.arange(s, s + q) for s, q in zip(starts, q_lens)])  # (group tokens,)
+    offsets = np.concatenate([np.arange(q) for q in q_lens])
+    token_rows = np.repeat(np.arange(len(ids)), q_lens) * max_q + offsets
+    i32 = lambda a: mx.array(np.asarray(a, dtype=np.int32))  # noqa: E731
+    index = i32(ids)
+    return _GroupMeta(
+        block_size=meta.block_size,
+        block_tables=meta.block_tables[index],
+        context_lens=meta.context_lens[index],
+        query_pos=i32((c_lens - q_lens)[:, None] + grid),
+        query_rows=i32(np.where(valid, local_starts[:, None] + grid, 0).reshape(-1)),
+        token_rows=i32(token_rows),
+        query_lens=tuple(int(q) for q in q_lens),
+        context_lens_host=tuple(int(c) for c in c_lens),
+        rows=i32(rows),
+        rows_host=rows,
+        mask_cache={},
+    )
+
+
+def _attend_padded(
+    queries: mx.array,
+    key_pool: Pool,
+    value_pool: Pool,
+    meta,
+    scale: float,
+    softcap: float | None = None,
+    window: int | None = None,
+) -> mx.array:
+    """Attention of all sequences of `meta` at once, padded to its longest query and context."""
     num_heads, head_dim = queries.shape[1], queries.shape[2]
     keys = _gather_sequences(key_pool, meta)  # (S, kv_heads, L, head_dim)
     values = _gather_sequences(value_pool, meta)

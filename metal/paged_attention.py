@@ -100,17 +100,26 @@ def _attention_mask(meta, num_keys: int, window: int | None) -> mx.array | None:
     return mask
 
 
-def _softcapped_attention(q, k, v, scale: float, mask: mx.array, softcap: float) -> mx.array:
-    """Attention with tanh soft-capping of the scores (Gemma 2), GQA by grouping query heads."""
+def _grouped_attention(q, k, v, scale: float, mask: mx.array | None, softcap: float | None) -> mx.array:
+    """Attention with the query heads of each KV head stacked into one matmul (GQA/MQA).
+
+    q: (S, heads, Q, head_dim); k, v: (S, kv_heads, L, head_dim). One batched matmul per
+    KV head, rather than one per query head, is twice as fast as MLX's CPU attention for
+    decode steps and as fast for prefill. Optional tanh soft-capping (Gemma 2) of the scores.
+    """
     num_seqs, num_heads, num_queries, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    q = q.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, num_queries, head_dim)
-    scores = (q * scale) @ k[:, :, None].swapaxes(-1, -2)  # (S, kv_heads, group, Q, L)
-    scores = mx.tanh(scores / softcap) * softcap
+    group = num_heads // num_kv_heads
+    q = q.reshape(num_seqs, num_kv_heads, group * num_queries, head_dim)
+    scores = (q * scale) @ k.swapaxes(-1, -2)  # (S, kv_heads, group * Q, L)
+    if softcap is not None:
+        scores = mx.tanh(scores / softcap) * softcap
     if mask is not None:
+        scores = scores.reshape(num_seqs, num_kv_heads, group, num_queries, -1)
         scores = mx.where(mask[:, :, None], scores, mx.array(-float("inf"), scores.dtype))
+        scores = scores.reshape(num_seqs, num_kv_heads, group * num_queries, -1)
     probs = mx.softmax(scores.astype(mx.float32), axis=-1, precise=True).astype(v.dtype)
-    out = probs @ v[:, :, None]  # (S, kv_heads, group, Q, head_dim)
+    out = probs @ v  # (S, kv_heads, group * Q, head_dim)
     return out.reshape(num_seqs, num_heads, num_queries, -1)
 
 
@@ -233,10 +242,10 @@ def _attend_padded(
         q = queries[meta.query_rows].reshape(meta.num_seqs, meta.max_query_len, num_heads, head_dim)
         q = q.transpose(0, 2, 1, 3)  # (S, heads, max_query_len, head_dim)
     mask = _attention_mask(meta, keys.shape[2], window)
-    if softcap is None:
+    if softcap is None and mx.default_device() != mx.cpu:
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
     else:
-        out = _softcapped_attention(q, keys, values, scale, mask, softcap)
+        out = _grouped_attention(q, keys, values, scale, mask, softcap)
     if decode_only:
         return out[:, :, 0, :]  # (S, heads, head_dim)
     out = out.transpose(0, 2, 1, 3).reshape(-1, num_heads, out.shape[-1])  # (S * max_query_len, heads, head_dim)

@@ -41,7 +41,12 @@ def write_kv_reference(
 def _write_pool(pool: Pool, rows: mx.array, slot_mapping: mx.array) -> Pool:
     if isinstance(pool, QuantizedPool):
         return _scatter_quantized(pool, quantize_rows(rows, pool.bits, pool.group_size, pool.dtype), slot_mapping)
-    return _scatter(pool, rows.astype(pool.dtype), slot_mapping)
+    return _scatter(pool, _as(rows, pool.dtype), slot_mapping)
+
+
+def _as(x: mx.array, dtype: mx.Dtype) -> mx.array:
+    """`x` in `dtype`, without a graph node when it already is (CPU decode is dispatch-bound)."""
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 def _scatter(pool: mx.array, rows: mx.array, slot_mapping: mx.array) -> mx.array:
@@ -118,7 +123,7 @@ def _grouped_attention(q, k, v, scale: float, mask: mx.array | None, softcap: fl
         scores = scores.reshape(num_seqs, num_kv_heads, group, num_queries, -1)
         scores = mx.where(mask[:, :, None], scores, mx.array(-float("inf"), scores.dtype))
         scores = scores.reshape(num_seqs, num_kv_heads, group * num_queries, -1)
-    probs = mx.softmax(scores.astype(mx.float32), axis=-1, precise=True).astype(v.dtype)
+    probs = _as(mx.softmax(_as(scores, mx.float32), axis=-1, precise=True), v.dtype)
     out = probs @ v  # (S, kv_heads, group * Q, head_dim)
     return out.reshape(num_seqs, num_heads, num_queries, -1)
 
@@ -452,7 +457,7 @@ def write_kv_kernel(
 
     def write(pool: Pool, rows: mx.array) -> Pool:
         if not isinstance(pool, QuantizedPool):
-            return _scatter(pool, rows.astype(pool.dtype), slot_mapping)
+            return _scatter(pool, _as(rows, pool.dtype), slot_mapping)
         parts = quantize_rows_kernel(rows, pool.bits, pool.group_size, pool.dtype, run)
         return _scatter_quantized(pool, parts, slot_mapping)
 

@@ -39,7 +39,7 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0  # >0 caps one request's tokens per step
     enable_prefix_caching: bool = True
     max_waiting: int = 256  # queued requests beyond this are refused (the server answers 429/503)
-    compile: bool = True  # mx.compile the decode path where it pays
+    pipeline_decode: bool | None = None  # launch a decode step ahead of reading tokens; None: on GPUs
     seed: int | None = None  # for unseeded sampling
 
     def __post_init__(self) -> None:

@@ -17,9 +17,9 @@ from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
 from baselm.loader import LoadedModel
 from baselm.request import InvalidRequestError, Request
-from baselm.runner import ModelRunner
-from baselm.sampling import Sampler, SamplingParams, TokenLogprobs
-from baselm.scheduler import Scheduler, SchedulerOutput
+from baselm.runner import Launched, ModelRunner
+from baselm.sampling import Sampler, SamplingParams, SamplingRow, TokenLogprobs
+from baselm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from baselm.stop import StopChecker
 
 _DEFAULT_KV_CAP = 2 * 2**30  # bytes; a laptop-friendly ceiling when --kv-memory is not given
@@ -95,6 +95,16 @@ class _Sequence:
         self.stop_reason: int | str | None = None
 
 
+def _plan_shape(requests, block_size: int) -> tuple:
+    """What a decode step's graph depends on: each request, its context, the blocks it uses."""
+    shape = []
+    for s in requests:
+        if s.num_scheduled_tokens != 1 or not s.is_sampling:
+            return ()
+        shape.append((s.request_id, s.context_len, tuple(s.block_ids[: -(-s.context_len // block_size)])))
+    return tuple(shape)
+
+
 def kv_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_token: int) -> int:
     """Blocks for the pools: `kv_memory` when given, else enough for max_num_seqs full contexts
     up to a ceiling of min(2 GiB, a fifth of system memory)."""
@@ -146,6 +156,11 @@ class LLMEngine:
         self._groups: dict[str, list[str]] = {}  # user request id -> internal ids of its copies
         self._pending_forks: dict[str, list[Request]] = {}  # parent id -> copies waiting for its prompt
         self._ids = itertools.count()
+        self._inflight: tuple[SchedulerOutput, Launched] | None = None  # a step launched ahead
+        self._next_schedule_s = 0.0
+        # MLX's CPU backend dispatches while evaluating, so launching ahead overlaps nothing
+        # there (measured: mx.async_eval returns after ~85% of a decode step); GPUs run async.
+        self._pipeline = config.pipeline_decode if config.pipeline_decode is not None else loaded.backend.is_gpu
 
     # ---- requests in -------------------------------------------------------------------
 
@@ -195,32 +210,91 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def step(self) -> list[CompletionOutput]:
-        """Schedules, runs the model once, samples, and reports what changed for each request."""
+        """Schedules, runs the model once, samples, and reports what changed for each request.
+
+        With decode pipelining (on GPUs by default), a decoding batch launches its next step
+        on the device-side sampled ids before reading them back, so building that step's
+        graph overlaps this step's compute (see `_speculate`).
+        """
+        outputs: list[CompletionOutput] = []
+        if self._inflight is not None:
+            plan, launched = self._inflight
+            self._inflight = None
+            schedule_s = self._next_schedule_s
+        else:
+            t0 = time.perf_counter()
+            plan = self.scheduler.schedule()
+            schedule_s = time.perf_counter() - t0
+            outputs += self._report_aborted(plan)
+            if plan.is_empty:
+                self.last_step = StepStats(schedule=schedule_s)
+                return outputs
+            launched = self.runner.launch(plan)
+        speculation = self._speculate(plan, launched) if self._pipeline else None
+        result = self.runner.collect(launched)
         t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
-        t1 = time.perf_counter()
-        outputs = self._report_aborted(plan)
-        if plan.is_empty:
-            self.last_step = StepStats(schedule=t1 - t0)
-            return outputs
-        result = self.runner.execute(plan)
-        t2 = time.perf_counter()
         for request_id, logprobs in result.logprobs.items():
             self._seqs[request_id].logprobs.append(logprobs)
         updates = self.scheduler.update(plan, result.sampled_token_ids)
         outputs += [self._collect(u.request_id, u.new_token_ids, u.finished, u.finish_reason) for u in updates]
         self._start_pending_forks()
-        t3 = time.perf_counter()
+        update_s = time.perf_counter() - t0
+        if speculation is not None:
+            outputs += self._adopt(*speculation)
         timings = self.runner.timings
         self.last_step = StepStats(
-            schedule=t1 - t0,
-            prepare=timings.prepare,
+            schedule=schedule_s,
+            prepare=launched.build_s,
             forward=timings.forward,
             sample=timings.sample,
-            update=t3 - t2,
+            update=update_s,
             num_tokens=plan.num_scheduled_tokens,
             num_seqs=len(plan.requests),
         )
+        return outputs
+
+    def _speculate(self, plan: SchedulerOutput, launched: Launched) -> tuple[tuple, Launched] | None:
+        """Launches the step after `plan` before its sampled ids are read, when that step is
+        predictable: every request decoding one token, none about to reach max_tokens, nobody
+        waiting, and no sampling option that needs the new token on the host (processors,
+        penalties, top-k/top-p). Returns the step's expected shape and the launched step."""
+        if launched.sampled is None or self.scheduler.num_waiting or self._pending_forks:
+            return None
+        for scheduled in plan.requests:
+            request, params = scheduled.request, scheduled.request.sampling_params
+            if scheduled.num_scheduled_tokens != 1 or not scheduled.is_sampling or request.is_finished:
+                return None  # aborted while launched: it must not get blocks again
+            if params.logits_processors or params.has_penalties or request.num_output_tokens + 1 >= request.max_tokens:
+                return None
+            if not params.greedy and (0 < params.top_k < self.vocab_size or params.top_p < 1.0):
+                return None
+        spec, seqs = [], []
+        for scheduled in plan.requests:
+            request = scheduled.request
+            # The next step's block; the real schedule finds it already allocated.
+            if not self.kv_manager.allocate_slots(request, 2):
+                return None
+            table = list(self.kv_manager.block_table(request))
+            spec.append(ScheduledRequest(request, [0], request.num_computed_tokens + 1, table, True, False))
+            seqs.append(SamplingRow(request.sampling_params, request.prompt_token_ids, [*request.output_token_ids, 0]))
+        expected = _plan_shape(spec, self.cache.block_size)
+        spec_plan = SchedulerOutput(requests=spec, num_scheduled_tokens=len(spec))
+        return expected, self.runner.launch(spec_plan, input_ids=launched.sampled.token_ids, seqs=seqs)
+
+    def _adopt(self, expected: tuple, launched: Launched) -> list[CompletionOutput]:
+        """Schedules the next step for real; keeps the speculative launch if it is that step.
+
+        NOTE: a discarded launch only wrote, for requests still running, the same K/V the
+        real step writes again, and for finished ones into freed blocks that nothing reads
+        before the real step, which runs after it on the same stream.
+        """
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        self._next_schedule_s = time.perf_counter() - t0
+        outputs = self._report_aborted(plan)
+        if not plan.is_empty:
+            same = _plan_shape(plan.requests, self.cache.block_size) == expected
+            self._inflight = (plan, launched if same else self.runner.launch(plan))
         return outputs
 
     def _check_stop(self, request: Request) -> str | None:

@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models.base import DecoderModel
-from baselm.sampling import Sampler, TokenLogprobs
+from baselm.sampling import Sampler, SamplerOutput, SamplingSequence, TokenLogprobs
 from baselm.scheduler import SchedulerOutput
 
 
 @dataclass(slots=True)
 class StepTimings:
-    """Seconds spent in each part of the last step (host and device work together)."""
+    """Seconds spent in each part of the last step: building its graph, waiting for the
+    forward and sampling to finish, reading the results back."""
 
     prepare: float = 0.0
     forward: float = 0.0
     sample: float = 0.0
+
+
+@dataclass(slots=True)
+class Launched:
+    """A step whose graph is built and running: whom it samples for, and the lazy samples."""
+
+    request_ids: list[str]
+    sampled: SamplerOutput | None
+    build_s: float  # seconds spent building the graph
 
 
 @dataclass(slots=True)
@@ -42,23 +53,42 @@ class ModelRunner:
         self.timings = StepTimings()
 
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
+        """Runs one step to the end: `launch` then `collect`."""
+        return self.collect(self.launch(output))
+
+    def launch(
+        self, output: SchedulerOutput, input_ids: mx.array | None = None, seqs: Sequence[SamplingSequence] | None = None
+    ) -> Launched:
+        """Builds the step's forward and sampling graph and starts it (`mx.async_eval`) without waiting.
+
+        `input_ids` may replace the plan's token ids with device arrays (the sampled ids of a
+        step still running), and `seqs` what the sampler reads of each sampling request.
+        """
         t0 = time.perf_counter()
-        input_ids, meta, sampling = self._prepare(output)
-        t1 = time.perf_counter()
-        logits = self.model(input_ids, meta.positions, meta, self.cache)  # (num_logits, vocab)
-        mx.eval(logits)
-        t2 = time.perf_counter()
-        result = RunnerOutput()
+        ids, meta, sampling = self._prepare(output)
+        logits = self.model(ids if input_ids is None else input_ids, meta.positions, meta, self.cache)
+        sampled = None
         if sampling:
-            requests = [s.request for s in sampling]
-            sampled = self.sampler(logits, requests)
-            token_ids = sampled.token_ids.tolist()
-            for scheduled, token_id, logprobs in zip(sampling, token_ids, sampled.row_logprobs()):
-                result.sampled_token_ids[scheduled.request_id] = [token_id]
+            sampled = self.sampler(logits, seqs if seqs is not None else [s.request for s in sampling])
+            mx.async_eval([a for a in (sampled.token_ids, sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs) if a is not None])
+        else:
+            mx.async_eval(logits)  # nobody samples, but the step's K/V writes must happen
+        return Launched([s.request_id for s in sampling], sampled, time.perf_counter() - t0)
+
+    def collect(self, launched: Launched) -> RunnerOutput:
+        """Waits for a launched step and returns its sampled ids and logprobs by request id."""
+        t0 = time.perf_counter()
+        result = RunnerOutput()
+        if launched.sampled is not None:
+            token_ids = launched.sampled.token_ids.tolist()
+            t1 = time.perf_counter()
+            for request_id, token_id, logprobs in zip(launched.request_ids, token_ids, launched.sampled.row_logprobs()):
+                result.sampled_token_ids[request_id] = [token_id]
                 if logprobs is not None:
-                    result.logprobs[scheduled.request_id] = logprobs
-        t3 = time.perf_counter()
-        self.timings = StepTimings(prepare=t1 - t0, forward=t2 - t1, sample=t3 - t2)
+                    result.logprobs[request_id] = logprobs
+        else:
+            t1 = time.perf_counter()
+        self.timings = StepTimings(prepare=launched.build_s, forward=t1 - t0, sample=time.perf_counter() - t1)
         return result
 
     def _prepare(self, output: SchedulerOutput):

@@ -181,3 +181,39 @@ def test_prompt_ids_outside_the_vocabulary_are_refused(make_engine):
     with pytest.raises(ValueError, match="outside the model's vocabulary of 256"):
         engine.add_request([1, 2, 256], SamplingParams(max_tokens=2))
     assert not engine.has_unfinished
+
+
+def test_pipelined_decode_gives_the_same_tokens_as_step_by_step(make_engine):
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], [9] * 15, [4] * 16]
+    params = [
+        SamplingParams(temperature=0, max_tokens=40),
+        SamplingParams(temperature=0.9, seed=5, max_tokens=23),
+        SamplingParams(temperature=0, max_tokens=7),
+        SamplingParams(temperature=1.0, seed=11, max_tokens=31, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=18, stop_token_ids=[17]),
+    ]
+    runs = {}
+    for pipeline in (False, True):
+        engine = make_engine(pipeline_decode=pipeline)
+        results = engine.generate(prompts, params)
+        assert all_free(engine)
+        runs[pipeline] = [(c.token_ids, c.finish_reason, [lp.token_id for lp in c.logprobs]) for r in results
+                          for c in r.completions]
+    assert runs[True] == runs[False]
+
+
+def test_pipelined_decode_launches_ahead_and_survives_an_abort(make_engine):
+    engine = make_engine(pipeline_decode=True)
+    keep = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=30))
+    gone = engine.add_request(PROMPTS[2], SamplingParams(temperature=0, max_tokens=30))
+    for _ in range(3):
+        engine.step()
+    assert engine._inflight is not None  # a decode step was launched before its inputs were read
+    engine.abort(gone)
+    finished = {}
+    while engine.has_unfinished:
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.finish_reason
+    assert finished == {gone: "abort", keep: "length"}
+    assert all_free(engine)

@@ -244,7 +244,7 @@ class LLMEngine:
         timings = self.runner.timings
         self.last_step = StepStats(
             schedule=schedule_s,
-            prepare=launched.build_s,
+            prepare=timings.prepare,
             forward=timings.forward,
             sample=timings.sample,
             update=update_s,

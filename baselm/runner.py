@@ -16,8 +16,8 @@ from baselm.scheduler import SchedulerOutput
 
 @dataclass(slots=True)
 class StepTimings:
-    """Seconds spent in each part of the last step: building its graph, waiting for the
-    forward and sampling to finish, reading the results back."""
+    """Seconds spent in each part of the last step: its host arrays (prepare), the model and
+    sampler on the device, graph building included (forward), reading the samples back (sample)."""
 
     prepare: float = 0.0
     forward: float = 0.0
@@ -30,7 +30,8 @@ class Launched:
 
     request_ids: list[str]
     sampled: SamplerOutput | None
-    build_s: float  # seconds spent building the graph
+    prepare_s: float  # seconds spent on the step's host arrays (ids, attention metadata)
+    launch_s: float  # seconds spent building the graph and starting it (on CPU, most of the compute)
 
 
 @dataclass(slots=True)
@@ -66,6 +67,7 @@ class ModelRunner:
         """
         t0 = time.perf_counter()
         ids, meta, sampling = self._prepare(output)
+        t1 = time.perf_counter()
         logits = self.model(ids if input_ids is None else input_ids, meta.positions, meta, self.cache)
         sampled = None
         if sampling:
@@ -73,7 +75,7 @@ class ModelRunner:
             mx.async_eval([a for a in (sampled.token_ids, sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs) if a is not None])
         else:
             mx.async_eval(logits)  # nobody samples, but the step's K/V writes must happen
-        return Launched([s.request_id for s in sampling], sampled, time.perf_counter() - t0)
+        return Launched([s.request_id for s in sampling], sampled, t1 - t0, time.perf_counter() - t1)
 
     def collect(self, launched: Launched) -> RunnerOutput:
         """Waits for a launched step and returns its sampled ids and logprobs by request id."""
@@ -88,7 +90,8 @@ class ModelRunner:
                     result.logprobs[request_id] = logprobs
         else:
             t1 = time.perf_counter()
-        self.timings = StepTimings(prepare=launched.build_s, forward=t1 - t0, sample=time.perf_counter() - t1)
+        forward = launched.launch_s + t1 - t0
+        self.timings = StepTimings(prepare=launched.prepare_s, forward=forward, sample=time.perf_counter() - t1)
         return result
 
     def _prepare(self, output: SchedulerOutput):

@@ -222,6 +222,7 @@ def render(report: dict[str, Any]) -> None:
         f"[bold]{report['model']}[/] on {report['backend']}, KV pool {report['kv_pool_bytes'] / 2**20:.0f} MiB "
         f"({report['kv_blocks']} blocks), peak RSS {report['peak_rss_mb']:.0f} MiB"
     )
+    console.print("attention: " + ", ".join(f"{k} {v}" for k, v in report["attention"].items()), highlight=False)
     table = Table("conc", "prefill tok/s", "decode tok/s/stream", "decode tok/s total", "TTFT p50/p95 ms",
                   "ITL p50/p99 ms", "step ms (sched/prep/fwd/sample/upd)", "overhead")
     for r in report["throughput"]:

@@ -82,14 +82,14 @@ def tokenizer_from_header(spec: dict[str, Any]) -> Tokenizer:
 
 
 def resolve(ref: str | Path) -> tuple[str, Path]:
-    """(display name, path) of a reference: an existing path, else a name in the local store."""
+    """(name, path) of a reference: an existing path (named by its file or folder), else a name
+    in the local store, named as it was given, so `base serve NAME` answers requests for NAME."""
     path = Path(ref).expanduser()
     if path.exists():
         return (path.stem if path.is_file() else path.name), path
     from baselm.store.registry import Store
 
-    stored = Store().resolve(str(ref))
-    return stored.ref, stored.path
+    return str(ref), Store().resolve(str(ref)).path
 
 
 def load_model(ref: str | Path, backend: Backend) -> LoadedModel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 
@@ -52,6 +53,14 @@ def select_backend(device: str = "auto") -> Backend:
         return Backend("cpu", mx.float32, keep_quantized=False)
     mx.set_default_device(mx.gpu)
     return Backend(kind, mx.bfloat16 if kind == "cuda" else mx.float16, keep_quantized=True)
+
+
+def system_memory_bytes() -> int | None:
+    """Physical memory of this machine, when the OS says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def device_memory_bytes() -> int | None:

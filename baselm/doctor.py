@@ -11,18 +11,11 @@ from typing import Any
 from baselm import blas
 
 
-def _system_memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def collect() -> dict[str, Any]:
     """Everything doctor reports, as plain data (the --json output)."""
     import mlx.core as mx
 
-    from baselm.backend import device_memory_bytes, gpu_kind
+    from baselm.backend import device_memory_bytes, gpu_kind, system_memory_bytes
     from baselm.metal import kernel_status
     from baselm.store.default_model import base_home
 
@@ -37,7 +30,7 @@ def collect() -> dict[str, Any]:
         "backend": backend,
         "device": mx.device_info().get("device_name", "unknown") if hasattr(mx, "device_info") else "unknown",
         "device_memory_bytes": device_memory_bytes() if kind else None,
-        "system_memory_bytes": _system_memory_bytes(),
+        "system_memory_bytes": system_memory_bytes(),
         "cpu_count": os.cpu_count(),
         "blas": (blas.status["library"] or "MLX's bundled reference BLAS") if backend == "cpu" else "not used (GPU)",
         "blas_status": blas.status["reason"],

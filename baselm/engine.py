@@ -6,12 +6,18 @@ The synchronous engine owns the model, the KV pools, the scheduler and the sampl
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
+import os
+import queue
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from baselm.backend import system_memory_bytes
 from baselm.config import EngineConfig
 from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
@@ -111,12 +117,7 @@ def kv_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_token: int
     if config.kv_memory is not None:
         budget = config.kv_memory
     else:
-        try:
-            import os
-
-            system = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            system = 8 * 2**30
+        system = system_memory_bytes() or 8 * 2**30
         wanted = config.max_num_seqs * max_model_len * bytes_per_token
         budget = min(wanted, _DEFAULT_KV_CAP, system // 5)
     return max(1, budget // (bytes_per_token * config.block_size))
@@ -399,8 +400,6 @@ class LLMEngine:
 
 def _wait_native_exit(native_id: int | None, deadline: float) -> None:
     """Waits until the OS thread `native_id` of this process has ended (Linux; elsewhere a short pause)."""
-    import os
-
     task = f"/proc/self/task/{native_id}"
     if native_id is None or not os.path.isdir("/proc/self/task"):
         time.sleep(0.05)
@@ -418,9 +417,6 @@ class AsyncEngine:
     """
 
     def __init__(self, engine: LLMEngine):
-        import queue
-        import threading
-
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple] = {}  # request id -> (event loop, asyncio.Queue)
@@ -445,24 +441,18 @@ class AsyncEngine:
 
     def call(self, fn, *args):
         """Runs `fn(engine, *args)` on the engine thread; returns a concurrent Future."""
-        from concurrent.futures import Future
-
         future: Future = Future()
         self._commands.put((fn, args, future))
         self._wake.set()
         return future
 
     async def run_on_engine(self, fn, *args):
-        import asyncio
-
         return await asyncio.wrap_future(self.call(fn, *args))
 
     async def submit(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
     ):
         """Async iterator over a request's outputs; raises at once if the engine refuses it."""
-        import asyncio
-
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self.engine._ids)}"
         stream: asyncio.Queue = asyncio.Queue()
@@ -512,8 +502,6 @@ class AsyncEngine:
         self._fail_all(RuntimeError("the engine is shutting down"))
 
     def _drain_commands(self) -> None:
-        import queue
-
         while True:
             try:
                 fn, args, future = self._commands.get_nowait()

@@ -403,8 +403,6 @@ def _gguf_source(path: Path, quant: str | None, group_size: int | None, profile_
     if quant is None:
         tag = gguf_tag(path.name).upper() or body
         return config["model_type"], config, tokenizer, _kept_gguf(path.name, gguf_file, records), (_GGUF_SCHEMES[body], f"gguf-{tag}")
-    from baselm.store.quantize import quantize_tensors
-
     is_quantized = any(info.type_name not in ("F32", "F16", "BF16") for info in gguf_file.tensors.values())
     if is_quantized and quant not in ("f32", "f16", "bf16"):
         requantize_note(path.name, body, quant)
@@ -413,8 +411,7 @@ def _gguf_source(path: Path, quant: str | None, group_size: int | None, profile_
         # +0.14% with groups of 32, +33.7% with 64; see the README's table).
         group_size = group_size or GGUF_GROUP
     profile = _profile(profile_name, quant, group_size)
-    tensors = quantize_tensors(_gguf_floats(records), profile)
-    return config["model_type"], config, tokenizer, tensors, (quant, profile.to_json())
+    return config["model_type"], config, tokenizer, _requantized_gguf(records, profile), (quant, profile.to_json())
 
 
 def _kept_gguf(label: str, gguf_file: Any, records: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, Any]]:
@@ -433,12 +430,24 @@ def _kept_gguf(label: str, gguf_file: Any, records: Iterator[tuple[str, str, Any
         yield name, value
 
 
-def _gguf_floats(records: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, Any]]:
-    """GGUF tensors as float arrays (quantized ones dequantized), for re-quantization."""
+def _requantized_gguf(records: Iterator[tuple[str, str, Any]], profile: Any) -> Iterator[tuple[str, Any]]:
+    """GGUF tensors stored as `profile` decides. A quantized block bound for at least as many
+    bits in groups of the same size is widened exactly (Q4_1 asked for as q5, q6 or q8 keeps
+    its values); everything else is dequantized and quantized anew."""
     import numpy as np
 
+    from baselm.store.quantize import quantize_tensor, widen
+
     for name, _, value in records:
-        yield name, value if isinstance(value, np.ndarray) else _record_values(value)
+        if not isinstance(value, np.ndarray) and value.bits is not None:
+            decision = profile.decide(name, value.shape, "f32")
+            if decision.is_quantized:
+                exact = widen(value, int(decision.dtype.removeprefix("base_q")), decision.group_size)
+                if exact is not None:
+                    yield name, exact
+                    continue
+        array = value if isinstance(value, np.ndarray) else _record_values(value)
+        yield name, quantize_tensor(name, array, profile)[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -319,6 +319,29 @@ def quantize_tensor(
     return TensorRecord.from_array(array, decision.dtype), decision
 
 
+def widen(record: TensorRecord, bits: int, group_size: int) -> TensorRecord | None:
+    """The same values as a quantized `record` on a grid with more bits, exactly: codes shifted
+    left by the extra bits, scales divided by 2**extra (biases unchanged). None when that is not
+    exact: other group sizes, fewer bits, or a scale that would leave its float format's range."""
+    if record.bits is None or group_size != record.group_size or bits < record.bits:
+        return None
+    shift = bits - record.bits
+    scales = record.scales
+    if shift:
+        kind = np.float32 if record.scale_dtype == "f32" else np.float16
+        if record.scale_dtype not in ("f32", "f16"):
+            return None
+        divided = (scales.view(kind) / kind(2**shift)).astype(kind)
+        if not np.array_equal(divided * kind(2**shift), scales.view(kind)):
+            return None  # subnormal: the division would round
+        scales = divided.view(scales.dtype)
+    codes = pack_codes(unpack_codes(record.codes, record.bits).astype(np.uint32) << np.uint32(shift), bits)
+    return TensorRecord(
+        dtype=f"base_q{bits}", shape=record.shape, codes=codes, scales=np.ascontiguousarray(scales),
+        biases=record.biases, group_size=group_size, scale_dtype=record.scale_dtype,
+    )
+
+
 def quantize_tensors(
     tensors: Iterable[tuple[str, np.ndarray | mx.array]],
     profile: QuantProfile,

@@ -281,3 +281,29 @@ def test_quantized_model_round_trip(tmp_path: Path) -> None:
             assert float(mx.abs(loaded.dequantize().astype(mx.float32) - original.astype(mx.float32)).max()) <= step
         else:
             assert mx.array_equal(loaded, original).item() and loaded.dtype == mx.bfloat16
+
+
+@pytest.mark.parametrize("source_bits, bits", [(4, 5), (4, 6), (4, 8), (5, 8), (4, 4)])
+def test_widening_keeps_every_value_exactly(source_bits, bits):
+    from baselm.store.quantize import quantize, widen
+
+    rng = np.random.default_rng(3)
+    weights = rng.normal(0, 0.05, (8, 64)).astype(np.float32)
+    source = quantize(weights, source_bits, 32, "f16", "w")
+    wide = widen(source, bits, 32)
+    assert wide is not None and wide.bits == bits
+
+    def dequantized(record):
+        scales = mx.array(record.scales.view(np.float16)).astype(mx.float32)
+        biases = mx.array(record.biases.view(np.float16)).astype(mx.float32)
+        return np.array(mx.dequantize(mx.array(record.codes), scales, biases, group_size=32, bits=record.bits))
+
+    assert np.array_equal(dequantized(wide), dequantized(source))
+
+
+def test_widening_refuses_what_it_cannot_keep_exactly():
+    from baselm.store.quantize import quantize, widen
+
+    source = quantize(np.ones((4, 64), np.float32) * np.linspace(0, 1, 64, dtype=np.float32), 8, 32, "f16", "w")
+    assert widen(source, 4, 32) is None  # fewer bits
+    assert widen(source, 8, 64) is None  # other groups

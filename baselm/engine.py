@@ -25,7 +25,7 @@ from baselm.loader import LoadedModel
 from baselm.request import InvalidRequestError, Request
 from baselm.runner import Launched, ModelRunner
 from baselm.sampling import Sampler, SamplingParams, SamplingRow, TokenLogprobs
-from baselm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from baselm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput, SchedulerStats
 from baselm.stop import StopChecker
 
 _DEFAULT_KV_CAP = 2 * 2**30  # bytes; a laptop-friendly ceiling when --kv-memory is not given
@@ -208,6 +208,8 @@ class LLMEngine:
 
     @property
     def has_unfinished(self) -> bool:
+        """NOTE: covers copies still waiting to fork: their parent is queued or running until
+        the step it finishes in, and that step adds them (`_start_pending_forks`)."""
         return self.scheduler.has_unfinished
 
     def step(self) -> list[CompletionOutput]:
@@ -378,7 +380,7 @@ class LLMEngine:
         partial: dict[tuple[str, int], Completion] = {}
         for rid in ids:
             results[rid].prompt_token_ids = list(self._seqs[rid].request.prompt_token_ids)
-        while self.has_unfinished or self._pending_forks:
+        while self.has_unfinished:
             for out in self.step():
                 if out.request_id not in results:
                     continue
@@ -394,7 +396,7 @@ class LLMEngine:
             result.completions.sort(key=lambda c: c.index)
         return [results[rid] for rid in ids]
 
-    def stats(self):
+    def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
 
 
@@ -488,7 +490,7 @@ class AsyncEngine:
         engine = self.engine
         while not self._stopping:
             self._drain_commands()
-            if not (engine.has_unfinished or engine._pending_forks):
+            if not engine.has_unfinished:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue

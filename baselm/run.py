@@ -5,37 +5,23 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baselm.sampling import SamplingParams, TokenLogprobs
 
+if TYPE_CHECKING:
+    from baselm.chat import TurnStats
 
-@dataclass(slots=True)
-class Timings:
-    load_s: float
-    ttft_s: float
-    total_s: float
-    num_prompt_tokens: int
-    num_output_tokens: int
 
-    @property
-    def prefill_tokens_per_s(self) -> float:
-        return self.num_prompt_tokens / self.ttft_s if self.ttft_s > 0 else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        decode_s = self.total_s - self.ttft_s
-        return (self.num_output_tokens - 1) / decode_s if self.num_output_tokens > 1 and decode_s > 0 else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "load_s": round(self.load_s, 3),
-            "ttft_s": round(self.ttft_s, 4),
-            "total_s": round(self.total_s, 4),
-            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
-            "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
-        }
+def _timings_json(load_s: float, stats: TurnStats) -> dict[str, float]:
+    """The `timings` object of `base run --json`, from the turn's numbers (baselm.chat.TurnStats)."""
+    return {
+        "load_s": round(load_s, 3),
+        "ttft_s": round(stats.ttft_s, 4),
+        "total_s": round(stats.total_s, 4),
+        "prefill_tokens_per_s": round(stats.prefill_tokens_per_s, 1),
+        "decode_tokens_per_s": round(stats.decode_tokens_per_s, 1),
+    }
 
 
 def prompt_ids(tokenizer, prompt: str, raw: bool) -> list[int]:
@@ -70,6 +56,7 @@ def run_once(
     device: str,
 ) -> None:
     from baselm.backend import select_backend
+    from baselm.chat import TurnStats
     from baselm.config import EngineConfig
     from baselm.engine import LLMEngine
     from baselm.loader import load_model
@@ -93,7 +80,11 @@ def run_once(
         if not as_json and out.text:
             sys.stdout.write(out.text)
             sys.stdout.flush()
-    timings = Timings(load_s, ttft or 0.0, time.perf_counter() - start, len(ids), len(token_ids))
+    stats = TurnStats(
+        num_prompt_tokens=len(ids), num_output_tokens=len(token_ids), ttft_s=ttft or 0.0,
+        total_s=time.perf_counter() - start, finish_reason=finish_reason,
+    )
+    timings = _timings_json(load_s, stats)
     if as_json:
         result = {
             "model": loaded.name,
@@ -103,11 +94,11 @@ def run_once(
             "finish_reason": finish_reason,
             "logprobs": _logprobs_json(loaded.tokenizer, entries) if logprobs is not None else None,
             "usage": {"prompt_tokens": len(ids), "completion_tokens": len(token_ids), "total_tokens": len(ids) + len(token_ids)},
-            "timings": timings.as_dict(),
+            "timings": timings,
         }
         print(json.dumps(result, ensure_ascii=False))
         return
-    t = timings.as_dict()
+    t = timings
     sys.stdout.write("\n")
     print(
         f"\n[{len(ids)} prompt tokens at {t['prefill_tokens_per_s']} tok/s, {len(token_ids)} generated at "

@@ -53,10 +53,6 @@ class ModelRunner:
         self.sampler = sampler
         self.timings = StepTimings()
 
-    def execute(self, output: SchedulerOutput) -> RunnerOutput:
-        """Runs one step to the end: `launch` then `collect`."""
-        return self.collect(self.launch(output))
-
     def launch(
         self, output: SchedulerOutput, input_ids: mx.array | None = None, seqs: Sequence[SamplingSequence] | None = None
     ) -> Launched:

@@ -106,7 +106,7 @@ def test_n_copies_share_the_prompt_blocks(make_engine):
     engine.add_request(prompt, SamplingParams(temperature=1.0, seed=7, max_tokens=6, n=4))
     peak_used = 0
     outputs = []
-    while engine.has_unfinished or engine._pending_forks:
+    while engine.has_unfinished:
         outputs += engine.step()
         peak_used = max(peak_used, engine.kv_manager.num_blocks - engine.kv_manager.num_free_blocks)
     finished = sorted((o.index, o.finish_reason) for o in outputs if o.finished)

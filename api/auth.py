@@ -61,8 +61,14 @@ class Gate:
 
 async def _unauthorized(send: Send) -> None:
     body = json.dumps(
-        error_body(401, "missing or invalid API key; send the header 'Authorization: Bearer <key>'", code="invalid_api_key")
+        error_body(
+            401, "missing or invalid API key; send the header 'Authorization: Bearer <key>'", code="invalid_api_key"
+        )
     ).encode()
-    headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"), (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"www-authenticate", b"Bearer"),
+        (b"content-length", str(len(body)).encode()),
+    ]
     await send({"type": "http.response.start", "status": 401, "headers": headers})
     await send({"type": "http.response.body", "body": body})

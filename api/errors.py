@@ -53,7 +53,9 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
+    return {
+        "error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}
+    }
 
 
 def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -81,7 +81,9 @@ async def read_json(request: Request, limit: int) -> Any:
 
 def check_model(state: ServerState, name: str) -> None:
     if name != state.model_name:
-        raise APIError(404, f"model {name!r} does not exist; this server serves {state.model_name!r}", "model", "model_not_found")
+        raise APIError(
+            404, f"model {name!r} does not exist; this server serves {state.model_name!r}", "model", "model_not_found"
+        )
 
 
 def make_params(sampling: dict[str, Any], max_tokens_field: str, **extra: Any) -> SamplingParams:

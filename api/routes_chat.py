@@ -91,7 +91,9 @@ def _params_factory(state: ServerState, chat: ChatRequest):
     text, param = constrained
     for name in ("min_tokens", "ignore_eos"):  # both would keep a finished grammar from ending the answer
         if sampling[name]:
-            raise bad_request(f"{name} cannot be combined with {param} (the grammar decides where the answer ends)", name)
+            raise bad_request(
+                f"{name} cannot be combined with {param} (the grammar decides where the answer ends)", name
+            )
     lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
     grammar.check_grammar(text, lltokenizer, param)
     eos = state.eos_token_ids
@@ -112,9 +114,7 @@ def logprobs_content(state: ServerState, entries: list[TokenLogprobs], num_top: 
         text = token_text(tokenizer, token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-    return [
-        {**one(e.token_id, e.logprob), "top_logprobs": [one(i, lp) for i, lp in e.top[:num_top]]} for e in entries
-    ]
+    return [{**one(e.token_id, e.logprob), "top_logprobs": [one(i, lp) for i, lp in e.top[:num_top]]} for e in entries]
 
 
 class _Response:
@@ -199,7 +199,9 @@ class _Response:
             payload["usage"] = usage
         return event(payload)
 
-    def _choice(self, index: int, delta: dict[str, Any], logprobs: Any = None, reason: str | None = None) -> dict[str, Any]:
+    def _choice(
+        self, index: int, delta: dict[str, Any], logprobs: Any = None, reason: str | None = None
+    ) -> dict[str, Any]:
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
 
     async def stream(self, stream: AsyncIterator[CompletionOutput]) -> AsyncIterator[str]:
@@ -224,7 +226,12 @@ class _Response:
         if text or logprobs:
             chunks.append(self._chunk([self._choice(out.index, {"content": text}, logprobs)]))
         for call in calls:
-            head = {"index": call.index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            head = {
+                "index": call.index,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
             tail = {"index": call.index, "function": {"arguments": call.arguments}}
             chunks.append(self._chunk([self._choice(out.index, {"tool_calls": [head]})]))
             chunks.append(self._chunk([self._choice(out.index, {"tool_calls": [tail]})]))

@@ -158,7 +158,9 @@ class _Response:
                 reason = finish_reason(out) if out.finished else None
                 logprobs = self._logprobs(out)
                 if out.text or logprobs or reason:
-                    yield self._chunk([{"index": out.index, "text": out.text, "logprobs": logprobs, "finish_reason": reason}])
+                    yield self._chunk(
+                        [{"index": out.index, "text": out.text, "logprobs": logprobs, "finish_reason": reason}]
+                    )
             if self.req.common.include_usage:
                 yield self._chunk([], self.usage.as_dict())
         except Exception as exc:

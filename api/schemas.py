@@ -58,7 +58,9 @@ class Body:
             raise bad_request(f"{name} must be true or false, got {_kind(value)}", name)
         return value
 
-    def integer(self, name: str, low: int | None = None, high: int | None = None, default: int | None = None) -> int | None:
+    def integer(
+        self, name: str, low: int | None = None, high: int | None = None, default: int | None = None
+    ) -> int | None:
         value = self.raw(name)
         if value is None:
             return default
@@ -69,7 +71,9 @@ class Body:
         _check_range(name, value, low, high)
         return value
 
-    def number(self, name: str, low: float | None = None, high: float | None = None, default: float | None = None) -> float | None:
+    def number(
+        self, name: str, low: float | None = None, high: float | None = None, default: float | None = None
+    ) -> float | None:
         value = self.raw(name)
         if value is None:
             return default
@@ -91,9 +95,14 @@ class Body:
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array", dict: "an object"}.get(
-        type(value), type(value).__name__
-    )
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
 
 
 def _check_range(name: str, value: float, low: float | None, high: float | None) -> None:
@@ -305,7 +314,9 @@ def _tool(data: Any, index: int) -> dict[str, Any]:
     fn = Body(body.raw("function"), f"{where}.function")
     name = fn.string("name", required=True)
     if not _FUNCTION_NAME.match(name):
-        raise bad_request(f"{where}.function.name {name!r} must be 1-64 letters, digits, _ . or -", f"{where}.function.name")
+        raise bad_request(
+            f"{where}.function.name {name!r} must be 1-64 letters, digits, _ . or -", f"{where}.function.name"
+        )
     function: dict[str, Any] = {"name": name}
     description = fn.string("description")
     if description is not None:

@@ -81,7 +81,9 @@ def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> 
 
 def banner(model_name: str, options: ServeOptions) -> str:
     """What `base serve` prints at start: the URL and a request to paste."""
-    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(options.host, options.host)  # a wildcard: any local address
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(
+        options.host, options.host
+    )  # a wildcard: any local address
     host = f"[{host}]" if ":" in host else host
     url = f"http://{host}:{options.port}"
     body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}]})

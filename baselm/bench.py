@@ -223,13 +223,24 @@ def render(report: dict[str, Any]) -> None:
         f"({report['kv_blocks']} blocks), peak RSS {report['peak_rss_mb']:.0f} MiB"
     )
     console.print("attention: " + ", ".join(f"{k} {v}" for k, v in report["attention"].items()), highlight=False)
-    table = Table("conc", "prefill tok/s", "decode tok/s/stream", "decode tok/s total", "TTFT p50/p95 ms",
-                  "ITL p50/p99 ms", "step ms (sched/prep/fwd/sample/upd)", "overhead")
+    table = Table(
+        "conc",
+        "prefill tok/s",
+        "decode tok/s/stream",
+        "decode tok/s total",
+        "TTFT p50/p95 ms",
+        "ITL p50/p99 ms",
+        "step ms (sched/prep/fwd/sample/upd)",
+        "overhead",
+    )
     for r in report["throughput"]:
         s = r["step_ms"]
         table.add_row(
-            str(r["concurrency"]), f"{r['prefill_tok_s']:.0f}", f"{r['decode_tok_s_per_stream']:.1f}",
-            f"{r['decode_tok_s_aggregate']:.1f}", f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}",
+            str(r["concurrency"]),
+            f"{r['prefill_tok_s']:.0f}",
+            f"{r['decode_tok_s_per_stream']:.1f}",
+            f"{r['decode_tok_s_aggregate']:.1f}",
+            f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}",
             f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f}",
             f"{s['schedule']:.2f}/{s['prepare']:.2f}/{s['forward']:.1f}/{s['sample']:.2f}/{s['update']:.2f}",
             f"{s['overhead_pct']:.1f}%",

@@ -748,4 +748,3 @@ def start_server(client: AsyncEngine, model_name: str, host: str, port: int) -> 
     if not api_key and not is_loopback(host):
         print(f"WARNING: serving on {host} without an API key; set BASE_API_KEY.", file=sys.stderr)
     return BackgroundServer(client, model_name, host, port, api_key).start()
-

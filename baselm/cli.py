@@ -38,8 +38,14 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from baselm.tokenizer import TokenizerError
 
     return (
-        BackendError, ConfigError, InvalidRequestError, ModelConfigError, RequestTooLongError, SamplingParamsError,
-        StoreError, TokenizerError,
+        BackendError,
+        ConfigError,
+        InvalidRequestError,
+        ModelConfigError,
+        RequestTooLongError,
+        SamplingParamsError,
+        StoreError,
+        TokenizerError,
     )
 
 
@@ -48,7 +54,9 @@ MODEL_HELP = "Model: a store name (org/name[:variant] or an alias), a .base or .
 
 @app.command()
 def pull(
-    source: str = typer.Argument(..., help="HF repo id (org/name[:variant]), an HF or MLX folder, a .gguf or .base file."),
+    source: str = typer.Argument(
+        ..., help="HF repo id (org/name[:variant]), an HF or MLX folder, a .gguf or .base file."
+    ),
     quant: Optional[str] = typer.Option(None, "--quant", "-q", help="q2, q3, q4, q5, q6, q8, f16, bf16 or f32."),
     group_size: Optional[int] = typer.Option(None, "--group-size", help="Quantization group size: 32, 64 or 128."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Built-in profile name or a profile JSON file."),
@@ -67,13 +75,24 @@ def pull(
     try:
         if Path(source).expanduser().exists():
             stored = pulling.import_local(
-                Path(source).expanduser(), name=name, quant=quant, group_size=group_size, profile=profile,
-                supported=supported, force=force,
+                Path(source).expanduser(),
+                name=name,
+                quant=quant,
+                group_size=group_size,
+                profile=profile,
+                supported=supported,
+                force=force,
             )
         else:
             stored = pulling.pull(
-                source, quant=quant, group_size=group_size, profile=profile, revision=revision,
-                supported=supported, force=force, progress=pulling.default_progress(quiet),
+                source,
+                quant=quant,
+                group_size=group_size,
+                profile=profile,
+                revision=revision,
+                supported=supported,
+                force=force,
+                progress=pulling.default_progress(quiet),
             )
     except _user_errors() as exc:
         _fail(str(exc))
@@ -98,8 +117,16 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON."
     table = Table("name", "variant", "arch", "params", "size", "quant", "source", "pulled")
     for m in models:
         origin = m.source.get("repo") or m.source.get("path") or m.source.get("format", "")
-        table.add_row(m.name, m.variant, m.arch, f"{m.params / 1e6:.0f}M", f"{m.size / 2**20:.0f} MiB", m.quant,
-                      str(origin), m.pulled[:19])
+        table.add_row(
+            m.name,
+            m.variant,
+            m.arch,
+            f"{m.params / 1e6:.0f}M",
+            f"{m.size / 2**20:.0f} MiB",
+            m.quant,
+            str(origin),
+            m.pulled[:19],
+        )
     Console().print(table)
 
 
@@ -160,7 +187,9 @@ def run(
     top_k: int = typer.Option(0, "--top-k", help="Sample among the K most likely tokens (0: off)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, not through the chat template."),
-    logprobs: Optional[int] = typer.Option(None, "--logprobs", help="Return log-probabilities with the top K alternatives."),
+    logprobs: Optional[int] = typer.Option(
+        None, "--logprobs", help="Return log-probabilities with the top K alternatives."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
 ) -> None:
@@ -193,7 +222,9 @@ def chat(
     system: Optional[str] = typer.Option(None, "--system", help="System prompt for the conversation."),
     temperature: float = typer.Option(0.7, "--temperature", "-t", help="0 is greedy."),
     top_p: float = typer.Option(0.9, "--top-p", help="Nucleus sampling threshold."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "-n", help="Most tokens per answer (default: the context's room)."),
+    max_tokens: Optional[int] = typer.Option(
+        None, "--max-tokens", "-n", help="Most tokens per answer (default: the context's room)."
+    ),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="Memory for the KV cache, e.g. 2GiB."),
@@ -207,7 +238,14 @@ def chat(
     try:
         settings = ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
         run_chat(
-            model, settings=settings, system=system, device=device, kv_memory=kv_memory, serve=serve, host=host, port=port
+            model,
+            settings=settings,
+            system=system,
+            device=device,
+            kv_memory=kv_memory,
+            serve=serve,
+            host=host,
+            port=port,
         )
     except _user_errors() + (ServeError,) as exc:
         _fail(str(exc))
@@ -226,12 +264,20 @@ def bench(
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Prompt length of each request."),
     gen_tokens: int = typer.Option(64, "--gen-tokens", help="Tokens generated per request."),
     concurrency: str = typer.Option("1,4,8", "--concurrency", help="Comma-separated concurrent request counts."),
-    shared_prefix: int = typer.Option(0, "--shared-prefix", help="Also time a request whose first N tokens are cached."),
+    shared_prefix: int = typer.Option(
+        0, "--shared-prefix", help="Also time a request whose first N tokens are cached."
+    ),
     long_prompt: int = typer.Option(0, "--long-prompt", help="Also prefill an N-token prompt while 4 streams decode."),
     chunk: int = typer.Option(64, "--chunk", help="Token budget per step in the --long-prompt scenario."),
-    pool_sizes: str = typer.Option("", "--pool-sizes", help="Also compare decode step time for KV pools, e.g. 256MiB,4GiB."),
-    compare_mlx_lm: bool = typer.Option(False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop on the same weights."),
-    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."),
+    pool_sizes: str = typer.Option(
+        "", "--pool-sizes", help="Also compare decode step time for KV pools, e.g. 256MiB,4GiB."
+    ),
+    compare_mlx_lm: bool = typer.Option(
+        False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop on the same weights."
+    ),
+    kv_memory: Optional[str] = typer.Option(
+        None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."
+    ),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Token budget per step."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
@@ -323,7 +369,9 @@ def perplexity(
     model: str = typer.Argument(..., help=MODEL_HELP),
     text_file: str = typer.Argument(..., help="A UTF-8 plain-text file (no chat template is applied)."),
     context: int = typer.Option(512, "--context", help="Tokens per window."),
-    stride: Optional[int] = typer.Option(None, "--stride", help="Tokens between window starts, less than --context (default: half)."),
+    stride: Optional[int] = typer.Option(
+        None, "--stride", help="Tokens between window starts, less than --context (default: half)."
+    ),
     kv_bits: int = typer.Option(16, "--kv-bits", help="KV cache precision: 16 (model dtype), 8 or 4."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
@@ -346,10 +394,14 @@ def perplexity(
     if as_json:
         print(json.dumps({"model": loaded.name, "text": text_file, **result.to_dict()}, indent=2))
         return
-    print(f"perplexity {result.perplexity:.4f}  (mean NLL {result.mean_nll:.4f} over {result.num_scored} tokens; "
-          f"context {result.context}, stride {result.stride}, KV {kv_bits}-bit)")
-    print(f"{result.num_evaluated} tokens in {result.num_windows} windows, {result.seconds:.1f} s: "
-          f"{result.tokens_per_second:.1f} tokens/s")
+    print(
+        f"perplexity {result.perplexity:.4f}  (mean NLL {result.mean_nll:.4f} over {result.num_scored} tokens; "
+        f"context {result.context}, stride {result.stride}, KV {kv_bits}-bit)"
+    )
+    print(
+        f"{result.num_evaluated} tokens in {result.num_windows} windows, {result.seconds:.1f} s: "
+        f"{result.tokens_per_second:.1f} tokens/s"
+    )
 
 
 def main() -> None:

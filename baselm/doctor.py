@@ -34,7 +34,9 @@ def collect() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "blas": (blas.status["library"] or "MLX's bundled reference BLAS") if backend == "cpu" else "not used (GPU)",
         "blas_status": blas.status["reason"],
-        "compute": "float32 (quantized weights dequantized at load)" if backend == "cpu" else "quantized weights on the GPU",
+        "compute": "float32 (quantized weights dequantized at load)"
+        if backend == "cpu"
+        else "quantized weights on the GPU",
         "kernels": kernel_status(),
         "store": str(home),
         "store_free_bytes": disk.free,

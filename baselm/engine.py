@@ -179,7 +179,9 @@ class LLMEngine:
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         bad = next((i for i in prompt_ids if not 0 <= i < self.vocab_size), None)
         if bad is not None:
-            raise InvalidRequestError(f"prompt token id {bad} is outside the model's vocabulary of {self.vocab_size} tokens")
+            raise InvalidRequestError(
+                f"prompt token id {bad} is outside the model's vocabulary of {self.vocab_size} tokens"
+            )
         copies = [self._make_sequence(request_id, i, prompt_ids, params) for i in range(params.n)]
         self.scheduler.add_request(copies[0].request)  # validates the length for all copies
         self._groups[request_id] = [s.request.request_id for s in copies]
@@ -388,7 +390,9 @@ class LLMEngine:
                 c.text += out.text
                 c.token_ids += out.token_ids
                 c.logprobs += out.logprobs
-                results[out.request_id].num_cached_tokens = max(results[out.request_id].num_cached_tokens, out.num_cached_tokens)
+                results[out.request_id].num_cached_tokens = max(
+                    results[out.request_id].num_cached_tokens, out.num_cached_tokens
+                )
                 if out.finished:
                     c.finish_reason, c.stop_reason = out.finish_reason, out.stop_reason
                     results[out.request_id].completions.append(c)

@@ -78,7 +78,9 @@ def tokenizer_from_header(spec: dict[str, Any]) -> Tokenizer:
     """The tokenizer a `.base` header carries: GGUF vocabulary metadata, or HF tokenizer files."""
     if "gguf" in spec:
         return Tokenizer.from_gguf_metadata(spec["gguf"])
-    return Tokenizer.from_hf_files(spec["tokenizer.json"], spec.get("tokenizer_config.json") or {}, spec.get("chat_template"))
+    return Tokenizer.from_hf_files(
+        spec["tokenizer.json"], spec.get("tokenizer_config.json") or {}, spec.get("chat_template")
+    )
 
 
 def resolve(ref: str | Path) -> tuple[str, Path]:

@@ -81,8 +81,11 @@ def run_once(
             sys.stdout.write(out.text)
             sys.stdout.flush()
     stats = TurnStats(
-        num_prompt_tokens=len(ids), num_output_tokens=len(token_ids), ttft_s=ttft or 0.0,
-        total_s=time.perf_counter() - start, finish_reason=finish_reason,
+        num_prompt_tokens=len(ids),
+        num_output_tokens=len(token_ids),
+        ttft_s=ttft or 0.0,
+        total_s=time.perf_counter() - start,
+        finish_reason=finish_reason,
     )
     timings = _timings_json(load_s, stats)
     if as_json:
@@ -93,7 +96,11 @@ def run_once(
             "token_ids": token_ids,
             "finish_reason": finish_reason,
             "logprobs": _logprobs_json(loaded.tokenizer, entries) if logprobs is not None else None,
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(token_ids), "total_tokens": len(ids) + len(token_ids)},
+            "usage": {
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(token_ids),
+                "total_tokens": len(ids) + len(token_ids),
+            },
             "timings": timings,
         }
         print(json.dumps(result, ensure_ascii=False))

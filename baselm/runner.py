@@ -68,7 +68,13 @@ class ModelRunner:
         sampled = None
         if sampling:
             sampled = self.sampler(logits, seqs if seqs is not None else [s.request for s in sampling])
-            mx.async_eval([a for a in (sampled.token_ids, sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs) if a is not None])
+            mx.async_eval(
+                [
+                    a
+                    for a in (sampled.token_ids, sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs)
+                    if a is not None
+                ]
+            )
         else:
             mx.async_eval(logits)  # nobody samples, but the step's K/V writes must happen
         return Launched([s.request_id for s in sampling], sampled, t1 - t0, time.perf_counter() - t1)

@@ -435,8 +435,11 @@ def _top_k_top_p(x: mx.array, top_k: mx.array, top_p: mx.array) -> mx.array:
     ranked = mx.take_along_axis(x, order, axis=-1)  # (rows, num) best first
     # Off (0 or -1) means the whole vocabulary; the mass is then normalized over all of it.
     k = mx.where(top_k > 0, mx.minimum(top_k, vocab), vocab)
-    log_total = mx.where(k <= num, mx.logsumexp(mx.where(mx.arange(num) < k[:, None], ranked, -mx.inf), axis=-1),
-                         mx.logsumexp(x, axis=-1))  # (rows,)
+    log_total = mx.where(
+        k <= num,
+        mx.logsumexp(mx.where(mx.arange(num) < k[:, None], ranked, -mx.inf), axis=-1),
+        mx.logsumexp(x, axis=-1),
+    )  # (rows,)
     probs = mx.exp(ranked - log_total[:, None])
     head_mass = probs.sum(axis=-1)
     complete = (k <= num) | ((k == vocab) & (head_mass >= top_p))  # the kept set lies in the candidates

@@ -559,9 +559,7 @@ def _merges_from_scores(
     return [(left, right) for left, right, _ in candidates]
 
 
-def _add_gguf_tokens(
-    backend: Backend, metadata: Mapping[str, Any], vocab: Mapping[str, int], byte_level: bool
-) -> None:
+def _add_gguf_tokens(backend: Backend, metadata: Mapping[str, Any], vocab: Mapping[str, int], byte_level: bool) -> None:
     """Control tokens become special added tokens, user-defined ones plain added tokens.
 
     In a byte-level vocabulary a control token spelled outside the byte alphabet is a

@@ -86,9 +86,7 @@ def allocate_pool(
     return QuantizedPool(codes, scales, biases, kv_bits, group_size)
 
 
-def quantize_rows(
-    x: mx.array, bits: int, group_size: int, dtype: mx.Dtype
-) -> tuple[mx.array, mx.array, mx.array]:
+def quantize_rows(x: mx.array, bits: int, group_size: int, dtype: mx.Dtype) -> tuple[mx.array, mx.array, mx.array]:
     """Affine-quantizes rows (..., head_dim) into (codes, scales, biases) as a pool stores them."""
     head_dim = x.shape[-1]
     lead = x.shape[:-1]

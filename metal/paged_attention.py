@@ -383,9 +383,16 @@ def _attention_launch(
     window_arr = mx.array([window or 0], dtype=mx.int32)
     pools = [*key_pool[:3], *value_pool[:3]] if quantized else [key_pool, value_pool]
     template = [
-        ("T", queries.dtype), ("P", key_pool.dtype), ("D", head_dim), ("BS", key_pool.shape[1]),
-        ("HEADS", num_heads), ("KV_HEADS", num_kv_heads), ("GQ", gq), ("QT", qt),
-        ("SOFTCAP", softcap is not None), ("WINDOW", window is not None),
+        ("T", queries.dtype),
+        ("P", key_pool.dtype),
+        ("D", head_dim),
+        ("BS", key_pool.shape[1]),
+        ("HEADS", num_heads),
+        ("KV_HEADS", num_kv_heads),
+        ("GQ", gq),
+        ("QT", qt),
+        ("SOFTCAP", softcap is not None),
+        ("WINDOW", window is not None),
     ]
     if quantized:
         template += [("BITS", key_pool.bits), ("GROUP", key_pool.group_size)]

@@ -66,10 +66,19 @@ def small_metadata(block_tables: list[list[int]], query_lens: list[int], context
     token_rows = seq_of_token * max_q + np.arange(q_lens.sum()) - np.repeat(starts, q_lens)
     i32 = lambda a: mx.array(np.asarray(a, dtype=np.int32))  # noqa: E731
     return SimpleNamespace(
-        block_size=block_size, block_tables=i32(tables), context_lens=i32(c_lens), query_pos=i32(query_pos),
-        positions=i32(query_pos[valid]), token_rows=i32(token_rows),
+        block_size=block_size,
+        block_tables=i32(tables),
+        context_lens=i32(c_lens),
+        query_pos=i32(query_pos),
+        positions=i32(query_pos[valid]),
+        token_rows=i32(token_rows),
         query_rows=i32(np.where(valid, starts[:, None] + grid, 0).reshape(-1)),
-        query_lens=tuple(query_lens), context_lens_host=tuple(context_lens), num_seqs=num_seqs, num_tokens=int(q_lens.sum()), max_query_len=max_q, max_context_len=max(context_lens),
+        query_lens=tuple(query_lens),
+        context_lens_host=tuple(context_lens),
+        num_seqs=num_seqs,
+        num_tokens=int(q_lens.sum()),
+        max_query_len=max_q,
+        max_context_len=max(context_lens),
     )
 
 

@@ -92,9 +92,23 @@ def main() -> None:
         model = str(fetch_default_gguf())
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "baselm.cli", "serve", model, "--port", str(port), "--device", args.device,
-         "--max-num-seqs", str(max(args.concurrency, 1)), "--served-model-name", "bench"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "baselm.cli",
+            "serve",
+            model,
+            "--port",
+            str(port),
+            "--device",
+            args.device,
+            "--max-num-seqs",
+            str(max(args.concurrency, 1)),
+            "--served-model-name",
+            "bench",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
     try:
@@ -108,8 +122,10 @@ def main() -> None:
                     raise SystemExit("base serve did not start")
                 time.sleep(0.5)
         run(client, "bench", 1, 4)  # warm-up
-        report = {"single": run(client, "bench", 1, args.max_tokens),
-                  "concurrent": run(client, "bench", args.concurrency, args.max_tokens)}
+        report = {
+            "single": run(client, "bench", 1, args.max_tokens),
+            "concurrent": run(client, "bench", args.concurrency, args.max_tokens),
+        }
         report["speedup"] = round(
             report["concurrent"]["decode_tok_s_aggregate"] / report["single"]["decode_tok_s_aggregate"], 2
         )

@@ -49,9 +49,7 @@ VARIANTS = (
     Variant("q2", "q2"),
 )
 # The source's own groups (Q4_1: 32 weights): shows how much of a loss comes from re-grouping.
-GROUP32_VARIANTS = tuple(
-    Variant(f"{q}-g32", q, group_size=32, note="diagnostic") for q in ("q8", "q6", "q5", "q4")
-)
+GROUP32_VARIANTS = tuple(Variant(f"{q}-g32", q, group_size=32, note="diagnostic") for q in ("q8", "q6", "q5", "q4"))
 
 
 def parse_args() -> argparse.Namespace:
@@ -145,8 +143,10 @@ def main() -> None:
                 kv_rows.append((bits, measure(f32_path, text, args.context, args.stride, bits)))
                 log(f"kv q{bits}: {json.dumps(kv_rows[-1][1])}")
     m = rows[0][1]
-    print(f"SmolLM2-135M-Instruct, {args.text.name}: {m['num_scored']} tokens scored, "
-          f"context {m['context']}, stride {m['stride']}\n")
+    print(
+        f"SmolLM2-135M-Instruct, {args.text.name}: {m['num_scored']} tokens scored, "
+        f"context {m['context']}, stride {m['stride']}\n"
+    )
     main_rows = [(v, r) for v, r in rows if v not in GROUP32_VARIANTS]
     print(quant_table(main_rows, m["perplexity"]))
     if args.groups32:

@@ -85,7 +85,9 @@ _HEADER_TYPES: dict[str, tuple[type, ...]] = {
 # Shared size rules (writer and reader use the same ones)
 
 
-def region_sizes(dtype: str, shape: tuple[int, ...], group_size: int | None, scale_dtype: str | None) -> tuple[int, int]:
+def region_sizes(
+    dtype: str, shape: tuple[int, ...], group_size: int | None, scale_dtype: str | None
+) -> tuple[int, int]:
     """(data or codes bytes, scales bytes) of a region; biases take as many bytes as scales."""
     numel = math.prod(shape)
     if dtype in FLOAT_DTYPES:
@@ -162,7 +164,9 @@ class TensorRecord:
         return cls(dtype=dtype, shape=tuple(values.shape), data=np.ascontiguousarray(values))
 
     @classmethod
-    def from_triplet(cls, codes: mx.array | np.ndarray, scales: mx.array | np.ndarray, biases: mx.array | np.ndarray, group_size: int) -> TensorRecord:
+    def from_triplet(
+        cls, codes: mx.array | np.ndarray, scales: mx.array | np.ndarray, biases: mx.array | np.ndarray, group_size: int
+    ) -> TensorRecord:
         """A quantized record from an MLX affine triplet as it is (e.g. GGUF Q4_1 read by `mx.load`).
 
         Bits follow from the shapes: `in = scales.shape[1] * group_size`, `bits = 32 * codes.shape[1] / in`.
@@ -174,8 +178,15 @@ class TensorRecord:
             raise ValueError(f"codes {codes.shape} and scales {scale_values.shape} are not 2-D MLX triplet parts")
         in_features = scale_values.shape[1] * group_size
         bits, rem = divmod(codes.shape[1] * 32, in_features)
-        if rem or bits not in QUANT_BITS.values() or bias_dtype != scale_dtype or bias_values.shape != scale_values.shape:
-            raise ValueError(f"codes {codes.shape}, scales {scale_values.shape} and biases {bias_values.shape} are not an MLX triplet of group {group_size}")
+        if (
+            rem
+            or bits not in QUANT_BITS.values()
+            or bias_dtype != scale_dtype
+            or bias_values.shape != scale_values.shape
+        ):
+            raise ValueError(
+                f"codes {codes.shape}, scales {scale_values.shape} and biases {bias_values.shape} are not an MLX triplet of group {group_size}"
+            )
         return cls(
             dtype=f"base_q{bits}",
             shape=(codes.shape[0], in_features),
@@ -304,7 +315,9 @@ def _check_fields(fields: dict[str, Any]) -> None:
     for key, value in fields.items():
         types = _HEADER_TYPES[key]
         if not isinstance(value, types):
-            raise ValueError(f"header field {key!r} must be {' or '.join(t.__name__ for t in types)}, not {type(value).__name__}")
+            raise ValueError(
+                f"header field {key!r} must be {' or '.join(t.__name__ for t in types)}, not {type(value).__name__}"
+            )
     if not all(isinstance(flag, str) for flag in fields["flags"]):
         raise ValueError("header field 'flags' must hold strings only")
     try:
@@ -491,7 +504,9 @@ class BaseFile:
         return QuantizedArray(codes, scales, biases, entry.bits, entry.group_size, (out_features, in_features))
 
 
-def read_base_file(path: str | os.PathLike, verify: bool = False) -> tuple[dict[str, Any], dict[str, mx.array | QuantizedArray]]:
+def read_base_file(
+    path: str | os.PathLike, verify: bool = False
+) -> tuple[dict[str, Any], dict[str, mx.array | QuantizedArray]]:
     """(header, tensors) of a `.base` file, validated first; `verify` also checks every checksum."""
     base = BaseFile.open(path)
     return base.header, base.load(verify=verify)
@@ -507,7 +522,11 @@ def model_weights(tensors: dict[str, mx.array | QuantizedArray]) -> tuple[dict[s
     for name, value in tensors.items():
         if isinstance(value, QuantizedArray):
             prefix = name.removesuffix(".weight")
-            weights |= {f"{prefix}.weight": value.codes, f"{prefix}.scales": value.scales, f"{prefix}.biases": value.biases}
+            weights |= {
+                f"{prefix}.weight": value.codes,
+                f"{prefix}.scales": value.scales,
+                f"{prefix}.biases": value.biases,
+            }
             group_sizes[prefix] = value.group_size
         else:
             weights[name] = value
@@ -524,7 +543,9 @@ def _read_exact(path: Path, f: Any, position: int, length: int) -> np.ndarray:
     buffer = np.empty(length, dtype=np.uint8)  # (length,)
     f.seek(position)
     if f.readinto(memoryview(buffer)) != length:
-        raise BaseFileError(path, f"the file ended while reading bytes {position}..{position + length} (it changed or was truncated)")
+        raise BaseFileError(
+            path, f"the file ended while reading bytes {position}..{position + length} (it changed or was truncated)"
+        )
     return buffer
 
 
@@ -534,20 +555,27 @@ def _read_chunks(path: Path, f: Any, position: int, length: int, chunk: int = 8 
     while remaining:
         data = f.read(min(chunk, remaining))
         if not data:
-            raise BaseFileError(path, f"the file ended while reading bytes {position}..{position + length} (it changed or was truncated)")
+            raise BaseFileError(
+                path,
+                f"the file ended while reading bytes {position}..{position + length} (it changed or was truncated)",
+            )
         remaining -= len(data)
         yield data
 
 
 def _check_digest(path: Path, entry: TensorEntry, digest: str) -> None:
     if digest != entry.checksum:
-        raise BaseFileError(path, f"tensor {entry.name!r} fails its checksum (xxh64 {digest}, header says {entry.checksum})")
+        raise BaseFileError(
+            path, f"tensor {entry.name!r} fails its checksum (xxh64 {digest}, header says {entry.checksum})"
+        )
 
 
 def _check_header_checksum(path: Path, header: dict[str, Any]) -> None:
     digest = _header_checksum(header)
     if digest != header["header_xxh64"]:
-        raise BaseFileError(path, f"the header fails its checksum (xxh64 {digest}, header says {header['header_xxh64']})")
+        raise BaseFileError(
+            path, f"the header fails its checksum (xxh64 {digest}, header says {header['header_xxh64']})"
+        )
 
 
 def _read_preamble(path: Path, f: Any, file_size: int) -> int:
@@ -588,7 +616,9 @@ def _check_padding(path: Path, f: Any, start: int, blob_start: int, file_size: i
     if file_size < blob_start:
         raise BaseFileError(path, f"it is {file_size} bytes long and ends before its tensor blob at byte {blob_start}")
     if f.read(blob_start - start).count(0) != blob_start - start:
-        raise BaseFileError(path, f"the padding between its header and blob (bytes {start}..{blob_start}) is not all zero")
+        raise BaseFileError(
+            path, f"the padding between its header and blob (bytes {start}..{blob_start}) is not all zero"
+        )
 
 
 def _check_header(path: Path, header: dict[str, Any]) -> dict[str, TensorEntry]:
@@ -601,7 +631,10 @@ def _check_header(path: Path, header: dict[str, Any]) -> dict[str, TensorEntry]:
         raise BaseFileError(path, f"its header has unknown keys {', '.join(unknown)}")
     for key, types in _HEADER_TYPES.items():
         if not isinstance(header[key], types):
-            raise BaseFileError(path, f"header field {key!r} is a {type(header[key]).__name__}, expected {' or '.join(t.__name__ for t in types)}")
+            raise BaseFileError(
+                path,
+                f"header field {key!r} is a {type(header[key]).__name__}, expected {' or '.join(t.__name__ for t in types)}",
+            )
     if header["schema"] != SCHEMA:
         raise BaseFileError(path, f"its schema is {header['schema']!r}, and this build reads {SCHEMA!r}")
     if header["alignment"] != ALIGNMENT:
@@ -638,15 +671,24 @@ def _parse_entry(path: Path, index: int, item: Any) -> TensorEntry:
         raise BaseFileError(path, f"tensor entry {index} has no name")
     shape = item["shape"]
     if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_int(d) for d in shape):
-        raise BaseFileError(path, f"{label} has shape {shape!r}; expected a list of at most {MAX_NDIM} non-negative integers")
+        raise BaseFileError(
+            path, f"{label} has shape {shape!r}; expected a list of at most {MAX_NDIM} non-negative integers"
+        )
     for key in ("offset", "length") + (("group_size", "scale_offset", "bias_offset") if dtype in QUANT_BITS else ()):
         if not _is_int(item[key]):
             raise BaseFileError(path, f"{label} has {key} {item[key]!r}; expected a non-negative integer")
     checksum = item["checksum_xxh64"]
     if not isinstance(checksum, str) or len(checksum) != 16 or any(c not in "0123456789abcdef" for c in checksum):
         raise BaseFileError(path, f"{label} has checksum_xxh64 {checksum!r}; expected 16 lowercase hex digits")
-    entry = TensorEntry(name, dtype, tuple(shape), item["offset"], item["length"], checksum,
-                        *(item.get(k) for k in ("group_size", "scale_dtype", "scale_offset", "bias_offset")))
+    entry = TensorEntry(
+        name,
+        dtype,
+        tuple(shape),
+        item["offset"],
+        item["length"],
+        checksum,
+        *(item.get(k) for k in ("group_size", "scale_dtype", "scale_offset", "bias_offset")),
+    )
     _check_sizes(path, label, entry)
     return entry
 
@@ -658,13 +700,22 @@ def _check_sizes(path: Path, label: str, entry: TensorEntry) -> None:
         if entry.group_size not in GROUP_SIZES:
             raise BaseFileError(path, f"{label} has group_size {entry.group_size}; expected 32, 64 or 128")
         if entry.shape[1] % entry.group_size:
-            raise BaseFileError(path, f"{label} has {entry.shape[1]} input features, not a multiple of its group size {entry.group_size}")
+            raise BaseFileError(
+                path,
+                f"{label} has {entry.shape[1]} input features, not a multiple of its group size {entry.group_size}",
+            )
         if entry.scale_dtype not in FLOAT_DTYPES:
             raise BaseFileError(path, f"{label} has scale_dtype {entry.scale_dtype!r}; expected f32, f16 or bf16")
     data_len, scales_len = region_sizes(entry.dtype, entry.shape, entry.group_size, entry.scale_dtype)
     if entry.length != data_len + 2 * scales_len:
-        raise BaseFileError(path, f"{label} has length {entry.length}, but {entry.dtype} {list(entry.shape)} takes {data_len + 2 * scales_len} bytes")
-    if entry.bits is not None and (entry.scale_offset, entry.bias_offset) != (entry.offset + data_len, entry.offset + data_len + scales_len):
+        raise BaseFileError(
+            path,
+            f"{label} has length {entry.length}, but {entry.dtype} {list(entry.shape)} takes {data_len + 2 * scales_len} bytes",
+        )
+    if entry.bits is not None and (entry.scale_offset, entry.bias_offset) != (
+        entry.offset + data_len,
+        entry.offset + data_len + scales_len,
+    ):
         raise BaseFileError(
             path,
             f"{label} has scale_offset {entry.scale_offset} and bias_offset {entry.bias_offset}, "
@@ -678,9 +729,14 @@ def _check_layout(path: Path, tensors: dict[str, TensorEntry], blob_len: int) ->
     for entry in sorted(tensors.values(), key=lambda e: (e.offset, e.length)):
         alignment = region_alignment(entry.dtype, entry.shape)
         if entry.offset % alignment:
-            raise BaseFileError(path, f"tensor {entry.name!r} starts at blob offset {entry.offset}, not a multiple of {alignment}")
+            raise BaseFileError(
+                path, f"tensor {entry.name!r} starts at blob offset {entry.offset}, not a multiple of {alignment}"
+            )
         if entry.offset + entry.length > blob_len:
-            raise BaseFileError(path, f"tensor {entry.name!r} ends at blob offset {entry.offset + entry.length}, past the blob end {blob_len}")
+            raise BaseFileError(
+                path,
+                f"tensor {entry.name!r} ends at blob offset {entry.offset + entry.length}, past the blob end {blob_len}",
+            )
         if previous is not None and entry.offset < previous.offset + previous.length:
             raise BaseFileError(path, f"tensors {previous.name!r} and {entry.name!r} overlap in the blob")
         previous = entry

@@ -24,7 +24,15 @@ import numpy as np
 
 from baselm.store.base_file import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
-from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, GROUP_SIZE, check_readable, dequantize_k, exact_record, float_record
+from baselm.store.gguf_quants import (
+    EXACT_TYPES,
+    FLOAT_TYPES,
+    GROUP_SIZE,
+    check_readable,
+    dequantize_k,
+    exact_record,
+    float_record,
+)
 
 GGUF_GROUP_SIZE = GROUP_SIZE
 # Kept under its GGUF name: it has no HF counterpart (HF configs describe llama 3 scaling in rope_scaling).
@@ -111,7 +119,9 @@ class GGUFFile:
         for info in self.tensors.values():
             check_readable(info.type_name, info.name, self.path.name)
             if info.type_name in EXACT_TYPES and len(info.shape) != 2:
-                raise UnsupportedModelError(f"{self.path.name}: tensor {info.name!r} is a {len(info.shape)}-D {info.type_name} tensor; base reads quantized tensors only as 2-D matrices")
+                raise UnsupportedModelError(
+                    f"{self.path.name}: tensor {info.name!r} is a {len(info.shape)}-D {info.type_name} tensor; base reads quantized tensors only as 2-D matrices"
+                )
 
     def read(self, info: TensorInfo) -> TensorRecord | np.ndarray:
         """A float or exactly-kept quantized tensor as a record; a K-quant as dequantized float32 values."""
@@ -148,8 +158,10 @@ class _Parser:
         if type(alignment) is not int or alignment <= 0:
             raise ValueError(f"general.alignment is {alignment!r}, not a positive integer")
         start = -(-self.pos // alignment) * alignment
-        tensors = {name: TensorInfo(name, type_name, shape, start + offset, num_bytes)
-                   for name, type_name, shape, offset, num_bytes in infos}
+        tensors = {
+            name: TensorInfo(name, type_name, shape, start + offset, num_bytes)
+            for name, type_name, shape, offset, num_bytes in infos
+        }
         if len(tensors) != len(infos):
             raise ValueError("a tensor name appears twice")
         return metadata, tensors
@@ -210,7 +222,9 @@ class _Parser:
             raise ValueError(f"tensor {name!r} has unknown type id {type_id}") from None
         block_size, type_size = GGML_QUANT_SIZES[kind]
         if dims and dims[0] % block_size:
-            raise ValueError(f"tensor {name!r} has {dims[0]} values per row, not a multiple of {kind.name}'s block of {block_size}")
+            raise ValueError(
+                f"tensor {name!r} has {dims[0]} values per row, not a multiple of {kind.name}'s block of {block_size}"
+            )
         num_bytes = int(np.prod(dims, dtype=np.int64)) // block_size * type_size
         return name, kind.name, tuple(reversed(dims)), offset, num_bytes
 

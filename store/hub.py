@@ -210,7 +210,9 @@ class HubClient:
                 progress.finish()
         if not _matches(part, file):
             part.unlink()
-            raise HubError(f"{file.path} from {snapshot.repo} does not match the hash the hub lists; it was removed, pull again")
+            raise HubError(
+                f"{file.path} from {snapshot.repo} does not match the hash the hub lists; it was removed, pull again"
+            )
         os.replace(part, target)
         return target
 

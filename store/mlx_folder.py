@@ -40,7 +40,9 @@ def check_quantization(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     quant = config["quantization"]
     mode = quant.get("mode", "affine")
     if mode != "affine":
-        raise UnsupportedModelError(f"{folder}: its weights are MLX {mode!r} quantized; base carries over only affine MLX quantization")
+        raise UnsupportedModelError(
+            f"{folder}: its weights are MLX {mode!r} quantized; base carries over only affine MLX quantization"
+        )
     for key in ("group_size", "bits"):
         if type(quant.get(key)) is not int:
             raise ModelFileError(f"{folder}: config.json's quantization block has no integer {key!r}")
@@ -81,7 +83,9 @@ def _layer_params(quant: dict[str, Any], prefix: str, hf_prefix: str) -> dict[st
     return {"group_size": int(own.get("group_size", quant["group_size"])), "bits": int(own.get("bits", quant["bits"]))}
 
 
-def _triplet_record(folder: Path, weights: dict[str, mx.array], prefix: str, params: dict[str, int] | None) -> TensorRecord:
+def _triplet_record(
+    folder: Path, weights: dict[str, mx.array], prefix: str, params: dict[str, int] | None
+) -> TensorRecord:
     if params is None:
         raise ModelFileError(f"{folder}: {prefix} has quantization scales, but config.json says it is not quantized")
     parts = [weights.get(f"{prefix}.{k}") for k in ("weight", "scales", "biases")]
@@ -89,14 +93,18 @@ def _triplet_record(folder: Path, weights: dict[str, mx.array], prefix: str, par
         raise UnsupportedModelError(f"{folder}: {prefix} has no biases; base carries over only affine MLX quantization")
     group_size, bits = params["group_size"], params["bits"]
     if group_size not in GROUP_SIZES:
-        raise UnsupportedModelError(f"{folder}: {prefix} has groups of {group_size}; .base files hold groups of 32, 64 or 128")
+        raise UnsupportedModelError(
+            f"{folder}: {prefix} has groups of {group_size}; .base files hold groups of 32, 64 or 128"
+        )
     try:
         record = TensorRecord.from_triplet(*parts, group_size=group_size)
     except ValueError:
         record = None
     if record is None or record.bits != bits:
         shapes = ", ".join(str(tuple(p.shape)) for p in parts)
-        raise ModelFileError(f"{folder}: {prefix}'s codes, scales and biases {shapes} are not {bits}-bit groups of {group_size} as config.json says")
+        raise ModelFileError(
+            f"{folder}: {prefix}'s codes, scales and biases {shapes} are not {bits}-bit groups of {group_size} as config.json says"
+        )
     return record
 
 

@@ -107,7 +107,9 @@ def pull(
         store.check_free_space(2 * selection.num_bytes)  # the download, and at most as much again for the .base
         source_path = _download(client, snapshot, selection, downloads / snapshot.commit, supported, progress)
         source = _source_info(snapshot, selection)
-        converted = convert(source_path, pending.temp_path, plan.quant, plan.group_size, plan.profile, source, supported)
+        converted = convert(
+            source_path, pending.temp_path, plan.quant, plan.group_size, plan.profile, source, supported
+        )
         stored = pending.commit(arch=converted.arch, params=converted.params, quant=converted.quant, source=source)
         if not keep_download:
             shutil.rmtree(downloads, ignore_errors=True)
@@ -120,8 +122,9 @@ def wait_note(name: str) -> None:
     print(f"waiting for another pull of {name} to finish", file=sys.stderr, flush=True)
 
 
-def plan_variant(selection: Selection, tag: str | None, quant: str | None, profile: str | None,
-                 group_size: int | None) -> Plan:
+def plan_variant(
+    selection: Selection, tag: str | None, quant: str | None, profile: str | None, group_size: int | None
+) -> Plan:
     """The variant name and quantization a tag and options ask for."""
     from baselm.store.quantize import BUILTIN_PROFILES, SCHEMES
 
@@ -168,8 +171,14 @@ def _parse_tag(tag: str | None, profiles: Iterable[str], schemes: Iterable[str])
 # Download
 
 
-def _download(client: HubClient, snapshot: RepoSnapshot, selection: Selection, folder: Path,
-              supported: Iterable[str] | None, progress: Progress) -> Path:
+def _download(
+    client: HubClient,
+    snapshot: RepoSnapshot,
+    selection: Selection,
+    folder: Path,
+    supported: Iterable[str] | None,
+    progress: Progress,
+) -> Path:
     """Fetches the selection into `folder`; returns the folder (safetensors) or the .gguf file."""
     if selection.kind == "gguf":
         return client.download(snapshot, selection.files[0], folder, progress)
@@ -282,8 +291,9 @@ def _profile(name: str, quant: str, group_size: int | None) -> Any:
         return profile
     if group_size not in (32, 64, 128):
         raise ProfileError(f"group size {group_size} must be 32, 64 or 128")
-    rules = tuple(Rule(r.pattern, r.scheme, r.group_size or group_size, r.is_regex) if _quantizes(r) else r
-                  for r in profile.rules)
+    rules = tuple(
+        Rule(r.pattern, r.scheme, r.group_size or group_size, r.is_regex) if _quantizes(r) else r for r in profile.rules
+    )
     return QuantProfile(f"{profile.name}-g{group_size}", rules)
 
 
@@ -316,7 +326,9 @@ def _hf_source(folder: Path, quant: str, group_size: int | None, profile_name: s
     config = hf.read_config(folder)
     method = (config.get("quantization_config") or {}).get("quant_method")
     if method:
-        raise UnsupportedModelError(f"{folder}: its weights are {method}-quantized, which base cannot read; use the unquantized model")
+        raise UnsupportedModelError(
+            f"{folder}: its weights are {method}-quantized, which base cannot read; use the unquantized model"
+        )
     weights = hf.read_weights(folder)
     profile = _profile(profile_name, quant, group_size)
     tensors = quantize_tensors(((n, weights[n]) for n in sorted(weights)), profile)
@@ -360,8 +372,13 @@ def _record_values(record: Any) -> Any:
     biases = mx.array(record.biases)
     if record.scale_dtype == "bf16":
         scales, biases = scales.view(mx.bfloat16), biases.view(mx.bfloat16)
-    return mx.dequantize(mx.array(record.codes), scales.astype(mx.float32), biases.astype(mx.float32),
-                         group_size=record.group_size, bits=record.bits)  # (out, in) float32
+    return mx.dequantize(
+        mx.array(record.codes),
+        scales.astype(mx.float32),
+        biases.astype(mx.float32),
+        group_size=record.group_size,
+        bits=record.bits,
+    )  # (out, in) float32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,9 +386,21 @@ def _record_values(record: Any) -> Any:
 
 
 # The .base scheme a GGUF tensor type is kept as (K-quants: re-quantized at that width).
-_GGUF_SCHEMES = {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q5", "Q5_1": "q5", "Q8_0": "q8",
-                 "Q2_K": "q2", "Q3_K": "q3", "Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6",
-                 "F16": "f16", "BF16": "bf16", "F32": "f32"}
+_GGUF_SCHEMES = {
+    "Q4_0": "q4",
+    "Q4_1": "q4",
+    "Q5_0": "q5",
+    "Q5_1": "q5",
+    "Q8_0": "q8",
+    "Q2_K": "q2",
+    "Q3_K": "q3",
+    "Q4_K": "q4",
+    "Q5_K": "q5",
+    "Q6_K": "q6",
+    "F16": "f16",
+    "BF16": "bf16",
+    "F32": "f32",
+}
 
 
 def gguf_body_type(gguf_file: Any) -> str:
@@ -402,7 +431,13 @@ def _gguf_source(path: Path, quant: str | None, group_size: int | None, profile_
     body = gguf_body_type(gguf_file)
     if quant is None:
         tag = gguf_tag(path.name).upper() or body
-        return config["model_type"], config, tokenizer, _kept_gguf(path.name, gguf_file, records), (_GGUF_SCHEMES[body], f"gguf-{tag}")
+        return (
+            config["model_type"],
+            config,
+            tokenizer,
+            _kept_gguf(path.name, gguf_file, records),
+            (_GGUF_SCHEMES[body], f"gguf-{tag}"),
+        )
     is_quantized = any(info.type_name not in ("F32", "F16", "BF16") for info in gguf_file.tensors.values())
     if is_quantized and quant not in ("f32", "f16", "bf16"):
         requantize_note(path.name, body, quant)
@@ -422,7 +457,11 @@ def _kept_gguf(label: str, gguf_file: Any, records: Iterator[tuple[str, str, Any
     k_types = sorted({i.type_name for i in gguf_file.tensors.values() if i.type_name in K_TYPES})
     if k_types:
         widths = ", ".join(f"{t} -> {K_TYPES[t]}" for t in k_types)
-        log.warning("%s: K-quant tensors have no exact .base form; requantizing them (%s) compounds the two rounding errors", label, widths)
+        log.warning(
+            "%s: K-quant tensors have no exact .base form; requantizing them (%s) compounds the two rounding errors",
+            label,
+            widths,
+        )
     for name, type_name, value in records:
         if type_name in K_TYPES:
             scheme = K_TYPES[type_name]
@@ -523,11 +562,15 @@ def import_local(
         if existing and not force:
             if existing.source.get("sha256") == digest:
                 return existing
-            raise StoreError(f"{existing.ref} is already stored from {existing.source.get('path') or 'another source'}; pass --force to replace it")
+            raise StoreError(
+                f"{existing.ref} is already stored from {existing.source.get('path') or 'another source'}; pass --force to replace it"
+            )
         store.check_free_space(_num_bytes(local.path))
         if local.format == "base":
             return _import_base(local.path, pending, source, supported)
-        converted = convert(local.path, pending.temp_path, quant, group_size, profile or DEFAULT_PROFILE, source, supported)
+        converted = convert(
+            local.path, pending.temp_path, quant, group_size, profile or DEFAULT_PROFILE, source, supported
+        )
         return pending.commit(arch=converted.arch, params=converted.params, quant=converted.quant, source=source)
 
 
@@ -549,7 +592,9 @@ def inspect_local(path: Path) -> LocalSource:
         tag = gguf_tag(path.name)
         stem = path.name.removesuffix(".gguf")
         stem = stem[: -len(tag) - 1] if tag else stem
-        return LocalSource(path, "gguf", _gguf_name(stem, gguf_file.metadata), (tag or gguf_body_type(gguf_file)).lower())
+        return LocalSource(
+            path, "gguf", _gguf_name(stem, gguf_file.metadata), (tag or gguf_body_type(gguf_file)).lower()
+        )
     if path.suffix == ".base":
         from baselm.store.base_file import BaseFile
 
@@ -561,7 +606,12 @@ def inspect_local(path: Path) -> LocalSource:
 def _gguf_name(stem: str, metadata: dict[str, Any]) -> str:
     """The file's name without its quant tag; the metadata's names when the file name says nothing."""
     parts = [metadata.get("general.basename"), metadata.get("general.size_label")]
-    candidates = [stem, "-".join(str(p) for p in parts if p) if parts[0] else "", metadata.get("general.name") or "", "model"]
+    candidates = [
+        stem,
+        "-".join(str(p) for p in parts if p) if parts[0] else "",
+        metadata.get("general.name") or "",
+        "model",
+    ]
     return next(n for n in (_clean_name(str(c)) for c in candidates) if n)
 
 
@@ -583,10 +633,14 @@ def _local_name(name: str | None, default: str) -> str:
 
 def _local_variant(local: LocalSource, quant: str | None, profile: str | None, group_size: int | None) -> str:
     if local.format == "base" and (quant or profile or group_size):
-        raise StoreError(f"{local.path.name}: a .base file is stored as it is; --quant, --profile and --group-size do not apply")
+        raise StoreError(
+            f"{local.path.name}: a .base file is stored as it is; --quant, --profile and --group-size do not apply"
+        )
     if quant is None and local.own_variant is not None:
         if profile or group_size:
-            raise StoreError(f"{local.path.name} is already quantized; --profile and --group-size apply only with --quant (which requantizes it)")
+            raise StoreError(
+                f"{local.path.name} is already quantized; --profile and --group-size apply only with --quant (which requantizes it)"
+            )
         return local.own_variant
     return _variant_name(profile or DEFAULT_PROFILE, quant or DEFAULT_QUANT, group_size)
 

@@ -203,12 +203,26 @@ class QuantProfile:
         if not scheme.is_quantized:
             return Decision(name, scheme.dtype, None, f"rule {rule.pattern!r} stores it as {scheme.name}")
         if len(shape) != 2 or not name.endswith(".weight"):
-            return Decision(name, source_dtype, None, f"rule {rule.pattern!r} asks {scheme.name}, but only 2-D .weight tensors are quantized; kept float")
+            return Decision(
+                name,
+                source_dtype,
+                None,
+                f"rule {rule.pattern!r} asks {scheme.name}, but only 2-D .weight tensors are quantized; kept float",
+            )
         # A rule's own group size is a demand; the scheme's default may step down to one that divides.
-        sizes = [rule.group_size] if rule.group_size else [g for g in sorted(GROUP_SIZES, reverse=True) if g <= scheme.group_size]
+        sizes = (
+            [rule.group_size]
+            if rule.group_size
+            else [g for g in sorted(GROUP_SIZES, reverse=True) if g <= scheme.group_size]
+        )
         group_size = next((g for g in sizes if shape[1] % g == 0), None)
         if group_size is None:
-            return Decision(name, source_dtype, None, f"rule {rule.pattern!r} asks {scheme.name}, but input dim {shape[1]} is not a multiple of group size {sizes[-1]}; kept float")
+            return Decision(
+                name,
+                source_dtype,
+                None,
+                f"rule {rule.pattern!r} asks {scheme.name}, but input dim {shape[1]} is not a multiple of group size {sizes[-1]}; kept float",
+            )
         return Decision(name, scheme.dtype, group_size, f"rule {rule.pattern!r}: {scheme.name}, group {group_size}")
 
     def to_json(self) -> dict[str, Any]:
@@ -232,7 +246,9 @@ def builtin_profile(name: str, scheme: str) -> QuantProfile:
     if scheme not in SCHEMES:
         raise ProfileError(f"unknown quantization scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     if name not in BUILTIN_PROFILES:
-        raise ProfileError(f"unknown profile {name!r}; built-in profiles are {', '.join(BUILTIN_PROFILES)}, or give a JSON file")
+        raise ProfileError(
+            f"unknown profile {name!r}; built-in profiles are {', '.join(BUILTIN_PROFILES)}, or give a JSON file"
+        )
     bits = SCHEMES[scheme].bits
     if bits is None:
         if name == "mixed":
@@ -337,8 +353,13 @@ def widen(record: TensorRecord, bits: int, group_size: int) -> TensorRecord | No
         scales = divided.view(scales.dtype)
     codes = pack_codes(unpack_codes(record.codes, record.bits).astype(np.uint32) << np.uint32(shift), bits)
     return TensorRecord(
-        dtype=f"base_q{bits}", shape=record.shape, codes=codes, scales=np.ascontiguousarray(scales),
-        biases=record.biases, group_size=group_size, scale_dtype=record.scale_dtype,
+        dtype=f"base_q{bits}",
+        shape=record.shape,
+        codes=codes,
+        scales=np.ascontiguousarray(scales),
+        biases=record.biases,
+        group_size=group_size,
+        scale_dtype=record.scale_dtype,
     )
 
 

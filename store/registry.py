@@ -259,9 +259,7 @@ class Store:
             lock_file.close()  # closing releases the flock
 
     @contextmanager
-    def begin_write(
-        self, name: str, variant: str, on_wait: Callable[[], None] | None = None
-    ) -> Iterator[PendingWrite]:
+    def begin_write(self, name: str, variant: str, on_wait: Callable[[], None] | None = None) -> Iterator[PendingWrite]:
         """Writes one variant under the model's lock; nothing is published unless `commit` is called.
 
         On leaving, an uncommitted temp file is removed; a full disk becomes a NoSpaceError.
@@ -280,7 +278,9 @@ class Store:
             finally:
                 temp.unlink(missing_ok=True)
 
-    def add(self, name: str, variant: str, file: Path, *, arch: str, params: int, quant: str, source: dict[str, Any]) -> StoredModel:
+    def add(
+        self, name: str, variant: str, file: Path, *, arch: str, params: int, quant: str, source: dict[str, Any]
+    ) -> StoredModel:
         """Copies a finished `.base` file into the store as `name:variant`."""
         with self.begin_write(name, variant) as pending:
             shutil.copyfile(file, pending.temp_path)
@@ -320,6 +320,7 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
         return None  # absent, or damaged by something other than our atomic writes: not listed
     ok = isinstance(manifest, dict) and isinstance(manifest.get("variants"), dict) and "name" in manifest
     return manifest if ok else None
+
 
 def _entry_model(name: str, variant: str, folder: Path, entry: dict[str, Any]) -> StoredModel | None:
     path = folder / f"{variant}.base"

@@ -130,6 +130,7 @@ def test_next_prompt_starts_with_the_previous_prompt_and_the_generated_ids(token
     conversation = Conversation(tokenizer, system="Be brief.")
     first = conversation.next_prompt("Hi")
     assert first.token_ids == tokenizer.encode_chat(conversation.messages + [{"role": "user", "content": "Hi"}])
+
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
 

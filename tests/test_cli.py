@@ -45,8 +45,9 @@ def test_doctor_json_reports_the_backend_and_blas():
 
 
 def test_run_json_returns_text_ids_logprobs_usage_and_timings(model_folder):
-    result = base("run", str(model_folder), "Hello there", "--json", "--max-tokens", "5", "--logprobs", "2",
-                  "--device", "cpu")
+    result = base(
+        "run", str(model_folder), "Hello there", "--json", "--max-tokens", "5", "--logprobs", "2", "--device", "cpu"
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert len(out["token_ids"]) == len(out["logprobs"]) <= 5

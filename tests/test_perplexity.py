@@ -46,9 +46,9 @@ def test_one_window_gives_exp_of_the_full_forward_mean_nll():
 
 def test_each_window_scores_its_targets_as_a_forward_over_the_window():
     nlls, windows = token_nlls(tiny_loaded().model, TOKEN_IDS, context=16, stride=6)
-    expected = np.concatenate([
-        full_forward_nlls(TOKEN_IDS[w.start : w.end])[w.first_target - w.start - 1 :] for w in windows
-    ])
+    expected = np.concatenate(
+        [full_forward_nlls(TOKEN_IDS[w.start : w.end])[w.first_target - w.start - 1 :] for w in windows]
+    )
     assert nlls.shape == (39,)
     np.testing.assert_allclose(nlls, expected, atol=TOL)
 

@@ -17,7 +17,9 @@ class LayerKV:
 
     __slots__ = ("keys", "values")
 
-    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, kv_bits: int):
+    def __init__(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, kv_bits: int
+    ):
         self.keys = allocate_pool(num_blocks, block_size, num_kv_heads, head_dim, dtype, kv_bits)
         self.values = allocate_pool(num_blocks, block_size, num_kv_heads, head_dim, dtype, kv_bits)
 

@@ -106,16 +106,25 @@ def test_logprobs_give_the_chosen_token_and_sorted_alternatives(server):
         assert entry.logprob == entry.top_logprobs[0].logprob  # greedy picks the best
         assert entry.logprob <= 0.0
         assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
-    streamed = [e for chunk in _chat(server, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3, stream=True)
-                for c in chunk.choices if c.logprobs for e in c.logprobs.content]
+    streamed = [
+        e
+        for chunk in _chat(server, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3, stream=True)
+        for c in chunk.choices
+        if c.logprobs
+        for e in c.logprobs.content
+    ]
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
 
 
 def test_max_completion_tokens_and_min_tokens_with_ignore_eos(server):
     response = _chat(server, max_completion_tokens=7, temperature=0)
     assert response.usage.completion_tokens == 7
-    forced = _chat(server, max_tokens=9, temperature=0, extra_body={"min_tokens": 9, "ignore_eos": True, "top_k": 5,
-                                                                       "min_p": 0.01, "repetition_penalty": 1.1})
+    forced = _chat(
+        server,
+        max_tokens=9,
+        temperature=0,
+        extra_body={"min_tokens": 9, "ignore_eos": True, "top_k": 5, "min_p": 0.01, "repetition_penalty": 1.1},
+    )
     assert forced.usage.completion_tokens == 9 and forced.choices[0].finish_reason == "length"
 
 
@@ -135,14 +144,28 @@ def test_content_parts_system_developer_and_tool_history(server):
     messages = [
         {"role": "developer", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Weather?"}, {"type": "text", "text": "In Paris."}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     response = _chat(server, messages=messages, max_tokens=3, temperature=0, user="someone")
-    text = server.http().post("/detokenize", json={"tokens": server.http().post(
-        "/tokenize", json={"messages": messages}).json()["tokens"]}).json()["prompt"]
+    text = (
+        server.http()
+        .post(
+            "/detokenize",
+            json={"tokens": server.http().post("/tokenize", json={"messages": messages}).json()["tokens"]},
+        )
+        .json()["prompt"]
+    )
     assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWeather?In Paris.<|im_end|>")
     assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in text
     assert "<|im_start|>tool\nsunny<|im_end|>" in text

@@ -41,8 +41,11 @@ def test_echo_prepends_the_prompt(server):
     plain = _complete(server, prompt="Echo me", max_tokens=5, temperature=0).choices[0].text
     echoed = _complete(server, prompt="Echo me", max_tokens=5, temperature=0, echo=True).choices[0].text
     assert echoed == "Echo me" + plain
-    streamed = "".join(c.choices[0].text for c in _complete(
-        server, prompt="Echo me", max_tokens=5, temperature=0, echo=True, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in _complete(server, prompt="Echo me", max_tokens=5, temperature=0, echo=True, stream=True)
+        if c.choices
+    )
     assert streamed == echoed
 
 
@@ -61,8 +64,16 @@ def test_stream_matches_whole_with_usage_chunk(server):
     whole = _complete(server, prompt=["a b c", "d e f"], max_tokens=7, temperature=0)
     texts: dict[int, str] = {}
     reasons: dict[int, str] = {}
-    chunks = list(_complete(server, prompt=["a b c", "d e f"], max_tokens=7, temperature=0, stream=True,
-                            stream_options={"include_usage": True}))
+    chunks = list(
+        _complete(
+            server,
+            prompt=["a b c", "d e f"],
+            max_tokens=7,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     for chunk in chunks:
         for c in chunk.choices:
             texts[c.index] = texts.get(c.index, "") + c.text

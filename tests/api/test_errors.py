@@ -37,12 +37,17 @@ def assert_serving(server) -> None:
 
 def test_bad_field_is_400_naming_it(server):
     http = server.http()
-    error = assert_error(http.post(CHAT, json={"model": MODEL, "messages": HELLO, "temperature": "hot"}), 400, "temperature")
+    error = assert_error(
+        http.post(CHAT, json={"model": MODEL, "messages": HELLO, "temperature": "hot"}), 400, "temperature"
+    )
     assert error["type"] == "invalid_request_error"
     assert_error(http.post(CHAT, json={"model": MODEL, "messages": HELLO, "top_p": 1.5}), 400, "top_p")
     assert_error(http.post(CHAT, json={"model": MODEL, "messages": HELLO, "n": 0}), 400, "n")
-    assert_error(http.post(CHAT, json={"model": MODEL, "messages": HELLO, "logprobs": True, "top_logprobs": 21}), 400,
-                 "top_logprobs")
+    assert_error(
+        http.post(CHAT, json={"model": MODEL, "messages": HELLO, "logprobs": True, "top_logprobs": 21}),
+        400,
+        "top_logprobs",
+    )
     assert_error(http.post(CHAT, json={"model": MODEL, "messages": []}), 400, "messages")
     assert_error(http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "suffix": "y"}), 400, "suffix")
     assert_serving(server)
@@ -50,10 +55,13 @@ def test_bad_field_is_400_naming_it(server):
 
 def test_unknown_fields_are_refused_by_name_but_user_is_accepted(server):
     http = server.http()
-    error = assert_error(http.post(CHAT, json={"model": MODEL, "messages": HELLO, "temprature": 0.5}), 400, "temprature")
+    error = assert_error(
+        http.post(CHAT, json={"model": MODEL, "messages": HELLO, "temprature": 0.5}), 400, "temprature"
+    )
     assert "'temprature'" in error["message"]
-    assert_error(http.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "x", "mood": 1}]}),
-                 400, "mood")
+    assert_error(
+        http.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "x", "mood": 1}]}), 400, "mood"
+    )
     ok = http.post(CHAT, json={"model": MODEL, "messages": HELLO, "max_tokens": 1, "user": "u-1"})
     assert ok.status_code == 200
 
@@ -63,19 +71,32 @@ def test_image_parts_and_unknown_roles_are_refused_clearly(server):
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]
     error = assert_error(http.post(CHAT, json={"model": MODEL, "messages": image}), 400, "messages[0].content[0].type")
     assert "text parts only" in error["message"]
-    assert_error(http.post(CHAT, json={"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}), 400,
-                 "messages[0].role")
+    assert_error(
+        http.post(CHAT, json={"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}), 400, "messages[0].role"
+    )
 
 
 def test_context_length_exceeded(server):
     http = server.http()
     long_prompt = "word " * 3000
-    assert_error(http.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": long_prompt}]}), 400,
-                 "messages", "context_length_exceeded")
-    assert_error(http.post("/v1/completions", json={"model": MODEL, "prompt": long_prompt}), 400,
-                 "prompt", "context_length_exceeded")
-    assert_error(http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 5000}), 400,
-                 "max_tokens", "context_length_exceeded")
+    assert_error(
+        http.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": long_prompt}]}),
+        400,
+        "messages",
+        "context_length_exceeded",
+    )
+    assert_error(
+        http.post("/v1/completions", json={"model": MODEL, "prompt": long_prompt}),
+        400,
+        "prompt",
+        "context_length_exceeded",
+    )
+    assert_error(
+        http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 5000}),
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    )
     with pytest.raises(openai.BadRequestError) as raised:
         server.openai().completions.create(model=MODEL, prompt=long_prompt)
     assert raised.value.code == "context_length_exceeded"
@@ -96,7 +117,9 @@ def test_unknown_model_and_route_are_404_and_wrong_method_405(server):
 
 def test_bad_json_and_empty_body_are_400(server):
     http = server.http()
-    assert_error(http.post(CHAT, content=b'{"model": "tiny", "messages": [', headers={"content-type": "application/json"}), 400)
+    assert_error(
+        http.post(CHAT, content=b'{"model": "tiny", "messages": [', headers={"content-type": "application/json"}), 400
+    )
     assert_error(http.post(CHAT, content=b""), 400)
     assert_error(http.post(CHAT, content=b"[1, 2]"), 400)
     assert_error(http.post(CHAT, content=b"\xff\xfe garbage"), 400)
@@ -139,8 +162,11 @@ def test_full_queue_is_429_and_clears(make_server_with):
     running = client.chat.completions.create(**long)
     next(iter(running))
     waiting_result: list = []
-    waiter = threading.Thread(target=lambda: waiting_result.append(list(client.chat.completions.create(
-        model=MODEL, messages=HELLO, max_tokens=2, stream=True))))
+    waiter = threading.Thread(
+        target=lambda: waiting_result.append(
+            list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2, stream=True))
+        )
+    )
     waiter.start()
     deadline = time.monotonic() + 20
     while server.metrics()["base_num_requests_waiting"] < 1 and time.monotonic() < deadline:

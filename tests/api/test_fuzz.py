@@ -37,23 +37,47 @@ BAD_VALUES = {
     "no_such_field": [1, "x", None, {}],
 }
 CHAT_BAD = {
-    "messages": [None, [], "hello", {}, [1], [{}], [{"role": "user"}], [{"role": "wizard", "content": "x"}],
-                 [{"role": "user", "content": 5}], [{"role": "user", "content": [{"type": "image_url"}]}],
-                 [{"role": "user", "content": [{"type": "text"}]}], [{"role": "user", "content": [5]}],
-                 [{"role": "tool", "content": "x"}], [{"role": "user", "content": "x", "extra": 1}],
-                 [{"role": "assistant", "tool_calls": [{"id": "1"}]}], [{"role": "user", "content": "x" * 20000}],
-                 [{"role": "user", "content": "a"}, {"role": "system", "content": "late system"}]],
+    "messages": [
+        None,
+        [],
+        "hello",
+        {},
+        [1],
+        [{}],
+        [{"role": "user"}],
+        [{"role": "wizard", "content": "x"}],
+        [{"role": "user", "content": 5}],
+        [{"role": "user", "content": [{"type": "image_url"}]}],
+        [{"role": "user", "content": [{"type": "text"}]}],
+        [{"role": "user", "content": [5]}],
+        [{"role": "tool", "content": "x"}],
+        [{"role": "user", "content": "x", "extra": 1}],
+        [{"role": "assistant", "tool_calls": [{"id": "1"}]}],
+        [{"role": "user", "content": "x" * 20000}],
+        [{"role": "user", "content": "a"}, {"role": "system", "content": "late system"}],
+    ],
     "logprobs": ["yes", 1],
     "top_logprobs": [-1, 21, "3", 5],
-    "response_format": ["json", {}, {"type": "xml"}, {"type": "json_schema"},
-                        {"type": "json_schema", "json_schema": {"schema": {}}},
-                        {"type": "json_schema", "json_schema": {"name": "x", "schema": "nope"}},
-                        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
-                        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nowhere"}}},
-                        {"type": "json_object", "extra": 1}],
-    "tools": ["x", [1], [{"type": "retrieval"}], [{"type": "function"}], [{"type": "function", "function": {}}],
-              [{"type": "function", "function": {"name": "bad name!"}}],
-              [{"type": "function", "function": {"name": "f", "parameters": "x"}}]],
+    "response_format": [
+        "json",
+        {},
+        {"type": "xml"},
+        {"type": "json_schema"},
+        {"type": "json_schema", "json_schema": {"schema": {}}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": "nope"}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nowhere"}}},
+        {"type": "json_object", "extra": 1},
+    ],
+    "tools": [
+        "x",
+        [1],
+        [{"type": "retrieval"}],
+        [{"type": "function"}],
+        [{"type": "function", "function": {}}],
+        [{"type": "function", "function": {"name": "bad name!"}}],
+        [{"type": "function", "function": {"name": "f", "parameters": "x"}}],
+    ],
     "tool_choice": ["always", 5, {"type": "function"}, {"type": "function", "function": {"name": "missing"}}],
     "echo": [True],
     "min_tokens": [-1, "x", 3, 1],  # 1: with a grammar (see _cases)
@@ -66,17 +90,34 @@ COMPLETION_BAD = {
     "best_of": [3, 0, "x"],
     "messages": [[{"role": "user", "content": "x"}]],
 }
-BAD_JSON = [b"", b"   ", b"{", b"}", b"[]", b"null", b"42", b'"text"', b"{'model': 'tiny'}", b'{"model": tiny}',
-            b"\x00\x01\x02", b"\xff\xfe\xfd", b'{"model": "tiny",}', b"[" * 5000 + b"]" * 5000,
-            b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]', b"NaN"]
+BAD_JSON = [
+    b"",
+    b"   ",
+    b"{",
+    b"}",
+    b"[]",
+    b"null",
+    b"42",
+    b'"text"',
+    b"{'model': 'tiny'}",
+    b'{"model": tiny}',
+    b"\x00\x01\x02",
+    b"\xff\xfe\xfd",
+    b'{"model": "tiny",}',
+    b"[" * 5000 + b"]" * 5000,
+    b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]',
+    b"NaN",
+]
 
 _VALID_BY_CHANCE = {("stop", '"text"'), ("stop", "[]"), ("prompt", '"text"')}
 
 
 def _cases(rng: random.Random) -> list[tuple[str, bytes]]:
     cases: list[tuple[str, bytes]] = []
-    for path, good, fields in (("/v1/chat/completions", GOOD_CHAT, {**BAD_VALUES, **CHAT_BAD}),
-                               ("/v1/completions", GOOD_COMPLETION, {**BAD_VALUES, **COMPLETION_BAD})):
+    for path, good, fields in (
+        ("/v1/chat/completions", GOOD_CHAT, {**BAD_VALUES, **CHAT_BAD}),
+        ("/v1/completions", GOOD_COMPLETION, {**BAD_VALUES, **COMPLETION_BAD}),
+    ):
         for name, values in fields.items():
             for value in values:
                 if value is None and name not in ("model", "messages", "prompt", "no_such_field"):

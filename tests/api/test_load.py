@@ -17,8 +17,9 @@ def _prompt(i: int) -> list[dict]:
 
 async def _stream(client: openai.AsyncOpenAI, i: int) -> tuple[str, str]:
     text, reason = "", ""
-    stream = await client.chat.completions.create(model=MODEL, messages=_prompt(i), max_tokens=10 + i % 7,
-                                                  temperature=0, stream=True)
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=_prompt(i), max_tokens=10 + i % 7, temperature=0, stream=True
+    )
     async for chunk in stream:
         for choice in chunk.choices:
             text += choice.delta.content or ""

@@ -70,19 +70,27 @@ class ServeProcess:
 
 @pytest.mark.parametrize(("sig", "host"), [(signal.SIGTERM, "127.0.0.1"), (signal.SIGINT, "0.0.0.0")])
 def test_serve_answers_then_exits_0_on_a_signal_after_finishing_streams(model_folder, sig, host):
-    served = ServeProcess(model_folder, "--host", host, "--kv-memory", "4MiB", "--served-model-name", "tiny-chat",
-                          "--max-num-seqs", "4")
+    served = ServeProcess(
+        model_folder, "--host", host, "--kv-memory", "4MiB", "--served-model-name", "tiny-chat", "--max-num-seqs", "4"
+    )
     try:
         banner = "".join(served.lines)
         assert ("without an API key" in banner) == (host == "0.0.0.0")  # a loud warning off loopback
         assert f"http://127.0.0.1:{served.port}/v1" in banner
         assert f"curl http://127.0.0.1:{served.port}/v1/chat/completions" in banner and '"model": "tiny-chat"' in banner
         client = served.openai()
-        answer = client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hi"}],
-                                                max_tokens=3)
+        answer = client.chat.completions.create(
+            model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+        )
         assert answer.usage.completion_tokens == 3
-        stream = client.completions.create(model="tiny-chat", prompt="Count:", max_tokens=150, temperature=0,
-                                           stream=True, extra_body={"ignore_eos": True})
+        stream = client.completions.create(
+            model="tiny-chat",
+            prompt="Count:",
+            max_tokens=150,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         chunks = iter(stream)
         text = next(chunks).choices[0].text
         served.proc.send_signal(sig)
@@ -96,8 +104,12 @@ def test_serve_answers_then_exits_0_on_a_signal_after_finishing_streams(model_fo
 
 
 def test_serve_refuses_a_missing_model_with_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "baselm.cli", "serve", str(tmp_path / "nothing")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "baselm.cli", "serve", str(tmp_path / "nothing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("error:") and "nothing" in result.stderr and "Traceback" not in result.stderr
 
@@ -109,19 +121,35 @@ def test_smollm2_served_from_its_gguf_knows_the_capital_of_france(smollm2_gguf):
         client = served.openai()
         [model] = client.models.list().data
         answer = client.chat.completions.create(
-            model=model.id, messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=40, temperature=0,
+            model=model.id,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=40,
+            temperature=0,
         )
         assert "Paris" in answer.choices[0].message.content
-        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-            model=model.id, messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=40, temperature=0, stream=True) if c.choices)
+        streamed = "".join(
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(
+                model=model.id,
+                messages=[{"role": "user", "content": "What is the capital of France?"}],
+                max_tokens=40,
+                temperature=0,
+                stream=True,
+            )
+            if c.choices
+        )
         assert streamed == answer.choices[0].message.content
-        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
-                  "additionalProperties": False}
+        schema = {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+            "additionalProperties": False,
+        }
         structured = client.chat.completions.create(
-            model=model.id, messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
-            max_tokens=40, temperature=0,
+            model=model.id,
+            messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+            max_tokens=40,
+            temperature=0,
             response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}},
         )
         assert json.loads(structured.choices[0].message.content) == {"city": "Paris"}

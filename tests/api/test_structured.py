@@ -29,7 +29,10 @@ WEATHER = {
         "description": "Weather for a city.",
         "parameters": {
             "type": "object",
-            "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "properties": {
+                "city": {"enum": ["Paris", "Rome"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
             "required": ["city", "days"],
             "additionalProperties": False,
         },
@@ -39,8 +42,12 @@ TIME = {
     "type": "function",
     "function": {
         "name": "get_time",
-        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
-                       "additionalProperties": False},
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
     },
 }
 ASK = [{"role": "user", "content": "What's the weather in Paris for 3 days?"}]
@@ -95,16 +102,20 @@ def test_json_schema_output_validates_for_every_seed_and_copy(server):
 def test_json_schema_greedy_and_streamed_agree(server):
     whole = _chat(server, max_tokens=200, temperature=0, response_format=_person_format())
     validate(json.loads(whole.choices[0].message.content), PERSON)
-    streamed = "".join(c.choices[0].delta.content or "" for c in _chat(
-        server, max_tokens=200, temperature=0, response_format=_person_format(), stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in _chat(server, max_tokens=200, temperature=0, response_format=_person_format(), stream=True)
+        if c.choices
+    )
     assert streamed == whole.choices[0].message.content
 
 
 def test_json_object_parses_even_when_pushed_toward_closing_characters(server):
     tokenizer = server.engine.tokenizer
     bias = {str(tokenizer.token_to_id('"')): 8, str(tokenizer.token_to_id("}")): 8}
-    response = _chat(server, max_tokens=300, temperature=1.0, seed=11, n=4, logit_bias=bias,
-                     response_format={"type": "json_object"})
+    response = _chat(
+        server, max_tokens=300, temperature=1.0, seed=11, n=4, logit_bias=bias, response_format={"type": "json_object"}
+    )
     for choice in response.choices:
         assert choice.finish_reason == "stop"
         assert isinstance(json.loads(choice.message.content), dict)
@@ -112,16 +123,30 @@ def test_json_object_parses_even_when_pushed_toward_closing_characters(server):
 
 def test_invalid_schema_is_a_400_naming_response_format(server):
     http = server.http()
-    body = {"model": MODEL, "messages": ASK, "response_format": {
-        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": 7}}}}}}
+    body = {
+        "model": MODEL,
+        "messages": ASK,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": 7}}}},
+        },
+    }
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "response_format"
 
 
 def test_required_tool_call_follows_the_function_schema(server):
-    response = _chat(server, max_tokens=120, temperature=1.0, seed=3, n=3, tools=[WEATHER, TIME],
-                     tool_choice="required", parallel_tool_calls=False)
+    response = _chat(
+        server,
+        max_tokens=120,
+        temperature=1.0,
+        seed=3,
+        n=3,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
     for choice in response.choices:
         assert choice.finish_reason == "tool_calls"
         assert choice.message.content is None
@@ -132,14 +157,26 @@ def test_required_tool_call_follows_the_function_schema(server):
 
 
 def test_named_tool_choice_calls_that_tool(server):
-    response = _chat(server, max_tokens=120, temperature=1.0, seed=2, n=3, tools=[WEATHER, TIME],
-                     tool_choice={"type": "function", "function": {"name": "get_time"}})
+    response = _chat(
+        server,
+        max_tokens=120,
+        temperature=1.0,
+        seed=2,
+        n=3,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )
     assert [c.finish_reason for c in response.choices] == ["tool_calls"] * 3
     for choice in response.choices:
         [call] = choice.message.tool_calls  # one call, though parallel_tool_calls defaults to true
         assert call.function.name == "get_time"
-    response = _chat(server, max_tokens=120, temperature=0, tools=[WEATHER, TIME],
-                     tool_choice={"type": "function", "function": {"name": "get_time"}})
+    response = _chat(
+        server,
+        max_tokens=120,
+        temperature=0,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )
     [call] = response.choices[0].message.tool_calls
     assert call.function.name == "get_time"
     assert json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
@@ -223,19 +260,26 @@ def test_text_after_a_call_stays_content_but_whitespace_between_calls_does_not()
 
 
 def test_llama3_json_calls_and_plain_answers():
-    text = '{"name": "get_time", "parameters": {"zone": "UTC"}}; {"name": "get_weather", "parameters": {"city": "Rome"}}'
+    text = (
+        '{"name": "get_time", "parameters": {"zone": "UTC"}}; {"name": "get_weather", "parameters": {"city": "Rome"}}'
+    )
     assert _run(LLAMA3_JSON, [text[:10], text[10:]]) == (
-        "", [("get_time", '{"zone": "UTC"}'), ("get_weather", '{"city": "Rome"}')])
+        "",
+        [("get_time", '{"zone": "UTC"}'), ("get_weather", '{"city": "Rome"}')],
+    )
     assert _run(LLAMA3_JSON, ["  Hello", " world"]) == ("  Hello world", [])
     assert _run(LLAMA3_JSON, ['{"not": "a call"}']) == ('{"not": "a call"}', [])
 
 
-@pytest.mark.parametrize("text", [
-    'Sure <tool_call>{"name": "get_time", "arguments": {"zo',  # cut off mid-call
-    '<tool_call>{"name": "get_time", "arguments": [1]}</tool_call>',  # arguments not an object
-    '<tool_call>not json</tool_call>',
-    "a < b <tool_ca",  # a marker that never completes
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Sure <tool_call>{"name": "get_time", "arguments": {"zo',  # cut off mid-call
+        '<tool_call>{"name": "get_time", "arguments": [1]}</tool_call>',  # arguments not an object
+        "<tool_call>not json</tool_call>",
+        "a < b <tool_ca",  # a marker that never completes
+    ],
+)
 def test_broken_or_truncated_calls_stay_content(text):
     assert _run(HERMES, [text]) == (text, [])
 
@@ -291,7 +335,9 @@ def test_forced_call_grammars_parse_back_to_valid_calls(fmt):
     lltokenizer = grammar_tokenizer(tokenizer, tokenizer.vocab_size, [2])
     grammar = lark_grammar(forced_call_lark([WEATHER, TIME], fmt, None, parallel=True))
     for seed in range(4):
-        text = tokenizer.decode(_random_walk(GrammarProcessor(lltokenizer, grammar, [2]), tokenizer.vocab_size, seed, 2))
+        text = tokenizer.decode(
+            _random_walk(GrammarProcessor(lltokenizer, grammar, [2]), tokenizer.vocab_size, seed, 2)
+        )
         content, calls = _run(fmt, [text])
         assert content == "" and calls, text
         for name, arguments in calls:

@@ -197,8 +197,9 @@ def test_pipelined_decode_gives_the_same_tokens_as_step_by_step(make_engine):
         engine = make_engine(pipeline_decode=pipeline)
         results = engine.generate(prompts, params)
         assert all_free(engine)
-        runs[pipeline] = [(c.token_ids, c.finish_reason, [lp.token_id for lp in c.logprobs]) for r in results
-                          for c in r.completions]
+        runs[pipeline] = [
+            (c.token_ids, c.finish_reason, [lp.token_id for lp in c.logprobs]) for r in results for c in r.completions
+        ]
     assert runs[True] == runs[False]
 
 

@@ -25,27 +25,54 @@ CACHE_DIR = Path(tempfile.gettempdir()) / "baselm_metal_emu"
 
 # MLX's type names in generated signatures (get_type_string).
 TYPE_NAMES = {
-    mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t", mx.int32: "int32_t",
-    mx.uint32: "uint32_t", mx.int64: "int64_t", mx.uint16: "uint16_t", mx.uint8: "uint8_t",
-    mx.int8: "int8_t", mx.bool_: "bool",
+    mx.float32: "float",
+    mx.float16: "float16_t",
+    mx.bfloat16: "bfloat16_t",
+    mx.int32: "int32_t",
+    mx.uint32: "uint32_t",
+    mx.int64: "int64_t",
+    mx.uint16: "uint16_t",
+    mx.uint8: "uint8_t",
+    mx.int8: "int8_t",
+    mx.bool_: "bool",
 }
 # The thread attributes MLX declares when the body mentions them, in its order, with types.
 ATTRIBUTES = (
-    ("dispatch_quadgroups_per_threadgroup", "uint"), ("dispatch_simdgroups_per_threadgroup", "uint"),
-    ("dispatch_threads_per_threadgroup", "uint3"), ("grid_origin", "uint3"), ("grid_size", "uint3"),
-    ("quadgroup_index_in_threadgroup", "uint"), ("quadgroups_per_threadgroup", "uint"),
-    ("simdgroup_index_in_threadgroup", "uint"), ("simdgroups_per_threadgroup", "uint"),
-    ("thread_execution_width", "uint"), ("thread_index_in_quadgroup", "uint"),
-    ("thread_index_in_simdgroup", "uint"), ("thread_index_in_threadgroup", "uint"),
-    ("thread_position_in_grid", "uint3"), ("thread_position_in_threadgroup", "uint3"),
-    ("threadgroup_position_in_grid", "uint3"), ("threadgroups_per_grid", "uint3"),
-    ("threads_per_grid", "uint3"), ("threads_per_simdgroup", "uint"), ("threads_per_threadgroup", "uint3"),
+    ("dispatch_quadgroups_per_threadgroup", "uint"),
+    ("dispatch_simdgroups_per_threadgroup", "uint"),
+    ("dispatch_threads_per_threadgroup", "uint3"),
+    ("grid_origin", "uint3"),
+    ("grid_size", "uint3"),
+    ("quadgroup_index_in_threadgroup", "uint"),
+    ("quadgroups_per_threadgroup", "uint"),
+    ("simdgroup_index_in_threadgroup", "uint"),
+    ("simdgroups_per_threadgroup", "uint"),
+    ("thread_execution_width", "uint"),
+    ("thread_index_in_quadgroup", "uint"),
+    ("thread_index_in_simdgroup", "uint"),
+    ("thread_index_in_threadgroup", "uint"),
+    ("thread_position_in_grid", "uint3"),
+    ("thread_position_in_threadgroup", "uint3"),
+    ("threadgroup_position_in_grid", "uint3"),
+    ("threadgroups_per_grid", "uint3"),
+    ("threads_per_grid", "uint3"),
+    ("threads_per_simdgroup", "uint"),
+    ("threads_per_threadgroup", "uint3"),
 )
 EMULATED_ATTRIBUTES = {
-    "grid_size", "simdgroup_index_in_threadgroup", "simdgroups_per_threadgroup", "thread_execution_width",
-    "thread_index_in_simdgroup", "thread_index_in_threadgroup", "thread_position_in_grid",
-    "thread_position_in_threadgroup", "threadgroup_position_in_grid", "threadgroups_per_grid",
-    "threads_per_grid", "threads_per_simdgroup", "threads_per_threadgroup",
+    "grid_size",
+    "simdgroup_index_in_threadgroup",
+    "simdgroups_per_threadgroup",
+    "thread_execution_width",
+    "thread_index_in_simdgroup",
+    "thread_index_in_threadgroup",
+    "thread_position_in_grid",
+    "thread_position_in_threadgroup",
+    "threadgroup_position_in_grid",
+    "threadgroups_per_grid",
+    "threads_per_grid",
+    "threads_per_simdgroup",
+    "threads_per_threadgroup",
 }
 MAX_CONSTANT_ARRAY_SIZE = 8  # smaller inputs go to the constant address space
 
@@ -74,8 +101,11 @@ def _buffer_params(kernel: KernelSource, launch: Launch, source: str) -> list[tu
         ref = "&" if arr.ndim == 0 else "*"
         params.append((f"const {space} {TYPE_NAMES[arr.dtype]}{ref} {name}", name, "input"))
         if arr.ndim > 0:
-            for suffix, decl in (("_shape", "const constant int*"), ("_strides", "const constant int64_t*"),
-                                 ("_ndim", "const constant int&")):
+            for suffix, decl in (
+                ("_shape", "const constant int*"),
+                ("_strides", "const constant int64_t*"),
+                ("_ndim", "const constant int&"),
+            ):
                 if name + suffix in source:
                     params.append((f"{decl} {name}{suffix}", name + suffix, suffix))
     for name, dtype in zip(kernel.output_names, launch.output_dtypes):
@@ -117,7 +147,7 @@ def _driver(func: str, args: str, params: list[tuple[str, str, str]], attributes
         ctype = ctype.replace("device ", "")
         lines.append(f'  Buffer b{i} = allocate("{name}", std::stoul(argv[{8 + i}]));')
         if role == "output":
-            lines.append(f'  std::memset(b{i}.data, 0xff, b{i}.bytes);')
+            lines.append(f"  std::memset(b{i}.data, 0xff, b{i}.bytes);")
             lines.append(f'  if (std::getenv("METAL_EMU_INIT_{i}")) read_file(dir + "/b{i}.bin", b{i});')
         else:
             lines.append(f'  read_file(dir + "/b{i}.bin", b{i});')

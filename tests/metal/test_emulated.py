@@ -114,15 +114,24 @@ def test_generated_signature_follows_mlx():
     # Small inputs bind as `constant`, `<name>_shape` is passed when the body mentions it,
     # and the thread attributes the body names follow the outputs.
     part_o, part_ml = mx.zeros((1, 2, 3, 64)), mx.zeros((1, 2, 3, 2))
-    launch = Launch(ATTENTION_REDUCE, [part_o, part_ml], [("T", mx.float16), ("D", 64)], (64, 2, 1), (64, 1, 1),
-                    [(1, 2, 64)], [mx.float16])
+    launch = Launch(
+        ATTENTION_REDUCE,
+        [part_o, part_ml],
+        [("T", mx.float16), ("D", 64)],
+        (64, 2, 1),
+        (64, 1, 1),
+        [(1, 2, 64)],
+        [mx.float16],
+    )
     text, _, _ = kernel_source(ATTENTION_REDUCE, launch)
-    assert text.startswith("template <typename T, int D>\n[[kernel]] void custom_kernel_base_paged_attention_reduce(\n"
-                           "  const device float* part_o [[buffer(0)]],\n"
-                           "  const device float* part_ml [[buffer(1)]],\n"
-                           "  const constant int* part_ml_shape [[buffer(2)]],\n"
-                           "  device float16_t* out [[buffer(3)]],\n"
-                           "  uint3 thread_position_in_grid [[thread_position_in_grid]]) {\n")
+    assert text.startswith(
+        "template <typename T, int D>\n[[kernel]] void custom_kernel_base_paged_attention_reduce(\n"
+        "  const device float* part_o [[buffer(0)]],\n"
+        "  const device float* part_ml [[buffer(1)]],\n"
+        "  const constant int* part_ml_shape [[buffer(2)]],\n"
+        "  device float16_t* out [[buffer(3)]],\n"
+        "  uint3 thread_position_in_grid [[thread_position_in_grid]]) {\n"
+    )
     instance = "custom_kernel_base_paged_attention_reduce<float16_t, 64>"
     assert text.endswith(f"[[kernel]] decltype({instance}) {instance};\n")
 
@@ -137,8 +146,11 @@ class InlineKernel(KernelSource):
 
 def run_inline(body: str, inputs: list[mx.array], outputs: list[tuple[tuple[int, ...], mx.Dtype]], grid, group, **kw):
     kernel = InlineKernel(
-        name="emu_probe", body="", input_names=tuple(f"in{i}" for i in range(len(inputs))),
-        output_names=tuple(f"out{i}" for i in range(len(outputs))), text=body,
+        name="emu_probe",
+        body="",
+        input_names=tuple(f"in{i}" for i in range(len(inputs))),
+        output_names=tuple(f"out{i}" for i in range(len(outputs))),
+        text=body,
     )
     launch = Launch(kernel, inputs, [("T", mx.float32)], grid, group, [s for s, _ in outputs], [d for _, d in outputs])
     return run_launch(launch, **kw)
@@ -173,8 +185,13 @@ def test_simd_ops_exchange_values_between_the_32_lanes_of_a_simdgroup():
     outs = run_inline(body, [x], [((64,), mx.float32)] * 5, (64, 1, 1), (64, 1, 1))
     xs = np.arange(64)
     shifted = np.where(xs % 32 == 31, xs, xs + 1)  # the top lane keeps its own value
-    expected = [np.repeat([xs[:32].sum(), xs[32:].sum()], 32), np.repeat([31, 63], 32), xs ^ 1,
-                np.repeat([31, 63], 32), shifted]
+    expected = [
+        np.repeat([xs[:32].sum(), xs[32:].sum()], 32),
+        np.repeat([31, 63], 32),
+        xs ^ 1,
+        np.repeat([31, 63], 32),
+        shifted,
+    ]
     for got, want in zip(outs, expected):
         assert np.array_equal(np.array(got), want)
 

@@ -65,8 +65,13 @@ def test_public_functions_use_the_kernels_after_their_self_check(monkeypatch):
     monkeypatch.delenv("BASE_KERNELS", raising=False)
     case = case_named("q8_pool_gqa_d128")
     queries, key_pool, value_pool, meta = build(case)
-    key_pool, value_pool = write_kv(key_pool, value_pool, mx.zeros((meta.num_tokens, 2, 128), mx.float16),
-                                    mx.zeros((meta.num_tokens, 2, 128), mx.float16), meta.slot_mapping)
+    key_pool, value_pool = write_kv(
+        key_pool,
+        value_pool,
+        mx.zeros((meta.num_tokens, 2, 128), mx.float16),
+        mx.zeros((meta.num_tokens, 2, 128), mx.float16),
+        meta.slot_mapping,
+    )
     paged_attention(queries, key_pool, value_pool, meta, case.head_dim**-0.5)
     assert kernel_status() == {"paged_attention": "used", "write_kv": "used"}
 

@@ -98,7 +98,9 @@ def test_the_kept_gguf_variant_gives_the_ggufs_logits_exactly(smollm2_gguf, stor
 
 
 @pytest.mark.parametrize("quant", ["q8", "q4"])
-def test_q8_and_q4_variants_carry_the_ggufs_weights_exactly(quant, smollm2_gguf, store, backend, prompts, gguf_run) -> None:
+def test_q8_and_q4_variants_carry_the_ggufs_weights_exactly(
+    quant, smollm2_gguf, store, backend, prompts, gguf_run
+) -> None:
     model = import_local(smollm2_gguf, quant=quant, supported={"llama"}, store=store)
     assert model.ref == f"local/SmolLM2-135M-Instruct:{quant}"
     loaded = load_model(model.ref, backend)

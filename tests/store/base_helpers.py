@@ -16,7 +16,11 @@ CREATED = "2026-01-01T00:00:00+00:00"
 HEADER_FIELDS: dict[str, Any] = {
     "arch": "llama",
     "config": {"model_type": "llama", "hidden_size": 64, "rms_norm_eps": 1e-05},
-    "tokenizer": {"tokenizer.json": "{\"model\": {}}", "tokenizer_config.json": {"eos_token": "</s>"}, "chat_template": None},
+    "tokenizer": {
+        "tokenizer.json": '{"model": {}}',
+        "tokenizer_config.json": {"eos_token": "</s>"},
+        "chat_template": None,
+    },
     "quant_scheme": "q4",
     "quant_profile": "default-q4",
     "source": {"format": "gguf", "repo": "local/tiny", "revision": None, "sha256": "00" * 32},

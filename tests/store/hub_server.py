@@ -83,8 +83,15 @@ class HubServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def add_repo(self, repo: str, files: dict[str, bytes], *, gated: bool = False, private: bool = False,
-                 granted_tokens: tuple[str, ...] = ()) -> str:
+    def add_repo(
+        self,
+        repo: str,
+        files: dict[str, bytes],
+        *,
+        gated: bool = False,
+        private: bool = False,
+        granted_tokens: tuple[str, ...] = (),
+    ) -> str:
         """Publishes `files` as `repo` at branch main; returns the commit sha."""
         digest = hashlib.sha1(repo.encode())
         for path in sorted(files):
@@ -184,8 +191,15 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 return
             query = urlsplit(self.path).query
             siblings = [found.entry(p) if "blobs=true" in query else {"rfilename": p} for p in sorted(found.files)]
-            info = {"id": found.name, "modelId": found.name, "sha": found.commit, "private": found.private,
-                    "gated": "manual" if found.gated else False, "siblings": siblings, "tags": []}
+            info = {
+                "id": found.name,
+                "modelId": found.name,
+                "sha": found.commit,
+                "private": found.private,
+                "gated": "manual" if found.gated else False,
+                "siblings": siblings,
+                "tags": [],
+            }
             self._json(info, body, found.commit)
 
         def _tree(self, repo: str, rev: str, path: str | None, body: bool) -> None:
@@ -325,12 +339,22 @@ def _gguf_metadata(writer: Any, config: dict[str, Any]) -> None:
 
 def _gguf_tensors(weights: dict[str, Any], config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """HF tensors under llama.cpp names, q/k rows permuted as llama.cpp's converter does."""
-    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"}
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
+    names = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    top = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     for name, value in sorted(weights.items()):
         if name in top:
             yield top[name], value
@@ -339,5 +363,9 @@ def _gguf_tensors(weights: dict[str, Any], config: dict[str, Any]) -> Iterator[t
         base = rest.removesuffix(".weight")
         if base in ("self_attn.q_proj", "self_attn.k_proj"):
             heads = config["num_attention_heads" if "q_proj" in base else "num_key_value_heads"]
-            value = value.reshape(heads, 2, value.shape[0] // heads // 2, value.shape[1]).swapaxes(1, 2).reshape(value.shape)
+            value = (
+                value.reshape(heads, 2, value.shape[0] // heads // 2, value.shape[1])
+                .swapaxes(1, 2)
+                .reshape(value.shape)
+            )
         yield f"blk.{layer}.{names[base]}.weight", np.ascontiguousarray(value)

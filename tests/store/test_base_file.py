@@ -82,14 +82,18 @@ def test_regions_are_aligned_and_back_to_back(tmp_path: Path) -> None:
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("shape", [(), (7,), (3, 5), (2, 3, 4)])
 def test_float_tensors_round_trip_bit_exactly(tmp_path: Path, dtype: str, shape: tuple[int, ...]) -> None:
-    source = mx.random.normal(shape, key=mx.random.key(1)).astype({"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}[dtype])
+    source = mx.random.normal(shape, key=mx.random.key(1)).astype(
+        {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}[dtype]
+    )
     path = write_base_file(tmp_path / "f.base", [("t", source)], **HEADER_FIELDS)
     header, tensors = read_base_file(path, verify=True)
     loaded = tensors["t"]
     assert entry(header, "t")["dtype"] == dtype
     assert loaded.dtype == source.dtype and loaded.shape == source.shape
-    assert np.array_equal(np.array(loaded.view(mx.uint16 if dtype != "f32" else mx.uint32)),
-                          np.array(source.view(mx.uint16 if dtype != "f32" else mx.uint32)))
+    assert np.array_equal(
+        np.array(loaded.view(mx.uint16 if dtype != "f32" else mx.uint32)),
+        np.array(source.view(mx.uint16 if dtype != "f32" else mx.uint32)),
+    )
 
 
 def test_from_array_converts_float_dtypes_on_request(tmp_path: Path) -> None:
@@ -124,7 +128,9 @@ def test_quantized_round_trip_within_half_a_step(tmp_path: Path, bits: int, grou
 def test_empty_and_zero_sized_tensors(tmp_path: Path) -> None:
     empty = write_base_file(tmp_path / "e.base", [], **HEADER_FIELDS)
     assert empty.stat().st_size == BLOB_ALIGN and read_base_file(empty, verify=True)[1] == {}
-    path = write_base_file(tmp_path / "z.base", [("a", np.zeros((0,), np.float32)), ("b", np.ones(3, np.float16))], **HEADER_FIELDS)
+    path = write_base_file(
+        tmp_path / "z.base", [("a", np.zeros((0,), np.float32)), ("b", np.ones(3, np.float16))], **HEADER_FIELDS
+    )
     _, tensors = read_base_file(path, verify=True)
     assert tensors["a"].shape == (0,) and tensors["b"].tolist() == [1.0, 1.0, 1.0]
 
@@ -138,10 +144,14 @@ def test_header_text_survives_any_unicode(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bits", [3, 4, 8])
 def test_mlx_triplets_are_stored_as_they_are(tmp_path: Path, bits: int) -> None:
-    codes, scales, biases = mx.quantize(mx.random.normal((4, 128), key=mx.random.key(0)).astype(mx.float16), group_size=32, bits=bits)
+    codes, scales, biases = mx.quantize(
+        mx.random.normal((4, 128), key=mx.random.key(0)).astype(mx.float16), group_size=32, bits=bits
+    )
     record = TensorRecord.from_triplet(codes, scales, biases, group_size=32)
     assert (record.dtype, record.shape, record.scale_dtype) == (f"base_q{bits}", (4, 128), "f16")
-    _, tensors = read_base_file(write_base_file(tmp_path / "t.base", [("w.weight", record)], **HEADER_FIELDS), verify=True)
+    _, tensors = read_base_file(
+        write_base_file(tmp_path / "t.base", [("w.weight", record)], **HEADER_FIELDS), verify=True
+    )
     loaded = tensors["w.weight"]
     assert all(mx.array_equal(a, b).item() for a, b in zip(loaded[:3], (codes, scales, biases)))
     with pytest.raises(ValueError, match="not an MLX triplet of group 32"):
@@ -151,7 +161,11 @@ def test_mlx_triplets_are_stored_as_they_are(tmp_path: Path, bits: int) -> None:
 def test_model_weights_flatten_triplets_with_group_sizes(tmp_path: Path) -> None:
     _, tensors = read_base_file(write_small(tmp_path / "m.base"))
     weights, group_sizes = model_weights(tensors)
-    assert group_sizes == {"model.layers.0.self_attn.q_proj": 64, "model.layers.0.mlp.down_proj": 32, "model.embed_tokens": 128}
+    assert group_sizes == {
+        "model.layers.0.self_attn.q_proj": 64,
+        "model.layers.0.mlp.down_proj": 32,
+        "model.embed_tokens": 128,
+    }
     assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (8, 16)  # codes
     assert weights["model.layers.0.self_attn.q_proj.scales"].shape == (8, 2)
     assert weights["model.embed_tokens.biases"].dtype == mx.bfloat16
@@ -196,14 +210,18 @@ def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
 def test_writer_rejects_bad_header_fields_before_writing(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^header field 'config' must be dict, not list$"):
         write_base_file(tmp_path / "h.base", [], **{**HEADER_FIELDS, "config": []})
-    with pytest.raises(ValueError, match=r"^header fields are not plain JSON \(Out of range float values are not JSON compliant"):
+    with pytest.raises(
+        ValueError, match=r"^header fields are not plain JSON \(Out of range float values are not JSON compliant"
+    ):
         write_base_file(tmp_path / "h.base", [], **{**HEADER_FIELDS, "config": {"eps": float("nan")}})
     assert os.listdir(tmp_path) == []
 
 
 def test_writer_rejects_duplicate_names_and_integer_arrays(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unique"):
-        write_base_file(tmp_path / "d.base", [("a", np.ones(2, np.float32)), ("a", np.ones(2, np.float32))], **HEADER_FIELDS)
+        write_base_file(
+            tmp_path / "d.base", [("a", np.ones(2, np.float32)), ("a", np.ones(2, np.float32))], **HEADER_FIELDS
+        )
     with pytest.raises(ValueError, match="dtype int64"):
         write_base_file(tmp_path / "i.base", [("a", np.ones(2, np.int64))], **HEADER_FIELDS)
 
@@ -259,9 +277,15 @@ def test_header_len_over_the_limit(tmp_path: Path) -> None:
         (b"\xff{}", "its header is not UTF-8 (byte 0)"),
         (b'{"a": ', "its header is not valid JSON (Expecting value: line 1 column 7 (char 6))"),
         (b'{"a": NaN}', "its header is not valid JSON (NaN is not valid JSON)"),
-        (b"[" * 100000 + b"]" * 100000, "its header is not valid JSON (maximum recursion depth exceeded while decoding a JSON array from a unicode string)"),
+        (
+            b"[" * 100000 + b"]" * 100000,
+            "its header is not valid JSON (maximum recursion depth exceeded while decoding a JSON array from a unicode string)",
+        ),
         (b"[1, 2]", "its header is a JSON list, not an object"),
-        (b'{"a": ' + b"9" * 5000 + b"}", "its header is not valid JSON (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the limit)"),
+        (
+            b'{"a": ' + b"9" * 5000 + b"}",
+            "its header is not valid JSON (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the limit)",
+        ),
     ],
 )
 def test_unparseable_headers(tmp_path: Path, header_bytes: bytes, problem: str) -> None:
@@ -275,9 +299,15 @@ def test_unparseable_headers(tmp_path: Path, header_bytes: bytes, problem: str) 
         (lambda h: h.pop("arch"), "its header lacks arch"),
         (lambda h: h.update(extra=1), "its header has unknown keys extra"),
         (lambda h: h.update(config=[]), "header field 'config' is a list, expected dict"),
-        (lambda h: h.update(quant_profile=3), "header field 'quant_profile' is a int, expected str or dict or NoneType"),
+        (
+            lambda h: h.update(quant_profile=3),
+            "header field 'quant_profile' is a int, expected str or dict or NoneType",
+        ),
         (lambda h: h.update(schema="base.v2"), "its schema is 'base.v2', and this build reads 'base.v1'"),
-        (lambda h: h["alignment"].update(matrix=4096), "its alignment {'blob': 65536, 'matrix': 4096, 'vector': 64} differs from the v1 rule {'blob': 65536, 'matrix': 16384, 'vector': 64}"),
+        (
+            lambda h: h["alignment"].update(matrix=4096),
+            "its alignment {'blob': 65536, 'matrix': 4096, 'vector': 64} differs from the v1 rule {'blob': 65536, 'matrix': 16384, 'vector': 64}",
+        ),
         (lambda h: h.update(flags=[1]), "header field 'flags' must be a list of strings"),
     ],
 )
@@ -291,7 +321,9 @@ def test_nonzero_padding(tmp_path: Path) -> None:
     data[BLOB_ALIGN - 1] = 7
     path.write_bytes(bytes(data))
     header_end = 16 + struct.unpack_from("<Q", data, 8)[0]
-    assert _problem(path) == f"the padding between its header and blob (bytes {header_end}..{BLOB_ALIGN}) is not all zero"
+    assert (
+        _problem(path) == f"the padding between its header and blob (bytes {header_end}..{BLOB_ALIGN}) is not all zero"
+    )
 
 
 def test_file_ending_before_the_blob(tmp_path: Path) -> None:
@@ -312,26 +344,53 @@ def _set(tensor: str, **fields):
     ("mutate", "problem"),
     [
         (lambda h: h["tensors"].append(5), "tensor entry 7 is not a JSON object"),
-        (_set(NORM_NAME, dtype="f64"), f"tensor {NORM_NAME!r} has dtype 'f64'; expected one of f32, f16, bf16, base_q2, base_q3, base_q4, base_q5, base_q6, base_q8"),
+        (
+            _set(NORM_NAME, dtype="f64"),
+            f"tensor {NORM_NAME!r} has dtype 'f64'; expected one of f32, f16, bf16, base_q2, base_q3, base_q4, base_q5, base_q6, base_q8",
+        ),
         (_set(NORM_NAME, group_size=32), f"tensor {NORM_NAME!r} (f32) has missing or unexpected keys: group_size"),
-        (lambda h: entry(h, Q_NAME).pop("bias_offset"), f"tensor {Q_NAME!r} (base_q4) has missing or unexpected keys: bias_offset"),
+        (
+            lambda h: entry(h, Q_NAME).pop("bias_offset"),
+            f"tensor {Q_NAME!r} (base_q4) has missing or unexpected keys: bias_offset",
+        ),
         (_set(NORM_NAME, name=""), "tensor entry 1 has no name"),
-        (_set(NORM_NAME, shape=[64.0]), f"tensor {NORM_NAME!r} has shape [64.0]; expected a list of at most 8 non-negative integers"),
-        (_set(NORM_NAME, shape=[1] * 9), f"tensor {NORM_NAME!r} has shape {[1] * 9}; expected a list of at most 8 non-negative integers"),
+        (
+            _set(NORM_NAME, shape=[64.0]),
+            f"tensor {NORM_NAME!r} has shape [64.0]; expected a list of at most 8 non-negative integers",
+        ),
+        (
+            _set(NORM_NAME, shape=[1] * 9),
+            f"tensor {NORM_NAME!r} has shape {[1] * 9}; expected a list of at most 8 non-negative integers",
+        ),
         (_set(NORM_NAME, offset=-64), f"tensor {NORM_NAME!r} has offset -64; expected a non-negative integer"),
         (_set(NORM_NAME, length=True), f"tensor {NORM_NAME!r} has length True; expected a non-negative integer"),
-        (_set(NORM_NAME, checksum_xxh64="XYZ"), f"tensor {NORM_NAME!r} has checksum_xxh64 'XYZ'; expected 16 lowercase hex digits"),
+        (
+            _set(NORM_NAME, checksum_xxh64="XYZ"),
+            f"tensor {NORM_NAME!r} has checksum_xxh64 'XYZ'; expected 16 lowercase hex digits",
+        ),
         (_set(NORM_NAME, name=Q_NAME), f"tensor {Q_NAME!r} appears twice in its header"),
         (_set(Q_NAME, shape=[8, 2, 64]), f"tensor {Q_NAME!r} is quantized but has 3 dimensions, not 2"),
         (_set(Q_NAME, group_size=16), f"tensor {Q_NAME!r} has group_size 16; expected 32, 64 or 128"),
         (_set(Q_NAME, shape=[8, 96]), f"tensor {Q_NAME!r} has 96 input features, not a multiple of its group size 64"),
         (_set(Q_NAME, scale_dtype="f8"), f"tensor {Q_NAME!r} has scale_dtype 'f8'; expected f32, f16 or bf16"),
         (_set(Q_NAME, dtype="base_q5"), f"tensor {Q_NAME!r} has length 576, but base_q5 [8, 128] takes 704 bytes"),
-        (_set(NORM_NAME, shape=[2**40, 2**40]), f"tensor {NORM_NAME!r} has length 256, but f32 [{2**40}, {2**40}] takes {2**82} bytes"),
-        (_set(Q_NAME, scale_offset=520), f"tensor {Q_NAME!r} has scale_offset 520 and bias_offset 544, expected 512 and 544 (codes, scales, biases back to back)"),
+        (
+            _set(NORM_NAME, shape=[2**40, 2**40]),
+            f"tensor {NORM_NAME!r} has length 256, but f32 [{2**40}, {2**40}] takes {2**82} bytes",
+        ),
+        (
+            _set(Q_NAME, scale_offset=520),
+            f"tensor {Q_NAME!r} has scale_offset 520 and bias_offset 544, expected 512 and 544 (codes, scales, biases back to back)",
+        ),
         (_set(NORM_NAME, offset=600), f"tensor {NORM_NAME!r} starts at blob offset 600, not a multiple of 64"),
-        (_set("model.extra.weight", offset=MATRIX_ALIGN + 64), "tensor 'model.extra.weight' starts at blob offset 16448, not a multiple of 16384"),
-        (_set("model.extra.weight", offset=4 * MATRIX_ALIGN), f"tensor 'model.extra.weight' ends at blob offset {4 * MATRIX_ALIGN + 30}, past the blob end {3 * MATRIX_ALIGN + 30}"),
+        (
+            _set("model.extra.weight", offset=MATRIX_ALIGN + 64),
+            "tensor 'model.extra.weight' starts at blob offset 16448, not a multiple of 16384",
+        ),
+        (
+            _set("model.extra.weight", offset=4 * MATRIX_ALIGN),
+            f"tensor 'model.extra.weight' ends at blob offset {4 * MATRIX_ALIGN + 30}, past the blob end {3 * MATRIX_ALIGN + 30}",
+        ),
         (_set(NORM_NAME, offset=512), f"tensors {Q_NAME!r} and {NORM_NAME!r} overlap in the blob"),
     ],
 )
@@ -342,7 +401,10 @@ def test_tensor_entries_are_checked(tmp_path: Path, mutate, problem: str) -> Non
 def test_truncated_blob(tmp_path: Path) -> None:
     path = write_small(tmp_path / "m.base")
     path.write_bytes(path.read_bytes()[:-1])
-    assert _problem(path) == f"tensor 'model.extra.weight' ends at blob offset {3 * MATRIX_ALIGN + 30}, past the blob end {3 * MATRIX_ALIGN + 29}"
+    assert (
+        _problem(path)
+        == f"tensor 'model.extra.weight' ends at blob offset {3 * MATRIX_ALIGN + 30}, past the blob end {3 * MATRIX_ALIGN + 29}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,7 +438,13 @@ def test_inspect_report_lists_tensors_and_totals(tmp_path: Path) -> None:
     report = inspect_report(path, verify=True)
     assert report["arch"] == "llama" and report["quant_profile"] == "default-q4" and report["verified"] is True
     assert report["created"] == CREATED and report["file_bytes"] == path.stat().st_size
-    assert report["tensors"][0] == {"name": Q_NAME, "dtype": "base_q4", "shape": [8, 128], "group_size": 64, "bytes": 576}
+    assert report["tensors"][0] == {
+        "name": Q_NAME,
+        "dtype": "base_q4",
+        "shape": [8, 128],
+        "group_size": 64,
+        "bytes": 576,
+    }
     assert report["totals"]["tensors"] == 7
     assert report["totals"]["params"] == 8 * 128 + 64 + 4 * 64 + 6 * 128 + 64 + 6 + 15
     assert report["totals"]["by_dtype"]["base_q4"] == {"tensors": 1, "params": 1024, "bytes": 576}

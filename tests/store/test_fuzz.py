@@ -147,7 +147,9 @@ def test_broken_json_text(oracle: Oracle) -> None:
             broken = text[:start] + text[start + rng.randrange(1, 40) :]
         else:  # cut the JSON short, with the header length telling the truth
             broken = text[:start]
-        oracle.judge(assemble(oracle.path.with_name("x.base"), broken, blob).read_bytes(), f"json edit {kind} at {start}")
+        oracle.judge(
+            assemble(oracle.path.with_name("x.base"), broken, blob).read_bytes(), f"json edit {kind} at {start}"
+        )
 
 
 def _mutate_entry(header: dict[str, Any], rng: random.Random, blob_len: int) -> str:
@@ -170,7 +172,9 @@ def _mutate_entry(header: dict[str, Any], rng: random.Random, blob_len: int) -> 
     elif choice == 6:
         t.pop(rng.choice(sorted(t)))
     elif choice == 7:
-        t[rng.choice(["group_size", "scale_offset", "bias_offset", "offset"])] = rng.choice([-1, 0, 16, 2**62, "1", None, 1.5])
+        t[rng.choice(["group_size", "scale_offset", "bias_offset", "offset"])] = rng.choice(
+            [-1, 0, 16, 2**62, "1", None, 1.5]
+        )
     elif choice == 8:
         t["offset"] = rng.randrange(blob_len)
     else:
@@ -192,4 +196,3 @@ def test_inconsistent_tensor_entries(oracle: Oracle) -> None:
 
 def test_trailing_slots_are_ignored(oracle: Oracle) -> None:
     assert oracle.judge(oracle.data + b"\x01" * 100, "trailing bytes") == "equal"
-

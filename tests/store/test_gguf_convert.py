@@ -47,7 +47,9 @@ def encode(values: np.ndarray, type_name: str) -> np.ndarray:
     return gguf.quants.quantize(values, T[type_name])
 
 
-def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, str]], metadata: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
+def write_gguf(
+    path: Path, tensors: dict[str, tuple[np.ndarray, str]], metadata: Callable[[gguf.GGUFWriter], None] | None = None
+) -> Path:
     """A llama GGUF of `tensors` (encoded data, type name), with `metadata` written by the callback."""
     writer = gguf.GGUFWriter(str(path), "llama")
     if metadata is not None:
@@ -79,8 +81,13 @@ def values_of(record: TensorRecord) -> np.ndarray:
     scales, biases = (mx.array(a) for a in (record.scales, record.biases))
     if record.scale_dtype == "bf16":
         scales, biases = scales.view(mx.bfloat16), biases.view(mx.bfloat16)
-    out = mx.dequantize(mx.array(record.codes), scales.astype(mx.float32), biases.astype(mx.float32),
-                        group_size=record.group_size, bits=record.bits)
+    out = mx.dequantize(
+        mx.array(record.codes),
+        scales.astype(mx.float32),
+        biases.astype(mx.float32),
+        group_size=record.group_size,
+        bits=record.bits,
+    )
     return np.array(out)
 
 
@@ -88,7 +95,9 @@ def same_bits(got: np.ndarray, expected: np.ndarray) -> bool:
     """Bit-identical float32, except the sign of zero: gguf's `d * (q - 8)` is -0.0 where d < 0 and
     q = 8, while `scale * q + bias` is +0.0 (x + -x); the two are equal values in every product
     and sum, so `+ 0.0` folds -0.0 into +0.0 on both sides before the bits are compared."""
-    return got.dtype == expected.dtype == np.float32 and np.array_equal((got + 0.0).view(np.uint32), (expected + 0.0).view(np.uint32))
+    return got.dtype == expected.dtype == np.float32 and np.array_equal(
+        (got + 0.0).view(np.uint32), (expected + 0.0).view(np.uint32)
+    )
 
 
 def read_one(path: Path, name: str = "w.weight") -> TensorRecord | np.ndarray:
@@ -97,7 +106,9 @@ def read_one(path: Path, name: str = "w.weight") -> TensorRecord | np.ndarray:
 
 
 @pytest.mark.parametrize("type_name", EXACT)
-def test_a_gguf_tensor_becomes_a_base_tensor_that_dequantizes_bit_for_bit_as_gguf_does(type_name: str, tmp_path: Path) -> None:
+def test_a_gguf_tensor_becomes_a_base_tensor_that_dequantizes_bit_for_bit_as_gguf_does(
+    type_name: str, tmp_path: Path
+) -> None:
     path = write_gguf(tmp_path / "w.gguf", {"w.weight": (encode(weights(), type_name), type_name)})
     record = read_one(path)
     expected = oracle(path)["w.weight"]
@@ -110,7 +121,9 @@ def test_a_gguf_tensor_becomes_a_base_tensor_that_dequantizes_bit_for_bit_as_ggu
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q5_0", "Q8_0"])
-def test_a_block_whose_zero_point_bias_overflows_f16_keeps_f32_scales_and_stays_exact(type_name: str, tmp_path: Path) -> None:
+def test_a_block_whose_zero_point_bias_overflows_f16_keeps_f32_scales_and_stays_exact(
+    type_name: str, tmp_path: Path
+) -> None:
     # -8d, -16d and -128d overflow f16 once |w| passes ~65000, though d itself fits.
     w = weights(8, 64)
     w[3, :32] = np.linspace(-70000, 30000, 32)
@@ -173,7 +186,9 @@ def test_the_gguf_package_quantizes_no_k_quant_so_the_k_files_here_are_made_of_r
 
 
 @pytest.mark.parametrize("type_name", list(K_LAYOUT))
-def test_a_k_quant_is_dequantized_as_gguf_does_and_requantized_within_half_a_step(type_name: str, tmp_path: Path) -> None:
+def test_a_k_quant_is_dequantized_as_gguf_does_and_requantized_within_half_a_step(
+    type_name: str, tmp_path: Path
+) -> None:
     path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks(type_name, 16, 512), type_name)})
     values = read_one(path)
     expected = oracle(path)["w.weight"]
@@ -197,13 +212,17 @@ def test_keeping_a_k_quant_file_logs_that_requantizing_compounds_error(tmp_path:
 
     with caplog.at_level(logging.WARNING, logger="baselm.store.pull"):
         list(_kept_gguf("w.gguf", gguf_store.GGUFFile.open(path), iter([])))
-    assert caplog.messages == ["w.gguf: K-quant tensors have no exact .base form; requantizing them (Q4_K -> q4) compounds the two rounding errors"]
+    assert caplog.messages == [
+        "w.gguf: K-quant tensors have no exact .base form; requantizing them (Q4_K -> q4) compounds the two rounding errors"
+    ]
 
 
 def test_an_unsupported_tensor_type_is_refused_by_name(tmp_path: Path) -> None:
     blocks = np.random.default_rng(0).integers(0, 256, size=(4, 4 * 18), dtype=np.uint8)  # 4 IQ4_NL blocks a row
     path = write_gguf(tmp_path / "w.gguf", {"w.weight": (blocks, "IQ4_NL")})
-    message = r"w\.gguf: tensor 'w\.weight' is GGUF type IQ4_NL, which base cannot read; base reads F32, F16, BF16, Q4_0"
+    message = (
+        r"w\.gguf: tensor 'w\.weight' is GGUF type IQ4_NL, which base cannot read; base reads F32, F16, BF16, Q4_0"
+    )
     with pytest.raises(UnsupportedModelError, match=message):
         gguf_store.GGUFFile.open(path).check_types()
     with pytest.raises(UnsupportedModelError, match=message):
@@ -221,7 +240,9 @@ def test_metadata_and_tensor_bytes_equal_what_gguf_reader_reads(name: str) -> No
     reader = gguf.GGUFReader(str(path))
     theirs = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     assert ours.metadata == theirs
-    assert [(t.name, t.tensor_type.name) for t in reader.tensors] == [(i.name, i.type_name) for i in ours.tensors.values()]
+    assert [(t.name, t.tensor_type.name) for t in reader.tensors] == [
+        (i.name, i.type_name) for i in ours.tensors.values()
+    ]
     for tensor in reader.tensors:
         assert np.array_equal(ours.raw(ours.tensors[tensor.name]), tensor.data.reshape(-1).view(np.uint8))
 
@@ -266,7 +287,9 @@ def llama_gguf(path: Path, type_name: str) -> tuple[Path, dict]:
 
 
 @pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1"])
-def test_a_converted_llama_gguf_holds_its_tensors_exactly_with_qk_rows_in_hf_order(type_name: str, tmp_path: Path) -> None:
+def test_a_converted_llama_gguf_holds_its_tensors_exactly_with_qk_rows_in_hf_order(
+    type_name: str, tmp_path: Path
+) -> None:
     path, config = llama_gguf(tmp_path / f"llama.{type_name}.gguf", type_name)
     converted = convert(path, tmp_path / "llama.base", None, None, "default")
     assert (converted.arch, converted.quant) == ("llama", "q5")
@@ -278,10 +301,14 @@ def test_a_converted_llama_gguf_holds_its_tensors_exactly_with_qk_rows_in_hf_ord
     heads = config["num_attention_heads"]
     rows = expected["blk.1.attn_q.weight"]  # (out, in) in llama.cpp's row order
     hf_rows = rows.reshape(heads, -1, 2, rows.shape[1]).swapaxes(1, 2).reshape(rows.shape)
-    dequantized = mx.dequantize(q.codes, q.scales.astype(mx.float32), q.biases.astype(mx.float32), group_size=32, bits=5)
+    dequantized = mx.dequantize(
+        q.codes, q.scales.astype(mx.float32), q.biases.astype(mx.float32), group_size=32, bits=5
+    )
     assert same_bits(np.array(dequantized), hf_rows)
     down = tensors["model.layers.0.mlp.down_proj.weight"]
-    down_values = mx.dequantize(down.codes, down.scales.astype(mx.float32), down.biases.astype(mx.float32), group_size=32, bits=5)
+    down_values = mx.dequantize(
+        down.codes, down.scales.astype(mx.float32), down.biases.astype(mx.float32), group_size=32, bits=5
+    )
     assert same_bits(np.array(down_values), expected["blk.0.ffn_down.weight"])
 
 
@@ -291,7 +318,13 @@ def test_a_converted_llama_gguf_holds_its_tensors_exactly_with_qk_rows_in_hf_ord
 
 @pytest.mark.parametrize("type_name", ["F32", "F16", "Q4_0", "Q4_1", "Q8_0"])
 def test_read_metadata_gives_what_mx_load_gives_for_the_types_mx_load_reads(type_name: str, tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (encode(weights(), type_name), type_name), "n.weight": (np.linspace(-1, 1, 128, dtype=np.float32), "F32")})
+    path = write_gguf(
+        tmp_path / "w.gguf",
+        {
+            "w.weight": (encode(weights(), type_name), type_name),
+            "n.weight": (np.linspace(-1, 1, 128, dtype=np.float32), "F32"),
+        },
+    )
     ours, _ = gguf_store.read_metadata(path)
     theirs = mx.load(str(path), format="gguf")
     assert sorted(ours) == sorted(theirs)
@@ -300,14 +333,23 @@ def test_read_metadata_gives_what_mx_load_gives_for_the_types_mx_load_reads(type
 
 
 def test_read_metadata_gives_q5_triplets_and_k_quants_as_float16(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "w.gguf", {
-        "a.weight": (encode(weights(), "Q5_1"), "Q5_1"),
-        "b.weight": (random_k_blocks("Q6_K", 8, 256), "Q6_K"),
-    })
+    path = write_gguf(
+        tmp_path / "w.gguf",
+        {
+            "a.weight": (encode(weights(), "Q5_1"), "Q5_1"),
+            "b.weight": (random_k_blocks("Q6_K", 8, 256), "Q6_K"),
+        },
+    )
     tensors, _ = gguf_store.read_metadata(path)
     expected = oracle(path)
     assert sorted(tensors) == ["a.biases", "a.scales", "a.weight", "b.weight"]
-    a = mx.dequantize(tensors["a.weight"], tensors["a.scales"].astype(mx.float32), tensors["a.biases"].astype(mx.float32), group_size=32, bits=5)
+    a = mx.dequantize(
+        tensors["a.weight"],
+        tensors["a.scales"].astype(mx.float32),
+        tensors["a.biases"].astype(mx.float32),
+        group_size=32,
+        bits=5,
+    )
     assert same_bits(np.array(a), expected["a.weight"])
     assert tensors["b.weight"].dtype == mx.float16
     assert np.array_equal(np.array(tensors["b.weight"]), expected["b.weight"].astype(np.float16))

@@ -81,15 +81,22 @@ def test_an_absent_gguf_quant_lists_the_ones_there_are(client: HubClient) -> Non
 
 @pytest.mark.parametrize(
     ("name", "tag"),
-    [("SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1"), ("model-q8_0.gguf", "q8_0"), ("x-IQ4_XS.gguf", "IQ4_XS"),
-     ("tiny.F16.gguf", "F16"), ("tiny.gguf", "")],
+    [
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1"),
+        ("model-q8_0.gguf", "q8_0"),
+        ("x-IQ4_XS.gguf", "IQ4_XS"),
+        ("tiny.F16.gguf", "F16"),
+        ("tiny.gguf", ""),
+    ],
 )
 def test_the_quant_tag_of_a_gguf_file_name(name: str, tag: str) -> None:
     assert gguf_tag(name) == tag
 
 
 def test_an_unsupported_model_type_is_refused_by_name() -> None:
-    with pytest.raises(UnsupportedModelError, match="org/x is a 'bert' model, which base does not run; supported: llama, qwen2"):
+    with pytest.raises(
+        UnsupportedModelError, match="org/x is a 'bert' model, which base does not run; supported: llama, qwen2"
+    ):
         check_model_type({"model_type": "bert"}, {"llama", "qwen2"}, "org/x")
 
 
@@ -100,7 +107,9 @@ def test_a_download_is_verified_and_byte_identical(hub: HubServer, client: HubCl
     assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
 
 
-def test_a_download_cut_off_halfway_resumes_with_a_range_request(hub: HubServer, client: HubClient, tmp_path: Path) -> None:
+def test_a_download_cut_off_halfway_resumes_with_a_range_request(
+    hub: HubServer, client: HubClient, tmp_path: Path
+) -> None:
     snapshot = client.snapshot("org/tiny")
     hub.cut_after["model.safetensors"] = len(WEIGHTS) // 2 + 1000
     before = len(hub.downloads_of("model.safetensors"))
@@ -142,8 +151,9 @@ def test_progress_lines_when_not_on_a_terminal(client: HubClient, tmp_path: Path
 
 
 @pytest.mark.parametrize("token", [None, "hf_other"])
-def test_a_gated_repo_needs_a_token_with_access(hub: HubServer, tmp_path: Path, token: str | None,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gated_repo_needs_a_token_with_access(
+    hub: HubServer, tmp_path: Path, token: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no stored token either
     client = HubClient(endpoint=hub.url, token=token)
@@ -188,7 +198,10 @@ def test_a_connection_that_keeps_dropping_gives_up_with_a_resumable_error(
     snapshot = client.snapshot("org/tiny")
     hub.cut_always["config.json"] = 5  # less than a chunk: no attempt brings new bytes
     try:
-        with pytest.raises(HubError, match=r"the connection to http://127\.0\.0\.1:\d+ failed \(RemoteProtocolError\); pull again to resume"):
+        with pytest.raises(
+            HubError,
+            match=r"the connection to http://127\.0\.0\.1:\d+ failed \(RemoteProtocolError\); pull again to resume",
+        ):
             client.download(snapshot, snapshot.file("config.json"), tmp_path)
     finally:
         del hub.cut_always["config.json"]

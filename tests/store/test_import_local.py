@@ -55,9 +55,16 @@ def hf_folder(tmp_path: Path) -> Path:
     return folder
 
 
-def test_an_hf_folder_is_stored_under_local_and_its_f32_variant_gives_the_folders_logits(store: Store, hf_folder: Path) -> None:
+def test_an_hf_folder_is_stored_under_local_and_its_f32_variant_gives_the_folders_logits(
+    store: Store, hf_folder: Path
+) -> None:
     model = import_local(hf_folder, quant="f32", supported=SUPPORTED, store=store)
-    assert (model.ref, model.arch, model.quant, model.source["format"]) == ("local/Tiny-Llama:f32", "llama", "f32", "safetensors")
+    assert (model.ref, model.arch, model.quant, model.source["format"]) == (
+        "local/Tiny-Llama:f32",
+        "llama",
+        "f32",
+        "safetensors",
+    )
     stored, source = load_model("local/Tiny-Llama", CPU), load_model(hf_folder, CPU)
     assert np.array_equal(prefill_logits(stored.model), prefill_logits(source.model))
     assert stored.tokenizer.encode("t5 t7") == source.tokenizer.encode("t5 t7")
@@ -74,14 +81,25 @@ def test_an_hf_folder_is_quantized_to_q4_unless_told_otherwise(store: Store, hf_
         "model.norm.weight": "f32",
         "model.layers.0.input_layernorm.weight": "f32",
         "model.layers.0.post_attention_layernorm.weight": "f32",
-        **{f"model.layers.0.{p}.weight": "base_q4" for p in (
-            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")},
+        **{
+            f"model.layers.0.{p}.weight": "base_q4"
+            for p in (
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+                "mlp.gate_proj",
+                "mlp.up_proj",
+                "mlp.down_proj",
+            )
+        },
     }
     assert prefill_logits(load_model(model.ref, CPU).model).shape == (len(IDS), 256)
 
 
-def test_a_gguf_is_stored_as_its_own_quant_and_gives_the_logits_of_its_dequantized_weights(store: Store, tmp_path: Path) -> None:
+def test_a_gguf_is_stored_as_its_own_quant_and_gives_the_logits_of_its_dequantized_weights(
+    store: Store, tmp_path: Path
+) -> None:
     path, config = llama_gguf(tmp_path / "Tiny-Llama.Q5_0.gguf", "Q5_0")
     model = import_local(path, supported=SUPPORTED, store=store)
     assert (model.ref, model.quant, model.source["format"]) == ("local/Tiny-Llama:q5_0", "q5", "gguf")
@@ -113,7 +131,9 @@ def test_a_base_file_is_verified_and_copied_in_as_it_is(store: Store, hf_folder:
     model = import_local(path, supported=SUPPORTED, store=store)
     assert (model.ref, model.quant, model.source["format"]) == ("local/tiny:mixed-q8", "q8", "base")
     assert model.path.read_bytes() == path.read_bytes()
-    assert np.array_equal(prefill_logits(load_model("local/tiny", CPU).model), prefill_logits(load_model(path, CPU).model))
+    assert np.array_equal(
+        prefill_logits(load_model("local/tiny", CPU).model), prefill_logits(load_model(path, CPU).model)
+    )
 
 
 def test_a_damaged_base_file_is_refused_and_nothing_is_stored(store: Store, hf_folder: Path, tmp_path: Path) -> None:
@@ -130,23 +150,33 @@ def test_a_damaged_base_file_is_refused_and_nothing_is_stored(store: Store, hf_f
 def test_a_base_file_cannot_be_requantized_on_import(store: Store, hf_folder: Path, tmp_path: Path) -> None:
     path = tmp_path / "tiny.base"
     convert(hf_folder, path, "q4", None, "default")
-    with pytest.raises(StoreError, match=r"tiny\.base: a \.base file is stored as it is; --quant, --profile and --group-size do not apply"):
+    with pytest.raises(
+        StoreError,
+        match=r"tiny\.base: a \.base file is stored as it is; --quant, --profile and --group-size do not apply",
+    ):
         import_local(path, quant="q8", supported=SUPPORTED, store=store)
 
 
 def test_name_overrides_the_default_and_a_bare_name_goes_under_local(store: Store, hf_folder: Path) -> None:
-    assert import_local(hf_folder, name="me/llama-mini", quant="f16", supported=SUPPORTED, store=store).ref == "me/llama-mini:f16"
+    assert (
+        import_local(hf_folder, name="me/llama-mini", quant="f16", supported=SUPPORTED, store=store).ref
+        == "me/llama-mini:f16"
+    )
     assert import_local(hf_folder, name="mini", quant="f16", supported=SUPPORTED, store=store).ref == "local/mini:f16"
     with pytest.raises(StoreError, match="'a/b/c' is not a model name"):
         import_local(hf_folder, name="a/b/c", supported=SUPPORTED, store=store)
 
 
-def test_importing_the_same_bytes_again_returns_the_stored_model_and_other_bytes_need_force(store: Store, hf_folder: Path) -> None:
+def test_importing_the_same_bytes_again_returns_the_stored_model_and_other_bytes_need_force(
+    store: Store, hf_folder: Path
+) -> None:
     first = import_local(hf_folder, quant="f16", supported=SUPPORTED, store=store)
     assert import_local(hf_folder, quant="f16", supported=SUPPORTED, store=store) == first
     config = json.loads((hf_folder / "config.json").read_text())
     (hf_folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
-    with pytest.raises(StoreError, match=r"local/Tiny-Llama:f16 is already stored from .*Tiny-Llama; pass --force to replace it"):
+    with pytest.raises(
+        StoreError, match=r"local/Tiny-Llama:f16 is already stored from .*Tiny-Llama; pass --force to replace it"
+    ):
         import_local(hf_folder, quant="f16", supported=SUPPORTED, store=store)
     replaced = import_local(hf_folder, quant="f16", supported=SUPPORTED, store=store, force=True)
     assert replaced.source["sha256"] != first.source["sha256"] and store.list() == [replaced]
@@ -176,7 +206,9 @@ def test_a_conversion_that_fails_midway_leaves_no_file_and_no_entry(store: Store
 
 def test_a_path_that_is_no_model_is_a_clear_error(store: Store, tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(StoreError, match=r"notes\.txt: not a model; give an HF or MLX model folder, a \.gguf file or a \.base file"):
+    with pytest.raises(
+        StoreError, match=r"notes\.txt: not a model; give an HF or MLX model folder, a \.gguf file or a \.base file"
+    ):
         import_local(tmp_path / "notes.txt", supported=SUPPORTED, store=store)
     with pytest.raises(StoreError, match="a model folder needs a config.json"):
         import_local(tmp_path, supported=SUPPORTED, store=store)

@@ -79,9 +79,16 @@ def mlx_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_mlx_folder(tmp_path_factory.mktemp("mlx") / "Tiny-Llama-4bit")
 
 
-def test_an_mlx_folder_is_stored_as_its_own_variant_with_every_tensor_byte_identical(mlx_folder: Path, tmp_path: Path) -> None:
+def test_an_mlx_folder_is_stored_as_its_own_variant_with_every_tensor_byte_identical(
+    mlx_folder: Path, tmp_path: Path
+) -> None:
     model = import_local(mlx_folder, supported=SUPPORTED, store=Store(tmp_path))
-    assert (model.ref, model.arch, model.quant, model.source["format"]) == ("local/Tiny-Llama-4bit:mlx-q4", "llama", "q4", "mlx")
+    assert (model.ref, model.arch, model.quant, model.source["format"]) == (
+        "local/Tiny-Llama-4bit:mlx-q4",
+        "llama",
+        "q4",
+        "mlx",
+    )
     header, tensors = read_base_file(model.path, verify=True)
     source = load_file(str(mlx_folder / "model.safetensors"))
     prefixes = {n.removesuffix(".scales") for n in source if n.endswith(".scales")}
@@ -100,7 +107,9 @@ def test_an_mlx_folder_is_stored_as_its_own_variant_with_every_tensor_byte_ident
 def test_per_layer_bits_and_group_sizes_come_from_the_config(mlx_folder: Path, tmp_path: Path) -> None:
     model = import_local(mlx_folder, supported=SUPPORTED, store=Store(tmp_path))
     _, tensors = read_base_file(model.path)
-    layout = {n.removesuffix(".weight"): (t.bits, t.group_size) for n, t in tensors.items() if isinstance(t, QuantizedArray)}
+    layout = {
+        n.removesuffix(".weight"): (t.bits, t.group_size) for n, t in tensors.items() if isinstance(t, QuantizedArray)
+    }
     assert layout["model.layers.0.mlp.down_proj"] == (8, 32)
     assert layout["model.layers.1.mlp.down_proj"] == (5, 32)
     assert layout["model.layers.0.self_attn.v_proj"] == (6, 64)
@@ -126,7 +135,10 @@ def test_a_triplet_that_disagrees_with_the_config_is_named(tmp_path: Path, mlx_f
     # shapes, for 128 inputs: only the model's shapes tell those apart, when it is built.)
     config["quantization"]["model.layers.0.mlp.down_proj"] = {"group_size": 32, "bits": 5}
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelFileError, match=r"model\.layers\.0\.mlp\.down_proj's codes, scales and biases \(64, 16\), \(64, 2\), \(64, 2\) are not 5-bit groups of 32 as config\.json says"):
+    with pytest.raises(
+        ModelFileError,
+        match=r"model\.layers\.0\.mlp\.down_proj's codes, scales and biases \(64, 16\), \(64, 2\), \(64, 2\) are not 5-bit groups of 32 as config\.json says",
+    ):
         import_local(folder, supported=SUPPORTED, store=Store(tmp_path / "store"))
     assert Store(tmp_path / "store").list() == []
 
@@ -141,9 +153,13 @@ def test_non_affine_mlx_quantization_is_refused(tmp_path: Path, mlx_folder: Path
         import_local(folder, supported=SUPPORTED, store=Store(tmp_path / "store"))
 
 
-def test_requantizing_an_mlx_folder_is_asked_for_and_says_it_compounds_error(mlx_folder: Path, tmp_path: Path, caplog) -> None:
+def test_requantizing_an_mlx_folder_is_asked_for_and_says_it_compounds_error(
+    mlx_folder: Path, tmp_path: Path, caplog
+) -> None:
     with caplog.at_level(logging.WARNING, logger="baselm.store.pull"):
         model = import_local(mlx_folder, quant="q8", supported=SUPPORTED, store=Store(tmp_path))
-    assert caplog.messages == ["Tiny-Llama-4bit: requantizing its MLX q4 weights to q8 compounds the two rounding errors"]
+    assert caplog.messages == [
+        "Tiny-Llama-4bit: requantizing its MLX q4 weights to q8 compounds the two rounding errors"
+    ]
     _, tensors = read_base_file(model.path)
     assert model.variant == "q8" and tensors["model.layers.0.self_attn.q_proj.weight"].bits == 8

@@ -75,7 +75,9 @@ def test_a_safetensors_repo_is_pulled_as_q4_by_default(hub: HubServer, tmp_path:
     from baselm.tokenizer import Tokenizer
 
     stored = header["tokenizer"]
-    tokenizer = Tokenizer.from_hf_files(stored["tokenizer.json"], stored["tokenizer_config.json"], stored["chat_template"])
+    tokenizer = Tokenizer.from_hf_files(
+        stored["tokenizer.json"], stored["tokenizer_config.json"], stored["chat_template"]
+    )
     assert tokenizer.encode("t5 t7 t100") == [5, 7, 100] and stored["chat_template"] == "{{ messages }}"
     assert sorted(tensors) == sorted(source)
     assert isinstance(tensors["model.layers.0.mlp.up_proj.weight"], QuantizedArray)
@@ -98,7 +100,9 @@ def test_an_f32_pull_stores_the_source_tensors_exactly(hub: HubServer, tmp_path:
         np.testing.assert_array_equal(np.array(tensors[name]), value)
 
 
-def test_a_gguf_pull_picks_the_asked_file_and_keeps_its_quantization_bit_for_bit(hub: HubServer, tmp_path: Path) -> None:
+def test_a_gguf_pull_picks_the_asked_file_and_keeps_its_quantization_bit_for_bit(
+    hub: HubServer, tmp_path: Path
+) -> None:
     before = len(hub.requests)
     model = run_pull(hub, Store(tmp_path), "org/Tiny-Llama-GGUF:Q8_0")
     fetched = [p.rsplit("/", 1)[1] for m, p, _ in hub.requests[before:] if m == "GET" and "/resolve/" in p]
@@ -110,7 +114,9 @@ def test_a_gguf_pull_picks_the_asked_file_and_keeps_its_quantization_bit_for_bit
     q = tensors["model.layers.1.self_attn.q_proj.weight"]
     assert (q.bits, q.group_size, q.shape) == (8, 32, (64, 64))
     for part in ("weight", "scales", "biases"):
-        assert mx.array_equal(getattr(q, {"weight": "codes"}.get(part, part)), expected[f"model.layers.1.self_attn.q_proj.{part}"])
+        assert mx.array_equal(
+            getattr(q, {"weight": "codes"}.get(part, part)), expected[f"model.layers.1.self_attn.q_proj.{part}"]
+        )
 
 
 def test_a_gguf_repo_without_a_tag_gets_the_default_file(hub: HubServer, tmp_path: Path) -> None:
@@ -149,7 +155,9 @@ def test_pulling_a_stored_model_again_downloads_nothing(hub: HubServer, tmp_path
 def test_two_concurrent_pulls_of_one_model_both_finish_with_one_valid_model(hub: HubServer, tmp_path: Path) -> None:
     store = Store(tmp_path)
     results: list[object] = []
-    threads = [threading.Thread(target=lambda: results.append(run_pull(hub, store, "org/Tiny-Llama:q8"))) for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: results.append(run_pull(hub, store, "org/Tiny-Llama:q8"))) for _ in range(2)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -179,7 +187,9 @@ pull("org/Tiny-Llama", store=Store(sys.argv[1]), client=HubClient(endpoint=sys.a
 """
 
 
-def test_a_pull_killed_mid_download_leaves_nothing_listed_and_the_next_pull_resumes(hub: HubServer, tmp_path: Path) -> None:
+def test_a_pull_killed_mid_download_leaves_nothing_listed_and_the_next_pull_resumes(
+    hub: HubServer, tmp_path: Path
+) -> None:
     store = Store(tmp_path)
     hub.stalled.clear()
     hub.release.clear()
@@ -203,7 +213,9 @@ def test_a_pull_killed_mid_download_leaves_nothing_listed_and_the_next_pull_resu
 
 
 @pytest.mark.slow
-def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(smollm2_gguf: Path, tmp_path: Path) -> None:
+def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(
+    smollm2_gguf: Path, tmp_path: Path
+) -> None:
     from baselm.store.base_file import model_weights
     from baselm.store.pull import convert
 
@@ -242,21 +254,31 @@ GGUF_Q4_K_M = Selection("gguf", (), "Q4_K_M")
         (GGUF_Q4_K_M, "Q4_K_M", {"quant": "q8"}, Plan("q4_k_m-q8", "q8", "default", None)),
     ],
 )
-def test_the_variant_name_says_how_the_model_was_stored(selection: Selection, tag: str | None, options: dict, plan: Plan) -> None:
+def test_the_variant_name_says_how_the_model_was_stored(
+    selection: Selection, tag: str | None, options: dict, plan: Plan
+) -> None:
     options = {"quant": None, "profile": None, "group_size": None, **options}
     assert plan_variant(selection, tag, **options) == plan
 
 
 def test_an_unknown_variant_tag_lists_the_choices() -> None:
-    with pytest.raises(StoreError, match=r"unknown variant 'q9'; use a quantization \(q2, q3, q4, q5, q6, q8, f16, bf16, f32\), a profile \(default, mixed\)"):
+    with pytest.raises(
+        StoreError,
+        match=r"unknown variant 'q9'; use a quantization \(q2, q3, q4, q5, q6, q8, f16, bf16, f32\), a profile \(default, mixed\)",
+    ):
         plan_variant(SAFETENSORS, "q9", None, None, None)
 
 
 def test_a_sharded_repo_is_pulled_through_its_index(hub: HubServer, tmp_path: Path) -> None:
     model = run_pull(hub, Store(tmp_path), "org/Tiny-Sharded:f32", keep_download=True)
     assert sorted(model.source["files"]) == [
-        "config.json", "generation_config.json", "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+        "config.json",
+        "generation_config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     _, tensors = read_base_file(model.path)
     for name, value in load_file(str(FIXTURE / "model.safetensors")).items():

@@ -70,7 +70,9 @@ def test_error_is_half_a_step_plus_rounding(bits: int, group_size: int, scale_dt
     w = (rng.standard_normal((8, 256)) * 0.05).astype(np.float32)  # (out, in): weight-like magnitudes
     record = quantize(w, bits, group_size, scale_dtype)
     scales = _mx(record.scales, scale_dtype)
-    dense = mx.dequantize(mx.array(record.codes), scales, _mx(record.biases, scale_dtype), group_size=group_size, bits=bits)
+    dense = mx.dequantize(
+        mx.array(record.codes), scales, _mx(record.biases, scale_dtype), group_size=group_size, bits=bits
+    )
     error = np.abs(np.array(dense.astype(mx.float32)) - w).reshape(8, -1, group_size).max(axis=-1)
     largest = np.abs(w).reshape(8, -1, group_size).max(axis=-1)
     # Half a step, plus rounding of the stored bias, of scale * levels, and of the output.
@@ -91,14 +93,18 @@ def test_q4_codes_of_a_known_row() -> None:
 def test_constant_groups_are_exact() -> None:
     w = np.full((2, 64), -0.75, dtype=np.float32)
     record = quantize(w, 3, 32, "f16")
-    dense = mx.dequantize(mx.array(record.codes), mx.array(record.scales), mx.array(record.biases), group_size=32, bits=3)
+    dense = mx.dequantize(
+        mx.array(record.codes), mx.array(record.scales), mx.array(record.biases), group_size=32, bits=3
+    )
     assert np.array(dense).tolist() == w.tolist()
 
 
 def test_non_finite_weights_are_refused() -> None:
     w = np.zeros((2, 64), dtype=np.float32)
     w[1, 3] = np.inf
-    with pytest.raises(QuantizationError, match=r"^w: values are not finite or overflow f16 scales; use scale dtype f32$"):
+    with pytest.raises(
+        QuantizationError, match=r"^w: values are not finite or overflow f16 scales; use scale dtype f32$"
+    ):
         quantize(w, 4, 64, "f16", name="w")
 
 
@@ -119,7 +125,9 @@ def test_bad_shapes_and_parameters_are_refused() -> None:
 def test_bfloat16_input_is_quantized_from_its_exact_values() -> None:
     w = mx.random.normal((4, 128), key=mx.random.key(3)).astype(mx.bfloat16)
     record = quantize(w, 8, 128, "f32")
-    dense = mx.dequantize(mx.array(record.codes), mx.array(record.scales), mx.array(record.biases), group_size=128, bits=8)
+    dense = mx.dequantize(
+        mx.array(record.codes), mx.array(record.scales), mx.array(record.biases), group_size=128, bits=8
+    )
     step = record.scales.max()
     assert float(mx.abs(dense - w.astype(mx.float32)).max()) <= step / 2 * 1.0001
 
@@ -152,8 +160,15 @@ def _dtypes(profile: QuantProfile) -> dict[str, tuple[str, int | None]]:
 
 def test_scheme_defaults() -> None:
     assert {n: (s.bits, s.group_size) for n, s in SCHEMES.items()} == {
-        "q2": (2, 32), "q3": (3, 32), "q4": (4, 64), "q5": (5, 64), "q6": (6, 64), "q8": (8, 128),
-        "f16": (None, None), "bf16": (None, None), "f32": (None, None),
+        "q2": (2, 32),
+        "q3": (3, 32),
+        "q4": (4, 64),
+        "q5": (5, 64),
+        "q6": (6, 64),
+        "q8": (8, 128),
+        "f16": (None, None),
+        "bf16": (None, None),
+        "f32": (None, None),
     }
 
 
@@ -190,10 +205,15 @@ def test_float_scheme_profile_stores_everything_in_it() -> None:
 def test_decisions_say_why_a_tensor_stayed_float() -> None:
     profile = builtin_profile("default", "q4")
     assert profile.decide("model.layers.0.mlp.odd.weight", (128, 100), "f32") == Decision(
-        "model.layers.0.mlp.odd.weight", "f32", None,
+        "model.layers.0.mlp.odd.weight",
+        "f32",
+        None,
         "rule '*' asks q4, but input dim 100 is not a multiple of group size 32; kept float",
     )
-    assert profile.decide("x.bias", (128,), "f16").reason == "rule '*' asks q4, but only 2-D .weight tensors are quantized; kept float"
+    assert (
+        profile.decide("x.bias", (128,), "f16").reason
+        == "rule '*' asks q4, but only 2-D .weight tensors are quantized; kept float"
+    )
 
 
 def test_first_matching_rule_wins_and_unmatched_names_stay() -> None:
@@ -215,7 +235,9 @@ def test_default_group_size_steps_down_but_a_rule_group_size_is_kept() -> None:
 
 
 def test_unknown_profile_and_scheme() -> None:
-    with pytest.raises(ProfileError, match=r"^unknown profile 'fast'; built-in profiles are default, mixed, or give a JSON file$"):
+    with pytest.raises(
+        ProfileError, match=r"^unknown profile 'fast'; built-in profiles are default, mixed, or give a JSON file$"
+    ):
         builtin_profile("fast", "q4")
     with pytest.raises(ProfileError, match=r"^unknown quantization scheme 'q7'"):
         builtin_profile("default", "q7")
@@ -237,13 +259,25 @@ def test_profile_file_round_trips(tmp_path: Path) -> None:
         ('{"name": 3, "rules": [{"match": "*", "scheme": "q4"}]}', "'name' must be a non-empty string"),
         ('{"rules": []}', "'rules' must be a non-empty list"),
         ('{"rules": [{"scheme": "q4"}]}', "rule 0 must be an object with exactly one of 'match' (glob) or 'regex'"),
-        ('{"rules": [{"match": "*", "regex": "x", "scheme": "q4"}]}', "rule 0 must be an object with exactly one of 'match' (glob) or 'regex'"),
+        (
+            '{"rules": [{"match": "*", "regex": "x", "scheme": "q4"}]}',
+            "rule 0 must be an object with exactly one of 'match' (glob) or 'regex'",
+        ),
         ('{"rules": [{"match": "*", "scheme": "q4", "bits": 4}]}', "rule 0 has unknown keys bits"),
         ('{"rules": [{"match": "", "scheme": "q4"}]}', "rule 0: the pattern must be a non-empty string"),
         ('{"rules": [{"regex": "(", "scheme": "q4"}]}', "rule 0: regex '(' does not compile"),
-        ('{"rules": [{"match": "*", "scheme": "q4"}, {"match": "*", "scheme": "q7"}]}', "rule 1: scheme 'q7' is not one of q2, q3, q4, q5, q6, q8, f16, bf16, f32, float"),
-        ('{"rules": [{"match": "*", "scheme": "f16", "group_size": 32}]}', "rule 0: group_size applies only to quantized schemes, not f16"),
-        ('{"rules": [{"match": "*", "scheme": "q4", "group_size": 16}]}', "rule 0: group_size 16 must be 32, 64 or 128"),
+        (
+            '{"rules": [{"match": "*", "scheme": "q4"}, {"match": "*", "scheme": "q7"}]}',
+            "rule 1: scheme 'q7' is not one of q2, q3, q4, q5, q6, q8, f16, bf16, f32, float",
+        ),
+        (
+            '{"rules": [{"match": "*", "scheme": "f16", "group_size": 32}]}',
+            "rule 0: group_size applies only to quantized schemes, not f16",
+        ),
+        (
+            '{"rules": [{"match": "*", "scheme": "q4", "group_size": 16}]}',
+            "rule 0: group_size 16 must be 32, 64 or 128",
+        ),
     ],
 )
 def test_bad_profile_files(tmp_path: Path, content: str, problem: str) -> None:
@@ -265,7 +299,10 @@ def test_missing_profile_file(tmp_path: Path) -> None:
 
 def test_quantized_model_round_trip(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
-    source = {name: mx.array(rng.standard_normal(shape).astype(np.float32) * 0.05).astype(mx.bfloat16) for name, shape in LLAMA_TENSORS.items()}
+    source = {
+        name: mx.array(rng.standard_normal(shape).astype(np.float32) * 0.05).astype(mx.bfloat16)
+        for name, shape in LLAMA_TENSORS.items()
+    }
     profile = builtin_profile("mixed", "q4")
     decisions: list[Decision] = []
     stream = quantize_tensors(iter(source.items()), profile, decisions=decisions)

@@ -76,7 +76,9 @@ def test_the_same_name_in_two_orgs_needs_the_org(tmp_path: Path) -> None:
 def test_an_unknown_name_suggests_close_matches(tmp_path: Path) -> None:
     store = Store(tmp_path)
     put(store, "HuggingFaceTB/SmolLM2-135M-Instruct", "q4")
-    with pytest.raises(UnknownModelError, match=r"no stored model named 'smollm2-135m-instrct'; did you mean SmolLM2-135M-Instruct\?"):
+    with pytest.raises(
+        UnknownModelError, match=r"no stored model named 'smollm2-135m-instrct'; did you mean SmolLM2-135M-Instruct\?"
+    ):
         store.resolve("smollm2-135m-instrct")
     with pytest.raises(UnknownModelError, match=r"no stored model named 'llama-3'; `base list` shows"):
         store.resolve("llama-3")

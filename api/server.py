@@ -16,8 +16,8 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from typing import NoReturn
 from dataclasses import dataclass
+from typing import NoReturn
 
 import uvicorn
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
 
 import typer
 
@@ -57,10 +56,10 @@ def pull(
     source: str = typer.Argument(
         ..., help="HF repo id (org/name[:variant]), an HF or MLX folder, a .gguf or .base file."
     ),
-    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="q2, q3, q4, q5, q6, q8, f16, bf16 or f32."),
-    group_size: Optional[int] = typer.Option(None, "--group-size", help="Quantization group size: 32, 64 or 128."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Built-in profile name or a profile JSON file."),
-    name: Optional[str] = typer.Option(None, "--name", help="Store the model as org/name (local sources)."),
+    quant: str | None = typer.Option(None, "--quant", "-q", help="q2, q3, q4, q5, q6, q8, f16, bf16 or f32."),
+    group_size: int | None = typer.Option(None, "--group-size", help="Quantization group size: 32, 64 or 128."),
+    profile: str | None = typer.Option(None, "--profile", help="Built-in profile name or a profile JSON file."),
+    name: str | None = typer.Option(None, "--name", help="Store the model as org/name (local sources)."),
     revision: str = typer.Option("main", "--revision", help="Hub branch, tag or commit."),
     force: bool = typer.Option(False, "--force", help="Pull and convert again even if already stored."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
@@ -185,9 +184,9 @@ def run(
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling threshold."),
     top_k: int = typer.Option(0, "--top-k", help="Sample among the K most likely tokens (0: off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, not through the chat template."),
-    logprobs: Optional[int] = typer.Option(
+    logprobs: int | None = typer.Option(
         None, "--logprobs", help="Return log-probabilities with the top K alternatives."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
@@ -219,15 +218,15 @@ def run(
 @app.command()
 def chat(
     model: str = typer.Argument(..., help=MODEL_HELP),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt for the conversation."),
+    system: str | None = typer.Option(None, "--system", help="System prompt for the conversation."),
     temperature: float = typer.Option(0.7, "--temperature", "-t", help="0 is greedy."),
     top_p: float = typer.Option(0.9, "--top-p", help="Nucleus sampling threshold."),
-    max_tokens: Optional[int] = typer.Option(
+    max_tokens: int | None = typer.Option(
         None, "--max-tokens", "-n", help="Most tokens per answer (default: the context's room)."
     ),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="Memory for the KV cache, e.g. 2GiB."),
+    kv_memory: str | None = typer.Option(None, "--kv-memory", help="Memory for the KV cache, e.g. 2GiB."),
     serve: bool = typer.Option(False, "--serve", help="Also serve the HTTP API on the same engine."),
     port: int = typer.Option(8080, "--port", help="Port for --serve."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
@@ -275,7 +274,7 @@ def bench(
     compare_mlx_lm: bool = typer.Option(
         False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop on the same weights."
     ),
-    kv_memory: Optional[str] = typer.Option(
+    kv_memory: str | None = typer.Option(
         None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."
     ),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Most requests running at once."),
@@ -322,14 +321,14 @@ def serve(
     model: str = typer.Argument(..., help=MODEL_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="Port to listen on."),
-    api_key: Optional[str] = typer.Option(
+    api_key: str | None = typer.Option(
         None, "--api-key", envvar="BASE_API_KEY", help="Require 'Authorization: Bearer KEY' (env BASE_API_KEY)."
     ),
-    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name clients send."),
-    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="Memory for the KV cache, e.g. 2GiB."),
+    served_model_name: str | None = typer.Option(None, "--served-model-name", help="Model name clients send."),
+    kv_memory: str | None = typer.Option(None, "--kv-memory", help="Memory for the KV cache, e.g. 2GiB."),
     kv_bits: int = typer.Option(16, "--kv-bits", help="KV cache precision: 16 (model dtype), 8 or 4."),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Requests running at once."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context length cap."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Context length cap."),
     max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Tokens per engine step."),
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Turn prefix caching off."),
     max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
@@ -369,7 +368,7 @@ def perplexity(
     model: str = typer.Argument(..., help=MODEL_HELP),
     text_file: str = typer.Argument(..., help="A UTF-8 plain-text file (no chat template is applied)."),
     context: int = typer.Option(512, "--context", help="Tokens per window."),
-    stride: Optional[int] = typer.Option(
+    stride: int | None = typer.Option(
         None, "--stride", help="Tokens between window starts, less than --context (default: half)."
     ),
     kv_bits: int = typer.Option(16, "--kv-bits", help="KV cache precision: 16 (model dtype), 8 or 4."),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 import mlx.core as mx
 

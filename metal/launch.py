@@ -11,9 +11,9 @@ the test suite supplies one that runs the same source under `emulator/metal_emu.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 

@@ -23,9 +23,8 @@ import mlx.core as mx
 import numpy as np
 
 from baselm.metal import dispatch, self_check
-from baselm.metal.launch import KernelSource, Launch, Runner, run_on_metal
-
 from baselm.metal.kv_quant import Pool, QuantizedPool, dequantize_rows, quantize_rows
+from baselm.metal.launch import KernelSource, Launch, Runner, run_on_metal
 
 
 def write_kv_reference(

@@ -25,10 +25,10 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-import numpy as np
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "models"
 SEED = 1234

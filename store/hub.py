@@ -134,7 +134,8 @@ class RichProgress:
 
     def __init__(self) -> None:
         from rich.console import Console
-        from rich.progress import DownloadColumn, Progress as Bars, TransferSpeedColumn
+        from rich.progress import DownloadColumn, TransferSpeedColumn
+        from rich.progress import Progress as Bars
 
         columns = (*Bars.get_default_columns(), DownloadColumn(), TransferSpeedColumn())
         self.bars = Bars(*columns, console=Console(stderr=True))

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from baselm.store.errors import ProfileError, StoreError, UnsupportedModelError
 from baselm.store.hub import (
     HubClient,

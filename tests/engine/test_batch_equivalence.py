@@ -67,9 +67,9 @@ def run(engine, requests) -> tuple[list[TeacherForcing], list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def alone_logits():
-    from tests.engine.conftest import tiny_loaded
     from baselm.config import EngineConfig
     from baselm.engine import LLMEngine
+    from tests.engine.conftest import tiny_loaded
 
     results = []
     for _, prompt, forced in workload():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import mlx.core as mx
 import numpy as np
 import pytest
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

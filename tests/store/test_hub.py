@@ -11,8 +11,8 @@ import pytest
 from hub_server import HubServer, git_blob_id
 
 from baselm.store import hub as hub_module
-from baselm.store.hub import HubClient, HubError, LineProgress, check_model_type, gguf_tag, select_files
 from baselm.store.errors import ModelFileError, UnsupportedModelError
+from baselm.store.hub import HubClient, HubError, LineProgress, check_model_type, gguf_tag, select_files
 
 WEIGHTS = bytes(range(256)) * 4096  # 1 MiB, several download chunks
 FILES = {

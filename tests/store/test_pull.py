@@ -21,8 +21,7 @@ from safetensors.numpy import load_file
 from baselm.store import gguf
 from baselm.store.base_file import QuantizedArray, read_base_file
 from baselm.store.errors import StoreError, UnsupportedModelError
-from baselm.store.hub import HubClient, HubError, NoProgress
-from baselm.store.hub import Selection
+from baselm.store.hub import HubClient, HubError, NoProgress, Selection
 from baselm.store.pull import Plan, plan_variant, pull
 from baselm.store.registry import Store
 

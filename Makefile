@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL_NAME ?= HuggingFaceTB/SmolLM2-135M-Instruct
 
-.PHONY: install blas chat test test-fast model clean
+.PHONY: install blas chat test test-fast lint format model clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ chat: model
 
 test: install
 	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -100,16 +100,20 @@ def build_model(
     dtype: mx.Dtype = mx.float32,
     group_size: int | dict[str, int] | None = None,
     keep_quantized: bool = False,
+    rope_freq_factors: mx.array | None = None,
 ) -> DecoderModel:
     """Instantiates the architecture of `config` and loads `weights` (HF names) into it.
 
     Quantized triplets are either dequantized to `dtype` (the CPU path: float32 through BLAS is
     the only fast CPU compute) or kept as quantized layers (GPU paths). Their bits and group size
     follow from the shapes; `group_size` (one for all, or per module path), when given, is checked.
+    `rope_freq_factors` (rotary_dims // 2,) divide the RoPE frequencies: llama 3 scaling kept outside the config.
     """
     args_cls, model_cls = model_class(config.get("model_type", ""))
     args = args_cls.from_dict(config)
     model = model_cls(args)
+    if rope_freq_factors is not None:
+        model.divide_rope_frequencies(rope_freq_factors)
     weights = model.sanitize(dict(weights))
     params = _quantization(model, weights, group_size)
     if params and keep_quantized:

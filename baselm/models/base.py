@@ -52,6 +52,11 @@ class DecoderModel(nn.Module):
         """Maps checkpoint tensors to this module's parameter names (drops unused ones)."""
         return weights
 
+    def divide_rope_frequencies(self, factors: mx.array) -> None:
+        """Divides each RoPE frequency by its factor, (rotary_dims // 2,): llama 3 scaling as llama.cpp's
+        converter stores it, beside the weights rather than in the config. Only Llama-like models take it."""
+        raise ModelConfigError(f"{type(self).__module__} takes no per-frequency RoPE factors")
+
     def kv_shape(self) -> tuple[int, int, int]:
         """(num_layers, num_kv_heads, head_dim) of the KV cache this model needs."""
         a = self.args

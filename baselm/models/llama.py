@@ -15,7 +15,6 @@ import mlx.nn as nn
 
 from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError
 from baselm.models.layers import MLP, Attention, make_rope, rope_type, select_logits
-from baselm.store.gguf import ROPE_FREQS
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -167,13 +166,10 @@ class Model(DecoderModel):
         weights = {k.removeprefix("model."): v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
         if self.args.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
-        freq_factors = weights.pop(ROPE_FREQS, None)
-        if freq_factors is not None:
-            self._divide_rope_frequencies(freq_factors)
         return weights
 
-    def _divide_rope_frequencies(self, factors: mx.array) -> None:
-        """Applies GGUF's `rope_freqs` tensor (llama 3 scaling stored as per-frequency divisors)."""
+    def divide_rope_frequencies(self, factors: mx.array) -> None:
+        """Llama 3 scaling given as one divisor per rotary frequency, (rotary_dims // 2,), instead of in the config."""
         if rope_type(self.args.rope_params("full_attention")) != "default":
             raise ModelConfigError(
                 "the checkpoint has a rope_freqs tensor and the config a rope scaling; only one may scale"

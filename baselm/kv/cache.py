@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from baselm.kv.metadata import AttentionMetadata
-from baselm.metal import allocate_pool, write_kv
+from baselm.metal import AttentionMetadata, allocate_pool, write_kv
 
 
 class LayerKV:

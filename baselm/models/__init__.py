@@ -8,8 +8,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.models.attention import Attention
 from baselm.models.base import DecoderModel, ModelConfigError
-from baselm.models.layers import fuse_projections
+from baselm.models.mlp import MLP
 
 # HF model_type -> module in this package.
 ARCHITECTURES = {
@@ -127,6 +128,17 @@ def build_model(
         fuse_projections(model)
     mx.eval(model.parameters())
     return model
+
+
+def fuse_projections(model: nn.Module) -> None:
+    """Fuses q/k/v and gate/up matmuls of every dense (not quantized) layer of `model`."""
+    for _, module in model.named_modules():
+        if isinstance(module, Attention) and all(
+            type(getattr(module, n)) is nn.Linear for n in ("q_proj", "k_proj", "v_proj")
+        ):
+            module.fuse()
+        elif isinstance(module, MLP) and type(module.gate_proj) is nn.Linear and type(module.up_proj) is nn.Linear:
+            module.fuse()
 
 
 def _check_shapes(model: nn.Module, weights: dict[str, mx.array]) -> None:

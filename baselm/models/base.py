@@ -71,3 +71,8 @@ class DecoderModel(nn.Module):
             if mx.issubdtype(value.dtype, mx.floating):
                 return value.dtype
         return mx.float32
+
+
+def select_logits(hidden: mx.array, meta) -> mx.array:
+    """Rows of `hidden` (num_tokens, hidden) whose logits are wanted."""
+    return hidden if meta.logits_indices is None else hidden[meta.logits_indices]

@@ -11,7 +11,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from baselm.models import llama
-from baselm.models.layers import MLP, Attention, GemmaRMSNorm
+from baselm.models.attention import Attention
+from baselm.models.mlp import MLP
 
 
 @dataclass
@@ -28,6 +29,18 @@ class ModelArgs(llama.ModelArgs):
         if self.layer_types is not None:
             return list(self.layer_types)
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(self.num_hidden_layers)]
+
+
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm that scales by (1 + weight): Gemma checkpoints store the offset from one."""
+
+    def __init__(self, dims: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = mx.zeros((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
 
 
 class SandwichDecoderLayer(llama.DecoderLayer):

@@ -8,7 +8,6 @@ from typing import Any, ClassVar
 
 from baselm.models import gemma2
 from baselm.models.base import ModelConfigError
-from baselm.models.layers import GemmaRMSNorm
 
 
 @dataclass
@@ -50,4 +49,4 @@ class ModelArgs(gemma2.ModelArgs):
 class Model(gemma2.Model):
     def attention_options(self, args: ModelArgs, layer_idx: int) -> dict[str, Any]:
         options = super().attention_options(args, layer_idx)
-        return {**options, "qk_norm_eps": args.rms_norm_eps, "norm_cls": GemmaRMSNorm}
+        return {**options, "qk_norm_eps": args.rms_norm_eps, "norm_cls": gemma2.GemmaRMSNorm}

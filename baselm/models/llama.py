@@ -13,8 +13,10 @@ from typing import Any, ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 
-from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError
-from baselm.models.layers import MLP, Attention, make_rope, rope_type, select_logits
+from baselm.models.attention import Attention
+from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError, select_logits
+from baselm.models.mlp import MLP
+from baselm.models.rope import make_rope, rope_type
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 

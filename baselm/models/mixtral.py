@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from baselm.models import llama, mistral
-from baselm.models.layers import SparseMoE, split_fused_experts, stack_experts
+from baselm.models.moe import SparseMoE, split_fused_experts, stack_experts
 
 # Mixtral's expert projection names -> the shared SwitchGLU's.
 _EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}

@@ -9,7 +9,8 @@ import mlx.nn as nn
 
 from baselm.models import qwen3
 from baselm.models.base import ModelConfigError
-from baselm.models.layers import MLP, SparseMoE, split_fused_experts, stack_experts
+from baselm.models.mlp import MLP
+from baselm.models.moe import SparseMoE, split_fused_experts, stack_experts
 
 
 @dataclass

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from baselm.metal import AttentionMetadata, allocate_pool, write_kv
+from baselm.metal import AttentionMetadata, Pool, allocate_pool, write_kv
 
 
 class LayerKV:
-    """The K and V pools of one attention layer.
+    """The K and V pools of one attention layer: what a model's attention layer reads and writes.
 
     A pool is (num_blocks, block_size, kv_heads, head_dim) in the model dtype, or for
     kv_bits 8/4 a `QuantizedPool` (codes, scales, biases) of the same leading shape.
     """
 
     __slots__ = ("keys", "values")
+    keys: Pool  # (num_blocks, block_size, kv_heads, head_dim)
+    values: Pool  # (num_blocks, block_size, kv_heads, head_dim)
 
     def __init__(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, kv_bits: int

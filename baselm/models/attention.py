@@ -5,7 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from baselm.metal import paged_attention
+from baselm.kv.cache import LayerKV
+from baselm.metal import AttentionMetadata, paged_attention
 from baselm.models.base import ModelConfigError
 from baselm.models.linear import fuse_linears, fused_linear
 from baselm.models.rope import RoPE
@@ -62,12 +63,17 @@ class Attention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         return mx.split(fused_linear(x, *qkv), [q_size, q_size + kv_size], axis=-1)
 
-    def __call__(self, x: mx.array, positions: mx.array, meta, layer_kv) -> mx.array:
+    def __call__(self, x: mx.array, positions: mx.array, meta: AttentionMetadata, layer_kv: LayerKV) -> mx.array:
+        """x: (num_tokens, hidden); positions: (num_tokens,); returns (num_tokens, hidden).
+
+        Writes this step's keys and values into `layer_kv` at `meta.slot_mapping`, then attends over
+        the pools: each token sees its sequence's cached keys up to its own position.
+        """
         num_tokens = x.shape[0]
         q, k, v = self._project(x)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # (num_tokens, heads, head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # (num_tokens, kv_heads, head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # (num_tokens, kv_heads, head_dim)
         if self.has_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(q, positions), self.rope(k, positions)

@@ -9,6 +9,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.kv.cache import PagedKVCache
+from baselm.metal import AttentionMetadata
+
 
 class ModelConfigError(ValueError):
     """A model's config is missing something or holds a value we cannot run."""
@@ -40,11 +43,13 @@ class DecoderModel(nn.Module):
 
     args: Any
 
-    def __call__(self, input_ids: mx.array, positions: mx.array, meta, cache) -> mx.array:
+    def __call__(
+        self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
+    ) -> mx.array:
         """input_ids, positions: (num_tokens,); returns logits (num_logits, vocab_size).
 
-        `meta` is an AttentionMetadata; `cache` indexes per-layer KV pools (`cache[i]`).
-        Logits are computed only at `meta.logits_indices` (all tokens when None).
+        Layer `i` writes and reads the pools of `cache[i]`, a LayerKV. Logits are computed only
+        at `meta.logits_indices` (all tokens when None).
         """
         raise NotImplementedError
 
@@ -73,6 +78,6 @@ class DecoderModel(nn.Module):
         return mx.float32
 
 
-def select_logits(hidden: mx.array, meta) -> mx.array:
-    """Rows of `hidden` (num_tokens, hidden) whose logits are wanted."""
+def select_logits(hidden: mx.array, meta: AttentionMetadata) -> mx.array:
+    """Rows of `hidden` (num_tokens, hidden) whose logits are wanted: (num_logits, hidden)."""
     return hidden if meta.logits_indices is None else hidden[meta.logits_indices]

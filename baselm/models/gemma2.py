@@ -10,6 +10,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.kv.cache import LayerKV
+from baselm.metal import AttentionMetadata
 from baselm.models import llama
 from baselm.models.attention import Attention
 from baselm.models.mlp import MLP
@@ -51,7 +53,7 @@ class SandwichDecoderLayer(llama.DecoderLayer):
         self.pre_feedforward_layernorm = make_norm()
         self.post_feedforward_layernorm = make_norm()
 
-    def __call__(self, x: mx.array, positions: mx.array, meta, layer_kv) -> mx.array:
+    def __call__(self, x: mx.array, positions: mx.array, meta: AttentionMetadata, layer_kv: LayerKV) -> mx.array:
         h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), positions, meta, layer_kv))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 

@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.kv.cache import LayerKV, PagedKVCache
+from baselm.metal import AttentionMetadata
 from baselm.models.attention import Attention
 from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError, select_logits
 from baselm.models.mlp import MLP
@@ -108,7 +110,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = make_norm()
         self.post_attention_layernorm = make_norm()
 
-    def __call__(self, x: mx.array, positions: mx.array, meta, layer_kv) -> mx.array:
+    def __call__(self, x: mx.array, positions: mx.array, meta: AttentionMetadata, layer_kv: LayerKV) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), positions, meta, layer_kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -158,7 +160,9 @@ class Model(DecoderModel):
         """(num_logits, hidden) normed hidden states -> (num_logits, vocab_size)."""
         return self.embed_tokens.as_linear(h) if self.args.tie_word_embeddings else self.lm_head(h)
 
-    def __call__(self, input_ids: mx.array, positions: mx.array, meta, cache) -> mx.array:
+    def __call__(
+        self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
+    ) -> mx.array:
         h = self.embed(input_ids)  # (num_tokens, hidden)
         for i, layer in enumerate(self.layers):
             h = layer(h, positions, meta, cache[i])

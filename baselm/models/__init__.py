@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from baselm.models.attention import Attention
-from baselm.models.base import DecoderModel, ModelConfigError
+from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError
 from baselm.models.mlp import MLP
 
 # HF model_type -> module in this package.
@@ -30,7 +30,7 @@ def supported_model_types() -> list[str]:
     return sorted(ARCHITECTURES)
 
 
-def model_class(model_type: str):
+def model_class(model_type: str) -> tuple[type[BaseModelArgs], type[DecoderModel]]:
     """(ModelArgs, Model) for an HF model_type, or a clear error."""
     module_name = ARCHITECTURES.get(model_type)
     if module_name is None:

@@ -19,6 +19,8 @@ from baselm.models.mlp import MLP
 
 @dataclass
 class ModelArgs(llama.ModelArgs):
+    """Llama's config plus Gemma 2's soft-caps, attention scale and alternating layer types."""
+
     hidden_activation: str = "gelu_pytorch_tanh"
     query_pre_attn_scalar: float = 256
     attn_logit_softcapping: float | None = 50.0
@@ -59,6 +61,8 @@ class SandwichDecoderLayer(llama.DecoderLayer):
 
 
 class Model(llama.Model):
+    """Llama's decoder with sandwich norms, (1 + w) RMSNorm, a scaled embedding and soft-capped logits."""
+
     def make_norm(self, dims: int | None = None) -> nn.Module:
         return GemmaRMSNorm(dims or self.args.hidden_size, eps=self.args.rms_norm_eps)
 

@@ -25,6 +25,8 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 
 @dataclass
 class ModelArgs(BaseModelArgs):
+    """The HF config keys a Llama-like decoder reads; `layer_types` is resolved per architecture."""
+
     hidden_size: int
     num_hidden_layers: int
     intermediate_size: int
@@ -50,7 +52,7 @@ class ModelArgs(BaseModelArgs):
 
     default_rope_theta: ClassVar[float] = 10000.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:

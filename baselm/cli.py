@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from baselm.engine import AsyncEngine
 
 app = typer.Typer(
     name="base",
@@ -232,22 +241,50 @@ def chat(
     host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
-    from baselm.chat import ChatSettings, ServeError, run_chat
+    from baselm.chat.line_reader import history_path
+    from baselm.chat.repl import ChatREPL, open_chat_engine
+    from baselm.chat.settings import ChatSettings
 
     try:
         settings = ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
-        run_chat(
-            model,
-            settings=settings,
-            system=system,
-            device=device,
-            kv_memory=kv_memory,
-            serve=serve,
-            host=host,
-            port=port,
-        )
+        with open_chat_engine(model, device, kv_memory) as client:
+            model_name = client.engine.loaded.name
+            with _background_server(client, model_name, host, port) if serve else contextlib.nullcontext() as url:
+                repl = ChatREPL(client, model_name, settings, system, history_path())
+                if url is not None:
+                    repl.note(f"serving the OpenAI API at {url} on this chat's engine")
+                repl.run()
     except _user_errors() + (ServeError,) as exc:
         _fail(str(exc))
+
+
+class ServeError(RuntimeError):
+    """The HTTP server of `base chat --serve` could not start; the message says why."""
+
+
+@contextlib.contextmanager
+def _background_server(client: AsyncEngine, model_name: str, host: str, port: int) -> Iterator[str]:
+    """The HTTP API on `client`'s engine, under uvicorn on a thread of its own, while the block runs;
+    yields its URL. The API key comes from $BASE_API_KEY."""
+    from baselm.api.server import ServeOptions, is_loopback, make_server
+
+    api_key = os.environ.get("BASE_API_KEY") or None
+    if not api_key and not is_loopback(host):
+        print(f"WARNING: serving on {host} without an API key; set BASE_API_KEY.", file=sys.stderr)
+    options = ServeOptions(host=host, port=port, api_key=api_key, log_level="warning")
+    server = make_server(client, model_name, options)
+    thread = threading.Thread(target=server.run, name="base-http", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10.0
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not server.started:
+            raise ServeError(f"could not serve on {host}:{port}; is the port in use?")
+        yield f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(5.0)
 
 
 def _int_list(text: str) -> list[int]:
@@ -274,9 +311,7 @@ def bench(
     compare_mlx_lm: bool = typer.Option(
         False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop on the same weights."
     ),
-    kv_memory: str | None = typer.Option(
-        None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."
-    ),
+    kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Token budget per step."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),

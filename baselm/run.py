@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 from baselm.sampling import SamplingParams, TokenLogprobs
 
 if TYPE_CHECKING:
-    from baselm.chat import TurnStats
+    from baselm.chat.stats import TurnStats
 
 
 def _timings_json(load_s: float, stats: TurnStats) -> dict[str, float]:
-    """The `timings` object of `base run --json`, from the turn's numbers (baselm.chat.TurnStats)."""
+    """The `timings` object of `base run --json`, from the turn's numbers (baselm.chat.stats.TurnStats)."""
     return {
         "load_s": round(load_s, 3),
         "ttft_s": round(stats.ttft_s, 4),
@@ -56,7 +56,7 @@ def run_once(
     device: str,
 ) -> None:
     from baselm.backend import select_backend
-    from baselm.chat import TurnStats
+    from baselm.chat.stats import TurnStats
     from baselm.config import EngineConfig
     from baselm.engine import LLMEngine
     from baselm.loader import load_model

@@ -1,4 +1,4 @@
-"""Engine settings: one slotted dataclass, validated once, with sizes parsed from text."""
+"""Engine settings: one slotted dataclass, validated once; and the parsers that read sizes and lists from text."""
 
 from __future__ import annotations
 
@@ -24,6 +24,24 @@ def parse_size(text: str | int) -> int:
     prefix = unit[:1] if unit[:1] in "kmgt" and unit[:1] else ""
     factor = 1024 ** ("kmgt".index(prefix) + 1) if prefix and "i" in unit else _UNITS[prefix]
     return int(number * factor)
+
+
+def parse_optional_size(text: str | None) -> int | None:
+    """`parse_size`, with None (or an empty text) for "not given"."""
+    return parse_size(text) if text else None
+
+
+def parse_size_list(text: str) -> tuple[int, ...]:
+    """Bytes of each size in a comma-separated list: '256MiB,4GiB'."""
+    return tuple(parse_size(s) for s in text.split(",") if s.strip())
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    """Integers from a comma-separated list: '1,4,8'."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
 
 
 @dataclass(slots=True)

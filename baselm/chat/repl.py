@@ -20,10 +20,9 @@ from baselm.chat.answer import Answer
 from baselm.chat.chat_file import load_chat, save_chat
 from baselm.chat.conversation import Conversation, Prompt
 from baselm.chat.line_reader import LineReader, join_continued
-from baselm.chat.settings import ChatCommandError, ChatSettings
+from baselm.chat.settings import ChatCommandError, ChatOptions, ChatSettings
 from baselm.chat.stats import SessionStats, stats_report, turn_line
 from baselm.chat.view import AnswerView
-from baselm.config import EngineConfig, parse_size
 from baselm.engine import AsyncEngine, LLMEngine, QueueFullError
 from baselm.loader import load_model
 from baselm.sampling import SamplingParams, SamplingParamsError
@@ -51,12 +50,11 @@ COMMAND_HINT = "commands: /help /clear /system /set /save /load /stats /quit"
 
 
 @contextlib.contextmanager
-def open_chat_engine(model: str, device: str, kv_memory: str | None) -> Iterator[AsyncEngine]:
-    """Loads `model` and runs its engine thread while the block runs; refuses a model without a chat template."""
-    config = EngineConfig(kv_memory=parse_size(kv_memory) if kv_memory else None)
-    with Console(stderr=True).status(f"loading {model}"):
-        loaded = load_model(model, select_backend(device))
-        engine = LLMEngine(loaded, config)
+def open_chat_engine(options: ChatOptions) -> Iterator[AsyncEngine]:
+    """Loads the model and runs its engine thread while the block runs; refuses a model without a chat template."""
+    with Console(stderr=True).status(f"loading {options.model}"):
+        loaded = load_model(options.model, select_backend(options.device))
+        engine = LLMEngine(loaded, options.engine)
     if not loaded.tokenizer.has_chat_template:
         raise ChatTemplateError(f"{loaded.name} has no chat template, so it cannot chat; use `base run --raw`")
     client = AsyncEngine(engine).start()

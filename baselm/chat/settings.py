@@ -1,4 +1,4 @@
-"""The sampling settings of a chat: what /set changes, and what every turn's SamplingParams come from."""
+"""What a chat starts with (`ChatOptions`) and the sampling settings /set changes (`ChatSettings`)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from baselm.config import EngineConfig
 from baselm.sampling import SamplingParams, SamplingParamsError
 
 
@@ -69,3 +70,15 @@ def _parse_setting(name: str, text: str) -> float | int | None:
     except ValueError:
         wanted = "a number" if kind is float else "a whole number (or none)"
         raise ChatCommandError(f"{name} takes {wanted}, got {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    """What `base chat` starts with: the model and where it runs, the engine's settings, the first
+    sampling settings and system prompt. Its parts validate themselves where they are made."""
+
+    model: str
+    settings: ChatSettings
+    engine: EngineConfig
+    system: str | None = None
+    device: str = "auto"

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from baselm.config import ConfigError, EngineConfig
+from baselm.config import ConfigError, EngineConfig, format_size
 from baselm.engine import LLMEngine, StepStats
 from baselm.loader import LoadedModel
 from baselm.metal import kernel_status
@@ -248,7 +248,7 @@ def render(report: dict[str, Any]) -> None:
     """The report as rich tables."""
     console = Console()
     console.print(
-        f"[bold]{report['model']}[/] on {report['backend']}, KV pool {report['kv_pool_bytes'] / 2**20:.0f} MiB "
+        f"[bold]{report['model']}[/] on {report['backend']}, KV pool {format_size(report['kv_pool_bytes'], 'MiB', 0)} "
         f"({report['kv_blocks']} blocks), peak RSS {report['peak_rss_mb']:.0f} MiB"
     )
     console.print("attention: " + ", ".join(f"{k} {v}" for k, v in report["attention"].items()), highlight=False)

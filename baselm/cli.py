@@ -1,4 +1,6 @@
-"""The `base` command line. Heavy modules are imported inside commands so `--help` is instant."""
+"""The `base` command line: Typer options parsed into typed options, handed to the commands' modules.
+
+Heavy modules (MLX, the engine, rich, the HTTP server) are imported inside the commands, so `--help` is instant."""
 
 from __future__ import annotations
 
@@ -9,9 +11,20 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+
+from baselm.config import (
+    ConfigError,
+    EngineConfig,
+    format_size,
+    parse_int_list,
+    parse_optional_size,
+    parse_size,
+    parse_size_list,
+)
 
 if TYPE_CHECKING:
     from baselm.api.server import ServeOptions
@@ -39,7 +52,6 @@ def _fail(message: str, code: int = 1) -> None:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     from baselm.backend import BackendError
-    from baselm.config import ConfigError
     from baselm.models.base import ModelConfigError
     from baselm.request import InvalidRequestError
     from baselm.sampling import SamplingParamsError
@@ -76,8 +88,6 @@ def pull(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
     """Bring a model into the local store as a .base file."""
-    from pathlib import Path
-
     from baselm.models import supported_model_types
     from baselm.store import pull as pulling
 
@@ -132,7 +142,7 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON."
             m.variant,
             m.arch,
             f"{m.params / 1e6:.0f}M",
-            f"{m.size / 2**20:.0f} MiB",
+            format_size(m.size, "MiB", 0),
             m.quant,
             str(origin),
             m.pulled[:19],
@@ -235,7 +245,6 @@ def chat(
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
     from baselm.chat.settings import ChatOptions, ChatSettings
-    from baselm.config import EngineConfig, parse_optional_size
 
     try:
         options = ChatOptions(
@@ -327,7 +336,6 @@ def bench(
     """Measure prefill and decode speed, latency and memory of the engine on a model."""
     from baselm.backend import select_backend
     from baselm.bench import BenchOptions, render, run_all
-    from baselm.config import EngineConfig, parse_int_list, parse_optional_size, parse_size_list
     from baselm.loader import load_model
 
     try:
@@ -381,7 +389,6 @@ def serve(
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions, exit_process, run_server
     from baselm.backend import select_backend
-    from baselm.config import EngineConfig, parse_optional_size, parse_size
     from baselm.loader import load_model
 
     try:

@@ -47,6 +47,19 @@ def _leave(child: pexpect.spawn) -> int:
     return child.exitstatus
 
 
+def _quit(child: pexpect.spawn) -> int:
+    """Sends /quit; returns the exit status."""
+    child.sendline("/quit")
+    return _leave(child)
+
+
+def _stop_answer(child: pexpect.spawn) -> None:
+    """Ctrl-C while an answer streams: the turn ends as stopped and the prompt comes back."""
+    child.sendintr()
+    child.expect("stopped")
+    child.expect_exact(">>> ")
+
+
 def test_repl_answers_and_runs_its_commands(chat_model, tmp_path):
     child = _spawn(chat_model, tmp_path / "home", "--max-tokens", "8")
     try:
@@ -67,8 +80,7 @@ def test_repl_answers_and_runs_its_commands(chat_model, tmp_path):
         _ask(child, f"/save {tmp_path / 'two.json'}", "saved 2 messages")
         assert json.loads((tmp_path / "two.json").read_text())["messages"] == saved["messages"]
         _ask(child, "/stats", r"last turn: \d+ prompt tokens, 0 cached, 8 generated \(length\)", "session: 1 turns")
-        child.sendline("/quit")
-        assert _leave(child) == 0
+        assert _quit(child) == 0
     finally:
         child.close(force=True)
 
@@ -78,9 +90,7 @@ def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(chat_model, tmp_path):
     try:
         child.sendline("tell me a long story")
         child.expect(r"[1-9]\d* tokens · Ctrl-C stops")  # the answer is streaming
-        child.sendintr()
-        child.expect("stopped")
-        child.expect_exact(">>> ")
+        _stop_answer(child)
         _ask(child, "/stats", r"generated \(abort\)")
         _ask(child, "/set max_tokens 4", "max_tokens=4")
         child.sendline("and now briefly")
@@ -88,8 +98,7 @@ def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(chat_model, tmp_path):
         assert int(child.match.group(1)) > 0  # the stopped answer's blocks serve the next turn
         child.expect("decode 4 tokens")
         child.expect_exact(">>> ")
-        child.sendline("/quit")
-        assert _leave(child) == 0
+        assert _quit(child) == 0
     finally:
         child.close(force=True)
 
@@ -121,8 +130,7 @@ def test_history_carries_over_to_the_next_session(chat_model, tmp_path):
         child.expect("system prompt set")
         child.expect_exact(">>> ")
         _ask(child, "/system", "system prompt: 'From the last session.'")
-        child.sendline("/quit")
-        assert _leave(child) == 0
+        assert _quit(child) == 0
     finally:
         child.close(force=True)
 
@@ -149,11 +157,8 @@ def test_serve_answers_http_while_the_repl_streams_on_the_same_engine(chat_model
             answer = json.loads(response.read())
         assert answer["usage"]["completion_tokens"] == 5
         assert answer["choices"][0]["finish_reason"] == "length"
-        child.sendintr()  # the REPL's answer was still running alongside
-        child.expect("stopped")
-        child.expect_exact(">>> ")
-        child.sendline("/quit")
-        assert _leave(child) == 0
+        _stop_answer(child)  # the REPL's answer was still running alongside
+        assert _quit(child) == 0
     finally:
         child.close(force=True)
 

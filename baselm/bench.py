@@ -95,7 +95,7 @@ class Trace:
 class Runner:
     """Drives an engine step by step, timestamping every token of every request."""
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.traces: dict[str, Trace] = {}
         self.steps: list[StepStats] = []

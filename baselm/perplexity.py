@@ -52,6 +52,8 @@ class Window:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PerplexityResult:
+    """A perplexity and how it was measured (the JSON of `base perplexity --json`)."""
+
     perplexity: float
     mean_nll: float
     num_scored: int  # targets: every token but the first, once each

@@ -31,7 +31,7 @@ class Conversation:
     (a date, trimmed or dropped content), the prompt is encoded whole.
     """
 
-    def __init__(self, tokenizer: Tokenizer, system: str | None = None):
+    def __init__(self, tokenizer: Tokenizer, system: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.system = system
         self.turns: list[dict[str, str]] = []  # user and assistant messages, alternating

@@ -43,7 +43,7 @@ def join_continued(first: str, read_more: Callable[[], str]) -> str:
 class LineReader:
     """Reads lines with readline (arrow keys, history kept under BASE_HOME) when it is available."""
 
-    def __init__(self, history_path: Path | None, interactive: bool):
+    def __init__(self, history_path: Path | None, interactive: bool) -> None:
         self.interactive = interactive
         self.history_path = history_path
         self._readline = None

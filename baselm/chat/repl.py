@@ -74,7 +74,7 @@ class ChatREPL:
         settings: ChatSettings,
         system: str | None = None,
         history_path: Path | None = None,
-    ):
+    ) -> None:
         self.client = client
         self.engine = client.engine
         self.model_name = model_name

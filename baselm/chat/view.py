@@ -31,7 +31,7 @@ class _LiveAnswer:
 class AnswerView:
     """Shows an answer as it streams: markdown in a terminal, plain text otherwise."""
 
-    def __init__(self, console: Console, rich_output: bool):
+    def __init__(self, console: Console, rich_output: bool) -> None:
         self.console = console
         self.rich_output = rich_output
         self._live: Live | None = None

@@ -42,6 +42,8 @@ def tool_format(chat_template: str | dict[str, str] | None) -> str:
 
 @dataclass(slots=True)
 class ToolCall:
+    """One parsed call: its place among the answer's calls, an id for the tool result, name, arguments."""
+
     index: int
     id: str
     name: str

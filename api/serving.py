@@ -1,6 +1,15 @@
-"""What the chat and completions routes share: server state, body reading, turning checked
-fields into SamplingParams, submitting to the engine, and merging the outputs of several
-engine requests (several prompts, or copies that each need their own grammar) into one stream.
+"""The serving core every protocol module stands on: read a request, submit it, stream or collect its answer.
+
+A protocol module (openai_chat.py, openai_completions.py) parses its body, builds its prompt
+ids and SamplingParams, and formats its choices; everything else lives here, in the order a
+request meets it:
+
+1. `read_request`: the handler's opening: the body read as JSON (size-limited), parsed by the
+   protocol, its model checked (auth and request counting happened before, in auth.Gate).
+2. `make_params`, `check_prompt`, `split_copies`: checked fields into engine jobs.
+3. `respond`: `submit` the jobs to the engine, merge their `outputs` into one stream of
+   choices (several prompts, or copies that each need their own grammar), then `Answer`
+   streams it as SSE chunks (sse.py) or collects one JSON body.
 """
 
 from __future__ import annotations
@@ -10,14 +19,18 @@ import dataclasses
 import json
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
+from baselm.api.schemas import Common
+from baselm.api.sse import DONE, EventStream, error_event, event
 from baselm.engine import AsyncEngine, CompletionOutput, QueueFullError
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError
@@ -56,6 +69,26 @@ class ServerState:
         return list(self.client.engine.eos_token_ids or self.tokenizer.eos_token_ids)
 
 
+# ---- the handler's opening ----------------------------------------------------------------
+
+
+class _Parsed(Protocol):
+    """What `read_request` needs of a parsed body: the common fields, its model among them."""
+
+    common: Common
+
+
+ParsedT = TypeVar("ParsedT", bound=_Parsed)
+
+
+async def read_request(request: Request, parse: Callable[[Any], ParsedT]) -> tuple[ServerState, ParsedT]:
+    """A handler's opening: the server state and the body read as JSON, parsed by `parse`, its model checked."""
+    state: ServerState = request.app.state.base
+    parsed = parse(await read_json(request, state.max_body_bytes))
+    check_model(state, parsed.common.model)
+    return state, parsed
+
+
 async def read_json(request: Request, limit: int) -> Any:
     """The body parsed as JSON; 413 past `limit` bytes, 400 when it is not JSON."""
     length = request.headers.get("content-length")
@@ -80,6 +113,7 @@ async def read_json(request: Request, limit: int) -> Any:
 
 
 def check_model(state: ServerState, name: str) -> None:
+    """A 404 unless `name` is the model this server serves."""
     if name != state.model_name:
         raise APIError(
             404, f"model {name!r} does not exist; this server serves {state.model_name!r}", "model", "model_not_found"
@@ -170,6 +204,18 @@ class Usage:
         }
 
 
+# ---- submitting, then streaming or collecting the answer ----------------------------------
+
+
+async def respond(request: Request, state: ServerState, jobs: list[Job], prompt_field: str, answer: Answer) -> Response:
+    """Submits `jobs`, then answers from their outputs: SSE chunks when streamed, else one JSON body."""
+    started = await submit(state, jobs, prompt_field)
+    merged = outputs(state, started, answer.usage)
+    if answer.common.stream:
+        return EventStream(answer.stream(merged))
+    return JSONResponse(await _unless_disconnected(request, answer.collect(merged)))
+
+
 async def submit(
     state: ServerState, jobs: list[Job], prompt_field: str
 ) -> list[tuple[Job, AsyncIterator[CompletionOutput]]]:
@@ -255,7 +301,99 @@ def _observe_latency(metrics: Metrics, out: CompletionOutput, arrival: float, la
     last_seen[out.index] = now
 
 
-async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+# ---- the answer ---------------------------------------------------------------------------
+
+
+class Answer(ABC):
+    """One answer of the OpenAI choices protocols (chat, completions), whole or streamed.
+
+    The envelope (id, created, model, usage), the chunk and the stream skeleton are written
+    here once; a protocol says what its choices hold: `opening` (choices streamed before any
+    output), `deltas` (the choices one engine output streams), `add` (an output into the whole
+    answer) and `choice` (the whole answer's choice i). A protocol with another envelope
+    overrides `envelope`, `chunk` and `stream`.
+    """
+
+    id_prefix: ClassVar[str]  # of the answer's id, "chatcmpl" for chat
+    object: ClassVar[str]  # the whole answer's "object"
+    chunk_object: ClassVar[str]  # a streamed chunk's "object"
+
+    def __init__(self, state: ServerState, common: Common, num_choices: int) -> None:
+        self.state = state
+        self.common = common
+        self.num_choices = num_choices
+        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.usage = Usage()
+
+    def opening(self) -> list[dict[str, Any]]:
+        return []
+
+    @abstractmethod
+    def deltas(self, out: CompletionOutput) -> list[dict[str, Any]]: ...
+
+    @abstractmethod
+    def add(self, out: CompletionOutput) -> None: ...
+
+    @abstractmethod
+    def choice(self, index: int, finish_reason: str) -> dict[str, Any]: ...
+
+    def finish_reason(self, out: CompletionOutput) -> str:
+        """OpenAI's reason for an engine's: "stop" or "length" (an abort only happens on shutdown)."""
+        if out.finish_reason == "abort":
+            raise APIError(503, "the server is shutting down; the request was stopped")
+        return out.finish_reason or "stop"
+
+    def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.state.model_name,
+            "system_fingerprint": None,
+            "choices": choices,
+            "usage": self.usage.as_dict(),
+        }
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+        payload: dict[str, Any] = {
+            "id": self.id,
+            "object": self.chunk_object,
+            "created": self.created,
+            "model": self.state.model_name,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if self.common.include_usage:
+            payload["usage"] = usage
+        return event(payload)
+
+    async def collect(self, merged: AsyncIterator[CompletionOutput]) -> dict[str, Any]:
+        reasons = ["stop"] * self.num_choices
+        async for out in merged:
+            self.add(out)
+            if out.finished:
+                reasons[out.index] = self.finish_reason(out)
+        return self.envelope([self.choice(i, reasons[i]) for i in range(self.num_choices)])
+
+    async def stream(self, merged: AsyncIterator[CompletionOutput]) -> AsyncIterator[str]:
+        """One chunk per choice delta, a usage chunk when asked, then [DONE]; an error ends it as an event."""
+        try:
+            for choice in self.opening():
+                yield self.chunk([choice])
+            async for out in merged:
+                for choice in self.deltas(out):
+                    yield self.chunk([choice])
+            if self.common.include_usage:
+                yield self.chunk([], self.usage.as_dict())
+        except Exception as exc:
+            yield error_event(exc)
+        finally:
+            await merged.aclose()
+        yield DONE
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     """Awaits `work` (a whole, non-streamed answer); a client that leaves first cancels it, which
     aborts its engine requests. Streams watch the connection themselves (see sse.py)."""
     task = asyncio.ensure_future(work)
@@ -277,12 +415,6 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-def finish_reason(out: CompletionOutput) -> str:
-    """OpenAI's reason for an engine's: "stop" or "length" (an abort only happens on shutdown)."""
-    if out.finish_reason == "abort":
-        raise APIError(503, "the server is shutting down; the request was stopped")
-    return out.finish_reason or "stop"
-
-
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """One token's text, as logprobs show it."""
     return tokenizer.decode([token_id])

@@ -20,7 +20,7 @@ from baselm.api import grammar, tools
 from baselm.api.errors import bad_request
 from baselm.api.schemas import MAX_CHAT_LOGPROBS, Body, Common, array_field, read_common
 from baselm.api.serving import (
-    Answer,
+    ChoicesAnswer,
     Job,
     ServerState,
     check_prompt,
@@ -111,10 +111,10 @@ def _params_factory(state: ServerState, chat: ChatRequest) -> Callable[[], Sampl
 # ---- the answer ---------------------------------------------------------------------------
 
 
-class _ChatAnswer(Answer):
+class _ChatAnswer(ChoicesAnswer):
     """Chat choices from engine outputs: content, tool calls (one parser per choice), logprobs."""
 
-    id_prefix = "chatcmpl"
+    id_prefix = "chatcmpl-"
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
@@ -164,21 +164,27 @@ class _ChatAnswer(Answer):
         self.calls[out.index] += new_calls
         if self.chat.logprobs:
             self.logprobs_content[out.index] += self._logprobs_entries(out.logprobs)
+        if out.finished:
+            self.finish_reasons[out.index] = self.finish_reason(out)
 
-    def choice(self, index: int, finish_reason: str) -> dict[str, Any]:
+    def choice(self, index: int) -> dict[str, Any]:
         calls = self.calls[index]
         message: dict[str, Any] = {"role": "assistant", "content": self.content[index] or (None if calls else "")}
         if calls:
             message["tool_calls"] = [c.as_dict() for c in calls]
         logprobs = {"content": self.logprobs_content[index], "refusal": None} if self.chat.logprobs else None
-        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reasons[index]}
 
     # ---- streamed -------------------------------------------------------------------------
 
-    def opening(self) -> list[dict[str, Any]]:
-        return [_delta(i, {"role": "assistant", "content": ""}) for i in range(self.num_choices)]
+    def opening(self) -> list[str]:
+        return [self.chunk([_delta(i, {"role": "assistant", "content": ""})]) for i in range(self.num_choices)]
 
-    def deltas(self, out: CompletionOutput) -> list[dict[str, Any]]:
+    def events(self, out: CompletionOutput) -> list[str]:
+        return [self.chunk([delta]) for delta in self._deltas(out)]
+
+    def _deltas(self, out: CompletionOutput) -> list[dict[str, Any]]:
+        """The choice deltas of one output, a chunk each: content, then each call closed, then the finish."""
         text, calls = self._pieces(out)
         choices = []
         logprobs = None
@@ -186,16 +192,8 @@ class _ChatAnswer(Answer):
             logprobs = {"content": self._logprobs_entries(out.logprobs), "refusal": None}
         if text or logprobs:
             choices.append(_delta(out.index, {"content": text}, logprobs))
-        for call in calls:  # a call in two deltas: its id, type and name, then its arguments
-            head = {
-                "index": call.index,
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": ""},
-            }
-            tail = {"index": call.index, "function": {"arguments": call.arguments}}
-            choices.append(_delta(out.index, {"tool_calls": [head]}))
-            choices.append(_delta(out.index, {"tool_calls": [tail]}))
+        for call in calls:
+            choices += [_delta(out.index, {"tool_calls": [delta]}) for delta in call.as_deltas()]
         if out.finished:
             choices.append(_delta(out.index, {}, None, self.finish_reason(out)))
         return choices

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from baselm.api.errors import bad_request
 from baselm.api.schemas import MAX_COMPLETION_LOGPROBS, Body, Common, read_common
 from baselm.api.serving import (
-    Answer,
+    ChoicesAnswer,
     Job,
     ServerState,
     check_prompt,
@@ -82,10 +82,10 @@ class _Logprobs:
         }
 
 
-class _CompletionAnswer(Answer):
+class _CompletionAnswer(ChoicesAnswer):
     """Completion choices, n per prompt in prompt order: text (after the prompt when echoed) and logprobs."""
 
-    id_prefix = "cmpl"
+    id_prefix = "cmpl-"
     object = "text_completion"
     chunk_object = "text_completion"
 
@@ -107,15 +107,17 @@ class _CompletionAnswer(Answer):
         self.texts[out.index] += out.text
         if self.req.logprobs is not None:
             self.offsets[out.index] = self.logprobs[out.index].add(self.state, out.logprobs, self.offsets[out.index])
+        if out.finished:
+            self.finish_reasons[out.index] = self.finish_reason(out)
 
-    def choice(self, index: int, finish_reason: str) -> dict[str, Any]:
+    def choice(self, index: int) -> dict[str, Any]:
         logprobs = self.logprobs[index].as_dict() if self.req.logprobs is not None else None
-        return _choice(index, self.texts[index], logprobs, finish_reason)
+        return _choice(index, self.texts[index], logprobs, self.finish_reasons[index])
 
-    def opening(self) -> list[dict[str, Any]]:
-        return [_choice(i, echo) for i, echo in enumerate(self.echoes)] if self.req.echo else []
+    def opening(self) -> list[str]:
+        return [self.chunk([_choice(i, echo)]) for i, echo in enumerate(self.echoes)] if self.req.echo else []
 
-    def deltas(self, out: CompletionOutput) -> list[dict[str, Any]]:
+    def events(self, out: CompletionOutput) -> list[str]:
         reason = self.finish_reason(out) if out.finished else None
         logprobs = None
         if self.req.logprobs is not None:
@@ -123,7 +125,7 @@ class _CompletionAnswer(Answer):
             self.offsets[out.index] = lp.add(self.state, out.logprobs, self.offsets[out.index])
             logprobs = lp.as_dict()
         if out.text or logprobs or reason:
-            return [_choice(out.index, out.text, logprobs, reason)]
+            return [self.chunk([_choice(out.index, out.text, logprobs, reason)])]
         return []
 
 

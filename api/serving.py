@@ -27,10 +27,10 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from baselm.api import sse
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
 from baselm.api.schemas import Common
-from baselm.api.sse import DONE, EventStream, error_event, event
 from baselm.engine import AsyncEngine, CompletionOutput, QueueFullError
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError
@@ -212,8 +212,30 @@ async def respond(request: Request, state: ServerState, jobs: list[Job], prompt_
     started = await submit(state, jobs, prompt_field)
     merged = outputs(state, started, answer.usage)
     if answer.common.stream:
-        return EventStream(answer.stream(merged))
+        return sse.EventStream(answer.stream(merged))
     return JSONResponse(await _unless_disconnected(request, answer.collect(merged)))
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Awaits `work` (a whole, non-streamed answer); a client that leaves first cancels it, which
+    aborts its engine requests. Streams watch the connection themselves (see sse.py)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise APIError(499, "the client closed the connection before the answer was ready")
+    finally:
+        watcher.cancel()
+        task.cancel()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def submit(
@@ -305,38 +327,77 @@ def _observe_latency(metrics: Metrics, out: CompletionOutput, arrival: float, la
 
 
 class Answer(ABC):
-    """One answer of the OpenAI choices protocols (chat, completions), whole or streamed.
+    """One answer built from engine outputs, whole or streamed: the part every protocol shares.
 
-    The envelope (id, created, model, usage), the chunk and the stream skeleton are written
-    here once; a protocol says what its choices hold: `opening` (choices streamed before any
-    output), `deltas` (the choices one engine output streams), `add` (an output into the whole
-    answer) and `choice` (the whole answer's choice i). A protocol with another envelope
-    overrides `envelope`, `chunk` and `stream`.
+    Whole: `add` takes each output, then `whole()` is the JSON body. Streamed: the events of
+    `opening()`, of `events(out)` for each output, then of `closing()`, each framed for the
+    wire (`sse.event`); an error after the headers went out becomes one last event, and `end`
+    (when set) closes the stream even then.
     """
 
-    id_prefix: ClassVar[str]  # of the answer's id, "chatcmpl" for chat
-    object: ClassVar[str]  # the whole answer's "object"
-    chunk_object: ClassVar[str]  # a streamed chunk's "object"
+    id_prefix: ClassVar[str]  # of the answer's id: "chatcmpl-" for OpenAI chat
+    end: ClassVar[str] = ""  # the stream's last event
 
     def __init__(self, state: ServerState, common: Common, num_choices: int) -> None:
         self.state = state
         self.common = common
         self.num_choices = num_choices
-        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.usage = Usage()
+        self.usage = Usage()  # filled in by `outputs` as they pass
 
-    def opening(self) -> list[dict[str, Any]]:
+    @abstractmethod
+    def add(self, out: CompletionOutput) -> None:
+        """Adds one output to the whole answer."""
+
+    @abstractmethod
+    def whole(self) -> dict[str, Any]:
+        """The whole answer's JSON body, once every output is in."""
+
+    def opening(self) -> list[str]:
         return []
 
     @abstractmethod
-    def deltas(self, out: CompletionOutput) -> list[dict[str, Any]]: ...
+    def events(self, out: CompletionOutput) -> list[str]:
+        """The events one output streams."""
 
-    @abstractmethod
-    def add(self, out: CompletionOutput) -> None: ...
+    def closing(self) -> list[str]:
+        return []
 
-    @abstractmethod
-    def choice(self, index: int, finish_reason: str) -> dict[str, Any]: ...
+    async def collect(self, merged: AsyncIterator[CompletionOutput]) -> dict[str, Any]:
+        async for out in merged:
+            self.add(out)
+        return self.whole()
+
+    async def stream(self, merged: AsyncIterator[CompletionOutput]) -> AsyncIterator[str]:
+        try:
+            for event in self.opening():
+                yield event
+            async for out in merged:
+                for event in self.events(out):
+                    yield event
+            for event in self.closing():
+                yield event
+        except Exception as exc:
+            yield sse.error_event(exc)
+        finally:
+            await merged.aclose()
+        if self.end:
+            yield self.end
+
+
+class ChoicesAnswer(Answer):
+    """The envelope OpenAI's chat and completions share: n choices, finish reasons, usage; streams
+    of chunks (with usage when asked), then `data: [DONE]`. A protocol fills in `choice(i)`, the
+    whole answer's choice i, and the choices its chunks carry."""
+
+    object: ClassVar[str]  # the whole answer's "object"
+    chunk_object: ClassVar[str]  # a streamed chunk's "object"
+    end = sse.DONE
+
+    def __init__(self, state: ServerState, common: Common, num_choices: int) -> None:
+        super().__init__(state, common, num_choices)
+        self.finish_reasons = ["stop"] * num_choices  # of the whole answer, set by `add`
 
     def finish_reason(self, out: CompletionOutput) -> str:
         """OpenAI's reason for an engine's: "stop" or "length" (an abort only happens on shutdown)."""
@@ -344,14 +405,17 @@ class Answer(ABC):
             raise APIError(503, "the server is shutting down; the request was stopped")
         return out.finish_reason or "stop"
 
-    def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    @abstractmethod
+    def choice(self, index: int) -> dict[str, Any]: ...
+
+    def whole(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": self.object,
             "created": self.created,
             "model": self.state.model_name,
             "system_fingerprint": None,
-            "choices": choices,
+            "choices": [self.choice(i) for i in range(self.num_choices)],
             "usage": self.usage.as_dict(),
         }
 
@@ -366,53 +430,10 @@ class Answer(ABC):
         }
         if self.common.include_usage:
             payload["usage"] = usage
-        return event(payload)
+        return sse.event(payload)
 
-    async def collect(self, merged: AsyncIterator[CompletionOutput]) -> dict[str, Any]:
-        reasons = ["stop"] * self.num_choices
-        async for out in merged:
-            self.add(out)
-            if out.finished:
-                reasons[out.index] = self.finish_reason(out)
-        return self.envelope([self.choice(i, reasons[i]) for i in range(self.num_choices)])
-
-    async def stream(self, merged: AsyncIterator[CompletionOutput]) -> AsyncIterator[str]:
-        """One chunk per choice delta, a usage chunk when asked, then [DONE]; an error ends it as an event."""
-        try:
-            for choice in self.opening():
-                yield self.chunk([choice])
-            async for out in merged:
-                for choice in self.deltas(out):
-                    yield self.chunk([choice])
-            if self.common.include_usage:
-                yield self.chunk([], self.usage.as_dict())
-        except Exception as exc:
-            yield error_event(exc)
-        finally:
-            await merged.aclose()
-        yield DONE
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
-    """Awaits `work` (a whole, non-streamed answer); a client that leaves first cancels it, which
-    aborts its engine requests. Streams watch the connection themselves (see sse.py)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise APIError(499, "the client closed the connection before the answer was ready")
-    finally:
-        watcher.cancel()
-        task.cancel()
-
-
-async def _disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    def closing(self) -> list[str]:
+        return [self.chunk([], self.usage.as_dict())] if self.common.include_usage else []
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:

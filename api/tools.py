@@ -52,6 +52,16 @@ class ToolCall:
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
+    def as_deltas(self) -> list[dict[str, Any]]:
+        """The call streamed in two deltas: its id, type and name, then its arguments."""
+        head = {
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": ""},
+        }
+        return [head, {"index": self.index, "function": {"arguments": self.arguments}}]
+
 
 def _call_from_json(text: str, index: int) -> ToolCall | None:
     """A call from one JSON object with a name and arguments (or parameters); None when it is not one."""

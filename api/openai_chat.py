@@ -16,20 +16,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from baselm.api import grammar, tools
+from baselm.api import grammar, serving, tools
 from baselm.api.errors import bad_request
 from baselm.api.schemas import MAX_CHAT_LOGPROBS, Body, Common, array_field, read_common
-from baselm.api.serving import (
-    ChoicesAnswer,
-    Job,
-    ServerState,
-    check_prompt,
-    make_params,
-    read_request,
-    respond,
-    split_copies,
-    token_text,
-)
 from baselm.engine import CompletionOutput
 from baselm.sampling import SamplingParams, TokenLogprobs
 from baselm.tokenizer import ChatTemplateError
@@ -40,27 +29,29 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions."""
-    state, chat = await read_request(request, parse_chat)
+    state, chat = await serving.read_request(request, parse_chat)
     # Templates, tokenizing and grammar compiling can take a while: off the event loop.
     jobs = await asyncio.to_thread(_prepare, state, chat)
-    return await respond(request, state, jobs, "messages", _ChatAnswer(state, chat))
+    return await serving.respond(request, state, jobs, "messages", _ChatAnswer(state, chat))
 
 
 # ---- prompt and SamplingParams ------------------------------------------------------------
 
 
-def _prepare(state: ServerState, chat: ChatRequest) -> list[Job]:
+def _prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
     """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
     prompt_ids = _prompt_ids(state, chat)
-    check_prompt(state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field)
-    return split_copies(prompt_ids, _params_factory(state, chat))
+    serving.check_prompt(
+        state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field
+    )
+    return serving.split_copies(prompt_ids, _params_factory(state, chat))
 
 
 def _parses_tools(chat: ChatRequest) -> bool:
     return bool(chat.tools) and chat.tool_choice != "none"
 
 
-def _prompt_ids(state: ServerState, chat: ChatRequest) -> list[int]:
+def _prompt_ids(state: serving.ServerState, chat: ChatRequest) -> list[int]:
     tool_list = chat.tools if _parses_tools(chat) else None
     try:
         return state.tokenizer.encode_chat(chat.messages, add_generation_prompt=True, tools=tool_list)
@@ -68,7 +59,7 @@ def _prompt_ids(state: ServerState, chat: ChatRequest) -> list[int]:
         raise bad_request(str(exc), "messages") from None
 
 
-def _grammar(state: ServerState, chat: ChatRequest) -> tuple[str, str] | None:
+def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] | None:
     """(grammar, the field it enforces) when the answer's shape is constrained."""
     if chat.response_format is not None:
         schema = chat.response_format.get("schema") if chat.response_format["type"] == "json_schema" else None
@@ -81,13 +72,13 @@ def _grammar(state: ServerState, chat: ChatRequest) -> tuple[str, str] | None:
     return None
 
 
-def _params_factory(state: ServerState, chat: ChatRequest) -> Callable[[], SamplingParams]:
+def _params_factory(state: serving.ServerState, chat: ChatRequest) -> Callable[[], SamplingParams]:
     """A maker of SamplingParams: each call gets a fresh grammar processor when one is needed."""
     sampling = dict(chat.common.sampling)
     logprobs = chat.top_logprobs if chat.logprobs else None
     constrained = _grammar(state, chat)
     if constrained is None:
-        params = make_params(sampling, chat.common.max_tokens_field, logprobs=logprobs)
+        params = serving.make_params(sampling, chat.common.max_tokens_field, logprobs=logprobs)
         return lambda: params
     text, param = constrained
     for name in ("min_tokens", "ignore_eos"):  # both would keep a finished grammar from ending the answer
@@ -101,7 +92,7 @@ def _params_factory(state: ServerState, chat: ChatRequest) -> Callable[[], Sampl
 
     def make() -> SamplingParams:
         processor = grammar.GrammarProcessor(lltokenizer, text, eos)
-        return make_params(
+        return serving.make_params(
             sampling, chat.common.max_tokens_field, logprobs=logprobs, logits_processors=[processor], stop_token_ids=eos
         )
 
@@ -111,14 +102,14 @@ def _params_factory(state: ServerState, chat: ChatRequest) -> Callable[[], Sampl
 # ---- the answer ---------------------------------------------------------------------------
 
 
-class _ChatAnswer(ChoicesAnswer):
+class _ChatAnswer(serving.ChoicesAnswer):
     """Chat choices from engine outputs: content, tool calls (one parser per choice), logprobs."""
 
     id_prefix = "chatcmpl-"
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, state: ServerState, chat: ChatRequest) -> None:
+    def __init__(self, state: serving.ServerState, chat: ChatRequest) -> None:
         super().__init__(state, chat.common, chat.common.n)
         self.chat = chat
         self.fmt = state.tool_format if _parses_tools(chat) else None
@@ -149,7 +140,7 @@ class _ChatAnswer(ChoicesAnswer):
         tokenizer, num_top = self.state.tokenizer, self.chat.top_logprobs
 
         def one(token_id: int, logprob: float) -> dict[str, Any]:
-            text = token_text(tokenizer, token_id)
+            text = serving.token_text(tokenizer, token_id)
             return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
         return [

@@ -13,38 +13,28 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from baselm.api import serving
 from baselm.api.errors import bad_request
 from baselm.api.schemas import MAX_COMPLETION_LOGPROBS, Body, Common, read_common
-from baselm.api.serving import (
-    ChoicesAnswer,
-    Job,
-    ServerState,
-    check_prompt,
-    make_params,
-    read_request,
-    respond,
-    split_copies,
-    token_text,
-)
 from baselm.engine import CompletionOutput
 from baselm.sampling import TokenLogprobs
 
 
 async def completions(request: Request) -> Response:
     """POST /v1/completions."""
-    state, req = await read_request(request, parse_completion)
+    state, req = await serving.read_request(request, parse_completion)
     # Tokenizing can take a while: off the event loop.
     jobs = await asyncio.to_thread(_prepare, state, req)
-    return await respond(request, state, jobs, "prompt", _CompletionAnswer(state, req))
+    return await serving.respond(request, state, jobs, "prompt", _CompletionAnswer(state, req))
 
 
-def _prepare(state: ServerState, req: CompletionRequest) -> list[Job]:
+def _prepare(state: serving.ServerState, req: CompletionRequest) -> list[serving.Job]:
     """The engine requests: one job (or one per copy) for each prompt."""
     prompt_ids = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
     for ids in prompt_ids:
-        check_prompt(state, ids, "prompt", req.common.sampling["max_tokens"], "max_tokens")
-    params = make_params(req.common.sampling, "max_tokens", logprobs=req.logprobs)
-    return [job for i, ids in enumerate(prompt_ids) for job in split_copies(ids, lambda: params, i)]
+        serving.check_prompt(state, ids, "prompt", req.common.sampling["max_tokens"], "max_tokens")
+    params = serving.make_params(req.common.sampling, "max_tokens", logprobs=req.logprobs)
+    return [job for i, ids in enumerate(prompt_ids) for job in serving.split_copies(ids, lambda: params, i)]
 
 
 # ---- the answer ---------------------------------------------------------------------------
@@ -59,15 +49,15 @@ class _Logprobs:
         self.top_logprobs: list[dict[str, float]] = []
         self.text_offset: list[int] = []
 
-    def add(self, state: ServerState, entries: list[TokenLogprobs], offset: int) -> int:
+    def add(self, state: serving.ServerState, entries: list[TokenLogprobs], offset: int) -> int:
         """Appends `entries`, the first starting at character `offset`; returns the offset after them."""
         for e in entries:
-            text = token_text(state.tokenizer, e.token_id)
+            text = serving.token_text(state.tokenizer, e.token_id)
             self.tokens.append(text)
             self.token_logprobs.append(e.logprob)
             top: dict[str, float] = {}
             for token_id, logprob in e.top:  # best first: two ids that print alike keep the better
-                top.setdefault(token_text(state.tokenizer, token_id), logprob)
+                top.setdefault(serving.token_text(state.tokenizer, token_id), logprob)
             self.top_logprobs.append(top)
             self.text_offset.append(offset)
             offset += len(text)
@@ -82,14 +72,14 @@ class _Logprobs:
         }
 
 
-class _CompletionAnswer(ChoicesAnswer):
+class _CompletionAnswer(serving.ChoicesAnswer):
     """Completion choices, n per prompt in prompt order: text (after the prompt when echoed) and logprobs."""
 
     id_prefix = "cmpl-"
     object = "text_completion"
     chunk_object = "text_completion"
 
-    def __init__(self, state: ServerState, req: CompletionRequest) -> None:
+    def __init__(self, state: serving.ServerState, req: CompletionRequest) -> None:
         super().__init__(state, req.common, len(req.prompts) * req.common.n)
         self.req = req
         self.offsets = [0] * self.num_choices  # characters sent per choice (for text_offset)

@@ -8,8 +8,10 @@ request meets it:
    protocol, its model checked (auth and request counting happened before, in auth.Gate).
 2. `make_params`, `check_prompt`, `split_copies`: checked fields into engine jobs.
 3. `respond`: `submit` the jobs to the engine, merge their `outputs` into one stream of
-   choices (several prompts, or copies that each need their own grammar), then `Answer`
-   streams it as SSE chunks (sse.py) or collects one JSON body.
+   choices (several prompts, or copies that each need their own grammar), then the
+   protocol's `Answer` streams it as SSE events (sse.py) or collects one JSON body.
+   `Answer` is the skeleton any protocol fills in; `ChoicesAnswer` is the envelope and
+   chunk OpenAI's chat and completions share.
 """
 
 from __future__ import annotations

@@ -86,12 +86,14 @@ def check_model(state: ServerState, name: str) -> None:
         )
 
 
-def make_params(sampling: dict[str, Any], max_tokens_field: str, **extra: Any) -> SamplingParams:
-    """SamplingParams from checked fields; a value the sampler refuses is a 400 naming the field."""
+def make_params(
+    sampling: dict[str, Any], max_tokens_field: str, logprobs_field: str = "logprobs", **extra: Any
+) -> SamplingParams:
+    """SamplingParams from typed fields; a value out of its range is a 400 naming the request's field."""
     try:
         return SamplingParams(**sampling, **extra)
     except SamplingParamsError as exc:
-        param = max_tokens_field if exc.field == "max_tokens" else exc.field
+        param = {"max_tokens": max_tokens_field, "logprobs": logprobs_field}.get(exc.field, exc.field)
         raise bad_request(str(exc), param) from None
 
 

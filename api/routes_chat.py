@@ -86,7 +86,7 @@ def _params_factory(state: ServerState, chat: ChatRequest):
     logprobs = chat.top_logprobs if chat.logprobs else None
     constrained = _grammar(state, chat)
     if constrained is None:
-        params = make_params(sampling, chat.common.max_tokens_field, logprobs=logprobs)
+        params = make_params(sampling, chat.common.max_tokens_field, "top_logprobs", logprobs=logprobs)
         return lambda: params
     text, param = constrained
     for name in ("min_tokens", "ignore_eos"):  # both would keep a finished grammar from ending the answer
@@ -101,7 +101,12 @@ def _params_factory(state: ServerState, chat: ChatRequest):
     def make() -> SamplingParams:
         processor = grammar.GrammarProcessor(lltokenizer, text, eos)
         return make_params(
-            sampling, chat.common.max_tokens_field, logprobs=logprobs, logits_processors=[processor], stop_token_ids=eos
+            sampling,
+            chat.common.max_tokens_field,
+            "top_logprobs",
+            logprobs=logprobs,
+            logits_processors=[processor],
+            stop_token_ids=eos,
         )
 
     return make

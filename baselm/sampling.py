@@ -38,9 +38,15 @@ import numpy as np
 
 # Temperatures below this are greedy: dividing float32 logits by less means nothing anyway.
 GREEDY_EPS = 1e-5
+# OpenAI's ranges, and this server's limits where OpenAI has none of its own; the API refuses
+# a value outside them with the SamplingParamsError that names the field.
+MAX_N = 16  # copies of one request
+MAX_TEMPERATURE = 2.0
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0
 MAX_OPENAI_PENALTY = 2.0
+MAX_STOPS = 16
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # any signed or unsigned 64-bit integer
 
 # (generated token ids so far, logits (vocab,)) -> logits (vocab,)
 LogitsProcessor = Callable[[list[int], mx.array], mx.array]
@@ -107,7 +113,7 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raises SamplingParamsError naming the first field that holds a bad value."""
-        _check_int("n", self.n, low=1)
+        _check_int("n", self.n, low=1, high=MAX_N)
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, low=1)
         _check_int("min_tokens", self.min_tokens, low=0)
@@ -115,7 +121,7 @@ class SamplingParams:
             raise SamplingParamsError(
                 "min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})."
             )
-        _check_float("temperature", self.temperature, low=0.0)
+        _check_float("temperature", self.temperature, low=0.0, high=MAX_TEMPERATURE)
         _check_float("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         _check_int("top_k", self.top_k, low=-1)
         _check_float("min_p", self.min_p, low=0.0, high=1.0)
@@ -124,7 +130,7 @@ class SamplingParams:
             _check_float(name, getattr(self, name), low=-MAX_OPENAI_PENALTY, high=MAX_OPENAI_PENALTY)
         self._validate_logit_bias()
         if self.seed is not None:
-            _check_int("seed", self.seed)
+            _check_int("seed", self.seed, low=MIN_SEED, high=MAX_SEED)
         self._validate_stops()
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
@@ -155,6 +161,8 @@ class SamplingParams:
         self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
 
     def _validate_stops(self) -> None:
+        if len(self.stop) > MAX_STOPS:
+            raise SamplingParamsError("stop", f"stop holds {len(self.stop)} strings; at most {MAX_STOPS} are allowed.")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise SamplingParamsError("stop", f"stop must hold non-empty strings, got {s!r}.")

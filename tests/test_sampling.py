@@ -70,7 +70,7 @@ def test_a_tiny_temperature_samples_the_argmax():
 
 
 def test_top_k_1_equals_greedy_at_a_high_temperature():
-    params = [SamplingParams(temperature=5.0, top_k=1, seed=s) for s in range(200)]
+    params = [SamplingParams(temperature=2.0, top_k=1, seed=s) for s in range(200)]
     out = sample(params, np.tile(LOGITS, (200, 1)))
     assert set(out.token_ids.tolist()) == {1}
 
@@ -315,6 +315,9 @@ def test_seeded_draws_follow_the_softmax_distribution():
         ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"n": 0}, "n"),
+        ({"n": 17}, "n"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -2}, "top_k"),
@@ -327,6 +330,9 @@ def test_seeded_draws_follow_the_softmax_distribution():
         ({"logit_bias": {3: 101.0}}, "logit_bias"),
         ({"logit_bias": [1, 2]}, "logit_bias"),
         ({"seed": 1.5}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"stop": ["a"] * 17}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stop": ["a", 3]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),

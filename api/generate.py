@@ -1,16 +1,15 @@
 """What the chat and completions routes share: server state, body reading, turning checked
 fields into SamplingParams, submitting to the engine, and merging the outputs of several
-engine requests (several prompts, or copies that each need their own grammar) into one stream.
+engine requests (one per prompt; the engine makes a request's n copies) into one stream.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,30 +122,13 @@ def check_prompt(
 
 @dataclass(slots=True)
 class Job:
-    """One engine request: its prompt, params, and where its copies land among the choices."""
+    """One engine request: its prompt, params, and where its n copies land among the choices."""
 
     prompt_ids: list[int]
     params: SamplingParams
     index_offset: int
     prompt_index: int = 0  # which prompt of the API request (usage counts each prompt once)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-
-def split_copies(prompt_ids: list[int], make: Callable[[], SamplingParams], prompt_index: int = 0) -> list[Job]:
-    """One job for all n copies, or one job per copy when each needs its own logits processors.
-
-    NOTE: a per-copy job with a seed uses seed + copy index, as the engine does for its copies.
-    """
-    params = make()
-    offset = prompt_index * params.n
-    if not params.logits_processors or params.n == 1:
-        return [Job(prompt_ids, params, offset, prompt_index)]
-    jobs = []
-    for i in range(params.n):
-        copy = make() if i else params
-        seed = None if copy.seed is None else copy.seed + i
-        jobs.append(Job(prompt_ids, dataclasses.replace(copy, n=1, seed=seed), offset + i, prompt_index))
-    return jobs
 
 
 @dataclass(slots=True)

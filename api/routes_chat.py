@@ -23,7 +23,6 @@ from baselm.api.generate import (
     make_params,
     outputs,
     read_json,
-    split_copies,
     submit,
     token_text,
     unless_disconnected,
@@ -31,7 +30,7 @@ from baselm.api.generate import (
 from baselm.api.schemas import ChatRequest, parse_chat
 from baselm.api.sse import DONE, EventStream, error_event, event
 from baselm.engine import CompletionOutput
-from baselm.sampling import SamplingParams, TokenLogprobs
+from baselm.sampling import LogitsProcessor, SamplingParams, TokenLogprobs
 from baselm.tokenizer import ChatTemplateError
 
 
@@ -52,7 +51,7 @@ def _prepare(state: ServerState, chat: ChatRequest) -> list[Job]:
     """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
     prompt_ids = _prompt_ids(state, chat)
     check_prompt(state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field)
-    return split_copies(prompt_ids, _params_factory(state, chat))
+    return [Job(prompt_ids, _params(state, chat), 0)]
 
 
 def _parses_tools(chat: ChatRequest) -> bool:
@@ -80,14 +79,13 @@ def _grammar(state: ServerState, chat: ChatRequest) -> tuple[str, str] | None:
     return None
 
 
-def _params_factory(state: ServerState, chat: ChatRequest):
-    """A maker of SamplingParams: each call gets a fresh grammar processor when one is needed."""
+def _params(state: ServerState, chat: ChatRequest) -> SamplingParams:
+    """The request's SamplingParams; with a grammar, each of its n copies makes its own processor."""
     sampling = dict(chat.common.sampling)
     logprobs = chat.top_logprobs if chat.logprobs else None
     constrained = _grammar(state, chat)
     if constrained is None:
-        params = make_params(sampling, chat.common.max_tokens_field, "top_logprobs", logprobs=logprobs)
-        return lambda: params
+        return make_params(sampling, chat.common.max_tokens_field, "top_logprobs", logprobs=logprobs)
     text, param = constrained
     for name in ("min_tokens", "ignore_eos"):  # both would keep a finished grammar from ending the answer
         if sampling[name]:
@@ -98,18 +96,17 @@ def _params_factory(state: ServerState, chat: ChatRequest):
     grammar.check_grammar(text, lltokenizer, param)
     eos = state.eos_token_ids
 
-    def make() -> SamplingParams:
-        processor = grammar.GrammarProcessor(lltokenizer, text, eos)
-        return make_params(
-            sampling,
-            chat.common.max_tokens_field,
-            "top_logprobs",
-            logprobs=logprobs,
-            logits_processors=[processor],
-            stop_token_ids=eos,
-        )
+    def processors() -> list[LogitsProcessor]:
+        return [grammar.GrammarProcessor(lltokenizer, text, eos)]
 
-    return make
+    return make_params(
+        sampling,
+        chat.common.max_tokens_field,
+        "top_logprobs",
+        logprobs=logprobs,
+        make_logits_processors=processors,
+        stop_token_ids=eos,
+    )
 
 
 def logprobs_content(state: ServerState, entries: list[TokenLogprobs], num_top: int) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from baselm.api.generate import (
+    Job,
     ServerState,
     Usage,
     check_model,
@@ -20,7 +21,6 @@ from baselm.api.generate import (
     make_params,
     outputs,
     read_json,
-    split_copies,
     submit,
     token_text,
     unless_disconnected,
@@ -39,7 +39,7 @@ async def completions(request: Request) -> Response:
     for ids in prompt_ids:
         check_prompt(state, ids, "prompt", req.common.sampling["max_tokens"], "max_tokens")
     params = make_params(req.common.sampling, "max_tokens", logprobs=req.logprobs)
-    jobs = [job for i, ids in enumerate(prompt_ids) for job in split_copies(ids, lambda: params, i)]
+    jobs = [Job(ids, params, i * params.n, i) for i, ids in enumerate(prompt_ids)]
     started = await submit(state, jobs, "prompt")
     response = _Response(state, req, prompt_ids)
     if req.common.stream:

@@ -7,7 +7,6 @@ The synchronous engine owns the model, the KV pools, the scheduler and the sampl
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import os
 import queue
@@ -192,8 +191,7 @@ class LLMEngine:
         return request_id
 
     def _make_sequence(self, group_id: str, index: int, prompt_ids: list[int], params: SamplingParams) -> _Sequence:
-        if index and params.seed is not None:  # each copy its own stream, reproducibly
-            params = dataclasses.replace(params, seed=params.seed + index)
+        params = params.for_copy(index)
         internal_id = group_id if index == 0 else f"{group_id}#{index}"
         request = Request(internal_id, prompt_ids, params)
         stop = StopChecker(params, self.eos_token_ids, max_tokens=self.max_model_len - len(prompt_ids))

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -66,9 +66,14 @@ class SamplingParamsError(ValueError):
 class SamplingParams:
     """How one request picks its tokens and when it stops; validated on construction.
 
+    NOTE: `validate` is the one place that knows the ranges (OpenAI's: temperature in
+    [0, 2], top_p in (0, 1], penalties in [-2, 2], ...); the API only reads types.
+
     `max_tokens=None` means up to the context length (the engine caps it). `top_k` of
     0 or -1 is off. `logprobs`: None = none, 0 = the chosen token's only, k = also the
-    top k alternatives (at most 20). `stop` may be given as one string.
+    top k alternatives (at most 20). `stop` may be given as one string. `n` > 1 asks for
+    that many copies (see `for_copy`); `make_logits_processors`, when given, makes each
+    copy's own `logits_processors` (stateful ones, like a grammar, must not be shared).
     """
 
     n: int = 1
@@ -91,6 +96,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    make_logits_processors: Callable[[], list[LogitsProcessor]] | None = None
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -99,8 +105,25 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if not self.logits_processors and callable(self.make_logits_processors):
+            self.logits_processors = self.make_logits_processors()
         self.logits_processors = list(self.logits_processors or [])
         self.validate()
+
+    def for_copy(self, index: int) -> SamplingParams:
+        """The params of copy `index` (0 to n - 1) of an n > 1 request.
+
+        Copy i draws with `seed + i` (mod 2**64, which the sampler's keys use anyway), so each
+        copy has its own stream, reproducibly; with `make_logits_processors`, every copy after
+        the first gets fresh processors.
+        """
+        if index == 0:
+            return self
+        seed = None if self.seed is None else self.seed + index
+        if seed is not None and seed > MAX_SEED:
+            seed -= 1 << 64
+        processors = self.make_logits_processors() if self.make_logits_processors else self.logits_processors
+        return replace(self, seed=seed, logits_processors=processors)
 
     @property
     def greedy(self) -> bool:
@@ -142,6 +165,8 @@ class SamplingParams:
         for proc in self.logits_processors:
             if not callable(proc):
                 raise SamplingParamsError("logits_processors", f"logits_processors holds {proc!r}, not a callable.")
+        if self.make_logits_processors is not None and not callable(self.make_logits_processors):
+            raise SamplingParamsError("make_logits_processors", "make_logits_processors must be a callable.")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raises SamplingParamsError when a token id in the params lies outside the vocabulary."""

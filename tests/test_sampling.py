@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from baselm.sampling import (
+    MAX_SEED,
     Sampler,
     SamplingParams,
     SamplingParamsError,
@@ -354,6 +355,21 @@ def test_defaults_and_normalization():
     p = SamplingParams(stop="###", max_tokens=None, top_k=-1, logprobs=20, seed=-5)
     assert p.stop == ["###"] and p.max_tokens is None and p.n == 1 and not p.greedy
     assert SamplingParams().max_tokens == 256
+
+
+def test_a_copy_draws_with_seed_plus_its_index_and_makes_its_own_processors():
+    made = []
+
+    def make():
+        made.append([lambda output_ids, logits: logits])
+        return made[-1]
+
+    params = SamplingParams(n=3, seed=10, make_logits_processors=make)
+    copies = [params.for_copy(i) for i in range(3)]
+    assert [c.seed for c in copies] == [10, 11, 12]
+    assert [c.logits_processors for c in copies] == made and len(made) == 3
+    assert SamplingParams(n=2, seed=MAX_SEED).for_copy(1).seed == 0  # mod 2**64, as the sampler's keys
+    assert SamplingParams(n=2).for_copy(1).seed is None
 
 
 def test_check_vocab_rejects_token_ids_outside_the_vocabulary():

@@ -121,6 +121,26 @@ def test_n_copies_with_a_seed_differ_from_each_other(make_engine):
     assert len({tuple(c.token_ids) for c in result.completions}) > 1
 
 
+def test_n_copies_each_run_their_own_processors(make_engine):
+    histories = []
+
+    def make():
+        history = []
+        histories.append(history)
+
+        def record(output_ids, logits):
+            history.append(list(output_ids))
+            return logits
+
+        return [record]
+
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=5, n=3, make_logits_processors=make)
+    result = make_engine().generate([PROMPTS[1]], params)[0]
+    assert len(histories) == 3
+    for history, completion in zip(histories, result.completions):
+        assert history == [completion.token_ids[:i] for i in range(5)]
+
+
 def test_a_request_longer_than_the_model_is_refused(make_engine):
     engine = make_engine()
     with pytest.raises(RequestTooLongError, match="at most 512"):

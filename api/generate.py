@@ -19,7 +19,7 @@ from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
 from baselm.engine import AsyncEngine, CompletionOutput, QueueFullError
 from baselm.sampling import SamplingParams, SamplingParamsError
-from baselm.scheduler import RequestTooLongError
+from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer import Tokenizer
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -105,19 +105,11 @@ def check_prompt(
     bad = [t for t in prompt_ids if t >= state.vocab_size]
     if bad:
         raise bad_request(f"prompt token {bad[0]} is outside the vocabulary of {state.vocab_size}", prompt_field)
-    limit = state.max_model_len
-    if len(prompt_ids) >= limit:
-        raise bad_request(
-            f"the prompt has {len(prompt_ids)} tokens; this model's context is {limit}, so no room is left to answer",
-            prompt_field,
-            "context_length_exceeded",
-        )
-    if max_tokens is not None and len(prompt_ids) + max_tokens > limit:
-        raise bad_request(
-            f"{len(prompt_ids)} prompt tokens + {max_tokens_field}={max_tokens} exceed this model's context of {limit}",
-            max_tokens_field,
-            "context_length_exceeded",
-        )
+    try:
+        effective_max_tokens(len(prompt_ids), max_tokens, state.max_model_len)
+    except RequestTooLongError as exc:
+        param = prompt_field if exc.field == "prompt" else max_tokens_field
+        raise bad_request(str(exc), param, "context_length_exceeded") from None
 
 
 @dataclass(slots=True)

@@ -181,8 +181,10 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"prompt token id {bad} is outside the model's vocabulary of {self.vocab_size} tokens"
             )
-        copies = [self._make_sequence(request_id, i, prompt_ids, params) for i in range(params.n)]
-        self.scheduler.add_request(copies[0].request)  # validates the length for all copies
+        requests = [Request(request_id, prompt_ids, params)]
+        requests += [Request(f"{request_id}#{i}", prompt_ids, params.for_copy(i)) for i in range(1, params.n)]
+        self.scheduler.add_request(requests[0])  # validates the length for all copies and fills in max_tokens
+        copies = [self._make_sequence(request_id, i, r, requests[0].max_tokens) for i, r in enumerate(requests)]
         self._groups[request_id] = [s.request.request_id for s in copies]
         for seq in copies:
             self._seqs[seq.request.request_id] = seq
@@ -190,11 +192,10 @@ class LLMEngine:
             self._pending_forks[copies[0].request.request_id] = [s.request for s in copies[1:]]
         return request_id
 
-    def _make_sequence(self, group_id: str, index: int, prompt_ids: list[int], params: SamplingParams) -> _Sequence:
-        params = params.for_copy(index)
-        internal_id = group_id if index == 0 else f"{group_id}#{index}"
-        request = Request(internal_id, prompt_ids, params)
-        stop = StopChecker(params, self.eos_token_ids, max_tokens=self.max_model_len - len(prompt_ids))
+    def _make_sequence(self, group_id: str, index: int, request: Request, max_tokens: int) -> _Sequence:
+        request.max_tokens = max_tokens
+        params = request.sampling_params
+        stop = StopChecker(params, self.eos_token_ids, max_tokens=max_tokens)
         detokenizer = self.tokenizer.detokenizer(skip_special_tokens=params.skip_special_tokens)
         return _Sequence(request, group_id, index, detokenizer, stop)
 

@@ -21,7 +21,38 @@ StopCheck = Callable[[Request], "str | None"]
 
 
 class RequestTooLongError(ValueError):
-    """A request that could never be served with this model length or KV cache size."""
+    """A request that could never be served with this model length or KV cache size.
+
+    `field` names what is at fault: "prompt" (it leaves no room to generate) or "max_tokens".
+    """
+
+    def __init__(self, message: str, field: str = "max_tokens") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def effective_max_tokens(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The max_tokens a request gets: `max_tokens`, or all the room its prompt leaves when None.
+
+    NOTE: the one rule for context room; raises RequestTooLongError when the prompt leaves no
+    room to generate or prompt + max_tokens exceed `max_model_len`.
+    """
+    if num_prompt_tokens >= max_model_len:
+        raise RequestTooLongError(
+            f"the request has a prompt of {num_prompt_tokens} tokens but the model takes at most {max_model_len} "
+            "in all, leaving no room to generate; shorten the prompt",
+            field="prompt",
+        )
+    if max_tokens is None:
+        return max_model_len - num_prompt_tokens
+    total = num_prompt_tokens + max_tokens
+    if total > max_model_len:
+        raise RequestTooLongError(
+            f"the request needs {total} tokens ({num_prompt_tokens} prompt + {max_tokens} max_tokens) but the model "
+            f"takes at most {max_model_len}; shorten the prompt or lower max_tokens",
+            field="max_tokens",
+        )
+    return max_tokens
 
 
 @dataclass(slots=True)
@@ -331,26 +362,14 @@ class Scheduler:
 
     def _check_fits(self, request: Request) -> None:
         """Raises RequestTooLongError unless the request fits; fills in a missing max_tokens."""
-        if request.num_prompt_tokens >= self.max_model_len:
-            raise RequestTooLongError(
-                f"request {request.request_id} has a prompt of {request.num_prompt_tokens} tokens but the model "
-                f"takes at most {self.max_model_len} in all, leaving no room to generate; shorten the prompt"
-            )
-        if request.max_tokens is None:
-            request.max_tokens = self.max_model_len - request.num_prompt_tokens
+        request.max_tokens = effective_max_tokens(request.num_prompt_tokens, request.max_tokens, self.max_model_len)
         total = request.num_prompt_tokens + request.max_tokens
-        if total > self.max_model_len:
-            raise RequestTooLongError(
-                f"request {request.request_id} needs {total} tokens ({request.num_prompt_tokens} prompt + "
-                f"{request.max_tokens} max_tokens) but the model takes at most {self.max_model_len}; "
-                "shorten the prompt or lower max_tokens"
-            )
         # The last sampled token is never fed back, so its K/V is never stored.
         num_blocks = -(-(total - 1) // self.kv.block_size)
         if num_blocks > self.kv.num_blocks:
             raise RequestTooLongError(
-                f"request {request.request_id} needs up to {num_blocks} KV blocks of {self.kv.block_size} tokens "
-                f"but the cache has only {self.kv.num_blocks}; lower max_tokens or give the KV cache more memory"
+                f"the request needs up to {num_blocks} KV blocks of {self.kv.block_size} tokens but the cache has "
+                f"only {self.kv.num_blocks}; lower max_tokens or give the KV cache more memory"
             )
 
 

@@ -16,7 +16,7 @@ import pytest
 from baselm.kv.manager import KVCacheManager
 from baselm.request import Request, RequestStatus
 from baselm.sampling import SamplingParams
-from baselm.scheduler import RequestTooLongError, Scheduler, SchedulerOutput
+from baselm.scheduler import RequestTooLongError, Scheduler, SchedulerOutput, effective_max_tokens
 
 EOS = 7
 
@@ -344,6 +344,17 @@ def test_too_long_requests_are_rejected_when_added():
     with pytest.raises(RequestTooLongError, match="prompt of 32 tokens but the model takes at most 32"):
         scheduler.add_request(Request("c", list(range(32))))
     assert not scheduler.has_unfinished
+
+
+def test_effective_max_tokens_is_the_room_the_prompt_leaves_and_names_the_culprit():
+    assert effective_max_tokens(30, None, 32) == 2
+    assert effective_max_tokens(30, 2, 32) == 2
+    with pytest.raises(RequestTooLongError) as too_long:
+        effective_max_tokens(30, 3, 32)
+    assert too_long.value.field == "max_tokens"
+    with pytest.raises(RequestTooLongError) as no_room:
+        effective_max_tokens(32, None, 32)
+    assert no_room.value.field == "prompt"
 
 
 def test_a_request_that_exactly_fills_the_pool_is_accepted_and_finishes():

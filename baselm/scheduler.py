@@ -129,13 +129,10 @@ class Scheduler:
         long_prefill_token_threshold: int = 0,
         check_stop: StopCheck | None = None,
     ):
-        """`long_prefill_token_threshold` > 0 caps the tokens one request gets per step (its chunk size)."""
-        if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_model_len < 2:
-            raise ValueError("a scheduler needs max_num_seqs >= 1, max_num_batched_tokens >= 1 and max_model_len >= 2")
-        if long_prefill_token_threshold < 0:
-            raise ValueError(
-                f"long_prefill_token_threshold must be 0 (off) or positive, got {long_prefill_token_threshold}"
-            )
+        """`long_prefill_token_threshold` > 0 caps the tokens one request gets per step (its chunk size).
+
+        NOTE: the sizes come as EngineConfig validated them; they are not checked again here.
+        """
         self.kv = kv_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

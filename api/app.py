@@ -20,7 +20,8 @@ from baselm.api.routes_chat import chat_completions
 from baselm.api.routes_completions import completions
 from baselm.api.schemas import Body, array_field, read_message
 from baselm.api.tools import tool_format
-from baselm.engine import AsyncEngine, LLMEngine
+from baselm.async_engine import AsyncEngine
+from baselm.engine import LLMEngine
 from baselm.tokenizer import ChatTemplateError
 
 

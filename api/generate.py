@@ -17,7 +17,9 @@ from starlette.requests import ClientDisconnect, Request
 
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
-from baselm.engine import AsyncEngine, CompletionOutput, QueueFullError
+from baselm.async_engine import AsyncEngine
+from baselm.engine import QueueFullError
+from baselm.request import CompletionOutput
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer import Tokenizer

@@ -29,7 +29,7 @@ from baselm.api.generate import (
 )
 from baselm.api.schemas import ChatRequest, parse_chat
 from baselm.api.sse import DONE, EventStream, error_event, event
-from baselm.engine import CompletionOutput
+from baselm.request import CompletionOutput
 from baselm.sampling import LogitsProcessor, SamplingParams, TokenLogprobs
 from baselm.tokenizer import ChatTemplateError
 

@@ -27,7 +27,7 @@ from baselm.api.generate import (
 )
 from baselm.api.schemas import CompletionRequest, parse_completion
 from baselm.api.sse import DONE, EventStream, error_event, event
-from baselm.engine import CompletionOutput
+from baselm.request import CompletionOutput
 from baselm.sampling import TokenLogprobs
 
 

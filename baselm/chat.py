@@ -30,7 +30,7 @@ from baselm.tokenizer import Tokenizer
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from baselm.engine import AsyncEngine
+    from baselm.async_engine import AsyncEngine
 
 PROMPT = ">>> "
 CONTINUATION = "... "
@@ -674,9 +674,10 @@ def run_chat(
     """Loads `model`, starts the engine thread (and the HTTP server with `serve`), runs the REPL."""
     from rich.console import Console
 
+    from baselm.async_engine import AsyncEngine
     from baselm.backend import select_backend
     from baselm.config import EngineConfig, parse_size
-    from baselm.engine import AsyncEngine, LLMEngine
+    from baselm.engine import LLMEngine
     from baselm.loader import load_model
 
     config = EngineConfig(kv_memory=parse_size(kv_memory) if kv_memory else None)

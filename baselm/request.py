@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from baselm.sampling import TokenLogprobs
+
 
 class InvalidRequestError(ValueError):
     """A request the engine cannot take as given (empty prompt, unknown token ids, ...)."""
@@ -137,3 +139,20 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length" or "abort" once finished
     num_cached_tokens: int = 0  # prompt tokens that were prefix-cache hits
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """What one step produced for one copy (`index`) of a request."""
+
+    request_id: str
+    index: int
+    text: str  # new text, safe to show (held-back stop-string prefixes excluded)
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0

@@ -7,7 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from baselm.engine import AsyncEngine, LLMEngine
+from baselm.async_engine import AsyncEngine
+from baselm.engine import LLMEngine
 from baselm.sampling import SamplingParams
 from baselm.scheduler import RequestTooLongError
 
@@ -39,7 +40,21 @@ def test_abort_frees_blocks_at_the_next_step(make_engine):
     while engine.has_unfinished:
         engine.step()
     assert all_free(engine)
-    assert keep not in engine._groups
+    assert keep not in engine.copies
+
+
+def test_aborting_before_the_copies_fork_reports_every_copy(make_engine):
+    engine = make_engine()
+    request_id = engine.add_request(PROMPTS[1], SamplingParams(temperature=1.0, seed=1, max_tokens=5, n=3))
+    engine.abort(request_id)
+    outputs = engine.step()
+    assert sorted((o.index, o.finish_reason) for o in outputs if o.finished) == [
+        (0, "abort"),
+        (1, "abort"),
+        (2, "abort"),
+    ]
+    assert request_id not in engine.copies
+    assert all_free(engine)
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_a_batch(make_engine):

@@ -21,8 +21,8 @@ from baselm.kv.manager import KVCacheManager
 from baselm.loader import LoadedModel
 from baselm.request import CompletionOutput, InvalidRequestError
 from baselm.runner import Launched, ModelRunner
-from baselm.sampling import Sampler, SamplingParams, SamplingRow, TokenLogprobs
-from baselm.scheduler import ScheduledRequest, Scheduler, SchedulerOutput, SchedulerStats
+from baselm.sampling import Sampler, SamplingParams, TokenLogprobs
+from baselm.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 
 _DEFAULT_KV_CAP = 2 * 2**30  # bytes; a laptop-friendly ceiling when --kv-memory is not given
 
@@ -62,16 +62,6 @@ class StepStats:
     update: float = 0.0
     num_tokens: int = 0
     num_seqs: int = 0
-
-
-def _plan_shape(requests, block_size: int) -> tuple:
-    """What a decode step's graph depends on: each request, its context, the blocks it uses."""
-    shape = []
-    for s in requests:
-        if s.num_scheduled_tokens != 1 or not s.is_sampling:
-            return ()
-        shape.append((s.request_id, s.context_len, tuple(s.block_ids[: -(-s.context_len // block_size)])))
-    return tuple(shape)
 
 
 def kv_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_token: int) -> int:
@@ -163,7 +153,7 @@ class LLMEngine:
 
         With decode pipelining (on GPUs by default), a decoding batch launches its next step
         on the device-side sampled ids before reading them back, so building that step's
-        graph overlaps this step's compute (see `_speculate`).
+        graph overlaps this step's compute (see `_launch_ahead`).
         """
         outputs: list[CompletionOutput] = []
         if self._inflight is not None:
@@ -179,7 +169,7 @@ class LLMEngine:
                 self.last_step = StepStats(schedule=schedule_s)
                 return outputs
             launched = self.runner.launch(plan)
-        speculation = self._speculate(plan, launched) if self._pipeline else None
+        ahead = self._launch_ahead(plan, launched) if self._pipeline else None
         result = self.runner.collect(launched)
         t0 = time.perf_counter()
         self.copies.add_logprobs(result.logprobs)
@@ -187,8 +177,8 @@ class LLMEngine:
         outputs += [self.copies.collect(u.request_id, u.new_token_ids, u.finished, u.finish_reason) for u in updates]
         self.copies.start_forks(self.scheduler)
         update_s = time.perf_counter() - t0
-        if speculation is not None:
-            outputs += self._adopt(*speculation)
+        if ahead is not None:
+            outputs += self._schedule_after_ahead(*ahead)
         timings = self.runner.timings
         self.last_step = StepStats(
             schedule=schedule_s,
@@ -201,36 +191,19 @@ class LLMEngine:
         )
         return outputs
 
-    def _speculate(self, plan: SchedulerOutput, launched: Launched) -> tuple[tuple, Launched] | None:
-        """Launches the step after `plan` before its sampled ids are read, when that step is
-        predictable: every request decoding one token, none about to reach max_tokens, nobody
-        waiting, and no sampling option that needs the new token on the host (processors,
-        penalties, top-k/top-p). Returns the step's expected shape and the launched step."""
-        if launched.sampled is None or self.scheduler.num_waiting or self.copies.has_pending_forks:
+    def _launch_ahead(self, plan: SchedulerOutput, launched: Launched) -> tuple[SchedulerOutput, Launched] | None:
+        """Launches the step the scheduler plans after `plan` (`Scheduler.schedule_ahead`) on the
+        sampled ids still on the device, when no copy is about to fork and no request's sampling
+        needs its newest id on the host. Returns that plan and its launch."""
+        if launched.sampled is None or self.copies.has_pending_forks:
             return None
-        for scheduled in plan.requests:
-            request, params = scheduled.request, scheduled.request.sampling_params
-            if scheduled.num_scheduled_tokens != 1 or not scheduled.is_sampling or request.is_finished:
-                return None  # aborted while launched: it must not get blocks again
-            if params.logits_processors or params.has_penalties or request.num_output_tokens + 1 >= request.max_tokens:
-                return None
-            if not params.greedy and (0 < params.top_k < self.vocab_size or params.top_p < 1.0):
-                return None
-        spec, seqs = [], []
-        for scheduled in plan.requests:
-            request = scheduled.request
-            # The next step's block; the real schedule finds it already allocated.
-            if not self.kv_manager.allocate_slots(request, 2):
-                return None
-            table = list(self.kv_manager.block_table(request))
-            spec.append(ScheduledRequest(request, [0], request.num_computed_tokens + 1, table, True, False))
-            seqs.append(SamplingRow(request.sampling_params, request.prompt_token_ids, [*request.output_token_ids, 0]))
-        expected = _plan_shape(spec, self.cache.block_size)
-        spec_plan = SchedulerOutput(requests=spec, num_scheduled_tokens=len(spec))
-        return expected, self.runner.launch(spec_plan, input_ids=launched.sampled.token_ids, seqs=seqs)
+        if any(s.request.sampling_params.needs_host_ids(self.vocab_size) for s in plan.requests):
+            return None
+        ahead = self.scheduler.schedule_ahead(plan)
+        return None if ahead is None else (ahead, self.runner.launch(ahead, after=launched))
 
-    def _adopt(self, expected: tuple, launched: Launched) -> list[CompletionOutput]:
-        """Schedules the next step for real; keeps the speculative launch if it is that step.
+    def _schedule_after_ahead(self, ahead: SchedulerOutput, launched: Launched) -> list[CompletionOutput]:
+        """Schedules the next step for real; keeps the launch made ahead if it is that step.
 
         NOTE: a discarded launch only wrote, for requests still running, the same K/V the
         real step writes again, and for finished ones into freed blocks that nothing reads
@@ -241,7 +214,7 @@ class LLMEngine:
         self._next_schedule_s = time.perf_counter() - t0
         outputs = self.copies.collect_aborted(plan.finished_request_ids)
         if not plan.is_empty:
-            same = _plan_shape(plan.requests, self.cache.block_size) == expected
+            same = self.scheduler.is_ahead_plan(plan, ahead)
             self._inflight = (plan, launched if same else self.runner.launch(plan))
         return outputs
 

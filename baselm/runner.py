@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models.base import DecoderModel
-from baselm.sampling import Sampler, SamplerOutput, SamplingSequence, TokenLogprobs
+from baselm.sampling import Sampler, SamplerOutput, SamplingRow, SamplingSequence, TokenLogprobs
 from baselm.scheduler import SchedulerOutput
 
 
@@ -53,21 +52,24 @@ class ModelRunner:
         self.sampler = sampler
         self.timings = StepTimings()
 
-    def launch(
-        self, output: SchedulerOutput, input_ids: mx.array | None = None, seqs: Sequence[SamplingSequence] | None = None
-    ) -> Launched:
+    def launch(self, output: SchedulerOutput, after: Launched | None = None) -> Launched:
         """Builds the step's forward and sampling graph and starts it (`mx.async_eval`) without waiting.
 
-        `input_ids` may replace the plan's token ids with device arrays (the sampled ids of a
-        step still running), and `seqs` what the sampler reads of each sampling request.
+        `after`: a step still running whose sampled ids this one feeds, one per request in
+        order (decode pipelining, see `Scheduler.schedule_ahead`); the plan's token ids are then
+        placeholders, and so is each request's newest output id the sampler sees.
         """
         t0 = time.perf_counter()
         ids, meta, sampling = self._prepare(output)
+        rows: list[SamplingSequence] = [s.request for s in sampling]
+        if after is not None:
+            ids = after.sampled.token_ids  # (num_seqs,) int32, on the device
+            rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, [*r.output_token_ids, 0]) for r in rows]
         t1 = time.perf_counter()
-        logits = self.model(ids if input_ids is None else input_ids, meta.positions, meta, self.cache)
+        logits = self.model(ids, meta.positions, meta, self.cache)
         sampled = None
         if sampling:
-            sampled = self.sampler(logits, seqs if seqs is not None else [s.request for s in sampling])
+            sampled = self.sampler(logits, rows)
             mx.async_eval(
                 [
                     a

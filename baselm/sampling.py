@@ -134,6 +134,14 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
+    def needs_host_ids(self, vocab_size: int) -> bool:
+        """True when a draw needs the generated ids on the host (processors, penalties) or reads
+        the device back (a top-k/top-p cut on a sampled row), so a step cannot be launched on the
+        previous step's sampled ids before they are read (decode pipelining)."""
+        if self.logits_processors or self.has_penalties:
+            return True
+        return not self.greedy and (0 < self.top_k < vocab_size or self.top_p < 1.0)
+
     def validate(self) -> None:
         """Raises SamplingParamsError naming the first field that holds a bad value."""
         _check_int("n", self.n, low=1, high=MAX_N)

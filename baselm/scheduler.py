@@ -6,6 +6,11 @@ chunk of a long prompt, a decode and a request resumed after preemption are all 
 thing: the tokens in `all_token_ids[num_computed_tokens:]`. Running requests are served
 first, in admission order, so a long prompt never stalls running streams; then waiting
 requests, first come first served, while budget, sequence slots and KV blocks last.
+
+Decode pipelining plans one step further: while a decoding batch runs, `schedule_ahead`
+plans the step after it (one more token each, its KV block allocated) so the runner can
+launch that step on the sampled ids still on the device; the real `schedule` then decides
+whether that launch is the step to run (`is_ahead_plan`).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ def effective_max_tokens(num_prompt_tokens: int, max_tokens: int | None, max_mod
     return max_tokens
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class ScheduledRequest:
     """One request's share of a step: what the runner feeds and where its K/V lives."""
 
@@ -250,6 +255,37 @@ class Scheduler:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
 
+    def schedule_ahead(self, plan: SchedulerOutput) -> SchedulerOutput | None:
+        """Plans the step after `plan` before `plan` has run, when it is predictable: every request
+        decodes one token, none is about to reach max_tokens, and nobody waits. Allocates the
+        blocks that step writes (the real `schedule` finds them allocated); None when unpredictable.
+
+        NOTE: the planned requests feed placeholder ids: the tokens `plan` samples, which only
+        the device has yet.
+        """
+        if self.waiting or not all(self._can_run_ahead(s) for s in plan.requests):
+            return None
+        ahead = []
+        for scheduled in plan.requests:
+            request = scheduled.request
+            if not self.kv.allocate_slots(request, 2):  # this step's token and the next one's
+                return None
+            ahead.append(
+                ScheduledRequest(
+                    request=request,
+                    token_ids=[0],
+                    num_computed_tokens=request.num_computed_tokens + 1,
+                    block_ids=list(self.kv.block_table(request)),
+                    is_sampling=True,
+                    is_new=False,
+                )
+            )
+        return SchedulerOutput(requests=ahead, num_scheduled_tokens=len(ahead))
+
+    def is_ahead_plan(self, plan: SchedulerOutput, ahead: SchedulerOutput) -> bool:
+        """True when `plan` is the step `ahead` predicted: the same requests, contexts and blocks."""
+        return _decode_shape(plan, self.kv.block_size) == _decode_shape(ahead, self.kv.block_size)
+
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
             num_running=len(self.running),
@@ -300,6 +336,13 @@ class Scheduler:
             output.requests.append(self._scheduled(request, num_new, is_new=True))
             budget -= num_new
         return budget
+
+    @staticmethod
+    def _can_run_ahead(scheduled: ScheduledRequest) -> bool:
+        request = scheduled.request
+        # NOTE: a request aborted while its step runs must not get blocks again.
+        decoding = scheduled.num_scheduled_tokens == 1 and scheduled.is_sampling and not request.is_finished
+        return decoding and request.num_output_tokens + 1 < request.max_tokens
 
     def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
         num_new = min(request.num_tokens - num_computed, budget)
@@ -368,6 +411,17 @@ class Scheduler:
                 f"the request needs up to {num_blocks} KV blocks of {self.kv.block_size} tokens but the cache has "
                 f"only {self.kv.num_blocks}; lower max_tokens or give the KV cache more memory"
             )
+
+
+def _decode_shape(plan: SchedulerOutput, block_size: int) -> tuple:
+    """What a decode step's graph depends on: each request, its context, the blocks it uses;
+    () when some request does not decode one token."""
+    shape = []
+    for s in plan.requests:
+        if s.num_scheduled_tokens != 1 or not s.is_sampling:
+            return ()
+        shape.append((s.request_id, s.context_len, tuple(s.block_ids[: -(-s.context_len // block_size)])))
+    return tuple(shape)
 
 
 def _sampled_for(scheduled: ScheduledRequest, sampled_token_ids: dict[str, list[int]]) -> list[int]:

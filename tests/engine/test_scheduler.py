@@ -331,6 +331,29 @@ def test_a_step_that_preempted_admits_no_waiting_request():
     assert plan(output) == [("a", 5, 1, True), ("b", 0, 2, False)]
 
 
+def test_schedule_ahead_plans_the_next_decode_step_with_its_block_allocated():
+    scheduler, model = make(block_size=4)
+    scheduler.add_request(request("a", [1, 2, 3], max_tokens=10))
+    step(scheduler, model)
+    now = scheduler.schedule()
+    ahead = scheduler.schedule_ahead(now)
+    assert plan(ahead) == [("a", 4, 1, True)] and ahead.requests[0].block_ids == [0, 1]
+    scheduler.update(now, model.step(now))
+    assert scheduler.is_ahead_plan(scheduler.schedule(), ahead)
+
+
+def test_nothing_is_planned_ahead_while_a_request_waits_or_one_is_about_to_finish():
+    scheduler, model = make(block_size=4)
+    scheduler.add_request(request("a", [1, 2, 3], max_tokens=2))
+    step(scheduler, model)
+    assert scheduler.schedule_ahead(scheduler.schedule()) is None  # its next token is its last
+    scheduler, model = make(block_size=4, max_num_seqs=1)
+    scheduler.add_request(request("a", [1, 2, 3], max_tokens=10))
+    scheduler.add_request(request("b", [4, 5]))
+    step(scheduler, model)
+    assert scheduler.schedule_ahead(scheduler.schedule()) is None
+
+
 # --- admission, abort, fork ---------------------------------------------------------------
 
 

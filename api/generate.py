@@ -19,7 +19,7 @@ from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
 from baselm.async_engine import AsyncEngine
 from baselm.engine import QueueFullError
-from baselm.request import CompletionOutput
+from baselm.request import RequestOutput
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer import Tokenizer
@@ -133,7 +133,7 @@ class Usage:
     cached: dict[int, int] = field(default_factory=dict)  # prompt index -> its most prefix-cache hits
     completion: dict[int, int] = field(default_factory=dict)  # choice index -> output tokens
 
-    def add(self, prompt_index: int, index: int, out: CompletionOutput) -> None:
+    def add(self, prompt_index: int, index: int, out: RequestOutput) -> None:
         self.prompt[prompt_index] = out.num_prompt_tokens
         self.cached[prompt_index] = max(self.cached.get(prompt_index, 0), out.num_cached_tokens)
         self.completion[index] = out.num_output_tokens
@@ -150,9 +150,9 @@ class Usage:
 
 async def submit(
     state: ServerState, jobs: list[Job], prompt_field: str
-) -> list[tuple[Job, AsyncIterator[CompletionOutput]]]:
+) -> list[tuple[Job, AsyncIterator[RequestOutput]]]:
     """Queues every job on the engine; on a refusal, aborts those already queued and raises an APIError."""
-    started: list[tuple[Job, AsyncIterator[CompletionOutput]]] = []
+    started: list[tuple[Job, AsyncIterator[RequestOutput]]] = []
     try:
         for job in jobs:
             started.append((job, await state.client.submit(job.prompt_ids, job.params, job.request_id)))
@@ -175,8 +175,8 @@ async def submit(
 
 
 async def outputs(
-    state: ServerState, started: list[tuple[Job, AsyncIterator[CompletionOutput]]], usage: Usage
-) -> AsyncIterator[CompletionOutput]:
+    state: ServerState, started: list[tuple[Job, AsyncIterator[RequestOutput]]], usage: Usage
+) -> AsyncIterator[RequestOutput]:
     """The outputs of all jobs as they come, `index` set to the choice index; counts usage and latency.
 
     Leaving early (a disconnect, an error) aborts every job still running.
@@ -209,7 +209,7 @@ async def outputs(
         state.metrics.count_tokens(sum(usage.prompt.values()), sum(usage.completion.values()))
 
 
-async def _pump(job: Job, iterator: AsyncIterator[CompletionOutput], queue: asyncio.Queue) -> None:
+async def _pump(job: Job, iterator: AsyncIterator[RequestOutput], queue: asyncio.Queue) -> None:
     try:
         async for out in iterator:
             queue.put_nowait((job, out))
@@ -222,7 +222,7 @@ async def _pump(job: Job, iterator: AsyncIterator[CompletionOutput], queue: asyn
         await iterator.aclose()
 
 
-def _observe_latency(metrics: Metrics, out: CompletionOutput, arrival: float, last_seen: dict[int, float]) -> None:
+def _observe_latency(metrics: Metrics, out: RequestOutput, arrival: float, last_seen: dict[int, float]) -> None:
     if not out.token_ids:
         return
     now = time.monotonic()
@@ -255,7 +255,7 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-def finish_reason(out: CompletionOutput) -> str:
+def finish_reason(out: RequestOutput) -> str:
     """OpenAI's reason for an engine's: "stop" or "length" (an abort only happens on shutdown)."""
     if out.finish_reason == "abort":
         raise APIError(503, "the server is shutting down; the request was stopped")

@@ -29,7 +29,7 @@ from baselm.api.generate import (
 )
 from baselm.api.schemas import ChatRequest, parse_chat
 from baselm.api.sse import DONE, EventStream, error_event, event
-from baselm.request import CompletionOutput
+from baselm.request import RequestOutput
 from baselm.sampling import LogitsProcessor, SamplingParams, TokenLogprobs
 from baselm.tokenizer import ChatTemplateError
 
@@ -132,7 +132,7 @@ class _Response:
         self.parsers: dict[int, tools.ToolCallParser] = {}
         self.num_calls: dict[int, int] = {}
 
-    def _pieces(self, out: CompletionOutput) -> tuple[str, list[tools.ToolCall]]:
+    def _pieces(self, out: RequestOutput) -> tuple[str, list[tools.ToolCall]]:
         """Content and completed calls this output adds to its choice."""
         if self.fmt is None:
             return out.text, []
@@ -144,18 +144,18 @@ class _Response:
         self.num_calls[out.index] = len(parser.calls)
         return content, calls
 
-    def _finish_reason(self, out: CompletionOutput) -> str:
+    def _finish_reason(self, out: RequestOutput) -> str:
         reason = finish_reason(out)
         return "tool_calls" if reason == "stop" and self.num_calls.get(out.index) else reason
 
-    def _logprobs(self, out: CompletionOutput) -> dict[str, Any] | None:
+    def _logprobs(self, out: RequestOutput) -> dict[str, Any] | None:
         if not self.chat.logprobs:
             return None
         return {"content": logprobs_content(self.state, out.logprobs, self.chat.top_logprobs), "refusal": None}
 
     # ---- whole --------------------------------------------------------------------------
 
-    async def collect(self, stream: AsyncIterator[CompletionOutput]) -> dict[str, Any]:
+    async def collect(self, stream: AsyncIterator[RequestOutput]) -> dict[str, Any]:
         n = self.chat.common.n
         content = [""] * n
         calls: list[list[tools.ToolCall]] = [[] for _ in range(n)]
@@ -206,7 +206,7 @@ class _Response:
     ) -> dict[str, Any]:
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
 
-    async def stream(self, stream: AsyncIterator[CompletionOutput]) -> AsyncIterator[str]:
+    async def stream(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
         try:
             for i in range(self.chat.common.n):
                 yield self._chunk([self._choice(i, {"role": "assistant", "content": ""})])
@@ -221,7 +221,7 @@ class _Response:
             await stream.aclose()
         yield DONE
 
-    def _out_chunks(self, out: CompletionOutput) -> list[str]:
+    def _out_chunks(self, out: RequestOutput) -> list[str]:
         text, calls = self._pieces(out)
         chunks = []
         logprobs = self._logprobs(out) if out.logprobs else None

@@ -27,7 +27,7 @@ from baselm.api.generate import (
 )
 from baselm.api.schemas import CompletionRequest, parse_completion
 from baselm.api.sse import DONE, EventStream, error_event, event
-from baselm.request import CompletionOutput
+from baselm.request import RequestOutput
 from baselm.sampling import TokenLogprobs
 
 
@@ -100,14 +100,14 @@ class _Response:
         prompt = self.req.prompts[index // self.req.common.n]
         return prompt if isinstance(prompt, str) else self.state.tokenizer.decode(prompt)
 
-    def _logprobs(self, out: CompletionOutput) -> dict[str, Any] | None:
+    def _logprobs(self, out: RequestOutput) -> dict[str, Any] | None:
         if self.req.logprobs is None:
             return None
         lp = _Logprobs()
         self.offsets[out.index] = lp.add(self.state, out.logprobs, self.offsets[out.index])
         return lp.as_dict()
 
-    async def collect(self, stream: AsyncIterator[CompletionOutput]) -> dict[str, Any]:
+    async def collect(self, stream: AsyncIterator[RequestOutput]) -> dict[str, Any]:
         texts = [self._echo(i) for i in range(self.num_choices)]
         logprobs = [_Logprobs() for _ in range(self.num_choices)]
         reasons = ["stop"] * self.num_choices
@@ -149,7 +149,7 @@ class _Response:
             payload["usage"] = usage
         return event(payload)
 
-    async def stream(self, stream: AsyncIterator[CompletionOutput]) -> AsyncIterator[str]:
+    async def stream(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
         try:
             for i in range(self.num_choices):
                 if self.req.echo:

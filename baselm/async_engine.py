@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from baselm.engine import LLMEngine
-from baselm.request import CompletionOutput
+from baselm.request import RequestOutput
 from baselm.sampling import SamplingParams
 
 
@@ -34,7 +34,7 @@ def _wait_native_exit(native_id: int | None, deadline: float) -> None:
 class AsyncEngine:
     """Runs an LLMEngine on a thread of its own, which does all MLX work; asyncio code talks to it.
 
-    `submit` returns an async iterator of CompletionOutput; leaving it early (a client
+    `submit` returns an async iterator of RequestOutput; leaving it early (a client
     that disconnects, a cancelled task) aborts the request, whose blocks are then freed
     at the engine's next step.
     """
@@ -74,7 +74,7 @@ class AsyncEngine:
 
     async def submit(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
-    ) -> AsyncIterator[CompletionOutput]:
+    ) -> AsyncIterator[RequestOutput]:
         """Async iterator over a request's outputs; raises at once if the engine refuses it."""
         params = params or SamplingParams()
         request_id = request_id or self.engine.new_request_id()
@@ -88,9 +88,7 @@ class AsyncEngine:
             raise
         return self._iterate(request_id, stream, params.n)
 
-    async def _iterate(
-        self, request_id: str, stream: asyncio.Queue, num_copies: int
-    ) -> AsyncIterator[CompletionOutput]:
+    async def _iterate(self, request_id: str, stream: asyncio.Queue, num_copies: int) -> AsyncIterator[RequestOutput]:
         remaining = num_copies
         try:
             while remaining:
@@ -139,7 +137,7 @@ class AsyncEngine:
             except Exception as exc:
                 future.set_exception(exc)
 
-    def _deliver(self, request_id: str, item: CompletionOutput | BaseException) -> None:
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         target = self._streams.get(request_id)
         if target is not None:
             loop, stream = target

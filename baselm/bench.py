@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from baselm.config import EngineConfig
-from baselm.engine import LLMEngine, StepStats
+from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
+from baselm.runner import StepStats
 from baselm.sampling import SamplingParams
 
 STEP_PARTS = ("schedule", "prepare", "forward", "sample", "update")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from baselm.request import CompletionOutput, Request, RequestStatus
+from baselm.request import Request, RequestOutput, RequestStatus
 from baselm.sampling import SamplingParams, TokenLogprobs
 from baselm.scheduler import Scheduler
 from baselm.stop import StopChecker
@@ -107,35 +107,26 @@ class Copies:
         for internal_id, entry in logprobs.items():
             self._copies[internal_id].logprobs.append(entry)
 
-    def collect(self, internal_id: str, token_ids: list[int], finished: bool, reason: str | None) -> CompletionOutput:
-        """The output of one copy for this step: new ids, the text and logprobs gathered since the last."""
+    def complete(self, out: RequestOutput) -> RequestOutput:
+        """Completes the scheduler's output of one copy for the user: the request id the user gave,
+        the copy's index, and the text and logprobs gathered since its last output."""
+        internal_id = out.request_id
         copy = self._copies[internal_id]
-        request = copy.request
-        out = CompletionOutput(
-            request_id=copy.group_id,
-            index=copy.index,
-            text=copy.text,
-            token_ids=list(token_ids),
-            logprobs=copy.logprobs,
-            finished=finished,
-            finish_reason=reason,
-            stop_reason=copy.stop_reason if finished else None,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=request.num_cached_tokens,
-        )
+        out.request_id, out.index = copy.group_id, copy.index
+        out.text, out.logprobs = copy.text, copy.logprobs
+        out.stop_reason = copy.stop_reason if out.finished else None
         copy.text, copy.logprobs = "", []
-        if finished:
+        if out.finished:
             self._forget(internal_id)
         return out
 
-    def collect_aborted(self, finished_request_ids: Iterable[str]) -> list[CompletionOutput]:
+    def collect_aborted(self, finished_request_ids: Iterable[str]) -> list[RequestOutput]:
         """Final outputs of the copies aborted since the last schedule (the scheduler's finished ids)."""
         outputs = []
         for internal_id in [*finished_request_ids, *self._aborted_forks]:
             copy = self._copies.get(internal_id)
-            if copy is not None and copy.request.is_finished and copy.request.finish_reason == "abort":
-                outputs.append(self.collect(internal_id, [], True, "abort"))
+            if copy is not None and copy.request.finish_reason == "abort":
+                outputs.append(self.complete(RequestOutput.of(copy.request, [])))
         self._aborted_forks = []
         return outputs
 

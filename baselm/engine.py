@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from baselm.backend import system_memory_bytes
 from baselm.config import EngineConfig
@@ -19,9 +19,9 @@ from baselm.copies import Copies, copy_requests
 from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
 from baselm.loader import LoadedModel
-from baselm.request import CompletionOutput, InvalidRequestError
-from baselm.runner import Launched, ModelRunner
-from baselm.sampling import Sampler, SamplingParams, TokenLogprobs
+from baselm.request import InvalidRequestError, RequestOutput
+from baselm.runner import Launched, ModelRunner, StepStats
+from baselm.sampling import Sampler, SamplingParams
 from baselm.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 
 _DEFAULT_KV_CAP = 2 * 2**30  # bytes; a laptop-friendly ceiling when --kv-memory is not given
@@ -32,36 +32,13 @@ class QueueFullError(RuntimeError):
 
 
 @dataclass(slots=True)
-class Completion:
-    """A finished copy of a request, as `generate` returns it."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprobs]
-    finish_reason: str | None
-    stop_reason: int | str | None
-
-
-@dataclass(slots=True)
 class GenerationResult:
+    """One prompt's whole answer, as `generate` returns it: each copy's outputs merged into one."""
+
     request_id: str
     prompt_token_ids: list[int]
-    completions: list[Completion]
+    completions: list[RequestOutput]  # by copy index
     num_cached_tokens: int = 0
-
-
-@dataclass(slots=True)
-class StepStats:
-    """Seconds per part of the last step, and what it did."""
-
-    schedule: float = 0.0
-    prepare: float = 0.0
-    forward: float = 0.0
-    sample: float = 0.0
-    update: float = 0.0
-    num_tokens: int = 0
-    num_seqs: int = 0
 
 
 def kv_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_token: int) -> int:
@@ -148,14 +125,14 @@ class LLMEngine:
         the step it finishes in, and that step adds them (`Copies.start_forks`)."""
         return self.scheduler.has_unfinished
 
-    def step(self) -> list[CompletionOutput]:
+    def step(self) -> list[RequestOutput]:
         """Schedules, runs the model once, samples, and reports what changed for each request.
 
         With decode pipelining (on GPUs by default), a decoding batch launches its next step
         on the device-side sampled ids before reading them back, so building that step's
         graph overlaps this step's compute (see `_launch_ahead`).
         """
-        outputs: list[CompletionOutput] = []
+        outputs: list[RequestOutput] = []
         if self._inflight is not None:
             plan, launched = self._inflight
             self._inflight = None
@@ -174,17 +151,14 @@ class LLMEngine:
         t0 = time.perf_counter()
         self.copies.add_logprobs(result.logprobs)
         updates = self.scheduler.update(plan, result.sampled_token_ids)
-        outputs += [self.copies.collect(u.request_id, u.new_token_ids, u.finished, u.finish_reason) for u in updates]
+        outputs += [self.copies.complete(out) for out in updates]
         self.copies.start_forks(self.scheduler)
         update_s = time.perf_counter() - t0
         if ahead is not None:
             outputs += self._schedule_after_ahead(*ahead)
-        timings = self.runner.timings
-        self.last_step = StepStats(
+        self.last_step = replace(
+            self.runner.last_step,
             schedule=schedule_s,
-            prepare=timings.prepare,
-            forward=timings.forward,
-            sample=timings.sample,
             update=update_s,
             num_tokens=plan.num_scheduled_tokens,
             num_seqs=len(plan.requests),
@@ -202,7 +176,7 @@ class LLMEngine:
         ahead = self.scheduler.schedule_ahead(plan)
         return None if ahead is None else (ahead, self.runner.launch(ahead, after=launched))
 
-    def _schedule_after_ahead(self, ahead: SchedulerOutput, launched: Launched) -> list[CompletionOutput]:
+    def _schedule_after_ahead(self, ahead: SchedulerOutput, launched: Launched) -> list[RequestOutput]:
         """Schedules the next step for real; keeps the launch made ahead if it is that step.
 
         NOTE: a discarded launch only wrote, for requests still running, the same K/V the
@@ -227,7 +201,7 @@ class LLMEngine:
 
     # ---- convenience -------------------------------------------------------------------
 
-    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Iterator[CompletionOutput]:
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Runs one request to the end, yielding its outputs (other queued requests run too)."""
         request_id = self.add_request(prompt, params)
         remaining = (params or SamplingParams()).n
@@ -244,21 +218,17 @@ class LLMEngine:
         params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
         results = {rid: GenerationResult(rid, self.copies.prompt_token_ids(rid), []) for rid in ids}
-        partial: dict[tuple[str, int], Completion] = {}
+        merged: dict[tuple[str, int], RequestOutput] = {}
         while self.has_unfinished:
             for out in self.step():
-                if out.request_id not in results:
+                result = results.get(out.request_id)
+                if result is None:
                     continue
-                c = partial.setdefault((out.request_id, out.index), Completion(out.index, "", [], [], None, None))
-                c.text += out.text
-                c.token_ids += out.token_ids
-                c.logprobs += out.logprobs
-                results[out.request_id].num_cached_tokens = max(
-                    results[out.request_id].num_cached_tokens, out.num_cached_tokens
-                )
+                copy = merged.setdefault((out.request_id, out.index), RequestOutput(out.request_id, out.index))
+                copy.merge(out)
+                result.num_cached_tokens = max(result.num_cached_tokens, out.num_cached_tokens)
                 if out.finished:
-                    c.finish_reason, c.stop_reason = out.finish_reason, out.stop_reason
-                    results[out.request_id].completions.append(c)
+                    result.completions.append(copy)
         for result in results.values():
             result.completions.sort(key=lambda c: c.index)
         return [results[rid] for rid in ids]

@@ -14,13 +14,18 @@ from baselm.scheduler import SchedulerOutput
 
 
 @dataclass(slots=True)
-class StepTimings:
-    """Seconds spent in each part of the last step: its host arrays (prepare), the model and
-    sampler on the device, graph building included (forward), reading the samples back (sample)."""
+class StepStats:
+    """Seconds per part of a step, and what it did. The runner times its parts: the host arrays
+    (prepare), the model and sampler on the device, graph building included (forward), reading
+    the samples back (sample); the engine adds scheduling, the update and the counts."""
 
+    schedule: float = 0.0
     prepare: float = 0.0
     forward: float = 0.0
     sample: float = 0.0
+    update: float = 0.0
+    num_tokens: int = 0
+    num_seqs: int = 0
 
 
 @dataclass(slots=True)
@@ -50,7 +55,7 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.sampler = sampler
-        self.timings = StepTimings()
+        self.last_step = StepStats()  # the runner's parts of the last step
 
     def launch(self, output: SchedulerOutput, after: Launched | None = None) -> Launched:
         """Builds the step's forward and sampling graph and starts it (`mx.async_eval`) without waiting.
@@ -95,7 +100,7 @@ class ModelRunner:
         else:
             t1 = time.perf_counter()
         forward = launched.launch_s + t1 - t0
-        self.timings = StepTimings(prepare=launched.prepare_s, forward=forward, sample=time.perf_counter() - t1)
+        self.last_step = StepStats(prepare=launched.prepare_s, forward=forward, sample=time.perf_counter() - t1)
         return result
 
     def _prepare(self, output: SchedulerOutput):

@@ -213,7 +213,7 @@ class Scheduler:
             else:
                 self.waiting.remove(request)
             self._finish(request, RequestStatus.FINISHED_ABORTED)
-            outputs.append(_output(request, []))
+            outputs.append(RequestOutput.of(request, []))
         if aborted:
             self.running = [r for r in self.running if r.request_id not in aborted]
         return outputs
@@ -250,7 +250,7 @@ class Scheduler:
             if status is not None:
                 self._finish(request, status)
                 finished = True
-            outputs.append(_output(request, new_token_ids))
+            outputs.append(RequestOutput.of(request, new_token_ids))
         if finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
@@ -432,13 +432,3 @@ def _sampled_for(scheduled: ScheduledRequest, sampled_token_ids: dict[str, list[
     if not scheduled.is_sampling and token_ids:
         raise ValueError(f"request {scheduled.request_id} fed a prompt chunk this step and cannot take sampled ids")
     return token_ids or []
-
-
-def _output(request: Request, new_token_ids: list[int]) -> RequestOutput:
-    return RequestOutput(
-        request_id=request.request_id,
-        new_token_ids=new_token_ids,
-        finished=request.is_finished,
-        finish_reason=request.finish_reason,
-        num_cached_tokens=request.num_cached_tokens,
-    )

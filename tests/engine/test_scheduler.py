@@ -98,7 +98,7 @@ def run_to_end(scheduler: Scheduler, model: FakeModel, max_steps: int = 500) -> 
             return tokens
         _, outputs = step(scheduler, model)
         for out in outputs:
-            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
     raise AssertionError("requests did not finish")
 
 
@@ -177,7 +177,7 @@ def test_second_request_with_the_same_prompt_starts_from_a_prefix_hit():
     assert output.requests[1].block_ids == [0, 1, 3]
     assert outputs[1].num_cached_tokens == 8
     tokens = run_to_end(scheduler, model)
-    assert outputs[1].new_token_ids + tokens["b"] == greedy(prompt, 5, 4)
+    assert outputs[1].token_ids + tokens["b"] == greedy(prompt, 5, 4)
     stats = scheduler.stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.prefix_cache_hit_rate) == (20, 8, 0.4)
     assert (stats.num_used_blocks, stats.num_free_blocks, stats.kv_usage) == (0, 16, 0.0)
@@ -225,7 +225,7 @@ def test_tokens_after_a_stop_in_one_step_are_dropped():
     scheduler.add_request(request("a", [1, 2, 3]))
     output = scheduler.schedule()
     (out,) = scheduler.update(output, {"a": [5, EOS, 6, 8]})  # several ids, as speculative decoding gives
-    assert (out.new_token_ids, out.finished, out.finish_reason) == ([5, EOS], True, "stop")
+    assert (out.token_ids, out.finished, out.finish_reason) == ([5, EOS], True, "stop")
     assert scheduler.kv.num_free_blocks == 16
 
 
@@ -297,7 +297,7 @@ def test_the_newest_running_request_is_preempted_to_the_front_of_the_queue():
     assert output.preempted_request_ids == ["c"]
     assert [r.request_id for r in scheduler.waiting] == ["c", "d"]
     tokens = run_to_end(scheduler, model)
-    assert first[2].new_token_ids + tokens["c"] == greedy([20, 21, 22, 23], 2, 3)
+    assert first[2].token_ids + tokens["c"] == greedy([20, 21, 22, 23], 2, 3)
     assert tokens["d"] == greedy([90, 91], 3, 3)
     assert scheduler.kv.num_free_blocks == 6
 
@@ -440,7 +440,7 @@ def test_forked_child_shares_the_parents_full_blocks_and_recomputes_the_rest():
     assert output.requests[1].block_ids == [0, 1, 3]
     assert [s.is_new for s in output.requests] == [False, True]
     tokens = run_to_end(scheduler, model)
-    assert outputs[1].new_token_ids + tokens["p-1"] == greedy(prompt, 2, 3)
+    assert outputs[1].token_ids + tokens["p-1"] == greedy(prompt, 2, 3)
     assert outputs[1].num_cached_tokens == 8
     assert scheduler.kv.num_free_blocks == 16
 
@@ -506,7 +506,7 @@ def test_random_arrivals_aborts_and_forks_all_finish_correctly_and_free_every_bl
             len(scheduler.kv.block_table(r)) for r in scheduler.requests.values()
         )
         for out in outputs:
-            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
     assert not arrivals and not scheduler.has_unfinished
     assert scheduler.kv.num_free_blocks == 14
     for request_id, want in expected.items():

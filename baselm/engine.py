@@ -21,7 +21,8 @@ from baselm.kv.manager import KVCacheManager
 from baselm.loader import LoadedModel
 from baselm.request import InvalidRequestError, RequestOutput
 from baselm.runner import Launched, ModelRunner, StepStats
-from baselm.sampling import Sampler, SamplingParams
+from baselm.sampler import Sampler
+from baselm.sampling import SamplingParams
 from baselm.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 
 _DEFAULT_KV_CAP = 2 * 2**30  # bytes; a laptop-friendly ceiling when --kv-memory is not given

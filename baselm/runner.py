@@ -9,7 +9,8 @@ import mlx.core as mx
 
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models.base import DecoderModel
-from baselm.sampling import Sampler, SamplerOutput, SamplingRow, SamplingSequence, TokenLogprobs
+from baselm.sampler import Sampler, SamplerOutput, SamplingRow, SamplingSequence
+from baselm.sampling import TokenLogprobs
 from baselm.scheduler import SchedulerOutput
 
 
@@ -40,6 +41,8 @@ class Launched:
 
 @dataclass(slots=True)
 class RunnerOutput:
+    """A finished step's sampled ids and logprobs, by request id."""
+
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 

@@ -101,6 +101,8 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class SchedulerStats:
+    """The queues, the KV cache's fill and the prefix cache's hits, for /metrics and the REPL's /stats."""
+
     num_running: int
     num_waiting: int
     num_used_blocks: int

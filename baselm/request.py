@@ -170,5 +170,5 @@ class RequestOutput:
         self.token_ids += later.token_ids
         self.logprobs += later.logprobs
         self.finished, self.finish_reason, self.stop_reason = later.finished, later.finish_reason, later.stop_reason
-        self.num_output_tokens = later.num_output_tokens
+        self.num_prompt_tokens, self.num_output_tokens = later.num_prompt_tokens, later.num_output_tokens
         self.num_cached_tokens = max(self.num_cached_tokens, later.num_cached_tokens)

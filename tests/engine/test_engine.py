@@ -24,6 +24,9 @@ def test_every_block_is_free_after_requests_finish(make_engine):
     results = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=7))
     assert [len(r.completions[0].token_ids) for r in results] == [7, 7, 7, 7]
     assert [r.completions[0].finish_reason for r in results] == ["length"] * 4
+    assert [(c.num_prompt_tokens, c.num_output_tokens) for c in (r.completions[0] for r in results)] == [
+        (len(p), 7) for p in PROMPTS
+    ]
     assert all_free(engine)
 
 

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import mlx.core as mx
 
 from baselm.kv.metadata import AttentionMetadata
 from baselm.metal import allocate_pool, write_kv
-from baselm.metal.kv_quant import kv_group_size
-
-
-class KVShaped(Protocol):
-    """What the cache needs of a model: its dtype and (num_layers, num_kv_heads, head_dim)."""
-
-    dtype: mx.Dtype
-
-    def kv_shape(self) -> tuple[int, int, int]: ...
 
 
 class LayerKV:
@@ -82,12 +71,14 @@ class PagedKVCache:
         if kv_bits == 16:
             per_row = head_dim * dtype.size
         else:
+            from baselm.metal.kv_quant import kv_group_size
+
             per_row = head_dim * kv_bits // 8 + 2 * (head_dim // kv_group_size(head_dim)) * dtype.size
         return 2 * num_layers * num_kv_heads * per_row
 
     @classmethod
     def for_model(
-        cls, model: KVShaped, num_blocks: int, block_size: int = 16, dtype: mx.Dtype | None = None, kv_bits: int = 16
+        cls, model, num_blocks: int, block_size: int = 16, dtype: mx.Dtype | None = None, kv_bits: int = 16
     ) -> PagedKVCache:
         """A cache shaped for `model` (anything with `kv_shape()` and `dtype`)."""
         num_layers, num_kv_heads, head_dim = model.kv_shape()

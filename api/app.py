@@ -20,7 +20,8 @@ from baselm.api.openai_completions import completions
 from baselm.api.schemas import Body, array_field
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
 from baselm.api.tools import tool_format
-from baselm.engine import AsyncEngine, LLMEngine
+from baselm.async_engine import AsyncEngine
+from baselm.engine import LLMEngine
 from baselm.tokenizer import ChatTemplateError
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,9 +17,9 @@ from starlette.responses import Response
 
 from baselm.api import grammar, serving, tools
 from baselm.api.errors import bad_request
-from baselm.api.schemas import MAX_CHAT_LOGPROBS, Body, Common, array_field, read_common
-from baselm.engine import CompletionOutput
-from baselm.sampling import SamplingParams, TokenLogprobs
+from baselm.api.schemas import Body, Common, array_field, read_common
+from baselm.request import RequestOutput
+from baselm.sampling import LogitsProcessor, SamplingParams, TokenLogprobs
 from baselm.tokenizer import ChatTemplateError
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -44,7 +43,7 @@ def _prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]
     serving.check_prompt(
         state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field
     )
-    return serving.split_copies(prompt_ids, _params_factory(state, chat))
+    return [serving.Job(prompt_ids, _params(state, chat), 0)]
 
 
 def _parses_tools(chat: ChatRequest) -> bool:
@@ -72,14 +71,13 @@ def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] |
     return None
 
 
-def _params_factory(state: serving.ServerState, chat: ChatRequest) -> Callable[[], SamplingParams]:
-    """A maker of SamplingParams: each call gets a fresh grammar processor when one is needed."""
+def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
+    """The request's SamplingParams; with a grammar, each of its n copies makes its own processor."""
     sampling = dict(chat.common.sampling)
     logprobs = chat.top_logprobs if chat.logprobs else None
     constrained = _grammar(state, chat)
     if constrained is None:
-        params = serving.make_params(sampling, chat.common.max_tokens_field, logprobs=logprobs)
-        return lambda: params
+        return serving.make_params(sampling, chat.common.max_tokens_field, "top_logprobs", logprobs=logprobs)
     text, param = constrained
     for name in ("min_tokens", "ignore_eos"):  # both would keep a finished grammar from ending the answer
         if sampling[name]:
@@ -90,13 +88,17 @@ def _params_factory(state: serving.ServerState, chat: ChatRequest) -> Callable[[
     grammar.check_grammar(text, lltokenizer, param)
     eos = state.eos_token_ids
 
-    def make() -> SamplingParams:
-        processor = grammar.GrammarProcessor(lltokenizer, text, eos)
-        return serving.make_params(
-            sampling, chat.common.max_tokens_field, logprobs=logprobs, logits_processors=[processor], stop_token_ids=eos
-        )
+    def processors() -> list[LogitsProcessor]:
+        return [grammar.GrammarProcessor(lltokenizer, text, eos)]
 
-    return make
+    return serving.make_params(
+        sampling,
+        chat.common.max_tokens_field,
+        "top_logprobs",
+        logprobs=logprobs,
+        make_logits_processors=processors,
+        stop_token_ids=eos,
+    )
 
 
 # ---- the answer ---------------------------------------------------------------------------
@@ -120,7 +122,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
         self.calls: list[list[tools.ToolCall]] = [[] for _ in range(n)]
         self.logprobs_content: list[list[dict[str, Any]]] = [[] for _ in range(n)]
 
-    def _pieces(self, out: CompletionOutput) -> tuple[str, list[tools.ToolCall]]:
+    def _pieces(self, out: RequestOutput) -> tuple[str, list[tools.ToolCall]]:
         """Content and completed calls this output adds to its choice."""
         if self.fmt is None:
             return out.text, []
@@ -132,7 +134,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
         self.num_calls[out.index] = len(parser.calls)
         return content, calls
 
-    def finish_reason(self, out: CompletionOutput) -> str:
+    def finish_reason(self, out: RequestOutput) -> str:
         reason = super().finish_reason(out)
         return "tool_calls" if reason == "stop" and self.num_calls.get(out.index) else reason
 
@@ -149,7 +151,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
 
     # ---- whole ----------------------------------------------------------------------------
 
-    def add(self, out: CompletionOutput) -> None:
+    def add(self, out: RequestOutput) -> None:
         text, new_calls = self._pieces(out)
         self.content[out.index] += text
         self.calls[out.index] += new_calls
@@ -171,10 +173,10 @@ class _ChatAnswer(serving.ChoicesAnswer):
     def opening(self) -> list[str]:
         return [self.chunk([_delta(i, {"role": "assistant", "content": ""})]) for i in range(self.num_choices)]
 
-    def events(self, out: CompletionOutput) -> list[str]:
+    def events(self, out: RequestOutput) -> list[str]:
         return [self.chunk([delta]) for delta in self._deltas(out)]
 
-    def _deltas(self, out: CompletionOutput) -> list[dict[str, Any]]:
+    def _deltas(self, out: RequestOutput) -> list[dict[str, Any]]:
         """The choice deltas of one output, a chunk each: content, then each call closed, then the finish."""
         text, calls = self._pieces(out)
         choices = []
@@ -223,7 +225,7 @@ def parse_chat(data: Any) -> ChatRequest:
     if not messages:
         raise bad_request("messages must hold at least one message", "messages")
     logprobs = body.boolean("logprobs")
-    top_logprobs = body.integer("top_logprobs", low=0, high=MAX_CHAT_LOGPROBS)
+    top_logprobs = body.integer("top_logprobs")
     if top_logprobs is not None and not logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     request = ChatRequest(common, messages, logprobs, top_logprobs or 0)

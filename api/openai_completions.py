@@ -15,8 +15,8 @@ from starlette.responses import Response
 
 from baselm.api import serving
 from baselm.api.errors import bad_request
-from baselm.api.schemas import MAX_COMPLETION_LOGPROBS, Body, Common, read_common
-from baselm.engine import CompletionOutput
+from baselm.api.schemas import Body, Common, read_common
+from baselm.request import RequestOutput
 from baselm.sampling import TokenLogprobs
 
 
@@ -29,12 +29,12 @@ async def completions(request: Request) -> Response:
 
 
 def _prepare(state: serving.ServerState, req: CompletionRequest) -> list[serving.Job]:
-    """The engine requests: one job (or one per copy) for each prompt."""
+    """The engine requests: one job for each prompt (the engine makes its n copies)."""
     prompt_ids = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
     for ids in prompt_ids:
         serving.check_prompt(state, ids, "prompt", req.common.sampling["max_tokens"], "max_tokens")
     params = serving.make_params(req.common.sampling, "max_tokens", logprobs=req.logprobs)
-    return [job for i, ids in enumerate(prompt_ids) for job in serving.split_copies(ids, lambda: params, i)]
+    return [serving.Job(ids, params, i * params.n, i) for i, ids in enumerate(prompt_ids)]
 
 
 # ---- the answer ---------------------------------------------------------------------------
@@ -93,7 +93,7 @@ class _CompletionAnswer(serving.ChoicesAnswer):
         prompt = self.req.prompts[index // self.req.common.n]
         return prompt if isinstance(prompt, str) else self.state.tokenizer.decode(prompt)
 
-    def add(self, out: CompletionOutput) -> None:
+    def add(self, out: RequestOutput) -> None:
         self.texts[out.index] += out.text
         if self.req.logprobs is not None:
             self.offsets[out.index] = self.logprobs[out.index].add(self.state, out.logprobs, self.offsets[out.index])
@@ -107,7 +107,7 @@ class _CompletionAnswer(serving.ChoicesAnswer):
     def opening(self) -> list[str]:
         return [self.chunk([_choice(i, echo)]) for i, echo in enumerate(self.echoes)] if self.req.echo else []
 
-    def events(self, out: CompletionOutput) -> list[str]:
+    def events(self, out: RequestOutput) -> list[str]:
         reason = self.finish_reason(out) if out.finished else None
         logprobs = None
         if self.req.logprobs is not None:
@@ -141,7 +141,7 @@ def parse_completion(data: Any) -> CompletionRequest:
     body = Body(data)
     common = read_common(body, default_max_tokens=16)  # OpenAI's default for completions
     prompts = _prompts(body.raw("prompt"))
-    logprobs = body.integer("logprobs", low=0, high=MAX_COMPLETION_LOGPROBS)
+    logprobs = body.integer("logprobs")
     echo = body.boolean("echo")
     if echo and logprobs is not None:
         raise bad_request("echo with logprobs would need prompt logprobs, which this server does not compute", "echo")

@@ -14,10 +14,6 @@ from typing import Any
 
 from baselm.api.errors import bad_request
 
-MAX_N = 16
-MAX_STOPS = 16
-MAX_CHAT_LOGPROBS = 20
-MAX_COMPLETION_LOGPROBS = 20
 INFORMATIONAL_FIELDS = frozenset({"user"})
 
 
@@ -137,29 +133,30 @@ class Common:
 
 
 def read_common(body: Body, default_max_tokens: int | None) -> Common:
+    """Reads the shared fields' types; SamplingParams checks the sampling ranges (see make_params)."""
     model = body.string("model", required=True)
     stream = body.boolean("stream")
     include_usage = _stream_options(body, stream)
-    n = body.integer("n", low=1, high=MAX_N, default=1)
+    n = body.integer("n", default=1)
     sampling: dict[str, Any] = {"n": n}
     for name, default in (("temperature", 1.0), ("top_p", 1.0)):
-        sampling[name] = body.number(name, low=0.0, high=2.0 if name == "temperature" else 1.0, default=default)
+        sampling[name] = body.number(name, default=default)
     for name in ("presence_penalty", "frequency_penalty"):
-        sampling[name] = body.number(name, low=-2.0, high=2.0, default=0.0)
-    sampling["seed"] = body.integer("seed", low=-(2**63), high=2**64 - 1)
+        sampling[name] = body.number(name, default=0.0)
+    sampling["seed"] = body.integer("seed")
     sampling["stop"] = _stop(body)
     sampling["logit_bias"] = _logit_bias(body)
-    sampling["top_k"] = body.integer("top_k", low=-1, default=0)
-    sampling["min_p"] = body.number("min_p", low=0.0, high=1.0, default=0.0)
-    sampling["repetition_penalty"] = body.number("repetition_penalty", low=0.0, default=1.0)
-    sampling["min_tokens"] = body.integer("min_tokens", low=0, default=0)
+    sampling["top_k"] = body.integer("top_k", default=0)
+    sampling["min_p"] = body.number("min_p", default=0.0)
+    sampling["repetition_penalty"] = body.number("repetition_penalty", default=1.0)
+    sampling["min_tokens"] = body.integer("min_tokens", default=0)
     sampling["ignore_eos"] = body.boolean("ignore_eos")
     max_field = "max_tokens"
-    max_tokens = body.integer("max_tokens", low=1)
+    max_tokens = body.integer("max_tokens")
     if body.has("max_completion_tokens"):
         if max_tokens is not None:
             raise bad_request("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
-        max_tokens, max_field = body.integer("max_completion_tokens", low=1), "max_completion_tokens"
+        max_tokens, max_field = body.integer("max_completion_tokens"), "max_completion_tokens"
     sampling["max_tokens"] = max_tokens if max_tokens is not None else default_max_tokens
     return Common(model, stream, include_usage, n, sampling, max_field)
 
@@ -182,10 +179,8 @@ def _stop(body: Body) -> list[str]:
         return []
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise bad_request("stop must be a non-empty string or an array of non-empty strings", "stop")
-    if len(stop) > MAX_STOPS:
-        raise bad_request(f"stop holds {len(stop)} strings; at most {MAX_STOPS} are allowed", "stop")
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad_request("stop must be a string or an array of strings", "stop")
     return stop
 
 
@@ -199,7 +194,7 @@ def _logit_bias(body: Body) -> dict[int, float] | None:
     for key, value in bias.items():
         if not (isinstance(key, str) and key.isdigit()):
             raise bad_request(f"logit_bias key {key!r} is not a token id", "logit_bias")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-            raise bad_request(f"logit_bias value for token {key} must be a number in [-100, 100]", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad_request(f"logit_bias value for token {key} must be a number", "logit_bias")
         out[int(key)] = float(value)
     return out

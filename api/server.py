@@ -23,8 +23,9 @@ import uvicorn
 
 from baselm.api.app import create_app
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES
+from baselm.async_engine import AsyncEngine
 from baselm.config import EngineConfig
-from baselm.engine import AsyncEngine, LLMEngine
+from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 
 logger = logging.getLogger("baselm.api")

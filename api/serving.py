@@ -6,9 +6,10 @@ request meets it:
 
 1. `read_request`: the handler's opening: the body read as JSON (size-limited), parsed by the
    protocol, its model checked (auth and request counting happened before, in auth.Gate).
-2. `make_params`, `check_prompt`, `split_copies`: checked fields into engine jobs.
+2. `make_params`, `check_prompt`: checked fields into engine jobs (one per prompt; the engine
+   makes a request's n copies).
 3. `respond`: `submit` the jobs to the engine, merge their `outputs` into one stream of
-   choices (several prompts, or copies that each need their own grammar), then the
+   choices (one engine request per prompt), then the
    protocol's `Answer` streams it as SSE events (sse.py) or collects one JSON body.
    `Answer` is the skeleton any protocol fills in; `ChoicesAnswer` is the envelope and
    chunk OpenAI's chat and completions share.
@@ -17,7 +18,6 @@ request meets it:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 import uuid
@@ -33,9 +33,11 @@ from baselm.api import sse
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
 from baselm.api.schemas import Common
-from baselm.engine import AsyncEngine, CompletionOutput, QueueFullError
+from baselm.async_engine import AsyncEngine
+from baselm.engine import QueueFullError
+from baselm.request import RequestOutput
 from baselm.sampling import SamplingParams, SamplingParamsError
-from baselm.scheduler import RequestTooLongError
+from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer import Tokenizer
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -122,12 +124,14 @@ def check_model(state: ServerState, name: str) -> None:
         )
 
 
-def make_params(sampling: dict[str, Any], max_tokens_field: str, **extra: Any) -> SamplingParams:
-    """SamplingParams from checked fields; a value the sampler refuses is a 400 naming the field."""
+def make_params(
+    sampling: dict[str, Any], max_tokens_field: str, logprobs_field: str = "logprobs", **extra: Any
+) -> SamplingParams:
+    """SamplingParams from typed fields; a value out of its range is a 400 naming the request's field."""
     try:
         return SamplingParams(**sampling, **extra)
     except SamplingParamsError as exc:
-        param = max_tokens_field if exc.field == "max_tokens" else exc.field
+        param = {"max_tokens": max_tokens_field, "logprobs": logprobs_field}.get(exc.field, exc.field)
         raise bad_request(str(exc), param) from None
 
 
@@ -140,47 +144,22 @@ def check_prompt(
     bad = [t for t in prompt_ids if t >= state.vocab_size]
     if bad:
         raise bad_request(f"prompt token {bad[0]} is outside the vocabulary of {state.vocab_size}", prompt_field)
-    limit = state.max_model_len
-    if len(prompt_ids) >= limit:
-        raise bad_request(
-            f"the prompt has {len(prompt_ids)} tokens; this model's context is {limit}, so no room is left to answer",
-            prompt_field,
-            "context_length_exceeded",
-        )
-    if max_tokens is not None and len(prompt_ids) + max_tokens > limit:
-        raise bad_request(
-            f"{len(prompt_ids)} prompt tokens + {max_tokens_field}={max_tokens} exceed this model's context of {limit}",
-            max_tokens_field,
-            "context_length_exceeded",
-        )
+    try:
+        effective_max_tokens(len(prompt_ids), max_tokens, state.max_model_len)
+    except RequestTooLongError as exc:
+        param = prompt_field if exc.field == "prompt" else max_tokens_field
+        raise bad_request(str(exc), param, "context_length_exceeded") from None
 
 
 @dataclass(slots=True)
 class Job:
-    """One engine request: its prompt, params, and where its copies land among the choices."""
+    """One engine request: its prompt, params, and where its n copies land among the choices."""
 
     prompt_ids: list[int]
     params: SamplingParams
     index_offset: int
     prompt_index: int = 0  # which prompt of the API request (usage counts each prompt once)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-
-def split_copies(prompt_ids: list[int], make: Callable[[], SamplingParams], prompt_index: int = 0) -> list[Job]:
-    """One job for all n copies, or one job per copy when each needs its own logits processors.
-
-    NOTE: a per-copy job with a seed uses seed + copy index, as the engine does for its copies.
-    """
-    params = make()
-    offset = prompt_index * params.n
-    if not params.logits_processors or params.n == 1:
-        return [Job(prompt_ids, params, offset, prompt_index)]
-    jobs = []
-    for i in range(params.n):
-        copy = make() if i else params
-        seed = None if copy.seed is None else copy.seed + i
-        jobs.append(Job(prompt_ids, dataclasses.replace(copy, n=1, seed=seed), offset + i, prompt_index))
-    return jobs
 
 
 @dataclass(slots=True)
@@ -191,7 +170,7 @@ class Usage:
     cached: dict[int, int] = field(default_factory=dict)  # prompt index -> its most prefix-cache hits
     completion: dict[int, int] = field(default_factory=dict)  # choice index -> output tokens
 
-    def add(self, prompt_index: int, index: int, out: CompletionOutput) -> None:
+    def add(self, prompt_index: int, index: int, out: RequestOutput) -> None:
         self.prompt[prompt_index] = out.num_prompt_tokens
         self.cached[prompt_index] = max(self.cached.get(prompt_index, 0), out.num_cached_tokens)
         self.completion[index] = out.num_output_tokens
@@ -242,9 +221,9 @@ async def _disconnect(request: Request) -> None:
 
 async def submit(
     state: ServerState, jobs: list[Job], prompt_field: str
-) -> list[tuple[Job, AsyncIterator[CompletionOutput]]]:
+) -> list[tuple[Job, AsyncIterator[RequestOutput]]]:
     """Queues every job on the engine; on a refusal, aborts those already queued and raises an APIError."""
-    started: list[tuple[Job, AsyncIterator[CompletionOutput]]] = []
+    started: list[tuple[Job, AsyncIterator[RequestOutput]]] = []
     try:
         for job in jobs:
             started.append((job, await state.client.submit(job.prompt_ids, job.params, job.request_id)))
@@ -267,8 +246,8 @@ async def submit(
 
 
 async def outputs(
-    state: ServerState, started: list[tuple[Job, AsyncIterator[CompletionOutput]]], usage: Usage
-) -> AsyncIterator[CompletionOutput]:
+    state: ServerState, started: list[tuple[Job, AsyncIterator[RequestOutput]]], usage: Usage
+) -> AsyncIterator[RequestOutput]:
     """The outputs of all jobs as they come, `index` set to the choice index; counts usage and latency.
 
     Leaving early (a disconnect, an error) aborts every job still running.
@@ -301,7 +280,7 @@ async def outputs(
         state.metrics.count_tokens(sum(usage.prompt.values()), sum(usage.completion.values()))
 
 
-async def _pump(job: Job, iterator: AsyncIterator[CompletionOutput], queue: asyncio.Queue) -> None:
+async def _pump(job: Job, iterator: AsyncIterator[RequestOutput], queue: asyncio.Queue) -> None:
     try:
         async for out in iterator:
             queue.put_nowait((job, out))
@@ -314,7 +293,7 @@ async def _pump(job: Job, iterator: AsyncIterator[CompletionOutput], queue: asyn
         await iterator.aclose()
 
 
-def _observe_latency(metrics: Metrics, out: CompletionOutput, arrival: float, last_seen: dict[int, float]) -> None:
+def _observe_latency(metrics: Metrics, out: RequestOutput, arrival: float, last_seen: dict[int, float]) -> None:
     if not out.token_ids:
         return
     now = time.monotonic()
@@ -349,7 +328,7 @@ class Answer(ABC):
         self.usage = Usage()  # filled in by `outputs` as they pass
 
     @abstractmethod
-    def add(self, out: CompletionOutput) -> None:
+    def add(self, out: RequestOutput) -> None:
         """Adds one output to the whole answer."""
 
     @abstractmethod
@@ -360,18 +339,18 @@ class Answer(ABC):
         return []
 
     @abstractmethod
-    def events(self, out: CompletionOutput) -> list[str]:
+    def events(self, out: RequestOutput) -> list[str]:
         """The events one output streams."""
 
     def closing(self) -> list[str]:
         return []
 
-    async def collect(self, merged: AsyncIterator[CompletionOutput]) -> dict[str, Any]:
+    async def collect(self, merged: AsyncIterator[RequestOutput]) -> dict[str, Any]:
         async for out in merged:
             self.add(out)
         return self.whole()
 
-    async def stream(self, merged: AsyncIterator[CompletionOutput]) -> AsyncIterator[str]:
+    async def stream(self, merged: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
         try:
             for event in self.opening():
                 yield event
@@ -401,7 +380,7 @@ class ChoicesAnswer(Answer):
         super().__init__(state, common, num_choices)
         self.finish_reasons = ["stop"] * num_choices  # of the whole answer, set by `add`
 
-    def finish_reason(self, out: CompletionOutput) -> str:
+    def finish_reason(self, out: RequestOutput) -> str:
         """OpenAI's reason for an engine's: "stop" or "length" (an abort only happens on shutdown)."""
         if out.finish_reason == "abort":
             raise APIError(503, "the server is shutting down; the request was stopped")

@@ -29,9 +29,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from baselm.config import ConfigError, EngineConfig, format_size
-from baselm.engine import LLMEngine, StepStats
+from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 from baselm.metal import kernel_status
+from baselm.runner import StepStats
 from baselm.sampling import SamplingParams
 
 STEP_PARTS = ("schedule", "prepare", "forward", "sample", "update")

@@ -28,8 +28,8 @@ from baselm.config import (
 
 if TYPE_CHECKING:
     from baselm.api.server import ServeOptions
+    from baselm.async_engine import AsyncEngine
     from baselm.chat.settings import ChatOptions
-    from baselm.engine import AsyncEngine
 
 app = typer.Typer(
     name="base",

@@ -79,4 +79,6 @@ class EngineConfig:
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if self.long_prefill_token_threshold < 0:
-            raise ConfigError("long_prefill_token_threshold must be 0 (off) or positive")
+            raise ConfigError(
+                f"long_prefill_token_threshold must be 0 (off) or positive, got {self.long_prefill_token_threshold}"
+            )

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from baselm.sampling import TokenLogprobs
+
 
 class InvalidRequestError(ValueError):
     """A request the engine cannot take as given (empty prompt, unknown token ids, ...)."""
@@ -130,10 +132,43 @@ class Request:
 
 @dataclass(slots=True)
 class RequestOutput:
-    """What one step produced for one request: the new token ids and whether it is done."""
+    """What one step produced for one request (one copy of it, when n > 1): the one output type.
+
+    The scheduler fills in the token fields under its own request id (`of`); the engine then
+    completes it for the user (copies.py): the request id the user gave, the copy's `index`,
+    the new text, logprobs and stop reason. `generate` merges a copy's outputs into one.
+    """
 
     request_id: str
-    new_token_ids: list[int] = field(default_factory=list)
+    index: int = 0  # which copy of an n > 1 request
+    text: str = ""  # new text, safe to show (held-back stop-string prefixes excluded)
+    token_ids: list[int] = field(default_factory=list)  # new token ids
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token when asked for
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length" or "abort" once finished
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0  # generated so far
     num_cached_tokens: int = 0  # prompt tokens that were prefix-cache hits
+
+    @classmethod
+    def of(cls, request: Request, token_ids: list[int]) -> RequestOutput:
+        """The token fields of `request`'s output, with `token_ids` new this step."""
+        return cls(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            finished=request.is_finished,
+            finish_reason=request.finish_reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+        )
+
+    def merge(self, later: RequestOutput) -> None:
+        """Appends a later output of the same copy."""
+        self.text += later.text
+        self.token_ids += later.token_ids
+        self.logprobs += later.logprobs
+        self.finished, self.finish_reason, self.stop_reason = later.finished, later.finish_reason, later.stop_reason
+        self.num_prompt_tokens, self.num_output_tokens = later.num_prompt_tokens, later.num_output_tokens
+        self.num_cached_tokens = max(self.num_cached_tokens, later.num_cached_tokens)

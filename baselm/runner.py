@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models.base import DecoderModel
-from baselm.sampling import Sampler, SamplerOutput, SamplingSequence, TokenLogprobs
+from baselm.sampler import Sampler, SamplerOutput, SamplingRow, SamplingSequence
+from baselm.sampling import TokenLogprobs
 from baselm.scheduler import SchedulerOutput
 
 
 @dataclass(slots=True)
-class StepTimings:
-    """Seconds spent in each part of the last step: its host arrays (prepare), the model and
-    sampler on the device, graph building included (forward), reading the samples back (sample)."""
+class StepStats:
+    """Seconds per part of a step, and what it did. The runner times its parts: the host arrays
+    (prepare), the model and sampler on the device, graph building included (forward), reading
+    the samples back (sample); the engine adds scheduling, the update and the counts."""
 
+    schedule: float = 0.0
     prepare: float = 0.0
     forward: float = 0.0
     sample: float = 0.0
+    update: float = 0.0
+    num_tokens: int = 0
+    num_seqs: int = 0
 
 
 @dataclass(slots=True)
@@ -36,6 +41,8 @@ class Launched:
 
 @dataclass(slots=True)
 class RunnerOutput:
+    """A finished step's sampled ids and logprobs, by request id."""
+
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
@@ -51,23 +58,26 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.sampler = sampler
-        self.timings = StepTimings()
+        self.last_step = StepStats()  # the runner's parts of the last step
 
-    def launch(
-        self, output: SchedulerOutput, input_ids: mx.array | None = None, seqs: Sequence[SamplingSequence] | None = None
-    ) -> Launched:
+    def launch(self, output: SchedulerOutput, after: Launched | None = None) -> Launched:
         """Builds the step's forward and sampling graph and starts it (`mx.async_eval`) without waiting.
 
-        `input_ids` may replace the plan's token ids with device arrays (the sampled ids of a
-        step still running), and `seqs` what the sampler reads of each sampling request.
+        `after`: a step still running whose sampled ids this one feeds, one per request in
+        order (decode pipelining, see `Scheduler.schedule_ahead`); the plan's token ids are then
+        placeholders, and so is each request's newest output id the sampler sees.
         """
         t0 = time.perf_counter()
         ids, meta, sampling = self._prepare(output)
+        rows: list[SamplingSequence] = [s.request for s in sampling]
+        if after is not None:
+            ids = after.sampled.token_ids  # (num_seqs,) int32, on the device
+            rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, [*r.output_token_ids, 0]) for r in rows]
         t1 = time.perf_counter()
-        logits = self.model(ids if input_ids is None else input_ids, meta.positions, meta, self.cache)
+        logits = self.model(ids, meta.positions, meta, self.cache)
         sampled = None
         if sampling:
-            sampled = self.sampler(logits, seqs if seqs is not None else [s.request for s in sampling])
+            sampled = self.sampler(logits, rows)
             mx.async_eval(
                 [
                     a
@@ -93,7 +103,7 @@ class ModelRunner:
         else:
             t1 = time.perf_counter()
         forward = launched.launch_s + t1 - t0
-        self.timings = StepTimings(prepare=launched.prepare_s, forward=forward, sample=time.perf_counter() - t1)
+        self.last_step = StepStats(prepare=launched.prepare_s, forward=forward, sample=time.perf_counter() - t1)
         return result
 
     def _prepare(self, output: SchedulerOutput):

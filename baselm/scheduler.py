@@ -6,6 +6,11 @@ chunk of a long prompt, a decode and a request resumed after preemption are all 
 thing: the tokens in `all_token_ids[num_computed_tokens:]`. Running requests are served
 first, in admission order, so a long prompt never stalls running streams; then waiting
 requests, first come first served, while budget, sequence slots and KV blocks last.
+
+Decode pipelining plans one step further: while a decoding batch runs, `schedule_ahead`
+plans the step after it (one more token each, its KV block allocated) so the runner can
+launch that step on the sampled ids still on the device; the real `schedule` then decides
+whether that launch is the step to run (`is_ahead_plan`).
 """
 
 from __future__ import annotations
@@ -21,10 +26,41 @@ StopCheck = Callable[[Request], "str | None"]
 
 
 class RequestTooLongError(ValueError):
-    """A request that could never be served with this model length or KV cache size."""
+    """A request that could never be served with this model length or KV cache size.
+
+    `field` names what is at fault: "prompt" (it leaves no room to generate) or "max_tokens".
+    """
+
+    def __init__(self, message: str, field: str = "max_tokens") -> None:
+        super().__init__(message)
+        self.field = field
 
 
-@dataclass(slots=True)
+def effective_max_tokens(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The max_tokens a request gets: `max_tokens`, or all the room its prompt leaves when None.
+
+    NOTE: the one rule for context room; raises RequestTooLongError when the prompt leaves no
+    room to generate or prompt + max_tokens exceed `max_model_len`.
+    """
+    if num_prompt_tokens >= max_model_len:
+        raise RequestTooLongError(
+            f"the request has a prompt of {num_prompt_tokens} tokens but the model takes at most {max_model_len} "
+            "in all, leaving no room to generate; shorten the prompt",
+            field="prompt",
+        )
+    if max_tokens is None:
+        return max_model_len - num_prompt_tokens
+    total = num_prompt_tokens + max_tokens
+    if total > max_model_len:
+        raise RequestTooLongError(
+            f"the request needs {total} tokens ({num_prompt_tokens} prompt + {max_tokens} max_tokens) but the model "
+            f"takes at most {max_model_len}; shorten the prompt or lower max_tokens",
+            field="max_tokens",
+        )
+    return max_tokens
+
+
+@dataclass(slots=True, kw_only=True)
 class ScheduledRequest:
     """One request's share of a step: what the runner feeds and where its K/V lives."""
 
@@ -65,6 +101,8 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class SchedulerStats:
+    """The queues, the KV cache's fill and the prefix cache's hits, for /metrics and the REPL's /stats."""
+
     num_running: int
     num_waiting: int
     num_used_blocks: int
@@ -98,13 +136,10 @@ class Scheduler:
         long_prefill_token_threshold: int = 0,
         check_stop: StopCheck | None = None,
     ):
-        """`long_prefill_token_threshold` > 0 caps the tokens one request gets per step (its chunk size)."""
-        if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_model_len < 2:
-            raise ValueError("a scheduler needs max_num_seqs >= 1, max_num_batched_tokens >= 1 and max_model_len >= 2")
-        if long_prefill_token_threshold < 0:
-            raise ValueError(
-                f"long_prefill_token_threshold must be 0 (off) or positive, got {long_prefill_token_threshold}"
-            )
+        """`long_prefill_token_threshold` > 0 caps the tokens one request gets per step (its chunk size).
+
+        NOTE: the sizes come as EngineConfig validated them; they are not checked again here.
+        """
         self.kv = kv_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -180,7 +215,7 @@ class Scheduler:
             else:
                 self.waiting.remove(request)
             self._finish(request, RequestStatus.FINISHED_ABORTED)
-            outputs.append(_output(request, []))
+            outputs.append(RequestOutput.of(request, []))
         if aborted:
             self.running = [r for r in self.running if r.request_id not in aborted]
         return outputs
@@ -217,10 +252,41 @@ class Scheduler:
             if status is not None:
                 self._finish(request, status)
                 finished = True
-            outputs.append(_output(request, new_token_ids))
+            outputs.append(RequestOutput.of(request, new_token_ids))
         if finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
+
+    def schedule_ahead(self, plan: SchedulerOutput) -> SchedulerOutput | None:
+        """Plans the step after `plan` before `plan` has run, when it is predictable: every request
+        decodes one token, none is about to reach max_tokens, and nobody waits. Allocates the
+        blocks that step writes (the real `schedule` finds them allocated); None when unpredictable.
+
+        NOTE: the planned requests feed placeholder ids: the tokens `plan` samples, which only
+        the device has yet.
+        """
+        if self.waiting or not all(self._can_run_ahead(s) for s in plan.requests):
+            return None
+        ahead = []
+        for scheduled in plan.requests:
+            request = scheduled.request
+            if not self.kv.allocate_slots(request, 2):  # this step's token and the next one's
+                return None
+            ahead.append(
+                ScheduledRequest(
+                    request=request,
+                    token_ids=[0],
+                    num_computed_tokens=request.num_computed_tokens + 1,
+                    block_ids=list(self.kv.block_table(request)),
+                    is_sampling=True,
+                    is_new=False,
+                )
+            )
+        return SchedulerOutput(requests=ahead, num_scheduled_tokens=len(ahead))
+
+    def is_ahead_plan(self, plan: SchedulerOutput, ahead: SchedulerOutput) -> bool:
+        """True when `plan` is the step `ahead` predicted: the same requests, contexts and blocks."""
+        return _decode_shape(plan, self.kv.block_size) == _decode_shape(ahead, self.kv.block_size)
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
@@ -272,6 +338,13 @@ class Scheduler:
             output.requests.append(self._scheduled(request, num_new, is_new=True))
             budget -= num_new
         return budget
+
+    @staticmethod
+    def _can_run_ahead(scheduled: ScheduledRequest) -> bool:
+        request = scheduled.request
+        # NOTE: a request aborted while its step runs must not get blocks again.
+        decoding = scheduled.num_scheduled_tokens == 1 and scheduled.is_sampling and not request.is_finished
+        return decoding and request.num_output_tokens + 1 < request.max_tokens
 
     def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
         num_new = min(request.num_tokens - num_computed, budget)
@@ -331,27 +404,26 @@ class Scheduler:
 
     def _check_fits(self, request: Request) -> None:
         """Raises RequestTooLongError unless the request fits; fills in a missing max_tokens."""
-        if request.num_prompt_tokens >= self.max_model_len:
-            raise RequestTooLongError(
-                f"request {request.request_id} has a prompt of {request.num_prompt_tokens} tokens but the model "
-                f"takes at most {self.max_model_len} in all, leaving no room to generate; shorten the prompt"
-            )
-        if request.max_tokens is None:
-            request.max_tokens = self.max_model_len - request.num_prompt_tokens
+        request.max_tokens = effective_max_tokens(request.num_prompt_tokens, request.max_tokens, self.max_model_len)
         total = request.num_prompt_tokens + request.max_tokens
-        if total > self.max_model_len:
-            raise RequestTooLongError(
-                f"request {request.request_id} needs {total} tokens ({request.num_prompt_tokens} prompt + "
-                f"{request.max_tokens} max_tokens) but the model takes at most {self.max_model_len}; "
-                "shorten the prompt or lower max_tokens"
-            )
         # The last sampled token is never fed back, so its K/V is never stored.
         num_blocks = -(-(total - 1) // self.kv.block_size)
         if num_blocks > self.kv.num_blocks:
             raise RequestTooLongError(
-                f"request {request.request_id} needs up to {num_blocks} KV blocks of {self.kv.block_size} tokens "
-                f"but the cache has only {self.kv.num_blocks}; lower max_tokens or give the KV cache more memory"
+                f"the request needs up to {num_blocks} KV blocks of {self.kv.block_size} tokens but the cache has "
+                f"only {self.kv.num_blocks}; lower max_tokens or give the KV cache more memory"
             )
+
+
+def _decode_shape(plan: SchedulerOutput, block_size: int) -> tuple:
+    """What a decode step's graph depends on: each request, its context, the blocks it uses;
+    () when some request does not decode one token."""
+    shape = []
+    for s in plan.requests:
+        if s.num_scheduled_tokens != 1 or not s.is_sampling:
+            return ()
+        shape.append((s.request_id, s.context_len, tuple(s.block_ids[: -(-s.context_len // block_size)])))
+    return tuple(shape)
 
 
 def _sampled_for(scheduled: ScheduledRequest, sampled_token_ids: dict[str, list[int]]) -> list[int]:
@@ -362,13 +434,3 @@ def _sampled_for(scheduled: ScheduledRequest, sampled_token_ids: dict[str, list[
     if not scheduled.is_sampling and token_ids:
         raise ValueError(f"request {scheduled.request_id} fed a prompt chunk this step and cannot take sampled ids")
     return token_ids or []
-
-
-def _output(request: Request, new_token_ids: list[int]) -> RequestOutput:
-    return RequestOutput(
-        request_id=request.request_id,
-        new_token_ids=new_token_ids,
-        finished=request.is_finished,
-        finish_reason=request.finish_reason,
-        num_cached_tokens=request.num_cached_tokens,
-    )

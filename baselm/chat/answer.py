@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from baselm.chat.stats import TurnStats
-from baselm.engine import CompletionOutput
+from baselm.request import RequestOutput
 from baselm.sampling import TokenLogprobs
 
 
@@ -19,7 +19,7 @@ class Answer:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     stats: TurnStats = field(default_factory=TurnStats)
 
-    def add(self, out: CompletionOutput, elapsed_s: float) -> None:
+    def add(self, out: RequestOutput, elapsed_s: float) -> None:
         """Takes one output that arrived `elapsed_s` seconds after the request was sent."""
         if out.token_ids and not self.token_ids:
             self.stats.ttft_s = elapsed_s

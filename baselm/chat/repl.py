@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from baselm.async_engine import AsyncEngine
 from baselm.backend import select_backend
 from baselm.chat.answer import Answer
 from baselm.chat.chat_file import load_chat, save_chat
@@ -23,10 +24,10 @@ from baselm.chat.line_reader import LineReader, join_continued
 from baselm.chat.settings import ChatCommandError, ChatOptions, ChatSettings
 from baselm.chat.stats import SessionStats, stats_report, turn_line
 from baselm.chat.view import AnswerView
-from baselm.engine import AsyncEngine, LLMEngine, QueueFullError
+from baselm.engine import LLMEngine, QueueFullError
 from baselm.loader import load_model
 from baselm.sampling import SamplingParams, SamplingParamsError
-from baselm.scheduler import RequestTooLongError
+from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer import ChatTemplateError
 
 PROMPT = ">>> "
@@ -146,12 +147,14 @@ class ChatREPL:
         """This turn's sampling; max_tokens is capped to what the context and the KV cache still hold."""
         kv_tokens = self.engine.kv_manager.num_blocks * self.engine.kv_manager.block_size
         capacity = min(self.engine.max_model_len, kv_tokens)
-        room = capacity - len(prompt.token_ids)
-        if room < 1:
+        try:
+            room = effective_max_tokens(len(prompt.token_ids), None, capacity)
+        except RequestTooLongError:
             raise RequestTooLongError(
                 f"the conversation is {len(prompt.token_ids)} tokens and the context holds {capacity}; "
-                "/clear to start over"
-            )
+                "/clear to start over",
+                field="prompt",
+            ) from None
         return self.settings.sampling_params(max_tokens=min(self.settings.max_tokens or room, room))
 
     async def _stream(self, request_id: str, prompt: Prompt, params: SamplingParams, answer: Answer) -> None:

@@ -14,9 +14,10 @@ import openai
 import pytest
 
 from baselm.api.server import ServeOptions, make_server
+from baselm.async_engine import AsyncEngine
 from baselm.backend import select_backend
 from baselm.config import EngineConfig
-from baselm.engine import AsyncEngine, LLMEngine
+from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 from baselm.models import build_model
 from baselm.tokenizer import Tokenizer

@@ -21,7 +21,7 @@ def test_set_reads_each_setting():
     ("name", "value", "message"),
     [
         ("temperature", "hot", "temperature takes a number, got 'hot'"),
-        ("temperature", "-1", "temperature must lie in [0.0, inf), got -1.0."),
+        ("temperature", "-1", "temperature must lie in [0.0, 2.0], got -1.0."),
         ("top_p", "1.5", "top_p must lie in (0.0, 1.0], got 1.5."),
         ("max_tokens", "0", "max_tokens must be at least 1, got 0."),
         ("max_tokens", "2.5", "max_tokens takes a whole number (or none), got '2.5'"),

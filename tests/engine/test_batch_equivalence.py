@@ -13,7 +13,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from baselm.config import EngineConfig
+from baselm.engine import LLMEngine
 from baselm.sampling import SamplingParams
+from tests.engine.conftest import tiny_loaded
 
 TOL = 1e-4
 VOCAB = 256
@@ -67,10 +70,6 @@ def run(engine, requests) -> tuple[list[TeacherForcing], list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def alone_logits():
-    from baselm.config import EngineConfig
-    from baselm.engine import LLMEngine
-    from tests.engine.conftest import tiny_loaded
-
     results = []
     for _, prompt, forced in workload():
         engine = LLMEngine(tiny_loaded(), EngineConfig(kv_memory=2 * 2**20, enable_prefix_caching=False))
@@ -114,7 +113,5 @@ def test_preemption_keeps_logits(make_engine, alone_logits):
 
 
 def engine_bytes_per_token() -> int:
-    from tests.engine.conftest import tiny_loaded
-
     num_layers, num_kv_heads, head_dim = tiny_loaded().model.kv_shape()
     return 2 * num_layers * num_kv_heads * head_dim * 4

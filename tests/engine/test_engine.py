@@ -7,7 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from baselm.engine import AsyncEngine, LLMEngine
+from baselm.async_engine import AsyncEngine
+from baselm.engine import LLMEngine
 from baselm.sampling import SamplingParams
 from baselm.scheduler import RequestTooLongError
 
@@ -23,6 +24,9 @@ def test_every_block_is_free_after_requests_finish(make_engine):
     results = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=7))
     assert [len(r.completions[0].token_ids) for r in results] == [7, 7, 7, 7]
     assert [r.completions[0].finish_reason for r in results] == ["length"] * 4
+    assert [(c.num_prompt_tokens, c.num_output_tokens) for c in (r.completions[0] for r in results)] == [
+        (len(p), 7) for p in PROMPTS
+    ]
     assert all_free(engine)
 
 
@@ -39,7 +43,21 @@ def test_abort_frees_blocks_at_the_next_step(make_engine):
     while engine.has_unfinished:
         engine.step()
     assert all_free(engine)
-    assert keep not in engine._groups
+    assert keep not in engine.copies
+
+
+def test_aborting_before_the_copies_fork_reports_every_copy(make_engine):
+    engine = make_engine()
+    request_id = engine.add_request(PROMPTS[1], SamplingParams(temperature=1.0, seed=1, max_tokens=5, n=3))
+    engine.abort(request_id)
+    outputs = engine.step()
+    assert sorted((o.index, o.finish_reason) for o in outputs if o.finished) == [
+        (0, "abort"),
+        (1, "abort"),
+        (2, "abort"),
+    ]
+    assert request_id not in engine.copies
+    assert all_free(engine)
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_a_batch(make_engine):
@@ -119,6 +137,26 @@ def test_n_copies_with_a_seed_differ_from_each_other(make_engine):
     result = make_engine().generate([PROMPTS[1]], SamplingParams(temperature=1.0, seed=3, max_tokens=8, n=3))[0]
     assert [c.index for c in result.completions] == [0, 1, 2]
     assert len({tuple(c.token_ids) for c in result.completions}) > 1
+
+
+def test_n_copies_each_run_their_own_processors(make_engine):
+    histories = []
+
+    def make():
+        history = []
+        histories.append(history)
+
+        def record(output_ids, logits):
+            history.append(list(output_ids))
+            return logits
+
+        return [record]
+
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=5, n=3, make_logits_processors=make)
+    result = make_engine().generate([PROMPTS[1]], params)[0]
+    assert len(histories) == 3
+    for history, completion in zip(histories, result.completions):
+        assert history == [completion.token_ids[:i] for i in range(5)]
 
 
 def test_a_request_longer_than_the_model_is_refused(make_engine):

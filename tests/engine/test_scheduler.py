@@ -1,10 +1,7 @@
-"""The scheduler's catch-up rule, driven through many steps by a fake model over a paged token store.
+"""The scheduler's catch-up rule, driven through many steps by a fake model (fake_model.py).
 
-The fake model stands in for the runner: it writes each fed token id into the slot its block
-table names, reads every request's whole context back through the block table, and samples
-a next token that is a fixed function of that context and the request's seed. So a wrong
-block table, a bad prefix hit, an early eviction or a lost token changes the tokens, and
-every test can compare against plain greedy generation.
+A wrong block table, a bad prefix hit, an early eviction or a lost token changes the fake
+model's tokens, so every test can compare against plain greedy generation.
 """
 
 from __future__ import annotations
@@ -13,94 +10,9 @@ import random
 
 import pytest
 
-from baselm.kv.manager import KVCacheManager
 from baselm.request import Request, RequestStatus
-from baselm.sampling import SamplingParams
-from baselm.scheduler import RequestTooLongError, Scheduler, SchedulerOutput
-
-EOS = 7
-
-
-def next_token(context: list[int], seed: int) -> int:
-    """A deterministic 'model': the next id (1..40) as a hash of the whole context."""
-    h = seed + 17
-    for token_id in context:
-        h = (h * 1_000_003 + token_id + 1) % 2_147_483_647
-    return 1 + h % 40
-
-
-def greedy(prompt: list[int], seed: int, max_tokens: int, eos: int | None = None) -> list[int]:
-    """What the fake model generates for one request alone, with no cache at all."""
-    context, out = list(prompt), []
-    while len(out) < max_tokens:
-        token_id = next_token(context, seed)
-        context.append(token_id)
-        out.append(token_id)
-        if token_id == eos:
-            break
-    return out
-
-
-class FakeModel:
-    """Writes fed tokens into a paged store and samples from the context it reads back."""
-
-    def __init__(self, kv: KVCacheManager):
-        self.kv = kv
-        self.slots: list[int | None] = [None] * (kv.num_blocks * kv.block_size)
-
-    def step(self, output: SchedulerOutput) -> dict[str, list[int]]:
-        for scheduled in output.requests:  # all writes first, as each layer writes before attending
-            for i, token_id in enumerate(scheduled.token_ids):
-                self.slots[self._slot(scheduled, scheduled.num_computed_tokens + i, writing=True)] = token_id
-        sampled = {}
-        for scheduled in output.requests:
-            context = [self.slots[self._slot(scheduled, pos)] for pos in range(scheduled.context_len)]
-            assert context == scheduled.request.all_token_ids[: scheduled.context_len]
-            if scheduled.is_sampling:
-                sampled[scheduled.request_id] = [next_token(context, scheduled.request.sampling_params.seed)]
-        return sampled
-
-    def _slot(self, scheduled, pos: int, writing: bool = False) -> int:
-        size = self.kv.block_size
-        block_id = scheduled.block_ids[pos // size]
-        if writing:
-            block = self.kv.pool.blocks[block_id]
-            assert block.ref_cnt == 1 and block.block_hash is None, f"wrote into shared or cached block {block_id}"
-        return block_id * size + pos % size
-
-
-def make(num_blocks=16, block_size=4, max_num_seqs=8, budget=64, max_model_len=64, prefix_caching=True, **kwargs):
-    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
-    scheduler = Scheduler(
-        kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len, **kwargs
-    )
-    return scheduler, FakeModel(kv)
-
-
-def request(request_id: str, prompt: list[int], max_tokens: int = 8, seed: int = 0) -> Request:
-    return Request(request_id, prompt, SamplingParams(max_tokens=max_tokens, seed=seed))
-
-
-def step(scheduler: Scheduler, model: FakeModel):
-    output = scheduler.schedule()
-    return output, scheduler.update(output, model.step(output))
-
-
-def plan(output: SchedulerOutput) -> list[tuple[str, int, int, bool]]:
-    """(request_id, num_computed_tokens before, tokens fed, samples?) per scheduled request."""
-    return [(s.request_id, s.num_computed_tokens, s.num_scheduled_tokens, s.is_sampling) for s in output.requests]
-
-
-def run_to_end(scheduler: Scheduler, model: FakeModel, max_steps: int = 500) -> dict[str, list[int]]:
-    tokens: dict[str, list[int]] = {}
-    for _ in range(max_steps):
-        if not scheduler.has_unfinished:
-            return tokens
-        _, outputs = step(scheduler, model)
-        for out in outputs:
-            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-    raise AssertionError("requests did not finish")
-
+from baselm.scheduler import RequestTooLongError, effective_max_tokens
+from tests.engine.fake_model import EOS, greedy, make, plan, request, run_to_end, step
 
 # --- the catch-up rule --------------------------------------------------------------------
 
@@ -177,7 +89,7 @@ def test_second_request_with_the_same_prompt_starts_from_a_prefix_hit():
     assert output.requests[1].block_ids == [0, 1, 3]
     assert outputs[1].num_cached_tokens == 8
     tokens = run_to_end(scheduler, model)
-    assert outputs[1].new_token_ids + tokens["b"] == greedy(prompt, 5, 4)
+    assert outputs[1].token_ids + tokens["b"] == greedy(prompt, 5, 4)
     stats = scheduler.stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.prefix_cache_hit_rate) == (20, 8, 0.4)
     assert (stats.num_used_blocks, stats.num_free_blocks, stats.kv_usage) == (0, 16, 0.0)
@@ -225,7 +137,7 @@ def test_tokens_after_a_stop_in_one_step_are_dropped():
     scheduler.add_request(request("a", [1, 2, 3]))
     output = scheduler.schedule()
     (out,) = scheduler.update(output, {"a": [5, EOS, 6, 8]})  # several ids, as speculative decoding gives
-    assert (out.new_token_ids, out.finished, out.finish_reason) == ([5, EOS], True, "stop")
+    assert (out.token_ids, out.finished, out.finish_reason) == ([5, EOS], True, "stop")
     assert scheduler.kv.num_free_blocks == 16
 
 
@@ -297,7 +209,7 @@ def test_the_newest_running_request_is_preempted_to_the_front_of_the_queue():
     assert output.preempted_request_ids == ["c"]
     assert [r.request_id for r in scheduler.waiting] == ["c", "d"]
     tokens = run_to_end(scheduler, model)
-    assert first[2].new_token_ids + tokens["c"] == greedy([20, 21, 22, 23], 2, 3)
+    assert first[2].token_ids + tokens["c"] == greedy([20, 21, 22, 23], 2, 3)
     assert tokens["d"] == greedy([90, 91], 3, 3)
     assert scheduler.kv.num_free_blocks == 6
 
@@ -331,6 +243,29 @@ def test_a_step_that_preempted_admits_no_waiting_request():
     assert plan(output) == [("a", 5, 1, True), ("b", 0, 2, False)]
 
 
+def test_schedule_ahead_plans_the_next_decode_step_with_its_block_allocated():
+    scheduler, model = make(block_size=4)
+    scheduler.add_request(request("a", [1, 2, 3], max_tokens=10))
+    step(scheduler, model)
+    now = scheduler.schedule()
+    ahead = scheduler.schedule_ahead(now)
+    assert plan(ahead) == [("a", 4, 1, True)] and ahead.requests[0].block_ids == [0, 1]
+    scheduler.update(now, model.step(now))
+    assert scheduler.is_ahead_plan(scheduler.schedule(), ahead)
+
+
+def test_nothing_is_planned_ahead_while_a_request_waits_or_one_is_about_to_finish():
+    scheduler, model = make(block_size=4)
+    scheduler.add_request(request("a", [1, 2, 3], max_tokens=2))
+    step(scheduler, model)
+    assert scheduler.schedule_ahead(scheduler.schedule()) is None  # its next token is its last
+    scheduler, model = make(block_size=4, max_num_seqs=1)
+    scheduler.add_request(request("a", [1, 2, 3], max_tokens=10))
+    scheduler.add_request(request("b", [4, 5]))
+    step(scheduler, model)
+    assert scheduler.schedule_ahead(scheduler.schedule()) is None
+
+
 # --- admission, abort, fork ---------------------------------------------------------------
 
 
@@ -344,6 +279,17 @@ def test_too_long_requests_are_rejected_when_added():
     with pytest.raises(RequestTooLongError, match="prompt of 32 tokens but the model takes at most 32"):
         scheduler.add_request(Request("c", list(range(32))))
     assert not scheduler.has_unfinished
+
+
+def test_effective_max_tokens_is_the_room_the_prompt_leaves_and_names_the_culprit():
+    assert effective_max_tokens(30, None, 32) == 2
+    assert effective_max_tokens(30, 2, 32) == 2
+    with pytest.raises(RequestTooLongError) as too_long:
+        effective_max_tokens(30, 3, 32)
+    assert too_long.value.field == "max_tokens"
+    with pytest.raises(RequestTooLongError) as no_room:
+        effective_max_tokens(32, None, 32)
+    assert no_room.value.field == "prompt"
 
 
 def test_a_request_that_exactly_fills_the_pool_is_accepted_and_finishes():
@@ -406,7 +352,7 @@ def test_forked_child_shares_the_parents_full_blocks_and_recomputes_the_rest():
     assert output.requests[1].block_ids == [0, 1, 3]
     assert [s.is_new for s in output.requests] == [False, True]
     tokens = run_to_end(scheduler, model)
-    assert outputs[1].new_token_ids + tokens["p-1"] == greedy(prompt, 2, 3)
+    assert outputs[1].token_ids + tokens["p-1"] == greedy(prompt, 2, 3)
     assert outputs[1].num_cached_tokens == 8
     assert scheduler.kv.num_free_blocks == 16
 
@@ -472,7 +418,7 @@ def test_random_arrivals_aborts_and_forks_all_finish_correctly_and_free_every_bl
             len(scheduler.kv.block_table(r)) for r in scheduler.requests.values()
         )
         for out in outputs:
-            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
     assert not arrivals and not scheduler.has_unfinished
     assert scheduler.kv.num_free_blocks == 14
     for request_id, want in expected.items():

@@ -1,0 +1,149 @@
+"""AsyncEngine: an LLMEngine on a thread of its own, for the server and the REPL.
+
+The engine thread does all MLX work: it runs commands sent from asyncio code (add, abort,
+stats) between steps, steps while anything is unfinished, and hands each output to the
+event loop of the request it belongs to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from baselm.engine import LLMEngine
+from baselm.request import RequestOutput
+from baselm.sampling import SamplingParams
+
+
+def _wait_native_exit(native_id: int | None, deadline: float) -> None:
+    """Waits until the OS thread `native_id` of this process has ended (Linux; elsewhere a short pause)."""
+    task = f"/proc/self/task/{native_id}"
+    if native_id is None or not os.path.isdir("/proc/self/task"):
+        time.sleep(0.05)
+        return
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+class AsyncEngine:
+    """Runs an LLMEngine on a thread of its own, which does all MLX work; asyncio code talks to it.
+
+    `submit` returns an async iterator of RequestOutput; leaving it early (a client
+    that disconnects, a cancelled task) aborts the request, whose blocks are then freed
+    at the engine's next step.
+    """
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # request id -> its reader
+        self._thread = threading.Thread(target=self._run, name="base-engine", daemon=True)
+        self._stopping = False
+        self._wake = threading.Event()
+
+    def start(self) -> AsyncEngine:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Aborts what is in flight and stops the thread.
+
+        NOTE: returns only once the OS thread is gone, not just its Python part: MLX frees
+        per-thread state in thread-exit destructors, which must not race interpreter shutdown.
+        """
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+        _wait_native_exit(self._thread.native_id, deadline=time.monotonic() + timeout)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Runs `fn(engine, *args)` on the engine thread; returns a concurrent Future."""
+        future: Future = Future()
+        self._commands.put((fn, args, future))
+        self._wake.set()
+        return future
+
+    async def run_on_engine(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.wrap_future(self.call(fn, *args))
+
+    async def submit(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Async iterator over a request's outputs; raises at once if the engine refuses it."""
+        params = params or SamplingParams()
+        request_id = request_id or self.engine.new_request_id()
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        try:
+            await self.run_on_engine(LLMEngine.add_request, prompt, params, request_id)
+        except BaseException:
+            self._streams.pop(request_id, None)
+            self.abort(request_id)  # cancelled after the engine took it: nobody would read it
+            raise
+        return self._iterate(request_id, stream, params.n)
+
+    async def _iterate(self, request_id: str, stream: asyncio.Queue, num_copies: int) -> AsyncIterator[RequestOutput]:
+        remaining = num_copies
+        try:
+            while remaining:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                remaining -= item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if remaining:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.call(LLMEngine.abort, request_id)
+
+    # ---- the engine thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopping:
+            self._drain_commands()
+            if not engine.has_unfinished:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as exc:  # a bug: fail the requests in flight, keep serving
+                self._fail_all(exc)
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out)
+        self._fail_all(RuntimeError("the engine is shutting down"))
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                fn, args, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(self.engine, *args))
+            except Exception as exc:
+                future.set_exception(exc)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        target = self._streams.get(request_id)
+        if target is not None:
+            loop, stream = target
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for request_id in list(self._streams):
+            self.engine.abort(request_id)
+            self._deliver(request_id, exc)

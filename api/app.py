@@ -21,7 +21,7 @@ from baselm.api.routes_completions import completions
 from baselm.api.schemas import Body, array_field, read_message
 from baselm.api.tools import tool_format
 from baselm.engine import AsyncEngine, LLMEngine
-from baselm.tokenizer import ChatTemplateError
+from baselm.tokenizer.errors import ChatTemplateError
 
 
 def _model_card(state: ServerState) -> dict:

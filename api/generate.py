@@ -21,7 +21,7 @@ from baselm.api.metrics import Metrics
 from baselm.engine import AsyncEngine, CompletionOutput, QueueFullError
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 

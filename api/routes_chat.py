@@ -32,7 +32,7 @@ from baselm.api.schemas import ChatRequest, parse_chat
 from baselm.api.sse import DONE, EventStream, error_event, event
 from baselm.engine import CompletionOutput
 from baselm.sampling import SamplingParams, TokenLogprobs
-from baselm.tokenizer import ChatTemplateError
+from baselm.tokenizer.errors import ChatTemplateError
 
 
 async def chat_completions(request: Request) -> Response:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import SchedulerStats
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -684,7 +684,7 @@ def run_chat(
         loaded = load_model(model, select_backend(device))
         engine = LLMEngine(loaded, config)
     if not loaded.tokenizer.has_chat_template:
-        from baselm.tokenizer import ChatTemplateError
+        from baselm.tokenizer.errors import ChatTemplateError
 
         raise ChatTemplateError(f"{loaded.name} has no chat template, so it cannot chat; use `base run --raw`")
     client = AsyncEngine(engine).start()

@@ -34,7 +34,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from baselm.sampling import SamplingParamsError
     from baselm.scheduler import RequestTooLongError
     from baselm.store.errors import StoreError
-    from baselm.tokenizer import TokenizerError
+    from baselm.tokenizer.errors import TokenizerError
 
     return (
         BackendError,

@@ -14,7 +14,7 @@ from baselm.backend import Backend
 from baselm.models import build_model
 from baselm.models.base import DecoderModel
 from baselm.store.errors import ModelFileError
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)

@@ -32,7 +32,7 @@ from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import load_model
 from baselm.sampling import SamplingParams
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 from tests.tiny_model import write_model_folder
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -312,7 +312,7 @@ def _random_walk(processor, vocab: int, seed: int, eos: int, max_steps: int = 40
 
 def test_schema_grammar_works_when_the_model_has_fewer_rows_than_the_tokenizer():
     from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar
-    from baselm.tokenizer import Tokenizer
+    from baselm.tokenizer.tokenizer import Tokenizer
     from tests.api.conftest import TOKENIZER
 
     tokenizer = Tokenizer.from_folder(TOKENIZER)  # 702 tokens; this model only emits ids < 256
@@ -328,7 +328,7 @@ def test_schema_grammar_works_when_the_model_has_fewer_rows_than_the_tokenizer()
 def test_forced_call_grammars_parse_back_to_valid_calls(fmt):
     from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, lark_grammar
     from baselm.api.tools import forced_call_lark
-    from baselm.tokenizer import Tokenizer
+    from baselm.tokenizer.tokenizer import Tokenizer
     from tests.api.conftest import TOKENIZER
 
     tokenizer = Tokenizer.from_folder(TOKENIZER)

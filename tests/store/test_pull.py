@@ -71,7 +71,7 @@ def test_a_safetensors_repo_is_pulled_as_q4_by_default(hub: HubServer, tmp_path:
     assert model.source["commit"] == hub.repos["org/Tiny-Llama"].commit
     header, tensors = read_base_file(model.path, verify=True)
     assert (header["arch"], header["quant_scheme"], header["config"]["hidden_size"]) == ("llama", "q4", 64)
-    from baselm.tokenizer import Tokenizer
+    from baselm.tokenizer.tokenizer import Tokenizer
 
     stored = header["tokenizer"]
     tokenizer = Tokenizer.from_hf_files(
@@ -228,7 +228,7 @@ def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(
     assert header["config"] == config and header["quant_profile"] == "gguf-Q4_1"
     assert sorted(weights) == sorted(expected) and set(group_sizes.values()) == {32}
     assert all(mx.array_equal(weights[name], expected[name]) for name in expected)
-    from baselm.tokenizer import Tokenizer
+    from baselm.tokenizer.tokenizer import Tokenizer
 
     stored, original = Tokenizer.from_gguf_metadata(header["tokenizer"]["gguf"]), Tokenizer.from_gguf_metadata(metadata)
     messages = [{"role": "user", "content": "What is 2+2?"}]

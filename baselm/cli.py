@@ -69,11 +69,13 @@ def pull(
 
     from baselm.models import supported_model_types
     from baselm.store import pull as pulling
+    from baselm.store.hub import default_progress
+    from baselm.store.import_local import import_local
 
     supported = set(supported_model_types())
     try:
         if Path(source).expanduser().exists():
-            stored = pulling.import_local(
+            stored = import_local(
                 Path(source).expanduser(),
                 name=name,
                 quant=quant,
@@ -91,7 +93,7 @@ def pull(
                 revision=revision,
                 supported=supported,
                 force=force,
-                progress=pulling.default_progress(quiet),
+                progress=default_progress(quiet),
             )
     except _user_errors() as exc:
         _fail(str(exc))
@@ -149,7 +151,7 @@ def inspect(
 ) -> None:
     """Show a .base file's header, tensor table and totals."""
     from baselm.loader import resolve
-    from baselm.store.base_file import inspect_report, render_inspect
+    from baselm.store.base_inspect import inspect_report, render_inspect
 
     try:
         _, path = resolve(model)

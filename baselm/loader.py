@@ -64,7 +64,7 @@ def _load_hf_folder(path: Path, backend: Backend) -> tuple[DecoderModel, Tokeniz
 
 
 def _load_base_file(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
-    from baselm.store.base_file import model_weights, read_base_file
+    from baselm.store.base_reader import model_weights, read_base_file
 
     header, tensors = read_base_file(path)
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes

@@ -22,7 +22,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from baselm.store.base_file import TensorRecord
+from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from baselm.store.gguf_quants import (
     EXACT_TYPES,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from baselm.store.base_file import TensorRecord
+from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import UnsupportedModelError
 
 GROUP_SIZE = 32

@@ -23,7 +23,8 @@ from typing import Any
 import mlx.core as mx
 
 from baselm.store import hf
-from baselm.store.base_file import GROUP_SIZES, TensorRecord
+from baselm.store.base_format import GROUP_SIZES
+from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 
 QUANT_KEYS = ("quantization", "quantization_config")

@@ -38,9 +38,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from baselm.store.base_file import fsync_dir
 from baselm.store.default_model import base_home
 from baselm.store.errors import StoreError
+from baselm.store.fs import fsync_dir
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"

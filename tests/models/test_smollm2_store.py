@@ -28,7 +28,7 @@ import pytest
 from baselm.backend import select_backend
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import LoadedModel, load_model
-from baselm.store.pull import import_local
+from baselm.store.import_local import import_local
 from baselm.store.registry import Store
 
 pytestmark = pytest.mark.slow

@@ -10,10 +10,13 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from baselm.store.base_file import BLOB_ALIGN, PREAMBLE, canonical_json, write_base_file
+from baselm.store.base_format import BLOB_ALIGN, PREAMBLE, canonical_json
+from baselm.store.base_writer import write_base_file
 from baselm.store.quantize import quantize
 
 CREATED = "2026-01-01T00:00:00+00:00"
+Q_NAME = "model.layers.0.self_attn.q_proj.weight"
+NORM_NAME = "model.layers.0.input_layernorm.weight"
 HEADER_FIELDS: dict[str, Any] = {
     "arch": "llama",
     "config": {"model_type": "llama", "hidden_size": 64, "rms_norm_eps": 1e-05},

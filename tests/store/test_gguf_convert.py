@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 from baselm.store import gguf as gguf_store
-from baselm.store.base_file import QuantizedArray, TensorRecord, read_base_file
+from baselm.store.base_reader import QuantizedArray, read_base_file
+from baselm.store.base_writer import TensorRecord
+from baselm.store.convert import convert
 from baselm.store.errors import UnsupportedModelError
 from baselm.store.gguf_quants import pack_affine
-from baselm.store.pull import convert
 from baselm.store.quantize import pack_codes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -194,7 +195,7 @@ def test_a_k_quant_is_dequantized_as_gguf_does_and_requantized_within_half_a_ste
     expected = oracle(path)["w.weight"]
     assert isinstance(values, np.ndarray) and np.array_equal(values, expected)
 
-    from baselm.store.pull import _kept_gguf
+    from baselm.store.convert_gguf import _kept_gguf
 
     gguf_file = gguf_store.GGUFFile.open(path)
     [(name, record)] = list(_kept_gguf("w.gguf", gguf_file, iter([("w.weight", type_name, values)])))
@@ -208,9 +209,9 @@ def test_a_k_quant_is_dequantized_as_gguf_does_and_requantized_within_half_a_ste
 
 def test_keeping_a_k_quant_file_logs_that_requantizing_compounds_error(tmp_path: Path, caplog) -> None:
     path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks("Q4_K", 4, 256), "Q4_K")})
-    from baselm.store.pull import _kept_gguf
+    from baselm.store.convert_gguf import _kept_gguf
 
-    with caplog.at_level(logging.WARNING, logger="baselm.store.pull"):
+    with caplog.at_level(logging.WARNING, logger="baselm.store.convert_gguf"):
         list(_kept_gguf("w.gguf", gguf_store.GGUFFile.open(path), iter([])))
     assert caplog.messages == [
         "w.gguf: K-quant tensors have no exact .base form; requantizing them (Q4_K -> q4) compounds the two rounding errors"

@@ -19,10 +19,11 @@ from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import load_model
 from baselm.models import build_model
 from baselm.models.base import DecoderModel
-from baselm.store.base_file import BaseFile
+from baselm.store.base_reader import BaseFile
+from baselm.store.convert import convert
 from baselm.store.errors import BaseFileError, StoreError, UnsupportedModelError
+from baselm.store.import_local import import_local
 from baselm.store.mlx_folder import plain_config
-from baselm.store.pull import convert, import_local
 from baselm.store.registry import Store
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -19,10 +19,10 @@ from hub_server import HubServer, tiny_gguf_files, tiny_llama_files
 from safetensors.numpy import load_file
 
 from baselm.store import gguf
-from baselm.store.base_file import QuantizedArray, read_base_file
-from baselm.store.errors import StoreError, UnsupportedModelError
-from baselm.store.hub import HubClient, HubError, NoProgress, Selection
-from baselm.store.pull import Plan, plan_variant, pull
+from baselm.store.base_reader import QuantizedArray, read_base_file
+from baselm.store.errors import UnsupportedModelError
+from baselm.store.hub import HubClient, HubError, NoProgress
+from baselm.store.pull import pull
 from baselm.store.registry import Store
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "llama"
@@ -179,7 +179,8 @@ _PULLER = """
 import sys
 from baselm.store.hub import HubClient, NoProgress
 from baselm.store.hub import Selection
-from baselm.store.pull import Plan, plan_variant, pull
+from baselm.store.pull import pull
+from baselm.store.variants import Plan, plan_variant
 from baselm.store.registry import Store
 pull("org/Tiny-Llama", store=Store(sys.argv[1]), client=HubClient(endpoint=sys.argv[2]), supported={"llama"},
      progress=NoProgress())
@@ -215,8 +216,8 @@ def test_a_pull_killed_mid_download_leaves_nothing_listed_and_the_next_pull_resu
 def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(
     smollm2_gguf: Path, tmp_path: Path
 ) -> None:
-    from baselm.store.base_file import model_weights
-    from baselm.store.pull import convert
+    from baselm.store.base_reader import model_weights
+    from baselm.store.convert import convert
 
     converted = convert(smollm2_gguf, tmp_path / "smollm2.base", None, None, "default")
     assert (converted.arch, converted.quant, converted.params) == ("llama", "q4", 134_515_008)
@@ -234,38 +235,6 @@ def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(
     messages = [{"role": "user", "content": "What is 2+2?"}]
     assert stored.encode("Hello, world!") == original.encode("Hello, world!")
     assert stored.apply_chat_template(messages) == original.apply_chat_template(messages)
-
-
-SAFETENSORS = Selection("safetensors", ())
-GGUF_Q4_K_M = Selection("gguf", (), "Q4_K_M")
-
-
-@pytest.mark.parametrize(
-    ("selection", "tag", "options", "plan"),
-    [
-        (SAFETENSORS, None, {}, Plan("q4", "q4", "default", None)),
-        (SAFETENSORS, "Q8", {}, Plan("q8", "q8", "default", None)),
-        (SAFETENSORS, "mixed", {}, Plan("mixed-q4", "q4", "mixed", None)),
-        (SAFETENSORS, "mixed-q6", {}, Plan("mixed-q6", "q6", "mixed", None)),
-        (SAFETENSORS, None, {"quant": "q3", "group_size": 64}, Plan("q3-g64", "q3", "default", 64)),
-        (SAFETENSORS, None, {"profile": "/p/attn-heavy.json"}, Plan("attn-heavy-q4", "q4", "/p/attn-heavy.json", None)),
-        (GGUF_Q4_K_M, "Q4_K_M", {}, Plan("q4_k_m", None, "default", None)),
-        (GGUF_Q4_K_M, "Q4_K_M", {"quant": "q8"}, Plan("q4_k_m-q8", "q8", "default", None)),
-    ],
-)
-def test_the_variant_name_says_how_the_model_was_stored(
-    selection: Selection, tag: str | None, options: dict, plan: Plan
-) -> None:
-    options = {"quant": None, "profile": None, "group_size": None, **options}
-    assert plan_variant(selection, tag, **options) == plan
-
-
-def test_an_unknown_variant_tag_lists_the_choices() -> None:
-    with pytest.raises(
-        StoreError,
-        match=r"unknown variant 'q9'; use a quantization \(q2, q3, q4, q5, q6, q8, f16, bf16, f32\), a profile \(default, mixed\)",
-    ):
-        plan_variant(SAFETENSORS, "q9", None, None, None)
 
 
 def test_a_sharded_repo_is_pulled_through_its_index(hub: HubServer, tmp_path: Path) -> None:

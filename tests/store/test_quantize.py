@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from base_helpers import HEADER_FIELDS
 
-from baselm.store.base_file import read_base_file, write_base_file
+from baselm.store.base_reader import read_base_file
+from baselm.store.base_writer import write_base_file
 from baselm.store.errors import ProfileError, QuantizationError
 from baselm.store.quantize import (
     SCHEMES,

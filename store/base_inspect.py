@@ -8,6 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from baselm.store.base_reader import BaseFile
+from baselm.store.fs import human_size
 
 
 def inspect_report(path: str | os.PathLike, verify: bool = False) -> dict[str, Any]:
@@ -61,7 +62,7 @@ def render_inspect(report: dict[str, Any], console: Any, max_rows: int | None = 
     console.print(f"[bold]{report['path']}[/bold]  {report['schema']}  arch={report['arch']}")
     console.print(
         f"quant {report['quant_scheme']} (profile {report['quant_profile']}), "
-        f"{totals['tensors']} tensors, {totals['params']:,} params, {_human(totals['bytes'])} "
+        f"{totals['tensors']} tensors, {totals['params']:,} params, {human_size(totals['bytes'])} "
         f"({totals['bits_per_weight']} bits/weight), created {report['created']}"
     )
     if source:
@@ -71,20 +72,11 @@ def render_inspect(report: dict[str, Any], console: Any, max_rows: int | None = 
     rows = report["tensors"] if max_rows is None else report["tensors"][:max_rows]
     for row in rows:
         shape = "x".join(str(d) for d in row["shape"]) or "scalar"
-        table.add_row(row["name"], row["dtype"], shape, str(row["group_size"] or ""), _human(row["bytes"]))
+        table.add_row(row["name"], row["dtype"], shape, str(row["group_size"] or ""), human_size(row["bytes"]))
     console.print(table)
     if len(rows) < len(report["tensors"]):
         console.print(f"... {len(report['tensors']) - len(rows)} more tensors")
     summary = Table("dtype", "tensors", "params", "bytes")
     for dtype, t in sorted(report["totals"]["by_dtype"].items()):
-        summary.add_row(dtype, str(t["tensors"]), f"{t['params']:,}", _human(t["bytes"]))
+        summary.add_row(dtype, str(t["tensors"]), f"{t['params']:,}", human_size(t["bytes"]))
     console.print(summary)
-
-
-def _human(num_bytes: float) -> str:
-    if num_bytes < 1024:
-        return f"{int(num_bytes)} B"
-    for unit in ("KiB", "MiB", "GiB"):
-        num_bytes /= 1024
-        if num_bytes < 1024 or unit == "GiB":
-            return f"{num_bytes:.1f} {unit}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from baselm.store.base_format import (
     region_sizes,
     to_float32,
 )
-from baselm.store.fs import fsync_dir
+from baselm.store.fs import atomic_write
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,26 +158,17 @@ def write_base_file(
     }
     _check_fields(fields)
     reserve = _reserve_bytes if _reserve_bytes is not None else _estimate_reserve(fields, tensors)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "r+b") as f:
-            entries, blob_len = _write_blob(f, reserve, tensors)
-            header = {**fields, "tensors": entries}
-            header["header_xxh64"] = header_checksum(header)
-            header_bytes = canonical_json(header)
-            blob_start = align(PREAMBLE.size + len(header_bytes), BLOB_ALIGN)
-            _move(f, reserve, blob_start, blob_len)
-            f.truncate(blob_start + blob_len)
-            f.seek(0)
-            f.write(PREAMBLE.pack(MAGIC, VERSION, len(header_bytes)) + header_bytes)
-            f.write(bytes(blob_start - PREAMBLE.size - len(header_bytes)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with atomic_write(path, "r+b") as f:
+        entries, blob_len = _write_blob(f, reserve, tensors)
+        header = {**fields, "tensors": entries}
+        header["header_xxh64"] = header_checksum(header)
+        header_bytes = canonical_json(header)
+        blob_start = align(PREAMBLE.size + len(header_bytes), BLOB_ALIGN)
+        _move(f, reserve, blob_start, blob_len)
+        f.truncate(blob_start + blob_len)
+        f.seek(0)
+        f.write(PREAMBLE.pack(MAGIC, VERSION, len(header_bytes)) + header_bytes)
+        f.write(bytes(blob_start - PREAMBLE.size - len(header_bytes)))
     return path
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from baselm.store.errors import ModelFileError, StoreError, UnsupportedModelError
+from baselm.store.fs import human_size, publish
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CHUNK_SIZE = 256 * 1024  # bytes written (and resumable) at a time
@@ -115,8 +116,8 @@ class LineProgress:
 
     def start(self, label: str, total: int, done: int) -> None:
         self.label, self.total, self.done = label, total, done
-        resumed = f", resuming at {_human(done)}" if done else ""
-        print(f"downloading {label} ({_human(total)}{resumed})", file=self.stream, flush=True)
+        resumed = f", resuming at {human_size(done)}" if done else ""
+        print(f"downloading {label} ({human_size(total)}{resumed})", file=self.stream, flush=True)
         self.next_mark = (done * 4 // max(total, 1) + 1) * total // 4
 
     def advance(self, num_bytes: int) -> None:
@@ -205,8 +206,6 @@ class HubClient:
             try:
                 with _hub_errors(snapshot.repo, snapshot.revision, self.endpoint):
                     self._fetch(url, f, file.size, progress)
-                f.flush()
-                os.fsync(f.fileno())
             finally:
                 progress.finish()
         if not _matches(part, file):
@@ -214,7 +213,7 @@ class HubClient:
             raise HubError(
                 f"{file.path} from {snapshot.repo} does not match the hash the hub lists; it was removed, pull again"
             )
-        os.replace(part, target)
+        publish(part, target)
         return target
 
     def _fetch(self, url: str, f: BinaryIO, size: int, progress: Progress) -> None:
@@ -367,11 +366,3 @@ def _digest(path: Path, h: Any) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _human(num_bytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if num_bytes < 1024 or unit == "GiB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1024
-    return f"{num_bytes:.1f} GiB"

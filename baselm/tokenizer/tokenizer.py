@@ -10,7 +10,6 @@ with the same files. Chat templates are rendered by `chat_template.py`, streamed
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as Backend
 
+from baselm.store import hf
 from baselm.tokenizer.chat_template import Message, render_chat_template, select_template
 from baselm.tokenizer.detokenizer import StreamingDetokenizer
 from baselm.tokenizer.errors import TokenizerError
@@ -65,30 +65,26 @@ class Tokenizer:
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
             raise TokenizerError(f"{path}: no tokenizer.json; base reads only fast (tokenizer.json) tokenizers")
-        config = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
-        template = None
-        if (path / "chat_template.jinja").is_file():
-            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
-        elif (path / "chat_template.json").is_file():
-            template = _read_json(path / "chat_template.json").get("chat_template")
-        eos_ids: list[int] = []
-        if (path / "generation_config.json").is_file():
-            eos = _read_json(path / "generation_config.json").get("eos_token_id")
-            eos_ids = [i for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int)]
-        tokenizer_json = (path / "tokenizer.json").read_text(encoding="utf-8")
-        return cls.from_hf_files(tokenizer_json, config, chat_template=template, eos_token_ids=eos_ids)
+        files = hf.read_tokenizer_files(path)
+        generation = path / "generation_config.json"
+        eos = hf.read_json(generation).get("eos_token_id") if generation.is_file() else None
+        eos_ids = [i for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int)]
+        return cls.from_hf_files(
+            files["tokenizer.json"], files["tokenizer_config.json"], files["chat_template"], eos_token_ids=eos_ids
+        )
 
     @classmethod
     def from_hf_files(
         cls,
         tokenizer_json: str,
         tokenizer_config: Mapping[str, Any],
-        chat_template: str | None = None,
+        chat_template: str | list[dict[str, str]] | None = None,
         eos_token_ids: Iterable[int] = (),
     ) -> Tokenizer:
         """A tokenizer from the text of tokenizer.json and the parsed tokenizer_config.json.
 
-        `chat_template`, when given, wins over the config's own.
+        `chat_template`, when given, wins over the config's own; either may be a list of named
+        templates (`[{"name": ..., "template": ...}]`).
         """
         try:
             backend = Backend.from_str(tokenizer_json)
@@ -103,7 +99,9 @@ class Tokenizer:
             backend.post_processor = _bos_eos_processor(backend, special, add_bos, add_eos)
         else:
             add_bos, add_eos = _processor_adds(backend, special)
-        template = chat_template if chat_template is not None else _config_template(tokenizer_config)
+        template = _named_templates(
+            chat_template if chat_template is not None else tokenizer_config.get("chat_template")
+        )
         return cls(
             backend,
             special_tokens=special,
@@ -272,13 +270,6 @@ class Tokenizer:
 # ---- HF files ---------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise TokenizerError(f"{path}: not a readable JSON file ({exc})") from None
-
-
 def _token_content(value: Any) -> str | None:
     """A special token as tokenizer_config writes it: a string or an AddedToken dict."""
     if isinstance(value, Mapping):
@@ -286,8 +277,8 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _config_template(config: Mapping[str, Any]) -> str | dict[str, str] | None:
-    template = config.get("chat_template")
+def _named_templates(template: Any) -> str | dict[str, str] | None:
+    """A chat template as given, with a list of named templates made a name -> template dict."""
     if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
         return {entry["name"]: entry["template"] for entry in template}
     return template

@@ -114,3 +114,12 @@ def test_templates_that_loop_over_content_through_a_variable_get_parts():
         "{% for m in messages %}{% set c = m['content'] %}{% for p in c %}[{{ p.text }}]{% endfor %}{% endfor %}"
     )
     assert tok.apply_chat_template(CONVERSATIONS["content_parts"]["messages"]) == "[Part one. ][Part two.]"
+
+
+def test_named_templates_given_as_the_chat_template_argument_are_picked_by_name():
+    # A .base header carries an HF folder's template as the config had it: possibly a named list.
+    tokenizer_json, config = load("bpe-gpt2.gguf").to_hf_files()
+    config.pop("chat_template")
+    named = [{"name": "default", "template": "plain"}, {"name": "tool_use", "template": "tools"}]
+    tok = Tokenizer.from_hf_files(tokenizer_json, config, named)
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "plain"

@@ -116,7 +116,8 @@ def check_header(path: Path, header: dict[str, Any]) -> dict[str, TensorEntry]:
         if not isinstance(header[key], types):
             raise BaseFileError(
                 path,
-                f"header field {key!r} is a {type(header[key]).__name__}, expected {' or '.join(t.__name__ for t in types)}",
+                f"header field {key!r} is a {type(header[key]).__name__}, expected "
+                f"{' or '.join(t.__name__ for t in types)}",
             )
     if header["schema"] != SCHEMA:
         raise BaseFileError(path, f"its schema is {header['schema']!r}, and this build reads {SCHEMA!r}")
@@ -193,7 +194,8 @@ def _check_sizes(path: Path, label: str, entry: TensorEntry) -> None:
     if entry.length != data_len + 2 * scales_len:
         raise BaseFileError(
             path,
-            f"{label} has length {entry.length}, but {entry.dtype} {list(entry.shape)} takes {data_len + 2 * scales_len} bytes",
+            f"{label} has length {entry.length}, but {entry.dtype} {list(entry.shape)} takes "
+            f"{data_len + 2 * scales_len} bytes",
         )
     if entry.bits is not None and (entry.scale_offset, entry.bias_offset) != (
         entry.offset + data_len,
@@ -202,7 +204,8 @@ def _check_sizes(path: Path, label: str, entry: TensorEntry) -> None:
         raise BaseFileError(
             path,
             f"{label} has scale_offset {entry.scale_offset} and bias_offset {entry.bias_offset}, "
-            f"expected {entry.offset + data_len} and {entry.offset + data_len + scales_len} (codes, scales, biases back to back)",
+            f"expected {entry.offset + data_len} and {entry.offset + data_len + scales_len} (codes, scales, biases "
+            "back to back)",
         )
 
 
@@ -218,7 +221,8 @@ def check_layout(path: Path, tensors: dict[str, TensorEntry], blob_len: int) -> 
         if entry.offset + entry.length > blob_len:
             raise BaseFileError(
                 path,
-                f"tensor {entry.name!r} ends at blob offset {entry.offset + entry.length}, past the blob end {blob_len}",
+                f"tensor {entry.name!r} ends at blob offset {entry.offset + entry.length}, past the blob end "
+                f"{blob_len}",
             )
         if previous is not None and entry.offset < previous.offset + previous.length:
             raise BaseFileError(path, f"tensors {previous.name!r} and {entry.name!r} overlap in the blob")

@@ -86,7 +86,8 @@ class TensorRecord:
             or bias_values.shape != scale_values.shape
         ):
             raise ValueError(
-                f"codes {codes.shape}, scales {scale_values.shape} and biases {bias_values.shape} are not an MLX triplet of group {group_size}"
+                f"codes {codes.shape}, scales {scale_values.shape} and biases {bias_values.shape} are not an MLX "
+                f"triplet of group {group_size}"
             )
         return cls(
             dtype=f"base_q{bits}",

@@ -120,7 +120,8 @@ class GGUFFile:
             check_readable(info.type_name, info.name, self.path.name)
             if info.type_name in EXACT_TYPES and len(info.shape) != 2:
                 raise UnsupportedModelError(
-                    f"{self.path.name}: tensor {info.name!r} is a {len(info.shape)}-D {info.type_name} tensor; base reads quantized tensors only as 2-D matrices"
+                    f"{self.path.name}: tensor {info.name!r} is a {len(info.shape)}-D {info.type_name} tensor; base "
+                    "reads quantized tensors only as 2-D matrices"
                 )
 
     def read(self, info: TensorInfo) -> TensorRecord | np.ndarray:

@@ -73,7 +73,8 @@ def import_local(
             if existing.source.get("sha256") == digest:
                 return existing
             raise StoreError(
-                f"{existing.ref} is already stored from {existing.source.get('path') or 'another source'}; pass --force to replace it"
+                f"{existing.ref} is already stored from {existing.source.get('path') or 'another source'}; pass "
+                "--force to replace it"
             )
         store.check_free_space(_num_bytes(local.path))
         if local.format == "base":
@@ -145,7 +146,8 @@ def _local_variant(local: LocalSource, quant: str | None, profile: str | None, g
     if quant is None and local.own_variant is not None:
         if profile or group_size:
             raise StoreError(
-                f"{local.path.name} is already quantized; --profile and --group-size apply only with --quant (which requantizes it)"
+                f"{local.path.name} is already quantized; --profile and --group-size apply only with --quant (which "
+                "requantizes it)"
             )
         return local.own_variant
     return variant_name(profile or DEFAULT_PROFILE, quant or DEFAULT_QUANT, group_size)

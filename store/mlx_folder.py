@@ -104,7 +104,8 @@ def _triplet_record(
     if record is None or record.bits != bits:
         shapes = ", ".join(str(tuple(p.shape)) for p in parts)
         raise ModelFileError(
-            f"{folder}: {prefix}'s codes, scales and biases {shapes} are not {bits}-bit groups of {group_size} as config.json says"
+            f"{folder}: {prefix}'s codes, scales and biases {shapes} are not {bits}-bit groups of {group_size} as "
+            "config.json says"
         )
     return record
 

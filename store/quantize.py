@@ -224,7 +224,8 @@ class QuantProfile:
                 name,
                 source_dtype,
                 None,
-                f"rule {rule.pattern!r} asks {scheme.name}, but input dim {shape[1]} is not a multiple of group size {sizes[-1]}; kept float",
+                f"rule {rule.pattern!r} asks {scheme.name}, but input dim {shape[1]} is not a multiple of group size "
+                f"{sizes[-1]}; kept float",
             )
         return Decision(name, scheme.dtype, group_size, f"rule {rule.pattern!r}: {scheme.name}, group {group_size}")
 
@@ -290,7 +291,10 @@ def _quantizes(rule: Rule) -> bool:
 
 
 def load_profile(path: Path) -> QuantProfile:
-    """Reads and validates a profile file: `{"name": str, "rules": [{"match"|"regex": str, "scheme": str, "group_size"?: int}]}`."""
+    """Reads and validates a profile file.
+
+    Its form: `{"name": str, "rules": [{"match"|"regex": str, "scheme": str, "group_size"?: int}]}`.
+    """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:

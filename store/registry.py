@@ -116,7 +116,8 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def _no_space(path: Path) -> NoSpaceError:
     free = shutil.disk_usage(path).free if path.exists() else 0
     return NoSpaceError(
-        f"no space left on the disk holding {path} ({free / 2**30:.1f} GiB free); free some space or set BASE_HOME to another disk"
+        f"no space left on the disk holding {path} ({free / 2**30:.1f} GiB free); free some space or set BASE_HOME to "
+        "another disk"
     )
 
 

@@ -72,5 +72,6 @@ def _parse_tag(tag: str | None, profiles: Iterable[str], schemes: Iterable[str])
     if head in profiles and tail in schemes:
         return head, tail
     raise StoreError(
-        f"unknown variant {tag!r}; use a quantization ({', '.join(schemes)}), a profile ({', '.join(profiles)}) or profile-quant"
+        f"unknown variant {tag!r}; use a quantization ({', '.join(schemes)}), a profile ({', '.join(profiles)}) or "
+        "profile-quant"
     )

@@ -73,12 +73,14 @@ def test_header_len_over_the_limit(tmp_path: Path) -> None:
         (b'{"a": NaN}', "its header is not valid JSON (NaN is not valid JSON)"),
         (
             b"[" * 100000 + b"]" * 100000,
-            "its header is not valid JSON (maximum recursion depth exceeded while decoding a JSON array from a unicode string)",
+            "its header is not valid JSON (maximum recursion depth exceeded while decoding a JSON array from a "
+            "unicode string)",
         ),
         (b"[1, 2]", "its header is a JSON list, not an object"),
         (
             b'{"a": ' + b"9" * 5000 + b"}",
-            "its header is not valid JSON (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the limit)",
+            "its header is not valid JSON (Exceeds the limit (4300 digits) for integer string conversion: value has "
+            "5000 digits; use sys.set_int_max_str_digits() to increase the limit)",
         ),
     ],
 )
@@ -100,7 +102,8 @@ def test_unparseable_headers(tmp_path: Path, header_bytes: bytes, problem: str) 
         (lambda h: h.update(schema="base.v2"), "its schema is 'base.v2', and this build reads 'base.v1'"),
         (
             lambda h: h["alignment"].update(matrix=4096),
-            "its alignment {'blob': 65536, 'matrix': 4096, 'vector': 64} differs from the v1 rule {'blob': 65536, 'matrix': 16384, 'vector': 64}",
+            "its alignment {'blob': 65536, 'matrix': 4096, 'vector': 64} differs from the v1 rule {'blob': 65536, "
+            "'matrix': 16384, 'vector': 64}",
         ),
         (lambda h: h.update(flags=[1]), "header field 'flags' must be a list of strings"),
     ],
@@ -140,7 +143,8 @@ def _set(tensor: str, **fields):
         (lambda h: h["tensors"].append(5), "tensor entry 7 is not a JSON object"),
         (
             _set(NORM_NAME, dtype="f64"),
-            f"tensor {NORM_NAME!r} has dtype 'f64'; expected one of f32, f16, bf16, base_q2, base_q3, base_q4, base_q5, base_q6, base_q8",
+            f"tensor {NORM_NAME!r} has dtype 'f64'; expected one of f32, f16, bf16, base_q2, base_q3, base_q4, "
+            "base_q5, base_q6, base_q8",
         ),
         (_set(NORM_NAME, group_size=32), f"tensor {NORM_NAME!r} (f32) has missing or unexpected keys: group_size"),
         (
@@ -174,7 +178,8 @@ def _set(tensor: str, **fields):
         ),
         (
             _set(Q_NAME, scale_offset=520),
-            f"tensor {Q_NAME!r} has scale_offset 520 and bias_offset 544, expected 512 and 544 (codes, scales, biases back to back)",
+            f"tensor {Q_NAME!r} has scale_offset 520 and bias_offset 544, expected 512 and 544 (codes, scales, biases "
+            "back to back)",
         ),
         (_set(NORM_NAME, offset=600), f"tensor {NORM_NAME!r} starts at blob offset 600, not a multiple of 64"),
         (
@@ -183,7 +188,8 @@ def _set(tensor: str, **fields):
         ),
         (
             _set("model.extra.weight", offset=4 * MATRIX_ALIGN),
-            f"tensor 'model.extra.weight' ends at blob offset {4 * MATRIX_ALIGN + 30}, past the blob end {3 * MATRIX_ALIGN + 30}",
+            f"tensor 'model.extra.weight' ends at blob offset {4 * MATRIX_ALIGN + 30}, past the blob end "
+            f"{3 * MATRIX_ALIGN + 30}",
         ),
         (_set(NORM_NAME, offset=512), f"tensors {Q_NAME!r} and {NORM_NAME!r} overlap in the blob"),
     ],
@@ -195,10 +201,8 @@ def test_tensor_entries_are_checked(tmp_path: Path, mutate, problem: str) -> Non
 def test_truncated_blob(tmp_path: Path) -> None:
     path = write_small(tmp_path / "m.base")
     path.write_bytes(path.read_bytes()[:-1])
-    assert (
-        _problem(path)
-        == f"tensor 'model.extra.weight' ends at blob offset {3 * MATRIX_ALIGN + 30}, past the blob end {3 * MATRIX_ALIGN + 29}"
-    )
+    end, blob_end = 3 * MATRIX_ALIGN + 30, 3 * MATRIX_ALIGN + 29
+    assert _problem(path) == f"tensor 'model.extra.weight' ends at blob offset {end}, past the blob end {blob_end}"
 
 
 # ---------------------------------------------------------------------------------------------

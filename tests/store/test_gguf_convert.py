@@ -214,7 +214,8 @@ def test_keeping_a_k_quant_file_logs_that_requantizing_compounds_error(tmp_path:
     with caplog.at_level(logging.WARNING, logger="baselm.store.convert_gguf"):
         list(_kept_gguf("w.gguf", gguf_store.GGUFFile.open(path), iter([])))
     assert caplog.messages == [
-        "w.gguf: K-quant tensors have no exact .base form; requantizing them (Q4_K -> q4) compounds the two rounding errors"
+        "w.gguf: K-quant tensors have no exact .base form; requantizing them (Q4_K -> q4) compounds the two rounding "
+        "errors"
     ]
 
 

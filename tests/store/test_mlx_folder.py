@@ -137,7 +137,10 @@ def test_a_triplet_that_disagrees_with_the_config_is_named(tmp_path: Path, mlx_f
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         ModelFileError,
-        match=r"model\.layers\.0\.mlp\.down_proj's codes, scales and biases \(64, 16\), \(64, 2\), \(64, 2\) are not 5-bit groups of 32 as config\.json says",
+        match=(
+            r"model\.layers\.0\.mlp\.down_proj's codes, scales and biases \(64, 16\), \(64, 2\), \(64, 2\) are not "
+            r"5-bit groups of 32 as config\.json says"
+        ),
     ):
         import_local(folder, supported=SUPPORTED, store=Store(tmp_path / "store"))
     assert Store(tmp_path / "store").list() == []

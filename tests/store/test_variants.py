@@ -35,6 +35,9 @@ def test_the_variant_name_says_how_the_model_was_stored(
 def test_an_unknown_variant_tag_lists_the_choices() -> None:
     with pytest.raises(
         StoreError,
-        match=r"unknown variant 'q9'; use a quantization \(q2, q3, q4, q5, q6, q8, f16, bf16, f32\), a profile \(default, mixed\)",
+        match=(
+            r"unknown variant 'q9'; use a quantization \(q2, q3, q4, q5, q6, q8, f16, bf16, f32\), a profile "
+            r"\(default, mixed\)"
+        ),
     ):
         plan_variant(SAFETENSORS, "q9", None, None, None)

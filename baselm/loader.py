@@ -13,7 +13,10 @@ from typing import Any
 from baselm.backend import Backend
 from baselm.models import build_model
 from baselm.models.base import DecoderModel
+from baselm.store import gguf, hf
+from baselm.store.base_reader import model_weights, read_base_file
 from baselm.store.errors import ModelFileError
+from baselm.store.registry import Store
 from baselm.tokenizer.tokenizer import Tokenizer
 
 
@@ -42,8 +45,6 @@ def _eos_ids(config: dict[str, Any], tokenizer: Tokenizer) -> tuple[int, ...]:
 
 
 def _load_gguf(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
-    from baselm.store import gguf
-
     tensors, metadata = gguf.read_metadata(path)
     config = gguf.hf_config(metadata, set(tensors))
     weights = gguf.hf_tensors(tensors, config)
@@ -55,8 +56,6 @@ def _load_gguf(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, d
 
 
 def _load_hf_folder(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
-    from baselm.store import hf
-
     config = hf.read_config(path)
     # An MLX folder's quantized layers may differ in group size and bits: the shapes tell them.
     model = build_model(config, hf.read_weights(path), backend.compute_dtype, keep_quantized=backend.keep_quantized)
@@ -64,8 +63,6 @@ def _load_hf_folder(path: Path, backend: Backend) -> tuple[DecoderModel, Tokeniz
 
 
 def _load_base_file(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
-    from baselm.store.base_reader import model_weights, read_base_file
-
     header, tensors = read_base_file(path)
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
     del tensors
@@ -89,8 +86,6 @@ def resolve(ref: str | Path) -> tuple[str, Path]:
     path = Path(ref).expanduser()
     if path.exists():
         return (path.stem if path.is_file() else path.name), path
-    from baselm.store.registry import Store
-
     return str(ref), Store().resolve(str(ref)).path
 
 

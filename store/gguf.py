@@ -21,6 +21,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
@@ -211,8 +212,6 @@ class _Parser:
         return strings
 
     def _tensor_info(self) -> tuple[str, str, tuple[int, ...], int, int]:
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # the type table, from its source
-
         name = self._string()
         num_dims = self._scalar("I")
         dims = [self._scalar("Q") for _ in range(num_dims)]  # innermost first

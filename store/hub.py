@@ -24,6 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
+from huggingface_hub import HfApi
+from huggingface_hub import errors as hf_errors
+from huggingface_hub.file_download import hf_hub_url
+from huggingface_hub.utils import build_hf_headers, filter_repo_objects, get_session, hf_raise_for_status
+from rich.console import Console
+from rich.progress import DownloadColumn, TransferSpeedColumn
+from rich.progress import Progress as Bars
+
 from baselm.store.errors import ModelFileError, StoreError, UnsupportedModelError
 from baselm.store.fs import human_size, publish
 
@@ -134,10 +142,6 @@ class RichProgress:
     """One rich progress bar per file, for a terminal."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import DownloadColumn, TransferSpeedColumn
-        from rich.progress import Progress as Bars
-
         columns = (*Bars.get_default_columns(), DownloadColumn(), TransferSpeedColumn())
         self.bars = Bars(*columns, console=Console(stderr=True))
         self.task: Any = None
@@ -174,8 +178,6 @@ class HubClient:
 
     def snapshot(self, repo: str, revision: str = "main") -> RepoSnapshot:
         """The repo's files (with sizes and hashes) at `revision`."""
-        from huggingface_hub import HfApi
-
         api = HfApi(endpoint=self.endpoint, token=self.token)
         with _hub_errors(repo, revision, self.endpoint):
             info = api.model_info(repo, revision=revision, files_metadata=True)
@@ -190,8 +192,6 @@ class HubClient:
 
     def download(self, snapshot: RepoSnapshot, file: HubFile, folder: Path, progress: Progress | None = None) -> Path:
         """`file` under `folder`, fetched (or resumed from its `.part`) and verified; a verified copy is reused."""
-        from huggingface_hub.file_download import hf_hub_url
-
         target = folder / file.path
         if target.is_file() and _matches(target, file):
             return target
@@ -218,8 +218,6 @@ class HubClient:
 
     def _fetch(self, url: str, f: BinaryIO, size: int, progress: Progress) -> None:
         """Appends the rest of the file to `f`, resuming with a Range request after each cut."""
-        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-
         headers = build_hf_headers(token=self.token)
         headers["Accept-Encoding"] = "identity"  # byte offsets must be offsets in the file
         failures = 0
@@ -252,8 +250,6 @@ class HubClient:
 
 def select_files(snapshot: RepoSnapshot, tag: str | None) -> Selection:
     """The files to fetch: a GGUF file when `tag` names one (or the repo has only GGUF), else the HF files."""
-    from huggingface_hub.utils import filter_repo_objects
-
     ggufs = [f for f in snapshot.files if f.path.endswith(".gguf") and not _is_extra_gguf(f.path)]
     has_safetensors = any(f.path.endswith(".safetensors") for f in snapshot.files)
     tagged = [f for f in ggufs if tag and gguf_tag(f.path).upper() == tag.upper()]
@@ -322,19 +318,17 @@ def _hub_errors(repo: str, revision: str, endpoint: str) -> Iterator[None]:
 
 
 def _hub_error_message(exc: BaseException, repo: str, revision: str, endpoint: str) -> str | None:
-    from huggingface_hub import errors as hf
-
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    if isinstance(exc, hf.GatedRepoError) or status == 403:
+    if isinstance(exc, hf_errors.GatedRepoError) or status == 403:
         return f"{repo} is gated or private: it needs a token (set HF_TOKEN) with access granted on its hub page"
-    if isinstance(exc, hf.RevisionNotFoundError):
+    if isinstance(exc, hf_errors.RevisionNotFoundError):
         return f"{repo} has no revision {revision!r}"
-    if isinstance(exc, hf.RepositoryNotFoundError) or status == 401:
+    if isinstance(exc, hf_errors.RepositoryNotFoundError) or status == 401:
         hint = "; if it is private or gated, set HF_TOKEN to a token with access" if status == 401 else ""
         return f"no such repo {repo!r} on {endpoint} (or no such revision {revision!r}){hint}"
-    if isinstance(exc, hf.EntryNotFoundError) or status == 404:
+    if isinstance(exc, hf_errors.EntryNotFoundError) or status == 404:
         return f"{repo}@{revision}: a listed file is missing on the hub; try again later or another revision"
-    if isinstance(exc, hf.HfHubHTTPError):
+    if isinstance(exc, hf_errors.HfHubHTTPError):
         return f"the hub answered {status} for {repo}; try again later"
     if _is_network_error(exc):
         kind = type(exc).__name__

@@ -103,8 +103,6 @@ def inspect_local(path: Path) -> LocalSource:
             path, "gguf", _gguf_name(stem, gguf_file.metadata), (tag or gguf_body_type(gguf_file)).lower()
         )
     if path.suffix == ".base":
-        from baselm.store.base_reader import BaseFile
-
         header = BaseFile.open(path).header
         return LocalSource(path, "base", path.stem, _base_variant(header))
     raise StoreError(f"{path}: not a model; give an HF or MLX model folder, a .gguf file or a .base file")

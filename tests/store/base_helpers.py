@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -56,8 +57,6 @@ def write_small(path: Path, **overrides: Any) -> Path:
 
 def split_file(path: Path) -> tuple[dict[str, Any], bytes]:
     """(header dict, blob bytes) of a file our writer made."""
-    import json
-
     data = path.read_bytes()
     _, _, header_len = PREAMBLE.unpack_from(data)
     blob_start = -(-(PREAMBLE.size + header_len) // BLOB_ALIGN) * BLOB_ALIGN

@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import gguf
 import numpy as np
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 LFS_SUFFIXES = (".safetensors", ".gguf", ".bin")
 _REPO = r"(?P<repo>[^/]+/[^/]+)"
@@ -295,8 +298,6 @@ class HubHandler(BaseHTTPRequestHandler):
 def tiny_llama_files(fixture: Path, model_type: str = "llama") -> dict[str, bytes]:
     """A safetensors repo from the committed tiny llama fixture, with a word-level tokenizer and
     files a pull must leave alone (README, a .bin and an ONNX export)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     config = json.loads((fixture / "config.json").read_text())
     config["model_type"] = model_type
     tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(config["vocab_size"])}, unk_token="t0"))
@@ -315,17 +316,14 @@ def tiny_llama_files(fixture: Path, model_type: str = "llama") -> dict[str, byte
 
 def tiny_gguf_files(fixture: Path, folder: Path, tags: tuple[str, ...] = ("Q4_0", "Q8_0", "F32")) -> dict[str, bytes]:
     """A GGUF repo: the tiny llama fixture written once per quant type (2-D weights quantized)."""
-    import gguf
-    from safetensors.numpy import load_file
-
     config = json.loads((fixture / "config.json").read_text())
     weights = load_file(str(fixture / "model.safetensors"))
     files = {"README.md": b"# tiny gguf\n"}
     for tag in tags:
         path = folder / f"tiny-llama.{tag}.gguf"
         writer = gguf.GGUFWriter(str(path), "llama")
-        _gguf_metadata(writer, config)
-        for name, value in _gguf_tensors(weights, config):
+        gguf_metadata(writer, config)
+        for name, value in gguf_tensors(weights, config):
             kind = gguf.GGMLQuantizationType[tag] if value.ndim == 2 else gguf.GGMLQuantizationType.F32
             data = gguf.quants.quantize(value, kind) if kind != gguf.GGMLQuantizationType.F32 else value
             writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
@@ -337,7 +335,7 @@ def tiny_gguf_files(fixture: Path, folder: Path, tags: tuple[str, ...] = ("Q4_0"
     return files
 
 
-def _gguf_metadata(writer: Any, config: dict[str, Any]) -> None:
+def gguf_metadata(writer: Any, config: dict[str, Any]) -> None:
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_feed_forward_length(config["intermediate_size"])
@@ -352,7 +350,7 @@ def _gguf_metadata(writer: Any, config: dict[str, Any]) -> None:
     writer.add_eos_token_id(config["eos_token_id"])
 
 
-def _gguf_tensors(weights: dict[str, Any], config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+def gguf_tensors(weights: dict[str, Any], config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """HF tensors under llama.cpp names, q/k rows permuted as llama.cpp's converter does."""
     names = {
         "input_layernorm": "attn_norm",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from base_helpers import CREATED, Q_NAME, write_small
+from rich.console import Console
 
 from baselm.store.base_inspect import inspect_report, render_inspect
 
@@ -31,8 +32,6 @@ def test_inspect_report_lists_tensors_and_totals(tmp_path: Path) -> None:
 
 
 def test_render_inspect_prints_the_table(tmp_path: Path) -> None:
-    from rich.console import Console
-
     console = Console(record=True, width=160)
     render_inspect(inspect_report(write_small(tmp_path / "m.base")), console)
     text = console.export_text()

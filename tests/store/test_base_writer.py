@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from base_helpers import HEADER_FIELDS, NORM_NAME, Q_NAME, entry, small_tensors, split_file, write_small
 
+from baselm.store import gguf
 from baselm.store.base_format import BLOB_ALIGN, MATRIX_ALIGN, canonical_json
 from baselm.store.base_reader import QuantizedArray, model_weights, read_base_file
 from baselm.store.base_writer import TensorRecord, write_base_file
@@ -210,7 +211,6 @@ def test_writer_rejects_duplicate_names_and_integer_arrays(tmp_path: Path) -> No
 @pytest.mark.slow
 def test_smollm2_gguf_triplets_round_trip_bit_exactly(tmp_path: Path, smollm2_gguf: Path) -> None:
     """GGUF Q4_1/Q8_0 triplets go into a .base file as they are and come back identical."""
-    from baselm.store import gguf
 
     raw, metadata = gguf.read_metadata(smollm2_gguf)
     config = gguf.hf_config(metadata, set(raw))

@@ -24,14 +24,6 @@ def inspect_report(path: str | os.PathLike, verify: bool = False) -> dict[str, A
         {"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "group_size": e.group_size, "bytes": e.length}
         for e in base.tensors.values()
     ]
-    by_dtype: dict[str, dict[str, int]] = {}
-    for entry in base.tensors.values():
-        totals = by_dtype.setdefault(entry.dtype, {"tensors": 0, "params": 0, "bytes": 0})
-        totals["tensors"] += 1
-        totals["params"] += entry.num_params
-        totals["bytes"] += entry.length
-    num_params = sum(t["params"] for t in by_dtype.values())
-    tensor_bytes = sum(t["bytes"] for t in by_dtype.values())
     profile = header["quant_profile"]
     return {
         "path": str(base.path),
@@ -45,13 +37,26 @@ def inspect_report(path: str | os.PathLike, verify: bool = False) -> dict[str, A
         "flags": header["flags"],
         "verified": verify,
         "tensors": rows,
-        "totals": {
-            "tensors": len(rows),
-            "params": num_params,
-            "bytes": tensor_bytes,
-            "bits_per_weight": round(8 * tensor_bytes / num_params, 3) if num_params else 0.0,
-            "by_dtype": by_dtype,
-        },
+        "totals": _totals(base),
+    }
+
+
+def _totals(base: BaseFile) -> dict[str, Any]:
+    """Tensors, weights and bytes: in all, and by dtype."""
+    by_dtype: dict[str, dict[str, int]] = {}
+    for entry in base.tensors.values():
+        totals = by_dtype.setdefault(entry.dtype, {"tensors": 0, "params": 0, "bytes": 0})
+        totals["tensors"] += 1
+        totals["params"] += entry.num_params
+        totals["bytes"] += entry.length
+    num_params = sum(t["params"] for t in by_dtype.values())
+    tensor_bytes = sum(t["bytes"] for t in by_dtype.values())
+    return {
+        "tensors": len(base.tensors),
+        "params": num_params,
+        "bytes": tensor_bytes,
+        "bits_per_weight": round(8 * tensor_bytes / num_params, 3) if num_params else 0.0,
+        "by_dtype": by_dtype,
     }
 
 

@@ -161,16 +161,21 @@ def write_base_file(
     reserve = _reserve_bytes if _reserve_bytes is not None else _estimate_reserve(fields, tensors)
     with atomic_write(path, "r+b") as f:
         entries, blob_len = _write_blob(f, reserve, tensors)
-        header = {**fields, "tensors": entries}
-        header["header_xxh64"] = header_checksum(header)
-        header_bytes = canonical_json(header)
-        blob_start = align(PREAMBLE.size + len(header_bytes), BLOB_ALIGN)
-        _move(f, reserve, blob_start, blob_len)
-        f.truncate(blob_start + blob_len)
-        f.seek(0)
-        f.write(PREAMBLE.pack(MAGIC, VERSION, len(header_bytes)) + header_bytes)
-        f.write(bytes(blob_start - PREAMBLE.size - len(header_bytes)))
+        _write_header(f, {**fields, "tensors": entries}, reserve, blob_len)
     return path
+
+
+def _write_header(f: Any, header: dict[str, Any], reserve: int, blob_len: int) -> None:
+    """Puts the preamble and `header` (given its checksum) in front of the blob written at `reserve`,
+    moving the blob to the start its header's length gives it."""
+    header["header_xxh64"] = header_checksum(header)
+    header_bytes = canonical_json(header)
+    blob_start = align(PREAMBLE.size + len(header_bytes), BLOB_ALIGN)
+    _move(f, reserve, blob_start, blob_len)
+    f.truncate(blob_start + blob_len)
+    f.seek(0)
+    f.write(PREAMBLE.pack(MAGIC, VERSION, len(header_bytes)) + header_bytes)
+    f.write(bytes(blob_start - PREAMBLE.size - len(header_bytes)))
 
 
 def _check_fields(fields: dict[str, Any]) -> None:

@@ -66,6 +66,8 @@ class HubError(StoreError):
 
 @dataclass(frozen=True, slots=True)
 class HubFile:
+    """One file of a repo as the hub lists it."""
+
     path: str  # relative to the repo root
     size: int
     sha256: str | None  # LFS files
@@ -99,12 +101,16 @@ class Selection:
 
 
 class Progress(Protocol):
+    """What a download reports to: a file's start, each chunk, its end."""
+
     def start(self, label: str, total: int, done: int) -> None: ...
     def advance(self, num_bytes: int) -> None: ...
     def finish(self) -> None: ...
 
 
 class NoProgress:
+    """Reports nothing (`--quiet`)."""
+
     def start(self, label: str, total: int, done: int) -> None:
         pass
 

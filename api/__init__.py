@@ -1,8 +1,11 @@
 """The OpenAI-compatible HTTP server (`base serve`), on starlette and uvicorn.
 
-Request flow: app.py (routes, auth, errors) -> schemas.py (every field checked) ->
-routes_chat.py / routes_completions.py (prompt ids, SamplingParams, grammar) ->
-generate.py (engine submission, merged outputs, usage) -> sse.py (streams).
+Request flow, one module per step: app.py (routes; auth.Gate checks the key and counts
+the request) -> openai_chat.py / openai_completions.py (the protocol: its body, prompt ids
+and SamplingParams, its choices) -> serving.py (the core: handler opening, engine
+submission, merged outputs, usage, the response envelope and stream skeleton) -> sse.py
+(the bytes). A new protocol is one more module on serving.py; schemas.py reads fields,
+errors.py words refusals, grammar.py and tools.py constrain and parse chat answers.
 
 Choices made where the OpenAI API leaves room:
 - Unknown fields are a 400 naming them; only `user` (informational) is accepted and ignored.

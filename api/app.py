@@ -14,11 +14,11 @@ from starlette.routing import Route
 
 from baselm.api.auth import Gate
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
-from baselm.api.generate import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
 from baselm.api.metrics import Metrics
-from baselm.api.routes_chat import chat_completions
-from baselm.api.routes_completions import completions
-from baselm.api.schemas import Body, array_field, read_message
+from baselm.api.openai_chat import chat_completions, read_message
+from baselm.api.openai_completions import completions
+from baselm.api.schemas import Body, array_field
+from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
 from baselm.api.tools import tool_format
 from baselm.engine import AsyncEngine, LLMEngine
 from baselm.tokenizer.errors import ChatTemplateError
@@ -55,13 +55,19 @@ async def metrics(request: Request) -> Response:
     return PlainTextResponse(state.metrics.render(stats, state.model_name), media_type="text/plain; version=0.0.4")
 
 
-async def tokenize(request: Request) -> Response:
-    """{"prompt": text} or {"messages": [...]} -> {"tokens", "count", "max_model_len"}."""
+async def _read_body(request: Request) -> tuple[ServerState, Body]:
+    """The body of a tokenizer route, whose `model` field is optional."""
     state: ServerState = request.app.state.base
     body = Body(await read_json(request, state.max_body_bytes))
     model = body.string("model")
     if model is not None:
         check_model(state, model)
+    return state, body
+
+
+async def tokenize(request: Request) -> Response:
+    """{"prompt": text} or {"messages": [...]} -> {"tokens", "count", "max_model_len"}."""
+    state, body = await _read_body(request)
     add_special = body.boolean("add_special_tokens", default=True)
     if body.has("messages") == body.has("prompt"):
         raise bad_request("give either prompt or messages", "prompt")
@@ -82,11 +88,7 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     """{"tokens": [ids]} -> {"prompt": text}."""
-    state: ServerState = request.app.state.base
-    body = Body(await read_json(request, state.max_body_bytes))
-    model = body.string("model")
-    if model is not None:
-        check_model(state, model)
+    state, body = await _read_body(request)
     tokens = body.raw("tokens")
     body.finish()
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):

@@ -14,6 +14,8 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 
 @dataclass(slots=True)
 class Histogram:
+    """A Prometheus histogram: cumulative counts per upper bound, their sum and count."""
+
     buckets: tuple[float, ...]
     counts: list[int] = field(default_factory=list)
     total: float = 0.0

@@ -22,15 +22,18 @@ from typing import NoReturn
 import uvicorn
 
 from baselm.api.app import create_app
-from baselm.api.generate import DEFAULT_MAX_BODY_BYTES
+from baselm.api.serving import DEFAULT_MAX_BODY_BYTES
 from baselm.config import EngineConfig
 from baselm.engine import AsyncEngine, LLMEngine
+from baselm.loader import LoadedModel
 
 logger = logging.getLogger("baselm.api")
 
 
 @dataclass(slots=True)
 class ServeOptions:
+    """How `base serve` listens and answers: address, key, body limit, shutdown grace, log level."""
+
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = None
@@ -94,8 +97,8 @@ def banner(model_name: str, options: ServeOptions) -> str:
     )
 
 
-def run_server(loaded, config: EngineConfig, options: ServeOptions) -> int:
-    """Serves `loaded` (a LoadedModel) until SIGINT/SIGTERM; returns the exit status."""
+def run_server(loaded: LoadedModel, config: EngineConfig, options: ServeOptions) -> int:
+    """Serves `loaded` until SIGINT/SIGTERM; returns the exit status."""
     if not options.api_key and not is_loopback(options.host):
         print(
             f"WARNING: serving on {options.host} without an API key: anyone who can reach this port can use the "

@@ -42,6 +42,8 @@ def tool_format(chat_template: str | dict[str, str] | None) -> str:
 
 @dataclass(slots=True)
 class ToolCall:
+    """One parsed call: its place among the answer's calls, an id for the tool result, name, arguments."""
+
     index: int
     id: str
     name: str
@@ -49,6 +51,16 @@ class ToolCall:
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    def as_deltas(self) -> list[dict[str, Any]]:
+        """The call streamed in two deltas: its id, type and name, then its arguments."""
+        head = {
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": ""},
+        }
+        return [head, {"index": self.index, "function": {"arguments": self.arguments}}]
 
 
 def _call_from_json(text: str, index: int) -> ToolCall | None:

@@ -12,21 +12,58 @@ Scenarios (each run in the same process, so ratios compare like with like):
 
 from __future__ import annotations
 
+import importlib
 import resource
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
-from baselm.config import EngineConfig
+from baselm.config import ConfigError, EngineConfig, format_size
 from baselm.engine import LLMEngine, StepStats
 from baselm.loader import LoadedModel
+from baselm.metal import kernel_status
 from baselm.sampling import SamplingParams
 
 STEP_PARTS = ("schedule", "prepare", "forward", "sample", "update")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """Which scenarios `base bench` runs and their sizes; a scenario with size 0 (or no sizes) is skipped."""
+
+    prompt_tokens: int = 128  # prompt length of each throughput request
+    gen_tokens: int = 64  # tokens generated per throughput request
+    concurrency: tuple[int, ...] = (1, 4, 8)  # one throughput run per count
+    shared_prefix: int = 0  # prefix: a request whose first N tokens are cached
+    long_prompt: int = 0  # interleave: an N-token prompt prefilled while 4 streams decode
+    chunk: int = 64  # interleave: the token budget per step
+    pool_sizes: tuple[int, ...] = ()  # pool: KV pool sizes in bytes
+    compare_mlx_lm: bool = False  # mlx_lm: mlx-lm's decode loop on the same weights
+    seed: int = 0  # for the random prompts
+
+    def __post_init__(self) -> None:
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ConfigError(f"concurrency needs one or more counts of at least 1, got {list(self.concurrency)}")
+        for name in ("prompt_tokens", "chunk"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.gen_tokens < 2:  # decode speed is measured between the first and the last token
+            raise ConfigError(f"gen_tokens must be at least 2, got {self.gen_tokens}")
+        for name in ("shared_prefix", "long_prompt"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 (off) or positive, got {getattr(self, name)}")
+        if any(size < 1 for size in self.pool_sizes):
+            raise ConfigError("pool sizes must be positive")
 
 
 def peak_rss_mb() -> float:
@@ -58,7 +95,7 @@ class Trace:
 class Runner:
     """Drives an engine step by step, timestamping every token of every request."""
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.traces: dict[str, Trace] = {}
         self.steps: list[StepStats] = []
@@ -175,13 +212,8 @@ def interleave(engine: LLMEngine, long_prompt: int, num_streams: int, seed: int)
     }
 
 
-def run_all(loaded: LoadedModel, config: EngineConfig, options: dict[str, Any]) -> dict[str, Any]:
+def run_all(loaded: LoadedModel, config: EngineConfig, options: BenchOptions) -> dict[str, Any]:
     """Every scenario the options ask for, in one process; returns the JSON report."""
-    from dataclasses import replace
-
-    from baselm.metal import kernel_status
-
-    seed = options["seed"]
     engine = LLMEngine(loaded, config)
     report: dict[str, Any] = {
         "model": loaded.name,
@@ -192,34 +224,31 @@ def run_all(loaded: LoadedModel, config: EngineConfig, options: dict[str, Any]) 
         "config": {k: getattr(config, k) for k in config.__slots__},
         "throughput": [],
     }
-    throughput(engine, 1, 16, 4, seed)  # warm-up: first-call allocations and compilation
-    for concurrency in options["concurrency"]:
+    throughput(engine, 1, 16, 4, options.seed)  # warm-up: first-call allocations and compilation
+    for concurrency in options.concurrency:
         report["throughput"].append(
-            throughput(engine, concurrency, options["prompt_tokens"], options["gen_tokens"], seed)
+            throughput(engine, concurrency, options.prompt_tokens, options.gen_tokens, options.seed)
         )
-    if options.get("shared_prefix"):
-        report["prefix_cache"] = prefix_cache(engine, options["shared_prefix"], seed)
-    if options.get("long_prompt"):
-        chunked = LLMEngine(loaded, replace(config, max_num_batched_tokens=options["chunk"]))
-        report["interleave"] = interleave(chunked, options["long_prompt"], 4, seed)
+    if options.shared_prefix:
+        report["prefix_cache"] = prefix_cache(engine, options.shared_prefix, options.seed)
+    if options.long_prompt:
+        chunked = LLMEngine(loaded, replace(config, max_num_batched_tokens=options.chunk))
+        report["interleave"] = interleave(chunked, options.long_prompt, 4, options.seed)
         del chunked
     del engine
-    if options.get("pool_sizes"):
-        report["pool"] = pool_sizes(loaded, config, options["pool_sizes"], options["gen_tokens"], seed)
-    if options.get("compare_mlx_lm"):
-        report["mlx_lm"] = mlx_lm_decode(loaded, config, options["prompt_tokens"], options["gen_tokens"], seed)
+    if options.pool_sizes:
+        report["pool"] = pool_sizes(loaded, config, options.pool_sizes, options.gen_tokens, options.seed)
+    if options.compare_mlx_lm:
+        report["mlx_lm"] = mlx_lm_decode(loaded, config, options.prompt_tokens, options.gen_tokens, options.seed)
     report["peak_rss_mb"] = round(peak_rss_mb(), 1)
     return report
 
 
 def render(report: dict[str, Any]) -> None:
     """The report as rich tables."""
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     console.print(
-        f"[bold]{report['model']}[/] on {report['backend']}, KV pool {report['kv_pool_bytes'] / 2**20:.0f} MiB "
+        f"[bold]{report['model']}[/] on {report['backend']}, KV pool {format_size(report['kv_pool_bytes'], 'MiB', 0)} "
         f"({report['kv_blocks']} blocks), peak RSS {report['peak_rss_mb']:.0f} MiB"
     )
     console.print("attention: " + ", ".join(f"{k} {v}" for k, v in report["attention"].items()), highlight=False)
@@ -248,13 +277,12 @@ def render(report: dict[str, Any]) -> None:
     console.print(table)
     for key in ("prefix_cache", "interleave", "pool", "mlx_lm"):
         if key in report:
-            console.print(f"[bold]{key}[/]: " + ", ".join(f"{k}={v}" for k, v in report[key].items()), highlight=False)
+            values = ", ".join(f"{k}={v}" for k, v in report[key].items())
+            console.print(f"[bold]{key}[/]: {escape(values)}", highlight=False)  # escaped: "[bench]" is not markup
 
 
-def pool_sizes(loaded: LoadedModel, base: EngineConfig, sizes: list[int], gen_tokens: int, seed: int) -> dict:
+def pool_sizes(loaded: LoadedModel, base: EngineConfig, sizes: Sequence[int], gen_tokens: int, seed: int) -> dict:
     """Decode step time at concurrency 1 for each KV pool size (alternating runs, best of 3)."""
-    from dataclasses import replace
-
     engines = {size: LLMEngine(loaded, replace(base, kv_memory=size, max_num_seqs=1)) for size in sizes}
     best = {size: float("inf") for size in sizes}
     for _ in range(3):
@@ -270,16 +298,10 @@ def pool_sizes(loaded: LoadedModel, base: EngineConfig, sizes: list[int], gen_to
 def mlx_lm_decode(loaded: LoadedModel, config: EngineConfig, prompt_tokens: int, gen_tokens: int, seed: int) -> dict:
     """Single-stream decode: mlx-lm's generate_step on our loaded weights (the same arrays) vs
     our engine, alternating three times and keeping each one's best run."""
-    try:
-        import importlib
-
-        import mlx.core as mx
-        from mlx.utils import tree_flatten
+    try:  # an optional dependency (the `bench` extra)
         from mlx_lm.generate import generate_step
     except ImportError:
         return {"error": "mlx-lm is not installed (pip install -e .[bench])"}
-    from dataclasses import replace
-
     module = importlib.import_module(f"mlx_lm.models.{loaded.config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(loaded.config))
     ours = tree_flatten(loaded.model.parameters())

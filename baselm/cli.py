@@ -1,11 +1,35 @@
-"""The `base` command line. Heavy modules are imported inside commands so `--help` is instant."""
+"""The `base` command line: Typer options parsed into typed options, handed to the commands' modules.
+
+Heavy modules (MLX, the engine, rich, the HTTP server) are imported inside the commands, so `--help` is instant."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+from baselm.config import (
+    ConfigError,
+    EngineConfig,
+    format_size,
+    parse_int_list,
+    parse_optional_size,
+    parse_size,
+    parse_size_list,
+)
+
+if TYPE_CHECKING:
+    from baselm.api.server import ServeOptions
+    from baselm.chat.settings import ChatOptions
+    from baselm.engine import AsyncEngine
 
 app = typer.Typer(
     name="base",
@@ -28,7 +52,6 @@ def _fail(message: str, code: int = 1) -> None:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     from baselm.backend import BackendError
-    from baselm.config import ConfigError
     from baselm.models.base import ModelConfigError
     from baselm.request import InvalidRequestError
     from baselm.sampling import SamplingParamsError
@@ -65,8 +88,6 @@ def pull(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
     """Bring a model into the local store as a .base file."""
-    from pathlib import Path
-
     from baselm.models import supported_model_types
     from baselm.store import pull as pulling
     from baselm.store.hub import default_progress
@@ -123,7 +144,7 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON."
             m.variant,
             m.arch,
             f"{m.params / 1e6:.0f}M",
-            f"{m.size / 2**20:.0f} MiB",
+            format_size(m.size, "MiB", 0),
             m.quant,
             str(origin),
             m.pulled[:19],
@@ -195,24 +216,15 @@ def run(
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
 ) -> None:
     """Generate once from a prompt and print the answer with its speed."""
-    from baselm.run import run_once
+    from baselm.run import RunOptions, run_once
+    from baselm.sampling import SamplingParams
 
-    if prompt == "-":
-        prompt = sys.stdin.read()
     try:
-        run_once(
-            model,
-            prompt,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            raw=raw,
-            logprobs=logprobs,
-            as_json=as_json,
-            device=device,
+        sampling = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs
         )
+        prompt = sys.stdin.read() if prompt == "-" else prompt
+        run_once(RunOptions(model, prompt, sampling, raw=raw, as_json=as_json, device=device))
     except _user_errors() as exc:
         _fail(str(exc))
 
@@ -234,29 +246,69 @@ def chat(
     host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
-    from baselm.chat import ChatSettings, ServeError, run_chat
+    from baselm.chat.settings import ChatOptions, ChatSettings
 
     try:
-        settings = ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
-        run_chat(
+        options = ChatOptions(
             model,
-            settings=settings,
+            ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed),
+            EngineConfig(kv_memory=parse_optional_size(kv_memory)),
             system=system,
             device=device,
-            kv_memory=kv_memory,
-            serve=serve,
-            host=host,
-            port=port,
         )
+        _chat(options, _chat_serve_options(host, port) if serve else None)
     except _user_errors() + (ServeError,) as exc:
         _fail(str(exc))
 
 
-def _int_list(text: str) -> list[int]:
+def _chat(options: ChatOptions, serve: ServeOptions | None) -> None:
+    """The REPL on its engine; with `serve`, the HTTP API on the same engine beside it."""
+    from baselm.chat.line_reader import history_path
+    from baselm.chat.repl import ChatREPL, open_chat_engine
+
+    with open_chat_engine(options) as client:
+        model_name = client.engine.loaded.name
+        with _background_server(client, model_name, serve) if serve else contextlib.nullcontext() as url:
+            repl = ChatREPL(client, model_name, options.settings, options.system, history_path())
+            if url is not None:
+                repl.note(f"serving the OpenAI API at {url} on this chat's engine")
+            repl.run()
+
+
+class ServeError(RuntimeError):
+    """The HTTP server of `base chat --serve` could not start; the message says why."""
+
+
+def _chat_serve_options(host: str, port: int) -> ServeOptions:
+    """How `base chat --serve` serves: quietly, with the API key from $BASE_API_KEY."""
+    from baselm.api.server import ServeOptions, is_loopback
+
+    api_key = os.environ.get("BASE_API_KEY") or None
+    if not api_key and not is_loopback(host):
+        print(f"WARNING: serving on {host} without an API key; set BASE_API_KEY.", file=sys.stderr)
+    return ServeOptions(host=host, port=port, api_key=api_key, log_level="warning")
+
+
+@contextlib.contextmanager
+def _background_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> Iterator[str]:
+    """The HTTP API on `client`'s engine, under uvicorn on a thread of its own, while the block runs;
+    yields its URL."""
+    from baselm.api.server import make_server
+
+    server = make_server(client, model_name, options)
+    thread = threading.Thread(target=server.run, name="base-http", daemon=True)
+    thread.start()
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        _fail(f"expected comma-separated integers, got {text!r}")
+        deadline = time.monotonic() + 10.0
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not server.started:
+            raise ServeError(f"could not serve on {options.host}:{options.port}; is the port in use?")
+        host = f"[{options.host}]" if ":" in options.host else options.host
+        yield f"http://{host}:{options.port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(5.0)
 
 
 @app.command()
@@ -276,9 +328,7 @@ def bench(
     compare_mlx_lm: bool = typer.Option(
         False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop on the same weights."
     ),
-    kv_memory: str | None = typer.Option(
-        None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."
-    ),
+    kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Token budget per step."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
@@ -287,29 +337,27 @@ def bench(
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model."""
     from baselm.backend import select_backend
-    from baselm.bench import render, run_all
-    from baselm.config import EngineConfig, parse_size
+    from baselm.bench import BenchOptions, render, run_all
     from baselm.loader import load_model
 
     try:
-        loaded = load_model(model, select_backend(device))
         config = EngineConfig(
-            kv_memory=parse_size(kv_memory) if kv_memory else None,
+            kv_memory=parse_optional_size(kv_memory),
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
         )
-        options = {
-            "prompt_tokens": prompt_tokens,
-            "gen_tokens": gen_tokens,
-            "concurrency": _int_list(concurrency),
-            "shared_prefix": shared_prefix,
-            "long_prompt": long_prompt,
-            "chunk": chunk,
-            "pool_sizes": [parse_size(s) for s in pool_sizes.split(",") if s.strip()],
-            "compare_mlx_lm": compare_mlx_lm,
-            "seed": seed,
-        }
-        report = run_all(loaded, config, options)
+        options = BenchOptions(
+            prompt_tokens=prompt_tokens,
+            gen_tokens=gen_tokens,
+            concurrency=parse_int_list(concurrency),
+            shared_prefix=shared_prefix,
+            long_prompt=long_prompt,
+            chunk=chunk,
+            pool_sizes=parse_size_list(pool_sizes),
+            compare_mlx_lm=compare_mlx_lm,
+            seed=seed,
+        )
+        report = run_all(load_model(model, select_backend(device)), config, options)
     except _user_errors() as exc:
         _fail(str(exc))
     if as_json:
@@ -343,12 +391,11 @@ def serve(
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions, exit_process, run_server
     from baselm.backend import select_backend
-    from baselm.config import ConfigError, EngineConfig, parse_size
     from baselm.loader import load_model
 
     try:
         config = EngineConfig(
-            kv_memory=parse_size(kv_memory) if kv_memory else None,
+            kv_memory=parse_optional_size(kv_memory),
             kv_bits=kv_bits,
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
@@ -360,7 +407,7 @@ def serve(
             host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout=shutdown_timeout
         )
         loaded = load_model(model, select_backend(device))
-    except (ConfigError, *_user_errors()) as exc:
+    except _user_errors() as exc:
         _fail(str(exc))
     exit_process(run_server(loaded, config, options))
 

@@ -1,4 +1,4 @@
-"""Engine settings: one slotted dataclass, validated once, with sizes parsed from text."""
+"""Engine settings: one slotted dataclass, validated once; sizes and lists read from text, sizes written for people."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 class ConfigError(ValueError):
@@ -24,6 +25,29 @@ def parse_size(text: str | int) -> int:
     prefix = unit[:1] if unit[:1] in "kmgt" and unit[:1] else ""
     factor = 1024 ** ("kmgt".index(prefix) + 1) if prefix and "i" in unit else _UNITS[prefix]
     return int(number * factor)
+
+
+def format_size(num_bytes: float, unit: str = "GiB", digits: int = 1) -> str:
+    """`num_bytes` in a binary unit, for people: format_size(3 * 2**29) == '1.5 GiB'."""
+    return f"{num_bytes / _BINARY_UNITS[unit]:.{digits}f} {unit}"
+
+
+def parse_optional_size(text: str | None) -> int | None:
+    """`parse_size`, with None (or an empty text) for "not given"."""
+    return parse_size(text) if text else None
+
+
+def parse_size_list(text: str) -> tuple[int, ...]:
+    """Bytes of each size in a comma-separated list: '256MiB,4GiB'."""
+    return tuple(parse_size(s) for s in text.split(",") if s.strip())
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    """Integers from a comma-separated list: '1,4,8'."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
 
 
 @dataclass(slots=True)

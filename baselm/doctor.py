@@ -8,17 +8,20 @@ import shutil
 import sys
 from typing import Any
 
+import mlx.core as mx
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 from baselm import blas
+from baselm.backend import device_memory_bytes, gpu_kind, system_memory_bytes
+from baselm.config import format_size
+from baselm.metal import kernel_status
+from baselm.store.default_model import base_home
 
 
 def collect() -> dict[str, Any]:
     """Everything doctor reports, as plain data (the --json output)."""
-    import mlx.core as mx
-
-    from baselm.backend import device_memory_bytes, gpu_kind, system_memory_bytes
-    from baselm.metal import kernel_status
-    from baselm.store.default_model import base_home
-
     kind = gpu_kind()
     backend = kind or "cpu"
     home = base_home()
@@ -48,8 +51,6 @@ def collect() -> dict[str, Any]:
 
 def _warnings(report: dict[str, Any]) -> list[str]:
     warnings = []
-    if sys.version_info < (3, 10):
-        warnings.append("Python 3.10 or newer is required.")
     if report["backend"] == "cpu":
         warnings.append(
             "No GPU: MLX runs on the CPU. Expect tens of tokens/s on small models; large models will be slow."
@@ -61,21 +62,18 @@ def _warnings(report: dict[str, Any]) -> list[str]:
             )
     memory = report["device_memory_bytes"] or report["system_memory_bytes"]
     if memory is not None and memory < 8 * 2**30:
-        warnings.append(f"Only {memory / 2**30:.1f} GiB of memory: models above ~1B parameters may not fit.")
+        warnings.append(f"Only {format_size(memory)} of memory: models above ~1B parameters may not fit.")
     if report["store_free_bytes"] < 5 * 2**30:
-        warnings.append(f"Only {report['store_free_bytes'] / 2**30:.1f} GiB free where models are stored.")
+        warnings.append(f"Only {format_size(report['store_free_bytes'])} free where models are stored.")
     return warnings
 
 
 def _gib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / 2**30:.1f} GiB"
+    return "unknown" if n is None else format_size(n)
 
 
 def render(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
+    """The report as a table, then its warnings."""
     console = Console()
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
+
 from baselm.backend import Backend
 from baselm.models import build_model
 from baselm.models.base import DecoderModel
@@ -44,21 +46,36 @@ def _eos_ids(config: dict[str, Any], tokenizer: Tokenizer) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def model_from_checkpoint(
+    config: dict[str, Any], weights: dict[str, mx.array], backend: Backend, group_size: int | None = None
+) -> DecoderModel:
+    """`build_model` over a checkpoint's tensors (HF names). GGUF's `rope_freqs` tensor (llama 3 scaling
+    as per-frequency divisors, also kept by `.base` files converted from GGUF) has no HF name: it goes to
+    the model's RoPE, not among its weights."""
+    factors = weights.pop(gguf.ROPE_FREQS, None)
+    return build_model(
+        config,
+        weights,
+        backend.compute_dtype,
+        group_size=group_size,
+        keep_quantized=backend.keep_quantized,
+        rope_freq_factors=factors,
+    )
+
+
 def _load_gguf(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
     tensors, metadata = gguf.read_metadata(path)
     config = gguf.hf_config(metadata, set(tensors))
     weights = gguf.hf_tensors(tensors, config)
     del tensors
-    model = build_model(
-        config, weights, backend.compute_dtype, group_size=gguf.GGUF_GROUP_SIZE, keep_quantized=backend.keep_quantized
-    )
+    model = model_from_checkpoint(config, weights, backend, group_size=gguf.GGUF_GROUP_SIZE)
     return model, Tokenizer.from_gguf_metadata(metadata), config
 
 
 def _load_hf_folder(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
     config = hf.read_config(path)
     # An MLX folder's quantized layers may differ in group size and bits: the shapes tell them.
-    model = build_model(config, hf.read_weights(path), backend.compute_dtype, keep_quantized=backend.keep_quantized)
+    model = model_from_checkpoint(config, hf.read_weights(path), backend)
     return model, Tokenizer.from_folder(path), config
 
 
@@ -67,7 +84,7 @@ def _load_base_file(path: Path, backend: Backend) -> tuple[DecoderModel, Tokeniz
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
     del tensors
     config = header["config"]
-    model = build_model(config, weights, backend.compute_dtype, keep_quantized=backend.keep_quantized)
+    model = model_from_checkpoint(config, weights, backend)
     return model, tokenizer_from_header(header["tokenizer"]), config
 
 

@@ -52,6 +52,8 @@ class Window:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PerplexityResult:
+    """A perplexity and how it was measured (the JSON of `base perplexity --json`)."""
+
     perplexity: float
     mean_nll: float
     num_scored: int  # targets: every token but the first, once each
@@ -99,7 +101,8 @@ def check_window(context: int, stride: int, max_context: int | None = None) -> N
         raise PerplexityError(f"context must be at least 2 tokens, got {context}")
     if max_context is not None and context > max_context:
         raise PerplexityError(
-            f"context {context} is longer than the model's {max_context} positions; pass --context {max_context} or less"
+            f"context {context} is longer than the model's {max_context} positions; "
+            f"pass --context {max_context} or less"
         )
     if not 1 <= stride < context:
         raise PerplexityError(f"stride must be at least 1 and less than the context ({context}), got {stride}")

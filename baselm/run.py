@@ -5,16 +5,95 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
+from baselm.backend import select_backend
+from baselm.chat.answer import Answer
+from baselm.chat.stats import TurnStats
+from baselm.config import EngineConfig
+from baselm.engine import LLMEngine
+from baselm.loader import LoadedModel, load_model
 from baselm.sampling import SamplingParams, TokenLogprobs
+from baselm.tokenizer.tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    from baselm.chat import TurnStats
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """What `base run` does: which model on which device, the prompt, how to sample and how to print.
+    Validated where it is made: `sampling` checks its own ranges."""
+
+    model: str
+    prompt: str
+    sampling: SamplingParams
+    raw: bool = False  # the prompt as plain text, not through the chat template
+    as_json: bool = False  # one JSON object at the end instead of streamed text
+    device: str = "auto"
+
+
+def run_once(options: RunOptions) -> None:
+    """Loads the model, generates one answer to the prompt and prints it with its speed."""
+    start = time.perf_counter()
+    loaded = load_model(options.model, select_backend(options.device))
+    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=1))
+    ids = prompt_ids(loaded.tokenizer, options.prompt, options.raw)
+    load_s = time.perf_counter() - start
+    answer = _generate(engine, ids, options.sampling, echo=not options.as_json)
+    timings = _timings_json(load_s, answer.stats)
+    if options.as_json:
+        with_logprobs = options.sampling.logprobs is not None
+        print(json.dumps(_result_json(loaded, ids, answer, timings, with_logprobs), ensure_ascii=False))
+        return
+    sys.stdout.write("\n")
+    print(
+        f"\n[{len(ids)} prompt tokens at {timings['prefill_tokens_per_s']} tok/s, {len(answer.token_ids)} generated "
+        f"at {timings['decode_tokens_per_s']} tok/s, finish: {answer.stats.finish_reason}]",
+        file=sys.stderr,
+    )
+
+
+def prompt_ids(tokenizer: Tokenizer, prompt: str, raw: bool) -> list[int]:
+    """The prompt as token ids: through the chat template unless `raw` or the model has none."""
+    if raw or not tokenizer.has_chat_template:
+        return tokenizer.encode(prompt)
+    return tokenizer.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
+
+
+def _generate(engine: LLMEngine, ids: list[int], params: SamplingParams, echo: bool) -> Answer:
+    """Runs the request to its end; with `echo` the text goes to stdout as it comes."""
+    answer = Answer(stats=TurnStats(num_prompt_tokens=len(ids)))
+    start = time.perf_counter()
+    for out in engine.stream(ids, params):
+        answer.add(out, time.perf_counter() - start)
+        if echo and out.text:
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+    answer.stats.total_s = time.perf_counter() - start
+    return answer
+
+
+def _result_json(
+    loaded: LoadedModel, ids: list[int], answer: Answer, timings: dict[str, float], with_logprobs: bool
+) -> dict[str, Any]:
+    """The object `base run --json` prints."""
+    return {
+        "model": loaded.name,
+        "text": answer.text,
+        "prompt_token_ids": ids,
+        "token_ids": answer.token_ids,
+        "finish_reason": answer.stats.finish_reason,
+        "logprobs": _logprobs_json(loaded.tokenizer, answer.logprobs) if with_logprobs else None,
+        "usage": {
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(answer.token_ids),
+            "total_tokens": len(ids) + len(answer.token_ids),
+        },
+        "timings": timings,
+    }
 
 
 def _timings_json(load_s: float, stats: TurnStats) -> dict[str, float]:
-    """The `timings` object of `base run --json`, from the turn's numbers (baselm.chat.TurnStats)."""
+    """The `timings` object of `base run --json`, from the turn's numbers."""
     return {
         "load_s": round(load_s, 3),
         "ttft_s": round(stats.ttft_s, 4),
@@ -24,14 +103,7 @@ def _timings_json(load_s: float, stats: TurnStats) -> dict[str, float]:
     }
 
 
-def prompt_ids(tokenizer, prompt: str, raw: bool) -> list[int]:
-    """The prompt as token ids: through the chat template unless `raw` or the model has none."""
-    if raw or not tokenizer.has_chat_template:
-        return tokenizer.encode(prompt)
-    return tokenizer.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
-
-
-def _logprobs_json(tokenizer, entries: list[TokenLogprobs]) -> list[dict[str, Any]]:
+def _logprobs_json(tokenizer: Tokenizer, entries: list[TokenLogprobs]) -> list[dict[str, Any]]:
     def token(i: int) -> dict[str, Any]:
         return {"token_id": i, "token": tokenizer.decode([i])}
 
@@ -39,76 +111,3 @@ def _logprobs_json(tokenizer, entries: list[TokenLogprobs]) -> list[dict[str, An
         {**token(e.token_id), "logprob": e.logprob, "top_logprobs": [{**token(i), "logprob": lp} for i, lp in e.top]}
         for e in entries
     ]
-
-
-def run_once(
-    model: str,
-    prompt: str,
-    *,
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    seed: int | None,
-    raw: bool,
-    logprobs: int | None,
-    as_json: bool,
-    device: str,
-) -> None:
-    from baselm.backend import select_backend
-    from baselm.chat import TurnStats
-    from baselm.config import EngineConfig
-    from baselm.engine import LLMEngine
-    from baselm.loader import load_model
-
-    params = SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs
-    )
-    start = time.perf_counter()
-    loaded = load_model(model, select_backend(device))
-    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=1))
-    ids = prompt_ids(loaded.tokenizer, prompt, raw)
-    load_s = time.perf_counter() - start
-    start = time.perf_counter()
-    text, token_ids, entries, finish_reason, ttft = "", [], [], None, None
-    for out in engine.stream(ids, params):
-        ttft = ttft if ttft is not None else time.perf_counter() - start
-        text += out.text
-        token_ids += out.token_ids
-        entries += out.logprobs
-        finish_reason = out.finish_reason
-        if not as_json and out.text:
-            sys.stdout.write(out.text)
-            sys.stdout.flush()
-    stats = TurnStats(
-        num_prompt_tokens=len(ids),
-        num_output_tokens=len(token_ids),
-        ttft_s=ttft or 0.0,
-        total_s=time.perf_counter() - start,
-        finish_reason=finish_reason,
-    )
-    timings = _timings_json(load_s, stats)
-    if as_json:
-        result = {
-            "model": loaded.name,
-            "text": text,
-            "prompt_token_ids": ids,
-            "token_ids": token_ids,
-            "finish_reason": finish_reason,
-            "logprobs": _logprobs_json(loaded.tokenizer, entries) if logprobs is not None else None,
-            "usage": {
-                "prompt_tokens": len(ids),
-                "completion_tokens": len(token_ids),
-                "total_tokens": len(ids) + len(token_ids),
-            },
-            "timings": timings,
-        }
-        print(json.dumps(result, ensure_ascii=False))
-        return
-    t = timings
-    sys.stdout.write("\n")
-    print(
-        f"\n[{len(ids)} prompt tokens at {t['prefill_tokens_per_s']} tok/s, {len(token_ids)} generated at "
-        f"{t['decode_tokens_per_s']} tok/s, finish: {finish_reason}]",
-        file=sys.stderr,
-    )

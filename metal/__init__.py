@@ -2,13 +2,18 @@
 
 Each operation has a pure-MLX reference (the path on CPU and CUDA, and the oracle in
 tests) and a Metal kernel behind the same function; see README.md in this folder.
+The step they serve is described by `AttentionMetadata`, defined here so this package
+imports nothing from the engine.
 """
 
-from baselm.metal.dispatch import kernel_status
-from baselm.metal.kv_quant import QuantizedPool, allocate_pool
-from baselm.metal.paged_attention import paged_attention, paged_attention_reference, write_kv, write_kv_reference
+from baselm.metal.attention_metadata import AttentionMetadata
+from baselm.metal.dispatch import kernel_status, paged_attention, write_kv
+from baselm.metal.kv_quant import Pool, QuantizedPool, allocate_pool
+from baselm.metal.reference import paged_attention_reference, write_kv_reference
 
 __all__ = [
+    "AttentionMetadata",
+    "Pool",
     "QuantizedPool",
     "allocate_pool",
     "kernel_status",

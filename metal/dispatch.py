@@ -1,6 +1,7 @@
 """Which path runs: the Metal kernel (checked once per variant against the reference) or the reference.
 
-Kernels run only on an MLX Metal device, unless `BASE_KERNELS=0`. The first call of each
+`paged_attention` and `write_kv` are the public entry points. Kernels run only on an MLX
+Metal device, unless `BASE_KERNELS=0`. The first call of each
 kernel variant (dtype, shapes, quantization, soft-capping, window) runs a small case of
 the same variant through the kernel and the reference; a compile error or a mismatch
 logs one warning and sends every later call of that kernel to the reference.
@@ -8,11 +9,18 @@ logs one warning and sends every later call of that kernel to the reference.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Hashable
 
 import mlx.core as mx
+
+from baselm.metal import self_check
+from baselm.metal.attention_metadata import AttentionMetadata
+from baselm.metal.kernels import kernel_supports, paged_attention_kernel, write_kv_kernel
+from baselm.metal.kv_quant import Pool, QuantizedPool
+from baselm.metal.reference import paged_attention_reference, write_kv_reference
 
 log = logging.getLogger("baselm.metal")
 
@@ -32,21 +40,21 @@ def on_metal() -> bool:
     return mx.metal.is_available() and mx.default_device() == mx.gpu
 
 
-def use_kernel(name: str, variant: Hashable, self_check: Callable[[], None]) -> bool:
-    """Whether kernel `name` serves this call; runs `self_check` (raising on mismatch) once per variant."""
+def use_kernel(name: str, variant: Hashable, check: Callable[[], None]) -> bool:
+    """Whether kernel `name` serves this call; runs `check` (raising on mismatch) once per variant."""
     if not (on_metal() and kernels_enabled()):
         return False
-    return passes_self_check(name, variant, self_check)
+    return passes_self_check(name, variant, check)
 
 
-def passes_self_check(name: str, variant: Hashable, self_check: Callable[[], None]) -> bool:
-    """Runs `self_check` once per (kernel, variant); a failure turns the kernel off for good."""
+def passes_self_check(name: str, variant: Hashable, check: Callable[[], None]) -> bool:
+    """Runs `check` once per (kernel, variant); a failure turns the kernel off for good."""
     if name in _failures:
         return False
     if (name, variant) in _checked:
         return True
     try:
-        self_check()
+        check()
     except Exception as error:  # compile errors arrive as RuntimeError from MLX
         reason = " ".join(str(error).split())[:300]
         _failures[name] = reason
@@ -69,3 +77,42 @@ def kernel_status() -> dict[str, str]:
         else:
             status[name] = "used"
     return status
+
+
+def paged_attention(
+    queries: mx.array,
+    key_pool: Pool,
+    value_pool: Pool,
+    meta: AttentionMetadata,
+    scale: float,
+    softcap: float | None = None,
+    window: int | None = None,
+) -> mx.array:
+    """Paged attention: the Metal kernel where it is available and passed its self-check, else the reference.
+
+    queries: (num_tokens, heads, head_dim); pools: (num_blocks, block_size, kv_heads, head_dim).
+    Returns (num_tokens, heads, head_dim).
+    """
+    if kernel_supports(queries, key_pool):
+        variant = _attention_variant(queries, key_pool, softcap, window)
+        check = functools.partial(self_check.check_attention, queries, key_pool, softcap, window)
+        if use_kernel("paged_attention", variant, check):
+            return paged_attention_kernel(queries, key_pool, value_pool, meta, scale, softcap, window)
+    return paged_attention_reference(queries, key_pool, value_pool, meta, scale, softcap, window)
+
+
+def write_kv(
+    key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array
+) -> tuple[Pool, Pool]:
+    """KV write: quantize-on-write by the Metal kernel where it is available and checked, else the reference."""
+    if isinstance(key_pool, QuantizedPool):
+        variant = (keys.dtype, keys.shape[1:], key_pool.bits, key_pool.dtype)
+        check = functools.partial(self_check.check_write_kv, keys, key_pool)
+        if use_kernel("write_kv", variant, check):
+            return write_kv_kernel(key_pool, value_pool, keys, values, slot_mapping)
+    return write_kv_reference(key_pool, value_pool, keys, values, slot_mapping)
+
+
+def _attention_variant(queries: mx.array, key_pool: Pool, softcap: float | None, window: int | None) -> tuple:
+    bits = key_pool.bits if isinstance(key_pool, QuantizedPool) else 16
+    return (queries.dtype, queries.shape[1:], key_pool.dtype, key_pool.shape[1:3], bits, softcap, window)

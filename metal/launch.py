@@ -22,6 +22,8 @@ SOURCE_DIR = Path(__file__).parent
 
 @dataclass(frozen=True)
 class KernelSource:
+    """One kernel's source: the arguments of `mx.fast.metal_kernel` (compiled once per instance)."""
+
     name: str
     body: str  # file name of the Metal body
     input_names: tuple[str, ...]
@@ -39,6 +41,8 @@ class KernelSource:
 
 @dataclass
 class Launch:
+    """One call of a kernel: inputs, template arguments, grid and threadgroup, and the outputs' shapes."""
+
     kernel: KernelSource
     inputs: list[mx.array]
     template: list[tuple[str, object]]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import mlx.core as mx
-import numpy as np
 
-from baselm.metal.kv_quant import Pool, QuantizedPool, allocate_pool
+from baselm.metal.attention_metadata import AttentionMetadata
+from baselm.metal.kernels import paged_attention_kernel, quantize_rows_kernel
+from baselm.metal.kv_quant import Pool, QuantizedPool, allocate_pool, dequantize_rows, quantize_rows
 from baselm.metal.launch import Runner, run_on_metal
+from baselm.metal.reference import paged_attention_reference, write_kv_reference
 
 # Two sequences (contexts 21 and 7) over block tables that name the pool's blocks in
 # reverse order; run as a decode-only step and as a step with a 3-token prefill chunk,
@@ -21,8 +21,6 @@ def check_attention(
     queries: mx.array, key_pool: Pool, softcap: float | None, window: int | None, run: Runner = run_on_metal
 ) -> None:
     """Raises if the attention kernel (single pass and split, decode and prefill) disagrees with the reference."""
-    from baselm.metal.paged_attention import paged_attention_kernel, paged_attention_reference
-
     num_heads, head_dim = queries.shape[1:]
     block_size, num_kv_heads = key_pool.shape[1:3]
     bits = key_pool.bits if isinstance(key_pool, QuantizedPool) else 16
@@ -31,7 +29,7 @@ def check_attention(
     tables = [ids[: counts[0]], ids[counts[0] :]]
     pools = [_random_pool(key_pool.dtype, sum(counts), block_size, num_kv_heads, head_dim, bits, s) for s in (1, 2)]
     for query_lens in _STEPS:
-        meta = small_metadata(tables, query_lens, _CONTEXT_LENS, block_size)
+        meta = AttentionMetadata.build(tables, query_lens, _CONTEXT_LENS, block_size)
         q = mx.random.normal((meta.num_tokens, num_heads, head_dim), key=mx.random.key(3)).astype(queries.dtype)
         expected = paged_attention_reference(q, *pools, meta, head_dim**-0.5, softcap, window)
         for splits in (1, 3):
@@ -41,9 +39,6 @@ def check_attention(
 
 def check_write_kv(keys: mx.array, key_pool: QuantizedPool, run: Runner = run_on_metal) -> None:
     """Raises if the quantize-on-write kernel disagrees with kv_quant.quantize_rows."""
-    from baselm.metal.kv_quant import dequantize_rows, quantize_rows
-    from baselm.metal.paged_attention import quantize_rows_kernel
-
     rows = mx.random.normal((5, *keys.shape[1:]), key=mx.random.key(4)).astype(keys.dtype)
     args = (key_pool.bits, key_pool.group_size, key_pool.dtype)
     got = dequantize_rows(*quantize_rows_kernel(rows, *args, run=run), key_pool.bits, key_pool.group_size)
@@ -51,43 +46,10 @@ def check_write_kv(keys: mx.array, key_pool: QuantizedPool, run: Runner = run_on
     _assert_close(got, expected, "KV quantization")
 
 
-def small_metadata(block_tables: list[list[int]], query_lens: list[int], context_lens: list[int], block_size: int):
-    """The metadata fields the kernels and references read, for a small hand-made step."""
-    num_seqs, max_q = len(query_lens), max(query_lens)
-    tables = np.zeros((num_seqs, max(len(t) for t in block_tables)), dtype=np.int32)
-    for s, table in enumerate(block_tables):
-        tables[s, : len(table)] = table
-    q_lens, c_lens = np.array(query_lens), np.array(context_lens)
-    grid = np.arange(max_q)[None, :]  # (1, max_q)
-    query_pos = (c_lens - q_lens)[:, None] + grid  # (num_seqs, max_q)
-    valid = grid < q_lens[:, None]
-    starts = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
-    seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
-    token_rows = seq_of_token * max_q + np.arange(q_lens.sum()) - np.repeat(starts, q_lens)
-    i32 = lambda a: mx.array(np.asarray(a, dtype=np.int32))  # noqa: E731
-    return SimpleNamespace(
-        block_size=block_size,
-        block_tables=i32(tables),
-        context_lens=i32(c_lens),
-        query_pos=i32(query_pos),
-        positions=i32(query_pos[valid]),
-        token_rows=i32(token_rows),
-        query_rows=i32(np.where(valid, starts[:, None] + grid, 0).reshape(-1)),
-        query_lens=tuple(query_lens),
-        context_lens_host=tuple(context_lens),
-        num_seqs=num_seqs,
-        num_tokens=int(q_lens.sum()),
-        max_query_len=max_q,
-        max_context_len=max(context_lens),
-    )
-
-
 def _random_pool(
     dtype: mx.Dtype, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, bits: int, seed: int
 ) -> Pool:
     """A pool with random rows in every slot."""
-    from baselm.metal.paged_attention import write_kv_reference
-
     rows = mx.random.normal((num_blocks * block_size, num_kv_heads, head_dim), key=mx.random.key(seed)).astype(dtype)
     pool = allocate_pool(num_blocks, block_size, num_kv_heads, head_dim, dtype, bits)
     slots = mx.arange(num_blocks * block_size, dtype=mx.int32)

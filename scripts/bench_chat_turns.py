@@ -1,6 +1,6 @@
 """Time to first token per chat turn, with the prefix cache on and off.
 
-Builds a conversation the way `base chat` does (`baselm.chat.Conversation`: each prompt
+Builds a conversation the way `base chat` does (`baselm.chat.conversation.Conversation`: each prompt
 extends the previous turn's ids) and feeds every turn's prompt to two engines, one with
 prefix caching and one without. With the cache, only the new message is prefilled, so
 TTFT should stay flat as the conversation grows; without it, TTFT grows with the prompt.
@@ -16,7 +16,7 @@ import argparse
 import time
 
 from baselm.backend import select_backend
-from baselm.chat import Conversation
+from baselm.chat.conversation import Conversation
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import load_model

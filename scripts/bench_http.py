@@ -119,7 +119,7 @@ def main() -> None:
                 break
             except openai.APIConnectionError:
                 if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("base serve did not start")
+                    raise SystemExit("base serve did not start") from None
                 time.sleep(0.5)
         run(client, "bench", 1, 4)  # warm-up
         report = {

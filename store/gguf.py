@@ -315,7 +315,7 @@ def _unpermute_rows(w: Any, num_heads: int) -> Any:
 
 def hf_name(name: str, config: dict[str, Any]) -> tuple[str, int | None]:
     """(HF name, number of heads whose rows to unpermute or None) of a GGUF tensor name."""
-    if name == ROPE_FREQS:  # llama 3's rope scaling, as per-frequency divisors; the model applies it
+    if name == ROPE_FREQS:  # llama 3's rope scaling, as per-frequency divisors; the loader hands it to the RoPE
         return name, None
     match = _NAME.match(name)
     base = match and (_LAYER_TENSORS if match.group(1) else _GLOBAL_TENSORS).get(match.group(2))
@@ -332,7 +332,7 @@ def hf_tensors(tensors: dict[str, mx.array], config: dict[str, Any]) -> dict[str
     """GGUF tensors renamed to HF names, llama-family q/k rows back in HF order.
 
     `rope_freqs.weight` (llama 3 GGUFs: RoPE frequency divisors, one per rotary pair) keeps its name;
-    the llama model's `sanitize` folds it into its RoPE.
+    `baselm.loader.model_from_checkpoint` hands it to the model's RoPE.
     """
     out = {}
     for name, value in tensors.items():

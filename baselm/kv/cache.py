@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import mlx.core as mx
 
-from baselm.kv.metadata import AttentionMetadata
-from baselm.metal import allocate_pool, write_kv
+from baselm.metal import AttentionMetadata, Pool, allocate_pool, write_kv
+from baselm.metal.kv_quant import kv_group_size
+
+
+class KVShaped(Protocol):
+    """What sizes a cache for a model: its KV shape and dtype (models.base.DecoderModel has both)."""
+
+    @property
+    def dtype(self) -> mx.Dtype: ...
+
+    def kv_shape(self) -> tuple[int, int, int]: ...
 
 
 class LayerKV:
-    """The K and V pools of one attention layer.
+    """The K and V pools of one attention layer: what a model's attention layer reads and writes.
 
     A pool is (num_blocks, block_size, kv_heads, head_dim) in the model dtype, or for
     kv_bits 8/4 a `QuantizedPool` (codes, scales, biases) of the same leading shape.
     """
 
     __slots__ = ("keys", "values")
+    keys: Pool  # (num_blocks, block_size, kv_heads, head_dim)
+    values: Pool  # (num_blocks, block_size, kv_heads, head_dim)
 
     def __init__(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, kv_bits: int
@@ -71,14 +84,12 @@ class PagedKVCache:
         if kv_bits == 16:
             per_row = head_dim * dtype.size
         else:
-            from baselm.metal.kv_quant import kv_group_size
-
             per_row = head_dim * kv_bits // 8 + 2 * (head_dim // kv_group_size(head_dim)) * dtype.size
         return 2 * num_layers * num_kv_heads * per_row
 
     @classmethod
     def for_model(
-        cls, model, num_blocks: int, block_size: int = 16, dtype: mx.Dtype | None = None, kv_bits: int = 16
+        cls, model: KVShaped, num_blocks: int, block_size: int = 16, dtype: mx.Dtype | None = None, kv_bits: int = 16
     ) -> PagedKVCache:
         """A cache shaped for `model` (anything with `kv_shape()` and `dtype`)."""
         num_layers, num_kv_heads, head_dim = model.kv_shape()

@@ -8,8 +8,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from baselm.models.base import DecoderModel, ModelConfigError
-from baselm.models.layers import fuse_projections
+from baselm.models.attention import Attention
+from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError
+from baselm.models.mlp import MLP
 
 # HF model_type -> module in this package.
 ARCHITECTURES = {
@@ -29,7 +30,7 @@ def supported_model_types() -> list[str]:
     return sorted(ARCHITECTURES)
 
 
-def model_class(model_type: str):
+def model_class(model_type: str) -> tuple[type[BaseModelArgs], type[DecoderModel]]:
     """(ModelArgs, Model) for an HF model_type, or a clear error."""
     module_name = ARCHITECTURES.get(model_type)
     if module_name is None:
@@ -100,16 +101,20 @@ def build_model(
     dtype: mx.Dtype = mx.float32,
     group_size: int | dict[str, int] | None = None,
     keep_quantized: bool = False,
+    rope_freq_factors: mx.array | None = None,
 ) -> DecoderModel:
     """Instantiates the architecture of `config` and loads `weights` (HF names) into it.
 
     Quantized triplets are either dequantized to `dtype` (the CPU path: float32 through BLAS is
     the only fast CPU compute) or kept as quantized layers (GPU paths). Their bits and group size
     follow from the shapes; `group_size` (one for all, or per module path), when given, is checked.
+    `rope_freq_factors` (rotary_dims // 2,) divide the RoPE frequencies: llama 3 scaling kept outside the config.
     """
     args_cls, model_cls = model_class(config.get("model_type", ""))
     args = args_cls.from_dict(config)
     model = model_cls(args)
+    if rope_freq_factors is not None:
+        model.divide_rope_frequencies(rope_freq_factors)
     weights = model.sanitize(dict(weights))
     params = _quantization(model, weights, group_size)
     if params and keep_quantized:
@@ -123,6 +128,17 @@ def build_model(
         fuse_projections(model)
     mx.eval(model.parameters())
     return model
+
+
+def fuse_projections(model: nn.Module) -> None:
+    """Fuses q/k/v and gate/up matmuls of every dense (not quantized) layer of `model`."""
+    for _, module in model.named_modules():
+        if isinstance(module, Attention) and all(
+            type(getattr(module, n)) is nn.Linear for n in ("q_proj", "k_proj", "v_proj")
+        ):
+            module.fuse()
+        elif isinstance(module, MLP) and type(module.gate_proj) is nn.Linear and type(module.up_proj) is nn.Linear:
+            module.fuse()
 
 
 def _check_shapes(model: nn.Module, weights: dict[str, mx.array]) -> None:

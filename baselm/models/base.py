@@ -9,6 +9,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.kv.cache import PagedKVCache
+from baselm.metal import AttentionMetadata
+
 
 class ModelConfigError(ValueError):
     """A model's config is missing something or holds a value we cannot run."""
@@ -40,17 +43,24 @@ class DecoderModel(nn.Module):
 
     args: Any
 
-    def __call__(self, input_ids: mx.array, positions: mx.array, meta, cache) -> mx.array:
+    def __call__(
+        self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
+    ) -> mx.array:
         """input_ids, positions: (num_tokens,); returns logits (num_logits, vocab_size).
 
-        `meta` is an AttentionMetadata; `cache` indexes per-layer KV pools (`cache[i]`).
-        Logits are computed only at `meta.logits_indices` (all tokens when None).
+        Layer `i` writes and reads the pools of `cache[i]`, a LayerKV. Logits are computed only
+        at `meta.logits_indices` (all tokens when None).
         """
         raise NotImplementedError
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Maps checkpoint tensors to this module's parameter names (drops unused ones)."""
         return weights
+
+    def divide_rope_frequencies(self, factors: mx.array) -> None:
+        """Divides each RoPE frequency by its factor, (rotary_dims // 2,): llama 3 scaling as llama.cpp's
+        converter stores it, beside the weights rather than in the config. Only Llama-like models take it."""
+        raise ModelConfigError(f"{type(self).__module__} takes no per-frequency RoPE factors")
 
     def kv_shape(self) -> tuple[int, int, int]:
         """(num_layers, num_kv_heads, head_dim) of the KV cache this model needs."""
@@ -66,3 +76,8 @@ class DecoderModel(nn.Module):
             if mx.issubdtype(value.dtype, mx.floating):
                 return value.dtype
         return mx.float32
+
+
+def select_logits(hidden: mx.array, meta: AttentionMetadata) -> mx.array:
+    """Rows of `hidden` (num_tokens, hidden) whose logits are wanted: (num_logits, hidden)."""
+    return hidden if meta.logits_indices is None else hidden[meta.logits_indices]

@@ -10,12 +10,17 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.kv.cache import LayerKV
+from baselm.metal import AttentionMetadata
 from baselm.models import llama
-from baselm.models.layers import MLP, Attention, GemmaRMSNorm
+from baselm.models.attention import Attention
+from baselm.models.mlp import MLP
 
 
 @dataclass
 class ModelArgs(llama.ModelArgs):
+    """Llama's config plus Gemma 2's soft-caps, attention scale and alternating layer types."""
+
     hidden_activation: str = "gelu_pytorch_tanh"
     query_pre_attn_scalar: float = 256
     attn_logit_softcapping: float | None = 50.0
@@ -30,6 +35,18 @@ class ModelArgs(llama.ModelArgs):
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(self.num_hidden_layers)]
 
 
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm that scales by (1 + weight): Gemma checkpoints store the offset from one."""
+
+    def __init__(self, dims: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = mx.zeros((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+
+
 class SandwichDecoderLayer(llama.DecoderLayer):
     """Norms on both sides of each sublayer: x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))."""
 
@@ -38,12 +55,14 @@ class SandwichDecoderLayer(llama.DecoderLayer):
         self.pre_feedforward_layernorm = make_norm()
         self.post_feedforward_layernorm = make_norm()
 
-    def __call__(self, x: mx.array, positions: mx.array, meta, layer_kv) -> mx.array:
+    def __call__(self, x: mx.array, positions: mx.array, meta: AttentionMetadata, layer_kv: LayerKV) -> mx.array:
         h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), positions, meta, layer_kv))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
 class Model(llama.Model):
+    """Llama's decoder with sandwich norms, (1 + w) RMSNorm, a scaled embedding and soft-capped logits."""
+
     def make_norm(self, dims: int | None = None) -> nn.Module:
         return GemmaRMSNorm(dims or self.args.hidden_size, eps=self.args.rms_norm_eps)
 

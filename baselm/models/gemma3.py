@@ -8,11 +8,12 @@ from typing import Any, ClassVar
 
 from baselm.models import gemma2
 from baselm.models.base import ModelConfigError
-from baselm.models.layers import GemmaRMSNorm
 
 
 @dataclass
 class ModelArgs(gemma2.ModelArgs):
+    """Gemma 2's config without soft-caps, with a local RoPE base and a sliding-window pattern."""
+
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
     rope_local_base_freq: float = 10000.0
@@ -48,6 +49,8 @@ class ModelArgs(gemma2.ModelArgs):
 
 
 class Model(gemma2.Model):
+    """Gemma 2's decoder with (1 + w) RMS norms on each head's queries and keys."""
+
     def attention_options(self, args: ModelArgs, layer_idx: int) -> dict[str, Any]:
         options = super().attention_options(args, layer_idx)
-        return {**options, "qk_norm_eps": args.rms_norm_eps, "norm_cls": GemmaRMSNorm}
+        return {**options, "qk_norm_eps": args.rms_norm_eps, "norm_cls": gemma2.GemmaRMSNorm}

@@ -13,15 +13,20 @@ from typing import Any, ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 
-from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError
-from baselm.models.layers import MLP, Attention, make_rope, rope_type, select_logits
-from baselm.store.gguf import ROPE_FREQS
+from baselm.kv.cache import LayerKV, PagedKVCache
+from baselm.metal import AttentionMetadata
+from baselm.models.attention import Attention
+from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError, select_logits
+from baselm.models.mlp import MLP
+from baselm.models.rope import make_rope, rope_type
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass
 class ModelArgs(BaseModelArgs):
+    """The HF config keys a Llama-like decoder reads; `layer_types` is resolved per architecture."""
+
     hidden_size: int
     num_hidden_layers: int
     intermediate_size: int
@@ -47,7 +52,7 @@ class ModelArgs(BaseModelArgs):
 
     default_rope_theta: ClassVar[float] = 10000.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
@@ -107,7 +112,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = make_norm()
         self.post_attention_layernorm = make_norm()
 
-    def __call__(self, x: mx.array, positions: mx.array, meta, layer_kv) -> mx.array:
+    def __call__(self, x: mx.array, positions: mx.array, meta: AttentionMetadata, layer_kv: LayerKV) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), positions, meta, layer_kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -157,7 +162,9 @@ class Model(DecoderModel):
         """(num_logits, hidden) normed hidden states -> (num_logits, vocab_size)."""
         return self.embed_tokens.as_linear(h) if self.args.tie_word_embeddings else self.lm_head(h)
 
-    def __call__(self, input_ids: mx.array, positions: mx.array, meta, cache) -> mx.array:
+    def __call__(
+        self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
+    ) -> mx.array:
         h = self.embed(input_ids)  # (num_tokens, hidden)
         for i, layer in enumerate(self.layers):
             h = layer(h, positions, meta, cache[i])
@@ -167,13 +174,10 @@ class Model(DecoderModel):
         weights = {k.removeprefix("model."): v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
         if self.args.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
-        freq_factors = weights.pop(ROPE_FREQS, None)
-        if freq_factors is not None:
-            self._divide_rope_frequencies(freq_factors)
         return weights
 
-    def _divide_rope_frequencies(self, factors: mx.array) -> None:
-        """Applies GGUF's `rope_freqs` tensor (llama 3 scaling stored as per-frequency divisors)."""
+    def divide_rope_frequencies(self, factors: mx.array) -> None:
+        """Llama 3 scaling given as one divisor per rotary frequency, (rotary_dims // 2,), instead of in the config."""
         if rope_type(self.args.rope_params("full_attention")) != "default":
             raise ModelConfigError(
                 "the checkpoint has a rope_freqs tensor and the config a rope scaling; only one may scale"

@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from baselm.models import llama, mistral
-from baselm.models.layers import SparseMoE, split_fused_experts, stack_experts
+from baselm.models.moe import SparseMoE, split_fused_experts, stack_experts
 
 # Mixtral's expert projection names -> the shared SwitchGLU's.
 _EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
@@ -17,6 +17,8 @@ _EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 @dataclass
 class ModelArgs(mistral.ModelArgs):
+    """Mistral's config plus the expert count and experts per token."""
+
     num_local_experts: int = 8
     num_experts_per_tok: int = 2
 
@@ -24,6 +26,8 @@ class ModelArgs(mistral.ModelArgs):
 
 
 class Model(llama.Model):
+    """Llama's decoder with a SparseMoE in place of every MLP."""
+
     def make_mlp(self, args: ModelArgs, layer_idx: int) -> nn.Module:
         # Mixtral always renormalizes the top-k router probabilities.
         return SparseMoE(

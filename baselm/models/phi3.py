@@ -12,7 +12,7 @@ from baselm.models import llama, mistral
 
 @dataclass
 class ModelArgs(mistral.ModelArgs):
-    pass
+    """Mistral's config (a window in every layer when set); LongRoPE comes through the rope dict."""
 
 
 def _split_rows(weights: dict[str, mx.array], fused: str, parts: dict[str, int]) -> None:
@@ -32,6 +32,8 @@ def _split_rows(weights: dict[str, mx.array], fused: str, parts: dict[str, int])
 
 
 class Model(llama.Model):
+    """Llama's decoder; the fused checkpoint projections are split at load."""
+
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         weights = super().sanitize(weights)
         a = self.args

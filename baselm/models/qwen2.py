@@ -10,6 +10,8 @@ from baselm.models import llama
 
 @dataclass
 class ModelArgs(llama.ModelArgs):
+    """Llama's config plus Qwen2's switches for sliding-window layers."""
+
     use_sliding_window: bool = False
     max_window_layers: int = 28
 
@@ -26,5 +28,7 @@ class ModelArgs(llama.ModelArgs):
 
 
 class Model(llama.Model):
+    """Llama's decoder with q/k/v biases."""
+
     def attention_options(self, args: ModelArgs, layer_idx: int) -> dict[str, Any]:
         return {"qkv_bias": True, "o_bias": False}

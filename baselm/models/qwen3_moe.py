@@ -9,11 +9,14 @@ import mlx.nn as nn
 
 from baselm.models import qwen3
 from baselm.models.base import ModelConfigError
-from baselm.models.layers import MLP, SparseMoE, split_fused_experts, stack_experts
+from baselm.models.mlp import MLP
+from baselm.models.moe import SparseMoE, split_fused_experts, stack_experts
 
 
 @dataclass
 class ModelArgs(qwen3.ModelArgs):
+    """Qwen3's config plus the experts and which layers have them."""
+
     # Hub configs say `num_experts`; newer transformers write `num_local_experts`.
     num_experts: int | None = None
     num_local_experts: int | None = None
@@ -23,7 +26,7 @@ class ModelArgs(qwen3.ModelArgs):
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         if self.num_experts is None:
             self.num_experts = self.num_local_experts if self.num_local_experts is not None else 128
@@ -48,6 +51,8 @@ class ModelArgs(qwen3.ModelArgs):
 
 
 class Model(qwen3.Model):
+    """Qwen3's decoder with a SparseMoE in the sparse layers, a dense MLP elsewhere."""
+
     def make_mlp(self, args: ModelArgs, layer_idx: int) -> nn.Module:
         if not args.is_sparse(layer_idx):
             return MLP(args.hidden_size, args.intermediate_size, args.hidden_act)

@@ -68,7 +68,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_blocks_and_others_go_on(serve
     stayer_prompt = len(server.engine.tokenizer.encode_chat(_prompt(2)))
     assert 0 < during["base_kv_blocks_used"] <= -(-(stayer_prompt + 400) // 16)
 
-    text, reason, num_tokens = "", "", 0
+    text, reason = "", ""
     for chunk in stayer_chunks:
         for choice in chunk.choices:
             text += choice.delta.content or ""

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import random
 
+import mlx.core as mx
+import numpy as np
 import pytest
 
-from baselm.api.tools import HERMES, LLAMA3_JSON, ToolCallParser, tool_format
+from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar, lark_grammar
+from baselm.api.tools import HERMES, LLAMA3_JSON, ToolCallParser, forced_call_lark, tool_format
+from baselm.tokenizer.tokenizer import Tokenizer
 from tests.api.conftest import MODEL
+from tests.tiny_model import TOKENIZER
 
 PERSON = {
     "type": "object",
@@ -296,9 +301,6 @@ def test_format_follows_the_chat_template():
 
 def _random_walk(processor, vocab: int, seed: int, eos: int, max_steps: int = 400) -> list[int]:
     """Greedy over seeded random logits, masked by `processor`, until eos."""
-    import mlx.core as mx
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     out: list[int] = []
     for _ in range(max_steps):
@@ -311,10 +313,6 @@ def _random_walk(processor, vocab: int, seed: int, eos: int, max_steps: int = 40
 
 
 def test_schema_grammar_works_when_the_model_has_fewer_rows_than_the_tokenizer():
-    from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar
-    from baselm.tokenizer.tokenizer import Tokenizer
-    from tests.api.conftest import TOKENIZER
-
     tokenizer = Tokenizer.from_folder(TOKENIZER)  # 702 tokens; this model only emits ids < 256
     lltokenizer = grammar_tokenizer(tokenizer, 256, [2])
     grammar = json_schema_grammar(PERSON)
@@ -326,11 +324,6 @@ def test_schema_grammar_works_when_the_model_has_fewer_rows_than_the_tokenizer()
 
 @pytest.mark.parametrize("fmt", [HERMES, LLAMA3_JSON])
 def test_forced_call_grammars_parse_back_to_valid_calls(fmt):
-    from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, lark_grammar
-    from baselm.api.tools import forced_call_lark
-    from baselm.tokenizer.tokenizer import Tokenizer
-    from tests.api.conftest import TOKENIZER
-
     tokenizer = Tokenizer.from_folder(TOKENIZER)
     lltokenizer = grammar_tokenizer(tokenizer, tokenizer.vocab_size, [2])
     grammar = lark_grammar(forced_call_lark([WEATHER, TIME], fmt, None, parallel=True))

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from baselm.kv.metadata import AttentionMetadata
+from baselm.metal.attention_metadata import AttentionMetadata
 from baselm.metal.kv_quant import allocate_pool
-from baselm.metal.paged_attention import write_kv_reference
+from baselm.metal.reference import write_kv_reference
 
 
 @dataclass(frozen=True)

@@ -234,13 +234,7 @@ def run_launch(launch: Launch, align: str = "end") -> list[mx.array]:
                     env[f"METAL_EMU_INIT_{i}"] = "1"
                     Path(work, f"b{i}.bin").write_bytes(_to_bytes(mx.full(shape, launch.init_value, dtype)))
                 continue
-            base = inputs[name.rsplit("_", 1)[0]] if role != "input" else inputs[name]
-            data = {
-                "input": lambda: _to_bytes(base),
-                "_shape": lambda: np.array(base.shape, np.int32).tobytes(),
-                "_strides": lambda: np.array(_row_strides(base.shape), np.int64).tobytes(),
-                "_ndim": lambda: np.array(base.ndim, np.int32).tobytes(),
-            }[role]()
+            data = _input_bytes(role, inputs[name.rsplit("_", 1)[0]] if role != "input" else inputs[name])
             Path(work, f"b{i}.bin").write_bytes(data)
             sizes.append(len(data))
         cmd = [str(binary), work, *map(str, launch.grid), *map(str, launch.threadgroup), *map(str, sizes)]
@@ -248,6 +242,19 @@ def run_launch(launch: Launch, align: str = "end") -> list[mx.array]:
         if done.returncode != 0:
             raise EmulatorError(f"emulated {launch.kernel.name} exited with {done.returncode}: {done.stderr.strip()}")
         return [_from_bytes(Path(work, f"b{i}.bin").read_bytes(), shape, dtype) for i, shape, dtype in out_specs]
+
+
+def _input_bytes(role: str, array: mx.array) -> bytes:
+    """What an input buffer parameter holds: the array itself, or its shape, strides or rank (`role`)."""
+    if role == "input":
+        return _to_bytes(array)
+    if role == "_shape":
+        return np.array(array.shape, np.int32).tobytes()
+    if role == "_strides":
+        return np.array(_row_strides(array.shape), np.int64).tobytes()
+    if role == "_ndim":
+        return np.array(array.ndim, np.int32).tobytes()
+    raise ValueError(f"unknown buffer role {role!r}")
 
 
 def _row_strides(shape: tuple[int, ...]) -> list[int]:

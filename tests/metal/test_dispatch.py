@@ -8,7 +8,7 @@ from metal_cases import build, case_named
 
 from baselm.metal import kernel_status, paged_attention, paged_attention_reference, write_kv, write_kv_reference
 from baselm.metal.dispatch import on_metal
-from baselm.metal.paged_attention import (
+from baselm.metal.kernels import (
     heads_per_threadgroup,
     num_key_splits,
     num_simdgroups,

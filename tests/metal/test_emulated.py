@@ -16,16 +16,10 @@ from metal_cases import CASES, TOLERANCE, Case, build, case_named, max_error
 from metal_emulate import EmulatorError, kernel_source, run_launch
 
 from baselm.metal import dispatch, self_check
+from baselm.metal.kernels import ATTENTION_REDUCE, paged_attention_kernel, quantize_rows_kernel, write_kv_kernel
 from baselm.metal.kv_quant import allocate_pool, dequantize_rows, quantize_rows
 from baselm.metal.launch import KernelSource, Launch
-from baselm.metal.paged_attention import (
-    ATTENTION_REDUCE,
-    paged_attention_kernel,
-    paged_attention_reference,
-    quantize_rows_kernel,
-    write_kv_kernel,
-    write_kv_reference,
-)
+from baselm.metal.reference import paged_attention_reference, write_kv_reference
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the Metal emulator needs g++")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from baselm.kv.metadata import AttentionMetadata
+from baselm.metal.attention_metadata import AttentionMetadata
 from baselm.metal.kv_quant import QuantizedPool, allocate_pool, dequantize_rows, kv_group_size, quantize_rows
-from baselm.metal.paged_attention import paged_attention_reference, write_kv_reference
+from baselm.metal.reference import paged_attention_reference, write_kv_reference
 
 
 def test_float_pool_is_a_plain_array():

@@ -7,15 +7,9 @@ import pytest
 from metal_cases import CASES, TOLERANCE, Case, build, case_named, max_error
 
 from baselm.metal import dispatch, kernel_status, paged_attention, write_kv
+from baselm.metal.kernels import num_key_splits, paged_attention_kernel, quantize_rows_kernel, write_kv_kernel
 from baselm.metal.kv_quant import allocate_pool, dequantize_rows, quantize_rows
-from baselm.metal.paged_attention import (
-    num_key_splits,
-    paged_attention_kernel,
-    paged_attention_reference,
-    quantize_rows_kernel,
-    write_kv_kernel,
-    write_kv_reference,
-)
+from baselm.metal.reference import paged_attention_reference, write_kv_reference
 
 pytestmark = [
     pytest.mark.metal,

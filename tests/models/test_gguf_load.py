@@ -15,14 +15,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from baselm.backend import Backend
 from baselm.kv import AttentionMetadata, PagedKVCache
-from baselm.models import build_model
+from baselm.loader import model_from_checkpoint
 from baselm.models.base import DecoderModel, ModelConfigError
 from baselm.store import gguf as gguf_store
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 FIXTURE = FIXTURES / "llama"
 TOL = 1e-4
+CPU = Backend("cpu", mx.float32, keep_quantized=False)
 
 # HF name (after "model.layers.{i}.") -> GGUF name (after "blk.{i}.")
 LAYER_NAMES = {
@@ -83,7 +85,8 @@ def write_gguf(path: Path, config: dict, tensors: dict[str, np.ndarray]) -> Path
 def load_gguf(path: Path) -> DecoderModel:
     tensors, metadata = gguf_store.read_metadata(path)
     config = gguf_store.hf_config(metadata, set(tensors))
-    return build_model(config, gguf_store.hf_tensors(tensors, config))
+    weights = gguf_store.hf_tensors(tensors, config)
+    return model_from_checkpoint(config, weights, CPU, group_size=gguf_store.GGUF_GROUP_SIZE)
 
 
 def prefill_logits(model: DecoderModel, ids: np.ndarray) -> np.ndarray:

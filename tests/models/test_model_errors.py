@@ -15,10 +15,17 @@ from baselm.store import hf
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 
 
-def build(name: str, change: dict | None = None, drop: tuple[str, ...] = (), weights: dict | None = None):
+def build(
+    name: str,
+    change: dict | None = None,
+    drop: tuple[str, ...] = (),
+    weights: dict | None = None,
+    rope_freq_factors: mx.array | None = None,
+):
     folder = FIXTURES / name
     config = {k: v for k, v in {**hf.read_config(folder), **(change or {})}.items() if k not in drop}
-    return build_model(config, hf.read_weights(folder) if weights is None else weights)
+    weights = hf.read_weights(folder) if weights is None else weights
+    return build_model(config, weights, rope_freq_factors=rope_freq_factors)
 
 
 def test_all_architectures_are_registered():
@@ -127,15 +134,11 @@ def test_tensor_of_the_wrong_shape_is_named():
 
 
 def test_rope_freqs_tensor_on_top_of_a_config_rope_scaling_is_refused():
-    weights = hf.read_weights(FIXTURES / "llama_rope3_mqa")
-    weights["rope_freqs.weight"] = mx.ones((8,))
     message = "the checkpoint has a rope_freqs tensor and the config a rope scaling; only one may scale"
     with pytest.raises(ModelConfigError, match=f"^{re.escape(message)}$"):
-        build("llama_rope3_mqa", weights=weights)
+        build("llama_rope3_mqa", rope_freq_factors=mx.ones((8,)))
 
 
 def test_rope_freqs_tensor_of_the_wrong_length_is_refused():
-    weights = hf.read_weights(FIXTURES / "llama")
-    weights["rope_freqs.weight"] = mx.ones((5,))
     with pytest.raises(ModelConfigError, match=r"^rope_freqs has 5 factors, but 16 rotary dims need 8$"):
-        build("llama", weights=weights)
+        build("llama", rope_freq_factors=mx.ones((5,)))

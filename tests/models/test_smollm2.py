@@ -11,8 +11,11 @@ import mlx.core as mx
 import pytest
 
 from baselm.backend import select_backend
+from baselm.config import EngineConfig
+from baselm.engine import LLMEngine
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import load_model
+from baselm.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -58,10 +61,6 @@ def test_first_step_logprobs_match_transformers(smollm2, smollm2_reference):
 
 
 def engine_greedy(loaded, prompts: list[list[int]], num_tokens: int, **config) -> list[list[int]]:
-    from baselm.config import EngineConfig
-    from baselm.engine import LLMEngine
-    from baselm.sampling import SamplingParams
-
     engine = LLMEngine(loaded, EngineConfig(kv_memory=64 * 2**20, **config))
     params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
     results = engine.generate(prompts, params)

@@ -26,8 +26,11 @@ import numpy as np
 import pytest
 
 from baselm.backend import select_backend
+from baselm.config import EngineConfig
+from baselm.engine import LLMEngine
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import LoadedModel, load_model
+from baselm.sampling import SamplingParams
 from baselm.store.import_local import import_local
 from baselm.store.registry import Store
 
@@ -59,17 +62,13 @@ def prompts(smollm2_reference) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def gguf_run(smollm2_gguf: Path, backend, prompts) -> tuple[list[list[int]], list[np.ndarray]]:
     """The GGUF's greedy tokens (engine) and its teacher-forced logits over them, per prompt."""
-    from baselm.config import EngineConfig
-    from baselm.engine import LLMEngine
-    from baselm.sampling import SamplingParams
-
     loaded = load_model(smollm2_gguf, backend)
     engine = LLMEngine(loaded, EngineConfig(kv_memory=64 * 2**20))
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
     tokens = [r.completions[0].token_ids for r in engine.generate(prompts, params)]
     logits = [forced_logits(loaded, p, t) for p, t in zip(prompts, tokens)]
     # Teacher forcing reproduces the engine's greedy run (the premise of the counts below).
-    assert [list(l.argmax(axis=-1)) for l in logits] == tokens
+    assert [list(step_logits.argmax(axis=-1)) for step_logits in logits] == tokens
     return tokens, logits
 
 

@@ -1,6 +1,17 @@
-"""What the chat and completions routes share: server state, body reading, turning checked
-fields into SamplingParams, submitting to the engine, and merging the outputs of several
-engine requests (several prompts, or copies that each need their own grammar) into one stream.
+"""The serving core every protocol module stands on: read a request, submit it, stream or collect its answer.
+
+A protocol module (openai_chat.py, openai_completions.py) parses its body, builds its prompt
+ids and SamplingParams, and formats its choices; everything else lives here, in the order a
+request meets it:
+
+1. `read_request`: the handler's opening: the body read as JSON (size-limited), parsed by the
+   protocol, its model checked (auth and request counting happened before, in auth.Gate).
+2. `make_params`, `check_prompt`, `split_copies`: checked fields into engine jobs.
+3. `respond`: `submit` the jobs to the engine, merge their `outputs` into one stream of
+   choices (several prompts, or copies that each need their own grammar), then the
+   protocol's `Answer` streams it as SSE events (sse.py) or collects one JSON body.
+   `Answer` is the skeleton any protocol fills in; `ChoicesAnswer` is the envelope and
+   chunk OpenAI's chat and completions share.
 """
 
 from __future__ import annotations
@@ -10,14 +21,18 @@ import dataclasses
 import json
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 
+from baselm.api import sse
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
+from baselm.api.schemas import Common
 from baselm.engine import AsyncEngine, CompletionOutput, QueueFullError
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError
@@ -56,6 +71,26 @@ class ServerState:
         return list(self.client.engine.eos_token_ids or self.tokenizer.eos_token_ids)
 
 
+# ---- the handler's opening ----------------------------------------------------------------
+
+
+class _Parsed(Protocol):
+    """What `read_request` needs of a parsed body: the common fields, its model among them."""
+
+    common: Common
+
+
+ParsedT = TypeVar("ParsedT", bound=_Parsed)
+
+
+async def read_request(request: Request, parse: Callable[[Any], ParsedT]) -> tuple[ServerState, ParsedT]:
+    """A handler's opening: the server state and the body read as JSON, parsed by `parse`, its model checked."""
+    state: ServerState = request.app.state.base
+    parsed = parse(await read_json(request, state.max_body_bytes))
+    check_model(state, parsed.common.model)
+    return state, parsed
+
+
 async def read_json(request: Request, limit: int) -> Any:
     """The body parsed as JSON; 413 past `limit` bytes, 400 when it is not JSON."""
     length = request.headers.get("content-length")
@@ -80,6 +115,7 @@ async def read_json(request: Request, limit: int) -> Any:
 
 
 def check_model(state: ServerState, name: str) -> None:
+    """A 404 unless `name` is the model this server serves."""
     if name != state.model_name:
         raise APIError(
             404, f"model {name!r} does not exist; this server serves {state.model_name!r}", "model", "model_not_found"
@@ -170,6 +206,40 @@ class Usage:
         }
 
 
+# ---- submitting, then streaming or collecting the answer ----------------------------------
+
+
+async def respond(request: Request, state: ServerState, jobs: list[Job], prompt_field: str, answer: Answer) -> Response:
+    """Submits `jobs`, then answers from their outputs: SSE chunks when streamed, else one JSON body."""
+    started = await submit(state, jobs, prompt_field)
+    merged = outputs(state, started, answer.usage)
+    if answer.common.stream:
+        return sse.EventStream(answer.stream(merged))
+    return JSONResponse(await _unless_disconnected(request, answer.collect(merged)))
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Awaits `work` (a whole, non-streamed answer); a client that leaves first cancels it, which
+    aborts its engine requests. Streams watch the connection themselves (see sse.py)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise APIError(499, "the client closed the connection before the answer was ready")
+    finally:
+        watcher.cancel()
+        task.cancel()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def submit(
     state: ServerState, jobs: list[Job], prompt_field: str
 ) -> list[tuple[Job, AsyncIterator[CompletionOutput]]]:
@@ -255,34 +325,119 @@ def _observe_latency(metrics: Metrics, out: CompletionOutput, arrival: float, la
     last_seen[out.index] = now
 
 
-async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
-    """Awaits `work` (a whole, non-streamed answer); a client that leaves first cancels it, which
-    aborts its engine requests. Streams watch the connection themselves (see sse.py)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise APIError(499, "the client closed the connection before the answer was ready")
-    finally:
-        watcher.cancel()
-        task.cancel()
+# ---- the answer ---------------------------------------------------------------------------
 
 
-async def _disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+class Answer(ABC):
+    """One answer built from engine outputs, whole or streamed: the part every protocol shares.
+
+    Whole: `add` takes each output, then `whole()` is the JSON body. Streamed: the events of
+    `opening()`, of `events(out)` for each output, then of `closing()`, each framed for the
+    wire (`sse.event`); an error after the headers went out becomes one last event, and `end`
+    (when set) closes the stream even then.
+    """
+
+    id_prefix: ClassVar[str]  # of the answer's id: "chatcmpl-" for OpenAI chat
+    end: ClassVar[str] = ""  # the stream's last event
+
+    def __init__(self, state: ServerState, common: Common, num_choices: int) -> None:
+        self.state = state
+        self.common = common
+        self.num_choices = num_choices
+        self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.usage = Usage()  # filled in by `outputs` as they pass
+
+    @abstractmethod
+    def add(self, out: CompletionOutput) -> None:
+        """Adds one output to the whole answer."""
+
+    @abstractmethod
+    def whole(self) -> dict[str, Any]:
+        """The whole answer's JSON body, once every output is in."""
+
+    def opening(self) -> list[str]:
+        return []
+
+    @abstractmethod
+    def events(self, out: CompletionOutput) -> list[str]:
+        """The events one output streams."""
+
+    def closing(self) -> list[str]:
+        return []
+
+    async def collect(self, merged: AsyncIterator[CompletionOutput]) -> dict[str, Any]:
+        async for out in merged:
+            self.add(out)
+        return self.whole()
+
+    async def stream(self, merged: AsyncIterator[CompletionOutput]) -> AsyncIterator[str]:
+        try:
+            for event in self.opening():
+                yield event
+            async for out in merged:
+                for event in self.events(out):
+                    yield event
+            for event in self.closing():
+                yield event
+        except Exception as exc:
+            yield sse.error_event(exc)
+        finally:
+            await merged.aclose()
+        if self.end:
+            yield self.end
 
 
-def finish_reason(out: CompletionOutput) -> str:
-    """OpenAI's reason for an engine's: "stop" or "length" (an abort only happens on shutdown)."""
-    if out.finish_reason == "abort":
-        raise APIError(503, "the server is shutting down; the request was stopped")
-    return out.finish_reason or "stop"
+class ChoicesAnswer(Answer):
+    """The envelope OpenAI's chat and completions share: n choices, finish reasons, usage; streams
+    of chunks (with usage when asked), then `data: [DONE]`. A protocol fills in `choice(i)`, the
+    whole answer's choice i, and the choices its chunks carry."""
+
+    object: ClassVar[str]  # the whole answer's "object"
+    chunk_object: ClassVar[str]  # a streamed chunk's "object"
+    end = sse.DONE
+
+    def __init__(self, state: ServerState, common: Common, num_choices: int) -> None:
+        super().__init__(state, common, num_choices)
+        self.finish_reasons = ["stop"] * num_choices  # of the whole answer, set by `add`
+
+    def finish_reason(self, out: CompletionOutput) -> str:
+        """OpenAI's reason for an engine's: "stop" or "length" (an abort only happens on shutdown)."""
+        if out.finish_reason == "abort":
+            raise APIError(503, "the server is shutting down; the request was stopped")
+        return out.finish_reason or "stop"
+
+    @abstractmethod
+    def choice(self, index: int) -> dict[str, Any]: ...
+
+    def whole(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.state.model_name,
+            "system_fingerprint": None,
+            "choices": [self.choice(i) for i in range(self.num_choices)],
+            "usage": self.usage.as_dict(),
+        }
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+        payload: dict[str, Any] = {
+            "id": self.id,
+            "object": self.chunk_object,
+            "created": self.created,
+            "model": self.state.model_name,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if self.common.include_usage:
+            payload["usage"] = usage
+        return sse.event(payload)
+
+    def closing(self) -> list[str]:
+        return [self.chunk([], self.usage.as_dict())] if self.common.include_usage else []
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """One token's text, as logprobs show it."""
     return tokenizer.decode([token_id])

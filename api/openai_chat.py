@@ -1,0 +1,369 @@
+"""POST /v1/chat/completions: messages through the chat template, answers as OpenAI sends them.
+
+The route, then the three things this protocol does on top of the serving core: build the
+prompt ids and SamplingParams (grammar when the answer's shape is forced), format choices
+(content, tool calls, logprobs), and read its body (messages, tools, response_format).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from baselm.api import grammar, serving, tools
+from baselm.api.errors import bad_request
+from baselm.api.schemas import MAX_CHAT_LOGPROBS, Body, Common, array_field, read_common
+from baselm.engine import CompletionOutput
+from baselm.sampling import SamplingParams, TokenLogprobs
+from baselm.tokenizer.errors import ChatTemplateError
+
+_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+async def chat_completions(request: Request) -> Response:
+    """POST /v1/chat/completions."""
+    state, chat = await serving.read_request(request, parse_chat)
+    # Templates, tokenizing and grammar compiling can take a while: off the event loop.
+    jobs = await asyncio.to_thread(_prepare, state, chat)
+    return await serving.respond(request, state, jobs, "messages", _ChatAnswer(state, chat))
+
+
+# ---- prompt and SamplingParams ------------------------------------------------------------
+
+
+def _prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
+    """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
+    prompt_ids = _prompt_ids(state, chat)
+    serving.check_prompt(
+        state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field
+    )
+    return serving.split_copies(prompt_ids, _params_factory(state, chat))
+
+
+def _parses_tools(chat: ChatRequest) -> bool:
+    return bool(chat.tools) and chat.tool_choice != "none"
+
+
+def _prompt_ids(state: serving.ServerState, chat: ChatRequest) -> list[int]:
+    tool_list = chat.tools if _parses_tools(chat) else None
+    try:
+        return state.tokenizer.encode_chat(chat.messages, add_generation_prompt=True, tools=tool_list)
+    except ChatTemplateError as exc:
+        raise bad_request(str(exc), "messages") from None
+
+
+def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] | None:
+    """(grammar, the field it enforces) when the answer's shape is constrained."""
+    if chat.response_format is not None:
+        schema = chat.response_format.get("schema") if chat.response_format["type"] == "json_schema" else None
+        return grammar.json_schema_grammar(schema), "response_format"
+    if chat.tool_choice == "required" or chat.named_tool:
+        # A named function is called once; "required" may call several when parallel_tool_calls allows.
+        parallel = chat.parallel_tool_calls and chat.named_tool is None
+        lark = tools.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, parallel)
+        return grammar.lark_grammar(lark), "tools"
+    return None
+
+
+def _params_factory(state: serving.ServerState, chat: ChatRequest) -> Callable[[], SamplingParams]:
+    """A maker of SamplingParams: each call gets a fresh grammar processor when one is needed."""
+    sampling = dict(chat.common.sampling)
+    logprobs = chat.top_logprobs if chat.logprobs else None
+    constrained = _grammar(state, chat)
+    if constrained is None:
+        params = serving.make_params(sampling, chat.common.max_tokens_field, logprobs=logprobs)
+        return lambda: params
+    text, param = constrained
+    for name in ("min_tokens", "ignore_eos"):  # both would keep a finished grammar from ending the answer
+        if sampling[name]:
+            raise bad_request(
+                f"{name} cannot be combined with {param} (the grammar decides where the answer ends)", name
+            )
+    lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
+    grammar.check_grammar(text, lltokenizer, param)
+    eos = state.eos_token_ids
+
+    def make() -> SamplingParams:
+        processor = grammar.GrammarProcessor(lltokenizer, text, eos)
+        return serving.make_params(
+            sampling, chat.common.max_tokens_field, logprobs=logprobs, logits_processors=[processor], stop_token_ids=eos
+        )
+
+    return make
+
+
+# ---- the answer ---------------------------------------------------------------------------
+
+
+class _ChatAnswer(serving.ChoicesAnswer):
+    """Chat choices from engine outputs: content, tool calls (one parser per choice), logprobs."""
+
+    id_prefix = "chatcmpl-"
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, state: serving.ServerState, chat: ChatRequest) -> None:
+        super().__init__(state, chat.common, chat.common.n)
+        self.chat = chat
+        self.fmt = state.tool_format if _parses_tools(chat) else None
+        self.parsers: dict[int, tools.ToolCallParser] = {}
+        self.num_calls: dict[int, int] = {}
+        n = self.num_choices  # the whole answer, per choice:
+        self.content = [""] * n
+        self.calls: list[list[tools.ToolCall]] = [[] for _ in range(n)]
+        self.logprobs_content: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+
+    def _pieces(self, out: CompletionOutput) -> tuple[str, list[tools.ToolCall]]:
+        """Content and completed calls this output adds to its choice."""
+        if self.fmt is None:
+            return out.text, []
+        parser = self.parsers.setdefault(out.index, tools.ToolCallParser(self.fmt))
+        content, calls = parser.feed(out.text)
+        if out.finished:
+            more, more_calls = parser.finish()
+            content, calls = content + more, calls + more_calls
+        self.num_calls[out.index] = len(parser.calls)
+        return content, calls
+
+    def finish_reason(self, out: CompletionOutput) -> str:
+        reason = super().finish_reason(out)
+        return "tool_calls" if reason == "stop" and self.num_calls.get(out.index) else reason
+
+    def _logprobs_entries(self, entries: list[TokenLogprobs]) -> list[dict[str, Any]]:
+        tokenizer, num_top = self.state.tokenizer, self.chat.top_logprobs
+
+        def one(token_id: int, logprob: float) -> dict[str, Any]:
+            text = serving.token_text(tokenizer, token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        return [
+            {**one(e.token_id, e.logprob), "top_logprobs": [one(i, lp) for i, lp in e.top[:num_top]]} for e in entries
+        ]
+
+    # ---- whole ----------------------------------------------------------------------------
+
+    def add(self, out: CompletionOutput) -> None:
+        text, new_calls = self._pieces(out)
+        self.content[out.index] += text
+        self.calls[out.index] += new_calls
+        if self.chat.logprobs:
+            self.logprobs_content[out.index] += self._logprobs_entries(out.logprobs)
+        if out.finished:
+            self.finish_reasons[out.index] = self.finish_reason(out)
+
+    def choice(self, index: int) -> dict[str, Any]:
+        calls = self.calls[index]
+        message: dict[str, Any] = {"role": "assistant", "content": self.content[index] or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = [c.as_dict() for c in calls]
+        logprobs = {"content": self.logprobs_content[index], "refusal": None} if self.chat.logprobs else None
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reasons[index]}
+
+    # ---- streamed -------------------------------------------------------------------------
+
+    def opening(self) -> list[str]:
+        return [self.chunk([_delta(i, {"role": "assistant", "content": ""})]) for i in range(self.num_choices)]
+
+    def events(self, out: CompletionOutput) -> list[str]:
+        return [self.chunk([delta]) for delta in self._deltas(out)]
+
+    def _deltas(self, out: CompletionOutput) -> list[dict[str, Any]]:
+        """The choice deltas of one output, a chunk each: content, then each call closed, then the finish."""
+        text, calls = self._pieces(out)
+        choices = []
+        logprobs = None
+        if self.chat.logprobs and out.logprobs:
+            logprobs = {"content": self._logprobs_entries(out.logprobs), "refusal": None}
+        if text or logprobs:
+            choices.append(_delta(out.index, {"content": text}, logprobs))
+        for call in calls:
+            choices += [_delta(out.index, {"tool_calls": [delta]}) for delta in call.as_deltas()]
+        if out.finished:
+            choices.append(_delta(out.index, {}, None, self.finish_reason(out)))
+        return choices
+
+
+def _delta(index: int, delta: dict[str, Any], logprobs: Any = None, reason: str | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+
+
+# ---- the request body ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """A checked chat request body."""
+
+    common: Common
+    messages: list[dict[str, Any]]
+    logprobs: bool = False
+    top_logprobs: int = 0
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"  # "none", "auto", "required" or {"type": "function", ...}
+    parallel_tool_calls: bool = True
+
+    @property
+    def named_tool(self) -> str | None:
+        return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
+
+
+def parse_chat(data: Any) -> ChatRequest:
+    """The checked chat body; a 400 naming the first field at fault."""
+    body = Body(data)
+    common = read_common(body, default_max_tokens=None)
+    messages = [read_message(m, i) for i, m in enumerate(array_field(body.raw("messages"), "messages", required=True))]
+    if not messages:
+        raise bad_request("messages must hold at least one message", "messages")
+    logprobs = body.boolean("logprobs")
+    top_logprobs = body.integer("top_logprobs", low=0, high=MAX_CHAT_LOGPROBS)
+    if top_logprobs is not None and not logprobs:
+        raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+    request = ChatRequest(common, messages, logprobs, top_logprobs or 0)
+    request.response_format = _response_format(body.raw("response_format"))
+    request.tools = [_tool(t, i) for i, t in enumerate(array_field(body.raw("tools"), "tools"))]
+    request.tool_choice = _tool_choice(body.raw("tool_choice"), request.tools)
+    request.parallel_tool_calls = body.boolean("parallel_tool_calls", default=True)
+    if request.response_format and request.tool_choice not in ("auto", "none"):
+        raise bad_request("response_format cannot be combined with a tool_choice that forces a call", "response_format")
+    body.finish()
+    return request
+
+
+def read_message(data: Any, index: int) -> dict[str, Any]:
+    """messages[index] as the chat template takes it (a developer message becomes a system one)."""
+    where = f"messages[{index}]"
+    body = Body(data, where)
+    role = body.string("role", required=True)
+    if role not in _ROLES:
+        raise bad_request(f"{where}.role {role!r} is not one of {', '.join(_ROLES)}", f"{where}.role")
+    message: dict[str, Any] = {"role": "system" if role == "developer" else role}
+    content = body.raw("content")
+    if content is None and not (role == "assistant" and body.has("tool_calls")):
+        raise bad_request(f"{where}.content is required", f"{where}.content")
+    if content is not None:
+        message["content"] = _content(content, where)
+    name = body.string("name")
+    if name is not None:
+        message["name"] = name
+    if role == "tool":
+        message["tool_call_id"] = body.string("tool_call_id", required=True)
+    if role == "assistant":
+        calls = array_field(body.raw("tool_calls"), f"{where}.tool_calls")
+        if calls:
+            message["tool_calls"] = [_history_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)]
+        if body.raw("refusal") is not None:
+            raise bad_request(f"{where}.refusal is not supported; put the text in content", f"{where}.refusal")
+    body.finish()
+    return message
+
+
+def _content(content: Any, where: str) -> str | list[dict[str, str]]:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where}.content must be a string or an array of content parts", f"{where}.content")
+    parts = []
+    for i, part in enumerate(content):
+        part_where = f"{where}.content[{i}]"
+        body = Body(part, part_where)
+        kind = body.string("type", required=True)
+        if kind != "text":
+            raise bad_request(
+                f"{part_where} has type {kind!r}; this server reads text parts only (no images, audio or files)",
+                f"{part_where}.type",
+            )
+        parts.append({"type": "text", "text": body.string("text", required=True)})
+        body.finish()
+    return parts
+
+
+def _history_call(data: Any, where: str) -> dict[str, Any]:
+    body = Body(data, where)
+    call_id = body.string("id", required=True)
+    if body.string("type", default="function") != "function":
+        raise bad_request(f"{where}.type must be 'function'", f"{where}.type")
+    function = Body(body.raw("function"), f"{where}.function")
+    name = function.string("name", required=True)
+    arguments = function.string("arguments", required=True)
+    function.finish()
+    body.finish()
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _tool(data: Any, index: int) -> dict[str, Any]:
+    where = f"tools[{index}]"
+    body = Body(data, where)
+    if body.string("type", required=True) != "function":
+        raise bad_request(f"{where}.type must be 'function'", f"{where}.type")
+    fn = Body(body.raw("function"), f"{where}.function")
+    name = fn.string("name", required=True)
+    if not _FUNCTION_NAME.match(name):
+        raise bad_request(
+            f"{where}.function.name {name!r} must be 1-64 letters, digits, _ . or -", f"{where}.function.name"
+        )
+    function: dict[str, Any] = {"name": name}
+    description = fn.string("description")
+    if description is not None:
+        function["description"] = description
+    parameters = fn.raw("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise bad_request(f"{where}.function.parameters must be a JSON Schema object", f"{where}.function.parameters")
+    function["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
+    fn.boolean("strict")  # arguments follow the schema whenever a call is forced; see tools.py
+    fn.finish()
+    body.finish()
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
+    if value is None:
+        return "auto" if tools else "none"
+    if not tools:
+        raise bad_request("tool_choice needs tools", "tool_choice")
+    if isinstance(value, str):
+        if value not in ("none", "auto", "required"):
+            raise bad_request(f"tool_choice {value!r} is not none, auto, required or a function", "tool_choice")
+        return value
+    body = Body(value, "tool_choice")
+    if body.string("type", required=True) != "function":
+        raise bad_request("tool_choice.type must be 'function'", "tool_choice")
+    fn = Body(body.raw("function"), "tool_choice.function")
+    name = fn.string("name", required=True)
+    fn.finish()
+    body.finish()
+    if name not in {t["function"]["name"] for t in tools}:
+        raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+    return {"type": "function", "function": {"name": name}}
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    body = Body(value, "response_format")
+    kind = body.string("type", required=True)
+    if kind == "text":
+        body.finish()
+        return None
+    if kind == "json_object":
+        body.finish()
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise bad_request(f"response_format.type {kind!r} is not text, json_object or json_schema", "response_format")
+    spec = Body(body.raw("json_schema"), "response_format.json_schema")
+    name = spec.string("name", required=True)
+    spec.string("description")
+    schema = spec.raw("schema")
+    if schema is not None and not isinstance(schema, (dict, bool)):
+        raise bad_request("response_format.json_schema.schema must be a JSON Schema object", "response_format")
+    spec.boolean("strict")  # the output always follows the schema (grammar-constrained decoding)
+    spec.finish()
+    body.finish()
+    return {"type": "json_schema", "name": name, "schema": schema if schema is not None else {}}

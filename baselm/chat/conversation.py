@@ -1,0 +1,84 @@
+"""The messages of a chat, and the prompt ids of the next turn built so that they extend the last turn's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from baselm.chat.settings import ChatCommandError
+from baselm.tokenizer.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One turn's prompt: the rendered text, its token ids, and how many ids came from the last turn."""
+
+    text: str
+    token_ids: list[int]
+    num_reused_ids: int = 0
+
+
+class Conversation:
+    """The messages of a chat, and the token ids the model saw last, to build prompts that extend them.
+
+    NOTE: a prompt is built so that it starts with the ids of the previous turn (its prompt
+    followed by the ids the model generated) whenever the chat template renders the
+    conversation append-only: the new render must start with the previous prompt's text
+    followed by the answer. The tail is encoded on its own and appended. Re-encoding the
+    whole text instead could split the answer into other tokens than the model produced,
+    and the prefix cache would miss from there on. When the template rewrites the past
+    (a date, trimmed or dropped content), the prompt is encoded whole.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, system: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.system = system
+        self.turns: list[dict[str, str]] = []  # user and assistant messages, alternating
+        self._known: list[tuple[str, list[int]]] = []  # (text, ids) the next render may extend
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + [dict(m) for m in self.turns]
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+        self._known = []
+
+    def clear(self) -> None:
+        self.turns = []
+        self._known = []
+
+    def load(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """Replaces the conversation with `messages` (OpenAI shaped; a system message first, if any)."""
+        system, turns = None, []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or not isinstance(m.get("content"), str):
+                raise ChatCommandError(f"message {i} is not an object with a string 'content'")
+            role = m.get("role")
+            if role == "system" and i == 0:
+                system = m["content"]
+            elif role in ("user", "assistant"):
+                turns.append({"role": role, "content": m["content"]})
+            else:
+                raise ChatCommandError(f"message {i} has role {role!r}; expected user or assistant (system only first)")
+        self.system, self.turns, self._known = system, turns, []
+
+    def next_prompt(self, user_text: str) -> Prompt:
+        """The prompt for the next turn, with `user_text` as the new message (nothing is recorded yet)."""
+        messages = self.messages + [{"role": "user", "content": user_text}]
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        for known_text, known_ids in self._known:
+            if known_ids and text.startswith(known_text):
+                tail = self.tokenizer.encode(text[len(known_text) :], add_special_tokens=False)
+                return Prompt(text, known_ids + tail, len(known_ids))
+        return Prompt(text, self.tokenizer.encode_chat(messages, add_generation_prompt=True))
+
+    def add_turn(self, prompt: Prompt, user_text: str, answer: str, answer_ids: Sequence[int]) -> None:
+        """Records a finished (or stopped) turn: `answer` is the text shown, `answer_ids` the ids
+        generated for it, without a final end-of-sequence id."""
+        self.turns += [{"role": "user", "content": user_text}, {"role": "assistant", "content": answer}]
+        self._known = [(prompt.text, list(prompt.token_ids))]
+        if answer_ids and self.tokenizer.decode(list(answer_ids)) == answer:
+            self._known.insert(0, (prompt.text + answer, list(prompt.token_ids) + list(answer_ids)))

@@ -1,0 +1,249 @@
+"""The REPL: reads messages and /commands, streams each answer from the shared AsyncEngine.
+
+`open_chat_engine` loads the model and runs the engine thread the REPL (and, with
+`base chat --serve`, the HTTP API the CLI starts beside it) talks to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from rich.console import Console
+
+from baselm.backend import select_backend
+from baselm.chat.answer import Answer
+from baselm.chat.chat_file import load_chat, save_chat
+from baselm.chat.conversation import Conversation, Prompt
+from baselm.chat.line_reader import LineReader, join_continued
+from baselm.chat.settings import ChatCommandError, ChatOptions, ChatSettings
+from baselm.chat.stats import SessionStats, stats_report, turn_line
+from baselm.chat.view import AnswerView
+from baselm.engine import AsyncEngine, LLMEngine, QueueFullError
+from baselm.loader import load_model
+from baselm.sampling import SamplingParams, SamplingParamsError
+from baselm.scheduler import RequestTooLongError
+from baselm.tokenizer.errors import ChatTemplateError
+
+PROMPT = ">>> "
+CONTINUATION = "... "
+
+HELP = """\
+Type a message and press Enter. Commands:
+  /help                   this help
+  /clear                  forget the conversation (the system prompt stays)
+  /system [TEXT]          set the system prompt (without TEXT: show it)
+  /set NAME VALUE         temperature, top_p, max_tokens (or none) or seed (or none)
+  /save FILE, /load FILE  the conversation and settings as JSON
+  /stats                  the last turn's and the session's numbers
+  /quit                   leave (or Ctrl-D)
+Multi-line input: end a line with \\ to continue it on the next, or put the text between
+two lines of three quotes (\"\"\"). Ctrl-C stops an answer (what came so far stays in the
+conversation); at the prompt it clears the line. Arrow keys browse the input history, kept
+in $BASE_HOME/chat_history (default ~/.cache/base/chat_history)."""
+
+COMMAND_HINT = "commands: /help /clear /system /set /save /load /stats /quit"
+
+
+@contextlib.contextmanager
+def open_chat_engine(options: ChatOptions) -> Iterator[AsyncEngine]:
+    """Loads the model and runs its engine thread while the block runs; refuses a model without a chat template."""
+    with Console(stderr=True).status(f"loading {options.model}"):
+        loaded = load_model(options.model, select_backend(options.device))
+        engine = LLMEngine(loaded, options.engine)
+    if not loaded.tokenizer.has_chat_template:
+        raise ChatTemplateError(f"{loaded.name} has no chat template, so it cannot chat; use `base run --raw`")
+    client = AsyncEngine(engine).start()
+    try:
+        yield client
+    finally:
+        client.stop()  # returns once the engine's OS thread is gone (see AsyncEngine.stop)
+
+
+class ChatREPL:
+    """Reads messages and commands, streams answers from a shared AsyncEngine."""
+
+    def __init__(
+        self,
+        client: AsyncEngine,
+        model_name: str,
+        settings: ChatSettings,
+        system: str | None = None,
+        history_path: Path | None = None,
+    ) -> None:
+        self.client = client
+        self.engine = client.engine
+        self.model_name = model_name
+        self.settings = settings
+        self.conversation = Conversation(self.engine.tokenizer, system)
+        self.session = SessionStats()
+        self.rich_output = sys.stdout.isatty()
+        self.console = Console(highlight=False)
+        # Notes and numbers go to stderr when stdout is not a terminal, so stdout holds only answers.
+        self.notes = self.console if self.rich_output else Console(stderr=True, highlight=False)
+        self.reader = LineReader(history_path, interactive=sys.stdin.isatty())
+        self._eos_ids = frozenset(self.engine.eos_token_ids)
+        self._num_requests = 0
+
+    def run(self) -> None:
+        """The loop: until /quit or end of input."""
+        self.note(f"base chat · {self.model_name} · context {self.engine.max_model_len} tokens · /help for help")
+        with asyncio.Runner() as runner:
+            while True:
+                try:
+                    line = self._read_message()
+                except KeyboardInterrupt:  # Ctrl-C at the prompt: drop the line, ask again
+                    self.console.print()
+                    continue
+                except EOFError:
+                    if self.reader.interactive:
+                        self.console.print()
+                    return
+                if not line.strip():
+                    continue
+                if line.startswith("/"):
+                    if not self.command(line):
+                        return
+                    continue
+                self._turn(runner, line)
+
+    def note(self, text: str, style: str = "dim") -> None:
+        self.notes.print(text, style=style, markup=False, soft_wrap=True)
+
+    def _read_message(self) -> str:
+        first = self.reader.read(PROMPT)
+        message = join_continued(first, lambda: self.reader.read(CONTINUATION))
+        self.reader.remember()
+        return message
+
+    # ---- turns ---------------------------------------------------------------------------
+
+    def _turn(self, runner: asyncio.Runner, user_text: str) -> None:
+        prompt = self.conversation.next_prompt(user_text)
+        answer = Answer()
+        self._num_requests += 1
+        request_id = f"repl-{self._num_requests}"
+        try:
+            params = self._params_for(prompt)
+            runner.run(self._stream(request_id, prompt, params, answer))
+        except KeyboardInterrupt:
+            # Also covers a Ctrl-C that lands while the request is being queued, before its stream exists.
+            self.client.abort(request_id)
+            answer.stats.finish_reason = "abort"
+        except (RequestTooLongError, QueueFullError, SamplingParamsError) as exc:
+            self.note(f"error: {exc}", style="red")
+            return
+        except Exception as exc:  # the engine failed this request; the chat itself can go on
+            self.note(f"error: the engine failed on this turn ({type(exc).__name__}: {exc})", style="red")
+            return
+        self._record(prompt, user_text, answer)
+
+    def _params_for(self, prompt: Prompt) -> SamplingParams:
+        """This turn's sampling; max_tokens is capped to what the context and the KV cache still hold."""
+        kv_tokens = self.engine.kv_manager.num_blocks * self.engine.kv_manager.block_size
+        capacity = min(self.engine.max_model_len, kv_tokens)
+        room = capacity - len(prompt.token_ids)
+        if room < 1:
+            raise RequestTooLongError(
+                f"the conversation is {len(prompt.token_ids)} tokens and the context holds {capacity}; "
+                "/clear to start over"
+            )
+        return self.settings.sampling_params(max_tokens=min(self.settings.max_tokens or room, room))
+
+    async def _stream(self, request_id: str, prompt: Prompt, params: SamplingParams, answer: Answer) -> None:
+        answer.stats.num_prompt_tokens = len(prompt.token_ids)
+        with AnswerView(self.console, self.rich_output) as view:
+            start = time.perf_counter()
+            outputs = await self.client.submit(prompt.token_ids, params, request_id)
+            try:
+                async with contextlib.aclosing(outputs):  # leaving early aborts the request
+                    async for out in outputs:
+                        answer.add(out, time.perf_counter() - start)
+                        view.add(out.text, len(out.token_ids))
+            finally:
+                answer.stats.total_s = time.perf_counter() - start
+
+    def _record(self, prompt: Prompt, user_text: str, answer: Answer) -> None:
+        ids = answer.token_ids
+        if answer.stats.finish_reason == "stop" and ids and ids[-1] in self._eos_ids:
+            ids = ids[:-1]  # the template writes the end of turn itself
+        self.conversation.add_turn(prompt, user_text, answer.text, ids)
+        self.session.turns.append(answer.stats)
+        self.note(turn_line(answer.stats, self.engine.max_model_len))
+
+    # ---- commands ------------------------------------------------------------------------
+
+    def command(self, line: str) -> bool:
+        """Runs one /command; returns False to leave."""
+        name, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        handler = self._commands().get(name)
+        if handler is None:
+            self.note(f"unknown command {name}; {COMMAND_HINT}", style="yellow")
+            return True
+        try:
+            return handler(arg) is not False
+        except ChatCommandError as exc:
+            self.note(f"error: {exc}", style="red")
+            return True
+
+    def _commands(self) -> dict[str, Callable[[str], bool | None]]:
+        return {
+            "/help": lambda arg: self.console.print(HELP, markup=False, highlight=False),
+            "/clear": self._clear,
+            "/system": self._system,
+            "/set": self._set,
+            "/save": self._save,
+            "/load": self._load,
+            "/stats": self._stats,
+            "/quit": lambda arg: False,
+            "/exit": lambda arg: False,
+        }
+
+    def _clear(self, arg: str) -> None:
+        self.conversation.clear()
+        self.note("conversation cleared")
+
+    def _system(self, arg: str) -> None:
+        if not arg:
+            self.note(f"system prompt: {self.conversation.system!r}")
+            return
+        self.conversation.set_system(arg)
+        self.note("system prompt set")
+
+    def _set(self, arg: str) -> None:
+        name, _, value = arg.partition(" ")
+        if not value.strip():
+            raise ChatCommandError(
+                f"usage: /set temperature|top_p|max_tokens|seed VALUE (now: {self.settings.to_text()})"
+            )
+        self.settings = self.settings.with_value(name, value)
+        self.note(self.settings.to_text())
+
+    def _save(self, arg: str) -> None:
+        if not arg:
+            raise ChatCommandError("usage: /save FILE")
+        path = Path(arg).expanduser()
+        try:
+            save_chat(path, self.conversation, self.settings, self.model_name)
+        except OSError as exc:
+            raise ChatCommandError(f"cannot write {path}: {exc.strerror or exc}") from None
+        self.note(f"saved {len(self.conversation.turns)} messages to {path}")
+
+    def _load(self, arg: str) -> None:
+        if not arg:
+            raise ChatCommandError("usage: /load FILE")
+        path = Path(arg).expanduser()
+        self.settings = load_chat(path, self.conversation)
+        self.note(f"loaded {len(self.conversation.turns)} messages from {path}; {self.settings.to_text()}")
+
+    def _stats(self, arg: str) -> None:
+        try:
+            kv = self.client.call(LLMEngine.stats).result(timeout=5)
+        except Exception:  # the numbers are informative; a busy or stopped engine leaves them out
+            kv = None
+        self.note(stats_report(self.session, kv, self.engine.max_model_len), style="")

@@ -1,0 +1,84 @@
+"""What a chat starts with (`ChatOptions`) and the sampling settings /set changes (`ChatSettings`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from baselm.config import EngineConfig
+from baselm.sampling import SamplingParams, SamplingParamsError
+
+
+class ChatCommandError(ValueError):
+    """A command with a bad argument; the message says what is wrong."""
+
+
+@dataclass(slots=True)
+class ChatSettings:
+    """The sampling settings a user can change with /set; every turn's SamplingParams come from these."""
+
+    temperature: float = 0.7
+    top_p: float = 0.9
+    max_tokens: int | None = None  # None: until the model stops or the context is full
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.sampling_params()  # raises SamplingParamsError on a bad value
+
+    def sampling_params(self, max_tokens: int | None = None) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
+            seed=self.seed,
+        )
+
+    def with_value(self, name: str, text: str) -> ChatSettings:
+        """These settings with `name` read from `text`; raises ChatCommandError saying what is wrong."""
+        names = [f.name for f in fields(self)]
+        if name not in names:
+            raise ChatCommandError(f"/set knows {', '.join(names)}; got {name!r}")
+        value = _parse_setting(name, text)
+        try:
+            return replace(self, **{name: value})
+        except SamplingParamsError as exc:
+            raise ChatCommandError(str(exc)) from None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChatSettings:
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ChatCommandError(f"unknown settings {sorted(unknown)}")
+        try:
+            return cls(**data)
+        except (SamplingParamsError, TypeError) as exc:
+            raise ChatCommandError(f"bad settings: {exc}") from None
+
+    def to_text(self) -> str:
+        """`temperature=0.7, top_p=0.9, ...`: how the REPL shows the settings."""
+        return ", ".join(f"{k}={v}" for k, v in asdict(self).items())
+
+
+def _parse_setting(name: str, text: str) -> float | int | None:
+    text = text.strip()
+    if name in ("max_tokens", "seed") and text.lower() in ("none", "off"):
+        return None
+    kind = float if name in ("temperature", "top_p") else int
+    try:
+        return kind(text)
+    except ValueError:
+        wanted = "a number" if kind is float else "a whole number (or none)"
+        raise ChatCommandError(f"{name} takes {wanted}, got {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    """What `base chat` starts with: the model and where it runs, the engine's settings, the first
+    sampling settings and system prompt. Its parts validate themselves where they are made."""
+
+    model: str
+    settings: ChatSettings
+    engine: EngineConfig
+    system: str | None = None
+    device: str = "auto"

@@ -1,0 +1,180 @@
+"""The REPL as a person uses it: `base chat` driven through a pseudo-terminal (or a pipe), with
+`--serve` answering HTTP on the same engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pexpect
+
+BASE = shutil.which("base") or str(Path(sys.executable).parent / "base")
+TIMEOUT_S = 15  # for any one expected output of the REPL
+
+
+def _spawn(chat_model: Path, home: Path, *args: str) -> pexpect.spawn:
+    env = {**os.environ, "BASE_HOME": str(home), "TERM": "xterm", "COLUMNS": "200", "LINES": "40"}
+    child = pexpect.spawn(
+        BASE,
+        ["chat", str(chat_model), "--device", "cpu", "--seed", "0", *args],
+        env=env,
+        encoding="utf-8",
+        timeout=TIMEOUT_S,
+        dimensions=(40, 200),
+    )
+    child.expect_exact(">>> ")
+    return child
+
+
+def _ask(child: pexpect.spawn, line: str, *expected: str) -> None:
+    """Sends a line and waits for each expected pattern (regex), then for the next prompt."""
+    child.sendline(line)
+    for pattern in expected:
+        child.expect(pattern)
+    child.expect_exact(">>> ")
+
+
+def _leave(child: pexpect.spawn) -> int:
+    child.expect(pexpect.EOF)
+    child.close()
+    return child.exitstatus
+
+
+def _quit(child: pexpect.spawn) -> int:
+    """Sends /quit; returns the exit status."""
+    child.sendline("/quit")
+    return _leave(child)
+
+
+def _stop_answer(child: pexpect.spawn) -> None:
+    """Ctrl-C while an answer streams: the turn ends as stopped and the prompt comes back."""
+    child.sendintr()
+    child.expect("stopped")
+    child.expect_exact(">>> ")
+
+
+def test_repl_answers_and_runs_its_commands(chat_model, tmp_path):
+    child = _spawn(chat_model, tmp_path / "home", "--max-tokens", "8")
+    try:
+        _ask(child, "/help", "Multi-line input")
+        _ask(child, "/system Be brief.", "system prompt set")
+        _ask(child, "hello there", r"decode 8 tokens [\d.]+ tok/s · context \d+/4096")
+        _ask(child, "/set temperature hot", "error: temperature takes a number, got 'hot'")
+        _ask(child, "/frobnicate", "unknown command /frobnicate; commands: /help")
+        _ask(child, f"/save {tmp_path / 'one.json'}", "saved 2 messages")
+        saved = json.loads((tmp_path / "one.json").read_text())
+        assert saved["settings"] == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 8, "seed": 0}
+        assert [m["role"] for m in saved["messages"]] == ["system", "user", "assistant"]
+        assert saved["messages"][0]["content"] == "Be brief."
+        assert saved["messages"][2]["content"]  # the random model's text came back
+        _ask(child, "/clear", "conversation cleared")
+        _ask(child, f"/save {tmp_path / 'empty.json'}", "saved 0 messages")
+        _ask(child, f"/load {tmp_path / 'one.json'}", "loaded 2 messages")
+        _ask(child, f"/save {tmp_path / 'two.json'}", "saved 2 messages")
+        assert json.loads((tmp_path / "two.json").read_text())["messages"] == saved["messages"]
+        _ask(child, "/stats", r"last turn: \d+ prompt tokens, 0 cached, 8 generated \(length\)", "session: 1 turns")
+        assert _quit(child) == 0
+    finally:
+        child.close(force=True)
+
+
+def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(chat_model, tmp_path):
+    child = _spawn(chat_model, tmp_path / "home", "--max-tokens", "3000")
+    try:
+        child.sendline("tell me a long story")
+        child.expect(r"[1-9]\d* tokens · Ctrl-C stops")  # the answer is streaming
+        _stop_answer(child)
+        _ask(child, "/stats", r"generated \(abort\)")
+        _ask(child, "/set max_tokens 4", "max_tokens=4")
+        child.sendline("and now briefly")
+        child.expect(r"\((\d+) cached\)")
+        assert int(child.match.group(1)) > 0  # the stopped answer's blocks serve the next turn
+        child.expect("decode 4 tokens")
+        child.expect_exact(">>> ")
+        assert _quit(child) == 0
+    finally:
+        child.close(force=True)
+
+
+def test_ctrl_c_at_the_prompt_clears_the_line_and_ctrl_d_leaves(chat_model, tmp_path):
+    home = tmp_path / "home"
+    child = _spawn(chat_model, home, "--max-tokens", "4")
+    try:
+        child.send("this line is dropped")
+        child.expect_exact("this line is dropped")  # echoed: readline has it and waits for more
+        child.sendintr()
+        child.expect_exact(">>> ")
+        _ask(child, "/stats", "last turn: none yet", "session: 0 turns")
+        child.sendeof()
+        assert _leave(child) == 0
+    finally:
+        child.close(force=True)
+    assert (home / "chat_history").read_text().splitlines()[-1] == "/stats"
+
+
+def test_history_carries_over_to_the_next_session(chat_model, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "chat_history").write_text("/system From the last session.\n")
+    child = _spawn(chat_model, home, "--max-tokens", "4")
+    try:
+        child.send("\x1b[A")  # arrow up recalls the last line of the previous session
+        child.send("\r")
+        child.expect("system prompt set")
+        child.expect_exact(">>> ")
+        _ask(child, "/system", "system prompt: 'From the last session.'")
+        assert _quit(child) == 0
+    finally:
+        child.close(force=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_answers_http_while_the_repl_streams_on_the_same_engine(chat_model, tmp_path):
+    port = _free_port()
+    child = _spawn(chat_model, tmp_path / "home", "--max-tokens", "3000", "--serve", "--port", str(port))
+    try:
+        child.sendline("tell me a long story")
+        child.expect(r"[1-9]\d* tokens · Ctrl-C stops")
+        body = {"model": chat_model.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            answer = json.loads(response.read())
+        assert answer["usage"]["completion_tokens"] == 5
+        assert answer["choices"][0]["finish_reason"] == "length"
+        _stop_answer(child)  # the REPL's answer was still running alongside
+        assert _quit(child) == 0
+    finally:
+        child.close(force=True)
+
+
+def test_piped_chat_prints_plain_answers_on_stdout(chat_model, tmp_path):
+    env = {**os.environ, "BASE_HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [BASE, "chat", str(chat_model), "--device", "cpu", "--seed", "0", "--max-tokens", "6"],
+        input='hello\n"""\ntwo\nlines\n"""\n',
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "\x1b[" not in result.stdout + result.stderr  # no terminal codes when not a terminal
+    assert result.stdout.count("\n") >= 2  # two answers, each ended by a newline
+    assert len(re.findall(r"decode 6 tokens .* context \d+/4096", result.stderr)) == 2
+    assert ">>>" not in result.stdout

@@ -22,7 +22,7 @@ from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model,
 from baselm.api.tools import tool_format
 from baselm.async_engine import AsyncEngine
 from baselm.engine import LLMEngine
-from baselm.tokenizer import ChatTemplateError
+from baselm.tokenizer.errors import ChatTemplateError
 
 
 def _model_card(state: ServerState) -> dict:

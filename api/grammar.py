@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from baselm.api.errors import bad_request
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger("baselm.api")
 

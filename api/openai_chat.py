@@ -20,7 +20,7 @@ from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, Common, array_field, read_common
 from baselm.request import RequestOutput
 from baselm.sampling import LogitsProcessor, SamplingParams, TokenLogprobs
-from baselm.tokenizer import ChatTemplateError
+from baselm.tokenizer.errors import ChatTemplateError
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _ROLES = ("system", "developer", "user", "assistant", "tool")

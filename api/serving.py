@@ -38,7 +38,7 @@ from baselm.engine import QueueFullError
 from baselm.request import RequestOutput
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 

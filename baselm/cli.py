@@ -57,7 +57,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from baselm.sampling import SamplingParamsError
     from baselm.scheduler import RequestTooLongError
     from baselm.store.errors import StoreError
-    from baselm.tokenizer import TokenizerError
+    from baselm.tokenizer.errors import TokenizerError
 
     return (
         BackendError,
@@ -90,11 +90,13 @@ def pull(
     """Bring a model into the local store as a .base file."""
     from baselm.models import supported_model_types
     from baselm.store import pull as pulling
+    from baselm.store.hub import default_progress
+    from baselm.store.import_local import import_local
 
     supported = set(supported_model_types())
     try:
         if Path(source).expanduser().exists():
-            stored = pulling.import_local(
+            stored = import_local(
                 Path(source).expanduser(),
                 name=name,
                 quant=quant,
@@ -112,7 +114,7 @@ def pull(
                 revision=revision,
                 supported=supported,
                 force=force,
-                progress=pulling.default_progress(quiet),
+                progress=default_progress(quiet),
             )
     except _user_errors() as exc:
         _fail(str(exc))
@@ -170,7 +172,7 @@ def inspect(
 ) -> None:
     """Show a .base file's header, tensor table and totals."""
     from baselm.loader import resolve
-    from baselm.store.base_file import inspect_report, render_inspect
+    from baselm.store.base_inspect import inspect_report, render_inspect
 
     try:
         _, path = resolve(model)

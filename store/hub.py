@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
+from huggingface_hub import HfApi
+from huggingface_hub import errors as hf_errors
+from huggingface_hub.file_download import hf_hub_url
+from huggingface_hub.utils import build_hf_headers, filter_repo_objects, get_session, hf_raise_for_status
+from rich.console import Console
+from rich.progress import DownloadColumn, TransferSpeedColumn
+from rich.progress import Progress as Bars
+
 from baselm.store.errors import ModelFileError, StoreError, UnsupportedModelError
+from baselm.store.fs import human_size, publish
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CHUNK_SIZE = 256 * 1024  # bytes written (and resumable) at a time
@@ -57,6 +66,8 @@ class HubError(StoreError):
 
 @dataclass(frozen=True, slots=True)
 class HubFile:
+    """One file of a repo as the hub lists it."""
+
     path: str  # relative to the repo root
     size: int
     sha256: str | None  # LFS files
@@ -90,12 +101,16 @@ class Selection:
 
 
 class Progress(Protocol):
+    """What a download reports to: a file's start, each chunk, its end."""
+
     def start(self, label: str, total: int, done: int) -> None: ...
     def advance(self, num_bytes: int) -> None: ...
     def finish(self) -> None: ...
 
 
 class NoProgress:
+    """Reports nothing (`--quiet`)."""
+
     def start(self, label: str, total: int, done: int) -> None:
         pass
 
@@ -115,8 +130,8 @@ class LineProgress:
 
     def start(self, label: str, total: int, done: int) -> None:
         self.label, self.total, self.done = label, total, done
-        resumed = f", resuming at {_human(done)}" if done else ""
-        print(f"downloading {label} ({_human(total)}{resumed})", file=self.stream, flush=True)
+        resumed = f", resuming at {human_size(done)}" if done else ""
+        print(f"downloading {label} ({human_size(total)}{resumed})", file=self.stream, flush=True)
         self.next_mark = (done * 4 // max(total, 1) + 1) * total // 4
 
     def advance(self, num_bytes: int) -> None:
@@ -133,10 +148,6 @@ class RichProgress:
     """One rich progress bar per file, for a terminal."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import DownloadColumn, TransferSpeedColumn
-        from rich.progress import Progress as Bars
-
         columns = (*Bars.get_default_columns(), DownloadColumn(), TransferSpeedColumn())
         self.bars = Bars(*columns, console=Console(stderr=True))
         self.task: Any = None
@@ -173,8 +184,6 @@ class HubClient:
 
     def snapshot(self, repo: str, revision: str = "main") -> RepoSnapshot:
         """The repo's files (with sizes and hashes) at `revision`."""
-        from huggingface_hub import HfApi
-
         api = HfApi(endpoint=self.endpoint, token=self.token)
         with _hub_errors(repo, revision, self.endpoint):
             info = api.model_info(repo, revision=revision, files_metadata=True)
@@ -189,8 +198,6 @@ class HubClient:
 
     def download(self, snapshot: RepoSnapshot, file: HubFile, folder: Path, progress: Progress | None = None) -> Path:
         """`file` under `folder`, fetched (or resumed from its `.part`) and verified; a verified copy is reused."""
-        from huggingface_hub.file_download import hf_hub_url
-
         target = folder / file.path
         if target.is_file() and _matches(target, file):
             return target
@@ -205,8 +212,6 @@ class HubClient:
             try:
                 with _hub_errors(snapshot.repo, snapshot.revision, self.endpoint):
                     self._fetch(url, f, file.size, progress)
-                f.flush()
-                os.fsync(f.fileno())
             finally:
                 progress.finish()
         if not _matches(part, file):
@@ -214,13 +219,11 @@ class HubClient:
             raise HubError(
                 f"{file.path} from {snapshot.repo} does not match the hash the hub lists; it was removed, pull again"
             )
-        os.replace(part, target)
+        publish(part, target)
         return target
 
     def _fetch(self, url: str, f: BinaryIO, size: int, progress: Progress) -> None:
         """Appends the rest of the file to `f`, resuming with a Range request after each cut."""
-        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-
         headers = build_hf_headers(token=self.token)
         headers["Accept-Encoding"] = "identity"  # byte offsets must be offsets in the file
         failures = 0
@@ -253,8 +256,6 @@ class HubClient:
 
 def select_files(snapshot: RepoSnapshot, tag: str | None) -> Selection:
     """The files to fetch: a GGUF file when `tag` names one (or the repo has only GGUF), else the HF files."""
-    from huggingface_hub.utils import filter_repo_objects
-
     ggufs = [f for f in snapshot.files if f.path.endswith(".gguf") and not _is_extra_gguf(f.path)]
     has_safetensors = any(f.path.endswith(".safetensors") for f in snapshot.files)
     tagged = [f for f in ggufs if tag and gguf_tag(f.path).upper() == tag.upper()]
@@ -323,19 +324,17 @@ def _hub_errors(repo: str, revision: str, endpoint: str) -> Iterator[None]:
 
 
 def _hub_error_message(exc: BaseException, repo: str, revision: str, endpoint: str) -> str | None:
-    from huggingface_hub import errors as hf
-
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    if isinstance(exc, hf.GatedRepoError) or status == 403:
+    if isinstance(exc, hf_errors.GatedRepoError) or status == 403:
         return f"{repo} is gated or private: it needs a token (set HF_TOKEN) with access granted on its hub page"
-    if isinstance(exc, hf.RevisionNotFoundError):
+    if isinstance(exc, hf_errors.RevisionNotFoundError):
         return f"{repo} has no revision {revision!r}"
-    if isinstance(exc, hf.RepositoryNotFoundError) or status == 401:
+    if isinstance(exc, hf_errors.RepositoryNotFoundError) or status == 401:
         hint = "; if it is private or gated, set HF_TOKEN to a token with access" if status == 401 else ""
         return f"no such repo {repo!r} on {endpoint} (or no such revision {revision!r}){hint}"
-    if isinstance(exc, hf.EntryNotFoundError) or status == 404:
+    if isinstance(exc, hf_errors.EntryNotFoundError) or status == 404:
         return f"{repo}@{revision}: a listed file is missing on the hub; try again later or another revision"
-    if isinstance(exc, hf.HfHubHTTPError):
+    if isinstance(exc, hf_errors.HfHubHTTPError):
         return f"the hub answered {status} for {repo}; try again later"
     if _is_network_error(exc):
         kind = type(exc).__name__
@@ -367,11 +366,3 @@ def _digest(path: Path, h: Any) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _human(num_bytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if num_bytes < 1024 or unit == "GiB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1024
-    return f"{num_bytes:.1f} GiB"

@@ -23,7 +23,8 @@ from typing import Any
 import mlx.core as mx
 
 from baselm.store import hf
-from baselm.store.base_file import GROUP_SIZES, TensorRecord
+from baselm.store.base_format import GROUP_SIZES
+from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 
 QUANT_KEYS = ("quantization", "quantization_config")
@@ -103,7 +104,8 @@ def _triplet_record(
     if record is None or record.bits != bits:
         shapes = ", ".join(str(tuple(p.shape)) for p in parts)
         raise ModelFileError(
-            f"{folder}: {prefix}'s codes, scales and biases {shapes} are not {bits}-bit groups of {group_size} as config.json says"
+            f"{folder}: {prefix}'s codes, scales and biases {shapes} are not {bits}-bit groups of {group_size} as "
+            "config.json says"
         )
     return record
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from baselm.store.base_file import FLOAT_DTYPES, GROUP_SIZES, TensorRecord, float_numpy, to_float32
+from baselm.store.base_format import FLOAT_DTYPES, GROUP_SIZES, float_numpy, to_float32
+from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ProfileError, QuantizationError
 
 KEEP_FLOAT = "float"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +224,8 @@ class QuantProfile:
                 name,
                 source_dtype,
                 None,
-                f"rule {rule.pattern!r} asks {scheme.name}, but input dim {shape[1]} is not a multiple of group size {sizes[-1]}; kept float",
+                f"rule {rule.pattern!r} asks {scheme.name}, but input dim {shape[1]} is not a multiple of group size "
+                f"{sizes[-1]}; kept float",
             )
         return Decision(name, scheme.dtype, group_size, f"rule {rule.pattern!r}: {scheme.name}, group {group_size}")
 
@@ -261,15 +265,36 @@ def builtin_profile(name: str, scheme: str) -> QuantProfile:
     return QuantProfile(f"{name}-{scheme}", _FLOAT_RULES + _EMBEDDING_RULES + body)
 
 
-def resolve_profile(spec: str | Path, scheme: str) -> QuantProfile:
-    """A built-in profile by name (`default`, `mixed`), else a profile JSON file."""
+def resolve_profile(spec: str | Path, scheme: str, group_size: int | None = None) -> QuantProfile:
+    """A built-in profile by name (`default`, `mixed`), else a profile JSON file.
+
+    `group_size` (32, 64 or 128), when given, is the group size of every quantizing rule that
+    does not name its own; the profile's name gets a `-g<size>` suffix.
+    """
     if isinstance(spec, str) and spec in BUILTIN_PROFILES:
-        return builtin_profile(spec, scheme)
-    return load_profile(Path(spec))
+        profile = builtin_profile(spec, scheme)
+    else:
+        profile = load_profile(Path(spec))
+    if group_size is None:
+        return profile
+    if group_size not in GROUP_SIZES:
+        raise ProfileError(f"group size {group_size} must be 32, 64 or 128")
+    rules = tuple(
+        Rule(r.pattern, r.scheme, r.group_size or group_size, r.is_regex) if _quantizes(r) else r for r in profile.rules
+    )
+    return QuantProfile(f"{profile.name}-g{group_size}", rules)
+
+
+def _quantizes(rule: Rule) -> bool:
+    scheme = SCHEMES.get(rule.scheme)
+    return scheme is not None and scheme.is_quantized
 
 
 def load_profile(path: Path) -> QuantProfile:
-    """Reads and validates a profile file: `{"name": str, "rules": [{"match"|"regex": str, "scheme": str, "group_size"?: int}]}`."""
+    """Reads and validates a profile file.
+
+    Its form: `{"name": str, "rules": [{"match"|"regex": str, "scheme": str, "group_size"?: int}]}`.
+    """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -361,6 +386,29 @@ def widen(record: TensorRecord, bits: int, group_size: int) -> TensorRecord | No
         group_size=group_size,
         scale_dtype=record.scale_dtype,
     )
+
+
+def dequantize_record(record: TensorRecord) -> mx.array:
+    """A record as MLX float values: float records as stored, quantized ones dequantized in f32."""
+    if record.bits is None:
+        values = mx.array(record.data)
+        return values.view(mx.bfloat16) if record.dtype == "bf16" else values
+    scales = mx.array(record.scales)
+    biases = mx.array(record.biases)
+    if record.scale_dtype == "bf16":
+        scales, biases = scales.view(mx.bfloat16), biases.view(mx.bfloat16)
+    return mx.dequantize(
+        mx.array(record.codes),
+        scales.astype(mx.float32),
+        biases.astype(mx.float32),
+        group_size=record.group_size,
+        bits=record.bits,
+    )  # (out, in) float32
+
+
+def requantize_note(label: str, source_quant: str, quant: str) -> None:
+    """The one line that says a quantized source is being rounded a second time."""
+    log.warning("%s: requantizing its %s weights to %s compounds the two rounding errors", label, source_quant, quant)
 
 
 def quantize_tensors(

@@ -31,16 +31,15 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from baselm.store.base_file import fsync_dir
 from baselm.store.default_model import base_home
 from baselm.store.errors import StoreError
+from baselm.store.fs import atomic_write, publish
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
@@ -110,23 +109,15 @@ def _now() -> str:
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
 
 
 def _no_space(path: Path) -> NoSpaceError:
     free = shutil.disk_usage(path).free if path.exists() else 0
     return NoSpaceError(
-        f"no space left on the disk holding {path} ({free / 2**30:.1f} GiB free); free some space or set BASE_HOME to another disk"
+        f"no space left on the disk holding {path} ({free / 2**30:.1f} GiB free); free some space or set BASE_HOME to "
+        "another disk"
     )
 
 
@@ -149,10 +140,7 @@ class PendingWrite:
         """Moves the finished file into place, then records it in the manifest (in that order)."""
         if not self.temp_path.is_file():
             raise StoreError(f"nothing was written to {self.temp_path}; the model was not stored")
-        with open(self.temp_path, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(self.temp_path, self.final_path)
-        fsync_dir(self.folder)
+        publish(self.temp_path, self.final_path)
         entry = {
             "arch": arch,
             "params": int(params),

@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from baselm.store import hf
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TOKENIZER = FIXTURES / "tokenizers" / "bpe"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from baselm.chat.settings import ChatCommandError
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ from baselm.engine import LLMEngine, QueueFullError
 from baselm.loader import load_model
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
-from baselm.tokenizer import ChatTemplateError
+from baselm.tokenizer.errors import ChatTemplateError
 
 PROMPT = ">>> "
 CONTINUATION = "... "

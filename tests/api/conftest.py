@@ -20,7 +20,7 @@ from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 from baselm.models import build_model
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 from tests.tiny_model import TOKENIZER, widened_llama
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 from tests.tiny_model import TOKENIZER, write_model_folder
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar, lark_grammar
 from baselm.api.tools import HERMES, LLAMA3_JSON, ToolCallParser, forced_call_lark, tool_format
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 from tests.api.conftest import MODEL
 from tests.tiny_model import TOKENIZER
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 from tests.tiny_model import TOKENIZER, write_model_folder
 
 

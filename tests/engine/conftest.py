@@ -13,7 +13,7 @@ from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 from baselm.models import build_model
 from baselm.store import hf
-from baselm.tokenizer import Tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

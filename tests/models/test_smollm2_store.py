@@ -31,7 +31,7 @@ from baselm.engine import LLMEngine
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import LoadedModel, load_model
 from baselm.sampling import SamplingParams
-from baselm.store.pull import import_local
+from baselm.store.import_local import import_local
 from baselm.store.registry import Store
 
 pytestmark = pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -10,10 +11,13 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from baselm.store.base_file import BLOB_ALIGN, PREAMBLE, canonical_json, write_base_file
+from baselm.store.base_format import BLOB_ALIGN, PREAMBLE, canonical_json
+from baselm.store.base_writer import write_base_file
 from baselm.store.quantize import quantize
 
 CREATED = "2026-01-01T00:00:00+00:00"
+Q_NAME = "model.layers.0.self_attn.q_proj.weight"
+NORM_NAME = "model.layers.0.input_layernorm.weight"
 HEADER_FIELDS: dict[str, Any] = {
     "arch": "llama",
     "config": {"model_type": "llama", "hidden_size": 64, "rms_norm_eps": 1e-05},
@@ -53,8 +57,6 @@ def write_small(path: Path, **overrides: Any) -> Path:
 
 def split_file(path: Path) -> tuple[dict[str, Any], bytes]:
     """(header dict, blob bytes) of a file our writer made."""
-    import json
-
     data = path.read_bytes()
     _, _, header_len = PREAMBLE.unpack_from(data)
     blob_start = -(-(PREAMBLE.size + header_len) // BLOB_ALIGN) * BLOB_ALIGN

@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import gguf
 import numpy as np
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 LFS_SUFFIXES = (".safetensors", ".gguf", ".bin")
 _REPO = r"(?P<repo>[^/]+/[^/]+)"
@@ -74,7 +77,8 @@ class HubServer:
         self.stalled = threading.Event()  # set when a stalled download has sent its bytes
         self.release = threading.Event()
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        handler = type("BoundHubHandler", (HubHandler,), {"hub": self})
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
@@ -104,6 +108,20 @@ class HubServer:
         """The Range headers of each GET of a file (None: the whole file)."""
         return [r for m, p, r in self.requests if m == "GET" and "/resolve/" in p and p.endswith("/" + path)]
 
+    def log_request(self, method: str, path: str, range_header: str | None) -> None:
+        with self._lock:
+            self.requests.append((method, path, range_header))
+
+    def take_faults(self, path: str, data: bytes) -> tuple[bytes, int | None, int | None]:
+        """(data, bytes before a cut, bytes before a stall) for one download of `path`; one-time faults are used up."""
+        with self._lock:
+            cut = self.cut_after.pop(path, self.cut_always.get(path))
+            stall = self.stall_after.pop(path, None)
+            if path in self.corrupt and data:
+                self.corrupt.discard(path)
+                data = bytes([data[0] ^ 0xFF]) + data[1:]
+        return data, cut, stall
+
     def start(self) -> HubServer:
         self._thread.start()
         return self
@@ -120,157 +138,157 @@ class HubServer:
         self.stop()
 
 
-def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class HubHandler(BaseHTTPRequestHandler):
+    """Answers one request for `hub`, which `HubServer` sets on a subclass of its own."""
 
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
-            pass
+    hub: HubServer
+    protocol_version = "HTTP/1.1"
 
-        def do_HEAD(self) -> None:
-            self._dispatch(body=False)
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
 
-        def do_GET(self) -> None:
-            self._dispatch(body=True)
+    def do_HEAD(self) -> None:
+        self._dispatch(body=False)
 
-        def _dispatch(self, body: bool) -> None:
-            path = urlsplit(self.path).path
-            with server._lock:
-                server.requests.append((self.command, path, self.headers.get("Range")))
-            for kind, pattern in _ROUTES:
-                match = pattern.match(path)
-                if match:
-                    groups = {k: unquote(v) if v else v for k, v in match.groupdict().items()}
-                    return getattr(self, f"_{kind}")(body=body, **groups)
-            self._error(404, "EntryNotFound", "no such route")
+    def do_GET(self) -> None:
+        self._dispatch(body=True)
 
-        # -- access rules, as the hub applies them
+    def _dispatch(self, body: bool) -> None:
+        path = urlsplit(self.path).path
+        self.hub.log_request(self.command, path, self.headers.get("Range"))
+        for kind, pattern in _ROUTES:
+            match = pattern.match(path)
+            if match:
+                groups = {k: unquote(v) if v else v for k, v in match.groupdict().items()}
+                return getattr(self, f"_{kind}")(body=body, **groups)
+        self._error(404, "EntryNotFound", "no such route")
 
-        def _repo(self, repo: str, rev: str | None, download: bool) -> Repo | None:
-            found = next((r for name, r in server.repos.items() if name.lower() == repo.lower()), None)
-            token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
-            if found is None:
-                self._error(404, "RepoNotFound", "Repository not found")
-            elif found.private and token not in found.granted_tokens:
-                self._error(401, "RepoNotFound", "Repository not found")
-            elif rev not in (None, "main", found.commit):
-                self._error(404, "RevisionNotFound", "Invalid rev id: " + rev)
-            elif download and found.gated and token not in found.granted_tokens:
-                status = 403 if token else 401
-                self._error(status, "GatedRepo", f"Access to model {repo} is restricted")
-            else:
-                return found
-            return None
+    # -- access rules, as the hub applies them
 
-        def _error(self, status: int, code: str, message: str) -> None:
-            data = json.dumps({"error": message}).encode()
-            self.send_response(status)
-            self.send_header("X-Error-Code", code)
-            self.send_header("X-Error-Message", message)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
+    def _repo(self, repo: str, rev: str | None, download: bool) -> Repo | None:
+        found = next((r for name, r in self.hub.repos.items() if name.lower() == repo.lower()), None)
+        token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        if found is None:
+            self._error(404, "RepoNotFound", "Repository not found")
+        elif found.private and token not in found.granted_tokens:
+            self._error(401, "RepoNotFound", "Repository not found")
+        elif rev not in (None, "main", found.commit):
+            self._error(404, "RevisionNotFound", "Invalid rev id: " + rev)
+        elif download and found.gated and token not in found.granted_tokens:
+            status = 403 if token else 401
+            self._error(status, "GatedRepo", f"Access to model {repo} is restricted")
+        else:
+            return found
+        return None
 
-        def _json(self, obj: Any, body: bool, commit: str) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("X-Repo-Commit", commit)
-            self.end_headers()
-            if body:
-                self.wfile.write(data)
+    def _error(self, status: int, code: str, message: str) -> None:
+        data = json.dumps({"error": message}).encode()
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        self.send_header("X-Error-Message", message)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
-        # -- routes
+    def _json(self, obj: Any, body: bool, commit: str) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Repo-Commit", commit)
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
 
-        def _info(self, repo: str, rev: str | None, body: bool) -> None:
-            found = self._repo(repo, rev, download=False)
-            if found is None:
-                return
-            query = urlsplit(self.path).query
-            siblings = [found.entry(p) if "blobs=true" in query else {"rfilename": p} for p in sorted(found.files)]
-            info = {
-                "id": found.name,
-                "modelId": found.name,
-                "sha": found.commit,
-                "private": found.private,
-                "gated": "manual" if found.gated else False,
-                "siblings": siblings,
-                "tags": [],
-            }
-            self._json(info, body, found.commit)
+    # -- the model API: info and file listings
 
-        def _tree(self, repo: str, rev: str, path: str | None, body: bool) -> None:
-            found = self._repo(repo, rev, download=False)
-            if found is None:
-                return
-            prefix = f"{path.rstrip('/')}/" if path else ""
-            items = []
-            for name in sorted(p for p in found.files if p.startswith(prefix)):
-                entry = found.entry(name)
-                item = {"type": "file", "oid": entry["blobId"], "size": entry["size"], "path": name}
-                if "lfs" in entry:
-                    item["lfs"] = {"oid": entry["lfs"]["sha256"], "size": entry["size"], "pointerSize": 134}
-                items.append(item)
-            self._json(items, body, found.commit)
+    def _info(self, repo: str, rev: str | None, body: bool) -> None:
+        found = self._repo(repo, rev, download=False)
+        if found is None:
+            return
+        query = urlsplit(self.path).query
+        siblings = [found.entry(p) if "blobs=true" in query else {"rfilename": p} for p in sorted(found.files)]
+        info = {
+            "id": found.name,
+            "modelId": found.name,
+            "sha": found.commit,
+            "private": found.private,
+            "gated": "manual" if found.gated else False,
+            "siblings": siblings,
+            "tags": [],
+        }
+        self._json(info, body, found.commit)
 
-        def _resolve(self, repo: str, rev: str, path: str, body: bool) -> None:
-            found = self._repo(repo, rev, download=True)
-            if found is None:
-                return
-            if path not in found.files:
-                return self._error(404, "EntryNotFound", f"{path} does not exist on {rev}")
-            data = found.files[path]
-            entry = found.entry(path)
-            start, end = self._range(len(data))
-            self.send_response(206 if (start, end) != (0, len(data)) else 200)
-            self.send_header("X-Repo-Commit", found.commit)
-            etag = entry["lfs"]["sha256"] if "lfs" in entry else entry["blobId"]
-            self.send_header("ETag", f'"{etag}"')
+    def _tree(self, repo: str, rev: str, path: str | None, body: bool) -> None:
+        found = self._repo(repo, rev, download=False)
+        if found is None:
+            return
+        prefix = f"{path.rstrip('/')}/" if path else ""
+        items = []
+        for name in sorted(p for p in found.files if p.startswith(prefix)):
+            entry = found.entry(name)
+            item = {"type": "file", "oid": entry["blobId"], "size": entry["size"], "path": name}
             if "lfs" in entry:
-                self.send_header("X-Linked-Etag", f'"{etag}"')
-                self.send_header("X-Linked-Size", str(len(data)))
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Length", str(end - start))
-            if (start, end) != (0, len(data)):
-                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
-            self.end_headers()
-            if body:
-                self._send_body(path, data[start:end])
+                item["lfs"] = {"oid": entry["lfs"]["sha256"], "size": entry["size"], "pointerSize": 134}
+            items.append(item)
+        self._json(items, body, found.commit)
 
-        def _range(self, size: int) -> tuple[int, int]:
-            match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
-            if not match:
-                return 0, size
-            start = int(match.group(1))
-            end = int(match.group(2)) + 1 if match.group(2) else size
-            return min(start, size), min(end, size)
+    # -- files: whole or ranged, with the faults the tests ask for
 
-        def _send_body(self, path: str, data: bytes) -> None:
-            with server._lock:
-                cut = server.cut_after.pop(path, server.cut_always.get(path))
-                stall = server.stall_after.pop(path, None)
-                if path in server.corrupt and data:
-                    server.corrupt.discard(path)
-                    data = bytes([data[0] ^ 0xFF]) + data[1:]
-            limit = cut if cut is not None else stall
-            try:
-                if limit is None:
-                    self.wfile.write(data)
-                    return
-                self.wfile.write(data[:limit])
-                self.wfile.flush()
-                if stall is not None:
-                    server.stalled.set()
-                    server.release.wait(timeout=60)
-                self.close_connection = True
-                self.connection.shutdown(2)  # the client sees the body end early
-            except OSError:
-                self.close_connection = True  # the client went away
+    def _resolve(self, repo: str, rev: str, path: str, body: bool) -> None:
+        found = self._repo(repo, rev, download=True)
+        if found is None:
+            return
+        if path not in found.files:
+            return self._error(404, "EntryNotFound", f"{path} does not exist on {rev}")
+        data = found.files[path]
+        start, end = self._range(len(data))
+        self._file_headers(found, path, start, end)
+        if body:
+            self._send_body(path, data[start:end])
 
-    return Handler
+    def _file_headers(self, found: Repo, path: str, start: int, end: int) -> None:
+        size = len(found.files[path])
+        entry = found.entry(path)
+        self.send_response(206 if (start, end) != (0, size) else 200)
+        self.send_header("X-Repo-Commit", found.commit)
+        etag = entry["lfs"]["sha256"] if "lfs" in entry else entry["blobId"]
+        self.send_header("ETag", f'"{etag}"')
+        if "lfs" in entry:
+            self.send_header("X-Linked-Etag", f'"{etag}"')
+            self.send_header("X-Linked-Size", str(size))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(end - start))
+        if (start, end) != (0, size):
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.end_headers()
+
+    def _range(self, size: int) -> tuple[int, int]:
+        match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+        if not match:
+            return 0, size
+        start = int(match.group(1))
+        end = int(match.group(2)) + 1 if match.group(2) else size
+        return min(start, size), min(end, size)
+
+    def _send_body(self, path: str, data: bytes) -> None:
+        data, cut, stall = self.hub.take_faults(path, data)
+        limit = cut if cut is not None else stall
+        try:
+            if limit is None:
+                self.wfile.write(data)
+                return
+            self.wfile.write(data[:limit])
+            self.wfile.flush()
+            if stall is not None:
+                self.hub.stalled.set()
+                self.hub.release.wait(timeout=60)
+            self.close_connection = True
+            self.connection.shutdown(2)  # the client sees the body end early
+        except OSError:
+            self.close_connection = True  # the client went away
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,8 +298,6 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
 def tiny_llama_files(fixture: Path, model_type: str = "llama") -> dict[str, bytes]:
     """A safetensors repo from the committed tiny llama fixture, with a word-level tokenizer and
     files a pull must leave alone (README, a .bin and an ONNX export)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     config = json.loads((fixture / "config.json").read_text())
     config["model_type"] = model_type
     tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(config["vocab_size"])}, unk_token="t0"))
@@ -300,17 +316,14 @@ def tiny_llama_files(fixture: Path, model_type: str = "llama") -> dict[str, byte
 
 def tiny_gguf_files(fixture: Path, folder: Path, tags: tuple[str, ...] = ("Q4_0", "Q8_0", "F32")) -> dict[str, bytes]:
     """A GGUF repo: the tiny llama fixture written once per quant type (2-D weights quantized)."""
-    import gguf
-    from safetensors.numpy import load_file
-
     config = json.loads((fixture / "config.json").read_text())
     weights = load_file(str(fixture / "model.safetensors"))
     files = {"README.md": b"# tiny gguf\n"}
     for tag in tags:
         path = folder / f"tiny-llama.{tag}.gguf"
         writer = gguf.GGUFWriter(str(path), "llama")
-        _gguf_metadata(writer, config)
-        for name, value in _gguf_tensors(weights, config):
+        gguf_metadata(writer, config)
+        for name, value in gguf_tensors(weights, config):
             kind = gguf.GGMLQuantizationType[tag] if value.ndim == 2 else gguf.GGMLQuantizationType.F32
             data = gguf.quants.quantize(value, kind) if kind != gguf.GGMLQuantizationType.F32 else value
             writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
@@ -322,7 +335,7 @@ def tiny_gguf_files(fixture: Path, folder: Path, tags: tuple[str, ...] = ("Q4_0"
     return files
 
 
-def _gguf_metadata(writer: Any, config: dict[str, Any]) -> None:
+def gguf_metadata(writer: Any, config: dict[str, Any]) -> None:
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_feed_forward_length(config["intermediate_size"])
@@ -337,7 +350,7 @@ def _gguf_metadata(writer: Any, config: dict[str, Any]) -> None:
     writer.add_eos_token_id(config["eos_token_id"])
 
 
-def _gguf_tensors(weights: dict[str, Any], config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+def gguf_tensors(weights: dict[str, Any], config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """HF tensors under llama.cpp names, q/k rows permuted as llama.cpp's converter does."""
     names = {
         "input_layernorm": "attn_norm",

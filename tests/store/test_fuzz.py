@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from base_helpers import assemble, split_file, write_small
 
-from baselm.store.base_file import BLOB_ALIGN, DTYPES, PREAMBLE, QuantizedArray, canonical_json, read_base_file
+from baselm.store.base_format import BLOB_ALIGN, DTYPES, PREAMBLE, canonical_json
+from baselm.store.base_reader import QuantizedArray, read_base_file
 from baselm.store.errors import BaseFileError
 
 SEED = 20261129

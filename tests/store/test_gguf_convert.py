@@ -9,6 +9,7 @@ random blocks with sane `d`/`dmin` fields, which its dequantizer reads like any 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -17,12 +18,16 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
+from hub_server import gguf_metadata, gguf_tensors
+from safetensors.numpy import load_file
 
 from baselm.store import gguf as gguf_store
-from baselm.store.base_file import QuantizedArray, TensorRecord, read_base_file
+from baselm.store.base_reader import QuantizedArray, read_base_file
+from baselm.store.base_writer import TensorRecord
+from baselm.store.convert import convert
+from baselm.store.convert_gguf import _kept_gguf
 from baselm.store.errors import UnsupportedModelError
 from baselm.store.gguf_quants import pack_affine
-from baselm.store.pull import convert
 from baselm.store.quantize import pack_codes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -194,8 +199,6 @@ def test_a_k_quant_is_dequantized_as_gguf_does_and_requantized_within_half_a_ste
     expected = oracle(path)["w.weight"]
     assert isinstance(values, np.ndarray) and np.array_equal(values, expected)
 
-    from baselm.store.pull import _kept_gguf
-
     gguf_file = gguf_store.GGUFFile.open(path)
     [(name, record)] = list(_kept_gguf("w.gguf", gguf_file, iter([("w.weight", type_name, values)])))
     bits, group_size = K_BITS[type_name]
@@ -208,12 +211,11 @@ def test_a_k_quant_is_dequantized_as_gguf_does_and_requantized_within_half_a_ste
 
 def test_keeping_a_k_quant_file_logs_that_requantizing_compounds_error(tmp_path: Path, caplog) -> None:
     path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks("Q4_K", 4, 256), "Q4_K")})
-    from baselm.store.pull import _kept_gguf
-
-    with caplog.at_level(logging.WARNING, logger="baselm.store.pull"):
+    with caplog.at_level(logging.WARNING, logger="baselm.store.convert_gguf"):
         list(_kept_gguf("w.gguf", gguf_store.GGUFFile.open(path), iter([])))
     assert caplog.messages == [
-        "w.gguf: K-quant tensors have no exact .base form; requantizing them (Q4_K -> q4) compounds the two rounding errors"
+        "w.gguf: K-quant tensors have no exact .base form; requantizing them (Q4_K -> q4) compounds the two rounding "
+        "errors"
     ]
 
 
@@ -271,18 +273,13 @@ def test_a_gguf_cut_short_or_scrambled_is_a_clear_error(cut: int, tmp_path: Path
 def llama_gguf(path: Path, type_name: str) -> tuple[Path, dict]:
     """The llama fixture as llama.cpp's converter writes it (q/k rows permuted), 2-D weights as
     `type_name`, norms F32; the tiny `t0..t255` vocabulary of the hub tests."""
-    import json
-
-    from hub_server import _gguf_metadata, _gguf_tensors
-    from safetensors.numpy import load_file
-
     folder = FIXTURES / "models" / "llama"
     config = json.loads((folder / "config.json").read_text())
     tensors = {}
-    for name, value in _gguf_tensors(load_file(str(folder / "model.safetensors")), config):
+    for name, value in gguf_tensors(load_file(str(folder / "model.safetensors")), config):
         kind = type_name if value.ndim == 2 else "F32"
         tensors[name] = (encode(value, kind), kind)
-    write_gguf(path, tensors, lambda writer: _gguf_metadata(writer, config))
+    write_gguf(path, tensors, lambda writer: gguf_metadata(writer, config))
     return path, config
 
 

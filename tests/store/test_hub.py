@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from hub_server import HubServer, git_blob_id
+from huggingface_hub import HfApi, hf_hub_download
 
 from baselm.store import hub as hub_module
 from baselm.store.errors import ModelFileError, UnsupportedModelError
@@ -42,8 +43,6 @@ def client(hub: HubServer) -> HubClient:
 
 
 def test_huggingface_hub_itself_downloads_from_the_test_server(hub: HubServer, tmp_path: Path) -> None:
-    from huggingface_hub import HfApi, hf_hub_download
-
     path = hf_hub_download("org/tiny", "model.safetensors", cache_dir=tmp_path, endpoint=hub.url, token=False)
     assert Path(path).read_bytes() == WEIGHTS
     tree = HfApi(endpoint=hub.url, token=False).list_repo_tree("org/tiny", recursive=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 from test_gguf_convert import llama_gguf, oracle
 from test_mlx_folder import make_mlx_folder
 
@@ -19,10 +19,12 @@ from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import load_model
 from baselm.models import build_model
 from baselm.models.base import DecoderModel
-from baselm.store.base_file import BaseFile
+from baselm.store.base_reader import BaseFile
+from baselm.store.convert import convert
 from baselm.store.errors import BaseFileError, StoreError, UnsupportedModelError
+from baselm.store.gguf import _unpermute_rows, hf_name
+from baselm.store.import_local import import_local
 from baselm.store.mlx_folder import plain_config
-from baselm.store.pull import convert, import_local
 from baselm.store.registry import Store
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -107,8 +109,6 @@ def test_a_gguf_is_stored_as_its_own_quant_and_gives_the_logits_of_its_dequantiz
     # Independent of our reader: the gguf package's dequantization, q/k rows put in HF order.
     hf = {}
     for name, values in oracle(path).items():
-        from baselm.store.gguf import _unpermute_rows, hf_name
-
         target, heads = hf_name(name, stored.config)
         hf[target] = mx.array(values if heads is None else _unpermute_rows(values, heads))
     expected = prefill_logits(build_model(stored.config, hf))
@@ -195,8 +195,6 @@ def test_a_conversion_that_fails_midway_leaves_no_file_and_no_entry(store: Store
     folder = make_mlx_folder(tmp_path / "src" / "Broken-4bit")
     weights = load_file(str(folder / "model.safetensors"))
     del weights["model.layers.1.mlp.down_proj.biases"]  # read after the writer has streamed earlier tensors
-    from safetensors.numpy import save_file
-
     save_file(weights, str(folder / "model.safetensors"))
     with pytest.raises(UnsupportedModelError, match="model.layers.1.mlp.down_proj has no biases"):
         import_local(folder, supported=SUPPORTED, store=store)

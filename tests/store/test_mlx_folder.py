@@ -19,9 +19,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from baselm.models import build_model
-from baselm.store.base_file import QuantizedArray, read_base_file
+from baselm.store.base_reader import QuantizedArray, read_base_file
 from baselm.store.errors import ModelFileError, UnsupportedModelError
-from baselm.store.pull import import_local
+from baselm.store.import_local import import_local
 from baselm.store.registry import Store
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -137,7 +137,10 @@ def test_a_triplet_that_disagrees_with_the_config_is_named(tmp_path: Path, mlx_f
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         ModelFileError,
-        match=r"model\.layers\.0\.mlp\.down_proj's codes, scales and biases \(64, 16\), \(64, 2\), \(64, 2\) are not 5-bit groups of 32 as config\.json says",
+        match=(
+            r"model\.layers\.0\.mlp\.down_proj's codes, scales and biases \(64, 16\), \(64, 2\), \(64, 2\) are not "
+            r"5-bit groups of 32 as config\.json says"
+        ),
     ):
         import_local(folder, supported=SUPPORTED, store=Store(tmp_path / "store"))
     assert Store(tmp_path / "store").list() == []
@@ -156,7 +159,7 @@ def test_non_affine_mlx_quantization_is_refused(tmp_path: Path, mlx_folder: Path
 def test_requantizing_an_mlx_folder_is_asked_for_and_says_it_compounds_error(
     mlx_folder: Path, tmp_path: Path, caplog
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="baselm.store.pull"):
+    with caplog.at_level(logging.WARNING, logger="baselm.store.quantize"):
         model = import_local(mlx_folder, quant="q8", supported=SUPPORTED, store=Store(tmp_path))
     assert caplog.messages == [
         "Tiny-Llama-4bit: requantizing its MLX q4 weights to q8 compounds the two rounding errors"

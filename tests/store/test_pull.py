@@ -16,14 +16,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from hub_server import HubServer, tiny_gguf_files, tiny_llama_files
-from safetensors.numpy import load_file
+from safetensors.numpy import load, load_file, save
 
 from baselm.store import gguf
-from baselm.store.base_file import QuantizedArray, read_base_file
-from baselm.store.errors import StoreError, UnsupportedModelError
-from baselm.store.hub import HubClient, HubError, NoProgress, Selection
-from baselm.store.pull import Plan, plan_variant, pull
+from baselm.store.base_reader import QuantizedArray, model_weights, read_base_file
+from baselm.store.convert import convert
+from baselm.store.errors import UnsupportedModelError
+from baselm.store.hub import HubClient, HubError, NoProgress
+from baselm.store.pull import pull
 from baselm.store.registry import Store
+from baselm.tokenizer.tokenizer import Tokenizer
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "llama"
 SUPPORTED = {"llama", "qwen2"}
@@ -44,8 +46,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
 
 def sharded(files: dict[str, bytes]) -> dict[str, bytes]:
     """The same repo with its weights in two safetensors shards and an index."""
-    from safetensors.numpy import load, save
-
     weights = load(files.pop("model.safetensors"))
     names = sorted(weights)
     shards = {"model-00001-of-00002.safetensors": names[:10], "model-00002-of-00002.safetensors": names[10:]}
@@ -71,8 +71,6 @@ def test_a_safetensors_repo_is_pulled_as_q4_by_default(hub: HubServer, tmp_path:
     assert model.source["commit"] == hub.repos["org/Tiny-Llama"].commit
     header, tensors = read_base_file(model.path, verify=True)
     assert (header["arch"], header["quant_scheme"], header["config"]["hidden_size"]) == ("llama", "q4", 64)
-    from baselm.tokenizer import Tokenizer
-
     stored = header["tokenizer"]
     tokenizer = Tokenizer.from_hf_files(
         stored["tokenizer.json"], stored["tokenizer_config.json"], stored["chat_template"]
@@ -178,8 +176,7 @@ def _wait_for(condition, timeout: float = 30.0) -> bool:
 _PULLER = """
 import sys
 from baselm.store.hub import HubClient, NoProgress
-from baselm.store.hub import Selection
-from baselm.store.pull import Plan, plan_variant, pull
+from baselm.store.pull import pull
 from baselm.store.registry import Store
 pull("org/Tiny-Llama", store=Store(sys.argv[1]), client=HubClient(endpoint=sys.argv[2]), supported={"llama"},
      progress=NoProgress())
@@ -215,9 +212,6 @@ def test_a_pull_killed_mid_download_leaves_nothing_listed_and_the_next_pull_resu
 def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(
     smollm2_gguf: Path, tmp_path: Path
 ) -> None:
-    from baselm.store.base_file import model_weights
-    from baselm.store.pull import convert
-
     converted = convert(smollm2_gguf, tmp_path / "smollm2.base", None, None, "default")
     assert (converted.arch, converted.quant, converted.params) == ("llama", "q4", 134_515_008)
     header, tensors = read_base_file(tmp_path / "smollm2.base", verify=True)
@@ -228,44 +222,10 @@ def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(
     assert header["config"] == config and header["quant_profile"] == "gguf-Q4_1"
     assert sorted(weights) == sorted(expected) and set(group_sizes.values()) == {32}
     assert all(mx.array_equal(weights[name], expected[name]) for name in expected)
-    from baselm.tokenizer import Tokenizer
-
     stored, original = Tokenizer.from_gguf_metadata(header["tokenizer"]["gguf"]), Tokenizer.from_gguf_metadata(metadata)
     messages = [{"role": "user", "content": "What is 2+2?"}]
     assert stored.encode("Hello, world!") == original.encode("Hello, world!")
     assert stored.apply_chat_template(messages) == original.apply_chat_template(messages)
-
-
-SAFETENSORS = Selection("safetensors", ())
-GGUF_Q4_K_M = Selection("gguf", (), "Q4_K_M")
-
-
-@pytest.mark.parametrize(
-    ("selection", "tag", "options", "plan"),
-    [
-        (SAFETENSORS, None, {}, Plan("q4", "q4", "default", None)),
-        (SAFETENSORS, "Q8", {}, Plan("q8", "q8", "default", None)),
-        (SAFETENSORS, "mixed", {}, Plan("mixed-q4", "q4", "mixed", None)),
-        (SAFETENSORS, "mixed-q6", {}, Plan("mixed-q6", "q6", "mixed", None)),
-        (SAFETENSORS, None, {"quant": "q3", "group_size": 64}, Plan("q3-g64", "q3", "default", 64)),
-        (SAFETENSORS, None, {"profile": "/p/attn-heavy.json"}, Plan("attn-heavy-q4", "q4", "/p/attn-heavy.json", None)),
-        (GGUF_Q4_K_M, "Q4_K_M", {}, Plan("q4_k_m", None, "default", None)),
-        (GGUF_Q4_K_M, "Q4_K_M", {"quant": "q8"}, Plan("q4_k_m-q8", "q8", "default", None)),
-    ],
-)
-def test_the_variant_name_says_how_the_model_was_stored(
-    selection: Selection, tag: str | None, options: dict, plan: Plan
-) -> None:
-    options = {"quant": None, "profile": None, "group_size": None, **options}
-    assert plan_variant(selection, tag, **options) == plan
-
-
-def test_an_unknown_variant_tag_lists_the_choices() -> None:
-    with pytest.raises(
-        StoreError,
-        match=r"unknown variant 'q9'; use a quantization \(q2, q3, q4, q5, q6, q8, f16, bf16, f32\), a profile \(default, mixed\)",
-    ):
-        plan_variant(SAFETENSORS, "q9", None, None, None)
 
 
 def test_a_sharded_repo_is_pulled_through_its_index(hub: HubServer, tmp_path: Path) -> None:

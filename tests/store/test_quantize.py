@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from base_helpers import HEADER_FIELDS
 
-from baselm.store.base_file import read_base_file, write_base_file
+from baselm.store.base_reader import read_base_file
+from baselm.store.base_writer import write_base_file
 from baselm.store.errors import ProfileError, QuantizationError
 from baselm.store.quantize import (
     SCHEMES,
@@ -24,6 +25,7 @@ from baselm.store.quantize import (
     quantize_tensors,
     resolve_profile,
     unpack_codes,
+    widen,
 )
 
 BITS = [2, 3, 4, 5, 6, 8]
@@ -322,8 +324,6 @@ def test_quantized_model_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("source_bits, bits", [(4, 5), (4, 6), (4, 8), (5, 8), (4, 4)])
 def test_widening_keeps_every_value_exactly(source_bits, bits):
-    from baselm.store.quantize import quantize, widen
-
     rng = np.random.default_rng(3)
     weights = rng.normal(0, 0.05, (8, 64)).astype(np.float32)
     source = quantize(weights, source_bits, 32, "f16", "w")
@@ -339,8 +339,6 @@ def test_widening_keeps_every_value_exactly(source_bits, bits):
 
 
 def test_widening_refuses_what_it_cannot_keep_exactly():
-    from baselm.store.quantize import quantize, widen
-
     source = quantize(np.ones((4, 64), np.float32) * np.linspace(0, 1, 64, dtype=np.float32), 8, 32, "f16", "w")
     assert widen(source, 4, 32) is None  # fewer bits
     assert widen(source, 8, 64) is None  # other groups

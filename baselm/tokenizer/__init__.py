@@ -1,0 +1,8 @@
+"""Tokenizers: text <-> token ids, chat templates, and streaming detokenization.
+
+- `tokenizer.py`: `Tokenizer`, built from HF files or GGUF metadata; encode, decode, chat prompts.
+- `gguf_vocab.py`: the `tokenizers` backend a GGUF file's tokenizer metadata describes.
+- `chat_template.py`: HF chat templates rendered in jinja2's immutable sandbox.
+- `detokenizer.py`: `StreamingDetokenizer`, generated text one token at a time.
+- `errors.py`: `TokenizerError`, `ChatTemplateError`.
+"""

@@ -1,0 +1,173 @@
+"""Reading a `.base` file: `BaseFile` opens and validates it, then reads tensors on demand as MLX arrays."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import mlx.core as mx
+import numpy as np
+import xxhash
+
+from baselm.store.base_format import BLOB_ALIGN, FLOAT_DTYPES, PREAMBLE, align
+from baselm.store.base_header import (
+    TensorEntry,
+    check_digest,
+    check_header,
+    check_header_checksum,
+    check_layout,
+    check_padding,
+    parse_header,
+    read_preamble,
+)
+from baselm.store.errors import BaseFileError
+
+
+class QuantizedArray(NamedTuple):
+    """A loaded quantized tensor: MLX's affine triplet plus what `mx.dequantize` needs."""
+
+    codes: mx.array  # (out, in * bits / 32) uint32
+    scales: mx.array  # (out, in / group_size)
+    biases: mx.array  # (out, in / group_size)
+    bits: int
+    group_size: int
+    shape: tuple[int, int]  # logical (out, in)
+
+    def dequantize(self) -> mx.array:
+        return mx.dequantize(self.codes, self.scales, self.biases, group_size=self.group_size, bits=self.bits)
+
+
+class BaseFile:
+    """An opened, validated `.base` file. Tensors are read on demand with `read`/`load`.
+
+    NOTE: `open` checks the whole layout (magic, version, header, every region) before anything
+    is trusted; checksums are read and compared only on request (`verify`).
+    """
+
+    def __init__(self, path: Path, header: dict[str, Any], tensors: dict[str, TensorEntry], blob_start: int) -> None:
+        self.path = path
+        self.header = header
+        self.tensors = tensors
+        self.blob_start = blob_start
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> BaseFile:
+        path = Path(path)
+        try:
+            with open(path, "rb") as f:
+                file_size = os.fstat(f.fileno()).st_size
+                header_len = read_preamble(path, f, file_size)
+                header = parse_header(path, f.read(header_len), header_len)
+                blob_start = align(PREAMBLE.size + header_len, BLOB_ALIGN)
+                check_padding(path, f, PREAMBLE.size + header_len, blob_start, file_size)
+        except OSError as exc:
+            raise BaseFileError(path, f"it cannot be read ({exc.strerror or exc})") from None
+        tensors = check_header(path, header)
+        check_layout(path, tensors, file_size - blob_start)
+        return cls(path, header, tensors, blob_start)
+
+    def verify(self) -> None:
+        """Checks the header checksum and every region's checksum, streaming; raises on the first mismatch."""
+        check_header_checksum(self.path, self.header)
+        with self._file() as f:
+            for entry in self.tensors.values():
+                digest = xxhash.xxh64()
+                for chunk in _read_chunks(self.path, f, self.blob_start + entry.offset, entry.length):
+                    digest.update(chunk)
+                check_digest(self.path, entry, digest.hexdigest())
+
+    def read(self, name: str, verify: bool = False) -> mx.array | QuantizedArray:
+        """One tensor as MLX arrays (a float array, or a quantized triplet)."""
+        if name not in self.tensors:
+            raise KeyError(f"{self.path} has no tensor named {name!r}")
+        with self._file() as f:
+            return self._read_entry(f, self.tensors[name], verify)
+
+    def load(self, verify: bool = False) -> dict[str, mx.array | QuantizedArray]:
+        """All tensors, in file order. Each region is read once, hashed if asked, then copied into MLX."""
+        if verify:
+            check_header_checksum(self.path, self.header)
+        with self._file() as f:
+            return {name: self._read_entry(f, entry, verify) for name, entry in self.tensors.items()}
+
+    def _file(self) -> Any:
+        try:
+            return open(self.path, "rb")
+        except OSError as exc:
+            raise BaseFileError(self.path, f"it cannot be read ({exc.strerror or exc})") from None
+
+    def _read_entry(self, f: Any, entry: TensorEntry, verify: bool) -> mx.array | QuantizedArray:
+        raw = _read_exact(self.path, f, self.blob_start + entry.offset, entry.length)  # (length,) uint8
+        if verify:
+            check_digest(self.path, entry, xxhash.xxh64(raw).hexdigest())
+        if entry.bits is None:
+            return _mx_float(raw, entry.dtype, entry.shape)
+        out_features, in_features = entry.shape
+        codes_len = entry.scale_offset - entry.offset
+        scales_len = entry.bias_offset - entry.scale_offset
+        groups = (out_features, in_features // entry.group_size)
+        codes = mx.array(raw[:codes_len].view("<u4").reshape(out_features, -1))  # (out, in * bits / 32)
+        scales = _mx_float(raw[codes_len : codes_len + scales_len], entry.scale_dtype, groups)
+        biases = _mx_float(raw[codes_len + scales_len :], entry.scale_dtype, groups)
+        return QuantizedArray(codes, scales, biases, entry.bits, entry.group_size, (out_features, in_features))
+
+
+def read_base_file(
+    path: str | os.PathLike, verify: bool = False
+) -> tuple[dict[str, Any], dict[str, mx.array | QuantizedArray]]:
+    """(header, tensors) of a `.base` file, validated first; `verify` also checks every checksum."""
+    base = BaseFile.open(path)
+    return base.header, base.load(verify=verify)
+
+
+def model_weights(tensors: dict[str, mx.array | QuantizedArray]) -> tuple[dict[str, mx.array], dict[str, int]]:
+    """Flat weights as the model builder takes them, plus the group size of each quantized prefix.
+
+    A quantized `x.weight` becomes `x.weight` (codes), `x.scales` and `x.biases`.
+    """
+    weights: dict[str, mx.array] = {}
+    group_sizes: dict[str, int] = {}
+    for name, value in tensors.items():
+        if isinstance(value, QuantizedArray):
+            prefix = name.removesuffix(".weight")
+            weights |= {
+                f"{prefix}.weight": value.codes,
+                f"{prefix}.scales": value.scales,
+                f"{prefix}.biases": value.biases,
+            }
+            group_sizes[prefix] = value.group_size
+        else:
+            weights[name] = value
+    return weights, group_sizes
+
+
+def _mx_float(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> mx.array:
+    values = raw.view(FLOAT_DTYPES[dtype]).reshape(shape)
+    array = mx.array(values)
+    return array.view(mx.bfloat16) if dtype == "bf16" else array
+
+
+def _read_exact(path: Path, f: Any, position: int, length: int) -> np.ndarray:
+    buffer = np.empty(length, dtype=np.uint8)  # (length,)
+    f.seek(position)
+    if f.readinto(memoryview(buffer)) != length:
+        raise BaseFileError(
+            path, f"the file ended while reading bytes {position}..{position + length} (it changed or was truncated)"
+        )
+    return buffer
+
+
+def _read_chunks(path: Path, f: Any, position: int, length: int, chunk: int = 8 * 1024 * 1024) -> Iterable[bytes]:
+    f.seek(position)
+    remaining = length
+    while remaining:
+        data = f.read(min(chunk, remaining))
+        if not data:
+            raise BaseFileError(
+                path,
+                f"the file ended while reading bytes {position}..{position + length} (it changed or was truncated)",
+            )
+        remaining -= len(data)
+        yield data

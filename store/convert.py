@@ -1,0 +1,92 @@
+"""`convert`: a model folder or file written as a `.base` file, by the converter its format needs.
+
+HF safetensors folders go to `convert_hf.py`, MLX quantized folders to `convert_mlx.py`, `.gguf`
+files to `convert_gguf.py`; each reads its source as a `SourceModel`, which is streamed into
+the writer here one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from baselm.store import hf
+from baselm.store.base_writer import write_base_file
+from baselm.store.convert_gguf import gguf_source
+from baselm.store.convert_hf import hf_source
+from baselm.store.convert_mlx import mlx_source
+from baselm.store.hub import check_model_type
+from baselm.store.mlx_folder import is_mlx_folder
+from baselm.store.source_model import SourceModel
+from baselm.store.variants import DEFAULT_QUANT
+
+
+@dataclass(frozen=True, slots=True)
+class Converted:
+    """What a conversion wrote: the architecture, the number of weights and the body's scheme."""
+
+    arch: str
+    params: int
+    quant: str
+
+
+def convert(
+    source: Path,
+    target: Path,
+    quant: str | None,
+    group_size: int | None,
+    profile: str,
+    source_info: dict[str, Any] | None = None,
+    supported: Iterable[str] | None = None,
+) -> Converted:
+    """Writes `source` (an HF or MLX model folder, or a .gguf file) as the `.base` file `target`.
+
+    `quant` None keeps an already-quantized source's own quantization (GGUF, MLX folder); an HF
+    folder always gets one (q4 by default). Re-quantizing a quantized source logs that it
+    compounds error.
+    """
+    model = _read_source(source, quant, group_size, profile)
+    if supported is not None:
+        check_model_type(model.config, supported, str(source_info.get("repo") if source_info else source))
+    counter = _ParamCounter(model.tensors)
+    write_base_file(
+        target,
+        counter,
+        arch=model.arch,
+        config=model.config,
+        tokenizer=model.tokenizer,
+        quant_scheme=model.quant_scheme,
+        quant_profile=model.quant_profile,
+        source=source_info or {"format": source_format(source), "path": str(source)},
+    )
+    return Converted(model.arch, counter.params, model.quant_scheme)
+
+
+def source_format(source: Path) -> str:
+    """`safetensors` (HF folder), `mlx` (MLX quantized folder), `gguf` or `base`."""
+    if source.is_dir():
+        return "mlx" if is_mlx_folder(hf.read_config(source)) else "safetensors"
+    return "base" if source.suffix == ".base" else "gguf"
+
+
+def _read_source(source: Path, quant: str | None, group_size: int | None, profile: str) -> SourceModel:
+    if source.is_dir() and is_mlx_folder(hf.read_config(source)):
+        return mlx_source(source, quant, group_size, profile)
+    if source.is_dir():
+        return hf_source(source, quant or DEFAULT_QUANT, group_size, profile)
+    return gguf_source(source, quant, group_size, profile)
+
+
+class _ParamCounter:
+    """Passes (name, record) pairs through and counts the weights' logical elements."""
+
+    def __init__(self, tensors: Iterator[tuple[str, Any]]) -> None:
+        self.tensors, self.params = tensors, 0
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for name, record in self.tensors:
+            self.params += math.prod(record.shape)
+            yield name, record

@@ -1,0 +1,126 @@
+"""The GGUF converter: a `.gguf` file read as a `SourceModel`.
+
+With no `quant` asked for, the file keeps its own quantization: F32/F16/BF16 and the legacy
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks exactly (see `gguf_quants.py`), K-quants re-quantized at their
+own bit width (they have no exact `.base` form). With a `quant`, blocks bound for at least as
+many bits in groups of the same size are widened exactly and the rest quantized anew; each
+re-quantization logs one line saying that it compounds error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from baselm.store import gguf
+from baselm.store.gguf_quants import GROUP_SIZE, K_TYPES
+from baselm.store.hub import gguf_tag
+from baselm.store.quantize import (
+    QuantProfile,
+    Rule,
+    dequantize_record,
+    quantize_tensor,
+    requantize_note,
+    resolve_profile,
+    widen,
+)
+from baselm.store.source_model import SourceModel
+
+log = logging.getLogger(__name__)
+
+# The .base scheme a GGUF tensor type is kept as (K-quants: re-quantized at that width).
+_GGUF_SCHEMES = {
+    "Q4_0": "q4",
+    "Q4_1": "q4",
+    "Q5_0": "q5",
+    "Q5_1": "q5",
+    "Q8_0": "q8",
+    "Q2_K": "q2",
+    "Q3_K": "q3",
+    "Q4_K": "q4",
+    "Q5_K": "q5",
+    "Q6_K": "q6",
+    "F16": "f16",
+    "BF16": "bf16",
+    "F32": "f32",
+}
+
+
+def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_name: str) -> SourceModel:
+    """The file's model with its own quantization (`quant` None), or requantized to `quant`."""
+    gguf_file = gguf.GGUFFile.open(path)
+    gguf_file.check_types()
+    config = gguf.hf_config(gguf_file.metadata, set(gguf_file.tensors))
+    tokenizer = gguf_tokenizer(gguf_file.metadata)
+    records = gguf.hf_records(gguf_file, config)
+    body = gguf_body_type(gguf_file)
+    arch = config["model_type"]
+    if quant is None:
+        tag = gguf_tag(path.name).upper() or body
+        kept = _kept_gguf(path.name, gguf_file, records)
+        return SourceModel(arch, config, tokenizer, kept, _GGUF_SCHEMES[body], f"gguf-{tag}")
+    is_quantized = any(info.type_name not in ("F32", "F16", "BF16") for info in gguf_file.tensors.values())
+    if is_quantized and quant not in ("f32", "f16", "bf16"):
+        requantize_note(path.name, body, quant)
+        # GGUF quants scale groups of 32 weights; new groups that match them cost far less than
+        # wider ones, which straddle two source scales (SmolLM2 Q4_1 -> q4 perplexity:
+        # +0.14% with groups of 32, +33.7% with 64; see the README's table).
+        group_size = group_size or GROUP_SIZE
+    profile = resolve_profile(profile_name, quant, group_size)
+    return SourceModel(arch, config, tokenizer, _requantized_gguf(records, profile), quant, profile.to_json())
+
+
+def gguf_body_type(gguf_file: gguf.GGUFFile) -> str:
+    """The tensor type holding most of a GGUF's matrix weights (e.g. Q4_1 beside a Q8_0 embedding)."""
+    counts: dict[str, int] = {}
+    for info in gguf_file.tensors.values():
+        if len(info.shape) >= 2:
+            counts[info.type_name] = counts.get(info.type_name, 0) + info.num_params
+    return max(sorted(counts), key=counts.get) if counts else "F32"
+
+
+def gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The header's `tokenizer` for a GGUF: its own tokenizer keys, as `Tokenizer.from_gguf_metadata` reads them."""
+    return {
+        "gguf": {k: v for k, v in metadata.items() if k.startswith("tokenizer.")},
+        "chat_template": metadata.get("tokenizer.chat_template"),
+    }
+
+
+def _kept_gguf(
+    label: str, gguf_file: gguf.GGUFFile, records: Iterator[tuple[str, str, Any]]
+) -> Iterator[tuple[str, Any]]:
+    """GGUF tensors as `.base` records: float and legacy-quant ones exactly, K-quants at their own width."""
+    k_types = sorted({i.type_name for i in gguf_file.tensors.values() if i.type_name in K_TYPES})
+    if k_types:
+        widths = ", ".join(f"{t} -> {K_TYPES[t]}" for t in k_types)
+        log.warning(
+            "%s: K-quant tensors have no exact .base form; requantizing them (%s) compounds the two rounding errors",
+            label,
+            widths,
+        )
+    for name, type_name, value in records:
+        if type_name in K_TYPES:
+            scheme = K_TYPES[type_name]
+            value, _ = quantize_tensor(name, value, QuantProfile(f"gguf-{type_name}", (Rule("*", scheme),)))
+        yield name, value
+
+
+def _requantized_gguf(records: Iterator[tuple[str, str, Any]], profile: QuantProfile) -> Iterator[tuple[str, Any]]:
+    """GGUF tensors stored as `profile` decides. A quantized block bound for at least as many
+    bits in groups of the same size is widened exactly (Q4_1 asked for as q5, q6 or q8 keeps
+    its values); everything else is dequantized and quantized anew."""
+    for name, _, value in records:
+        if not isinstance(value, np.ndarray) and value.bits is not None:
+            decision = profile.decide(name, value.shape, "f32")
+            if decision.is_quantized:
+                exact = widen(value, int(decision.dtype.removeprefix("base_q")), decision.group_size)
+                if exact is not None:
+                    yield name, exact
+                    continue
+        array = value if isinstance(value, np.ndarray) else dequantize_record(value)
+        yield name, quantize_tensor(name, array, profile)[0]

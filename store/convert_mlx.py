@@ -1,0 +1,29 @@
+"""The MLX folder converter: an MLX quantized folder read as a `SourceModel`.
+
+Its affine triplets are carried over exactly (see `mlx_folder.py`) unless a `quant` is asked
+for; then they are dequantized and quantized anew, and a note says that compounds error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from baselm.store import hf, mlx_folder
+from baselm.store.quantize import dequantize_record, quantize_tensors, requantize_note, resolve_profile
+from baselm.store.source_model import SourceModel
+
+
+def mlx_source(folder: Path, quant: str | None, group_size: int | None, profile_name: str) -> SourceModel:
+    """The folder's model with its own quantization (`quant` None), or requantized to `quant`."""
+    config = hf.read_config(folder)
+    mlx_folder.check_quantization(folder, config)
+    bits = mlx_folder.default_bits(config)
+    plain = mlx_folder.plain_config(config)
+    records = mlx_folder.mlx_records(folder, config)
+    arch, tokenizer = str(plain.get("model_type")), hf.read_tokenizer_files(folder)
+    if quant is None:
+        return SourceModel(arch, plain, tokenizer, records, f"q{bits}", f"mlx-q{bits}")
+    requantize_note(folder.name, f"MLX q{bits}", quant)
+    profile = resolve_profile(profile_name, quant, group_size)
+    tensors = quantize_tensors(((name, dequantize_record(record)) for name, record in records), profile)
+    return SourceModel(arch, plain, tokenizer, tensors, quant, profile.to_json())

@@ -1,0 +1,196 @@
+"""`base pull ./folder`, `base pull model.gguf`, `base pull model.base`: a local model into the store.
+
+A local path is an HF folder, an MLX quantized folder, a `.gguf` or a `.base` file, stored as
+`local/<name>` (or `--name org/name`). Its variant is the quantization asked for, or the
+source's own when it is already quantized and none is asked (GGUF `q4_1`, MLX `mlx-q4`, a
+`.base` file's). A `.base` file is verified and copied as it is; the rest are converted (see
+`convert.py`). The write is atomic and locked as a hub pull's is (see `registry.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from baselm.store import gguf, hf
+from baselm.store.base_reader import BaseFile
+from baselm.store.convert import convert
+from baselm.store.convert_gguf import gguf_body_type
+from baselm.store.errors import StoreError
+from baselm.store.hub import check_model_type, gguf_tag
+from baselm.store.mlx_folder import default_bits, is_mlx_folder
+from baselm.store.pull import wait_note
+from baselm.store.registry import PendingWrite, Store, StoredModel, check_model_name
+from baselm.store.variants import DEFAULT_PROFILE, DEFAULT_QUANT, check_quant, variant_name
+
+LOCAL_ORG = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSource:
+    """What a local path holds: its format, the name it is stored under by default, and its own variant."""
+
+    path: Path
+    format: str  # safetensors | mlx | gguf | base
+    default_name: str
+    own_variant: str | None  # the variant a quantized source keeps when no quant is asked (None: HF folder)
+
+
+def import_local(
+    path: Path,
+    *,
+    name: str | None = None,
+    quant: str | None = None,
+    group_size: int | None = None,
+    profile: str | None = None,
+    supported: Iterable[str] | None,
+    force: bool = False,
+    store: Store | None = None,
+) -> StoredModel:
+    """Stores a local model (HF folder, MLX folder, `.gguf` or `.base` file) as `local/<name>:<variant>`.
+
+    The name defaults to the folder's or file's name (`--name org/name` overrides); the variant is
+    the quantization asked for, or the source's own when it is already quantized and none is asked
+    (GGUF `q4_1`, MLX `mlx-q4`, a `.base` file's). A `.base` file is verified and copied as it is.
+    The write is atomic and locked as a hub pull's is. A variant already stored from the same
+    bytes (sha256) is returned as it is unless `force`; one from other bytes needs `force`.
+    """
+    store = store or Store()
+    check_quant(quant)
+    local = inspect_local(Path(path).expanduser().resolve())
+    variant = _local_variant(local, quant, profile, group_size)
+    model_name = _local_name(name, local.default_name)
+    digest = source_sha256(local.path)
+    source = {"format": local.format, "path": str(local.path), "sha256": digest}
+    with store.begin_write(model_name, variant, on_wait=lambda: wait_note(model_name)) as pending:
+        existing = pending.existing
+        if existing and not force:
+            if existing.source.get("sha256") == digest:
+                return existing
+            raise StoreError(
+                f"{existing.ref} is already stored from {existing.source.get('path') or 'another source'}; pass "
+                "--force to replace it"
+            )
+        store.check_free_space(_num_bytes(local.path))
+        if local.format == "base":
+            return _import_base(local.path, pending, source, supported)
+        converted = convert(
+            local.path, pending.temp_path, quant, group_size, profile or DEFAULT_PROFILE, source, supported
+        )
+        return pending.commit(arch=converted.arch, params=converted.params, quant=converted.quant, source=source)
+
+
+def inspect_local(path: Path) -> LocalSource:
+    """The format, default name and own variant of a local model path, or a clear error."""
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise StoreError(f"{path}: a model folder needs a config.json (an HF or MLX model folder)")
+        config = hf.read_config(path)
+        if is_mlx_folder(config):
+            return LocalSource(path, "mlx", path.name, f"mlx-q{default_bits(config)}")
+        return LocalSource(path, "safetensors", path.name, None)
+    if path.suffix == ".gguf":
+        gguf_file = gguf.GGUFFile.open(path)
+        tag = gguf_tag(path.name)
+        stem = path.name.removesuffix(".gguf")
+        stem = stem[: -len(tag) - 1] if tag else stem
+        return LocalSource(
+            path, "gguf", _gguf_name(stem, gguf_file.metadata), (tag or gguf_body_type(gguf_file)).lower()
+        )
+    if path.suffix == ".base":
+        header = BaseFile.open(path).header
+        return LocalSource(path, "base", path.stem, _base_variant(header))
+    raise StoreError(f"{path}: not a model; give an HF or MLX model folder, a .gguf file or a .base file")
+
+
+def _gguf_name(stem: str, metadata: dict[str, Any]) -> str:
+    """The file's name without its quant tag; the metadata's names when the file name says nothing."""
+    parts = [metadata.get("general.basename"), metadata.get("general.size_label")]
+    candidates = [
+        stem,
+        "-".join(str(p) for p in parts if p) if parts[0] else "",
+        metadata.get("general.name") or "",
+        "model",
+    ]
+    return next(n for n in (_clean_name(str(c)) for c in candidates) if n)
+
+
+def _clean_name(text: str) -> str:
+    """A string as a store name part: letters, digits, '.', '_', '-' (other runs become '-')."""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", text)
+    return re.sub(r"\.{2,}", ".", text).strip("-._")
+
+
+def _local_name(name: str | None, default: str) -> str:
+    """`org/name` as given, `name` alone under `local/`, or the source's own name under `local/`."""
+    if name is None:
+        full = f"{LOCAL_ORG}/{_clean_name(default) or 'model'}"
+    else:
+        full = name if "/" in name else f"{LOCAL_ORG}/{name}"
+    check_model_name(full)
+    return full
+
+
+def _local_variant(local: LocalSource, quant: str | None, profile: str | None, group_size: int | None) -> str:
+    if local.format == "base" and (quant or profile or group_size):
+        raise StoreError(
+            f"{local.path.name}: a .base file is stored as it is; --quant, --profile and --group-size do not apply"
+        )
+    if quant is None and local.own_variant is not None:
+        if profile or group_size:
+            raise StoreError(
+                f"{local.path.name} is already quantized; --profile and --group-size apply only with --quant (which "
+                "requantizes it)"
+            )
+        return local.own_variant
+    return variant_name(profile or DEFAULT_PROFILE, quant or DEFAULT_QUANT, group_size)
+
+
+def _base_variant(header: dict[str, Any]) -> str:
+    """A `.base` file's variant from its header: `q4` (default profile), `mixed-q4`, `q4_1` (a kept GGUF)."""
+    profile = header.get("quant_profile")
+    name = profile.get("name") if isinstance(profile, dict) else profile
+    scheme = str(header.get("quant_scheme") or "base")
+    if not isinstance(name, str) or not name:
+        return _clean_name(scheme.lower()) or "base"
+    if name.startswith("gguf-"):
+        return _clean_name(name.removeprefix("gguf-").lower())
+    return _clean_name(name.removeprefix(f"{DEFAULT_PROFILE}-")) or scheme
+
+
+def _import_base(
+    path: Path, pending: PendingWrite, source: dict[str, Any], supported: Iterable[str] | None
+) -> StoredModel:
+    """Verifies a `.base` file (layout and every checksum) and copies it into the store as it is."""
+
+    base = BaseFile.open(path)
+    base.verify()
+    if supported is not None:
+        check_model_type(base.header["config"], supported, str(path))
+    shutil.copyfile(path, pending.temp_path)
+    params = sum(entry.num_params for entry in base.tensors.values())
+    return pending.commit(arch=base.header["arch"], params=params, quant=base.header["quant_scheme"], source=source)
+
+
+def source_sha256(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (relative names and contents, in name order)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as f:
+            while chunk := f.read(8 * 1024 * 1024):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _num_bytes(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size

@@ -1,0 +1,55 @@
+"""GGUF vocabularies: the split `tokenizer.ggml.pre` names, SentencePiece prefixes, turn ids, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from baselm.store.gguf import read_metadata
+from baselm.tokenizer.errors import TokenizerError
+from baselm.tokenizer.tokenizer import Tokenizer
+from tests.tokenizer.conftest import FIXTURES, load
+
+
+def test_pre_tokenizer_names_pick_their_split_of_digits():
+    # One vocabulary, four `tokenizer.ggml.pre`: GPT-2 lets BPE merge across digits, llama-bpe
+    # cuts numbers into runs of at most three digits first, qwen2 and smollm into single digits.
+    def pieces(pre: str) -> list[str]:
+        tok = load(f"bpe-{pre}.gguf")
+        return [tok.id_to_token(i) for i in tok.encode("in 2024, 31415926")]
+
+    assert pieces("gpt2") == ["in", "Ġ2024", ",", "Ġ314", "15", "9", "2", "6"]
+    assert pieces("llama-bpe") == ["in", "Ġ", "2", "0", "2", "4", ",", "Ġ", "3", "14", "15", "9", "2", "6"]
+    singles = ["in", "Ġ", "2", "0", "2", "4", ",", "Ġ", "3", "1", "4", "1", "5", "9", "2", "6"]
+    assert pieces("qwen2") == singles
+    assert pieces("smollm") == singles
+
+
+def test_gguf_end_of_turn_id_ends_generation_too():
+    metadata = dict(read_metadata(FIXTURES / "bpe-gpt2.gguf")[1])
+    metadata["tokenizer.ggml.eot_token_id"] = 1
+    assert Tokenizer.from_gguf_metadata(metadata).eos_token_ids == (2, 1)
+
+
+def test_unknown_gguf_pre_tokenizer_and_model_are_refused():
+    metadata = dict(read_metadata(FIXTURES / "bpe-gpt2.gguf")[1])
+    with pytest.raises(TokenizerError, match="pre-tokenizer 'made-up' is not supported"):
+        Tokenizer.from_gguf_metadata({**metadata, "tokenizer.ggml.pre": "made-up"})
+    with pytest.raises(TokenizerError, match="tokenizer model 't5' is not supported"):
+        Tokenizer.from_gguf_metadata({**metadata, "tokenizer.ggml.model": "t5"})
+    with pytest.raises(TokenizerError, match="no tokenizer vocabulary"):
+        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "gpt2"})
+
+
+def test_gguf_sentencepiece_without_space_prefix_adds_no_leading_space():
+    metadata = {**read_metadata(FIXTURES / "spm.gguf")[1], "tokenizer.ggml.add_space_prefix": False}
+    tok = Tokenizer.from_gguf_metadata(metadata)
+    with_prefix = load("spm.gguf")
+    assert with_prefix.id_to_token(with_prefix.encode("hello", add_special_tokens=False)[0]).startswith("▁")
+    assert not tok.id_to_token(tok.encode("hello", add_special_tokens=False)[0]).startswith("▁")
+    assert tok.decode(tok.encode(" hi", add_special_tokens=False)) == " hi"
+
+
+def test_gguf_sentencepiece_of_gemma_is_refused_rather_than_guessed():
+    metadata = {**read_metadata(FIXTURES / "spm.gguf")[1], "general.architecture": "gemma2"}
+    with pytest.raises(TokenizerError, match="'gemma2' models are not supported"):
+        Tokenizer.from_gguf_metadata(metadata)

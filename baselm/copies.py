@@ -18,7 +18,8 @@ from baselm.request import Request, RequestOutput, RequestStatus
 from baselm.sampling import SamplingParams, TokenLogprobs
 from baselm.scheduler import Scheduler
 from baselm.stop import StopChecker
-from baselm.tokenizer import StreamingDetokenizer, Tokenizer
+from baselm.tokenizer.detokenizer import StreamingDetokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
 
 
 class Copy:

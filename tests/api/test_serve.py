@@ -79,8 +79,13 @@ def test_serve_answers_then_exits_0_on_a_signal_after_finishing_streams(model_fo
         assert f"http://127.0.0.1:{served.port}/v1" in banner
         assert f"curl http://127.0.0.1:{served.port}/v1/chat/completions" in banner and '"model": "tiny-chat"' in banner
         client = served.openai()
+        # Sampled (the default temperature), so ignore_eos: the random model may draw its end token first.
         answer = client.chat.completions.create(
-            model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+            model="tiny-chat",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=3,
+            seed=0,
+            extra_body={"ignore_eos": True},
         )
         assert answer.usage.completion_tokens == 3
         stream = client.completions.create(

@@ -6,7 +6,7 @@ import functools
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -24,6 +24,7 @@ from tests.tiny_model import TOKENIZER, widened_llama
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODEL = "tiny"
+_BUSY = ("base_num_requests_running", "base_num_requests_waiting", "base_kv_blocks_used")  # all 0 when idle
 
 
 @functools.cache
@@ -80,15 +81,25 @@ class RunningServer:
             values[name.split("{")[0]] = values.get(name.split("{")[0], 0.0) + float(value)
         return values
 
-    def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
-        """Metrics once no request runs or waits and no KV block is used (or the last reading at the timeout)."""
+    def wait_until(
+        self, condition: Callable[[dict[str, float]], bool], what: str, timeout: float = 60.0
+    ) -> dict[str, float]:
+        """Metrics once `condition` holds for them; fails the test, with the last reading, at the timeout.
+
+        The timeout is generous: it only bounds a test that would otherwise hang, on a loaded machine too."""
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
-            idle = m["base_num_requests_running"] == 0 and m["base_num_requests_waiting"] == 0
-            if (idle and m["base_kv_blocks_used"] == 0) or time.monotonic() > deadline:
+            if condition(m):
                 return m
-            time.sleep(0.05)
+            if time.monotonic() > deadline:
+                busy = {name: m[name] for name in _BUSY}
+                pytest.fail(f"the test server was not {what} within {timeout:g} s; last reading: {busy}")
+            time.sleep(0.02)
+
+    def wait_idle(self, timeout: float = 60.0) -> dict[str, float]:
+        """Metrics once no request runs or waits and no KV block is used; fails the test at the timeout."""
+        return self.wait_until(lambda m: all(m[name] == 0 for name in _BUSY), "idle", timeout)
 
     def stop(self) -> None:
         self.server.should_exit = True

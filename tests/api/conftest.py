@@ -71,7 +71,7 @@ class RunningServer:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        """Gauge and counter values by name (labels dropped, histogram buckets skipped)."""
+        """Gauge and counter values by name (summed over labels) and by labelled name (histogram buckets skipped)."""
         text = httpx.get(f"{self.url}/metrics", timeout=30).text
         values: dict[str, float] = {}
         for line in text.splitlines():
@@ -79,6 +79,8 @@ class RunningServer:
                 continue
             name, value = line.rsplit(" ", 1)
             values[name.split("{")[0]] = values.get(name.split("{")[0], 0.0) + float(value)
+            if "{" in name:
+                values[name] = float(value)
         return values
 
     def wait_until(

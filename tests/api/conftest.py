@@ -6,7 +6,7 @@ import functools
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -25,6 +25,7 @@ from tests.tiny_model import TOKENIZER, widened_llama
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODEL = "tiny"
+_BUSY = ("base_num_requests_running", "base_num_requests_waiting", "base_kv_blocks_used")  # all 0 when idle
 
 
 @functools.cache
@@ -54,7 +55,7 @@ class RunningServer:
         self.server = make_server(self.client, MODEL, options)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError("the test server did not start")
@@ -71,7 +72,7 @@ class RunningServer:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        """Gauge and counter values by name (labels dropped, histogram buckets skipped)."""
+        """Gauge and counter values by name (summed over labels) and by labelled name (histogram buckets skipped)."""
         text = httpx.get(f"{self.url}/metrics", timeout=30).text
         values: dict[str, float] = {}
         for line in text.splitlines():
@@ -79,17 +80,29 @@ class RunningServer:
                 continue
             name, value = line.rsplit(" ", 1)
             values[name.split("{")[0]] = values.get(name.split("{")[0], 0.0) + float(value)
+            if "{" in name:
+                values[name] = float(value)
         return values
 
-    def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
-        """Metrics once no request runs or waits and no KV block is used (or the last reading at the timeout)."""
+    def wait_until(
+        self, condition: Callable[[dict[str, float]], bool], what: str, timeout: float = 60.0
+    ) -> dict[str, float]:
+        """Metrics once `condition` holds for them; fails the test, with the last reading, at the timeout.
+
+        The timeout is generous: it only bounds a test that would otherwise hang, on a loaded machine too."""
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
-            idle = m["base_num_requests_running"] == 0 and m["base_num_requests_waiting"] == 0
-            if (idle and m["base_kv_blocks_used"] == 0) or time.monotonic() > deadline:
+            if condition(m):
                 return m
-            time.sleep(0.05)
+            if time.monotonic() > deadline:
+                busy = {name: m[name] for name in _BUSY}
+                pytest.fail(f"the test server was not {what} within {timeout:g} s; last reading: {busy}")
+            time.sleep(0.02)
+
+    def wait_idle(self, timeout: float = 60.0) -> dict[str, float]:
+        """Metrics once no request runs or waits and no KV block is used; fails the test at the timeout."""
+        return self.wait_until(lambda m: all(m[name] == 0 for name in _BUSY), "idle", timeout)
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import openai
@@ -160,7 +159,8 @@ def test_full_queue_is_429_and_clears(make_server_with):
     client = server.openai()
     long = dict(model=MODEL, messages=HELLO, max_tokens=1500, extra_body={"ignore_eos": True}, stream=True)
     running = client.chat.completions.create(**long)
-    next(iter(running))
+    next(iter(running))  # queued: the first chunk may come before the engine runs it
+    server.wait_until(lambda m: m["base_num_requests_running"] == 1, "running the first request")
     waiting_result: list = []
     waiter = threading.Thread(
         target=lambda: waiting_result.append(
@@ -168,16 +168,14 @@ def test_full_queue_is_429_and_clears(make_server_with):
         )
     )
     waiter.start()
-    deadline = time.monotonic() + 20
-    while server.metrics()["base_num_requests_waiting"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    server.wait_until(lambda m: m["base_num_requests_waiting"] == 1, "holding the second request in the queue")
     response = server.http().post(CHAT, json={"model": MODEL, "messages": HELLO, "max_tokens": 2})
     assert_error(response, 429, code="queue_full")
     assert response.headers["retry-after"] == "1"
     with pytest.raises(openai.RateLimitError):
         client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     running.close()  # the running request is aborted, the waiting one runs
-    waiter.join(30)
+    waiter.join(60)
     assert waiting_result and waiting_result[0][-1].choices[0].finish_reason in ("stop", "length")
     assert server.wait_idle()["base_kv_blocks_used"] == 0
     assert_serving(server)

@@ -32,11 +32,13 @@ def _free_port() -> int:
 
 
 class ServeProcess:
-    def __init__(self, model: Path | str, *args: str, timeout: float = 60.0) -> None:
+    def __init__(self, model: Path | str, *args: str, timeout: float = 120.0) -> None:
         self.port = _free_port()
         command = [sys.executable, "-m", "baselm.cli", "serve", str(model), "--port", str(self.port), *args]
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
+        self._output = threading.Condition()  # notified on each line read and at the end of the output
+        self._output_ended = False
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + timeout
         while not self._healthy():
@@ -47,7 +49,21 @@ class ServeProcess:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            self.lines.append(line)
+            with self._output:
+                self.lines.append(line)
+                self._output.notify_all()
+        with self._output:
+            self._output_ended = True
+            self._output.notify_all()
+
+    def output_through(self, text: str, timeout: float = 60.0) -> str:
+        """All output so far, once it holds `text`: the reader thread may lag behind what the server printed."""
+        with self._output:
+            self._output.wait_for(lambda: text in "".join(self.lines) or self._output_ended, timeout)
+            output = "".join(self.lines)
+        if text not in output:
+            pytest.fail(f"base serve did not print {text!r}; it printed:\n{output}")
+        return output
 
     def _healthy(self) -> bool:
         try:
@@ -74,13 +90,18 @@ def test_serve_answers_then_exits_0_on_a_signal_after_finishing_streams(model_fo
         model_folder, "--host", host, "--kv-memory", "4MiB", "--served-model-name", "tiny-chat", "--max-num-seqs", "4"
     )
     try:
-        banner = "".join(served.lines)
+        banner = served.output_through('"model": "tiny-chat"')  # the banner's last line
         assert ("without an API key" in banner) == (host == "0.0.0.0")  # a loud warning off loopback
         assert f"http://127.0.0.1:{served.port}/v1" in banner
         assert f"curl http://127.0.0.1:{served.port}/v1/chat/completions" in banner and '"model": "tiny-chat"' in banner
         client = served.openai()
+        # Sampled (the default temperature), so ignore_eos: the random model may draw its end token first.
         answer = client.chat.completions.create(
-            model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+            model="tiny-chat",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=3,
+            seed=0,
+            extra_body={"ignore_eos": True},
         )
         assert answer.usage.completion_tokens == 3
         stream = client.completions.create(
@@ -96,7 +117,7 @@ def test_serve_answers_then_exits_0_on_a_signal_after_finishing_streams(model_fo
         served.proc.send_signal(sig)
         for chunk in chunks:  # the stream in flight is finished, not cut
             text += "".join(c.text for c in chunk.choices)
-        assert served.proc.wait(30) == 0
+        assert served.proc.wait(60) == 0
         whole = len(Tokenizer.from_folder(TOKENIZER).encode(text, add_special_tokens=False))
         assert whole > 100  # 150 tokens re-encode to about as many
     finally:

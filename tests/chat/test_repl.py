@@ -16,7 +16,7 @@ from pathlib import Path
 import pexpect
 
 BASE = shutil.which("base") or str(Path(sys.executable).parent / "base")
-TIMEOUT_S = 15  # for any one expected output of the REPL
+TIMEOUT_S = 60  # for any one expected output of the REPL: it only bounds a hang, so generous on a loaded machine
 
 
 def _spawn(chat_model: Path, home: Path, *args: str) -> pexpect.spawn:

@@ -164,7 +164,7 @@ def test_two_concurrent_pulls_of_one_model_both_finish_with_one_valid_model(hub:
     read_base_file(results[0].path, verify=True)
 
 
-def _wait_for(condition, timeout: float = 30.0) -> bool:
+def _wait_for(condition, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -194,7 +194,8 @@ def test_a_pull_killed_mid_download_leaves_nothing_listed_and_the_next_pull_resu
     child = subprocess.Popen([sys.executable, "-c", _PULLER, str(tmp_path), hub.url])
     try:
         assert hub.stalled.wait(60), "the child never reached the weights"
-        assert _wait_for(lambda: partial.is_file() and partial.stat().st_size > 0), "the child wrote nothing"
+        # Kill once the whole chunk is on disk: a size > 0 could be read mid-write, and a kill there cuts the chunk.
+        assert _wait_for(lambda: partial.is_file() and partial.stat().st_size >= 262_144), "the child wrote no chunk"
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.wait(30)

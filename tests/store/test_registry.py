@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -163,21 +162,29 @@ def test_a_second_writer_waits_for_the_first_and_then_sees_its_model(tmp_path: P
     store = Store(tmp_path)
     events: list[str] = []
     first_has_lock = threading.Event()
+    second_waits = threading.Event()
 
     def first() -> None:
         with store.begin_write("org/Tiny", "q4") as pending:
             first_has_lock.set()
-            time.sleep(0.3)
+            # Commit only once the second writer has found the lock taken (on_wait runs just before it blocks).
+            if not second_waits.wait(60):
+                events.append("the second writer never waited")
             pending.temp_path.write_bytes(b"model")
             pending.commit(**INFO)
             events.append("first committed")
 
+    def on_wait() -> None:
+        events.append("second waits")
+        second_waits.set()
+
     thread = threading.Thread(target=first)
     thread.start()
-    first_has_lock.wait(5)
-    with store.begin_write("org/Tiny", "q4", on_wait=lambda: events.append("second waits")) as pending:
+    assert first_has_lock.wait(60), "the first writer never took the lock"
+    with store.begin_write("org/Tiny", "q4", on_wait=on_wait) as pending:
         events.append(f"second sees {pending.existing.ref if pending.existing else None}")
-    thread.join(5)
+    thread.join(60)
+    assert not thread.is_alive()
     assert events == ["second waits", "first committed", "second sees org/Tiny:q4"]
 
 

@@ -10,8 +10,8 @@ import pytest
 
 import baselm  # noqa: F401  first, so the optimized BLAS is loaded before anything imports mlx.core
 from baselm import blas
+from tests.paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "smollm2_transformers_greedy.json"
 LOCAL_REFERENCE = FIXTURES / "smollm2_transformers_greedy.json"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -16,8 +15,9 @@ from baselm.cli import app
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.perplexity import PerplexityError, Window, check_window, perplexity, plan_windows, token_nlls
 from tests.engine.conftest import tiny_loaded
+from tests.paths import TEXT_FIXTURES
 
-TEXT = Path(__file__).parent / "fixtures" / "text" / "alice_chapter1.txt"
+TEXT = TEXT_FIXTURES / "alice_chapter1.txt"
 # The tiny model's vocabulary is 256 ids; fixed pseudo-random ids stand in for a text.
 TOKEN_IDS = [int(i) for i in np.random.default_rng(7).integers(0, 256, size=40)]
 TOL = 1e-4

@@ -16,18 +16,15 @@ import numpy as np
 
 from baselm.store import hf
 from baselm.tokenizer.tokenizer import Tokenizer
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-TOKENIZER = FIXTURES / "tokenizers" / "bpe"
-LLAMA = FIXTURES / "models" / "llama"
+from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
 
 
 def widened_llama(tokenizer: Tokenizer, max_position_embeddings: int = 2048) -> tuple[dict, dict[str, mx.array]]:
     """Config and weights of the tiny llama with one embedding/output row per tokenizer id."""
-    config = hf.read_config(LLAMA)
+    config = hf.read_config(LLAMA_FIXTURE)
     config["max_position_embeddings"] = max_position_embeddings
     config["vocab_size"] = tokenizer.vocab_size
-    weights = hf.read_weights(LLAMA)
+    weights = hf.read_weights(LLAMA_FIXTURE)
     rng = np.random.default_rng(0)
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         rows = weights[name]  # (256, hidden)
@@ -39,10 +36,10 @@ def widened_llama(tokenizer: Tokenizer, max_position_embeddings: int = 2048) -> 
 def write_model_folder(folder: Path, *, eos: bool = True, max_position_embeddings: int = 2048) -> Path:
     """An HF folder `load_model` reads. With `eos=False` the model has no end-of-sequence token,
     so every answer runs to max_tokens."""
-    config, weights = widened_llama(Tokenizer.from_folder(TOKENIZER), max_position_embeddings)
+    config, weights = widened_llama(Tokenizer.from_folder(BPE_TOKENIZER), max_position_embeddings)
     folder.mkdir(parents=True, exist_ok=True)
     names = ["tokenizer.json", "chat_template.jinja"]
-    tokenizer_config = json.loads((TOKENIZER / "tokenizer_config.json").read_text())
+    tokenizer_config = json.loads((BPE_TOKENIZER / "tokenizer_config.json").read_text())
     if eos:
         names.append("generation_config.json")
     else:
@@ -52,5 +49,5 @@ def write_model_folder(folder: Path, *, eos: bool = True, max_position_embedding
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     for name in names:
-        shutil.copy(TOKENIZER / name, folder / name)
+        shutil.copy(BPE_TOKENIZER / name, folder / name)
     return folder

@@ -7,7 +7,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import httpx
 import openai
@@ -21,9 +20,9 @@ from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 from baselm.models import build_model
 from baselm.tokenizer.tokenizer import Tokenizer
-from tests.tiny_model import TOKENIZER, widened_llama
+from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
+from tests.tiny_model import widened_llama
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODEL = "tiny"
 _BUSY = ("base_num_requests_running", "base_num_requests_waiting", "base_kv_blocks_used")  # all 0 when idle
 
@@ -32,11 +31,10 @@ _BUSY = ("base_num_requests_running", "base_num_requests_waiting", "base_kv_bloc
 def tiny_model() -> LoadedModel:
     """The widened tiny llama with the fixture BPE tokenizer (ChatML template). End-of-sequence ids
     are the tokenizer's (<|im_end|>, <|endoftext|>), so answers can end."""
-    tokenizer = Tokenizer.from_folder(TOKENIZER)
+    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
     config, weights = widened_llama(tokenizer)
     model = build_model(config, weights)
-    folder = FIXTURES / "models" / "llama"
-    return LoadedModel(MODEL, folder, model, tokenizer, config, tokenizer.eos_token_ids, select_backend("cpu"))
+    return LoadedModel(MODEL, LLAMA_FIXTURE, model, tokenizer, config, tokenizer.eos_token_ids, select_backend("cpu"))
 
 
 class RunningServer:

@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from baselm.tokenizer.tokenizer import Tokenizer
-from tests.tiny_model import TOKENIZER, write_model_folder
+from tests.paths import BPE_TOKENIZER as TOKENIZER
+from tests.tiny_model import write_model_folder
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, json_schema_
 from baselm.api.tools import HERMES, LLAMA3_JSON, ToolCallParser, forced_call_lark, tool_format
 from baselm.tokenizer.tokenizer import Tokenizer
 from tests.api.conftest import MODEL
-from tests.tiny_model import TOKENIZER
+from tests.paths import BPE_TOKENIZER
 
 PERSON = {
     "type": "object",
@@ -313,7 +313,7 @@ def _random_walk(processor, vocab: int, seed: int, eos: int, max_steps: int = 40
 
 
 def test_schema_grammar_works_when_the_model_has_fewer_rows_than_the_tokenizer():
-    tokenizer = Tokenizer.from_folder(TOKENIZER)  # 702 tokens; this model only emits ids < 256
+    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)  # 702 tokens; this model only emits ids < 256
     lltokenizer = grammar_tokenizer(tokenizer, 256, [2])
     grammar = json_schema_grammar(PERSON)
     for seed in range(5):
@@ -324,7 +324,7 @@ def test_schema_grammar_works_when_the_model_has_fewer_rows_than_the_tokenizer()
 
 @pytest.mark.parametrize("fmt", [HERMES, LLAMA3_JSON])
 def test_forced_call_grammars_parse_back_to_valid_calls(fmt):
-    tokenizer = Tokenizer.from_folder(TOKENIZER)
+    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
     lltokenizer = grammar_tokenizer(tokenizer, tokenizer.vocab_size, [2])
     grammar = lark_grammar(forced_call_lark([WEATHER, TIME], fmt, None, parallel=True))
     for seed in range(4):

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from baselm.tokenizer.tokenizer import Tokenizer
-from tests.tiny_model import TOKENIZER, write_model_folder
+from tests.paths import BPE_TOKENIZER
+from tests.tiny_model import write_model_folder
 
 
 @pytest.fixture(scope="module")
@@ -19,4 +20,4 @@ def chat_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return Tokenizer.from_folder(TOKENIZER)
+    return Tokenizer.from_folder(BPE_TOKENIZER)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
 
@@ -14,17 +13,16 @@ from baselm.loader import LoadedModel
 from baselm.models import build_model
 from baselm.store import hf
 from baselm.tokenizer.tokenizer import Tokenizer
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+from tests.paths import BPE_TOKENIZER, MODEL_FIXTURES
 
 
 @functools.cache
 def tiny_loaded(name: str = "llama") -> LoadedModel:
-    folder = FIXTURES / "models" / name
+    folder = MODEL_FIXTURES / name
     config = hf.read_config(folder)
     config["max_position_embeddings"] = 512
     model = build_model(config, hf.read_weights(folder))
-    tokenizer = Tokenizer.from_folder(FIXTURES / "tokenizers" / "bpe")
+    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
     return LoadedModel(name, folder, model, tokenizer, config, (), select_backend("cpu"))
 
 

@@ -20,9 +20,8 @@ from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import model_from_checkpoint
 from baselm.models.base import DecoderModel, ModelConfigError
 from baselm.store import gguf as gguf_store
+from tests.paths import LLAMA_FIXTURE, MODEL_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
-FIXTURE = FIXTURES / "llama"
 TOL = 1e-4
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
 
@@ -46,7 +45,7 @@ def llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_tensors(config: dict, permute: bool = True, folder: Path = FIXTURE) -> dict[str, np.ndarray]:
+def gguf_tensors(config: dict, permute: bool = True, folder: Path = LLAMA_FIXTURE) -> dict[str, np.ndarray]:
     weights = {k: np.array(v) for k, v in mx.load(str(folder / "model.safetensors")).items()}
     out = {}
     for name, value in weights.items():
@@ -113,12 +112,12 @@ def llama3_rope_freqs(config: dict) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def config() -> dict:
-    return json.loads((FIXTURE / "config.json").read_text())
+    return json.loads((LLAMA_FIXTURE / "config.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, np.ndarray]:
-    return dict(np.load(FIXTURE / "reference.npz"))
+    return dict(np.load(LLAMA_FIXTURE / "reference.npz"))
 
 
 def test_gguf_with_converter_permuted_qk_rows_gives_the_hf_logits(tmp_path, config, reference):
@@ -130,7 +129,7 @@ def test_gguf_with_converter_permuted_qk_rows_gives_the_hf_logits(tmp_path, conf
 def test_llama3_gguf_with_rope_freqs_and_one_kv_head_gives_the_hf_logits(tmp_path):
     # llama 3 rope scaling lives in a rope_freqs tensor in GGUF; this fixture also ties its
     # embeddings (no output tensor) and has a single KV head.
-    folder = FIXTURES / "llama_rope3_mqa"
+    folder = MODEL_FIXTURES / "llama_rope3_mqa"
     config = json.loads((folder / "config.json").read_text())
     tensors = gguf_tensors(config, folder=folder)
     assert "output.weight" not in tensors

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -11,8 +10,7 @@ import pytest
 from baselm.models import build_model, supported_model_types
 from baselm.models.base import ModelConfigError
 from baselm.store import hf
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+from tests.paths import MODEL_FIXTURES
 
 
 def build(
@@ -22,7 +20,7 @@ def build(
     weights: dict | None = None,
     rope_freq_factors: mx.array | None = None,
 ):
-    folder = FIXTURES / name
+    folder = MODEL_FIXTURES / name
     config = {k: v for k, v in {**hf.read_config(folder), **(change or {})}.items() if k not in drop}
     weights = hf.read_weights(folder) if weights is None else weights
     return build_model(config, weights, rope_freq_factors=rope_freq_factors)
@@ -110,7 +108,7 @@ def test_missing_config_key_is_named():
 
 
 def test_missing_tensor_is_named():
-    weights = hf.read_weights(FIXTURES / "qwen3")
+    weights = hf.read_weights(MODEL_FIXTURES / "qwen3")
     del weights["model.layers.1.self_attn.k_norm.weight"]
     message = "checkpoint does not match the architecture: missing layers.1.self_attn.k_norm.weight"
     with pytest.raises(ModelConfigError, match=f"^{re.escape(message)}$"):
@@ -118,7 +116,7 @@ def test_missing_tensor_is_named():
 
 
 def test_missing_expert_is_named():
-    weights = hf.read_weights(FIXTURES / "mixtral")
+    weights = hf.read_weights(MODEL_FIXTURES / "mixtral")
     del weights["model.layers.0.block_sparse_moe.experts.3.w2.weight"]
     message = "checkpoint lacks expert tensor layers.0.mlp.experts.3.w2.weight"
     with pytest.raises(ModelConfigError, match=f"^{re.escape(message)}$"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -19,8 +18,8 @@ from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models import build_model
 from baselm.models.base import DecoderModel, ModelConfigError
 from baselm.store import hf
+from tests.paths import MODEL_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 NAMES = [
     "gemma2",
     "gemma3",
@@ -44,14 +43,14 @@ TABLE_B = [6, 1, 11, 4, 3]
 @functools.cache
 def load(name: str, config_name: str | None = None) -> DecoderModel:
     """A fixture's model, under its config.json or under `config_{config_name}.json`."""
-    folder = FIXTURES / name
+    folder = MODEL_FIXTURES / name
     config = json.loads((folder / f"config_{config_name}.json").read_text()) if config_name else hf.read_config(folder)
     return build_model(config, hf.read_weights(folder))
 
 
 @functools.cache
 def reference(name: str) -> dict[str, np.ndarray]:
-    return dict(np.load(FIXTURES / name / "reference.npz"))
+    return dict(np.load(MODEL_FIXTURES / name / "reference.npz"))
 
 
 def new_cache(model: DecoderModel) -> PagedKVCache:
@@ -154,7 +153,7 @@ def test_config_variant_on_the_same_weights_gives_transformers_logits(name, vari
 
 
 def test_experts_stored_fused_load_as_the_same_model():
-    folder = FIXTURES / "qwen3_moe"
+    folder = MODEL_FIXTURES / "qwen3_moe"
     weights = hf.read_weights(folder)
     prefix = "model.layers.0.mlp.experts"
     gate = mx.stack([weights.pop(f"{prefix}.{e}.gate_proj.weight") for e in range(4)])
@@ -170,7 +169,7 @@ def test_experts_stored_fused_load_as_the_same_model():
 def test_quantized_experts_run_kept_quantized_as_they_do_dequantized(name):
     # 8-bit expert triplets, as a quantized checkpoint stores them per expert: gather_qmm over the
     # stacked codes must compute what the float path computes from the dequantized weights.
-    folder, ref = FIXTURES / name, reference(name)
+    folder, ref = MODEL_FIXTURES / name, reference(name)
     weights = hf.read_weights(folder)
     for key in [k for k in weights if ".experts." in k]:
         codes, scales, biases = mx.quantize(weights[key], group_size=32, bits=8)
@@ -188,7 +187,7 @@ def test_quantized_experts_run_kept_quantized_as_they_do_dequantized(name):
 def test_quantized_triplets_need_no_group_size_and_a_wrong_one_is_named():
     # Bits and group size follow from the codes/scales shapes and the layer's input size: the model
     # computes what it computes from the same weights dequantized by hand.
-    folder, ref = FIXTURES / "llama", reference("llama")
+    folder, ref = MODEL_FIXTURES / "llama", reference("llama")
     quantized, dequantized = hf.read_weights(folder), hf.read_weights(folder)
     for key in [k for k in quantized if k.endswith("_proj.weight")]:
         codes, scales, biases = mx.quantize(quantized[key], group_size=64, bits=4)
@@ -207,7 +206,7 @@ def test_quantized_triplets_need_no_group_size_and_a_wrong_one_is_named():
 
 def test_float32_model_kept_quantized_with_float16_scales_computes_as_dequantized():
     # A quantized embedding with float16 scales would otherwise hand float16 rows to every layer.
-    folder, ref = FIXTURES / "llama", reference("llama")
+    folder, ref = MODEL_FIXTURES / "llama", reference("llama")
     weights = hf.read_weights(folder)
     for key in [k for k in weights if k.endswith(("_proj.weight", "embed_tokens.weight"))]:
         codes, scales, biases = mx.quantize(weights[key], group_size=32, bits=4)
@@ -237,7 +236,7 @@ def test_float32_model_kept_quantized_with_float16_scales_computes_as_dequantize
     ],
 )
 def test_fixture_depends_on_its_architecture_feature(name, change):
-    folder, ref = FIXTURES / name, reference(name)
+    folder, ref = MODEL_FIXTURES / name, reference(name)
     model = build_model({**hf.read_config(folder), **change}, hf.read_weights(folder))
     (logits,) = step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
     assert max_diff(logits, ref["logits"]) > 100 * TOL

@@ -29,8 +29,8 @@ from baselm.store.convert_gguf import _kept_gguf
 from baselm.store.errors import UnsupportedModelError
 from baselm.store.gguf_quants import pack_affine
 from baselm.store.quantize import pack_codes
+from tests.paths import LLAMA_FIXTURE, TOKENIZER_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 T = gguf.GGMLQuantizationType
 EXACT = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8}
@@ -237,7 +237,7 @@ def test_an_unsupported_tensor_type_is_refused_by_name(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["bpe-smollm.gguf", "spm.gguf"])
 def test_metadata_and_tensor_bytes_equal_what_gguf_reader_reads(name: str) -> None:
-    path = FIXTURES / "tokenizers" / name
+    path = TOKENIZER_FIXTURES / name
     ours = gguf_store.GGUFFile.open(path)
     reader = gguf.GGUFReader(str(path))
     theirs = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
@@ -273,7 +273,7 @@ def test_a_gguf_cut_short_or_scrambled_is_a_clear_error(cut: int, tmp_path: Path
 def llama_gguf(path: Path, type_name: str) -> tuple[Path, dict]:
     """The llama fixture as llama.cpp's converter writes it (q/k rows permuted), 2-D weights as
     `type_name`, norms F32; the tiny `t0..t255` vocabulary of the hub tests."""
-    folder = FIXTURES / "models" / "llama"
+    folder = LLAMA_FIXTURE
     config = json.loads((folder / "config.json").read_text())
     tensors = {}
     for name, value in gguf_tensors(load_file(str(folder / "model.safetensors")), config):

@@ -26,9 +26,8 @@ from baselm.store.gguf import _unpermute_rows, hf_name
 from baselm.store.import_local import import_local
 from baselm.store.mlx_folder import plain_config
 from baselm.store.registry import Store
+from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-LLAMA = FIXTURES / "models" / "llama"
 SUPPORTED = {"llama"}
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
 IDS = np.array([1, 17, 42, 99, 7, 200, 3, 64, 128, 5])
@@ -51,8 +50,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
 def hf_folder(tmp_path: Path) -> Path:
     """The llama fixture with the tiny BPE tokenizer beside it, as an HF model folder."""
     folder = tmp_path / "src" / "Tiny-Llama"
-    shutil.copytree(LLAMA, folder, ignore=shutil.ignore_patterns("reference.npz", "config_linear.json"))
-    for file in (FIXTURES / "tokenizers" / "bpe").iterdir():
+    shutil.copytree(LLAMA_FIXTURE, folder, ignore=shutil.ignore_patterns("reference.npz", "config_linear.json"))
+    for file in BPE_TOKENIZER.iterdir():
         shutil.copy(file, folder / file.name)
     return folder
 

@@ -23,10 +23,8 @@ from baselm.store.base_reader import QuantizedArray, read_base_file
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from baselm.store.import_local import import_local
 from baselm.store.registry import Store
+from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-LLAMA = FIXTURES / "models" / "llama"
-TOKENIZER = FIXTURES / "tokenizers" / "bpe"
 SUPPORTED = {"llama"}
 # Default 4-bit groups of 64; per-layer choices as mlx-lm's mixed recipes write them.
 LAYERS = {
@@ -48,8 +46,8 @@ def make_mlx_folder(folder: Path, strip_model_prefix: bool = False) -> Path:
     mlx-lm saves the HF names (`model.layers.0...`); `strip_model_prefix` saves names and config
     keys without `model.` instead, as a model class without that level would.
     """
-    config = json.loads((LLAMA / "config.json").read_text())
-    model = build_model(config, dict(mx.load(str(LLAMA / "model.safetensors"))), keep_quantized=True)
+    config = json.loads((LLAMA_FIXTURE / "config.json").read_text())
+    model = build_model(config, dict(mx.load(str(LLAMA_FIXTURE / "model.safetensors"))), keep_quantized=True)
 
     def predicate(path: str, module: nn.Module) -> bool | dict:
         if not hasattr(module, "to_quantized"):
@@ -69,7 +67,7 @@ def make_mlx_folder(folder: Path, strip_model_prefix: bool = False) -> Path:
     quantization = {"group_size": 64, "bits": 4, "mode": "affine", **layers}
     config |= {"quantization": quantization, "quantization_config": quantization}
     (folder / "config.json").write_text(json.dumps(config))
-    for file in TOKENIZER.iterdir():
+    for file in BPE_TOKENIZER.iterdir():
         shutil.copy(file, folder / file.name)
     return folder
 

@@ -26,8 +26,8 @@ from baselm.store.hub import HubClient, HubError, NoProgress
 from baselm.store.pull import pull
 from baselm.store.registry import Store
 from baselm.tokenizer.tokenizer import Tokenizer
+from tests.paths import LLAMA_FIXTURE
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "llama"
 SUPPORTED = {"llama", "qwen2"}
 
 
@@ -35,11 +35,11 @@ SUPPORTED = {"llama", "qwen2"}
 def hub(tmp_path_factory: pytest.TempPathFactory):
     gguf_dir = tmp_path_factory.mktemp("gguf")
     with HubServer() as server:
-        server.add_repo("org/Tiny-Llama", tiny_llama_files(FIXTURE))
-        server.add_repo("org/Tiny-Bert", tiny_llama_files(FIXTURE, model_type="bert"))
-        server.add_repo("org/Tiny-Llama-GGUF", tiny_gguf_files(FIXTURE, gguf_dir))
-        server.add_repo("org/Gated", tiny_llama_files(FIXTURE), gated=True)
-        server.add_repo("org/Tiny-Sharded", sharded(tiny_llama_files(FIXTURE)))
+        server.add_repo("org/Tiny-Llama", tiny_llama_files(LLAMA_FIXTURE))
+        server.add_repo("org/Tiny-Bert", tiny_llama_files(LLAMA_FIXTURE, model_type="bert"))
+        server.add_repo("org/Tiny-Llama-GGUF", tiny_gguf_files(LLAMA_FIXTURE, gguf_dir))
+        server.add_repo("org/Gated", tiny_llama_files(LLAMA_FIXTURE), gated=True)
+        server.add_repo("org/Tiny-Sharded", sharded(tiny_llama_files(LLAMA_FIXTURE)))
         server.gguf_dir = gguf_dir
         yield server
 
@@ -66,7 +66,7 @@ def test_a_safetensors_repo_is_pulled_as_q4_by_default(hub: HubServer, tmp_path:
     model = run_pull(hub, store, "org/Tiny-Llama")
     assert store.list() == [model]
     assert (model.ref, model.arch, model.quant) == ("org/Tiny-Llama:q4", "llama", "q4")
-    source = load_file(str(FIXTURE / "model.safetensors"))
+    source = load_file(str(LLAMA_FIXTURE / "model.safetensors"))
     assert model.params == sum(v.size for v in source.values())
     assert model.source["commit"] == hub.repos["org/Tiny-Llama"].commit
     header, tensors = read_base_file(model.path, verify=True)
@@ -93,7 +93,7 @@ def test_only_the_files_a_model_needs_are_downloaded(hub: HubServer, tmp_path: P
 def test_an_f32_pull_stores_the_source_tensors_exactly(hub: HubServer, tmp_path: Path) -> None:
     model = run_pull(hub, Store(tmp_path), "org/Tiny-Llama:f32")
     _, tensors = read_base_file(model.path)
-    for name, value in load_file(str(FIXTURE / "model.safetensors")).items():
+    for name, value in load_file(str(LLAMA_FIXTURE / "model.safetensors")).items():
         np.testing.assert_array_equal(np.array(tensors[name]), value)
 
 
@@ -241,7 +241,7 @@ def test_a_sharded_repo_is_pulled_through_its_index(hub: HubServer, tmp_path: Pa
         "tokenizer_config.json",
     ]
     _, tensors = read_base_file(model.path)
-    for name, value in load_file(str(FIXTURE / "model.safetensors")).items():
+    for name, value in load_file(str(LLAMA_FIXTURE / "model.safetensors")).items():
         np.testing.assert_array_equal(np.array(tensors[name]), value)
     commit = hub.repos["org/Tiny-Sharded"].commit
     assert (tmp_path / "downloads/org/Tiny-Sharded" / commit / "model.safetensors.index.json").is_file()
@@ -250,7 +250,7 @@ def test_a_sharded_repo_is_pulled_through_its_index(hub: HubServer, tmp_path: Pa
 def test_a_new_commit_on_the_hub_replaces_the_stored_variant(tmp_path: Path) -> None:
     store = Store(tmp_path)
     with HubServer() as hub:
-        files = tiny_llama_files(FIXTURE)
+        files = tiny_llama_files(LLAMA_FIXTURE)
         first = hub.add_repo("org/Moving", files)
         assert run_pull(hub, store, "org/Moving").source["commit"] == first
         second = hub.add_repo("org/Moving", {**files, "tokenizer_config.json": b'{"eos_token": "t3"}'})

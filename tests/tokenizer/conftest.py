@@ -13,9 +13,9 @@ import pytest
 
 from baselm.store.gguf import read_metadata
 from baselm.tokenizer.tokenizer import Tokenizer
+from tests.paths import TOKENIZER_FIXTURES
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "tokenizers"
-EXPECTED = json.loads((FIXTURES / "expected.json").read_text(encoding="utf-8"))
+EXPECTED = json.loads((TOKENIZER_FIXTURES / "expected.json").read_text(encoding="utf-8"))
 CORPUS: list[str] = EXPECTED["corpus"]
 CONVERSATIONS: dict = EXPECTED["conversations"]
 FIXTURE_NAMES = list(EXPECTED["tokenizers"])
@@ -30,9 +30,9 @@ def load(name: str, smollm2_gguf: Path | None = None) -> Tokenizer:
         if name == "smollm2":
             _cache[name] = Tokenizer.from_gguf_metadata(read_metadata(smollm2_gguf)[1])
         elif name.endswith(".gguf"):
-            _cache[name] = Tokenizer.from_gguf_metadata(read_metadata(FIXTURES / name)[1])
+            _cache[name] = Tokenizer.from_gguf_metadata(read_metadata(TOKENIZER_FIXTURES / name)[1])
         else:
-            _cache[name] = Tokenizer.from_folder(FIXTURES / name)
+            _cache[name] = Tokenizer.from_folder(TOKENIZER_FIXTURES / name)
     return _cache[name]
 
 

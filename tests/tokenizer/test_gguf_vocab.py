@@ -7,7 +7,8 @@ import pytest
 from baselm.store.gguf import read_metadata
 from baselm.tokenizer.errors import TokenizerError
 from baselm.tokenizer.tokenizer import Tokenizer
-from tests.tokenizer.conftest import FIXTURES, load
+from tests.paths import TOKENIZER_FIXTURES
+from tests.tokenizer.conftest import load
 
 
 def test_pre_tokenizer_names_pick_their_split_of_digits():
@@ -25,13 +26,13 @@ def test_pre_tokenizer_names_pick_their_split_of_digits():
 
 
 def test_gguf_end_of_turn_id_ends_generation_too():
-    metadata = dict(read_metadata(FIXTURES / "bpe-gpt2.gguf")[1])
+    metadata = dict(read_metadata(TOKENIZER_FIXTURES / "bpe-gpt2.gguf")[1])
     metadata["tokenizer.ggml.eot_token_id"] = 1
     assert Tokenizer.from_gguf_metadata(metadata).eos_token_ids == (2, 1)
 
 
 def test_unknown_gguf_pre_tokenizer_and_model_are_refused():
-    metadata = dict(read_metadata(FIXTURES / "bpe-gpt2.gguf")[1])
+    metadata = dict(read_metadata(TOKENIZER_FIXTURES / "bpe-gpt2.gguf")[1])
     with pytest.raises(TokenizerError, match="pre-tokenizer 'made-up' is not supported"):
         Tokenizer.from_gguf_metadata({**metadata, "tokenizer.ggml.pre": "made-up"})
     with pytest.raises(TokenizerError, match="tokenizer model 't5' is not supported"):
@@ -41,7 +42,7 @@ def test_unknown_gguf_pre_tokenizer_and_model_are_refused():
 
 
 def test_gguf_sentencepiece_without_space_prefix_adds_no_leading_space():
-    metadata = {**read_metadata(FIXTURES / "spm.gguf")[1], "tokenizer.ggml.add_space_prefix": False}
+    metadata = {**read_metadata(TOKENIZER_FIXTURES / "spm.gguf")[1], "tokenizer.ggml.add_space_prefix": False}
     tok = Tokenizer.from_gguf_metadata(metadata)
     with_prefix = load("spm.gguf")
     assert with_prefix.id_to_token(with_prefix.encode("hello", add_special_tokens=False)[0]).startswith("▁")
@@ -50,6 +51,6 @@ def test_gguf_sentencepiece_without_space_prefix_adds_no_leading_space():
 
 
 def test_gguf_sentencepiece_of_gemma_is_refused_rather_than_guessed():
-    metadata = {**read_metadata(FIXTURES / "spm.gguf")[1], "general.architecture": "gemma2"}
+    metadata = {**read_metadata(TOKENIZER_FIXTURES / "spm.gguf")[1], "general.architecture": "gemma2"}
     with pytest.raises(TokenizerError, match="'gemma2' models are not supported"):
         Tokenizer.from_gguf_metadata(metadata)

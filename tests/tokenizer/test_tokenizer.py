@@ -9,7 +9,8 @@ import pytest
 
 from baselm.tokenizer.errors import TokenizerError
 from baselm.tokenizer.tokenizer import Tokenizer
-from tests.tokenizer.conftest import ALL_NAMES, CONVERSATIONS, CORPUS, EXPECTED, FIXTURES, expected, load, render
+from tests.paths import BPE_TOKENIZER
+from tests.tokenizer.conftest import ALL_NAMES, CONVERSATIONS, CORPUS, EXPECTED, expected, load, render
 
 # ---- encode / decode against transformers ---------------------------------------------------
 
@@ -94,7 +95,7 @@ def test_encode_chat_adds_bos_when_the_template_does_not_write_it():
 
 def test_folder_reads_chat_template_json_and_generation_eos_ids(tmp_path):
     folder = tmp_path / "model"
-    shutil.copytree(FIXTURES / "bpe", folder)
+    shutil.copytree(BPE_TOKENIZER, folder)
     template = (folder / "chat_template.jinja").read_text()
     (folder / "chat_template.jinja").unlink()
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": template}))
@@ -105,7 +106,7 @@ def test_folder_reads_chat_template_json_and_generation_eos_ids(tmp_path):
 
 
 def test_explicit_add_bos_token_in_the_config_wins_over_tokenizer_json():
-    tokenizer_json = (FIXTURES / "bpe" / "tokenizer.json").read_text()
+    tokenizer_json = (BPE_TOKENIZER / "tokenizer.json").read_text()
     config = {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": True}
     tok = Tokenizer.from_hf_files(tokenizer_json, config)
     assert tok.add_bos_token

@@ -1,0 +1,12 @@
+"""Where the committed test fixtures live (tests/fixtures; see its READMEs for how each was made)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+MODEL_FIXTURES = FIXTURES / "models"  # tiny random HF models, one folder per architecture
+TOKENIZER_FIXTURES = FIXTURES / "tokenizers"  # HF folders and GGUF files, with transformers' outputs
+TEXT_FIXTURES = FIXTURES / "text"
+LLAMA_FIXTURE = MODEL_FIXTURES / "llama"  # the tiny llama (256-id vocabulary) most tests run
+BPE_TOKENIZER = TOKENIZER_FIXTURES / "bpe"  # an HF tokenizer folder with a ChatML template

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from baselm.cli import app
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.perplexity import PerplexityError, Window, check_window, perplexity, plan_windows, token_nlls
-from tests.engine.conftest import tiny_loaded
 from tests.paths import TEXT_FIXTURES
+from tests.tiny_model import loaded_fixture
 
 TEXT = TEXT_FIXTURES / "alice_chapter1.txt"
 # The tiny model's vocabulary is 256 ids; fixed pseudo-random ids stand in for a text.
@@ -25,7 +25,7 @@ TOL = 1e-4
 
 def full_forward_nlls(token_ids: list[int]) -> np.ndarray:
     """-log softmax of one forward over all of `token_ids` at each next token, in float64."""
-    model = tiny_loaded().model
+    model = loaded_fixture().model
     n = len(token_ids)
     cache = PagedKVCache.for_model(model, num_blocks=-(-n // 16), block_size=16)
     meta = AttentionMetadata.build([list(range(cache.num_blocks))], [n], [n], 16)
@@ -37,7 +37,7 @@ def full_forward_nlls(token_ids: list[int]) -> np.ndarray:
 
 def test_one_window_gives_exp_of_the_full_forward_mean_nll():
     expected = full_forward_nlls(TOKEN_IDS).mean()
-    result = perplexity(tiny_loaded().model, TOKEN_IDS, context=64)
+    result = perplexity(loaded_fixture().model, TOKEN_IDS, context=64)
     assert result.num_windows == 1
     assert result.num_scored == 39
     assert result.mean_nll == pytest.approx(expected, abs=TOL)
@@ -45,7 +45,7 @@ def test_one_window_gives_exp_of_the_full_forward_mean_nll():
 
 
 def test_each_window_scores_its_targets_as_a_forward_over_the_window():
-    nlls, windows = token_nlls(tiny_loaded().model, TOKEN_IDS, context=16, stride=6)
+    nlls, windows = token_nlls(loaded_fixture().model, TOKEN_IDS, context=16, stride=6)
     expected = np.concatenate(
         [full_forward_nlls(TOKEN_IDS[w.start : w.end])[w.first_target - w.start - 1 :] for w in windows]
     )
@@ -73,13 +73,13 @@ def test_sliding_windows_score_every_target_exactly_once(num_tokens, context, st
 
 
 def test_result_counts_scored_and_evaluated_tokens():
-    result = perplexity(tiny_loaded().model, TOKEN_IDS, context=16, stride=8)
+    result = perplexity(loaded_fixture().model, TOKEN_IDS, context=16, stride=8)
     assert (result.num_scored, result.num_evaluated, result.num_windows) == (39, 64, 4)
     assert result.perplexity == pytest.approx(math.exp(result.mean_nll), rel=1e-12)
 
 
 def test_quantized_kv_pools_stay_close_to_float_pools():
-    model = tiny_loaded().model
+    model = loaded_fixture().model
     float_nlls, _ = token_nlls(model, TOKEN_IDS, context=16, stride=8)
     # Mean NLL bounds about 5x the shifts measured on this fixture (q8: 0.0009, q4: 0.012, of 6.04).
     for bits, tol in ((8, 0.005), (4, 0.05)):
@@ -104,12 +104,12 @@ def test_bad_context_or_stride_is_refused(context, stride, max_context, message)
 
 def test_a_one_token_text_is_refused():
     with pytest.raises(PerplexityError, match=re.escape("the text has 1 token(s); perplexity needs at least 2")):
-        perplexity(tiny_loaded().model, [5], context=16)
+        perplexity(loaded_fixture().model, [5], context=16)
 
 
 def test_unknown_kv_bits_is_refused():
     with pytest.raises(PerplexityError, match=re.escape("kv_bits must be one of 16, 8, 4, got 3")):
-        perplexity(tiny_loaded().model, TOKEN_IDS, context=16, kv_bits=3)
+        perplexity(loaded_fixture().model, TOKEN_IDS, context=16, kv_bits=3)
 
 
 def test_cli_reports_a_bad_stride_in_one_line(tmp_path):

@@ -1,12 +1,18 @@
-"""The tiny fixture llama widened to the fixture BPE tokenizer's vocabulary, for chat-shaped tests.
+"""The tiny models the engine, API, chat and CLI tests run, built from the committed fixtures.
 
-The fixture model (tests/fixtures/models/llama) has 256 embedding rows; chat prompts through
-the fixture tokenizer (tests/fixtures/tokenizers/bpe, ChatML template) use ids up to 701, so
-the extra embedding and output rows are filled with seeded random values.
+- `loaded_fixture(name)`: a fixture model as it is (tests/fixtures/models/<name>, 256-id
+  vocabulary) with the fixture BPE tokenizer and no end-of-sequence ids, for engines fed raw
+  token ids: every request runs to max_tokens.
+- `widened_llama(tokenizer)`: the tiny llama widened to the BPE tokenizer's vocabulary. Chat
+  prompts through that tokenizer (ChatML template) use ids up to 701, so the extra embedding and
+  output rows are filled with seeded random values.
+- `loaded_widened_llama(name)`: that model loaded, ending at the tokenizer's end-of-sequence ids.
+- `write_model_folder(folder)`: that model written as an HF folder `load_model` reads.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -14,9 +20,23 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from baselm.backend import select_backend
+from baselm.loader import LoadedModel
+from baselm.models import build_model
 from baselm.store import hf
 from baselm.tokenizer.tokenizer import Tokenizer
-from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
+from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE, MODEL_FIXTURES
+
+
+@functools.cache
+def loaded_fixture(name: str = "llama") -> LoadedModel:
+    """The fixture model `name` (512 positions) with the BPE tokenizer and no end-of-sequence ids."""
+    folder = MODEL_FIXTURES / name
+    config = hf.read_config(folder)
+    config["max_position_embeddings"] = 512
+    model = build_model(config, hf.read_weights(folder))
+    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
+    return LoadedModel(name, folder, model, tokenizer, config, (), select_backend("cpu"))
 
 
 def widened_llama(tokenizer: Tokenizer, max_position_embeddings: int = 2048) -> tuple[dict, dict[str, mx.array]]:
@@ -33,9 +53,19 @@ def widened_llama(tokenizer: Tokenizer, max_position_embeddings: int = 2048) -> 
     return config, weights
 
 
+@functools.cache
+def loaded_widened_llama(name: str) -> LoadedModel:
+    """The widened tiny llama, served as `name`, with the BPE tokenizer (ChatML template). End-of-sequence
+    ids are the tokenizer's (<|im_end|>, <|endoftext|>), so answers can end."""
+    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
+    config, weights = widened_llama(tokenizer)
+    model = build_model(config, weights)
+    return LoadedModel(name, LLAMA_FIXTURE, model, tokenizer, config, tokenizer.eos_token_ids, select_backend("cpu"))
+
+
 def write_model_folder(folder: Path, *, eos: bool = True, max_position_embeddings: int = 2048) -> Path:
-    """An HF folder `load_model` reads. With `eos=False` the model has no end-of-sequence token,
-    so every answer runs to max_tokens."""
+    """The widened tiny llama as an HF folder `load_model` reads. With `eos=False` the model has no
+    end-of-sequence token, so every answer runs to max_tokens."""
     config, weights = widened_llama(Tokenizer.from_folder(BPE_TOKENIZER), max_position_embeddings)
     folder.mkdir(parents=True, exist_ok=True)
     names = ["tokenizer.json", "chat_template.jinja"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import socket
 import threading
 import time
@@ -14,27 +13,12 @@ import pytest
 
 from baselm.api.server import ServeOptions, make_server
 from baselm.async_engine import AsyncEngine
-from baselm.backend import select_backend
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
-from baselm.loader import LoadedModel
-from baselm.models import build_model
-from baselm.tokenizer.tokenizer import Tokenizer
-from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
-from tests.tiny_model import widened_llama
+from tests.tiny_model import loaded_widened_llama
 
 MODEL = "tiny"
 _BUSY = ("base_num_requests_running", "base_num_requests_waiting", "base_kv_blocks_used")  # all 0 when idle
-
-
-@functools.cache
-def tiny_model() -> LoadedModel:
-    """The widened tiny llama with the fixture BPE tokenizer (ChatML template). End-of-sequence ids
-    are the tokenizer's (<|im_end|>, <|endoftext|>), so answers can end."""
-    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
-    config, weights = widened_llama(tokenizer)
-    model = build_model(config, weights)
-    return LoadedModel(MODEL, LLAMA_FIXTURE, model, tokenizer, config, tokenizer.eos_token_ids, select_backend("cpu"))
 
 
 class RunningServer:
@@ -43,7 +27,7 @@ class RunningServer:
     def __init__(self, api_key: str | None = None, max_body_bytes: int = 8 * 2**20, **config) -> None:
         config.setdefault("kv_memory", 4 * 2**20)
         config.setdefault("max_num_seqs", 32)
-        self.engine = LLMEngine(tiny_model(), EngineConfig(**config))
+        self.engine = LLMEngine(loaded_widened_llama(MODEL), EngineConfig(**config))
         self.client = AsyncEngine(self.engine).start()
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so.
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

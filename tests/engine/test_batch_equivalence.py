@@ -16,7 +16,7 @@ import pytest
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.sampling import SamplingParams
-from tests.engine.conftest import tiny_loaded
+from tests.tiny_model import loaded_fixture
 
 TOL = 1e-4
 VOCAB = 256
@@ -72,7 +72,7 @@ def run(engine, requests) -> tuple[list[TeacherForcing], list[list[int]]]:
 def alone_logits():
     results = []
     for _, prompt, forced in workload():
-        engine = LLMEngine(tiny_loaded(), EngineConfig(kv_memory=2 * 2**20, enable_prefix_caching=False))
+        engine = LLMEngine(loaded_fixture(), EngineConfig(kv_memory=2 * 2**20, enable_prefix_caching=False))
         recorders, _ = run(engine, [(0, prompt, forced)])
         results.append(recorders[0].logits)
     return results
@@ -113,5 +113,5 @@ def test_preemption_keeps_logits(make_engine, alone_logits):
 
 
 def engine_bytes_per_token() -> int:
-    num_layers, num_kv_heads, head_dim = tiny_loaded().model.kv_shape()
+    num_layers, num_kv_heads, head_dim = loaded_fixture().model.kv_shape()
     return 2 * num_layers * num_kv_heads * head_dim * 4

@@ -2,7 +2,7 @@
 
 llama.cpp's converter permutes the q/k projection rows of llama models (it rotates interleaved
 pairs where HF rotates halves); store/gguf.py must put them back. The GGUF here is written with
-the `gguf` package from the llama fixture, F32 tensors, llama metadata keys.
+the `gguf` package from the llama fixture (tests/tiny_gguf.py), F32 tensors, llama metadata keys.
 """
 
 from __future__ import annotations
@@ -21,64 +21,21 @@ from baselm.loader import model_from_checkpoint
 from baselm.models.base import DecoderModel, ModelConfigError
 from baselm.store import gguf as gguf_store
 from tests.paths import LLAMA_FIXTURE, MODEL_FIXTURES
+from tests.tiny_gguf import add_llama_hparams, llama_cpp_tensors, write_gguf
 
 TOL = 1e-4
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
 
-# HF name (after "model.layers.{i}.") -> GGUF name (after "blk.{i}.")
-LAYER_NAMES = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-GLOBAL_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
+def write_f32_gguf(path: Path, config: dict, tensors: dict[str, np.ndarray]) -> Path:
+    """`tensors` as F32, with the llama hyperparameters and vocabulary size (no tokenizer)."""
 
-def llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
-    """The converter's q/k row order: within each head, HF's two halves interleaved pairwise."""
-    return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_llama_hparams(writer, config)
+        writer.add_vocab_size(config["vocab_size"])
 
-
-def gguf_tensors(config: dict, permute: bool = True, folder: Path = LLAMA_FIXTURE) -> dict[str, np.ndarray]:
-    weights = {k: np.array(v) for k, v in mx.load(str(folder / "model.safetensors")).items()}
-    out = {}
-    for name, value in weights.items():
-        stem = name.removesuffix(".weight")
-        if stem in GLOBAL_NAMES:
-            out[GLOBAL_NAMES[stem] + ".weight"] = value
-            continue
-        _, _, layer, rest = stem.split(".", 3)
-        if permute and rest in ("self_attn.q_proj", "self_attn.k_proj"):
-            heads = config["num_attention_heads"] if rest.endswith("q_proj") else config["num_key_value_heads"]
-            value = llama_cpp_permute(value, heads)
-        out[f"blk.{layer}.{LAYER_NAMES[rest]}.weight"] = value
-    return out
-
-
-def write_gguf(path: Path, config: dict, tensors: dict[str, np.ndarray]) -> Path:
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_vocab_size(config["vocab_size"])
-    for name, value in tensors.items():
-        writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    f32 = {name: (np.ascontiguousarray(value, dtype=np.float32), "F32") for name, value in tensors.items()}
+    return write_gguf(path, f32, metadata)
 
 
 def load_gguf(path: Path) -> DecoderModel:
@@ -121,7 +78,7 @@ def reference() -> dict[str, np.ndarray]:
 
 
 def test_gguf_with_converter_permuted_qk_rows_gives_the_hf_logits(tmp_path, config, reference):
-    model = load_gguf(write_gguf(tmp_path / "llama.gguf", config, gguf_tensors(config)))
+    model = load_gguf(write_f32_gguf(tmp_path / "llama.gguf", config, llama_cpp_tensors(config)))
     logits = prefill_logits(model, reference["input_ids"])
     assert np.abs(logits - reference["logits"]).max() < TOL
 
@@ -131,17 +88,17 @@ def test_llama3_gguf_with_rope_freqs_and_one_kv_head_gives_the_hf_logits(tmp_pat
     # embeddings (no output tensor) and has a single KV head.
     folder = MODEL_FIXTURES / "llama_rope3_mqa"
     config = json.loads((folder / "config.json").read_text())
-    tensors = gguf_tensors(config, folder=folder)
+    tensors = llama_cpp_tensors(config, folder)
     assert "output.weight" not in tensors
     tensors["rope_freqs.weight"] = llama3_rope_freqs(config)
-    model = load_gguf(write_gguf(tmp_path / "llama3.gguf", config, tensors))
+    model = load_gguf(write_f32_gguf(tmp_path / "llama3.gguf", config, tensors))
     reference = np.load(folder / "reference.npz")
     logits = prefill_logits(model, reference["input_ids"])
     assert np.abs(logits - reference["logits"]).max() < TOL
 
 
 def test_gguf_config_matches_the_hf_config(tmp_path, config):
-    path = write_gguf(tmp_path / "llama.gguf", config, gguf_tensors(config))
+    path = write_f32_gguf(tmp_path / "llama.gguf", config, llama_cpp_tensors(config))
     tensors, metadata = gguf_store.read_metadata(path)
     got = gguf_store.hf_config(metadata, set(tensors))
     keys = ["hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads"]
@@ -152,23 +109,23 @@ def test_gguf_config_matches_the_hf_config(tmp_path, config):
 
 def test_qk_rows_left_in_hf_order_do_not_give_the_hf_logits(tmp_path, config, reference):
     # The unpermuting is what the parity above rests on: skip the converter's permutation and it breaks.
-    model = load_gguf(write_gguf(tmp_path / "llama.gguf", config, gguf_tensors(config, permute=False)))
+    model = load_gguf(write_f32_gguf(tmp_path / "llama.gguf", config, llama_cpp_tensors(config, permute=False)))
     logits = prefill_logits(model, reference["input_ids"])
     assert np.abs(logits - reference["logits"]).max() > 100 * TOL
 
 
 def test_gguf_missing_a_tensor_is_named(tmp_path, config):
-    tensors = gguf_tensors(config)
+    tensors = llama_cpp_tensors(config)
     del tensors["blk.1.ffn_down.weight"]
-    path = write_gguf(tmp_path / "llama.gguf", config, tensors)
+    path = write_f32_gguf(tmp_path / "llama.gguf", config, tensors)
     with pytest.raises(ModelConfigError, match=r"missing layers\.1\.mlp\.down_proj\.weight"):
         load_gguf(path)
 
 
 def test_gguf_tensor_of_the_wrong_shape_is_named(tmp_path, config):
-    tensors = gguf_tensors(config)
+    tensors = llama_cpp_tensors(config)
     tensors["blk.0.attn_v.weight"] = np.zeros((48, 64), np.float32)  # 3 KV heads' rows where 2 belong
-    path = write_gguf(tmp_path / "llama.gguf", config, tensors)
+    path = write_f32_gguf(tmp_path / "llama.gguf", config, tensors)
     with pytest.raises(
         ModelConfigError,
         match=r"^tensor layers\.0\.self_attn\.v_proj\.weight has shape \(48, 64\), the config implies \(32, 64\)$",

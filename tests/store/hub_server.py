@@ -22,17 +22,15 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import gguf
-import numpy as np
-from safetensors.numpy import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
+
+from tests.tiny_gguf import tiny_llama_gguf
 
 LFS_SUFFIXES = (".safetensors", ".gguf", ".bin")
 _REPO = r"(?P<repo>[^/]+/[^/]+)"
@@ -316,69 +314,8 @@ def tiny_llama_files(fixture: Path, model_type: str = "llama") -> dict[str, byte
 
 def tiny_gguf_files(fixture: Path, folder: Path, tags: tuple[str, ...] = ("Q4_0", "Q8_0", "F32")) -> dict[str, bytes]:
     """A GGUF repo: the tiny llama fixture written once per quant type (2-D weights quantized)."""
-    config = json.loads((fixture / "config.json").read_text())
-    weights = load_file(str(fixture / "model.safetensors"))
     files = {"README.md": b"# tiny gguf\n"}
     for tag in tags:
-        path = folder / f"tiny-llama.{tag}.gguf"
-        writer = gguf.GGUFWriter(str(path), "llama")
-        gguf_metadata(writer, config)
-        for name, value in gguf_tensors(weights, config):
-            kind = gguf.GGMLQuantizationType[tag] if value.ndim == 2 else gguf.GGMLQuantizationType.F32
-            data = gguf.quants.quantize(value, kind) if kind != gguf.GGMLQuantizationType.F32 else value
-            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        path, _ = tiny_llama_gguf(folder / f"tiny-llama.{tag}.gguf", tag, fixture)
         files[path.name] = path.read_bytes()
     return files
-
-
-def gguf_metadata(writer: Any, config: dict[str, Any]) -> None:
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_rope_freq_base(10000.0)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"t{i}" for i in range(config["vocab_size"])])
-    writer.add_bos_token_id(config["bos_token_id"])
-    writer.add_eos_token_id(config["eos_token_id"])
-
-
-def gguf_tensors(weights: dict[str, Any], config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
-    """HF tensors under llama.cpp names, q/k rows permuted as llama.cpp's converter does."""
-    names = {
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
-        "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-    }
-    top = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    for name, value in sorted(weights.items()):
-        if name in top:
-            yield top[name], value
-            continue
-        _, _, layer, rest = name.split(".", 3)
-        base = rest.removesuffix(".weight")
-        if base in ("self_attn.q_proj", "self_attn.k_proj"):
-            heads = config["num_attention_heads" if "q_proj" in base else "num_key_value_heads"]
-            value = (
-                value.reshape(heads, 2, value.shape[0] // heads // 2, value.shape[1])
-                .swapaxes(1, 2)
-                .reshape(value.shape)
-            )
-        yield f"blk.{layer}.{names[base]}.weight", np.ascontiguousarray(value)

@@ -9,17 +9,13 @@ random blocks with sane `d`/`dmin` fields, which its dequantizer reads like any 
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
-from hub_server import gguf_metadata, gguf_tensors
-from safetensors.numpy import load_file
 
 from baselm.store import gguf as gguf_store
 from baselm.store.base_reader import QuantizedArray, read_base_file
@@ -29,9 +25,9 @@ from baselm.store.convert_gguf import _kept_gguf
 from baselm.store.errors import UnsupportedModelError
 from baselm.store.gguf_quants import pack_affine
 from baselm.store.quantize import pack_codes
-from tests.paths import LLAMA_FIXTURE, TOKENIZER_FIXTURES
+from tests.paths import TOKENIZER_FIXTURES
+from tests.tiny_gguf import T, encode, tiny_llama_gguf, write_gguf
 
-T = gguf.GGMLQuantizationType
 EXACT = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8}
 
@@ -42,33 +38,6 @@ def weights(rows: int = 64, cols: int = 128, seed: int = 0) -> np.ndarray:
     w[1] *= 1e-6
     w[2] = 0
     return w
-
-
-def encode(values: np.ndarray, type_name: str) -> np.ndarray:
-    if type_name == "F32":
-        return values
-    if type_name == "F16":
-        return values.astype(np.float16)
-    return gguf.quants.quantize(values, T[type_name])
-
-
-def write_gguf(
-    path: Path, tensors: dict[str, tuple[np.ndarray, str]], metadata: Callable[[gguf.GGUFWriter], None] | None = None
-) -> Path:
-    """A llama GGUF of `tensors` (encoded data, type name), with `metadata` written by the callback."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    if metadata is not None:
-        metadata(writer)
-    for name, (data, type_name) in tensors.items():
-        if type_name in ("F32", "F16"):
-            writer.add_tensor(name, data)
-        else:
-            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=T[type_name])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def oracle(path: Path) -> dict[str, np.ndarray]:
@@ -270,24 +239,11 @@ def test_a_gguf_cut_short_or_scrambled_is_a_clear_error(cut: int, tmp_path: Path
 # A whole model: llama q/k rows unpermuted on quantized blocks too
 
 
-def llama_gguf(path: Path, type_name: str) -> tuple[Path, dict]:
-    """The llama fixture as llama.cpp's converter writes it (q/k rows permuted), 2-D weights as
-    `type_name`, norms F32; the tiny `t0..t255` vocabulary of the hub tests."""
-    folder = LLAMA_FIXTURE
-    config = json.loads((folder / "config.json").read_text())
-    tensors = {}
-    for name, value in gguf_tensors(load_file(str(folder / "model.safetensors")), config):
-        kind = type_name if value.ndim == 2 else "F32"
-        tensors[name] = (encode(value, kind), kind)
-    write_gguf(path, tensors, lambda writer: gguf_metadata(writer, config))
-    return path, config
-
-
 @pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1"])
 def test_a_converted_llama_gguf_holds_its_tensors_exactly_with_qk_rows_in_hf_order(
     type_name: str, tmp_path: Path
 ) -> None:
-    path, config = llama_gguf(tmp_path / f"llama.{type_name}.gguf", type_name)
+    path, config = tiny_llama_gguf(tmp_path / f"llama.{type_name}.gguf", type_name)
     converted = convert(path, tmp_path / "llama.base", None, None, "default")
     assert (converted.arch, converted.quant) == ("llama", "q5")
     header, tensors = read_base_file(tmp_path / "llama.base", verify=True)

@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
-from test_gguf_convert import llama_gguf, oracle
+from test_gguf_convert import oracle
 from test_mlx_folder import make_mlx_folder
 
 from baselm.backend import Backend
@@ -27,6 +27,7 @@ from baselm.store.import_local import import_local
 from baselm.store.mlx_folder import plain_config
 from baselm.store.registry import Store
 from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
+from tests.tiny_gguf import tiny_llama_gguf
 
 SUPPORTED = {"llama"}
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
@@ -101,7 +102,7 @@ def test_an_hf_folder_is_quantized_to_q4_unless_told_otherwise(store: Store, hf_
 def test_a_gguf_is_stored_as_its_own_quant_and_gives_the_logits_of_its_dequantized_weights(
     store: Store, tmp_path: Path
 ) -> None:
-    path, config = llama_gguf(tmp_path / "Tiny-Llama.Q5_0.gguf", "Q5_0")
+    path, config = tiny_llama_gguf(tmp_path / "Tiny-Llama.Q5_0.gguf", "Q5_0")
     model = import_local(path, supported=SUPPORTED, store=store)
     assert (model.ref, model.quant, model.source["format"]) == ("local/Tiny-Llama:q5_0", "q5", "gguf")
     stored, direct = load_model(model.ref, CPU), load_model(path, CPU)

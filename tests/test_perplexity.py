@@ -6,14 +6,13 @@ import json
 import math
 import re
 
-import mlx.core as mx
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from baselm.cli import app
-from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.perplexity import PerplexityError, Window, check_window, perplexity, plan_windows, token_nlls
+from tests.forward import prefill_logits
 from tests.paths import TEXT_FIXTURES
 from tests.tiny_model import loaded_fixture
 
@@ -27,9 +26,7 @@ def full_forward_nlls(token_ids: list[int]) -> np.ndarray:
     """-log softmax of one forward over all of `token_ids` at each next token, in float64."""
     model = loaded_fixture().model
     n = len(token_ids)
-    cache = PagedKVCache.for_model(model, num_blocks=-(-n // 16), block_size=16)
-    meta = AttentionMetadata.build([list(range(cache.num_blocks))], [n], [n], 16)
-    logits = np.array(model(mx.array(token_ids), meta.positions, meta, cache), dtype=np.float64)  # (n, vocab)
+    logits = prefill_logits(model, token_ids, block_size=16).astype(np.float64)  # (n, vocab)
     shifted = logits - logits.max(axis=-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # (n, vocab)
     return -log_probs[np.arange(n - 1), token_ids[1:]]  # (n - 1,)

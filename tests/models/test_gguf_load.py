@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from baselm.backend import Backend
-from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import model_from_checkpoint
 from baselm.models.base import DecoderModel, ModelConfigError
 from baselm.store import gguf as gguf_store
+from tests.forward import prefill_logits
 from tests.paths import LLAMA_FIXTURE, MODEL_FIXTURES
 from tests.tiny_gguf import add_llama_hparams, llama_cpp_tensors, write_gguf
 
@@ -43,12 +43,6 @@ def load_gguf(path: Path) -> DecoderModel:
     config = gguf_store.hf_config(metadata, set(tensors))
     weights = gguf_store.hf_tensors(tensors, config)
     return model_from_checkpoint(config, weights, CPU, group_size=gguf_store.GGUF_GROUP_SIZE)
-
-
-def prefill_logits(model: DecoderModel, ids: np.ndarray) -> np.ndarray:
-    cache = PagedKVCache.for_model(model, num_blocks=8, block_size=4)
-    meta = AttentionMetadata.build([[3, 6, 1, 4]], [len(ids)], [len(ids)], 4)
-    return np.array(model(mx.array(ids), meta.positions, meta, cache))
 
 
 def llama3_rope_freqs(config: dict) -> np.ndarray:

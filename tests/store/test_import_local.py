@@ -15,10 +15,8 @@ from test_gguf_convert import oracle
 from test_mlx_folder import make_mlx_folder
 
 from baselm.backend import Backend
-from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import load_model
 from baselm.models import build_model
-from baselm.models.base import DecoderModel
 from baselm.store.base_reader import BaseFile
 from baselm.store.convert import convert
 from baselm.store.errors import BaseFileError, StoreError, UnsupportedModelError
@@ -26,18 +24,13 @@ from baselm.store.gguf import _unpermute_rows, hf_name
 from baselm.store.import_local import import_local
 from baselm.store.mlx_folder import plain_config
 from baselm.store.registry import Store
+from tests.forward import prefill_logits
 from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
 from tests.tiny_gguf import tiny_llama_gguf
 
 SUPPORTED = {"llama"}
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
 IDS = np.array([1, 17, 42, 99, 7, 200, 3, 64, 128, 5])
-
-
-def prefill_logits(model: DecoderModel, ids: np.ndarray = IDS) -> np.ndarray:
-    cache = PagedKVCache.for_model(model, num_blocks=8, block_size=4)
-    meta = AttentionMetadata.build([[0, 1, 2, 3]], [len(ids)], [len(ids)], 4)
-    return np.array(model(mx.array(ids), meta.positions, meta, cache))  # (len(ids), vocab)
 
 
 @pytest.fixture
@@ -68,7 +61,7 @@ def test_an_hf_folder_is_stored_under_local_and_its_f32_variant_gives_the_folder
         "safetensors",
     )
     stored, source = load_model("local/Tiny-Llama", CPU), load_model(hf_folder, CPU)
-    assert np.array_equal(prefill_logits(stored.model), prefill_logits(source.model))
+    assert np.array_equal(prefill_logits(stored.model, IDS), prefill_logits(source.model, IDS))
     assert stored.tokenizer.encode("t5 t7") == source.tokenizer.encode("t5 t7")
     assert stored.eos_token_ids == source.eos_token_ids
 
@@ -96,7 +89,7 @@ def test_an_hf_folder_is_quantized_to_q4_unless_told_otherwise(store: Store, hf_
             )
         },
     }
-    assert prefill_logits(load_model(model.ref, CPU).model).shape == (len(IDS), 256)
+    assert prefill_logits(load_model(model.ref, CPU).model, IDS).shape == (len(IDS), 256)
 
 
 def test_a_gguf_is_stored_as_its_own_quant_and_gives_the_logits_of_its_dequantized_weights(
@@ -111,9 +104,9 @@ def test_a_gguf_is_stored_as_its_own_quant_and_gives_the_logits_of_its_dequantiz
     for name, values in oracle(path).items():
         target, heads = hf_name(name, stored.config)
         hf[target] = mx.array(values if heads is None else _unpermute_rows(values, heads))
-    expected = prefill_logits(build_model(stored.config, hf))
-    assert np.array_equal(prefill_logits(stored.model), expected)
-    assert np.array_equal(prefill_logits(direct.model), expected)
+    expected = prefill_logits(build_model(stored.config, hf), IDS)
+    assert np.array_equal(prefill_logits(stored.model, IDS), expected)
+    assert np.array_equal(prefill_logits(direct.model, IDS), expected)
 
 
 def test_an_mlx_folder_is_stored_byte_for_byte_and_gives_the_folders_logits(store: Store, tmp_path: Path) -> None:
@@ -122,7 +115,7 @@ def test_an_mlx_folder_is_stored_byte_for_byte_and_gives_the_folders_logits(stor
     assert model.ref == "local/Tiny-Llama-4bit:mlx-q4"
     config = json.loads((folder / "config.json").read_text())
     source = build_model(plain_config(config), dict(mx.load(str(folder / "model.safetensors"))))
-    assert np.array_equal(prefill_logits(load_model(model.ref, CPU).model), prefill_logits(source))
+    assert np.array_equal(prefill_logits(load_model(model.ref, CPU).model, IDS), prefill_logits(source, IDS))
 
 
 def test_a_base_file_is_verified_and_copied_in_as_it_is(store: Store, hf_folder: Path, tmp_path: Path) -> None:
@@ -132,7 +125,7 @@ def test_a_base_file_is_verified_and_copied_in_as_it_is(store: Store, hf_folder:
     assert (model.ref, model.quant, model.source["format"]) == ("local/tiny:mixed-q8", "q8", "base")
     assert model.path.read_bytes() == path.read_bytes()
     assert np.array_equal(
-        prefill_logits(load_model("local/tiny", CPU).model), prefill_logits(load_model(path, CPU).model)
+        prefill_logits(load_model("local/tiny", CPU).model, IDS), prefill_logits(load_model(path, CPU).model, IDS)
     )
 
 

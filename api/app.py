@@ -13,8 +13,18 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from baselm.api.auth import Gate
+from baselm.api.embeddings import embeddings
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
 from baselm.api.metrics import Metrics
+from baselm.api.ollama import ollama_chat, ollama_embed, ollama_embeddings, ollama_generate
+from baselm.api.ollama_models import (
+    ollama_ps,
+    ollama_pull,
+    ollama_root,
+    ollama_show,
+    ollama_tags,
+    ollama_version,
+)
 from baselm.api.openai_chat import chat_completions, read_message
 from baselm.api.openai_completions import completions
 from baselm.api.schemas import Body, array_field
@@ -109,6 +119,18 @@ ROUTES = [
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/health", health, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    # Ollama's API (see ollama.py, ollama_models.py)
+    Route("/", ollama_root, methods=["GET", "HEAD"]),
+    Route("/api/chat", ollama_chat, methods=["POST"]),
+    Route("/api/generate", ollama_generate, methods=["POST"]),
+    Route("/api/embed", ollama_embed, methods=["POST"]),
+    Route("/api/embeddings", ollama_embeddings, methods=["POST"]),
+    Route("/api/tags", ollama_tags, methods=["GET"]),
+    Route("/api/show", ollama_show, methods=["POST"]),
+    Route("/api/ps", ollama_ps, methods=["GET"]),
+    Route("/api/version", ollama_version, methods=["GET"]),
+    Route("/api/pull", ollama_pull, methods=["POST"]),
 ]
 
 

@@ -7,12 +7,14 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from baselm.api.errors import error_body
+from baselm.api.errors import body_for_path
 from baselm.api.metrics import Metrics
 
 OPEN_PATHS = frozenset({"/health"})  # load balancers probe this without a key
 KNOWN_ENDPOINTS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/metrics"}
+    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/tokenize", "/detokenize"}
+    | {"/health", "/metrics", "/", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/tags"}
+    | {"/api/show", "/api/ps", "/api/version", "/api/pull"}
 )
 
 
@@ -46,7 +48,7 @@ class Gate:
 
         try:
             if self.api_key and path not in OPEN_PATHS and not self._authorized(scope):
-                await _unauthorized(counting_send)
+                await _unauthorized(counting_send, path)
             else:
                 await self.app(scope, receive, counting_send)
         finally:
@@ -59,12 +61,9 @@ class Gate:
         return False
 
 
-async def _unauthorized(send: Send) -> None:
-    body = json.dumps(
-        error_body(
-            401, "missing or invalid API key; send the header 'Authorization: Bearer <key>'", code="invalid_api_key"
-        )
-    ).encode()
+async def _unauthorized(send: Send, path: str) -> None:
+    message = "missing or invalid API key; send the header 'Authorization: Bearer <key>'"
+    body = json.dumps(body_for_path(path)(401, message, code="invalid_api_key")).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"www-authenticate", b"Bearer"),

@@ -1,6 +1,7 @@
 """OpenAI-style errors: one exception type for every refusal, one JSON body for every status.
 
-Every error the server returns has the body `{"error": {"message", "type", "param", "code"}}`.
+Every error the server returns has the body `{"error": {"message", "type", "param", "code"}}`,
+except under the routes of another protocol, which answer in its shape (`ERROR_SHAPES`).
 Validation mistakes are 400s (never a framework's 422), unknown routes 404, and only a real
 bug is a 500, whose body says so without a traceback.
 """
@@ -8,6 +9,7 @@ bug is a 500, whose body says so without a traceback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -58,14 +60,29 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     }
 
 
-def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+def ollama_error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """Ollama's error body: one string."""
+    return {"error": message}
+
+
+# Routes under these path prefixes answer errors in their own protocol's shape; the rest in OpenAI's.
+ERROR_SHAPES: tuple[tuple[str, Callable[..., dict[str, Any]]], ...] = (("/api/", ollama_error_body),)
+
+
+def body_for_path(path: str) -> Callable[..., dict[str, Any]]:
+    """The error body builder of the protocol that owns `path`."""
+    return next((shape for prefix, shape in ERROR_SHAPES if path.startswith(prefix)), error_body)
+
+
+def error_response(error: APIError, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
     headers = {**(error.headers or {}), **(headers or {})}
-    return JSONResponse(error_body(error.status, error.message, error.param, error.code), error.status, headers=headers)
+    body = body_for_path(path)(error.status, error.message, error.param, error.code)
+    return JSONResponse(body, error.status, headers=headers)
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return error_response(exc)
+    return error_response(exc, path=request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -76,12 +93,13 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = f"method {request.method} is not allowed on {request.url.path}"
     else:
         message = str(exc.detail)
-    return error_response(APIError(exc.status_code, message), headers=exc.headers)
+    return error_response(APIError(exc.status_code, message), headers=exc.headers, path=request.url.path)
 
 
 async def _server_error(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(APIError(500, "the server hit an internal error; the request was not completed"))
+    error = APIError(500, "the server hit an internal error; the request was not completed")
+    return error_response(error, path=request.url.path)
 
 
 EXCEPTION_HANDLERS = {APIError: _api_error, HTTPException: _http_error, Exception: _server_error}

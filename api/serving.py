@@ -193,7 +193,7 @@ async def respond(request: Request, state: ServerState, jobs: list[Job], prompt_
     started = await submit(state, jobs, prompt_field)
     merged = outputs(state, started, answer.usage)
     if answer.common.stream:
-        return sse.EventStream(answer.stream(merged))
+        return sse.EventStream(answer.stream(merged), answer.media_type)
     return JSONResponse(await _unless_disconnected(request, answer.collect(merged)))
 
 
@@ -318,6 +318,7 @@ class Answer(ABC):
 
     id_prefix: ClassVar[str]  # of the answer's id: "chatcmpl-" for OpenAI chat
     end: ClassVar[str] = ""  # the stream's last event
+    media_type: ClassVar[str] = "text/event-stream"  # of a streamed answer
 
     def __init__(self, state: ServerState, common: Common, num_choices: int) -> None:
         self.state = state
@@ -345,6 +346,10 @@ class Answer(ABC):
     def closing(self) -> list[str]:
         return []
 
+    def error_event(self, exc: Exception) -> str:
+        """An error after the headers went out: one last event in this protocol's shape."""
+        return sse.error_event(exc)
+
     async def collect(self, merged: AsyncIterator[RequestOutput]) -> dict[str, Any]:
         async for out in merged:
             self.add(out)
@@ -360,7 +365,7 @@ class Answer(ABC):
             for event in self.closing():
                 yield event
         except Exception as exc:
-            yield sse.error_event(exc)
+            yield self.error_event(exc)
         finally:
             await merged.aclose()
         if self.end:

@@ -34,12 +34,13 @@ def error_event(exc: Exception) -> str:
 class EventStream:
     """Streams `events` (already formatted) as text/event-stream; cancels them on disconnect."""
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
+    def __init__(self, events: AsyncIterator[str], media_type: str = "text/event-stream") -> None:
         self.events = events
+        self.media_type = media_type
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"content-type", f"{self.media_type}; charset=utf-8".encode()),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
         ]

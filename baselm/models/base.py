@@ -53,6 +53,12 @@ class DecoderModel(nn.Module):
         """
         raise NotImplementedError
 
+    def hidden_states(
+        self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
+    ) -> mx.array:
+        """The final normed hidden state of every token, (num_tokens, hidden): what embeddings pool."""
+        raise ModelConfigError(f"{type(self).__module__} does not expose its hidden states")
+
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Maps checkpoint tensors to this module's parameter names (drops unused ones)."""
         return weights

@@ -162,12 +162,25 @@ class Model(DecoderModel):
         """(num_logits, hidden) normed hidden states -> (num_logits, vocab_size)."""
         return self.embed_tokens.as_linear(h) if self.args.tie_word_embeddings else self.lm_head(h)
 
-    def __call__(
+    def last_hidden(
         self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
     ) -> mx.array:
+        """The last layer's output for every token, before the final norm: (num_tokens, hidden)."""
         h = self.embed(input_ids)  # (num_tokens, hidden)
         for i, layer in enumerate(self.layers):
             h = layer(h, positions, meta, cache[i])
+        return h
+
+    def hidden_states(
+        self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
+    ) -> mx.array:
+        """The final normed hidden state of every token (what the LM head reads): (num_tokens, hidden)."""
+        return self.norm(self.last_hidden(input_ids, positions, meta, cache))
+
+    def __call__(
+        self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
+    ) -> mx.array:
+        h = self.last_hidden(input_ids, positions, meta, cache)
         return self.lm_logits(self.norm(select_logits(h, meta)))
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -25,7 +25,7 @@ from baselm.store.signed_file import keys_with, sign_file, verify_file
 from baselm.store.signing import PublicKey, keygen, sidecar
 from tests.forward import prefill_logits
 from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
-from tests.store.base_helpers import entry, rewrite_header, split_file, write_small
+from tests.store.base_helpers import entry, rewrite_header, write_small
 
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
 IDS = np.array([1, 17, 42, 99, 7, 200, 3, 64])
@@ -156,7 +156,6 @@ def test_a_tampered_header_or_signature_is_refused(tmp_path, home, keys) -> None
     sidecar(path).write_text(json.dumps(signed))
     with pytest.raises(SignatureError, match="does not verify"):
         verify_file(path)
-    signed = json.loads(sidecar(path).read_text())
     sign_file(path, key)
     good = json.loads(sidecar(path).read_text())
     good["statement"]["tensors_sha256"]["model.norm.weight"] = "0" * 64  # the statement edited, signature kept

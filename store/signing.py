@@ -116,7 +116,9 @@ def _public_of(private: Ed25519PrivateKey, name: str) -> PublicKey:
 
 
 def trusted_keys_dir() -> Path:
-    return Path(os.environ.get("BASE_HOME") or Path.home() / ".base") / "trusted_keys"
+    from baselm.store.default_model import base_home
+
+    return base_home() / "trusted_keys"
 
 
 def trusted_keys(folder: Path | None = None) -> dict[str, PublicKey]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from baselm import signing_commands
 from baselm.config import (
     ConfigError,
     EngineConfig,
@@ -199,6 +200,9 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         render(report)
 
 
+REQUIRE_SIGNATURE_HELP = "Refuse a model without a good signature by a trusted key (see base verify)."
+
+
 @app.command()
 def run(
     model: str = typer.Argument(..., help=MODEL_HELP),
@@ -214,6 +218,7 @@ def run(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
 ) -> None:
     """Generate once from a prompt and print the answer with its speed."""
     from baselm.run import RunOptions, run_once
@@ -224,7 +229,11 @@ def run(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs
         )
         prompt = sys.stdin.read() if prompt == "-" else prompt
-        run_once(RunOptions(model, prompt, sampling, raw=raw, as_json=as_json, device=device))
+        run_once(
+            RunOptions(
+                model, prompt, sampling, raw=raw, as_json=as_json, device=device, require_signature=require_signature
+            )
+        )
     except _user_errors() as exc:
         _fail(str(exc))
 
@@ -244,6 +253,7 @@ def chat(
     serve: bool = typer.Option(False, "--serve", help="Also serve the HTTP API on the same engine."),
     port: int = typer.Option(8080, "--port", help="Port for --serve."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
+    require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
     from baselm.chat.settings import ChatOptions, ChatSettings
@@ -255,6 +265,7 @@ def chat(
             EngineConfig(kv_memory=parse_optional_size(kv_memory)),
             system=system,
             device=device,
+            require_signature=require_signature,
         )
         _chat(options, _chat_serve_options(host, port) if serve else None)
     except _user_errors() + (ServeError,) as exc:
@@ -387,6 +398,7 @@ def serve(
         30.0, "--shutdown-timeout", help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."
     ),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions, exit_process, run_server
@@ -406,7 +418,7 @@ def serve(
         options = ServeOptions(
             host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout=shutdown_timeout
         )
-        loaded = load_model(model, select_backend(device))
+        loaded = load_model(model, select_backend(device), require_signature=require_signature)
     except _user_errors() as exc:
         _fail(str(exc))
     exit_process(run_server(loaded, config, options))
@@ -450,6 +462,9 @@ def perplexity(
         f"{result.num_evaluated} tokens in {result.num_windows} windows, {result.seconds:.1f} s: "
         f"{result.tokens_per_second:.1f} tokens/s"
     )
+
+
+app.registered_commands += signing_commands.commands.registered_commands  # keygen, sign, verify
 
 
 def main() -> None:

@@ -16,9 +16,10 @@ from baselm.backend import Backend
 from baselm.models import build_model
 from baselm.models.base import DecoderModel
 from baselm.store import gguf, hf
-from baselm.store.base_reader import model_weights, read_base_file
-from baselm.store.errors import ModelFileError
+from baselm.store.base_reader import BaseFile, model_weights
+from baselm.store.errors import ModelFileError, SignatureError
 from baselm.store.registry import Store
+from baselm.store.signed_file import signed_statement
 from baselm.tokenizer.tokenizer import Tokenizer
 
 
@@ -79,8 +80,14 @@ def _load_hf_folder(path: Path, backend: Backend) -> tuple[DecoderModel, Tokeniz
     return model, Tokenizer.from_folder(path), config
 
 
-def _load_base_file(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
-    header, tensors = read_base_file(path)
+def _load_base_file(
+    path: Path, backend: Backend, require_signature: bool = False
+) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
+    base = BaseFile.open(path)
+    header = base.header
+    # A signed file: signature and header checked now, each tensor's SHA-256 as it is read.
+    digests = signed_statement(base)[0]["tensors_sha256"] if require_signature else None
+    tensors = base.load(digests=digests)
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
     del tensors
     config = header["config"]
@@ -106,15 +113,19 @@ def resolve(ref: str | Path) -> tuple[str, Path]:
     return str(ref), Store().resolve(str(ref)).path
 
 
-def load_model(ref: str | Path, backend: Backend) -> LoadedModel:
-    """Loads a store name, a `.base` file, an HF model folder or a `.gguf` file."""
+def load_model(ref: str | Path, backend: Backend, require_signature: bool = False) -> LoadedModel:
+    """Loads a store name, a `.base` file, an HF model folder or a `.gguf` file.
+
+    `require_signature`: only a `.base` file with a good signature by a trusted key loads."""
     name, path = resolve(ref)
+    if require_signature and path.suffix != ".base":
+        raise SignatureError(f"{path}: only .base files carry signatures; `base pull` it, then `base sign` it")
     if path.is_dir():
         model, tokenizer, config = _load_hf_folder(path, backend)
     elif path.suffix == ".gguf":
         model, tokenizer, config = _load_gguf(path, backend)
     elif path.suffix == ".base":
-        model, tokenizer, config = _load_base_file(path, backend)
+        model, tokenizer, config = _load_base_file(path, backend, require_signature)
     else:
         raise ModelFileError(f"{path}: not a model; give a store name, a .base or .gguf file, or an HF model folder")
     return LoadedModel(

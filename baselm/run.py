@@ -29,12 +29,13 @@ class RunOptions:
     raw: bool = False  # the prompt as plain text, not through the chat template
     as_json: bool = False  # one JSON object at the end instead of streamed text
     device: str = "auto"
+    require_signature: bool = False  # refuse a model without a good signature by a trusted key
 
 
 def run_once(options: RunOptions) -> None:
     """Loads the model, generates one answer to the prompt and prints it with its speed."""
     start = time.perf_counter()
-    loaded = load_model(options.model, select_backend(options.device))
+    loaded = load_model(options.model, select_backend(options.device), require_signature=options.require_signature)
     engine = LLMEngine(loaded, EngineConfig(max_num_seqs=1))
     ids = prompt_ids(loaded.tokenizer, options.prompt, options.raw)
     load_s = time.perf_counter() - start

@@ -71,6 +71,8 @@ HEADER_TYPES: dict[str, tuple[type, ...]] = {
     "tensors": (list,),
     "header_xxh64": (str,),
 }
+# Keys a header may hold besides those above: an embedded signature (see signing.py).
+OPTIONAL_HEADER_TYPES: dict[str, tuple[type, ...]] = {"signature": (dict,)}
 # The MLX dtype of each stored float dtype.
 MX_DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
 

@@ -20,6 +20,7 @@ from baselm.store.base_format import (
     MAGIC,
     MAX_HEADER_LEN,
     MAX_NDIM,
+    OPTIONAL_HEADER_TYPES,
     PREAMBLE,
     QUANT_BITS,
     SCHEMA,
@@ -109,11 +110,11 @@ def check_header(path: Path, header: dict[str, Any]) -> dict[str, TensorEntry]:
     missing = sorted(set(HEADER_TYPES) - set(header))
     if missing:
         raise BaseFileError(path, f"its header lacks {', '.join(missing)}")
-    unknown = sorted(set(header) - set(HEADER_TYPES))
+    unknown = sorted(set(header) - set(HEADER_TYPES) - set(OPTIONAL_HEADER_TYPES))
     if unknown:
         raise BaseFileError(path, f"its header has unknown keys {', '.join(unknown)}")
-    for key, types in HEADER_TYPES.items():
-        if not isinstance(header[key], types):
+    for key, types in (*HEADER_TYPES.items(), *OPTIONAL_HEADER_TYPES.items()):
+        if key in header and not isinstance(header[key], types):
             raise BaseFileError(
                 path,
                 f"header field {key!r} is a {type(header[key]).__name__}, expected "

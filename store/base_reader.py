@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,7 +23,7 @@ from baselm.store.base_header import (
     parse_header,
     read_preamble,
 )
-from baselm.store.errors import BaseFileError
+from baselm.store.errors import BaseFileError, SignatureError
 
 
 class QuantizedArray(NamedTuple):
@@ -71,10 +72,10 @@ class BaseFile:
     def verify(self) -> None:
         """Checks the header checksum and every region's checksum, streaming; raises on the first mismatch."""
         check_header_checksum(self.path, self.header)
-        with self._file() as f:
+        with self.file() as f:
             for entry in self.tensors.values():
                 digest = xxhash.xxh64()
-                for chunk in _read_chunks(self.path, f, self.blob_start + entry.offset, entry.length):
+                for chunk in read_chunks(self.path, f, self.blob_start + entry.offset, entry.length):
                     digest.update(chunk)
                 check_digest(self.path, entry, digest.hexdigest())
 
@@ -82,26 +83,36 @@ class BaseFile:
         """One tensor as MLX arrays (a float array, or a quantized triplet)."""
         if name not in self.tensors:
             raise KeyError(f"{self.path} has no tensor named {name!r}")
-        with self._file() as f:
+        with self.file() as f:
             return self._read_entry(f, self.tensors[name], verify)
 
-    def load(self, verify: bool = False) -> dict[str, mx.array | QuantizedArray]:
-        """All tensors, in file order. Each region is read once, hashed if asked, then copied into MLX."""
+    def load(self, verify: bool = False, digests: dict[str, str] | None = None) -> dict[str, mx.array | QuantizedArray]:
+        """All tensors, in file order. Each region is read once, hashed if asked, then copied into MLX.
+
+        `digests` (tensor name -> SHA-256 hex, a checked signature's): each region's SHA-256 is
+        compared as it is read; a mismatch raises before the tensor is used."""
         if verify:
             check_header_checksum(self.path, self.header)
-        with self._file() as f:
-            return {name: self._read_entry(f, entry, verify) for name, entry in self.tensors.items()}
+        with self.file() as f:
+            tensors = {}
+            for name, entry in self.tensors.items():
+                tensors[name] = self._read_entry(f, entry, verify, None if digests is None else digests[name])
+            return tensors
 
-    def _file(self) -> Any:
+    def file(self) -> Any:
         try:
             return open(self.path, "rb")
         except OSError as exc:
             raise BaseFileError(self.path, f"it cannot be read ({exc.strerror or exc})") from None
 
-    def _read_entry(self, f: Any, entry: TensorEntry, verify: bool) -> mx.array | QuantizedArray:
+    def _read_entry(
+        self, f: Any, entry: TensorEntry, verify: bool, sha256: str | None = None
+    ) -> mx.array | QuantizedArray:
         raw = _read_exact(self.path, f, self.blob_start + entry.offset, entry.length)  # (length,) uint8
         if verify:
             check_digest(self.path, entry, xxhash.xxh64(raw).hexdigest())
+        if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+            raise SignatureError(f"{self.path}: tensor {entry.name!r} differs from the one that was signed")
         if entry.bits is None:
             return _mx_float(raw, entry.dtype, entry.shape)
         out_features, in_features = entry.shape
@@ -159,7 +170,7 @@ def _read_exact(path: Path, f: Any, position: int, length: int) -> np.ndarray:
     return buffer
 
 
-def _read_chunks(path: Path, f: Any, position: int, length: int, chunk: int = 8 * 1024 * 1024) -> Iterable[bytes]:
+def read_chunks(path: Path, f: Any, position: int, length: int, chunk: int = 8 * 1024 * 1024) -> Iterable[bytes]:
     f.seek(position)
     remaining = length
     while remaining:

@@ -22,6 +22,7 @@ from baselm.store.base_format import (
     HEADER_TYPES,
     MAGIC,
     MX_DTYPES,
+    OPTIONAL_HEADER_TYPES,
     PREAMBLE,
     QUANT_BITS,
     SCHEMA,
@@ -165,6 +166,12 @@ def write_base_file(
     return path
 
 
+def rewrite_header(f: Any, header: dict[str, Any], blob_start: int, blob_len: int) -> None:
+    """Gives the complete file open in `f` (blob at `blob_start`) a new header, moving the blob as needed."""
+    _check_fields({k: v for k, v in header.items() if k != "tensors"})
+    _write_header(f, header, blob_start, blob_len)
+
+
 def _write_header(f: Any, header: dict[str, Any], reserve: int, blob_len: int) -> None:
     """Puts the preamble and `header` (given its checksum) in front of the blob written at `reserve`,
     moving the blob to the start its header's length gives it."""
@@ -181,7 +188,7 @@ def _write_header(f: Any, header: dict[str, Any], reserve: int, blob_len: int) -
 def _check_fields(fields: dict[str, Any]) -> None:
     """Fails before any tensor is written if the header fields could not make a readable file."""
     for key, value in fields.items():
-        types = HEADER_TYPES[key]
+        types = HEADER_TYPES.get(key) or OPTIONAL_HEADER_TYPES[key]
         if not isinstance(value, types):
             raise ValueError(
                 f"header field {key!r} must be {' or '.join(t.__name__ for t in types)}, not {type(value).__name__}"

@@ -31,3 +31,7 @@ class ProfileError(StoreError):
 
 class QuantizationError(StoreError):
     """A tensor cannot be quantized as asked (non-finite values, scale overflow, bad shape)."""
+
+
+class SignatureError(StoreError):
+    """A model's signature is missing, malformed, untrusted, or does not match the file."""

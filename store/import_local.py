@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from baselm.store import gguf, hf
+from baselm.store.base_header import check_header_checksum
 from baselm.store.base_reader import BaseFile
 from baselm.store.convert import convert
 from baselm.store.convert_gguf import gguf_body_type
@@ -26,6 +27,8 @@ from baselm.store.hub import check_model_type, gguf_tag
 from baselm.store.mlx_folder import default_bits, is_mlx_folder
 from baselm.store.pull import wait_note
 from baselm.store.registry import PendingWrite, Store, StoredModel, check_model_name
+from baselm.store.signed_file import verify_file
+from baselm.store.signing import find_signature
 from baselm.store.variants import DEFAULT_PROFILE, DEFAULT_QUANT, check_quant, variant_name
 
 LOCAL_ORG = "local"
@@ -166,15 +169,27 @@ def _base_variant(header: dict[str, Any]) -> str:
 def _import_base(
     path: Path, pending: PendingWrite, source: dict[str, Any], supported: Iterable[str] | None
 ) -> StoredModel:
-    """Verifies a `.base` file (layout and every checksum) and copies it into the store as it is."""
-
+    """Verifies a `.base` file (layout, every checksum, and its signature when it has one: a bad or
+    untrusted signature stores nothing) and copies it into the store as it is, its `.sig` beside it."""
     base = BaseFile.open(path)
-    base.verify()
+    signed = find_signature(path, base.header)
+    if signed is None:
+        base.verify()
+    else:
+        check_header_checksum(path, base.header)
+        verify_file(path)
     if supported is not None:
         check_model_type(base.header["config"], supported, str(path))
     shutil.copyfile(path, pending.temp_path)
     params = sum(entry.num_params for entry in base.tensors.values())
-    return pending.commit(arch=base.header["arch"], params=params, quant=base.header["quant_scheme"], source=source)
+    detached = signed if signed is not None and "signature" not in base.header else None
+    return pending.commit(
+        arch=base.header["arch"],
+        params=params,
+        quant=base.header["quant_scheme"],
+        source=source,
+        signature=detached,
+    )
 
 
 def source_sha256(path: Path) -> str:

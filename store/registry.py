@@ -40,6 +40,7 @@ from typing import Any
 from baselm.store.default_model import base_home
 from baselm.store.errors import StoreError
 from baselm.store.fs import atomic_write, publish
+from baselm.store.signing import sidecar, write_sidecar
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
@@ -136,11 +137,19 @@ class PendingWrite:
     def final_path(self) -> Path:
         return self.folder / f"{self.variant}.base"
 
-    def commit(self, *, arch: str, params: int, quant: str, source: dict[str, Any]) -> StoredModel:
-        """Moves the finished file into place, then records it in the manifest (in that order)."""
+    def commit(
+        self, *, arch: str, params: int, quant: str, source: dict[str, Any], signature: dict[str, Any] | None = None
+    ) -> StoredModel:
+        """Moves the finished file into place, then records it in the manifest (in that order).
+
+        `signature`: a checked detached signature that came with the file, stored beside it; without
+        one, a signature left beside an earlier file of this variant is removed."""
         if not self.temp_path.is_file():
             raise StoreError(f"nothing was written to {self.temp_path}; the model was not stored")
+        sidecar(self.final_path).unlink(missing_ok=True)
         publish(self.temp_path, self.final_path)
+        if signature is not None:
+            write_sidecar(self.final_path, signature)
         entry = {
             "arch": arch,
             "params": int(params),
@@ -286,6 +295,7 @@ class Store:
                 else:
                     (folder / MANIFEST).unlink()
             model.path.unlink(missing_ok=True)
+            sidecar(model.path).unlink(missing_ok=True)
             _remove_leftovers(folder)
             _remove_if_empty(folder, self.models_dir)
         return model

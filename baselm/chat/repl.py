@@ -54,7 +54,7 @@ COMMAND_HINT = "commands: /help /clear /system /set /save /load /stats /quit"
 def open_chat_engine(options: ChatOptions) -> Iterator[AsyncEngine]:
     """Loads the model and runs its engine thread while the block runs; refuses a model without a chat template."""
     with Console(stderr=True).status(f"loading {options.model}"):
-        loaded = load_model(options.model, select_backend(options.device))
+        loaded = load_model(options.model, select_backend(options.device), options.require_signature)
         engine = LLMEngine(loaded, options.engine)
     if not loaded.tokenizer.has_chat_template:
         raise ChatTemplateError(f"{loaded.name} has no chat template, so it cannot chat; use `base run --raw`")

@@ -82,3 +82,4 @@ class ChatOptions:
     engine: EngineConfig
     system: str | None = None
     device: str = "auto"
+    require_signature: bool = False  # refuse a model without a good signature by a trusted key

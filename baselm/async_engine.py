@@ -8,6 +8,7 @@ event loop of the request it belongs to.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import queue
 import threading
@@ -19,6 +20,8 @@ from typing import Any
 from baselm.engine import LLMEngine
 from baselm.request import RequestOutput
 from baselm.sampling import SamplingParams
+
+log = logging.getLogger("baselm.engine")
 
 
 def _wait_native_exit(native_id: int | None, deadline: float) -> None:
@@ -109,8 +112,12 @@ class AsyncEngine:
 
     def _run(self) -> None:
         engine = self.engine
+        next_save = time.monotonic() + engine.config.prefix_cache_save_interval
         while not self._stopping:
             self._drain_commands()
+            if engine.prefix_file is not None and time.monotonic() >= next_save:
+                self._save_prefix_cache()
+                next_save = time.monotonic() + engine.config.prefix_cache_save_interval
             if not engine.has_unfinished:
                 self._wake.wait(0.05)
                 self._wake.clear()
@@ -123,6 +130,14 @@ class AsyncEngine:
             for out in outputs:
                 self._deliver(out.request_id, out)
         self._fail_all(RuntimeError("the engine is shutting down"))
+        self._save_prefix_cache()
+
+    def _save_prefix_cache(self) -> None:
+        """Saves the prefix cache file when there is one; a failure is logged, never fatal."""
+        try:
+            self.engine.save_prefix_cache()
+        except Exception as exc:  # a full disk must not take the server down
+            log.warning("could not save the prefix cache file: %s", exc)
 
     def _drain_commands(self) -> None:
         while True:

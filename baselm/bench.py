@@ -5,6 +5,8 @@ Scenarios (each run in the same process, so ratios compare like with like):
   prefill tok/s, decode tok/s per stream and aggregate, TTFT and inter-token latency
   percentiles, and where a decode step's time goes.
 - prefix: a request whose first `shared_prefix` tokens are cached vs the same request cold.
+- prefix_wave: the largest concurrency's requests arriving at once with a common `shared_prefix`,
+  cold: TTFT and prompt tokens computed, with in-flight prefix sharing on and off.
 - interleave: a long prompt arriving while streams decode: their worst gap vs median gap.
 - pool: decode step time with a small and a large KV pool (in-place updates keep it flat).
 - mlx_lm: mlx-lm's own generation loop on the same weights, for single-stream decode.
@@ -186,6 +188,36 @@ def prefix_cache(engine: LLMEngine, shared_prefix: int, seed: int) -> dict:
     }
 
 
+def prefix_wave(engine: LLMEngine, shared_prefix: int, concurrency: int, gen_tokens: int, seed: int) -> dict:
+    """`concurrency` requests arriving at once whose first `shared_prefix` tokens are the same, cold cache:
+    mean TTFT and prompt tokens computed, with in-flight prefix sharing on and off (side by side)."""
+    rng = np.random.default_rng(seed + 1)
+    suffix_len = 47
+    report: dict[str, Any] = {"shared_prefix": shared_prefix, "concurrency": concurrency, "suffix": suffix_len}
+    for share in (True, False):
+        prefix = random_prompt(rng, engine.vocab_size, shared_prefix)  # fresh each time: a cold cache
+        engine.kv_manager.reset_prefix_cache()
+        engine.scheduler.share_inflight_prefixes = share
+        before = engine.stats()
+        runner = Runner(engine)
+        for _ in range(concurrency):
+            runner.add(prefix + random_prompt(rng, engine.vocab_size, suffix_len), gen_tokens)
+        runner.run_until_done()
+        after = engine.stats()
+        computed = (after.prefix_cache_queries - before.prefix_cache_queries) - (
+            after.prefix_cache_hits - before.prefix_cache_hits
+        )
+        ttfts = [t.ttft for t in runner.traces.values()]
+        report["shared" if share else "unshared"] = {
+            "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 1),
+            "ttft_max_ms": round(1000 * max(ttfts), 1),
+            "prompt_tokens_computed": computed,
+            "computed_over_minimum": round(computed / (shared_prefix + concurrency * suffix_len), 3),
+        }
+    engine.scheduler.share_inflight_prefixes = True
+    return report
+
+
 def interleave(engine: LLMEngine, long_prompt: int, num_streams: int, seed: int) -> dict:
     """Streams decoding while a long prompt is prefilled in chunks: their worst gap vs median gap."""
     rng = np.random.default_rng(seed)
@@ -232,6 +264,9 @@ def run_all(loaded: LoadedModel, config: EngineConfig, options: BenchOptions) ->
         )
     if options.shared_prefix:
         report["prefix_cache"] = prefix_cache(engine, options.shared_prefix, options.seed)
+        wave = max(options.concurrency)
+        if wave > 1:
+            report["prefix_wave"] = prefix_wave(engine, options.shared_prefix, wave, options.gen_tokens, options.seed)
     if options.long_prompt:
         chunked = LLMEngine(loaded, replace(config, max_num_batched_tokens=options.chunk))
         report["interleave"] = interleave(chunked, options.long_prompt, 4, options.seed)
@@ -276,7 +311,7 @@ def render(report: dict[str, Any]) -> None:
             f"{s['overhead_pct']:.1f}%",
         )
     console.print(table)
-    for key in ("prefix_cache", "interleave", "pool", "mlx_lm"):
+    for key in ("prefix_cache", "prefix_wave", "interleave", "pool", "mlx_lm"):
         if key in report:
             values = ", ".join(f"{k}={v}" for k, v in report[key].items())
             console.print(f"[bold]{key}[/]: {escape(values)}", highlight=False)  # escaped: "[bench]" is not markup

@@ -254,18 +254,30 @@ def chat(
     port: int = typer.Option(8080, "--port", help="Port for --serve."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
     require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
+    resume: bool = typer.Option(False, "--resume", help="Reopen the last conversation (its prompt comes cached)."),
+    prefix_cache_file: str = typer.Option(
+        "auto", "--prefix-cache-file", help="Keep the prefix cache here across runs (auto: per model; none: off)."
+    ),
+    prefix_cache_max_size: str | None = typer.Option(
+        None, "--prefix-cache-max-size", help="Most K/V the prefix cache file holds, e.g. 1GiB (default: the pool)."
+    ),
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
-    from baselm.chat.settings import ChatOptions, ChatSettings
+    from baselm.chat.settings import ChatOptions, ChatSettings, chat_prefix_cache_file
 
     try:
         options = ChatOptions(
             model,
             ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed),
-            EngineConfig(kv_memory=parse_optional_size(kv_memory)),
+            EngineConfig(
+                kv_memory=parse_optional_size(kv_memory),
+                prefix_cache_file=chat_prefix_cache_file(prefix_cache_file, model),
+                prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
+            ),
             system=system,
             device=device,
             require_signature=require_signature,
+            resume=resume,
         )
         _chat(options, _chat_serve_options(host, port) if serve else None)
     except _user_errors() + (ServeError,) as exc:
@@ -274,13 +286,15 @@ def chat(
 
 def _chat(options: ChatOptions, serve: ServeOptions | None) -> None:
     """The REPL on its engine; with `serve`, the HTTP API on the same engine beside it."""
-    from baselm.chat.line_reader import history_path
+    from baselm.chat.line_reader import history_path, last_chat_path
     from baselm.chat.repl import ChatREPL, open_chat_engine
 
     with open_chat_engine(options) as client:
         model_name = client.engine.loaded.name
         with _background_server(client, model_name, serve) if serve else contextlib.nullcontext() as url:
-            repl = ChatREPL(client, model_name, options.settings, options.system, history_path())
+            repl = ChatREPL(client, model_name, options.settings, options.system, history_path(), last_chat_path())
+            if options.resume:
+                repl.resume()
             if url is not None:
                 repl.note(f"serving the OpenAI API at {url} on this chat's engine")
             repl.run()
@@ -394,6 +408,15 @@ def serve(
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Turn prefix caching off."),
     max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
     max_body: str = typer.Option("8MiB", "--max-body", help="Largest request body accepted (413 past it)."),
+    prefix_cache_file: str | None = typer.Option(
+        None, "--prefix-cache-file", help="Save the prefix cache here (periodically, at exit) and load it at start."
+    ),
+    prefix_cache_save_interval: float = typer.Option(
+        300.0, "--prefix-cache-save-interval", help="Seconds between saves of a changed prefix cache."
+    ),
+    prefix_cache_max_size: str | None = typer.Option(
+        None, "--prefix-cache-max-size", help="Most K/V the prefix cache file holds, e.g. 1GiB (default: the pool)."
+    ),
     shutdown_timeout: float = typer.Option(
         30.0, "--shutdown-timeout", help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."
     ),
@@ -414,6 +437,9 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=not no_prefix_caching,
             max_waiting=max_waiting,
+            prefix_cache_file=prefix_cache_file,
+            prefix_cache_save_interval=prefix_cache_save_interval,
+            prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
         )
         options = ServeOptions(
             host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout=shutdown_timeout

@@ -65,6 +65,9 @@ class EngineConfig:
     max_waiting: int = 256  # queued requests beyond this are refused (the server answers 429/503)
     pipeline_decode: bool | None = None  # launch a decode step ahead of reading tokens; None: on GPUs
     seed: int | None = None  # for unseeded sampling
+    prefix_cache_file: str | None = None  # full cached blocks saved here and loaded at start-up
+    prefix_cache_save_interval: float = 300.0  # seconds between saves of a changed cache (and at shutdown)
+    prefix_cache_max_size: int | None = None  # bytes of K/V the file may hold; None: the KV pool's size
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):
@@ -78,6 +81,12 @@ class EngineConfig:
             raise ConfigError("kv_memory must be positive")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.prefix_cache_save_interval <= 0:
+            raise ConfigError(f"prefix_cache_save_interval must be positive, got {self.prefix_cache_save_interval}")
+        if self.prefix_cache_max_size is not None and self.prefix_cache_max_size < 0:
+            raise ConfigError("prefix_cache_max_size must not be negative")
+        if self.prefix_cache_file and not self.enable_prefix_caching:
+            raise ConfigError("a prefix cache file needs prefix caching; drop --no-prefix-caching or the file")
         if self.long_prefill_token_threshold < 0:
             raise ConfigError(
                 f"long_prefill_token_threshold must be 0 (off) or positive, got {self.long_prefill_token_threshold}"

@@ -12,12 +12,14 @@ import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from baselm.backend import system_memory_bytes
 from baselm.config import EngineConfig
 from baselm.copies import Copies, copy_requests
 from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
+from baselm.kv.persist import PersistentPrefixCache, fingerprint, weights_fingerprint
 from baselm.loader import LoadedModel
 from baselm.request import InvalidRequestError, RequestOutput
 from baselm.runner import Launched, ModelRunner, StepStats
@@ -66,6 +68,7 @@ class LLMEngine:
         self.vocab_size = loaded.model.args.vocab_size
         self.cache = self._make_cache(loaded, config)
         self.kv_manager = KVCacheManager(self.cache.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.prefix_file = self._open_prefix_file(loaded, config)
         self.copies = Copies(self.tokenizer, self.eos_token_ids)
         self.scheduler = Scheduler(
             self.kv_manager,
@@ -90,6 +93,22 @@ class LLMEngine:
         bytes_per_token = PagedKVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, model.dtype, config.kv_bits)
         num_blocks = kv_num_blocks(config, self.max_model_len, bytes_per_token)
         return PagedKVCache.for_model(model, num_blocks, config.block_size, kv_bits=config.kv_bits)
+
+    def _open_prefix_file(self, loaded: LoadedModel, config: EngineConfig) -> PersistentPrefixCache | None:
+        """The prefix cache file, its blocks loaded into the pool; None without one."""
+        if not config.prefix_cache_file:
+            return None
+        stamp = fingerprint(weights_fingerprint(loaded.path), self.cache)
+        max_bytes = self.cache.nbytes if config.prefix_cache_max_size is None else config.prefix_cache_max_size
+        persistent = PersistentPrefixCache(
+            Path(config.prefix_cache_file).expanduser(), self.kv_manager, self.cache, stamp, max_bytes
+        )
+        persistent.load()
+        return persistent
+
+    def save_prefix_cache(self) -> int | None:
+        """Writes the prefix cache file if there is one and the cache changed; returns blocks written."""
+        return self.prefix_file.save() if self.prefix_file is not None else None
 
     # ---- requests in -------------------------------------------------------------------
 

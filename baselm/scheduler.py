@@ -152,6 +152,8 @@ class Scheduler:
         self.num_preemptions = 0
         self._finished_ids: list[str] = []
         self._forked_ids: set[str] = set()  # forked into running, not scheduled yet: their first step is new
+        # A waiting request whose prefix another is computing waits for those blocks (off: both compute them).
+        self.share_inflight_prefixes = True
 
     @property
     def num_running(self) -> int:
@@ -322,14 +324,25 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> int:
-        """Admits waiting requests in order until budget, sequence slots or blocks run out."""
+        """Admits waiting requests in order until budget, sequence slots or blocks run out.
+
+        A request whose next uncached block a running request is computing now waits for it, in
+        its place at the head of the queue, while the requests behind it are admitted: it
+        starts once that block is cached and computes only what nobody else does.
+        """
+        inflight = self._inflight_blocks()
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             computed_blocks, num_hit = self.kv.get_computed_blocks(request)  # NOTE: it holds no blocks
+            if self._awaits_inflight(request, len(computed_blocks), inflight):
+                deferred.append(self.waiting.popleft())
+                continue
             num_new = self._num_new_tokens(request, num_hit, budget)
             if not self.kv.allocate_slots(request, num_new, computed_blocks):
                 break
             self.waiting.popleft()
+            self._add_inflight(request, num_hit, inflight)
             if request.status == RequestStatus.WAITING:  # not on resumption after preemption
                 request.num_cached_tokens = num_hit
             request.num_computed_tokens = num_hit
@@ -337,7 +350,30 @@ class Scheduler:
             self.running.append(request)
             output.requests.append(self._scheduled(request, num_new, is_new=True))
             budget -= num_new
+        self.waiting.extendleft(reversed(deferred))
         return budget
+
+    def _inflight_blocks(self) -> set:
+        """Hashes of the full blocks running requests are computing or have yet to compute."""
+        inflight: set = set()
+        if self.share_inflight_prefixes and self.kv.enable_prefix_caching:
+            for request in self.running:
+                self._add_inflight(request, request.num_computed_tokens, inflight)
+        return inflight
+
+    def _add_inflight(self, request: Request, num_computed: int, inflight: set) -> None:
+        if not (self.share_inflight_prefixes and self.kv.enable_prefix_caching):
+            return
+        num_full = request.num_tokens // self.kv.block_size
+        first = num_computed // self.kv.block_size
+        if first < num_full:
+            inflight.update(self.kv.block_hashes(request, num_full)[first:num_full])
+
+    def _awaits_inflight(self, request: Request, num_hit_blocks: int, inflight: set) -> bool:
+        """Whether the request's next block, one it could hit once cached, is being computed by another."""
+        if not inflight or num_hit_blocks >= (request.num_tokens - 1) // self.kv.block_size:
+            return False
+        return self.kv.block_hashes(request, num_hit_blocks + 1)[num_hit_blocks] in inflight
 
     @staticmethod
     def _can_run_ahead(scheduled: ScheduledRequest) -> bool:

@@ -65,6 +65,19 @@ class Conversation:
                 raise ChatCommandError(f"message {i} has role {role!r}; expected user or assistant (system only first)")
         self.system, self.turns, self._known = system, turns, []
 
+    @property
+    def known(self) -> list[tuple[str, list[int]]]:
+        """The rendered texts and the ids the model saw for them, which the next prompt may extend."""
+        return [(text, list(ids)) for text, ids in self._known]
+
+    def restore_known(self, known: Sequence[Sequence[Any]]) -> None:
+        """Takes back `known` (as saved with the messages), so a resumed chat extends the same ids."""
+        self._known = [
+            (text, [int(i) for i in ids])
+            for text, ids in known
+            if isinstance(text, str) and isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+        ]
+
     def next_prompt(self, user_text: str) -> Prompt:
         """The prompt for the next turn, with `user_text` as the new message (nothing is recorded yet)."""
         messages = self.messages + [{"role": "user", "content": user_text}]

@@ -12,6 +12,11 @@ from baselm.store.default_model import base_home
 HISTORY_FILE = "chat_history"
 
 
+def last_chat_path() -> Path:
+    """Where the conversation is kept after each turn, for `base chat --resume`."""
+    return base_home() / "chat_last.json"
+
+
 def history_path() -> Path:
     """Where the input history lives: $BASE_HOME/chat_history."""
     return base_home() / HISTORY_FILE

@@ -75,6 +75,7 @@ class ChatREPL:
         settings: ChatSettings,
         system: str | None = None,
         history_path: Path | None = None,
+        last_chat: Path | None = None,
     ) -> None:
         self.client = client
         self.engine = client.engine
@@ -89,6 +90,19 @@ class ChatREPL:
         self.reader = LineReader(history_path, interactive=sys.stdin.isatty())
         self._eos_ids = frozenset(self.engine.eos_token_ids)
         self._num_requests = 0
+        self.last_chat = last_chat  # the conversation is kept here after each turn, for --resume
+
+    def resume(self) -> None:
+        """Reopens the conversation kept in `last_chat`, if there is one."""
+        if self.last_chat is None or not self.last_chat.exists():
+            self.note("no earlier conversation to resume")
+            return
+        try:
+            self.settings = load_chat(self.last_chat, self.conversation)
+        except ChatCommandError as exc:
+            self.note(f"cannot resume: {exc}", style="yellow")
+            return
+        self.note(f"resumed {len(self.conversation.turns)} messages; {self.settings.to_text()}")
 
     def run(self) -> None:
         """The loop: until /quit or end of input."""
@@ -177,6 +191,12 @@ class ChatREPL:
         self.conversation.add_turn(prompt, user_text, answer.text, ids)
         self.session.turns.append(answer.stats)
         self.note(turn_line(answer.stats, self.engine.max_model_len))
+        if self.last_chat is not None:
+            try:
+                self.last_chat.parent.mkdir(parents=True, exist_ok=True)
+                save_chat(self.last_chat, self.conversation, self.settings, self.model_name)
+            except OSError as exc:
+                self.note(f"could not keep the conversation for --resume: {exc}", style="yellow")
 
     # ---- commands ------------------------------------------------------------------------
 

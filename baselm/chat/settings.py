@@ -83,3 +83,16 @@ class ChatOptions:
     system: str | None = None
     device: str = "auto"
     require_signature: bool = False  # refuse a model without a good signature by a trusted key
+    resume: bool = False  # reopen the last conversation (kept under $BASE_HOME)
+
+
+def chat_prefix_cache_file(choice: str, model: str) -> str | None:
+    """The prefix cache file of `base chat`: a path, none, or auto (one per model under $BASE_HOME)."""
+    if choice.lower() in ("none", "off", ""):
+        return None
+    if choice != "auto":
+        return choice
+    from baselm.store.default_model import base_home
+
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in model).strip("._") or "model"
+    return str(base_home() / "prefix_cache" / f"{name}.kvc")

@@ -88,6 +88,7 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}
+        self.version = 0  # bumped whenever a block is cached or evicted (what a saved copy compares)
 
     @property
     def num_free_blocks(self) -> int:
@@ -152,6 +153,7 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self._cached[block_hash] = block
+        self.version += 1
         return True
 
     def reset_prefix_cache(self) -> int:
@@ -163,9 +165,11 @@ class BlockPool:
         for block in self._cached.values():
             block.block_hash = None
         self._cached.clear()
+        self.version += 1
         return num_dropped
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:
             del self._cached[block.block_hash]
             block.block_hash = None
+            self.version += 1

@@ -63,7 +63,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return [], 0
         num_hittable = (request.num_tokens - 1) // self.block_size
-        hashes = self._block_hashes(request, num_hittable)
+        hashes = self.block_hashes(request, num_hittable)
         blocks = []
         for block_hash in hashes[:num_hittable]:
             block = self.pool.get_cached_block(block_hash)
@@ -119,7 +119,7 @@ class KVCacheManager:
         start = self._num_cached_blocks[request_id]
         if num_full <= start:
             return
-        hashes = self._block_hashes(request, num_full)
+        hashes = self.block_hashes(request, num_full)
         blocks = self._blocks[request_id]
         for i in range(start, num_full):
             self.pool.cache_block(blocks[i], hashes[i])
@@ -166,7 +166,7 @@ class KVCacheManager:
         self._blocks[request_id].extend(blocks)
         self._block_ids[request_id].extend(block.block_id for block in blocks)
 
-    def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+    def block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """The request's chained full-block hashes, extended in place on the request to `num_blocks`."""
         hashes = request.block_hashes
         tokens = request.all_token_ids

@@ -178,3 +178,33 @@ def test_piped_chat_prints_plain_answers_on_stdout(chat_model, tmp_path):
     assert result.stdout.count("\n") >= 2  # two answers, each ended by a newline
     assert len(re.findall(r"decode 6 tokens .* context \d+/4096", result.stderr)) == 2
     assert ">>>" not in result.stdout
+
+
+def test_resume_reopens_the_last_conversation_and_its_prompt_comes_from_the_cache_file(chat_model, tmp_path):
+    env = {**os.environ, "BASE_HOME": str(tmp_path / "home")}
+
+    def chat(*args: str, text: str) -> str:
+        result = subprocess.run(
+            [BASE, "chat", str(chat_model), "--device", "cpu", "--seed", "0", "--max-tokens", "40", *args],
+            input=text,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    first = chat(text="Tell me about the sea and the ships that sail on it, in many words please.\n")
+    (first_prefill,) = re.findall(r"prefill (\d+) tokens \((\d+) cached\)", first)
+    assert first_prefill[1] == "0"
+    assert (tmp_path / "home" / "chat_last.json").exists()
+    assert list((tmp_path / "home" / "prefix_cache").glob("*.kvc"))
+    resumed = chat("--resume", text="And the harbours?\n")
+    assert "resumed 2 messages" in resumed
+    (prefill,) = re.findall(r"prefill (\d+) tokens \((\d+) cached\)", resumed)
+    total, cached = map(int, prefill)
+    assert total > int(first_prefill[0]) and cached >= 16 * ((int(first_prefill[0]) + 40) // 16 - 1)
+    fresh = chat("--prefix-cache-file", "none", "--resume", text="And the harbours?\n")
+    (prefill,) = re.findall(r"prefill (\d+) tokens \((\d+) cached\)", fresh)
+    assert prefill[1] == "0"  # without the file, the same prompt starts cold

@@ -1,0 +1,212 @@
+"""The prefix cache on disk: full cached blocks, their chained hashes and their K/V, across restarts.
+
+File layout (little-endian):
+
+    b"BASEKVC1" | u64 header_len | header JSON | data | footer JSON | u64 footer_len
+
+The header holds the format version, the fingerprint (the model's weights: a `.base` file's
+header checksum, else an xxh3 of the model's files; the KV layout: layers, KV heads, head
+dim, block size, dtype, kv bits) and the block hashes, most recently used first. The data is
+array-major: for each layer, K then V, each pool array (one, or codes/scales/biases for a
+quantized pool) holds the saved blocks' rows back to back. The footer holds an xxh3-64 of each
+array's bytes. A file whose fingerprint differs, that is truncated or whose bytes fail their
+checksums is ignored with one warning line: the engine starts with an empty cache.
+
+Writes go to a temporary file that is fsynced and renamed over the old one (store.fs), so a
+kill at any point leaves the previous file whole. Loading puts the blocks back as free cached
+blocks, in their LRU order, so the first request with the same prefix hits them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import xxhash
+
+from baselm.kv.cache import PagedKVCache
+from baselm.kv.manager import KVCacheManager
+from baselm.store.fs import atomic_write
+
+log = logging.getLogger("baselm.kv")
+
+MAGIC = b"BASEKVC1"
+VERSION = 1
+_LEN = struct.Struct("<Q")
+
+
+def weights_fingerprint(path: Path) -> str:
+    """What identifies a model's weights: a `.base` file's header checksum, else an xxh3 of its file(s)."""
+    if path.suffix == ".base":
+        from baselm.store.base_reader import BaseFile
+
+        return "base:" + BaseFile.open(path).header["header_xxh64"]
+    digest = xxhash.xxh3_64()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as f:
+            while chunk := f.read(16 * 2**20):
+                digest.update(chunk)
+    return "xxh3:" + digest.hexdigest()
+
+
+def fingerprint(weights: str, cache: PagedKVCache) -> dict[str, Any]:
+    """The weights' fingerprint and the KV layout a saved block only fits into unchanged."""
+    layer = cache[0]
+    return {
+        "version": VERSION,
+        "weights": weights,
+        "num_layers": len(cache),
+        "block_size": cache.block_size,
+        "kv_bits": cache.kv_bits,
+        "arrays": [[str(a.dtype), list(a.shape[1:])] for a in _arrays(layer.keys)],
+    }
+
+
+def _arrays(pool: Any) -> list[mx.array]:
+    """A pool's arrays: itself, or a quantized pool's codes, scales and biases."""
+    return [pool] if isinstance(pool, mx.array) else [pool.codes, pool.scales, pool.biases]
+
+
+def _pool_arrays(cache: PagedKVCache) -> list[tuple[int, str, int]]:
+    """(layer, "keys" or "values", array index) of every pool array, in file order."""
+    count = len(_arrays(cache[0].keys))
+    return [(i, kv, j) for i in range(len(cache)) for kv in ("keys", "values") for j in range(count)]
+
+
+def _recent_cached_blocks(kv: KVCacheManager) -> list[Any]:
+    """Cached blocks, most recently used first: those in use, then the free ones from the LRU tail."""
+    pool = kv.pool
+    in_use = [b for b in pool.blocks if b.block_hash is not None and b.ref_cnt > 0]
+    free = [b for b in reversed(pool.free_block_ids()) if pool.blocks[b].block_hash is not None]
+    return in_use + [pool.blocks[b] for b in free]
+
+
+def save(path: Path, kv: KVCacheManager, cache: PagedKVCache, stamp: dict[str, Any], max_bytes: int) -> int:
+    """Writes the most recently used cached blocks (at most `max_bytes` of K/V) to `path`; returns how many."""
+    per_block = cache.nbytes // cache.num_blocks
+    blocks = _recent_cached_blocks(kv)[: max(max_bytes // max(per_block, 1), 0)]
+    header = {**stamp, "hashes": [f"{b.block_hash:032x}" for b in blocks]}
+    ids = mx.array([b.block_id for b in blocks], dtype=mx.int32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
+        raw_header = json.dumps(header, separators=(",", ":")).encode()
+        f.write(MAGIC + _LEN.pack(len(raw_header)) + raw_header)
+        checksums = []
+        for layer, kind, index in _pool_arrays(cache) if blocks else []:
+            array = _arrays(getattr(cache[layer], kind))[index]
+            data = np.array(mx.view(array[ids], mx.uint8)).tobytes()
+            checksums.append(xxhash.xxh3_64_hexdigest(data))
+            f.write(data)
+        footer = json.dumps({"checksums": checksums}).encode()
+        f.write(footer + _LEN.pack(len(footer)))
+    return len(blocks)
+
+
+class _Unusable(Exception):
+    """Why a prefix cache file cannot be used."""
+
+
+def load(path: Path, kv: KVCacheManager, cache: PagedKVCache, stamp: dict[str, Any]) -> int:
+    """Puts the blocks of `path` back into the pool as free cached blocks; returns how many.
+
+    Anything wrong with the file (missing is fine and silent) is one warning and 0 blocks. Temporary
+    files a killed save left beside it are removed (a cache file belongs to one engine at a time)."""
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+    if not path.exists():
+        return 0
+    try:
+        hashes, arrays = _read(path, cache, stamp)
+    except (_Unusable, OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring the prefix cache file %s: %s; starting with an empty cache", path, exc)
+        return 0
+    num = min(len(hashes), kv.pool.num_free_blocks)
+    if not num:
+        return 0
+    blocks = kv.pool.allocate(num)
+    ids = mx.array([b.block_id for b in blocks], dtype=mx.int32)
+    for (layer, kind, index), data in zip(_pool_arrays(cache), arrays):
+        _write_rows(cache[layer], kind, index, ids, data[:num])
+    mx.eval([(layer.keys, layer.values) for layer in cache.layers])
+    for block, block_hash in zip(blocks, hashes):
+        kv.pool.cache_block(block, block_hash)
+    kv.pool.free(reversed(blocks))  # least recent first: it is evicted first
+    return num
+
+
+def _read(path: Path, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list[int], list[mx.array]]:
+    raw = path.read_bytes()
+    if raw[: len(MAGIC)] != MAGIC:
+        raise _Unusable("it is not a prefix cache file")
+    try:
+        return _parse(raw, cache, stamp)
+    except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:  # JSON and UTF-8 errors are ValueErrors
+        raise _Unusable(f"it is truncated or corrupt ({type(exc).__name__})") from None
+
+
+def _parse(raw: bytes, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list[int], list[mx.array]]:
+    (header_len,) = _LEN.unpack_from(raw, len(MAGIC))
+    start = len(MAGIC) + _LEN.size
+    header = json.loads(raw[start : start + header_len])
+    mismatched = sorted(k for k in stamp if header.get(k) != stamp[k])
+    if mismatched:
+        raise _Unusable(f"it was saved for another model or KV layout ({', '.join(mismatched)} differ)")
+    (footer_len,) = _LEN.unpack_from(raw, len(raw) - _LEN.size)
+    footer = json.loads(raw[len(raw) - _LEN.size - footer_len : len(raw) - _LEN.size])
+    hashes = [int(h, 16) for h in header["hashes"]]
+    offset = start + header_len
+    arrays = []
+    specs = stamp["arrays"]
+    for (_, _, index), checksum in zip(_pool_arrays(cache), footer["checksums"]):
+        dtype, shape = getattr(mx, specs[index][0].split(".")[-1]), specs[index][1]
+        size = len(hashes) * int(np.prod(shape)) * dtype.size
+        data = raw[offset : offset + size]
+        if len(data) != size or xxhash.xxh3_64_hexdigest(data) != checksum:
+            raise _Unusable("its data is truncated or corrupt")
+        arrays.append(mx.view(mx.array(np.frombuffer(data, dtype=np.uint8)), dtype).reshape(len(hashes), *shape))
+        offset += size
+    if hashes and len(arrays) != len(_pool_arrays(cache)):
+        raise _Unusable("it holds fewer arrays than the layout needs")
+    if offset + footer_len + _LEN.size != len(raw):
+        raise _Unusable("its length does not match its contents")
+    return hashes, arrays
+
+
+def _write_rows(layer: Any, kind: str, index: int, ids: mx.array, rows: mx.array) -> None:
+    pool = getattr(layer, kind)
+    if isinstance(pool, mx.array):
+        pool[ids] = rows
+        setattr(layer, kind, pool)
+        return
+    parts = list(_arrays(pool))
+    parts[index][ids] = rows
+    setattr(layer, kind, pool._replace(**dict(zip(("codes", "scales", "biases"), parts))))
+
+
+class PersistentPrefixCache:
+    """A prefix cache file bound to an engine's pool: loaded once, saved when due and at shutdown."""
+
+    def __init__(self, path: Path, kv: KVCacheManager, cache: PagedKVCache, stamp: dict[str, Any], max_bytes: int):
+        self.path, self.kv, self.cache, self.stamp, self.max_bytes = path, kv, cache, stamp, max_bytes
+        self.saved_version = -1  # the pool's cache version last written
+
+    def load(self) -> int:
+        num = load(self.path, self.kv, self.cache, self.stamp)
+        self.saved_version = self.kv.pool.version
+        return num
+
+    def save(self) -> int | None:
+        """Writes the file when the cache changed since the last save; returns blocks written (None: unchanged)."""
+        if self.kv.pool.version == self.saved_version:
+            return None
+        version = self.kv.pool.version
+        num = save(self.path, self.kv, self.cache, self.stamp, self.max_bytes)
+        self.saved_version = version
+        return num

@@ -1,0 +1,36 @@
+"""How every `base` command reports a user's mistake: one clear line on stderr and exit status 1."""
+
+from __future__ import annotations
+
+import typer
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Prints one clear error line and exits: user mistakes never show a traceback."""
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The exceptions that mean a bad input or setting, not a bug."""
+    from baselm.backend import BackendError
+    from baselm.config import ConfigError
+    from baselm.models.base import ModelConfigError
+    from baselm.request import InvalidRequestError
+    from baselm.sampling import SamplingParamsError
+    from baselm.scheduler import RequestTooLongError
+    from baselm.store.errors import StoreError
+    from baselm.tokenizer.errors import TokenizerError
+
+    return (
+        BackendError,
+        ConfigError,
+        InvalidRequestError,
+        ModelConfigError,
+        RequestTooLongError,
+        SamplingParamsError,
+        StoreError,
+        TokenizerError,
+    )

@@ -62,12 +62,10 @@ def _base_path(model: str) -> Path:
 
 def _run(fn, *args):
     """`fn(*args)`; a store error is one clear line and exit status 1, never a traceback."""
-    from rich.console import Console
-
+    from baselm.cli_errors import fail
     from baselm.store.errors import StoreError
 
     try:
         return fn(*args)
     except StoreError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(1) from None
+        fail(str(exc))

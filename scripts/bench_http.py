@@ -5,6 +5,11 @@ Starts `base serve MODEL` on a free loopback port, sends N streaming chat reques
 prints aggregate and per-stream decode tokens/s and time to first token as JSON.
 
     python scripts/bench_http.py [MODEL] [--concurrency 8] [--max-tokens 64] [--device cpu]
+    python scripts/bench_http.py [MODEL] --shared-prefix 400 [--concurrency 8] [--max-tokens 32]
+
+With --shared-prefix N it instead sends one cold wave of concurrent requests whose system prompt
+(about N tokens) is the same and whose questions differ, and prints their mean time to first token
+and the prompt tokens the server found cached.
 
 MODEL defaults to SmolLM2-135M-Instruct (fetched once into the store's downloads).
 """
@@ -61,6 +66,47 @@ def stream_one(client: openai.OpenAI, model: str, prompt: str, max_tokens: int) 
     return {"ttft": times[0] - start, "first": times[0], "last": times[-1], "tokens": tokens}
 
 
+SYSTEM_WORDS = "you are a careful assistant who answers questions about ships harbours and the sea".split()
+
+
+def stream_chat(client: openai.OpenAI, messages: list[dict], max_tokens: int) -> dict:
+    start = time.perf_counter()
+    first, usage = None, None
+    stream = client.chat.completions.create(
+        model="bench",
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content and first is None:
+            first = time.perf_counter()
+        if chunk.usage:
+            usage = chunk.usage
+    details = usage.prompt_tokens_details
+    return {"ttft": first - start, "prompt": usage.prompt_tokens, "cached": details.cached_tokens if details else 0}
+
+
+def shared_prefix_wave(client: openai.OpenAI, concurrency: int, prefix_tokens: int, max_tokens: int) -> dict:
+    """One cold wave: `concurrency` requests at once with the same ~prefix_tokens system prompt."""
+    words = int(prefix_tokens / 1.25)  # about 1.25 tokens a word here (SmolLM2's tokenizer)
+    system = " ".join(f"{SYSTEM_WORDS[i % len(SYSTEM_WORDS)]}" + (f" {i}" if i % 9 == 0 else "") for i in range(words))
+    questions = [f"Question {i}: " + " ".join(PROMPTS[i % len(PROMPTS)].split() * 3) for i in range(concurrency)]
+    waves = [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in questions]
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda m: stream_chat(client, m, max_tokens), waves))
+    return {
+        "concurrency": concurrency,
+        "prompt_tokens_mean": round(statistics.fmean(r["prompt"] for r in results), 1),
+        "cached_tokens_mean": round(statistics.fmean(r["cached"] for r in results), 1),
+        "ttft_mean_ms": round(1000 * statistics.fmean(r["ttft"] for r in results), 1),
+        "ttft_max_ms": round(1000 * max(r["ttft"] for r in results), 1),
+    }
+
+
 def run(client: openai.OpenAI, model: str, concurrency: int, max_tokens: int) -> dict:
     with ThreadPoolExecutor(concurrency) as pool:
         start = time.perf_counter()
@@ -84,6 +130,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--shared-prefix", type=int, default=0, help="Time one cold wave sharing N prompt tokens.")
     args = parser.parse_args()
     model = args.model
     if model is None:
@@ -122,6 +169,11 @@ def main() -> None:
                     raise SystemExit("base serve did not start") from None
                 time.sleep(0.5)
         run(client, "bench", 1, 4)  # warm-up
+        if args.shared_prefix:
+            print(
+                json.dumps(shared_prefix_wave(client, args.concurrency, args.shared_prefix, args.max_tokens), indent=2)
+            )
+            return
         report = {
             "single": run(client, "bench", 1, args.max_tokens),
             "concurrent": run(client, "bench", args.concurrency, args.max_tokens),

@@ -87,18 +87,20 @@ def paged_attention(
     scale: float,
     softcap: float | None = None,
     window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """Paged attention: the Metal kernel where it is available and passed its self-check, else the reference.
 
-    queries: (num_tokens, heads, head_dim); pools: (num_blocks, block_size, kv_heads, head_dim).
-    Returns (num_tokens, heads, head_dim).
+    queries: (num_tokens, heads, head_dim); pools: (num_blocks, block_size, kv_heads, head_dim);
+    sinks: (heads,) per-head sink logits (gpt-oss) or None. Returns (num_tokens, heads, head_dim).
+    NOTE: the Metal kernel has no sink term: calls with sinks always take the reference.
     """
-    if kernel_supports(queries, key_pool):
+    if sinks is None and kernel_supports(queries, key_pool):
         variant = _attention_variant(queries, key_pool, softcap, window)
         check = functools.partial(self_check.check_attention, queries, key_pool, softcap, window)
         if use_kernel("paged_attention", variant, check):
             return paged_attention_kernel(queries, key_pool, value_pool, meta, scale, softcap, window)
-    return paged_attention_reference(queries, key_pool, value_pool, meta, scale, softcap, window)
+    return paged_attention_reference(queries, key_pool, value_pool, meta, scale, softcap, window, sinks)
 
 
 def write_kv(

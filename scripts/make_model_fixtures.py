@@ -163,8 +163,8 @@ FIXTURES = {
         dict(no_rope_layer_interval=2),
         {"variants": {"window": {"use_sliding_window": True, "sliding_window": 5, "layer_types": None}}},
     ),
-    # Sinks, a sliding layer and a full one, YaRN (no truncation) past 8 positions, a SwiGLU
-    # clamp low enough to bite with these weights.
+    # Sinks, a sliding layer and a full one, YaRN as released (no truncation: its ramp then spans
+    # rotary pairs 2 to 4 of 8), a SwiGLU clamp low enough to bite with these weights.
     "gpt_oss": (
         "GptOssConfig",
         dict(
@@ -176,11 +176,11 @@ FIXTURES = {
             rope_parameters=dict(
                 rope_type="yarn",
                 rope_theta=150000.0,
-                factor=4.0,
+                factor=32.0,
                 beta_fast=32.0,
                 beta_slow=1.0,
                 truncate=False,
-                original_max_position_embeddings=8,
+                original_max_position_embeddings=4096,
             ),
         ),
         {},
@@ -333,7 +333,12 @@ def _save_mxfp4(model, folder: Path) -> None:
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {
         "quant_method": "mxfp4",
-        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 

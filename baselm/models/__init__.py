@@ -122,7 +122,8 @@ def build_model(
 
     Quantized tensors (affine triplets, MXFP4 pairs) are either dequantized to `dtype` (the CPU
     path: float32 through BLAS is the only fast CPU compute) or kept as quantized layers (GPU
-    paths). Their bits, group size and mode follow from the arrays; `group_size` (one for all, or per module path), when given, is checked.
+    paths). Their bits, group size and mode follow from the arrays; `group_size` (one for all, or
+    per module path), when given, is checked.
     `rope_freq_factors` (rotary_dims // 2,) divide the RoPE frequencies: llama 3 scaling kept outside the config.
     """
     args_cls, model_cls = model_class(config.get("model_type", ""))

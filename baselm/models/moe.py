@@ -45,7 +45,9 @@ class QuantizedSwitchLinear(nn.Module):
     one power-of-two E8M0 scale per 32 inputs, stored as uint8, and no quantization biases).
     """
 
-    def __init__(self, weight: mx.array, group_size: int, bits: int, mode: str = "affine", bias: mx.array | None = None):
+    def __init__(
+        self, weight: mx.array, group_size: int, bits: int, mode: str = "affine", bias: mx.array | None = None
+    ):
         super().__init__()
         self.group_size, self.bits, self.mode = group_size, bits, mode
         self.weight, self.scales, *biases = mx.quantize(weight, group_size, bits, mode=mode)

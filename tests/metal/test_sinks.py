@@ -76,12 +76,14 @@ def test_mlx_fused_attention_takes_sinks_in_the_same_sense():
     assert np.abs(np.array(out[0].transpose(1, 0, 2)) - expected).max() < 2e-5
 
 
-def test_calls_with_sinks_never_take_the_metal_kernel(monkeypatch):
-    # The Metal kernel has no sink term: even where kernels run, a call with sinks takes the reference.
-    asked = []
-    monkeypatch.setattr(dispatch, "use_kernel", lambda *args: asked.append(args) or True)
+def test_calls_with_sinks_are_their_own_kernel_variant(monkeypatch):
+    # Where kernels run, a call with sinks is self-checked as a sinks variant before the kernel serves it.
+    variants = []
+    monkeypatch.setattr(dispatch, "use_kernel", lambda name, variant, check: variants.append(variant) or False)
     queries, key_pool, value_pool, meta = build(CASES[2])
     sinks = sinks_for(4)
     got = paged_attention(queries, key_pool, value_pool, meta, SCALE, window=6, sinks=sinks)
+    paged_attention(queries, key_pool, value_pool, meta, SCALE, window=6)
+    assert [v[-1] for v in variants] == [True, False]
     expected = paged_attention_reference(queries, key_pool, value_pool, meta, SCALE, window=6, sinks=sinks)
-    assert asked == [] and mx.array_equal(got, expected)
+    assert mx.array_equal(got, expected)

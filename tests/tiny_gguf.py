@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+import mlx.core as mx
 import numpy as np
 from safetensors.numpy import load_file
 
+from baselm.store.base_writer import TensorRecord
 from tests.paths import LLAMA_FIXTURE
 
 T = gguf.GGMLQuantizationType
@@ -285,3 +287,82 @@ def fixture_gguf(path: Path, folder: Path, type_name: str = "F32") -> tuple[Path
         add_word_vocabulary(writer, config)
 
     return write_gguf(path, encoded, metadata, arch=GGUF_ARCH[config["model_type"]]), config
+
+
+# ---------------------------------------------------------------------------------------------
+# Oracles and K-quant blocks
+
+K_LAYOUT = {  # type: (block bytes, byte offsets of the f16 fields d and dmin)
+    "Q2_K": (84, (80, 82)),
+    "Q3_K": (110, (108,)),
+    "Q4_K": (144, (0, 2)),
+    "Q5_K": (176, (0, 2)),
+    "Q6_K": (210, (208,)),
+}
+
+
+def random_k_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """(rows, cols / 256 * block bytes) random K-quant blocks with d, dmin in [0.001, 0.01).
+
+    The gguf package quantizes no K-quant (its K classes have no `quantize_blocks`), so K-quant
+    files are made of random blocks with sane `d`/`dmin` fields, which its dequantizer reads like any other.
+    """
+    block_bytes, f16_fields = K_LAYOUT[type_name]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
+    for at in f16_fields:
+        scale = rng.uniform(0.001, 0.01, size=(rows, cols // 256)).astype(np.float16)
+        blocks[..., at : at + 2] = scale.view(np.uint8).reshape(rows, cols // 256, 2)
+    return blocks.reshape(rows, -1)
+
+
+def oracle(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor as the gguf package reads and dequantizes it (float32, GGUF names and order)."""
+    reader = gguf.GGUFReader(str(path))
+    return {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32) for t in reader.tensors}
+
+
+def values_of(record: TensorRecord) -> np.ndarray:
+    """A record's float32 values: floats as stored, triplets through `mx.dequantize` with f32 scales."""
+    if record.bits is None:
+        if record.dtype == "bf16":
+            return np.array(mx.array(record.data).view(mx.bfloat16).astype(mx.float32))
+        return record.data.astype(np.float32)
+    scales, biases = (mx.array(a) for a in (record.scales, record.biases))
+    if record.scale_dtype == "bf16":
+        scales, biases = scales.view(mx.bfloat16), biases.view(mx.bfloat16)
+    out = mx.dequantize(
+        mx.array(record.codes),
+        scales.astype(mx.float32),
+        biases.astype(mx.float32),
+        group_size=record.group_size,
+        bits=record.bits,
+    )
+    return np.array(out)
+
+
+def same_bits(got: np.ndarray, expected: np.ndarray) -> bool:
+    """Bit-identical float32, except the sign of zero: gguf's `d * (q - 8)` is -0.0 where d < 0 and
+    q = 8, while `scale * q + bias` is +0.0 (x + -x); the two are equal values in every product
+    and sum, so `+ 0.0` folds -0.0 into +0.0 on both sides before the bits are compared."""
+    return got.dtype == expected.dtype == np.float32 and np.array_equal(
+        (got + 0.0).view(np.uint32), (expected + 0.0).view(np.uint32)
+    )
+
+
+def llama_hf_oracle(path: Path, config: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A llama GGUF's tensors as the gguf package dequantizes them, under HF names, q/k rows back in
+    HF order: the converter's renaming and permutation undone independently of store/gguf.py."""
+    hf_names = {f"{v}": k for k, v in {**LAYER_NAMES, **GLOBAL_NAMES}.items()}
+    out = {}
+    for name, values in oracle(path).items():
+        parts = name.split(".")
+        if parts[0] == "blk":
+            stem = hf_names[parts[2]]
+            if stem in ("self_attn.q_proj", "self_attn.k_proj"):
+                heads = config["num_attention_heads"] if stem.endswith("q_proj") else config["num_key_value_heads"]
+                values = values.reshape(heads, -1, 2, values.shape[-1]).swapaxes(1, 2).reshape(values.shape)
+            out[f"model.layers.{parts[1]}.{stem}.{parts[3]}"] = values
+        else:
+            out[f"{hf_names[parts[0]]}.{parts[1]}"] = values
+    return out

@@ -12,15 +12,16 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gguf
-import mlx.core as mx
 import numpy as np
 from safetensors.numpy import load_file
 
-from baselm.store.base_writer import TensorRecord
 from tests.paths import LLAMA_FIXTURE
+
+if TYPE_CHECKING:  # the fixture script runs this module without MLX
+    from baselm.store.base_writer import TensorRecord
 
 T = gguf.GGMLQuantizationType
 
@@ -324,6 +325,8 @@ def oracle(path: Path) -> dict[str, np.ndarray]:
 
 def values_of(record: TensorRecord) -> np.ndarray:
     """A record's float32 values: floats as stored, triplets through `mx.dequantize` with f32 scales."""
+    import mlx.core as mx
+
     if record.bits is None:
         if record.dtype == "bf16":
             return np.array(mx.array(record.data).view(mx.bfloat16).astype(mx.float32))

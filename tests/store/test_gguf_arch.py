@@ -1,0 +1,198 @@
+"""Every architecture base runs, as llama.cpp's converter writes it to GGUF, loads as the HF model.
+
+Each model fixture (tests/fixtures/models) is written to an F32 GGUF the way `convert_hf_to_gguf.py`
+writes it (tests/tiny_gguf.py: names, q/k permutation, Gemma's `1 + w` norms, stacked experts,
+Phi-3's fused projections and LongRoPE tensors). Three checks per architecture:
+- against transformers loading the same GGUF (`gguf_reference.npz`, scripts/make_gguf_fixtures.py);
+- against the HF folder loaded by base with the config the GGUF implies (the tensor mapping alone);
+- the implied config against the HF config, with llama.cpp's own rules where the file is silent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from baselm.backend import Backend
+from baselm.loader import load_model, model_from_checkpoint
+from baselm.store import gguf as gguf_store
+from baselm.store.errors import ModelFileError, UnsupportedModelError
+from tests.forward import prefill_logits
+from tests.paths import MODEL_FIXTURES
+from tests.tiny_gguf import add_hparams, converter_tensors, fixture_gguf, write_gguf
+
+TOL = 1e-4
+CPU = Backend("cpu", mx.float32, keep_quantized=False)
+ARCHS = ["llama", "llama_rope3_mqa", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3"]
+# Fixtures transformers reads from GGUF (not Mixtral: a llama GGUF with experts; not this Qwen3-MoE: a dense layer).
+TRANSFORMERS_GGUF = [a for a in ARCHS if (MODEL_FIXTURES / a / "gguf_reference.npz").exists()]
+# Fixtures whose HF config a GGUF says in full, so transformers' HF logits apply as they are.
+SAME_CONFIG = ["llama", "llama_rope3_mqa", "mixtral", "qwen2", "qwen3", "phi3"]
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("gguf")
+    return {name: fixture_gguf(folder / f"{name}.gguf", MODEL_FIXTURES / name)[0] for name in ARCHS}
+
+
+def gguf_logits(path: Path, ids: np.ndarray) -> np.ndarray:
+    return prefill_logits(load_model(path, CPU).model, ids)
+
+
+def test_every_architecture_base_runs_is_listed() -> None:
+    from baselm.models import ARCHITECTURES
+    from baselm.store.gguf_arch import ARCHS as GGUF_ARCHS
+
+    covered = {spec.model_type for spec in GGUF_ARCHS.values()} | {"mistral", "mixtral"}
+    assert set(ARCHITECTURES) <= covered
+
+
+@pytest.mark.parametrize("name", TRANSFORMERS_GGUF)
+def test_a_gguf_gives_the_logits_transformers_gives_for_the_same_gguf(name: str, ggufs: dict[str, Path]) -> None:
+    reference = np.load(MODEL_FIXTURES / name / "gguf_reference.npz")
+    logits = gguf_logits(ggufs[name], reference["input_ids"])
+    assert np.abs(logits - reference["logits"]).max() < TOL
+    assert np.array_equal(logits.argmax(-1), reference["logits"].argmax(-1))
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_a_gguf_gives_the_logits_of_its_hf_folder_under_the_config_the_gguf_implies(
+    name: str, ggufs: dict[str, Path]
+) -> None:
+    folder = MODEL_FIXTURES / name
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    config, weights, _ = gguf_store.load_checkpoint(ggufs[name])
+    hf_weights = {k: mx.array(v) for k, v in load_file(str(folder / "model.safetensors")).items()}
+    if "rope_freqs.weight" in weights:  # llama 3 scaling: a tensor in GGUF, config keys in HF
+        hf_weights["rope_freqs.weight"] = weights["rope_freqs.weight"]
+    expected = prefill_logits(model_from_checkpoint(dict(config), hf_weights, CPU), ids)
+    logits = gguf_logits(ggufs[name], ids)
+    assert np.abs(logits - expected).max() < TOL
+    assert np.array_equal(logits.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.parametrize("name", SAME_CONFIG)
+def test_a_gguf_of_a_fully_described_model_gives_transformers_hf_logits(name: str, ggufs: dict[str, Path]) -> None:
+    reference = np.load(MODEL_FIXTURES / name / "reference.npz")
+    ids = reference["input_ids"]
+    if name == "phi3":  # LongRoPE: HF picks factors per call, base per token; equal before the trained length
+        ids = ids[:12]
+    logits = gguf_logits(ggufs[name], ids)
+    assert np.abs(logits - reference["logits"][: len(ids)]).max() < TOL
+
+
+def implied(name: str, ggufs: dict[str, Path]) -> tuple[dict, dict]:
+    hf = json.loads((MODEL_FIXTURES / name / "config.json").read_text())
+    return gguf_store.GGUFCheckpoint.open(ggufs[name]).config, hf
+
+
+SHARED_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"]
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_the_implied_config_has_the_hf_sizes(name: str, ggufs: dict[str, Path]) -> None:
+    config, hf = implied(name, ggufs)
+    keys = SHARED_KEYS + ["vocab_size", "intermediate_size", "tie_word_embeddings", "bos_token_id", "eos_token_id"]
+    assert {k: config[k] for k in keys} == {k: hf[k] for k in keys}
+    expected_type = {"mistral": "llama", "gemma3": "gemma3_text", "llama_rope3_mqa": "llama"}.get(name, name)
+    assert config["model_type"] == expected_type
+
+
+def test_moe_configs_carry_the_expert_routing(ggufs: dict[str, Path]) -> None:
+    mixtral, hf = implied("mixtral", ggufs)
+    assert (mixtral["num_local_experts"], mixtral["num_experts_per_tok"]) == (4, 2) == (hf["num_local_experts"], 2)
+    qwen, hf = implied("qwen3_moe", ggufs)
+    assert (qwen["num_experts"], qwen["num_experts_per_tok"], qwen["moe_intermediate_size"]) == (4, 2, 32)
+    assert qwen["mlp_only_layers"] == hf["mlp_only_layers"] == [1]  # a layer without a router is dense
+    assert qwen["norm_topk_prob"] is True  # llama.cpp always renormalizes (the fixture's HF config does not)
+
+
+def test_gemma_configs_follow_llama_cpp_where_the_file_is_silent(ggufs: dict[str, Path]) -> None:
+    gemma2, hf2 = implied("gemma2", ggufs)
+    assert (gemma2["attn_logit_softcapping"], gemma2["final_logit_softcapping"]) == (3.0, 5.0)
+    assert gemma2["sliding_window"] == hf2["sliding_window"] and gemma2["layer_types"] == hf2["layer_types"]
+    assert gemma2["query_pre_attn_scalar"] == hf2["head_dim"] != hf2["query_pre_attn_scalar"]  # 1/sqrt(head_dim)
+    gemma3, _ = implied("gemma3", ggufs)
+    assert gemma3["layer_types"] == ["sliding_attention"] * 3  # every 6th layer is global: none of 3
+    assert gemma3["rope_scaling"] == {"rope_type": "linear", "factor": 4.0} and gemma3["rope_local_base_freq"] == 1e4
+    assert gemma3["final_logit_softcapping"] is None
+
+
+def test_phi3_longrope_comes_from_the_factor_tensors(ggufs: dict[str, Path]) -> None:
+    phi3, hf = implied("phi3", ggufs)
+    rope = hf["rope_parameters"]
+    assert phi3["partial_rotary_factor"] == rope["partial_rotary_factor"]
+    scaling = phi3["rope_scaling"]
+    assert scaling["long_factor"] == rope["long_factor"]
+    assert np.allclose(scaling["short_factor"], rope["short_factor"])
+    assert scaling["original_max_position_embeddings"] == rope["original_max_position_embeddings"]
+
+
+def test_pulling_a_gguf_gives_the_logits_of_running_it(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    from baselm.store.convert import convert
+
+    ids = np.load(MODEL_FIXTURES / "gemma3" / "reference.npz")["input_ids"]
+    for name in ("gemma3", "mixtral", "phi3"):
+        convert(ggufs[name], tmp_path / f"{name}.base", None, None, "default")
+        pulled = prefill_logits(load_model(tmp_path / f"{name}.base", CPU).model, ids)
+        assert np.array_equal(pulled, gguf_logits(ggufs[name], ids)), name
+
+
+# ---------------------------------------------------------------------------------------------
+# Files that contradict themselves, or that base cannot place
+
+
+def write_variant(tmp_path: Path, name: str, change) -> Path:
+    """The fixture `name` as the converter writes it, with `change(config, tensors)` applied first."""
+    folder = MODEL_FIXTURES / name
+    config = json.loads((folder / "config.json").read_text())
+    tensors = converter_tensors(config, load_file(str(folder / "model.safetensors")))
+    arch = change(config, tensors) or "llama"
+    f32 = {k: (v, "F32") for k, v in tensors.items()}
+    return write_gguf(tmp_path / "bad.gguf", f32, lambda w: add_hparams(w, config), arch=arch)
+
+
+def test_head_counts_that_contradict_the_tensor_shapes_are_a_clear_error(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "llama", lambda config, _: config.update(num_attention_heads=2, head_dim=16))
+    with pytest.raises(ModelFileError, match=r"contradicts its tensors: 2 heads of 16 gives 32, but blk\.0\.attn_q"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+def test_a_block_count_below_the_layers_present_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "llama", lambda config, _: config.update(num_hidden_layers=1))
+    with pytest.raises(ModelFileError, match=r"block_count is 1, but blk\.1 exists"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+def test_an_expert_count_that_contradicts_the_stacked_experts_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "mixtral", lambda config, _: config.update(num_local_experts=8))
+    with pytest.raises(ModelFileError, match=r"expert_count gives 8, but blk\.0\.ffn_\w+_exps\.weight has shape"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+def test_an_unsupported_architecture_is_refused_by_name(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "llama", lambda config, tensors: "falcon")
+    with pytest.raises(UnsupportedModelError, match=r"GGUF architecture 'falcon' is not supported \(supported: llama"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+def test_a_tensor_with_no_place_is_named(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "llama", lambda _, tensors: tensors.update({"blk.0.ssm_a.weight": np.ones(4, "f4")}))
+    with pytest.raises(UnsupportedModelError, match=r"GGUF tensor 'blk\.0\.ssm_a\.weight' has no known place"):
+        gguf_store.load_checkpoint(path)
+
+
+def test_gguf_package_names_match_the_converter_names_used_here() -> None:
+    """tests/tiny_gguf.py's names are the gguf package's own (its TENSOR_NAMES), for each architecture."""
+    names = set(gguf.TENSOR_NAMES.values())
+    stems = {"attn_qkv", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "post_ffw_norm"}
+    stems |= {"post_attention_norm", "attn_q_norm", "attn_k_norm", "rope_factors_long", "rope_factors_short"}
+    for stem in stems:
+        assert any(n in (stem, f"blk.{{bid}}.{stem}") for n in names), stem

@@ -157,10 +157,11 @@ FIXTURES = {
         dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32),
         {"variants": {"window": {"sliding_window": 5}}},
     ),
-    # Layer 1 has no RoPE (every 2nd layer); the window variant makes that NoPE layer slide.
+    # Layer 3 has no RoPE (every 4th layer, as released and as llama.cpp assumes); the window
+    # variant makes that NoPE layer slide.
     "smollm3": (
         "SmolLM3Config",
-        dict(no_rope_layer_interval=2),
+        dict(num_hidden_layers=4),
         {"variants": {"window": {"use_sliding_window": True, "sliding_window": 5, "layer_types": None}}},
     ),
     # Sinks, a sliding layer and a full one, YaRN as released (no truncation: its ramp then spans
@@ -183,11 +184,12 @@ FIXTURES = {
                 original_max_position_embeddings=4096,
             ),
         ),
-        {},
+        # The clamp llama.cpp applies (GGUF files do not carry it).
+        {"variants": {"limit7": {"swiglu_limit": 7.0}}},
     ),
 }
 # The gpt_oss fixture with its experts stored as released checkpoints store them: MXFP4 blocks and scales.
-FIXTURES["gpt_oss_mxfp4"] = (*FIXTURES["gpt_oss"][:2], {"mxfp4": True})
+FIXTURES["gpt_oss_mxfp4"] = (*FIXTURES["gpt_oss"][:2], {"mxfp4": True, **FIXTURES["gpt_oss"][2]})
 
 
 def _legacy_config(config: dict) -> dict:

@@ -97,7 +97,7 @@ def test_unknown_model_type_lists_the_supported_ones():
             {"partial_rotary_factor": 0.3125, "rope_parameters": None},
             "partial_rotary_factor gives 5 rotary dims for head_dim 16; need an even count",
         ),
-        ("smollm3", {"no_rope_layers": [1]}, "no_rope_layers lists 1 layers but num_hidden_layers is 2"),
+        ("smollm3", {"no_rope_layers": [1]}, "no_rope_layers lists 1 layers but num_hidden_layers is 4"),
         (
             "smollm3",
             {"no_rope_layers": None, "no_rope_layer_interval": 0},

@@ -2,7 +2,8 @@
 
 The file is parsed here (header, metadata, tensor table) and memory-mapped; each tensor's raw
 blocks are decoded by `store/gguf_quants.py`, so every type it knows works: F32/F16/BF16 as they
-are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 as exact MLX affine triplets of group 32, K-quants dequantized.
+are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 as exact MLX affine triplets of group 32, K-quants as
+`gguf_kquants.py` reads them, MXFP4 widened exactly to floats (`mxfp4.py`).
 The metadata comes back as plain Python values (str, int, float, bool, lists of them), ready for
 a `.base` header. NOTE: `gguf.GGUFReader` reads the same data, but it builds a numpy view per
 vocabulary string and takes seconds to open a 50k-token file; this parser takes a fraction of
@@ -23,13 +24,14 @@ import mlx.core as mx
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from baselm.store import gguf_arch
+from baselm.store import gguf_arch, gguf_gpt_oss
 from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from baselm.store.gguf_arch import ROPE_FACTORS, ROPE_FREQS, Placement
 from baselm.store.gguf_kquants import K_SCHEMES, RequantError, is_exact, k_record, requantized_record
 from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, check_readable, exact_record, float_record
+from baselm.store.mxfp4 import gguf_mxfp4_record
 
 __all__ = ["ROPE_FREQS", "GGUFCheckpoint", "GGUFFile", "TensorInfo", "load_checkpoint", "read_metadata"]
 
@@ -109,6 +111,8 @@ class GGUFFile:
         raw = self.raw(info)
         if info.type_name in FLOAT_TYPES:
             return float_record(info.type_name, raw, info.shape)
+        if info.type_name == "MXFP4":  # exact as floats: `.base` has no MXFP4 dtype
+            return gguf_mxfp4_record(raw, info.shape)
         shape = (int(np.prod(info.shape[:-1])), info.shape[-1])
         try:
             if info.type_name in EXACT_TYPES:
@@ -268,11 +272,21 @@ class GGUFCheckpoint:
             where = gguf_arch.placement(name, self.spec, self.config, self.meta)
             if where is not None:
                 placed.append((where.hf_name, name, where))
-        for _, name, where in sorted(placed, key=lambda item: item[0]):
+        fused_parts: dict[str, dict[str, tuple[TensorRecord, tuple[int, ...]]]] = {}
+        for hf_name, name, where in sorted(placed, key=lambda item: item[0]):
             info = self.file.tensors[name]
             record = self.file.read(info, self.requant_errors)
-            for hf_name, part in _put_back(record, where):
-                yield hf_name, info.type_name, part
+            if where.expert_part is not None:  # gpt-oss: parts of one HF tensor sort next to each other
+                parts = fused_parts.setdefault(hf_name, {})
+                parts[where.expert_part] = (record, info.shape)
+                kind = "down" if "down" in parts else "gate_up"
+                if set(parts) == set(gguf_gpt_oss.PARTS[kind]):
+                    yield hf_name, info.type_name, gguf_gpt_oss.fused_record(kind, fused_parts.pop(hf_name))
+                continue
+            for out_name, part in _put_back(record, where):
+                yield out_name, info.type_name, part
+        if fused_parts:
+            raise ModelFileError(f"{self.file.path.name}: {next(iter(fused_parts))} lacks its gate or up experts")
         for error in self.requant_errors.values():
             log.warning("%s: %s", self.file.path.name, error.describe())
 

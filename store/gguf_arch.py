@@ -18,6 +18,12 @@ has. The conventions are those of llama.cpp's `convert_hf_to_gguf.py` (tensor na
   `rope_factors_long`/`rope_factors_short`, partial rotary is `rope.dimension_count`.
 - qwen3moe: stacked `ffn_*_exps` experts and an `ffn_gate_inp` router; llama.cpp always
   renormalizes the top-k weights (`norm_topk_prob`), unless `expert_weights_norm` says otherwise.
+- smollm3: llama's layout (q/k rows permuted); llama.cpp skips RoPE in every 4th layer, which
+  no key records (HF's `no_rope_layer_interval` 4).
+- gpt-oss: attention sinks `attn_sinks`, a router with a bias, `post_attention_norm` as the
+  second norm, experts split from HF's fused tensors (store/gguf_gpt_oss.py puts them back), no
+  q/k permutation. llama.cpp fixes what no key records: even layers slide, the SwiGLU clamp is 7
+  (alpha 1.702); YaRN follows the released HF config (no truncation of its ramp).
 
 Adding an architecture is one `ArchSpec` and, if it has config keys of its own, one function.
 """
@@ -54,6 +60,8 @@ LAYER_TENSORS = {
 }
 GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 EXPERT_STEMS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# Layer tensors whose HF name has no `.weight` suffix.
+BARE_TENSORS = {"attn_sinks": "self_attn.sinks"}
 _NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)(?:\.(\d+))?\.(weight|bias)$")
 _GEMMA_NORMS = {
     "attn_norm": "input_layernorm",
@@ -98,6 +106,8 @@ class ArchSpec:
     norm_shift: float = 0.0  # the GGUF stores `norm_shift + w` for every norm weight w
     # GGUF expert stem -> HF per-expert name, `{e}` the expert (stacked `ffn_*_exps` or legacy `ffn_*.{e}`)
     experts: dict[str, str] = field(default_factory=dict)
+    # HF keeps the experts stacked and fused as gpt-oss does (store/gguf_gpt_oss.py)
+    fused_experts: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +118,7 @@ class Placement:
     unpermute_heads: int | None = None
     norm_shift: float = 0.0
     num_experts: int | None = None  # a stacked (experts, out, in) tensor split into one HF tensor each
+    expert_part: str | None = None  # one GGUF part ("gate", "up", "down") of a fused HF expert tensor
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,6 +250,21 @@ def _phi3_config(meta: Meta) -> dict[str, Any]:
     return config
 
 
+def _gpt_oss_config(meta: Meta) -> dict[str, Any]:
+    num_layers = meta.require("block_count")
+    scaling = _rope_scaling(meta)
+    return {
+        "num_local_experts": meta.require("expert_count"),
+        "num_experts_per_tok": meta.require("expert_used_count"),
+        "intermediate_size": meta.require("expert_feed_forward_length"),
+        "sliding_window": meta.require("attention.sliding_window"),
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)],
+        "swiglu_limit": 7.0,
+        "swiglu_alpha": 1.702,
+        "rope_scaling": {**scaling, "truncate": False} if scaling else {"rope_type": "default"},
+    }
+
+
 ARCHS: dict[str, ArchSpec] = {
     "llama": ArchSpec(
         "llama",
@@ -261,6 +287,13 @@ ARCHS: dict[str, ArchSpec] = {
     "gemma2": ArchSpec("gemma2", _gemma2_config, layer_tensors=_GEMMA_NORMS, norm_shift=1.0),
     "gemma3": ArchSpec("gemma3_text", _gemma3_config, layer_tensors=_GEMMA_NORMS, norm_shift=1.0),
     "phi3": ArchSpec("phi3", _phi3_config),
+    "smollm3": ArchSpec("smollm3", lambda _: {"no_rope_layer_interval": 4}, permute_qk=True),
+    "gpt-oss": ArchSpec(
+        "gpt_oss",
+        _gpt_oss_config,
+        layer_tensors={"post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.router"},
+        fused_experts=True,
+    ),
 }
 
 
@@ -290,6 +323,13 @@ def placement(name: str, spec: ArchSpec, config: dict[str, Any], meta: Meta) -> 
             raise UnsupportedModelError(f"GGUF tensor {name!r} has no known place in a {config['model_type']} model")
         shift = spec.norm_shift if stem == "output_norm" and kind == "weight" else 0.0
         return Placement(f"{GLOBAL_TENSORS[stem]}.{kind}", norm_shift=shift)
+    if stem in BARE_TENSORS and kind == "weight":
+        return Placement(f"model.layers.{layer}.{BARE_TENSORS[stem]}")
+    if spec.fused_experts and stem in EXPERT_STEMS:
+        part = stem.removeprefix("ffn_").removesuffix("_exps")
+        fused = "gate_up_proj" if part in ("gate", "up") else "down_proj"
+        suffix = "" if kind == "weight" else "_bias"
+        return Placement(f"model.layers.{layer}.mlp.experts.{fused}{suffix}", expert_part=part)
     target = _layer_target(stem, expert, spec, meta, layer)
     if target is None:
         raise UnsupportedModelError(f"GGUF tensor {name!r} has no known place in a {config['model_type']} model")

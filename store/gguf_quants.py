@@ -52,11 +52,11 @@ EXACT_TYPES = {
     "Q8_0": BlockType(8, 34, False, 128),
 }
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # read by gguf_kquants.py
-READABLE = (*FLOAT_TYPES, *EXACT_TYPES, *K_TYPES)
+READABLE = (*FLOAT_TYPES, *EXACT_TYPES, *K_TYPES, "MXFP4")  # MXFP4: widened exactly (store/mxfp4.py)
 
 
 def check_readable(type_name: str, tensor: str, label: str) -> None:
-    """A clear error for a tensor type base cannot read (IQ*, TQ*, MXFP4, integer types, ...)."""
+    """A clear error for a tensor type base cannot read (IQ*, TQ*, NVFP4, integer types, ...)."""
     if type_name not in READABLE:
         raise UnsupportedModelError(
             f"{label}: tensor {tensor!r} is GGUF type {type_name}, which base cannot read; "

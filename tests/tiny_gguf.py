@@ -143,6 +143,7 @@ GGUF_ARCH = {
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
     "phi3": "phi3",
+    "smollm3": "smollm3",
 }
 # Beyond LAYER_NAMES: Gemma's four norms, q/k norms, Phi-3's fused projections, routers.
 EXTRA_LAYER_NAMES = {
@@ -181,7 +182,7 @@ def converter_tensors(config: dict[str, Any], weights: dict[str, np.ndarray]) ->
             experts.setdefault((layer, EXPERT_NAMES[proj]), {})[int(expert)] = value
             continue
         names = {**LAYER_NAMES, **EXTRA_LAYER_NAMES, **(GEMMA_NORMS if is_gemma else {})}
-        if GGUF_ARCH[model_type] == "llama" and rest in ("self_attn.q_proj", "self_attn.k_proj"):
+        if GGUF_ARCH[model_type] in ("llama", "smollm3") and rest in ("self_attn.q_proj", "self_attn.k_proj"):
             heads = config["num_attention_heads"] if rest.endswith("q_proj") else config["num_key_value_heads"]
             value = llama_cpp_permute(value, heads)
         out[f"blk.{layer}.{names[rest]}.{kind}"] = value

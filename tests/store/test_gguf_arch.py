@@ -30,10 +30,11 @@ from tests.tiny_gguf import add_hparams, converter_tensors, fixture_gguf, write_
 TOL = 1e-4
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
 ARCHS = ["llama", "llama_rope3_mqa", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3"]
+ARCHS += ["smollm3"]  # gpt-oss: tests/store/test_gguf_gpt_oss.py
 # Fixtures transformers reads from GGUF (not Mixtral: a llama GGUF with experts; not this Qwen3-MoE: a dense layer).
 TRANSFORMERS_GGUF = [a for a in ARCHS if (MODEL_FIXTURES / a / "gguf_reference.npz").exists()]
 # Fixtures whose HF config a GGUF says in full, so transformers' HF logits apply as they are.
-SAME_CONFIG = ["llama", "llama_rope3_mqa", "mixtral", "qwen2", "qwen3", "phi3"]
+SAME_CONFIG = ["llama", "llama_rope3_mqa", "mixtral", "qwen2", "qwen3", "phi3", "smollm3"]
 
 
 @pytest.fixture(scope="module")

@@ -262,18 +262,25 @@ class GGUFCheckpoint:
             record = self.file.read(self.file.tensors[name])
             scaling[key] = to_float32(record.data, record.dtype).reshape(-1).tolist()
 
-    def records(self) -> Iterator[tuple[str, str, TensorRecord]]:
-        """(HF name, GGUF type, record) per tensor, sorted by HF name, each read when the consumer asks.
-
-        Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end.
-        """
+    def _placements(self) -> list[tuple[str, str, Placement]]:
+        """(HF name, GGUF name, placement) of every tensor that becomes a weight, sorted by HF name."""
         placed = []
         for name in self.file.tensors:
             where = gguf_arch.placement(name, self.spec, self.config, self.meta)
             if where is not None:
                 placed.append((where.hf_name, name, where))
+        return sorted(placed, key=lambda item: item[0])
+
+    def records(self, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, str, TensorRecord]]:
+        """(HF name, GGUF type, record) per tensor, sorted by HF name, each read when the consumer asks;
+        HF tensors named in `skip` are left out.
+
+        Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end.
+        """
         fused_parts: dict[str, dict[str, tuple[TensorRecord, tuple[int, ...]]]] = {}
-        for hf_name, name, where in sorted(placed, key=lambda item: item[0]):
+        for hf_name, name, where in self._placements():
+            if hf_name in skip:
+                continue
             info = self.file.tensors[name]
             record = self.file.read(info, self.requant_errors)
             if where.expert_part is not None:  # gpt-oss: parts of one HF tensor sort next to each other
@@ -291,10 +298,21 @@ class GGUFCheckpoint:
             log.warning("%s: %s", self.file.path.name, error.describe())
 
     def mx_weights(self) -> dict[str, mx.array]:
-        """Every tensor as MLX arrays under HF names (quantized ones as `.weight`/`.scales`/`.biases`)."""
+        """Every tensor as MLX arrays under HF names (quantized ones as `.weight`/`.scales`/`.biases`).
+
+        gpt-oss experts stored as MXFP4 come back as the HF checkpoint's `_blocks`/`_scales`, so the
+        model runs them as MXFP4 (a `.base` file, which has no MXFP4 dtype, gets `records`' floats).
+        """
+        mxfp4: dict[str, dict[str, tuple[np.ndarray, tuple[int, ...]]]] = {}
+        for hf_name, name, where in self._placements():
+            info = self.file.tensors[name]
+            if where.expert_part is not None and info.type_name == "MXFP4":
+                mxfp4.setdefault(hf_name, {})[where.expert_part] = (self.file.raw(info), info.shape)
         weights: dict[str, mx.array] = {}
-        for name, _, record in self.records():
+        for name, _, record in self.records(skip=frozenset(mxfp4)):
             weights.update(record_arrays(name, record))
+        for hf_name, parts in mxfp4.items():
+            weights.update(gguf_gpt_oss.hf_mxfp4(hf_name, parts))
         return weights
 
 

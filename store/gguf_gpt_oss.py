@@ -6,15 +6,19 @@ gate and up interleaved along the last axis, `gate_up_proj_bias` (experts, 2 * i
 `ffn_gate_exps`/`ffn_up_exps` (experts, inter, hidden), `ffn_down_exps` (experts, hidden, inter)
 and their biases. Putting them back moves values only, so floats (and MXFP4, read as floats)
 come back exactly; quantized affine experts are dequantized to float32 first, since HF's
-(in, out) layout cannot hold their row-wise groups.
+(in, out) layout cannot hold their row-wise groups. MXFP4 experts can also come back as HF
+stores them (`hf_mxfp4`): `_blocks`/`_scales` in HF's (experts, out, ...) row order, exactly.
 """
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 
 from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
+from baselm.store.errors import ModelFileError
+from baselm.store.mxfp4 import GGUF_BLOCK_BYTES
 from baselm.store.quantize import dequantize_record
 
 # The GGUF parts each fused HF tensor is made of.
@@ -50,3 +54,23 @@ def _same_dtype(values: list[tuple[np.ndarray, str]]) -> tuple[list[np.ndarray],
     if len(dtypes) == 1:
         return [array for array, _ in values], dtypes.pop()
     return [to_float32(array, dtype) for array, dtype in values], "f32"
+
+
+def hf_mxfp4(hf_name: str, parts: dict[str, tuple[np.ndarray, tuple[int, ...]]]) -> dict[str, mx.array]:
+    """HF's `{hf_name}_blocks` (experts, out, in / 32, 16) and `_scales` (experts, out, in / 32) uint8
+    from the GGUF MXFP4 parts, each (raw bytes, GGUF shape (experts, out, in)): gate and up rows
+    interleaved as HF keeps them, ggml's code order (j and j + 16 in byte j) back to HF's (2j, 2j + 1)."""
+    kind = "down" if "down" in parts else "gate_up"
+    if set(parts) != set(PARTS[kind]):
+        raise ModelFileError(f"{hf_name} lacks its gate or up experts")
+    blocks, scales = [], []
+    for part in PARTS[kind]:
+        raw, (num_experts, rows, inputs) = parts[part]
+        ggml = raw.reshape(num_experts, rows, inputs // 32, GGUF_BLOCK_BYTES)
+        codes = np.concatenate([ggml[..., 1:] & np.uint8(0x0F), ggml[..., 1:] >> np.uint8(4)], axis=-1)  # (.., 32)
+        blocks.append(codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4)))  # (experts, rows, groups, 16)
+        scales.append(ggml[..., 0])  # (experts, rows, groups)
+    if kind == "gate_up":  # rows gate 0, up 0, gate 1, up 1, ...
+        blocks = [np.stack(blocks, axis=2).reshape(blocks[0].shape[0], -1, *blocks[0].shape[2:])]
+        scales = [np.stack(scales, axis=2).reshape(scales[0].shape[0], -1, scales[0].shape[2])]
+    return {f"{hf_name}_blocks": mx.array(blocks[0]), f"{hf_name}_scales": mx.array(scales[0])}

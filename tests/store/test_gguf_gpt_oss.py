@@ -129,6 +129,24 @@ def test_the_implied_config_is_the_hf_one_but_for_what_llama_cpp_fixes(ggufs: di
     }
 
 
+def test_running_an_mxfp4_gguf_gets_the_hf_checkpoints_blocks_and_scales_byte_for_byte(ggufs: dict[str, Path]):
+    _, weights, _ = gguf_store.load_checkpoint(ggufs["gpt_oss_mxfp4"])
+    hf = load_file(str(MODEL_FIXTURES / "gpt_oss_mxfp4" / "model.safetensors"))
+    for layer in (0, 1):
+        for name in ("gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"):
+            key = f"model.layers.{layer}.mlp.experts.{name}"
+            assert weights[key].dtype == mx.uint8 and np.array_equal(np.array(weights[key]), hf[key]), key
+
+
+def test_an_mxfp4_gguf_kept_quantized_gives_transformers_logits(ggufs: dict[str, Path]) -> None:
+    # The GPU path: the experts stay MXFP4 (gather_qmm in MLX's mxfp4 mode).
+    reference = np.load(MODEL_FIXTURES / "gpt_oss_mxfp4" / "reference.npz")
+    model = load_model(ggufs["gpt_oss_mxfp4"], Backend("cpu", mx.float32, keep_quantized=True)).model
+    assert model.layers[1].mlp.experts.down_proj.mode == "mxfp4"
+    logits = prefill_logits(model, reference["input_ids"])
+    assert np.abs(logits - reference["logits_limit7"]).max() < TOL
+
+
 def test_mxfp4_experts_are_read_exactly_as_the_gguf_package_decodes_them(ggufs: dict[str, Path]) -> None:
     expected = oracle(ggufs["gpt_oss_mxfp4"])["blk.1.ffn_down_exps.weight"]  # (experts, hidden, inter)
     records = {n: r for n, _, r in gguf_store.GGUFCheckpoint.open(ggufs["gpt_oss_mxfp4"]).records()}

@@ -6,7 +6,10 @@ with gate and up interleaved along the last axis, `down_proj` (num_experts, inte
 biases beside them. Released checkpoints store those weights in MXFP4 as `*_blocks`
 (num_experts, out, in / 32, 16) uint8, two FP4 codes a byte, low nibble first, and `*_scales`
 (num_experts, out, in / 32) uint8 exponents: MLX's "mxfp4" layout byte for byte, so they load
-without rounding (kept quantized on GPUs, widened exactly to float on the CPU).
+without rounding (kept quantized on GPUs, widened exactly to float on the CPU). MLX folders
+(mlx-lm's layout) hold the experts split instead: `gate_proj`/`up_proj`/`down_proj`, each
+(num_experts, out, in) with `.weight` (and `.scales`, `.biases` when quantized) and `.bias`;
+their gate and up rows are interleaved back into `gate_up_proj`.
 """
 
 from __future__ import annotations
@@ -125,6 +128,7 @@ class Model(llama.Model):
         for i in range(self.args.num_hidden_layers):
             for proj in ("gate_up_proj", "down_proj"):
                 _rename_experts(weights, f"layers.{i}.mlp.experts.{proj}")
+            _fuse_split_experts(weights, f"layers.{i}.mlp.experts")
         return weights
 
 
@@ -143,3 +147,19 @@ def _rename_experts(weights: dict[str, mx.array], name: str) -> None:
         codes = blocks.reshape(*blocks.shape[:-2], -1).view(mx.uint32)  # (num_experts, out, in / 8)
         weights[name + ".weight"] = codes
         weights[name + ".scales"] = weights.pop(name + "_scales")  # (num_experts, out, in / 32)
+
+
+def _fuse_split_experts(weights: dict[str, mx.array], prefix: str) -> None:
+    """mlx-lm's split `gate_proj`/`up_proj` experts as one `gate_up_proj`, gate and up rows interleaved, in place.
+
+    Rows move whole, so quantized codes, scales and biases interleave the same way as float weights.
+    """
+    for suffix in ("weight", "scales", "biases", "bias"):
+        gate = weights.pop(f"{prefix}.gate_proj.{suffix}", None)
+        up = weights.pop(f"{prefix}.up_proj.{suffix}", None)
+        if gate is None and up is None:
+            continue
+        if gate is None or up is None or gate.shape != up.shape:
+            raise ModelConfigError(f"checkpoint has {prefix} gate and up experts that do not pair up ({suffix})")
+        fused = mx.stack([gate, up], axis=2)  # (num_experts, inter, 2[, X])
+        weights[f"{prefix}.gate_up_proj.{suffix}"] = fused.reshape(gate.shape[0], -1, *gate.shape[2:])

@@ -92,3 +92,40 @@ def test_more_experts_per_token_than_experts_is_refused():
     config = {**hf.read_config(MXFP4), "num_experts_per_tok": 5}
     with pytest.raises(ModelConfigError, match=re.escape("num_experts_per_tok (5) must be between 1 and")):
         build_model(config, hf.read_weights(MXFP4))
+
+
+def mlx_lm_layout(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """The experts as mlx-lm saves gpt-oss: gate_proj/up_proj/down_proj (experts, out, in), each with a .bias,
+    MXFP4 ones as uint32 codes and uint8 scales."""
+    out = {}
+    for key, value in weights.items():
+        stem, _, name = key.rpartition(".experts.")
+        if not stem:
+            out[key] = value
+            continue
+        proj, _, kind = name.partition("_proj")
+        if kind == "":  # HF float: (experts, in, out)
+            value, kind = value.swapaxes(1, 2), "weight"
+        elif kind == "_blocks":  # (experts, out, in / 32, 16) uint8 -> (experts, out, in / 8) uint32
+            value, kind = value.reshape(*value.shape[:2], -1).view(mx.uint32), "weight"
+        else:
+            kind = kind.removeprefix("_")  # bias, scales
+        if proj == "gate_up":  # rows (last axis of a bias) alternate gate, up
+            out[f"{stem}.experts.gate_proj.{kind}"], out[f"{stem}.experts.up_proj.{kind}"] = (
+                value[:, ::2],
+                value[:, 1::2],
+            )
+        else:
+            out[f"{stem}.experts.down_proj.{kind}"] = value
+    return out
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "gpt_oss_mxfp4"])
+def test_experts_split_as_mlx_lm_saves_them_load_as_the_same_model(name: str):
+    folder, ref = MODEL_FIXTURES / name, reference(name)
+    weights = mlx_lm_layout(hf.read_weights(folder))
+    assert "model.layers.0.mlp.experts.gate_proj.bias" in weights
+    for keep_quantized in (False, True):
+        model = build_model(hf.read_config(folder), weights, keep_quantized=keep_quantized)
+        (logits,) = step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
+        assert max_diff(logits, ref["logits"]) < TOL

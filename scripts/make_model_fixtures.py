@@ -16,6 +16,9 @@ Variants reuse a fixture's weights under another config (`config_<variant>.json`
 scaling or a sliding window), with transformers' logits for input_ids as `logits_<variant>`.
 Weights are redrawn with unit-scale statistics so that logits, soft-caps and routing are not
 all near zero, as they would be with the usual 0.02 initialisation.
+`gpt_oss_mxfp4` stores its experts as released gpt-oss checkpoints do: random MXFP4
+`*_blocks`/`*_scales` and a `quantization_config`; transformers dequantizes them on reload
+(checked here to give float32 values equal to a longhand decode) to compute the reference.
 """
 
 from __future__ import annotations

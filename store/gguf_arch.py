@@ -162,10 +162,15 @@ def common_config(meta: Meta) -> dict[str, Any]:
     scaling = _rope_scaling(meta)
     if scaling:
         config["rope_scaling"] = scaling
-    for key in ("bos", "eos"):
-        token_id = meta.metadata.get(f"tokenizer.ggml.{key}_token_id")
-        if token_id is not None:
-            config[f"{key}_token_id"] = token_id
+    bos = meta.metadata.get("tokenizer.ggml.bos_token_id")
+    if bos is not None:
+        config["bos_token_id"] = bos
+    # Generation ends at any end-of-generation token llama.cpp names: end of text, of turn, of message
+    # (Gemma's <end_of_turn>, Llama 3's <|eot_id|>/<|eom_id|>), as HF lists them in generation_config.
+    ends = [meta.metadata.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
+    ends = list(dict.fromkeys(i for i in ends if i is not None))
+    if ends:
+        config["eos_token_id"] = ends[0] if len(ends) == 1 else ends
     return config
 
 

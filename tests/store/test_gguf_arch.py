@@ -25,7 +25,7 @@ from baselm.store import gguf as gguf_store
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from tests.forward import prefill_logits
 from tests.paths import MODEL_FIXTURES
-from tests.tiny_gguf import add_hparams, converter_tensors, fixture_gguf, write_gguf
+from tests.tiny_gguf import add_hparams, add_word_vocabulary, converter_tensors, fixture_gguf, write_gguf
 
 TOL = 1e-4
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
@@ -196,3 +196,20 @@ def test_gguf_package_names_match_the_converter_names_used_here() -> None:
     stems |= {"post_attention_norm", "attn_q_norm", "attn_k_norm", "rope_factors_long", "rope_factors_short"}
     for stem in stems:
         assert any(n in (stem, f"blk.{{bid}}.{stem}") for n in names), stem
+
+
+def test_end_of_turn_and_message_tokens_end_generation_like_end_of_text(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "llama"
+    config = json.loads((folder / "config.json").read_text())
+    weights = load_file(str(folder / "model.safetensors"))
+    tensors = {k: (v, "F32") for k, v in converter_tensors(config, weights).items()}
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)  # eos 2
+        writer.add_eot_token_id(7)
+        writer.add_eom_token_id(2)
+
+    path = write_gguf(tmp_path / "eot.gguf", tensors, metadata)
+    assert gguf_store.GGUFCheckpoint.open(path).config["eos_token_id"] == [2, 7]
+    assert load_model(path, CPU).eos_token_ids[:2] == (2, 7)

@@ -25,7 +25,15 @@ from baselm.store import gguf as gguf_store
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from tests.forward import prefill_logits
 from tests.paths import MODEL_FIXTURES
-from tests.tiny_gguf import add_hparams, add_word_vocabulary, converter_tensors, fixture_gguf, write_gguf
+from tests.tiny_gguf import (
+    add_hparams,
+    add_phi3_longrope_keys,
+    add_word_vocabulary,
+    converter_tensors,
+    fixture_gguf,
+    oracle,
+    write_gguf,
+)
 
 TOL = 1e-4
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
@@ -213,3 +221,35 @@ def test_end_of_turn_and_message_tokens_end_generation_like_end_of_text(tmp_path
     path = write_gguf(tmp_path / "eot.gguf", tensors, metadata)
     assert gguf_store.GGUFCheckpoint.open(path).config["eos_token_id"] == [2, 7]
     assert load_model(path, CPU).eos_token_ids[:2] == (2, 7)
+
+
+@pytest.mark.parametrize(("name", "variant"), [("qwen3", "yarn"), ("llama", "linear")])
+def test_rope_scaling_keys_give_transformers_logits_for_that_scaling(name: str, variant: str, tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / name
+    path, _ = fixture_gguf(tmp_path / f"{name}.gguf", folder, config_name=f"config_{variant}.json")
+    reference = np.load(folder / "reference.npz")
+    logits = gguf_logits(path, reference["input_ids"])
+    assert np.abs(logits - reference[f"logits_{variant}"]).max() < TOL
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral", "qwen3_moe", "gemma3", "phi3"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_1"])
+def test_a_quantized_gguf_runs_as_its_values_dequantized_by_the_gguf_package(
+    name: str, type_name: str, tmp_path: Path
+) -> None:
+    """Quantized matrices (stacked experts, fused and permuted rows included) keep their values exactly."""
+    folder = MODEL_FIXTURES / name
+    path, config = fixture_gguf(tmp_path / "q.gguf", folder, type_name)
+    reader = gguf.GGUFReader(str(path))
+    values = {t.name: (oracle(path)[t.name].reshape(tuple(reversed(t.shape.tolist()))), "F32") for t in reader.tensors}
+    metadata = gguf_store.GGUFFile.open(path).metadata
+
+    def same_metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+        if name == "phi3":
+            add_phi3_longrope_keys(writer, config)
+
+    dequantized = write_gguf(tmp_path / "f32.gguf", values, same_metadata, arch=metadata["general.architecture"])
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    assert np.array_equal(gguf_logits(path, ids), gguf_logits(dequantized, ids))

@@ -329,9 +329,8 @@ def hf_config(metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> t
     config = {"model_type": spec.model_type, **common_config(meta)}
     if spec.config is not None:
         config.update(spec.config(meta))
-    missing = [k for k, v in config.items() if v is None and k in ("vocab_size",)]
-    if missing:
-        raise ModelFileError(f"GGUF metadata lacks {', '.join(missing)} for architecture {arch!r}")
+    if config["vocab_size"] is None:
+        raise ModelFileError(f"GGUF file has neither {arch}.vocab_size nor a token_embd tensor")
     check_shapes(config, meta)
     return config, spec, meta
 

@@ -253,3 +253,23 @@ def test_a_quantized_gguf_runs_as_its_values_dequantized_by_the_gguf_package(
     dequantized = write_gguf(tmp_path / "f32.gguf", values, same_metadata, arch=metadata["general.architecture"])
     ids = np.load(folder / "reference.npz")["input_ids"]
     assert np.array_equal(gguf_logits(path, ids), gguf_logits(dequantized, ids))
+
+
+def test_older_mixtral_ggufs_with_one_tensor_per_expert_load_alike(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "mixtral"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {}
+    for name, value in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items():
+        if name.endswith("_exps.weight"):  # blk.{i}.ffn_gate_exps -> blk.{i}.ffn_gate.{e}, as llama.cpp once wrote
+            for expert, matrix in enumerate(value):
+                tensors[name.replace("_exps.weight", f".{expert}.weight")] = (matrix, "F32")
+        else:
+            tensors[name] = (value, "F32")
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+
+    path = write_gguf(tmp_path / "old.gguf", tensors, metadata)
+    reference = np.load(folder / "reference.npz")
+    assert np.abs(gguf_logits(path, reference["input_ids"]) - reference["logits"]).max() < TOL

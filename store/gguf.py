@@ -1,8 +1,9 @@
 """Reads a GGUF file as an HF-shaped model: config dict, HF tensor names, q/k rows in HF order.
 
 The file is parsed here (header, metadata, tensor table) and memory-mapped; each tensor's raw
-blocks are decoded by `store/gguf_quants.py`, so every type it knows works: F32/F16/BF16 as they
-are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 as exact MLX affine triplets of group 32, K-quants dequantized.
+blocks are decoded by `store/gguf_quants.py` (F32/F16/BF16 as they are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0
+as exact MLX affine triplets of group 32) and `store/gguf_kquants.py` (Q3_K/Q4_K/Q5_K exact,
+Q2_K/Q6_K re-quantized); `store/gguf_arch.py` says where each tensor goes for each architecture.
 The metadata comes back as plain Python values (str, int, float, bool, lists of them), ready for
 a `.base` header. NOTE: `gguf.GGUFReader` reads the same data, but it builds a numpy view per
 vocabulary string and takes seconds to open a 50k-token file; this parser takes a fraction of

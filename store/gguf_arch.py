@@ -174,10 +174,18 @@ def common_config(meta: Meta) -> dict[str, Any]:
     return config
 
 
+def _check_softmax_gating(meta: Meta) -> None:
+    """The routers here take a softmax over the experts; llama.cpp names it 1 in `expert_gating_func`."""
+    gating = meta.get("expert_gating_func")
+    if gating not in (None, 1):
+        raise UnsupportedModelError(f"GGUF expert_gating_func {gating} is not supported (only softmax, 1)")
+
+
 def _llama_config(meta: Meta) -> dict[str, Any]:
     experts = meta.get("expert_count") or 0
     if not experts:
         return {}
+    _check_softmax_gating(meta)
     return {
         "model_type": "mixtral",
         "num_local_experts": experts,
@@ -186,6 +194,7 @@ def _llama_config(meta: Meta) -> dict[str, Any]:
 
 
 def _qwen3_moe_config(meta: Meta) -> dict[str, Any]:
+    _check_softmax_gating(meta)
     num_layers = meta.require("block_count")
     return {
         "num_experts": meta.require("expert_count"),

@@ -273,3 +273,19 @@ def test_older_mixtral_ggufs_with_one_tensor_per_expert_load_alike(tmp_path: Pat
     path = write_gguf(tmp_path / "old.gguf", tensors, metadata)
     reference = np.load(folder / "reference.npz")
     assert np.abs(gguf_logits(path, reference["input_ids"]) - reference["logits"]).max() < TOL
+
+
+def test_a_router_gated_other_than_by_softmax_is_refused(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "qwen3_moe"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {
+        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
+    }
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+
+    path = write_gguf(tmp_path / "sigmoid.gguf", tensors, metadata, arch="qwen3moe")
+    with pytest.raises(UnsupportedModelError, match=r"expert_gating_func 2 is not supported"):
+        gguf_store.GGUFCheckpoint.open(path)

@@ -227,8 +227,14 @@ def _gemma2_config(meta: Meta) -> dict[str, Any]:
 def _gemma3_config(meta: Meta) -> dict[str, Any]:
     num_layers = meta.require("block_count")
     window = meta.get("attention.sliding_window") or None
-    pattern = meta.get("attention.sliding_window_pattern") or 6
-    is_sliding = [bool(window) and (i + 1) % pattern != 0 for i in range(num_layers)]
+    # llama.cpp: every 6th layer global; a `sliding_window_pattern` key gives the period, or a flag per layer.
+    pattern = meta.metadata.get(f"{meta.arch}.attention.sliding_window_pattern") or 6
+    if isinstance(pattern, list):
+        if len(pattern) != num_layers:
+            raise ModelFileError(f"GGUF sliding_window_pattern has {len(pattern)} flags for {num_layers} layers")
+        is_sliding = [bool(window) and bool(flag) for flag in pattern]
+    else:
+        is_sliding = [bool(window) and (i + 1) % pattern != 0 for i in range(num_layers)]
     return {
         "model_type": "gemma3_text",
         "hidden_activation": "gelu_pytorch_tanh",

@@ -289,3 +289,41 @@ def test_a_router_gated_other_than_by_softmax_is_refused(tmp_path: Path) -> None
     path = write_gguf(tmp_path / "sigmoid.gguf", tensors, metadata, arch="qwen3moe")
     with pytest.raises(UnsupportedModelError, match=r"expert_gating_func 2 is not supported"):
         gguf_store.GGUFCheckpoint.open(path)
+
+
+@pytest.mark.parametrize(("pattern", "expected"), [(2, ["s", "f", "s"]), ([True, False, False], ["s", "f", "f"])])
+def test_a_gemma3_sliding_window_pattern_key_sets_the_layer_types(pattern, expected, tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "gemma3"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {
+        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
+    }
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        if isinstance(pattern, list):
+            writer.add_array("gemma3.attention.sliding_window_pattern", pattern)
+        else:
+            writer.add_uint32("gemma3.attention.sliding_window_pattern", pattern)
+
+    checkpoint = gguf_store.GGUFCheckpoint.open(write_gguf(tmp_path / "g.gguf", tensors, metadata, arch="gemma3"))
+    names = {"s": "sliding_attention", "f": "full_attention"}
+    assert checkpoint.config["layer_types"] == [names[k] for k in expected]
+
+
+def test_the_gemma3_fixture_with_its_own_layer_pattern_gives_transformers_hf_logits(tmp_path: Path) -> None:
+    """With the pattern in the file (2: layers 0 and 2 slide), the fixture's HF config is said in full."""
+    folder = MODEL_FIXTURES / "gemma3"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {
+        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
+    }
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+        writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+
+    path = write_gguf(tmp_path / "g.gguf", tensors, metadata, arch="gemma3")
+    reference = np.load(folder / "reference.npz")
+    assert np.abs(gguf_logits(path, reference["input_ids"]) - reference["logits"]).max() < TOL

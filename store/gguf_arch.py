@@ -317,7 +317,7 @@ def placement(name: str, spec: ArchSpec, config: dict[str, Any], meta: Meta) -> 
     if stem in EXPERT_STEMS:
         return Placement(hf_name, num_experts=meta.shapes[name][0])
     heads = None
-    if spec.permute_qk and stem in ("attn_q", "attn_k") and kind == "weight":
+    if spec.permute_qk and stem in ("attn_q", "attn_k"):  # the converter permutes biases too
         heads = config["num_attention_heads"] if stem == "attn_q" else config["num_key_value_heads"]
     shift = spec.norm_shift if stem.endswith("norm") and kind == "weight" else 0.0
     return Placement(hf_name, heads, shift)

@@ -327,3 +327,24 @@ def test_the_gemma3_fixture_with_its_own_layer_pattern_gives_transformers_hf_log
     path = write_gguf(tmp_path / "g.gguf", tensors, metadata, arch="gemma3")
     reference = np.load(folder / "reference.npz")
     assert np.abs(gguf_logits(path, reference["input_ids"]) - reference["logits"]).max() < TOL
+
+
+def test_llama_q_and_k_biases_are_unpermuted_like_their_weights(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "llama"
+    config = {**json.loads((folder / "config.json").read_text()), "attention_bias": True}
+    weights = load_file(str(folder / "model.safetensors"))
+    rng = np.random.default_rng(0)
+    for layer in range(config["num_hidden_layers"]):
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            rows = weights[f"model.layers.{layer}.self_attn.{proj}.weight"].shape[0]
+            weights[f"model.layers.{layer}.self_attn.{proj}.bias"] = rng.standard_normal(rows).astype(np.float32)
+    tensors = {k: (v, "F32") for k, v in converter_tensors(config, weights).items()}
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+
+    path = write_gguf(tmp_path / "bias.gguf", tensors, metadata)
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    hf_model = model_from_checkpoint(config, {k: mx.array(v) for k, v in weights.items()}, CPU)
+    assert np.abs(gguf_logits(path, ids) - prefill_logits(hf_model, ids)).max() < TOL

@@ -29,7 +29,7 @@ from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from baselm.store.gguf_arch import ROPE_FACTORS, ROPE_FREQS, Placement
-from baselm.store.gguf_kquants import K_SCHEMES, RequantError, is_exact, k_record, requantized_record
+from baselm.store.gguf_kquants import K_SCHEMES, RequantError, is_exact, k_record, k_values, requantized_record
 from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, check_readable, exact_record, float_record
 
 __all__ = ["ROPE_FREQS", "GGUFCheckpoint", "GGUFFile", "TensorInfo", "load_checkpoint", "read_metadata"]
@@ -103,9 +103,12 @@ class GGUFFile:
                     "reads quantized tensors only as matrices (or stacks of them)"
                 )
 
-    def read(self, info: TensorInfo, errors: dict[str, RequantError] | None = None) -> TensorRecord:
+    def read(
+        self, info: TensorInfo, errors: dict[str, RequantError] | None = None, inexact_as_float: bool = False
+    ) -> TensorRecord:
         """One tensor as a `.base` record. Quantized ones are 2-D, (rows, inputs), a stack's matrices
-        one under the other; a Q2_K/Q6_K tensor is re-quantized and its error added to `errors`."""
+        one under the other; a Q2_K/Q6_K tensor is re-quantized and its error added to `errors`, or
+        with `inexact_as_float` given as its float32 values (for a caller that quantizes anyway)."""
         check_readable(info.type_name, info.name, self.path.name)
         raw = self.raw(info)
         if info.type_name in FLOAT_TYPES:
@@ -116,6 +119,8 @@ class GGUFFile:
                 return exact_record(info.type_name, raw, shape)
             if is_exact(info.type_name):
                 return k_record(info.type_name, raw, shape)
+            if inexact_as_float:
+                return TensorRecord.from_array(k_values(info.type_name, raw, shape))
             error = RequantError(info.type_name, K_SCHEMES[info.type_name][0])
             error = error if errors is None else errors.setdefault(info.type_name, error)
             return requantized_record(info.name, raw, shape, error)
@@ -259,10 +264,11 @@ class GGUFCheckpoint:
             record = self.file.read(self.file.tensors[name])
             scaling[key] = to_float32(record.data, record.dtype).reshape(-1).tolist()
 
-    def records(self) -> Iterator[tuple[str, str, TensorRecord]]:
+    def records(self, inexact_as_float: bool = False) -> Iterator[tuple[str, str, TensorRecord]]:
         """(HF name, GGUF type, record) per tensor, sorted by HF name, each read when the consumer asks.
 
-        Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end.
+        Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end;
+        with `inexact_as_float` they come as float32 values instead (the caller quantizes them once).
         """
         placed = []
         for name in self.file.tensors:
@@ -271,7 +277,7 @@ class GGUFCheckpoint:
                 placed.append((where.hf_name, name, where))
         for _, name, where in sorted(placed, key=lambda item: item[0]):
             info = self.file.tensors[name]
-            record = self.file.read(info, self.requant_errors)
+            record = self.file.read(info, self.requant_errors, inexact_as_float)
             for hf_name, part in _put_back(record, where):
                 yield hf_name, info.type_name, part
         for error in self.requant_errors.values():

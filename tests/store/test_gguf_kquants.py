@@ -146,3 +146,23 @@ def test_k_schemes_name_a_width_mlx_quantizes() -> None:
     for bits, _ in K_SCHEMES.values():
         w = mx.zeros((1, 32))
         mx.quantize(w, group_size=32, bits=bits)
+
+
+def test_a_requantizing_pull_quantizes_q6_k_once_from_the_gguf_values(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks("Q6_K", 8, 256), "Q6_K")})
+    gguf_file = gguf_store.GGUFFile.open(path)
+    record = gguf_file.read(gguf_file.tensors["w.weight"], inexact_as_float=True)
+    assert record.dtype == "f32" and np.array_equal(record.data, oracle(path)["w.weight"])
+
+
+def test_pulling_a_k_quant_gguf_as_q4_rounds_its_q6_k_values_once(tmp_path: Path) -> None:
+    path = k_quant_llama(tmp_path / "llama.gguf")
+    convert(path, tmp_path / "q4.base", "q4", None, "default")
+    _, tensors = read_base_file(tmp_path / "q4.base", verify=True)
+    down = tensors["model.layers.0.mlp.down_proj.weight"]  # Q6_K in the GGUF
+    values = mx.dequantize(
+        down.codes, down.scales.astype(mx.float32), down.biases.astype(mx.float32), group_size=32, bits=4
+    )
+    error = np.abs(np.array(values) - oracle(path)["blk.0.ffn_down.weight"])
+    half_step = np.repeat(np.array(down.scales.astype(mx.float32)), 32, axis=1) / 2
+    assert (down.bits, down.group_size) == (4, 32) and (error <= half_step * 1.01 + 1e-6).all()

@@ -50,7 +50,8 @@ def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_n
     checkpoint = gguf.GGUFCheckpoint.open(path)
     gguf_file, config = checkpoint.file, checkpoint.config
     tokenizer = gguf_tokenizer(gguf_file.metadata)
-    records = checkpoint.records()
+    # Asked for a quant, Q2_K/Q6_K tensors are quantized once, from the GGUF's own values.
+    records = checkpoint.records(inexact_as_float=quant is not None)
     body = gguf_body_type(gguf_file)
     arch = config["model_type"]
     if quant is None:

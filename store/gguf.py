@@ -1,9 +1,10 @@
 """Reads a GGUF file as an HF-shaped model: config dict, HF tensor names, q/k rows in HF order.
 
 The file is parsed here (header, metadata, tensor table) and memory-mapped; each tensor's raw
-blocks are decoded by `store/gguf_quants.py`, so every type it knows works: F32/F16/BF16 as they
-are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 as exact MLX affine triplets of group 32, K-quants as
-`gguf_kquants.py` reads them, MXFP4 widened exactly to floats (`mxfp4.py`).
+blocks are decoded by `store/gguf_quants.py` (F32/F16/BF16 as they are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0
+as exact MLX affine triplets of group 32), `store/gguf_kquants.py` (Q3_K/Q4_K/Q5_K exact,
+Q2_K/Q6_K re-quantized) and `store/mxfp4.py` (MXFP4 widened exactly to floats);
+`store/gguf_arch.py` says where each tensor goes for each architecture.
 The metadata comes back as plain Python values (str, int, float, bool, lists of them), ready for
 a `.base` header. NOTE: `gguf.GGUFReader` reads the same data, but it builds a numpy view per
 vocabulary string and takes seconds to open a 50k-token file; this parser takes a fraction of
@@ -29,7 +30,7 @@ from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from baselm.store.gguf_arch import ROPE_FACTORS, ROPE_FREQS, Placement
-from baselm.store.gguf_kquants import K_SCHEMES, RequantError, is_exact, k_record, requantized_record
+from baselm.store.gguf_kquants import K_SCHEMES, RequantError, is_exact, k_record, k_values, requantized_record
 from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, check_readable, exact_record, float_record
 from baselm.store.mxfp4 import gguf_mxfp4_record
 
@@ -104,9 +105,12 @@ class GGUFFile:
                     "reads quantized tensors only as matrices (or stacks of them)"
                 )
 
-    def read(self, info: TensorInfo, errors: dict[str, RequantError] | None = None) -> TensorRecord:
+    def read(
+        self, info: TensorInfo, errors: dict[str, RequantError] | None = None, inexact_as_float: bool = False
+    ) -> TensorRecord:
         """One tensor as a `.base` record. Quantized ones are 2-D, (rows, inputs), a stack's matrices
-        one under the other; a Q2_K/Q6_K tensor is re-quantized and its error added to `errors`."""
+        one under the other; a Q2_K/Q6_K tensor is re-quantized and its error added to `errors`, or
+        with `inexact_as_float` given as its float32 values (for a caller that quantizes anyway)."""
         check_readable(info.type_name, info.name, self.path.name)
         raw = self.raw(info)
         if info.type_name in FLOAT_TYPES:
@@ -119,6 +123,8 @@ class GGUFFile:
                 return exact_record(info.type_name, raw, shape)
             if is_exact(info.type_name):
                 return k_record(info.type_name, raw, shape)
+            if inexact_as_float:
+                return TensorRecord.from_array(k_values(info.type_name, raw, shape))
             error = RequantError(info.type_name, K_SCHEMES[info.type_name][0])
             error = error if errors is None else errors.setdefault(info.type_name, error)
             return requantized_record(info.name, raw, shape, error)
@@ -271,18 +277,21 @@ class GGUFCheckpoint:
                 placed.append((where.hf_name, name, where))
         return sorted(placed, key=lambda item: item[0])
 
-    def records(self, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, str, TensorRecord]]:
+    def records(
+        self, inexact_as_float: bool = False, skip: frozenset[str] = frozenset()
+    ) -> Iterator[tuple[str, str, TensorRecord]]:
         """(HF name, GGUF type, record) per tensor, sorted by HF name, each read when the consumer asks;
         HF tensors named in `skip` are left out.
 
-        Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end.
+        Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end;
+        with `inexact_as_float` they come as float32 values instead (the caller quantizes them once).
         """
         fused_parts: dict[str, dict[str, tuple[TensorRecord, tuple[int, ...]]]] = {}
         for hf_name, name, where in self._placements():
             if hf_name in skip:
                 continue
             info = self.file.tensors[name]
-            record = self.file.read(info, self.requant_errors)
+            record = self.file.read(info, self.requant_errors, inexact_as_float)
             if where.expert_part is not None:  # gpt-oss: parts of one HF tensor sort next to each other
                 parts = fused_parts.setdefault(hf_name, {})
                 parts[where.expert_part] = (record, info.shape)

@@ -173,17 +173,30 @@ def common_config(meta: Meta) -> dict[str, Any]:
     scaling = _rope_scaling(meta)
     if scaling:
         config["rope_scaling"] = scaling
-    for key in ("bos", "eos"):
-        token_id = meta.metadata.get(f"tokenizer.ggml.{key}_token_id")
-        if token_id is not None:
-            config[f"{key}_token_id"] = token_id
+    bos = meta.metadata.get("tokenizer.ggml.bos_token_id")
+    if bos is not None:
+        config["bos_token_id"] = bos
+    # Generation ends at any end-of-generation token llama.cpp names: end of text, of turn, of message
+    # (Gemma's <end_of_turn>, Llama 3's <|eot_id|>/<|eom_id|>), as HF lists them in generation_config.
+    ends = [meta.metadata.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
+    ends = list(dict.fromkeys(i for i in ends if i is not None))
+    if ends:
+        config["eos_token_id"] = ends[0] if len(ends) == 1 else ends
     return config
+
+
+def _check_softmax_gating(meta: Meta) -> None:
+    """The routers here take a softmax over the experts; llama.cpp names it 1 in `expert_gating_func`."""
+    gating = meta.get("expert_gating_func")
+    if gating not in (None, 1):
+        raise UnsupportedModelError(f"GGUF expert_gating_func {gating} is not supported (only softmax, 1)")
 
 
 def _llama_config(meta: Meta) -> dict[str, Any]:
     experts = meta.get("expert_count") or 0
     if not experts:
         return {}
+    _check_softmax_gating(meta)
     return {
         "model_type": "mixtral",
         "num_local_experts": experts,
@@ -192,6 +205,7 @@ def _llama_config(meta: Meta) -> dict[str, Any]:
 
 
 def _qwen3_moe_config(meta: Meta) -> dict[str, Any]:
+    _check_softmax_gating(meta)
     num_layers = meta.require("block_count")
     return {
         "num_experts": meta.require("expert_count"),
@@ -224,8 +238,14 @@ def _gemma2_config(meta: Meta) -> dict[str, Any]:
 def _gemma3_config(meta: Meta) -> dict[str, Any]:
     num_layers = meta.require("block_count")
     window = meta.get("attention.sliding_window") or None
-    pattern = meta.get("attention.sliding_window_pattern") or 6
-    is_sliding = [bool(window) and (i + 1) % pattern != 0 for i in range(num_layers)]
+    # llama.cpp: every 6th layer global; a `sliding_window_pattern` key gives the period, or a flag per layer.
+    pattern = meta.metadata.get(f"{meta.arch}.attention.sliding_window_pattern") or 6
+    if isinstance(pattern, list):
+        if len(pattern) != num_layers:
+            raise ModelFileError(f"GGUF sliding_window_pattern has {len(pattern)} flags for {num_layers} layers")
+        is_sliding = [bool(window) and bool(flag) for flag in pattern]
+    else:
+        is_sliding = [bool(window) and (i + 1) % pattern != 0 for i in range(num_layers)]
     return {
         "model_type": "gemma3_text",
         "hidden_activation": "gelu_pytorch_tanh",
@@ -337,7 +357,7 @@ def placement(name: str, spec: ArchSpec, config: dict[str, Any], meta: Meta) -> 
     if stem in EXPERT_STEMS:
         return Placement(hf_name, num_experts=meta.shapes[name][0])
     heads = None
-    if spec.permute_qk and stem in ("attn_q", "attn_k") and kind == "weight":
+    if spec.permute_qk and stem in ("attn_q", "attn_k"):  # the converter permutes biases too
         heads = config["num_attention_heads"] if stem == "attn_q" else config["num_key_value_heads"]
     shift = spec.norm_shift if stem.endswith("norm") and kind == "weight" else 0.0
     return Placement(hf_name, heads, shift)
@@ -364,9 +384,8 @@ def hf_config(metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> t
     config = {"model_type": spec.model_type, **common_config(meta)}
     if spec.config is not None:
         config.update(spec.config(meta))
-    missing = [k for k, v in config.items() if v is None and k in ("vocab_size",)]
-    if missing:
-        raise ModelFileError(f"GGUF metadata lacks {', '.join(missing)} for architecture {arch!r}")
+    if config["vocab_size"] is None:
+        raise ModelFileError(f"GGUF file has neither {arch}.vocab_size nor a token_embd tensor")
     check_shapes(config, meta)
     return config, spec, meta
 

@@ -102,7 +102,8 @@ def requantized_record(name: str, raw: np.ndarray, shape: tuple[int, int], error
 
 def k_values(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """A K-quant tensor as float32 values, by the `gguf` package's own dequantization."""
-    values = dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[type_name])
+    with np.errstate(invalid="ignore", over="ignore"):  # a corrupt block's inf/nan is caught by the caller
+        values = dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[type_name])
     return values.reshape(shape).astype(np.float32, copy=False)
 
 
@@ -135,7 +136,8 @@ def _q3_record(raw: np.ndarray, shape: tuple[int, int]) -> TensorRecord:
     d = np.ascontiguousarray(blocks[..., 108:110]).view("<f2")[..., 0].astype(np.float32)  # (rows, n)
     values = k_values("Q3_K", raw, shape).reshape(rows, -1, SUPER_BLOCK)  # (rows, n, 256)
     safe_d = np.where(d == 0, np.float32(1), d)[..., None]
-    products = np.rint(values / safe_d)  # exact: each value is d times a small integer
+    with np.errstate(invalid="ignore"):
+        products = np.rint(values / safe_d)  # exact: each value is d times a small integer
     if not np.array_equal(products * safe_d, values) or not (-Q3_K_OFFSET <= products).all() or (products > 128).any():
         raise ValueError("a Q3_K block does not hold d times an integer in [-124, 128]; the file is corrupt")
     codes = (products + Q3_K_OFFSET).astype(np.uint8).reshape(rows, cols)

@@ -218,6 +218,10 @@ def add_hparams(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
     if rope.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if model_type in ("mixtral", "qwen3_moe"):
         writer.add_expert_count(config.get("num_local_experts") or config.get("num_experts"))
         writer.add_expert_used_count(config["num_experts_per_tok"])
@@ -267,10 +271,12 @@ def llama3_rope_freqs(config: dict) -> np.ndarray:
     )
 
 
-def fixture_gguf(path: Path, folder: Path, type_name: str = "F32") -> tuple[Path, dict[str, Any]]:
-    """The model fixture in `folder` as llama.cpp's converter writes it: F32 norms and vectors, matrices
-    as `type_name` (F32 by default), the word vocabulary; and the fixture's HF config."""
-    config = json.loads((folder / "config.json").read_text())
+def fixture_gguf(
+    path: Path, folder: Path, type_name: str = "F32", config_name: str = "config.json"
+) -> tuple[Path, dict[str, Any]]:
+    """The model fixture in `folder` (its `config_name` variant) as llama.cpp's converter writes it: F32
+    norms and vectors, matrices as `type_name` (F32 by default), the word vocabulary; and its HF config."""
+    config = json.loads((folder / config_name).read_text())
     tensors = converter_tensors(config, load_file(str(folder / "model.safetensors")))
     rope_type = _rope(config).get("rope_type")
     if rope_type == "llama3":

@@ -25,7 +25,15 @@ from baselm.store import gguf as gguf_store
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from tests.forward import prefill_logits
 from tests.paths import MODEL_FIXTURES
-from tests.tiny_gguf import add_hparams, converter_tensors, fixture_gguf, write_gguf
+from tests.tiny_gguf import (
+    add_hparams,
+    add_phi3_longrope_keys,
+    add_word_vocabulary,
+    converter_tensors,
+    fixture_gguf,
+    oracle,
+    write_gguf,
+)
 
 TOL = 1e-4
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
@@ -197,3 +205,147 @@ def test_gguf_package_names_match_the_converter_names_used_here() -> None:
     stems |= {"post_attention_norm", "attn_q_norm", "attn_k_norm", "rope_factors_long", "rope_factors_short"}
     for stem in stems:
         assert any(n in (stem, f"blk.{{bid}}.{stem}") for n in names), stem
+
+
+def test_end_of_turn_and_message_tokens_end_generation_like_end_of_text(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "llama"
+    config = json.loads((folder / "config.json").read_text())
+    weights = load_file(str(folder / "model.safetensors"))
+    tensors = {k: (v, "F32") for k, v in converter_tensors(config, weights).items()}
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)  # eos 2
+        writer.add_eot_token_id(7)
+        writer.add_eom_token_id(2)
+
+    path = write_gguf(tmp_path / "eot.gguf", tensors, metadata)
+    assert gguf_store.GGUFCheckpoint.open(path).config["eos_token_id"] == [2, 7]
+    assert load_model(path, CPU).eos_token_ids[:2] == (2, 7)
+
+
+@pytest.mark.parametrize(("name", "variant"), [("qwen3", "yarn"), ("llama", "linear")])
+def test_rope_scaling_keys_give_transformers_logits_for_that_scaling(name: str, variant: str, tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / name
+    path, _ = fixture_gguf(tmp_path / f"{name}.gguf", folder, config_name=f"config_{variant}.json")
+    reference = np.load(folder / "reference.npz")
+    logits = gguf_logits(path, reference["input_ids"])
+    assert np.abs(logits - reference[f"logits_{variant}"]).max() < TOL
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral", "qwen3_moe", "gemma3", "phi3"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_1"])
+def test_a_quantized_gguf_runs_as_its_values_dequantized_by_the_gguf_package(
+    name: str, type_name: str, tmp_path: Path
+) -> None:
+    """Quantized matrices (stacked experts, fused and permuted rows included) keep their values exactly."""
+    folder = MODEL_FIXTURES / name
+    path, config = fixture_gguf(tmp_path / "q.gguf", folder, type_name)
+    reader = gguf.GGUFReader(str(path))
+    values = {t.name: (oracle(path)[t.name].reshape(tuple(reversed(t.shape.tolist()))), "F32") for t in reader.tensors}
+    metadata = gguf_store.GGUFFile.open(path).metadata
+
+    def same_metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+        if name == "phi3":
+            add_phi3_longrope_keys(writer, config)
+
+    dequantized = write_gguf(tmp_path / "f32.gguf", values, same_metadata, arch=metadata["general.architecture"])
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    assert np.array_equal(gguf_logits(path, ids), gguf_logits(dequantized, ids))
+
+
+def test_older_mixtral_ggufs_with_one_tensor_per_expert_load_alike(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "mixtral"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {}
+    for name, value in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items():
+        if name.endswith("_exps.weight"):  # blk.{i}.ffn_gate_exps -> blk.{i}.ffn_gate.{e}, as llama.cpp once wrote
+            for expert, matrix in enumerate(value):
+                tensors[name.replace("_exps.weight", f".{expert}.weight")] = (matrix, "F32")
+        else:
+            tensors[name] = (value, "F32")
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+
+    path = write_gguf(tmp_path / "old.gguf", tensors, metadata)
+    reference = np.load(folder / "reference.npz")
+    assert np.abs(gguf_logits(path, reference["input_ids"]) - reference["logits"]).max() < TOL
+
+
+def test_a_router_gated_other_than_by_softmax_is_refused(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "qwen3_moe"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {
+        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
+    }
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+
+    path = write_gguf(tmp_path / "sigmoid.gguf", tensors, metadata, arch="qwen3moe")
+    with pytest.raises(UnsupportedModelError, match=r"expert_gating_func 2 is not supported"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+@pytest.mark.parametrize(("pattern", "expected"), [(2, ["s", "f", "s"]), ([True, False, False], ["s", "f", "f"])])
+def test_a_gemma3_sliding_window_pattern_key_sets_the_layer_types(pattern, expected, tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "gemma3"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {
+        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
+    }
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        if isinstance(pattern, list):
+            writer.add_array("gemma3.attention.sliding_window_pattern", pattern)
+        else:
+            writer.add_uint32("gemma3.attention.sliding_window_pattern", pattern)
+
+    checkpoint = gguf_store.GGUFCheckpoint.open(write_gguf(tmp_path / "g.gguf", tensors, metadata, arch="gemma3"))
+    names = {"s": "sliding_attention", "f": "full_attention"}
+    assert checkpoint.config["layer_types"] == [names[k] for k in expected]
+
+
+def test_the_gemma3_fixture_with_its_own_layer_pattern_gives_transformers_hf_logits(tmp_path: Path) -> None:
+    """With the pattern in the file (2: layers 0 and 2 slide), the fixture's HF config is said in full."""
+    folder = MODEL_FIXTURES / "gemma3"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {
+        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
+    }
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+        writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+
+    path = write_gguf(tmp_path / "g.gguf", tensors, metadata, arch="gemma3")
+    reference = np.load(folder / "reference.npz")
+    assert np.abs(gguf_logits(path, reference["input_ids"]) - reference["logits"]).max() < TOL
+
+
+def test_llama_q_and_k_biases_are_unpermuted_like_their_weights(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "llama"
+    config = {**json.loads((folder / "config.json").read_text()), "attention_bias": True}
+    weights = load_file(str(folder / "model.safetensors"))
+    rng = np.random.default_rng(0)
+    for layer in range(config["num_hidden_layers"]):
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            rows = weights[f"model.layers.{layer}.self_attn.{proj}.weight"].shape[0]
+            weights[f"model.layers.{layer}.self_attn.{proj}.bias"] = rng.standard_normal(rows).astype(np.float32)
+    tensors = {k: (v, "F32") for k, v in converter_tensors(config, weights).items()}
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+
+    path = write_gguf(tmp_path / "bias.gguf", tensors, metadata)
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    hf_model = model_from_checkpoint(config, {k: mx.array(v) for k, v in weights.items()}, CPU)
+    assert np.abs(gguf_logits(path, ids) - prefill_logits(hf_model, ids)).max() < TOL

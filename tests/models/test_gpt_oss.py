@@ -129,3 +129,21 @@ def test_experts_split_as_mlx_lm_saves_them_load_as_the_same_model(name: str):
         model = build_model(hf.read_config(folder), weights, keep_quantized=keep_quantized)
         (logits,) = step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
         assert max_diff(logits, ref["logits"]) < TOL
+
+
+def test_affine_quantized_split_experts_interleave_codes_scales_and_biases_alike():
+    # mlx-lm's 8-bit experts: the fused layer computes what the dequantized split weights compute.
+    folder, ref = MODEL_FIXTURES / "gpt_oss", reference("gpt_oss")
+    quantized, dequantized = mlx_lm_layout(hf.read_weights(folder)), mlx_lm_layout(hf.read_weights(folder))
+    for key in [k for k in quantized if ".experts." in k and k.endswith(".weight")]:
+        codes, scales, biases = mx.quantize(quantized[key], group_size=32, bits=8)
+        stem = key.removesuffix(".weight")
+        quantized.update({key: codes, f"{stem}.scales": scales, f"{stem}.biases": biases})
+        dequantized[key] = mx.dequantize(codes, scales, biases, group_size=32, bits=8)
+    model = build_model(hf.read_config(folder), dequantized)
+    (expected,) = step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
+    for keep_quantized in (False, True):
+        model = build_model(hf.read_config(folder), quantized, keep_quantized=keep_quantized)
+        (logits,) = step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
+        assert max_diff(logits, np.array(expected)) < TOL
+    assert 0 < max_diff(expected, ref["logits"]) < 0.1  # 8-bit rounding moves logits, a little

@@ -65,11 +65,8 @@ def model_from_checkpoint(
 
 
 def _load_gguf(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
-    tensors, metadata = gguf.read_metadata(path)
-    config = gguf.hf_config(metadata, set(tensors))
-    weights = gguf.hf_tensors(tensors, config)
-    del tensors
-    model = model_from_checkpoint(config, weights, backend, group_size=gguf.GGUF_GROUP_SIZE)
+    config, weights, metadata = gguf.load_checkpoint(path)
+    model = model_from_checkpoint(config, weights, backend)
     return model, Tokenizer.from_gguf_metadata(metadata), config
 
 

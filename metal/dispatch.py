@@ -2,7 +2,7 @@
 
 `paged_attention` and `write_kv` are the public entry points. Kernels run only on an MLX
 Metal device, unless `BASE_KERNELS=0`. The first call of each
-kernel variant (dtype, shapes, quantization, soft-capping, window) runs a small case of
+kernel variant (dtype, shapes, quantization, soft-capping, window, sinks) runs a small case of
 the same variant through the kernel and the reference; a compile error or a mismatch
 logs one warning and sends every later call of that kernel to the reference.
 """
@@ -87,18 +87,20 @@ def paged_attention(
     scale: float,
     softcap: float | None = None,
     window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """Paged attention: the Metal kernel where it is available and passed its self-check, else the reference.
 
-    queries: (num_tokens, heads, head_dim); pools: (num_blocks, block_size, kv_heads, head_dim).
-    Returns (num_tokens, heads, head_dim).
+    queries: (num_tokens, heads, head_dim); pools: (num_blocks, block_size, kv_heads, head_dim);
+    sinks: (heads,) per-head sink logits (gpt-oss) or None. Returns (num_tokens, heads, head_dim).
     """
     if kernel_supports(queries, key_pool):
-        variant = _attention_variant(queries, key_pool, softcap, window)
-        check = functools.partial(self_check.check_attention, queries, key_pool, softcap, window)
+        has_sinks = sinks is not None
+        variant = (*_attention_variant(queries, key_pool, softcap, window), has_sinks)
+        check = functools.partial(self_check.check_attention, queries, key_pool, softcap, window, has_sinks)
         if use_kernel("paged_attention", variant, check):
-            return paged_attention_kernel(queries, key_pool, value_pool, meta, scale, softcap, window)
-    return paged_attention_reference(queries, key_pool, value_pool, meta, scale, softcap, window)
+            return paged_attention_kernel(queries, key_pool, value_pool, meta, scale, softcap, window, sinks=sinks)
+    return paged_attention_reference(queries, key_pool, value_pool, meta, scale, softcap, window, sinks)
 
 
 def write_kv(

@@ -20,7 +20,7 @@ from baselm.metal.reference import write_pool
 HEAD_DIMS = (64, 80, 96, 128, 256)
 _FLOAT_POOLS = ("k_pool", "v_pool")
 _QUANT_POOLS = ("k_codes", "k_scales", "k_biases", "v_codes", "v_scales", "v_biases")
-_ATTENTION_META = ("block_tables", "tiles", "seq_ids", "positions", "params", "window")
+_ATTENTION_META = ("block_tables", "tiles", "seq_ids", "positions", "params", "window", "sinks")
 
 
 def _attention_source(quantized: bool, split: bool) -> KernelSource:
@@ -108,6 +108,7 @@ def paged_attention_kernel(
     window: int | None = None,
     num_splits: int | None = None,
     run: Runner = run_on_metal,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """`paged_attention_reference` as Metal kernels reading the pools through the block tables.
 
@@ -120,7 +121,7 @@ def paged_attention_kernel(
     gq = heads_per_threadgroup(num_heads, key_pool.shape[2])
     tiles = query_tiles(tuple(meta.query_lens), tokens_per_threadgroup(meta.max_query_len, gq, head_dim))
     splits = num_splits or num_key_splits(tiles.shape[0], num_heads // gq, meta.max_context_len)
-    launch = _attention_launch(queries, key_pool, value_pool, meta, scale, softcap, window, tiles, splits)
+    launch = _attention_launch(queries, key_pool, value_pool, meta, scale, softcap, window, tiles, splits, sinks)
     if splits == 1:
         return run(launch)[0]
     part_o, part_ml = run(launch)
@@ -137,6 +138,7 @@ def _attention_launch(
     window: int | None,
     tiles: mx.array,
     splits: int,
+    sinks: mx.array | None,
 ) -> Launch:
     num_tokens, num_heads, head_dim = queries.shape
     num_kv_heads = key_pool.shape[2]
@@ -147,6 +149,7 @@ def _attention_launch(
     seq_ids = (meta.token_rows // meta.max_query_len).astype(mx.int32)  # (num_tokens,)
     params = mx.array([scale, softcap or 0.0], dtype=mx.float32)
     window_arr = mx.array([window or 0], dtype=mx.int32)
+    sinks_arr = mx.zeros((1,), mx.float32) if sinks is None else sinks.astype(mx.float32)  # (heads,) or unused
     pools = [*key_pool[:3], *value_pool[:3]] if quantized else [key_pool, value_pool]
     template = [
         ("T", queries.dtype),
@@ -159,6 +162,7 @@ def _attention_launch(
         ("QT", qt),
         ("SOFTCAP", softcap is not None),
         ("WINDOW", window is not None),
+        ("SINKS", sinks is not None),
     ]
     if quantized:
         template += [("BITS", key_pool.bits), ("GROUP", key_pool.group_size)]
@@ -169,7 +173,7 @@ def _attention_launch(
         outputs = [((*partial, head_dim), mx.float32), ((*partial, 2), mx.float32)]
     return Launch(
         kernel=_attention_source(quantized, splits > 1),
-        inputs=[queries, *pools, meta.block_tables, tiles, seq_ids, meta.positions, params, window_arr],
+        inputs=[queries, *pools, meta.block_tables, tiles, seq_ids, meta.positions, params, window_arr, sinks_arr],
         template=template,
         grid=(splits * nsg * 32, num_heads // gq, tiles.shape[0]),
         threadgroup=(nsg * 32, 1, 1),

@@ -4,7 +4,7 @@
 // round-robin, each keeping an online softmax per query row (token x head); threadgroup
 // memory merges them. Header defines: BASE_KV_QUANT (pools are codes/scales/biases) and
 // BASE_SPLIT (write this split's partial result for the reduce kernel instead of the
-// normalized output).
+// normalized output). Template SINKS: a per-head sink logit (`sinks`, float32) in every softmax.
 const int split = int(threadgroup_position_in_grid.x);
 const int num_splits = int(threadgroups_per_grid.x);
 const uint sg = simdgroup_index_in_threadgroup;
@@ -60,7 +60,11 @@ for (int r = 0; r < tile.num_tokens * GQ; r++) {
   for (int g = 0; g < nsg; g++) {
     m = max(m, tg_m[g]);
   }
-  float l = 0.0f;
+  // With SINKS the head's sink logit joins the softmax as one more key with no value; split 0
+  // holds it, so the reduce kernel counts it once.
+  const float sink = SINKS && split == 0 ? sinks[tile.first_head + r % GQ] : -1e30f;
+  m = max(m, sink);
+  float l = SINKS && split == 0 ? exp(sink - m) : 0.0f;
   for (int g = 0; g < nsg; g++) {
     l += tg_l[g] * exp(tg_m[g] - m);
   }

@@ -62,21 +62,26 @@ def paged_attention_reference(
     scale: float,
     softcap: float | None = None,
     window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """Attention of the flattened `queries` (num_tokens, heads, head_dim) over paged K/V.
 
     Gathers every sequence's blocks into a dense tensor (the copy the Metal kernel avoids),
     dequantizing quantized pools, pads queries to the longest query, and attends with a
     causal mask (keys at positions <= the query's, and, with `window`, > the query's
-    position - window) and optional tanh soft-capping of the scores.
+    position - window), optional tanh soft-capping of the scores and optional attention
+    sinks (heads,): one learned logit per head that joins each row's softmax as an extra
+    key with no value, so a query may give part of its weight to nothing (gpt-oss).
     A step that mixes decodes with longer query chunks attends in groups (all decodes
     together, each chunk alone), so a long prompt chunk does not pad every decode to its
     length and context. Returns (num_tokens, heads, head_dim).
     """
     if meta.max_query_len == 1 or meta.num_seqs == 1:
-        return _attend_padded(queries, key_pool, value_pool, meta, scale, softcap, window)
+        return _attend_padded(queries, key_pool, value_pool, meta, scale, softcap, window, sinks)
     groups = _query_groups(meta)
-    outs = [_attend_padded(queries[g.rows], key_pool, value_pool, g.meta, scale, softcap, window) for g in groups]
+    outs = [
+        _attend_padded(queries[g.rows], key_pool, value_pool, g.meta, scale, softcap, window, sinks) for g in groups
+    ]
     order = np.argsort(np.concatenate([g.rows_host for g in groups]), kind="stable")
     return mx.concatenate(outs)[mx.array(order.astype(np.int32))]  # back to the flattened order
 
@@ -112,6 +117,7 @@ def _attend_padded(
     scale: float,
     softcap: float | None = None,
     window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """Attention of all sequences of `meta` at once, padded to its longest query and context."""
     num_heads, head_dim = queries.shape[1], queries.shape[2]
@@ -127,9 +133,9 @@ def _attend_padded(
         q = q.transpose(0, 2, 1, 3)  # (S, heads, max_query_len, head_dim)
     mask = _attention_mask(meta, keys.shape[2], window)
     if softcap is None and mx.default_device() != mx.cpu:
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask, sinks=sinks)
     else:
-        out = _grouped_attention(q, keys, values, scale, mask, softcap)
+        out = _grouped_attention(q, keys, values, scale, mask, softcap, sinks)
     if decode_only:
         return out[:, :, 0, :]  # (S, heads, head_dim)
     out = out.transpose(0, 2, 1, 3).reshape(-1, num_heads, out.shape[-1])  # (S * max_query_len, heads, head_dim)
@@ -177,13 +183,20 @@ def _attention_mask(meta: AttentionMetadata, num_keys: int, window: int | None) 
 
 
 def _grouped_attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None, softcap: float | None
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    mask: mx.array | None,
+    softcap: float | None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """Attention with the query heads of each KV head stacked into one matmul (GQA/MQA).
 
     q: (S, heads, Q, head_dim); k, v: (S, kv_heads, L, head_dim). One batched matmul per
     KV head, rather than one per query head, is twice as fast as MLX's CPU attention for
-    decode steps and as fast for prefill. Optional tanh soft-capping (Gemma 2) of the scores.
+    decode steps and as fast for prefill. Optional tanh soft-capping (Gemma 2) of the scores,
+    optional sinks (heads,): an extra softmax column per head whose weight is dropped (gpt-oss).
     """
     num_seqs, num_heads, num_queries, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -196,6 +209,15 @@ def _grouped_attention(
         scores = scores.reshape(num_seqs, num_kv_heads, group, num_queries, -1)
         scores = mx.where(mask[:, :, None], scores, mx.array(-float("inf"), scores.dtype))
         scores = scores.reshape(num_seqs, num_kv_heads, group * num_queries, -1)
-    probs = as_dtype(mx.softmax(as_dtype(scores, mx.float32), axis=-1, precise=True), v.dtype)
+    scores = as_dtype(scores, mx.float32)
+    if sinks is None:
+        probs = mx.softmax(scores, axis=-1, precise=True)
+    else:
+        sink_col = mx.broadcast_to(  # each query row of head h gets head h's sink logit
+            sinks.astype(mx.float32).reshape(1, num_kv_heads, group, 1, 1),
+            (num_seqs, num_kv_heads, group, num_queries, 1),
+        ).reshape(num_seqs, num_kv_heads, group * num_queries, 1)
+        probs = mx.softmax(mx.concatenate([scores, sink_col], axis=-1), axis=-1, precise=True)[..., :-1]
+    probs = as_dtype(probs, v.dtype)
     out = probs @ v  # (S, kv_heads, group * Q, head_dim)
     return out.reshape(num_seqs, num_heads, num_queries, -1)

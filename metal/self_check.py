@@ -18,10 +18,16 @@ _STEPS = ([1, 1], [1, 3])
 
 
 def check_attention(
-    queries: mx.array, key_pool: Pool, softcap: float | None, window: int | None, run: Runner = run_on_metal
+    queries: mx.array,
+    key_pool: Pool,
+    softcap: float | None,
+    window: int | None,
+    has_sinks: bool = False,
+    run: Runner = run_on_metal,
 ) -> None:
     """Raises if the attention kernel (single pass and split, decode and prefill) disagrees with the reference."""
     num_heads, head_dim = queries.shape[1:]
+    sinks = mx.linspace(-2.0, 3.0, num_heads) if has_sinks else None  # (heads,)
     block_size, num_kv_heads = key_pool.shape[1:3]
     bits = key_pool.bits if isinstance(key_pool, QuantizedPool) else 16
     counts = [-(-c // block_size) for c in _CONTEXT_LENS]
@@ -31,9 +37,10 @@ def check_attention(
     for query_lens in _STEPS:
         meta = AttentionMetadata.build(tables, query_lens, _CONTEXT_LENS, block_size)
         q = mx.random.normal((meta.num_tokens, num_heads, head_dim), key=mx.random.key(3)).astype(queries.dtype)
-        expected = paged_attention_reference(q, *pools, meta, head_dim**-0.5, softcap, window)
+        expected = paged_attention_reference(q, *pools, meta, head_dim**-0.5, softcap, window, sinks)
         for splits in (1, 3):
-            got = paged_attention_kernel(q, *pools, meta, head_dim**-0.5, softcap, window, num_splits=splits, run=run)
+            args = (q, *pools, meta, head_dim**-0.5, softcap, window)
+            got = paged_attention_kernel(*args, num_splits=splits, run=run, sinks=sinks)
             _assert_close(got, expected, f"paged_attention ({query_lens} query tokens, {splits} key split(s))")
 
 

@@ -16,6 +16,9 @@ Variants reuse a fixture's weights under another config (`config_<variant>.json`
 scaling or a sliding window), with transformers' logits for input_ids as `logits_<variant>`.
 Weights are redrawn with unit-scale statistics so that logits, soft-caps and routing are not
 all near zero, as they would be with the usual 0.02 initialisation.
+`gpt_oss_mxfp4` stores its experts as released gpt-oss checkpoints do: random MXFP4
+`*_blocks`/`*_scales` and a `quantization_config`; transformers dequantizes them on reload
+(checked here to give float32 values equal to a longhand decode) to compute the reference.
 """
 
 from __future__ import annotations
@@ -157,7 +160,39 @@ FIXTURES = {
         dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32),
         {"variants": {"window": {"sliding_window": 5}}},
     ),
+    # Layer 3 has no RoPE (every 4th layer, as released and as llama.cpp assumes); the window
+    # variant makes that NoPE layer slide.
+    "smollm3": (
+        "SmolLM3Config",
+        dict(num_hidden_layers=4),
+        {"variants": {"window": {"use_sliding_window": True, "sliding_window": 5, "layer_types": None}}},
+    ),
+    # Sinks, a sliding layer and a full one, YaRN as released (no truncation: its ramp then spans
+    # rotary pairs 2 to 4 of 8), a SwiGLU clamp low enough to bite with these weights.
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            intermediate_size=32,
+            sliding_window=5,
+            swiglu_limit=1.5,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=150000.0,
+                factor=32.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=4096,
+            ),
+        ),
+        # The clamp llama.cpp applies (GGUF files do not carry it).
+        {"variants": {"limit7": {"swiglu_limit": 7.0}}},
+    ),
 }
+# The gpt_oss fixture with its experts stored as released checkpoints store them: MXFP4 blocks and scales.
+FIXTURES["gpt_oss_mxfp4"] = (*FIXTURES["gpt_oss"][:2], {"mxfp4": True, **FIXTURES["gpt_oss"][2]})
 
 
 def _legacy_config(config: dict) -> dict:
@@ -226,9 +261,14 @@ def make(name: str) -> None:
     _redraw(model, zero_centered_norms=class_name.startswith("Gemma"))
     folder = OUT / name
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    if options.get("mxfp4"):
+        _save_mxfp4(model, folder)
+    else:
+        model.save_pretrained(folder)
     # Reload: the reference is what transformers computes from the files as written.
     model = _reload(folder)
+    if options.get("mxfp4"):
+        _check_mxfp4_reload(model, folder)
     gen = torch.Generator().manual_seed(SEED + 1)
     num_tokens = options.get("num_tokens", NUM_TOKENS)
     ids = torch.randint(3, COMMON["vocab_size"], (num_tokens,), generator=gen)
@@ -251,6 +291,75 @@ def make(name: str) -> None:
     np.savez(folder / "reference.npz", **{k: v.numpy() for k, v in ref.items()})
     size = sum(f.stat().st_size for f in folder.iterdir())
     print(f"{name}: {size / 1024:.0f} KiB, logits |max| {ref['logits'].abs().max():.2f}")
+
+
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def _random_mxfp4(shape: tuple[int, ...], in_features: int, gen: torch.Generator):
+    """Random MXFP4 (blocks, scales) of an (experts, out, in) weight as HF checkpoints store it:
+    blocks (experts, out, in / 32, 16) uint8, two E2M1 codes a byte (low nibble first); scales
+    (experts, out, in / 32) uint8 exponents biased by 127, drawn so values are about 1/sqrt(in)."""
+    groups = in_features // 32
+    blocks = torch.randint(0, 256, (*shape, groups, 16), generator=gen, dtype=torch.int32).to(torch.uint8)
+    low = 127 - round(math.log2(math.sqrt(in_features))) - 2
+    scales = torch.randint(low, low + 3, (*shape, groups), generator=gen, dtype=torch.int32).to(torch.uint8)
+    return blocks, scales
+
+
+def _dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(experts, out, in) float32 values of MXFP4 blocks and scales, written out longhand."""
+    lut = torch.tensor(FP4_VALUES)
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).long()  # (..., groups, 16, 2)
+    values = lut[codes].reshape(*blocks.shape[:-1], 32) * torch.exp2(scales.float() - 127)[..., None]
+    return values.reshape(*blocks.shape[:-2], -1)
+
+
+def _save_mxfp4(model, folder: Path) -> None:
+    """Saves `model` with random MXFP4 experts (its float experts set to their values, so the two agree),
+    as released gpt-oss checkpoints are laid out: `*_blocks`/`*_scales` and a `quantization_config`."""
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(SEED + 2)
+    packed = {}
+    for i, layer in enumerate(model.model.layers):
+        experts = layer.mlp.experts
+        for proj in ("gate_up_proj", "down_proj"):
+            param = getattr(experts, proj)  # (experts, in, out)
+            num_experts, in_features, out_features = param.shape
+            blocks, scales = _random_mxfp4((num_experts, out_features), in_features, gen)
+            with torch.no_grad():
+                param.copy_(_dequantize_mxfp4(blocks, scales).transpose(1, 2))
+            prefix = f"model.layers.{i}.mlp.experts.{proj}"
+            packed.update({f"{prefix}_blocks": blocks, f"{prefix}_scales": scales})
+    model.save_pretrained(folder)
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith("_proj")}
+    save_file({**tensors, **packed}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _check_mxfp4_reload(model, folder: Path) -> None:
+    """transformers must have read the MXFP4 experts as float32 equal to their longhand values."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    for i, layer in enumerate(model.model.layers):
+        for proj in ("gate_up_proj", "down_proj"):
+            prefix = f"model.layers.{i}.mlp.experts.{proj}"
+            expected = _dequantize_mxfp4(tensors[f"{prefix}_blocks"], tensors[f"{prefix}_scales"]).transpose(1, 2)
+            loaded = getattr(layer.mlp.experts, proj)
+            if loaded.dtype != torch.float32 or not torch.equal(loaded, expected):
+                raise SystemExit(f"{folder.name}: transformers read {prefix} differently ({loaded.dtype})")
 
 
 def _variant_logits(folder: Path, model, variant: str, change: dict, ids: torch.Tensor) -> torch.Tensor:

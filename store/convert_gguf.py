@@ -1,9 +1,10 @@
 """The GGUF converter: a `.gguf` file read as a `SourceModel`.
 
-With no `quant` asked for, the file keeps its own quantization: F32/F16/BF16 and the legacy
-Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks exactly (see `gguf_quants.py`), K-quants re-quantized at their
-own bit width (they have no exact `.base` form). With a `quant`, blocks bound for at least as
-many bits in groups of the same size are widened exactly and the rest quantized anew; each
+With no `quant` asked for, the file keeps its own quantization: F32/F16/BF16, the legacy
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks and the Q3_K/Q4_K/Q5_K K-quants exactly (see `gguf_quants.py`
+and `gguf_kquants.py`); Q2_K and Q6_K, which no affine group of 32 holds, are re-quantized on a
+finer grid and the measured error is logged. With a `quant`, blocks bound for at least as many
+bits in groups of the same size are widened exactly and the rest quantized anew; each
 re-quantization logs one line saying that it compounds error.
 """
 
@@ -14,14 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from baselm.store import gguf
-from baselm.store.gguf_quants import GROUP_SIZE, K_TYPES
+from baselm.store.gguf_kquants import K_SCHEMES
+from baselm.store.gguf_quants import GROUP_SIZE
 from baselm.store.hub import gguf_tag
 from baselm.store.quantize import (
     QuantProfile,
-    Rule,
     dequantize_record,
     quantize_tensor,
     requantize_note,
@@ -32,18 +31,14 @@ from baselm.store.source_model import SourceModel
 
 log = logging.getLogger(__name__)
 
-# The .base scheme a GGUF tensor type is kept as (K-quants: re-quantized at that width).
+# The .base scheme a GGUF tensor type is kept as.
 _GGUF_SCHEMES = {
     "Q4_0": "q4",
     "Q4_1": "q4",
     "Q5_0": "q5",
     "Q5_1": "q5",
     "Q8_0": "q8",
-    "Q2_K": "q2",
-    "Q3_K": "q3",
-    "Q4_K": "q4",
-    "Q5_K": "q5",
-    "Q6_K": "q6",
+    **{name: f"q{bits}" for name, (bits, _) in K_SCHEMES.items()},
     "F16": "f16",
     "BF16": "bf16",
     "F32": "f32",
@@ -52,16 +47,16 @@ _GGUF_SCHEMES = {
 
 def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_name: str) -> SourceModel:
     """The file's model with its own quantization (`quant` None), or requantized to `quant`."""
-    gguf_file = gguf.GGUFFile.open(path)
-    gguf_file.check_types()
-    config = gguf.hf_config(gguf_file.metadata, set(gguf_file.tensors))
+    checkpoint = gguf.GGUFCheckpoint.open(path)
+    gguf_file, config = checkpoint.file, checkpoint.config
     tokenizer = gguf_tokenizer(gguf_file.metadata)
-    records = gguf.hf_records(gguf_file, config)
+    # Asked for a quant, Q2_K/Q6_K tensors are quantized once, from the GGUF's own values.
+    records = checkpoint.records(inexact_as_float=quant is not None)
     body = gguf_body_type(gguf_file)
     arch = config["model_type"]
     if quant is None:
         tag = gguf_tag(path.name).upper() or body
-        kept = _kept_gguf(path.name, gguf_file, records)
+        kept = ((name, record) for name, _, record in records)
         return SourceModel(arch, config, tokenizer, kept, _GGUF_SCHEMES[body], f"gguf-{tag}")
     is_quantized = any(info.type_name not in ("F32", "F16", "BF16") for info in gguf_file.tensors.values())
     if is_quantized and quant not in ("f32", "f16", "bf16"):
@@ -91,36 +86,16 @@ def gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _kept_gguf(
-    label: str, gguf_file: gguf.GGUFFile, records: Iterator[tuple[str, str, Any]]
-) -> Iterator[tuple[str, Any]]:
-    """GGUF tensors as `.base` records: float and legacy-quant ones exactly, K-quants at their own width."""
-    k_types = sorted({i.type_name for i in gguf_file.tensors.values() if i.type_name in K_TYPES})
-    if k_types:
-        widths = ", ".join(f"{t} -> {K_TYPES[t]}" for t in k_types)
-        log.warning(
-            "%s: K-quant tensors have no exact .base form; requantizing them (%s) compounds the two rounding errors",
-            label,
-            widths,
-        )
-    for name, type_name, value in records:
-        if type_name in K_TYPES:
-            scheme = K_TYPES[type_name]
-            value, _ = quantize_tensor(name, value, QuantProfile(f"gguf-{type_name}", (Rule("*", scheme),)))
-        yield name, value
-
-
 def _requantized_gguf(records: Iterator[tuple[str, str, Any]], profile: QuantProfile) -> Iterator[tuple[str, Any]]:
     """GGUF tensors stored as `profile` decides. A quantized block bound for at least as many
     bits in groups of the same size is widened exactly (Q4_1 asked for as q5, q6 or q8 keeps
     its values); everything else is dequantized and quantized anew."""
     for name, _, value in records:
-        if not isinstance(value, np.ndarray) and value.bits is not None:
+        if value.bits is not None:
             decision = profile.decide(name, value.shape, "f32")
             if decision.is_quantized:
                 exact = widen(value, int(decision.dtype.removeprefix("base_q")), decision.group_size)
                 if exact is not None:
                     yield name, exact
                     continue
-        array = value if isinstance(value, np.ndarray) else dequantize_record(value)
-        yield name, quantize_tensor(name, array, profile)[0]
+        yield name, quantize_tensor(name, dequantize_record(value), profile)[0]

@@ -1,8 +1,10 @@
 """Reads a GGUF file as an HF-shaped model: config dict, HF tensor names, q/k rows in HF order.
 
 The file is parsed here (header, metadata, tensor table) and memory-mapped; each tensor's raw
-blocks are decoded by `store/gguf_quants.py`, so every type it knows works: F32/F16/BF16 as they
-are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 as exact MLX affine triplets of group 32, K-quants dequantized.
+blocks are decoded by `store/gguf_quants.py` (F32/F16/BF16 as they are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0
+as exact MLX affine triplets of group 32), `store/gguf_kquants.py` (Q3_K/Q4_K/Q5_K exact,
+Q2_K/Q6_K re-quantized) and `store/mxfp4.py` (MXFP4 widened exactly to floats);
+`store/gguf_arch.py` says where each tensor goes for each architecture.
 The metadata comes back as plain Python values (str, int, float, bool, lists of them), ready for
 a `.base` header. NOTE: `gguf.GGUFReader` reads the same data, but it builds a numpy view per
 vocabulary string and takes seconds to open a 50k-token file; this parser takes a fraction of
@@ -11,8 +13,8 @@ one, and the tests check it against `GGUFReader`.
 
 from __future__ import annotations
 
+import logging
 import mmap
-import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,42 +25,20 @@ import mlx.core as mx
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from baselm.store import gguf_arch, gguf_gpt_oss
+from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
-from baselm.store.gguf_quants import (
-    EXACT_TYPES,
-    FLOAT_TYPES,
-    GROUP_SIZE,
-    check_readable,
-    dequantize_k,
-    exact_record,
-    float_record,
-)
+from baselm.store.gguf_arch import ROPE_FACTORS, ROPE_FREQS, Placement
+from baselm.store.gguf_kquants import K_SCHEMES, RequantError, is_exact, k_record, k_values, requantized_record
+from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, check_readable, exact_record, float_record
+from baselm.store.mxfp4 import gguf_mxfp4_record
 
-GGUF_GROUP_SIZE = GROUP_SIZE
-# Kept under its GGUF name: it has no HF counterpart (HF configs describe llama 3 scaling in rope_scaling).
-ROPE_FREQS = "rope_freqs.weight"
+__all__ = ["ROPE_FREQS", "GGUFCheckpoint", "GGUFFile", "TensorInfo", "load_checkpoint", "read_metadata"]
+
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
-
-# GGUF architecture -> HF model_type. Only architectures whose tensor layout we map.
-_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-
-_LAYER_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias|scales|biases)$")
+log = logging.getLogger(__name__)
 
 # GGUF metadata value types: id -> struct format of a scalar (8 string, 9 array are read apart).
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -119,21 +99,37 @@ class GGUFFile:
         """A clear error if any tensor has a type base cannot read, before anything is converted."""
         for info in self.tensors.values():
             check_readable(info.type_name, info.name, self.path.name)
-            if info.type_name in EXACT_TYPES and len(info.shape) != 2:
+            if info.type_name not in FLOAT_TYPES and len(info.shape) < 2:
                 raise UnsupportedModelError(
                     f"{self.path.name}: tensor {info.name!r} is a {len(info.shape)}-D {info.type_name} tensor; base "
-                    "reads quantized tensors only as 2-D matrices"
+                    "reads quantized tensors only as matrices (or stacks of them)"
                 )
 
-    def read(self, info: TensorInfo) -> TensorRecord | np.ndarray:
-        """A float or exactly-kept quantized tensor as a record; a K-quant as dequantized float32 values."""
+    def read(
+        self, info: TensorInfo, errors: dict[str, RequantError] | None = None, inexact_as_float: bool = False
+    ) -> TensorRecord:
+        """One tensor as a `.base` record. Quantized ones are 2-D, (rows, inputs), a stack's matrices
+        one under the other; a Q2_K/Q6_K tensor is re-quantized and its error added to `errors`, or
+        with `inexact_as_float` given as its float32 values (for a caller that quantizes anyway)."""
+        check_readable(info.type_name, info.name, self.path.name)
         raw = self.raw(info)
         if info.type_name in FLOAT_TYPES:
             return float_record(info.type_name, raw, info.shape)
-        if info.type_name in EXACT_TYPES:
-            return exact_record(info.type_name, raw, info.shape)
-        check_readable(info.type_name, info.name, self.path.name)
-        return dequantize_k(info.type_name, raw.reshape(info.shape[:-1] + (-1,)), info.shape)
+        if info.type_name == "MXFP4":  # exact as floats: `.base` has no MXFP4 dtype
+            return gguf_mxfp4_record(raw, info.shape)
+        shape = (int(np.prod(info.shape[:-1])), info.shape[-1])
+        try:
+            if info.type_name in EXACT_TYPES:
+                return exact_record(info.type_name, raw, shape)
+            if is_exact(info.type_name):
+                return k_record(info.type_name, raw, shape)
+            if inexact_as_float:
+                return TensorRecord.from_array(k_values(info.type_name, raw, shape))
+            error = RequantError(info.type_name, K_SCHEMES[info.type_name][0])
+            error = error if errors is None else errors.setdefault(info.type_name, error)
+            return requantized_record(info.name, raw, shape, error)
+        except ValueError as exc:
+            raise ModelFileError(f"{self.path.name}: tensor {info.name!r}: {exc}") from None
 
 
 class _Parser:
@@ -236,133 +232,187 @@ def _check_extents(path: Path, tensors: dict[str, TensorInfo], file_size: int) -
 
 
 # ---------------------------------------------------------------------------------------------
-# The mx.load-shaped view (direct loading): GGUF names, triplets as name.weight/.scales/.biases
+# The checkpoint view: HF config, HF names, `.base` records
 
 
-def read_metadata(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
-    """All tensors (GGUF names) and metadata of a GGUF file, with clear errors for unreadable files.
+class GGUFCheckpoint:
+    """A GGUF file read as the HF checkpoint it was converted from: the config, and every tensor as
+    a `.base` record under its HF name with llama.cpp's changes undone (q/k row order, Gemma's
+    `1 + w` norms, stacked experts split). Both `base run file.gguf` and `base pull` read this, so
+    they load the same weights."""
 
-    Exact types come back as MLX triplets (`x.weight` uint32 codes, `x.scales`, `x.biases`,
-    group 32); K-quants as float16 values (their dequantization rounded once more, to f16).
+    def __init__(self, gguf_file: GGUFFile) -> None:
+        gguf_file.check_types()
+        self.file = gguf_file
+        shapes = {name: info.shape for name, info in gguf_file.tensors.items()}
+        self.config, self.spec, self.meta = gguf_arch.hf_config(gguf_file.metadata, shapes)
+        self._add_rope_factors()
+        self.requant_errors: dict[str, RequantError] = {}
+
+    @classmethod
+    def open(cls, path: str | Path) -> GGUFCheckpoint:
+        return cls(GGUFFile.open(path))
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.file.metadata
+
+    def _add_rope_factors(self) -> None:
+        """Phi-3's LongRoPE factors live in tensors; HF keeps them in the config's rope dict."""
+        scaling = self.config.get("rope_scaling")
+        if not scaling or scaling.get("rope_type") != "longrope":
+            return
+        for key, name in zip(("long_factor", "short_factor"), ROPE_FACTORS, strict=True):
+            if name not in self.file.tensors:
+                raise ModelFileError(f"{self.file.path.name}: LongRoPE scaling without its {name} tensor")
+            record = self.file.read(self.file.tensors[name])
+            scaling[key] = to_float32(record.data, record.dtype).reshape(-1).tolist()
+
+    def _placements(self) -> list[tuple[str, str, Placement]]:
+        """(HF name, GGUF name, placement) of every tensor that becomes a weight, sorted by HF name."""
+        placed = []
+        for name in self.file.tensors:
+            where = gguf_arch.placement(name, self.spec, self.config, self.meta)
+            if where is not None:
+                placed.append((where.hf_name, name, where))
+        return sorted(placed, key=lambda item: item[0])
+
+    def records(
+        self, inexact_as_float: bool = False, skip: frozenset[str] = frozenset()
+    ) -> Iterator[tuple[str, str, TensorRecord]]:
+        """(HF name, GGUF type, record) per tensor, sorted by HF name, each read when the consumer asks;
+        HF tensors named in `skip` are left out.
+
+        Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end;
+        with `inexact_as_float` they come as float32 values instead (the caller quantizes them once).
+        """
+        fused_parts: dict[str, dict[str, tuple[TensorRecord, tuple[int, ...]]]] = {}
+        for hf_name, name, where in self._placements():
+            if hf_name in skip:
+                continue
+            info = self.file.tensors[name]
+            record = self.file.read(info, self.requant_errors, inexact_as_float)
+            if where.expert_part is not None:  # gpt-oss: parts of one HF tensor sort next to each other
+                parts = fused_parts.setdefault(hf_name, {})
+                parts[where.expert_part] = (record, info.shape)
+                kind = "down" if "down" in parts else "gate_up"
+                if set(parts) == set(gguf_gpt_oss.PARTS[kind]):
+                    yield hf_name, info.type_name, gguf_gpt_oss.fused_record(kind, fused_parts.pop(hf_name))
+                continue
+            for out_name, part in _put_back(record, where):
+                yield out_name, info.type_name, part
+        if fused_parts:
+            raise ModelFileError(f"{self.file.path.name}: {next(iter(fused_parts))} lacks its gate or up experts")
+        for error in self.requant_errors.values():
+            log.warning("%s: %s", self.file.path.name, error.describe())
+
+    def mx_weights(self) -> dict[str, mx.array]:
+        """Every tensor as MLX arrays under HF names (quantized ones as `.weight`/`.scales`/`.biases`).
+
+        gpt-oss experts stored as MXFP4 come back as the HF checkpoint's `_blocks`/`_scales`, so the
+        model runs them as MXFP4 (a `.base` file, which has no MXFP4 dtype, gets `records`' floats).
+        """
+        mxfp4: dict[str, dict[str, tuple[np.ndarray, tuple[int, ...]]]] = {}
+        for hf_name, name, where in self._placements():
+            info = self.file.tensors[name]
+            if where.expert_part is not None and info.type_name == "MXFP4":
+                mxfp4.setdefault(hf_name, {})[where.expert_part] = (self.file.raw(info), info.shape)
+        weights: dict[str, mx.array] = {}
+        for name, _, record in self.records(skip=frozenset(mxfp4)):
+            weights.update(record_arrays(name, record))
+        for hf_name, parts in mxfp4.items():
+            weights.update(gguf_gpt_oss.hf_mxfp4(hf_name, parts))
+        return weights
+
+
+def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, mx.array], dict[str, Any]]:
+    """(HF config, MLX weights under HF names, GGUF metadata) of a GGUF file: what `base run` loads."""
+    checkpoint = GGUFCheckpoint.open(path)
+    return checkpoint.config, checkpoint.mx_weights(), checkpoint.metadata
+
+
+def read_metadata(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
+    """All tensors (GGUF names, as stored: no renaming or reordering) and the metadata of a GGUF file.
+
+    Quantized tensors come back as MLX triplets (`x.weight` uint32 codes, `x.scales`, `x.biases`,
+    groups of 32), K-quants as `GGUFFile.read` keeps them.
     """
     gguf_file = GGUFFile.open(path)
     gguf_file.check_types()
     tensors: dict[str, mx.array] = {}
     for name, info in gguf_file.tensors.items():
-        value = gguf_file.read(info)
-        if isinstance(value, np.ndarray):
-            tensors[name] = mx.array(value).astype(mx.float16)
-        elif value.bits is None:
-            tensors[name] = mx.array(value.data).view(mx.bfloat16) if value.dtype == "bf16" else mx.array(value.data)
-        else:
-            prefix = name.removesuffix(".weight")
-            tensors[name] = mx.array(value.codes)
-            tensors[f"{prefix}.scales"] = mx.array(value.scales)
-            tensors[f"{prefix}.biases"] = mx.array(value.biases)
+        tensors.update(record_arrays(name, gguf_file.read(info)))
     return tensors, gguf_file.metadata
 
 
-def hf_config(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
-    """The HF config.json equivalent of a GGUF header."""
-    arch = metadata.get("general.architecture")
-    if arch not in _ARCHS:
-        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHS)})")
-
-    def get(key: str, default: Any = None) -> Any:
-        return metadata.get(f"{arch}.{key}", default)
-
-    num_heads = get("attention.head_count")
-    hidden = get("embedding_length")
-    config = {
-        "model_type": _ARCHS[arch],
-        "hidden_size": hidden,
-        "num_hidden_layers": get("block_count"),
-        "intermediate_size": get("feed_forward_length"),
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": get("attention.head_count_kv", num_heads),
-        "head_dim": get("attention.key_length", hidden // num_heads),
-        "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
-        "rope_theta": get("rope.freq_base", 10000.0),
-        "max_position_embeddings": get("context_length", 4096),
-        "vocab_size": get("vocab_size", len(metadata.get("tokenizer.ggml.tokens", []))),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
-    }
-    if get("rope.scaling.type") == "linear":
-        config["rope_scaling"] = {"rope_type": "linear", "factor": get("rope.scaling.factor")}
-    eos = metadata.get("tokenizer.ggml.eos_token_id")
-    if eos is not None:
-        config["eos_token_id"] = eos
-    if metadata.get("tokenizer.ggml.bos_token_id") is not None:
-        config["bos_token_id"] = metadata["tokenizer.ggml.bos_token_id"]
-    missing = [k for k, v in config.items() if v is None]
-    if missing:
-        raise ModelFileError(f"GGUF metadata lacks {', '.join(missing)} for architecture {arch!r}")
-    return config
+def record_arrays(name: str, record: TensorRecord) -> dict[str, mx.array]:
+    """A record as MLX arrays: `{name: values}`, or a quantized triplet under `.weight`/`.scales`/`.biases`."""
+    if record.bits is None:
+        value = mx.array(record.data)
+        return {name: value.view(mx.bfloat16) if record.dtype == "bf16" else value}
+    scales, biases = mx.array(record.scales), mx.array(record.biases)
+    if record.scale_dtype == "bf16":
+        scales, biases = scales.view(mx.bfloat16), biases.view(mx.bfloat16)
+    prefix = name.removesuffix(".weight")
+    return {name: mx.array(record.codes), f"{prefix}.scales": scales, f"{prefix}.biases": biases}
 
 
-def _unpermute_rows(w: Any, num_heads: int) -> Any:
+def _put_back(record: TensorRecord, where: Placement) -> Iterator[tuple[str, TensorRecord]]:
+    """The HF tensor(s) of one GGUF tensor: experts split, q/k rows unpermuted, Gemma norms shifted."""
+    parts = _split_rows(record, where.num_experts) if where.num_experts else [record]
+    for expert, part in enumerate(parts):
+        if where.unpermute_heads:
+            part = _map_rows(part, lambda rows: _unpermute_rows(rows, where.unpermute_heads))
+        if where.norm_shift:
+            part = _shifted(part, where.norm_shift)
+        yield where.hf_name.replace("{e}", str(expert)), part
+
+
+def _unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     """Undoes llama.cpp's q/k row permutation (interleaved RoPE pairs back to HF halves).
 
-    The permutation moves whole rows, and quantization groups run along the input, so
-    codes, scales and biases of a quantized tensor are all unpermuted the same way.
-    Works on MLX and numpy arrays alike.
+    The permutation moves whole rows, and quantization groups run along the input, so codes,
+    scales and biases of a quantized tensor are all unpermuted the same way.
     """
-    rows = w.shape[0]
-    head_dim = rows // num_heads
+    head_dim = w.shape[0] // num_heads
     return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def hf_name(name: str, config: dict[str, Any]) -> tuple[str, int | None]:
-    """(HF name, number of heads whose rows to unpermute or None) of a GGUF tensor name."""
-    if name == ROPE_FREQS:  # llama 3's rope scaling, as per-frequency divisors; the loader hands it to the RoPE
-        return name, None
-    match = _NAME.match(name)
-    base = match and (_LAYER_TENSORS if match.group(1) else _GLOBAL_TENSORS).get(match.group(2))
-    if not base:
-        raise UnsupportedModelError(f"GGUF tensor {name!r} has no known place in a {config['model_type']} model")
-    layer, kind = match.group(1), match.group(3)
-    heads = None
-    if config["model_type"] == "llama" and match.group(2) in ("attn_q", "attn_k"):
-        heads = config["num_attention_heads"] if match.group(2) == "attn_q" else config["num_key_value_heads"]
-    return (f"model.layers.{layer}.{base}.{kind}" if layer else f"{base}.{kind}"), heads
+def _map_rows(record: TensorRecord, fn: Any) -> TensorRecord:
+    """`record` with `fn` applied to the rows of its values, or of its codes, scales and biases alike."""
+    moved = {
+        k: None if getattr(record, k) is None else np.ascontiguousarray(fn(getattr(record, k)))
+        for k in ("data", "codes", "scales", "biases")
+    }
+    return TensorRecord(
+        record.dtype, record.shape, group_size=record.group_size, scale_dtype=record.scale_dtype, **moved
+    )
 
 
-def hf_tensors(tensors: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:
-    """GGUF tensors renamed to HF names, llama-family q/k rows back in HF order.
-
-    `rope_freqs.weight` (llama 3 GGUFs: RoPE frequency divisors, one per rotary pair) keeps its name;
-    `baselm.loader.model_from_checkpoint` hands it to the model's RoPE.
-    """
-    out = {}
-    for name, value in tensors.items():
-        target, heads = hf_name(name, config)
-        out[target] = value if heads is None else _unpermute_rows(value, heads)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# The streaming view (conversion): one tensor at a time, HF names, numpy
-
-
-def hf_records(gguf_file: GGUFFile, config: dict[str, Any]) -> Iterator[tuple[str, str, TensorRecord | np.ndarray]]:
-    """(HF name, GGUF type, record or dequantized float32 values) per tensor, sorted by HF name.
-
-    Each tensor is read from the mapped file only when the consumer asks for it.
-    """
-    names = sorted(gguf_file.tensors, key=lambda n: hf_name(n, config)[0])
-    for name in names:
-        info = gguf_file.tensors[name]
-        target, heads = hf_name(name, config)
-        value = gguf_file.read(info)
-        if heads is not None:
-            value = _unpermute_record(value, heads)
-        yield target, info.type_name, value
+def _split_rows(record: TensorRecord, num_parts: int) -> list[TensorRecord]:
+    """A stack of `num_parts` matrices (experts) as one record each, (rows / num_parts, inputs)."""
+    if record.bits is None:
+        data = record.data.reshape(num_parts, -1, record.shape[-1])
+        return [TensorRecord(record.dtype, tuple(part.shape), data=np.ascontiguousarray(part)) for part in data]
+    rows = record.shape[0] // num_parts
+    return [
+        TensorRecord(
+            record.dtype,
+            (rows, record.shape[1]),
+            **{
+                k: np.ascontiguousarray(getattr(record, k)[e * rows : (e + 1) * rows])
+                for k in ("codes", "scales", "biases")
+            },
+            group_size=record.group_size,
+            scale_dtype=record.scale_dtype,
+        )
+        for e in range(num_parts)
+    ]
 
 
-def _unpermute_record(value: TensorRecord | np.ndarray, heads: int) -> TensorRecord | np.ndarray:
-    if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(_unpermute_rows(value, heads))
-    parts = {k: getattr(value, k) for k in ("data", "codes", "scales", "biases")}
-    moved = {k: None if v is None else np.ascontiguousarray(_unpermute_rows(v, heads)) for k, v in parts.items()}
-    return TensorRecord(value.dtype, value.shape, group_size=value.group_size, scale_dtype=value.scale_dtype, **moved)
+def _shifted(record: TensorRecord, shift: float) -> TensorRecord:
+    """A float norm weight less `shift`, in float32 (Gemma GGUFs store `1 + w`, HF stores `w`)."""
+    if record.bits is not None:
+        raise ModelFileError(f"a norm weight of shape {list(record.shape)} is quantized; GGUF norms are float")
+    values = to_float32(record.data, record.dtype) - np.float32(shift)
+    return TensorRecord("f32", record.shape, data=np.ascontiguousarray(values, dtype=np.float32))

@@ -17,9 +17,8 @@ unless they overflow f16's range; a tensor with such a block keeps f32 scales an
 dequantization bit for bit: `d * q` is exact (at most 11 + 8 significant bits), so both round the
 same single sum. F32, F16 and BF16 stay float tensors as they are.
 
-K-quants (Q2_K..Q6_K) use super-blocks with 6- or 8-bit sub-scales and groups of 16 in Q2_K, Q3_K
-and Q6_K, which the affine scheme cannot hold; they are dequantized (with the `gguf` package's
-own code) and quantized again by the caller, which compounds the two rounding errors.
+K-quants (Q2_K..Q6_K) are read by `gguf_kquants.py`: Q3_K, Q4_K and Q5_K exactly, Q2_K and Q6_K
+re-quantized with their error measured.
 """
 
 from __future__ import annotations
@@ -27,8 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import UnsupportedModelError
@@ -54,13 +51,12 @@ EXACT_TYPES = {
     "Q5_1": BlockType(5, 24, True, 0),
     "Q8_0": BlockType(8, 34, False, 128),
 }
-# The .base scheme a K-quant becomes when it is kept (re-quantized at the nearest bit width).
-K_TYPES = {"Q2_K": "q2", "Q3_K": "q3", "Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6"}
-READABLE = (*FLOAT_TYPES, *EXACT_TYPES, *K_TYPES)
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # read by gguf_kquants.py
+READABLE = (*FLOAT_TYPES, *EXACT_TYPES, *K_TYPES, "MXFP4")  # MXFP4: widened exactly (store/mxfp4.py)
 
 
 def check_readable(type_name: str, tensor: str, label: str) -> None:
-    """A clear error for a tensor type base cannot read (IQ*, TQ*, MXFP4, integer types, ...)."""
+    """A clear error for a tensor type base cannot read (IQ*, TQ*, NVFP4, integer types, ...)."""
     if type_name not in READABLE:
         raise UnsupportedModelError(
             f"{label}: tensor {tensor!r} is GGUF type {type_name}, which base cannot read; "
@@ -141,9 +137,3 @@ def float_record(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> Ten
     numpy_dtype = {"f32": "<f4", "f16": "<f2", "bf16": "<u2"}[dtype]
     data = np.ascontiguousarray(raw.reshape(-1).view(numpy_dtype).reshape(shape))
     return TensorRecord(dtype=dtype, shape=tuple(shape), data=data)
-
-
-def dequantize_k(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """A K-quant tensor as float32 values, by the `gguf` package's own dequantization."""
-    values = dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[type_name])  # (out, in)
-    return values.reshape(shape).astype(np.float32, copy=False)

@@ -236,7 +236,13 @@ class QuantProfile:
 
 # q-bits one step up for the tensors that hurt most when coarse (value and down projections).
 _MIXED_UP = {2: "q4", 3: "q5", 4: "q6", 5: "q6", 6: "q8", 8: "q8"}
-_FLOAT_RULES = (Rule("*norm*", KEEP_FLOAT), Rule("*.mlp.gate.weight", KEEP_FLOAT))  # norms, MoE routers
+# Norms and MoE routers (Qwen3-MoE's `mlp.gate`, Mixtral's `block_sparse_moe.gate`, gpt-oss's `mlp.router`).
+_FLOAT_RULES = (
+    Rule("*norm*", KEEP_FLOAT),
+    Rule("*.mlp.gate.weight", KEEP_FLOAT),
+    Rule("*.block_sparse_moe.gate.weight", KEEP_FLOAT),
+    Rule("*.mlp.router.weight", KEEP_FLOAT),
+)
 _EMBEDDING_RULES = (Rule("*embed_tokens.weight", "q8"), Rule("lm_head.weight", "q8"))
 BUILTIN_PROFILES = ("default", "mixed")
 

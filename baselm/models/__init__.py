@@ -23,6 +23,8 @@ ARCHITECTURES = {
     "phi3": "phi3",
     "qwen3_moe": "qwen3_moe",
     "mixtral": "mixtral",
+    "smollm3": "smollm3",
+    "gpt_oss": "gpt_oss",
 }
 
 
@@ -44,17 +46,27 @@ def model_class(model_type: str) -> tuple[type[BaseModelArgs], type[DecoderModel
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
 
 
-def _quant_params(weights: dict[str, mx.array], prefix: str, in_features: int) -> dict[str, int]:
-    """Bits and group size of one quantized triplet: both follow from its shapes and the layer's inputs."""
+def _quant_params(weights: dict[str, mx.array], prefix: str, in_features: int) -> dict[str, Any]:
+    """Bits, group size and MLX mode of one quantized tensor: all follow from its arrays and the layer's inputs.
+
+    Affine tensors are `x.weight`/`x.scales`/`x.biases` triplets with float scales; MXFP4 ones are
+    `x.weight`/`x.scales` pairs with uint8 (power-of-two exponent) scales, 4 bits in groups of 32.
+    """
     codes, scales = weights[prefix + ".weight"], weights[prefix + ".scales"]
     bits, rem_bits = divmod(codes.shape[-1] * 32, in_features)
     group_size, rem_groups = divmod(in_features, scales.shape[-1])
-    if rem_bits or rem_groups or bits not in QUANT_BITS:
+    mode = "mxfp4" if scales.dtype == mx.uint8 else "affine"
+    fits = bits in QUANT_BITS if mode == "affine" else (bits, group_size) == (4, 32)
+    if rem_bits or rem_groups or not fits:
         raise ModelConfigError(
             f"quantized tensor {prefix} has codes {tuple(codes.shape)} and scales {tuple(scales.shape)}, "
-            f"which fit no bit width and group size for {in_features} inputs"
+            f"which fit no {'MXFP4 layout' if mode == 'mxfp4' else 'bit width and group size'} "
+            f"for {in_features} inputs"
         )
-    return {"group_size": group_size, "bits": bits}
+    if (mode == "affine") != (prefix + ".biases" in weights):
+        wanted = "needs" if mode == "affine" else "has uint8 (MXFP4) scales and takes no"
+        raise ModelConfigError(f"quantized tensor {prefix} {wanted} {prefix}.biases")
+    return {"group_size": group_size, "bits": bits, "mode": mode}
 
 
 def _quantized_prefixes(weights: dict[str, mx.array]) -> list[str]:
@@ -85,12 +97,15 @@ def _quantization(
     return params
 
 
-def _dequantize_triplets(weights: dict[str, mx.array], params: dict[str, dict[str, int]], dtype: mx.Dtype) -> None:
-    """Replaces each `x.weight`/`x.scales`/`x.biases` triplet by a dense `x.weight`, in place."""
+def _dequantize_triplets(weights: dict[str, mx.array], params: dict[str, dict[str, Any]], dtype: mx.Dtype) -> None:
+    """Replaces each quantized `x.weight`/`x.scales`[/`x.biases`] by a dense `x.weight`, in place."""
     for prefix, quant in params.items():
-        scales = weights.pop(prefix + ".scales").astype(mx.float32)
-        biases = weights.pop(prefix + ".biases").astype(mx.float32)
-        dense = mx.dequantize(weights[prefix + ".weight"], scales, biases, **quant)
+        scales = weights.pop(prefix + ".scales")
+        if quant["mode"] == "affine":
+            scales, biases = scales.astype(mx.float32), weights.pop(prefix + ".biases").astype(mx.float32)
+        else:
+            biases = None
+        dense = mx.dequantize(weights[prefix + ".weight"], scales, biases, dtype=mx.float32, **quant)
         weights[prefix + ".weight"] = dense.astype(dtype)
         mx.eval(weights[prefix + ".weight"])  # frees the codes now, not at the end
 
@@ -105,9 +120,10 @@ def build_model(
 ) -> DecoderModel:
     """Instantiates the architecture of `config` and loads `weights` (HF names) into it.
 
-    Quantized triplets are either dequantized to `dtype` (the CPU path: float32 through BLAS is
-    the only fast CPU compute) or kept as quantized layers (GPU paths). Their bits and group size
-    follow from the shapes; `group_size` (one for all, or per module path), when given, is checked.
+    Quantized tensors (affine triplets, MXFP4 pairs) are either dequantized to `dtype` (the CPU
+    path: float32 through BLAS is the only fast CPU compute) or kept as quantized layers (GPU
+    paths). Their bits, group size and mode follow from the arrays; `group_size` (one for all, or
+    per module path), when given, is checked.
     `rope_freq_factors` (rotary_dims // 2,) divide the RoPE frequencies: llama 3 scaling kept outside the config.
     """
     args_cls, model_cls = model_class(config.get("model_type", ""))

@@ -16,7 +16,8 @@ class Attention(nn.Module):
     """Multi-head attention with GQA/MQA over the paged KV pools.
 
     Options cover the architectures here: projection biases (qwen2), q/k RMS norms (qwen3,
-    gemma3), score soft-capping and a sliding window (gemma2/3).
+    gemma3), score soft-capping and a sliding window (gemma2/3), no position rotation in some
+    layers (`rope=None`, smollm3), and a learned sink logit per head (`sinks`, gpt-oss).
     """
 
     def __init__(
@@ -25,7 +26,7 @@ class Attention(nn.Module):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
-        rope: RoPE,
+        rope: RoPE | None,
         qkv_bias: bool = False,
         o_bias: bool = False,
         qk_norm_eps: float | None = None,
@@ -33,6 +34,7 @@ class Attention(nn.Module):
         softcap: float | None = None,
         window: int | None = None,
         norm_cls: type[nn.Module] = nn.RMSNorm,
+        sinks: bool = False,
     ):
         super().__init__()
         if num_heads % num_kv_heads:
@@ -50,6 +52,9 @@ class Attention(nn.Module):
         self.scale = scale if scale is not None else head_dim**-0.5
         self.softcap = softcap
         self.window = window
+        if sinks:
+            self.sinks = mx.zeros((num_heads,))
+        self.has_sinks = sinks
 
     def fuse(self) -> None:
         """Computes q, k and v with one matmul (one dispatch instead of three; CPU decode is
@@ -76,9 +81,17 @@ class Attention(nn.Module):
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # (num_tokens, kv_heads, head_dim)
         if self.has_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, positions), self.rope(k, positions)
+        if self.rope is not None:
+            q, k = self.rope(q, positions), self.rope(k, positions)
         layer_kv.write(k, v, meta)
         out = paged_attention(
-            q, layer_kv.keys, layer_kv.values, meta, self.scale, softcap=self.softcap, window=self.window
+            q,
+            layer_kv.keys,
+            layer_kv.values,
+            meta,
+            self.scale,
+            softcap=self.softcap,
+            window=self.window,
+            sinks=self.sinks if self.has_sinks else None,
         )  # (num_tokens, heads, head_dim)
         return self.o_proj(out.reshape(num_tokens, -1))

@@ -97,6 +97,10 @@ class ModelArgs(BaseModelArgs):
             params.setdefault("original_max_position_embeddings", self.max_position_embeddings)
         return params
 
+    def layer_uses_rope(self, layer_idx: int) -> bool:
+        """Whether a layer rotates its queries and keys; every Llama layer does."""
+        return True
+
     def layer_window(self, layer_idx: int) -> int | None:
         """Sliding-window size of a layer, None for full attention."""
         return self.sliding_window if self.layer_types[layer_idx] == "sliding_attention" else None
@@ -137,8 +141,9 @@ class Model(DecoderModel):
         return {"qkv_bias": args.attention_bias, "o_bias": args.attention_bias}
 
     def make_attention(self, args: ModelArgs, layer_idx: int) -> Attention:
-        layer_type = args.layer_types[layer_idx]
-        rope = make_rope(args.head_dim, args.rope_params(layer_type), args.max_position_embeddings)
+        rope = None
+        if args.layer_uses_rope(layer_idx):
+            rope = make_rope(args.head_dim, args.rope_params(args.layer_types[layer_idx]), args.max_position_embeddings)
         return Attention(
             args.hidden_size,
             args.num_attention_heads,
@@ -196,4 +201,5 @@ class Model(DecoderModel):
                 "the checkpoint has a rope_freqs tensor and the config a rope scaling; only one may scale"
             )
         for layer in self.layers:
-            layer.self_attn.rope.divide_frequencies(factors)
+            if layer.self_attn.rope is not None:
+                layer.self_attn.rope.divide_frequencies(factors)

@@ -13,43 +13,63 @@ from baselm.models.mlp import activation
 
 
 class SwitchLinear(nn.Module):
-    """One bias-free linear layer per expert, weights stacked: (num_experts, out, in)."""
+    """One linear layer per expert, weights stacked: (num_experts, out, in), biases (num_experts, out)."""
 
-    def __init__(self, input_dims: int, output_dims: int, num_experts: int):
+    def __init__(self, input_dims: int, output_dims: int, num_experts: int, bias: bool = False):
         super().__init__()
         scale = input_dims**-0.5
         self.weight = mx.random.uniform(-scale, scale, (num_experts, output_dims, input_dims))
+        if bias:
+            self.bias = mx.zeros((num_experts, output_dims))
 
     def __call__(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         """x: (num_tokens, k or 1, 1, in); expert_ids: (num_tokens, k); returns (num_tokens, k, 1, out)."""
-        return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=expert_ids)
+        return _add_bias(self, mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=expert_ids), expert_ids)
 
     def to_quantized(self, group_size: int = 64, bits: int = 4, mode: str = "affine", **_: Any) -> nn.Module:
         """The quantized twin, so `nn.quantize` (and quantized checkpoints) cover the experts too."""
-        return QuantizedSwitchLinear(self.weight, group_size, bits, mode)
+        return QuantizedSwitchLinear(self.weight, group_size, bits, mode, self.get("bias"))
+
+
+def _add_bias(layer: nn.Module, out: mx.array, expert_ids: mx.array) -> mx.array:
+    """`out` (num_tokens, k, 1, out) plus each picked expert's bias, when the layer has biases."""
+    if "bias" not in layer:
+        return out
+    return out + layer.bias[expert_ids][:, :, None, :]
 
 
 class QuantizedSwitchLinear(nn.Module):
-    """SwitchLinear over affine-quantized stacked weights: codes (num_experts, out, in * bits / 32)."""
+    """SwitchLinear over quantized stacked weights: codes (num_experts, out, in * bits / 32).
 
-    def __init__(self, weight: mx.array, group_size: int, bits: int, mode: str = "affine"):
+    `mode` is MLX's: "affine" (float scales and biases per group) or "mxfp4" (FP4 E2M1 codes with
+    one power-of-two E8M0 scale per 32 inputs, stored as uint8, and no quantization biases).
+    """
+
+    def __init__(
+        self, weight: mx.array, group_size: int, bits: int, mode: str = "affine", bias: mx.array | None = None
+    ):
         super().__init__()
         self.group_size, self.bits, self.mode = group_size, bits, mode
-        self.weight, self.scales, self.biases = mx.quantize(weight, group_size, bits, mode=mode)
+        self.weight, self.scales, *biases = mx.quantize(weight, group_size, bits, mode=mode)
+        if biases:
+            self.biases = biases[0]
+        if bias is not None:
+            self.bias = bias
 
     def __call__(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         """x: (num_tokens, k or 1, 1, in); expert_ids: (num_tokens, k); returns (num_tokens, k, 1, out)."""
-        return mx.gather_qmm(
+        out = mx.gather_qmm(
             x,
             self.weight,
             self.scales,
-            self.biases,
+            self.get("biases"),
             rhs_indices=expert_ids,
             transpose=True,
             group_size=self.group_size,
             bits=self.bits,
             mode=self.mode,
         )
+        return _add_bias(self, out, expert_ids)
 
 
 class SwitchGLU(nn.Module):

@@ -115,3 +115,21 @@ def test_preemption_keeps_logits(make_engine, alone_logits):
 def engine_bytes_per_token() -> int:
     num_layers, num_kv_heads, head_dim = loaded_fixture().model.kv_shape()
     return 2 * num_layers * num_kv_heads * head_dim * 4
+
+
+@pytest.mark.parametrize("name", ["gpt_oss_mxfp4", "smollm3"])
+def test_sinks_windows_and_nope_layers_keep_batched_logits_equal_alone(make_engine, name):
+    # gpt-oss (sinks, a sliding layer, MXFP4 routed experts) and SmolLM3 (a layer without RoPE),
+    # chunked in steps of 16 tokens beside each other, with prefix caching.
+    requests = workload()[:8]
+    alone = []
+    for _, prompt, forced in requests:
+        recorders, _ = run(make_engine(name, enable_prefix_caching=False), [(0, prompt, forced)])
+        alone.append(recorders[0].logits)
+    engine = make_engine(name, max_num_batched_tokens=16, long_prefill_token_threshold=16)
+    recorders, generated = run(engine, requests)
+    assert engine.kv_manager.prefix_cache_hits > 0
+    for (_, _, forced), recorder, logits_alone, out in zip(requests, recorders, alone, generated):
+        assert out == forced and sorted(recorder.logits) == sorted(logits_alone)
+        for position, logits in logits_alone.items():
+            np.testing.assert_allclose(recorder.logits[position], logits, atol=TOL, rtol=0)

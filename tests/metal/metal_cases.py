@@ -29,6 +29,11 @@ class Case:
     softcap: float | None = None
     window: int | None = None
     num_splits: int | None = 1
+    sinks: bool = False  # a sink logit per head (gpt-oss)
+
+    def sink_logits(self) -> mx.array | None:
+        """(num_heads,) float32 sink logits spread around the scores' range, or None."""
+        return mx.linspace(-2.0, 3.0, self.num_heads) if self.sinks else None
 
 
 F32, F16, BF16 = mx.float32, mx.float16, mx.bfloat16
@@ -51,6 +56,10 @@ CASES = [
     Case("q4_pool_d256", F16, 256, 2, 1, (1, 2), (35, 18), kv_bits=4),
     Case("eight_simdgroups_long_prefill_tail", F16, 64, 2, 1, (1, 3), (600, 520)),
     Case("auto_split_long_decode", F32, 64, 2, 2, (1,), (1100,), num_splits=None),
+    Case("sinks_gqa_window", F32, 64, 4, 2, (1, 6), (40, 14), window=6, sinks=True),
+    Case("sinks_gpt_oss_heads_bf16", BF16, 64, 8, 1, (9, 1), (9, 30), sinks=True),
+    Case("split_k_sinks_q8", F16, 64, 4, 2, (2, 1), (37, 60), kv_bits=8, num_splits=3, sinks=True),
+    Case("split_k_sinks_empty_splits", F32, 128, 2, 1, (1, 6), (50, 6), num_splits=4, sinks=True),
 ]
 
 

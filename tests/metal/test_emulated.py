@@ -6,6 +6,7 @@ threadgroup); only the runner differs. Needs g++ (C++20).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from dataclasses import dataclass
 
@@ -28,7 +29,9 @@ def attend(case: Case, run=run_launch) -> tuple[mx.array, mx.array]:
     queries, key_pool, value_pool, meta = build(case)
     scale = case.head_dim**-0.5
     args = (queries, key_pool, value_pool, meta, scale, case.softcap, case.window)
-    return paged_attention_kernel(*args, num_splits=case.num_splits, run=run), paged_attention_reference(*args)
+    sinks = case.sink_logits()
+    got = paged_attention_kernel(*args, num_splits=case.num_splits, run=run, sinks=sinks)
+    return got, paged_attention_reference(*args, sinks=sinks)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -84,6 +87,19 @@ def test_self_check_passes_for_a_correct_kernel_and_fails_for_a_wrong_one():
 
     with pytest.raises(AssertionError, match=r"paged_attention \(\[1, 1\] query tokens, 1 key split\(s\)\)"):
         self_check.check_attention(queries, key_pool, None, None, run=off_by_a_little)
+
+
+def test_self_check_of_a_sinks_variant_catches_a_kernel_that_leaves_the_sinks_out():
+    queries = mx.zeros((1, 8, 64), dtype=mx.float32)
+    key_pool = allocate_pool(2, 16, 2, 64, mx.float32, 16)
+    self_check.check_attention(queries, key_pool, None, 6, True, run=run_launch)
+
+    def without_sinks(launch: Launch) -> list[mx.array]:
+        template = [(name, False if name == "SINKS" else value) for name, value in launch.template]
+        return run_launch(dataclasses.replace(launch, template=template))
+
+    with pytest.raises(AssertionError, match=r"paged_attention \(\[1, 1\] query tokens, 1 key split\(s\)\)"):
+        self_check.check_attention(queries, key_pool, None, 6, True, run=without_sinks)
 
 
 def test_failed_self_check_turns_the_kernel_off_with_one_warning(monkeypatch, caplog):

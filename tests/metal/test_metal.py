@@ -21,9 +21,9 @@ pytestmark = [
 def test_paged_attention_matches_reference(case: Case):
     queries, key_pool, value_pool, meta = build(case)
     args = (queries, key_pool, value_pool, meta, case.head_dim**-0.5, case.softcap, case.window)
-    got = paged_attention_kernel(*args, num_splits=case.num_splits)
+    got = paged_attention_kernel(*args, num_splits=case.num_splits, sinks=case.sink_logits())
     with mx.stream(mx.cpu):
-        expected = paged_attention_reference(*args)
+        expected = paged_attention_reference(*args, sinks=case.sink_logits())
     assert max_error(got, expected) <= TOLERANCE[case.dtype]
 
 

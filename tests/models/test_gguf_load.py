@@ -19,9 +19,10 @@ from baselm.backend import Backend
 from baselm.loader import model_from_checkpoint
 from baselm.models.base import DecoderModel, ModelConfigError
 from baselm.store import gguf as gguf_store
+from baselm.store.errors import ModelFileError
 from tests.forward import prefill_logits
 from tests.paths import LLAMA_FIXTURE, MODEL_FIXTURES
-from tests.tiny_gguf import add_llama_hparams, llama_cpp_tensors, write_gguf
+from tests.tiny_gguf import add_llama_hparams, llama3_rope_freqs, llama_cpp_tensors, write_gguf
 
 TOL = 1e-4
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
@@ -39,26 +40,8 @@ def write_f32_gguf(path: Path, config: dict, tensors: dict[str, np.ndarray]) -> 
 
 
 def load_gguf(path: Path) -> DecoderModel:
-    tensors, metadata = gguf_store.read_metadata(path)
-    config = gguf_store.hf_config(metadata, set(tensors))
-    weights = gguf_store.hf_tensors(tensors, config)
-    return model_from_checkpoint(config, weights, CPU, group_size=gguf_store.GGUF_GROUP_SIZE)
-
-
-def llama3_rope_freqs(config: dict) -> np.ndarray:
-    """The divisors llama.cpp's converter stores for llama 3 rope scaling, one per rotary pair."""
-    rope = config["rope_parameters"]
-    head_dim = config["head_dim"]
-    wavelens = 2 * np.pi * rope["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
-    old_len, low, high, factor = (
-        rope["original_max_position_embeddings"],
-        rope["low_freq_factor"],
-        rope["high_freq_factor"],
-        rope["factor"],
-    )
-    smooth = (old_len / wavelens - low) / (high - low)
-    medium = 1 / ((1 - smooth) / factor + smooth)
-    return np.where(wavelens < old_len / high, 1.0, np.where(wavelens > old_len / low, factor, medium))
+    config, weights, _ = gguf_store.load_checkpoint(path)
+    return model_from_checkpoint(config, weights, CPU)
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +76,7 @@ def test_llama3_gguf_with_rope_freqs_and_one_kv_head_gives_the_hf_logits(tmp_pat
 
 def test_gguf_config_matches_the_hf_config(tmp_path, config):
     path = write_f32_gguf(tmp_path / "llama.gguf", config, llama_cpp_tensors(config))
-    tensors, metadata = gguf_store.read_metadata(path)
-    got = gguf_store.hf_config(metadata, set(tensors))
+    got = gguf_store.GGUFCheckpoint.open(path).config
     keys = ["hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads"]
     assert {k: got[k] for k in keys} == {k: config[k] for k in keys}
     assert got["model_type"] == "llama"
@@ -121,7 +103,8 @@ def test_gguf_tensor_of_the_wrong_shape_is_named(tmp_path, config):
     tensors["blk.0.attn_v.weight"] = np.zeros((48, 64), np.float32)  # 3 KV heads' rows where 2 belong
     path = write_f32_gguf(tmp_path / "llama.gguf", config, tensors)
     with pytest.raises(
-        ModelConfigError,
-        match=r"^tensor layers\.0\.self_attn\.v_proj\.weight has shape \(48, 64\), the config implies \(32, 64\)$",
+        ModelFileError,
+        match=r"^GGUF metadata contradicts its tensors: 2 kv heads of 16 gives 32, but blk\.0\.attn_v\.weight has "
+        r"shape \[48, 64\]$",
     ):
         load_gguf(path)

@@ -30,6 +30,7 @@ def test_all_architectures_are_registered():
     assert supported_model_types() == [
         "gemma2",
         "gemma3_text",
+        "gpt_oss",
         "llama",
         "mistral",
         "mixtral",
@@ -37,6 +38,7 @@ def test_all_architectures_are_registered():
         "qwen2",
         "qwen3",
         "qwen3_moe",
+        "smollm3",
     ]
 
 
@@ -94,6 +96,17 @@ def test_unknown_model_type_lists_the_supported_ones():
             "phi3",
             {"partial_rotary_factor": 0.3125, "rope_parameters": None},
             "partial_rotary_factor gives 5 rotary dims for head_dim 16; need an even count",
+        ),
+        ("smollm3", {"no_rope_layers": [1]}, "no_rope_layers lists 1 layers but num_hidden_layers is 4"),
+        (
+            "smollm3",
+            {"no_rope_layers": None, "no_rope_layer_interval": 0},
+            "no_rope_layer_interval must be at least 1, got 0",
+        ),
+        (
+            "gpt_oss",
+            {"num_experts_per_tok": 0},
+            "num_experts_per_tok (0) must be between 1 and num_local_experts (4)",
         ),
     ],
 )

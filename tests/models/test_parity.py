@@ -23,6 +23,8 @@ from tests.paths import MODEL_FIXTURES
 NAMES = [
     "gemma2",
     "gemma3",
+    "gpt_oss",
+    "gpt_oss_mxfp4",
     "llama",
     "llama_rope3_mqa",
     "mistral",
@@ -31,6 +33,7 @@ NAMES = [
     "qwen2",
     "qwen3",
     "qwen3_moe",
+    "smollm3",
 ]
 TOL = 1e-4
 BLOCK_SIZE = 4
@@ -135,6 +138,15 @@ def test_older_config_keys_describe_the_same_model(name):
     assert max_diff(logits, ref["logits"]) < TOL
 
 
+def test_smollm3_config_giving_only_the_nope_interval_describes_the_same_model():
+    # Hub configs may list no_rope_layers or only no_rope_layer_interval (every 4th layer, the default).
+    config = {k: v for k, v in hf.read_config(MODEL_FIXTURES / "smollm3").items() if k != "no_rope_layers"}
+    model, ref = build_model(config, hf.read_weights(MODEL_FIXTURES / "smollm3")), reference("smollm3")
+    assert [layer.self_attn.rope is None for layer in model.layers] == [False, False, False, True]
+    (logits,) = step(model, new_cache(model), [(ref["input_ids"], 0, TABLE_A)])
+    assert max_diff(logits, ref["logits"]) < TOL
+
+
 @pytest.mark.parametrize(
     "name, variant",
     [
@@ -144,6 +156,9 @@ def test_older_config_keys_describe_the_same_model(name):
         ("qwen3", "yarn_mscale"),  # YaRN with mscale / mscale_all_dim and a custom beta_fast
         ("mixtral", "window"),  # sliding window in every layer
         ("qwen3_moe", "window"),  # use_sliding_window: every layer slides
+        ("smollm3", "window"),  # use_sliding_window: the NoPE layers slide
+        ("gpt_oss", "limit7"),  # the SwiGLU clamp of the released models
+        ("gpt_oss_mxfp4", "limit7"),
     ],
 )
 def test_config_variant_on_the_same_weights_gives_transformers_logits(name, variant):
@@ -233,6 +248,11 @@ def test_float32_model_kept_quantized_with_float16_scales_computes_as_dequantize
         ("llama_rope3_mqa", {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
         ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
         ("qwen3_moe", {"norm_topk_prob": True}),
+        ("smollm3", {"no_rope_layers": [1, 1, 1, 1]}),
+        ("gpt_oss", {"swiglu_limit": 7.0}),
+        ("gpt_oss", {"layer_types": ["full_attention", "full_attention"]}),
+        ("gpt_oss", {"rope_parameters": {"rope_type": "default", "rope_theta": 150000.0}}),
+        ("gpt_oss", {"num_experts_per_tok": 1}),
     ],
 )
 def test_fixture_depends_on_its_architecture_feature(name, change):

@@ -212,9 +212,7 @@ def test_writer_rejects_duplicate_names_and_integer_arrays(tmp_path: Path) -> No
 def test_smollm2_gguf_triplets_round_trip_bit_exactly(tmp_path: Path, smollm2_gguf: Path) -> None:
     """GGUF Q4_1/Q8_0 triplets go into a .base file as they are and come back identical."""
 
-    raw, metadata = gguf.read_metadata(smollm2_gguf)
-    config = gguf.hf_config(metadata, set(raw))
-    source = gguf.hf_tensors(raw, config)
+    config, source, _ = gguf.load_checkpoint(smollm2_gguf)
 
     def records():
         for name, value in source.items():

@@ -11,7 +11,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
-from test_gguf_convert import oracle
 from test_mlx_folder import make_mlx_folder
 
 from baselm.backend import Backend
@@ -20,13 +19,12 @@ from baselm.models import build_model
 from baselm.store.base_reader import BaseFile
 from baselm.store.convert import convert
 from baselm.store.errors import BaseFileError, StoreError, UnsupportedModelError
-from baselm.store.gguf import _unpermute_rows, hf_name
 from baselm.store.import_local import import_local
 from baselm.store.mlx_folder import plain_config
 from baselm.store.registry import Store
 from tests.forward import prefill_logits
 from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
-from tests.tiny_gguf import tiny_llama_gguf
+from tests.tiny_gguf import llama_hf_oracle, tiny_llama_gguf
 
 SUPPORTED = {"llama"}
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
@@ -100,10 +98,7 @@ def test_a_gguf_is_stored_as_its_own_quant_and_gives_the_logits_of_its_dequantiz
     assert (model.ref, model.quant, model.source["format"]) == ("local/Tiny-Llama:q5_0", "q5", "gguf")
     stored, direct = load_model(model.ref, CPU), load_model(path, CPU)
     # Independent of our reader: the gguf package's dequantization, q/k rows put in HF order.
-    hf = {}
-    for name, values in oracle(path).items():
-        target, heads = hf_name(name, stored.config)
-        hf[target] = mx.array(values if heads is None else _unpermute_rows(values, heads))
+    hf = {name: mx.array(values) for name, values in llama_hf_oracle(path, config).items()}
     expected = prefill_logits(build_model(stored.config, hf), IDS)
     assert np.array_equal(prefill_logits(stored.model, IDS), expected)
     assert np.array_equal(prefill_logits(direct.model, IDS), expected)

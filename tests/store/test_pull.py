@@ -105,8 +105,7 @@ def test_a_gguf_pull_picks_the_asked_file_and_keeps_its_quantization_bit_for_bit
     fetched = [p.rsplit("/", 1)[1] for m, p, _ in hub.requests[before:] if m == "GET" and "/resolve/" in p]
     assert fetched == ["tiny-llama.Q8_0.gguf"]
     assert (model.ref, model.quant, model.source["format"]) == ("org/Tiny-Llama-GGUF:q8_0", "q8", "gguf")
-    raw, metadata = gguf.read_metadata(hub.gguf_dir / "tiny-llama.Q8_0.gguf")
-    expected = gguf.hf_tensors(raw, gguf.hf_config(metadata, set(raw)))
+    _, expected, _ = gguf.load_checkpoint(hub.gguf_dir / "tiny-llama.Q8_0.gguf")
     _, tensors = read_base_file(model.path, verify=True)
     q = tensors["model.layers.1.self_attn.q_proj.weight"]
     assert (q.bits, q.group_size, q.shape) == (8, 32, (64, 64))
@@ -217,9 +216,7 @@ def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(
     assert (converted.arch, converted.quant, converted.params) == ("llama", "q4", 134_515_008)
     header, tensors = read_base_file(tmp_path / "smollm2.base", verify=True)
     weights, group_sizes = model_weights(tensors)
-    raw, metadata = gguf.read_metadata(smollm2_gguf)
-    config = gguf.hf_config(metadata, set(raw))
-    expected = gguf.hf_tensors(raw, config)
+    config, expected, metadata = gguf.load_checkpoint(smollm2_gguf)
     assert header["config"] == config and header["quant_profile"] == "gguf-Q4_1"
     assert sorted(weights) == sorted(expected) and set(group_sizes.values()) == {32}
     assert all(mx.array_equal(weights[name], expected[name]) for name in expected)

@@ -190,6 +190,19 @@ def test_default_q4_profile() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "router",
+    [
+        "model.layers.3.mlp.gate.weight",
+        "model.layers.3.block_sparse_moe.gate.weight",
+        "model.layers.3.mlp.router.weight",
+    ],
+)
+def test_default_profile_keeps_every_moe_router_float(router: str) -> None:
+    # Qwen3-MoE, Mixtral and gpt-oss name their routers three ways; top-k picks are sensitive to rounding.
+    assert builtin_profile("default", "q4").decide(router, (8, 128), "bf16").dtype == "bf16"
+
+
 def test_mixed_q4_profile() -> None:
     dtypes = _dtypes(builtin_profile("mixed", "q4"))
     assert dtypes["model.layers.0.self_attn.v_proj.weight"] == ("base_q6", 64)

@@ -1,0 +1,351 @@
+"""Every architecture base runs, as llama.cpp's converter writes it to GGUF, loads as the HF model.
+
+Each model fixture (tests/fixtures/models) is written to an F32 GGUF the way `convert_hf_to_gguf.py`
+writes it (tests/tiny_gguf.py: names, q/k permutation, Gemma's `1 + w` norms, stacked experts,
+Phi-3's fused projections and LongRoPE tensors). Three checks per architecture:
+- against transformers loading the same GGUF (`gguf_reference.npz`, scripts/make_gguf_fixtures.py);
+- against the HF folder loaded by base with the config the GGUF implies (the tensor mapping alone);
+- the implied config against the HF config, with llama.cpp's own rules where the file is silent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from baselm.backend import Backend
+from baselm.loader import load_model, model_from_checkpoint
+from baselm.store import gguf as gguf_store
+from baselm.store.errors import ModelFileError, UnsupportedModelError
+from tests.forward import prefill_logits
+from tests.paths import MODEL_FIXTURES
+from tests.tiny_gguf import (
+    add_hparams,
+    add_phi3_longrope_keys,
+    add_word_vocabulary,
+    converter_tensors,
+    fixture_gguf,
+    oracle,
+    write_gguf,
+)
+
+TOL = 1e-4
+CPU = Backend("cpu", mx.float32, keep_quantized=False)
+ARCHS = ["llama", "llama_rope3_mqa", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3"]
+ARCHS += ["smollm3"]  # gpt-oss: tests/store/test_gguf_gpt_oss.py
+# Fixtures transformers reads from GGUF (not Mixtral: a llama GGUF with experts; not this Qwen3-MoE: a dense layer).
+TRANSFORMERS_GGUF = [a for a in ARCHS if (MODEL_FIXTURES / a / "gguf_reference.npz").exists()]
+# Fixtures whose HF config a GGUF says in full, so transformers' HF logits apply as they are.
+SAME_CONFIG = ["llama", "llama_rope3_mqa", "mixtral", "qwen2", "qwen3", "phi3", "smollm3"]
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("gguf")
+    return {name: fixture_gguf(folder / f"{name}.gguf", MODEL_FIXTURES / name)[0] for name in ARCHS}
+
+
+def gguf_logits(path: Path, ids: np.ndarray) -> np.ndarray:
+    return prefill_logits(load_model(path, CPU).model, ids)
+
+
+def test_every_architecture_base_runs_is_listed() -> None:
+    from baselm.models import ARCHITECTURES
+    from baselm.store.gguf_arch import ARCHS as GGUF_ARCHS
+
+    covered = {spec.model_type for spec in GGUF_ARCHS.values()} | {"mistral", "mixtral"}
+    assert set(ARCHITECTURES) <= covered
+
+
+@pytest.mark.parametrize("name", TRANSFORMERS_GGUF)
+def test_a_gguf_gives_the_logits_transformers_gives_for_the_same_gguf(name: str, ggufs: dict[str, Path]) -> None:
+    reference = np.load(MODEL_FIXTURES / name / "gguf_reference.npz")
+    logits = gguf_logits(ggufs[name], reference["input_ids"])
+    assert np.abs(logits - reference["logits"]).max() < TOL
+    assert np.array_equal(logits.argmax(-1), reference["logits"].argmax(-1))
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_a_gguf_gives_the_logits_of_its_hf_folder_under_the_config_the_gguf_implies(
+    name: str, ggufs: dict[str, Path]
+) -> None:
+    folder = MODEL_FIXTURES / name
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    config, weights, _ = gguf_store.load_checkpoint(ggufs[name])
+    hf_weights = {k: mx.array(v) for k, v in load_file(str(folder / "model.safetensors")).items()}
+    if "rope_freqs.weight" in weights:  # llama 3 scaling: a tensor in GGUF, config keys in HF
+        hf_weights["rope_freqs.weight"] = weights["rope_freqs.weight"]
+    expected = prefill_logits(model_from_checkpoint(dict(config), hf_weights, CPU), ids)
+    logits = gguf_logits(ggufs[name], ids)
+    assert np.abs(logits - expected).max() < TOL
+    assert np.array_equal(logits.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.parametrize("name", SAME_CONFIG)
+def test_a_gguf_of_a_fully_described_model_gives_transformers_hf_logits(name: str, ggufs: dict[str, Path]) -> None:
+    reference = np.load(MODEL_FIXTURES / name / "reference.npz")
+    ids = reference["input_ids"]
+    if name == "phi3":  # LongRoPE: HF picks factors per call, base per token; equal before the trained length
+        ids = ids[:12]
+    logits = gguf_logits(ggufs[name], ids)
+    assert np.abs(logits - reference["logits"][: len(ids)]).max() < TOL
+
+
+def implied(name: str, ggufs: dict[str, Path]) -> tuple[dict, dict]:
+    hf = json.loads((MODEL_FIXTURES / name / "config.json").read_text())
+    return gguf_store.GGUFCheckpoint.open(ggufs[name]).config, hf
+
+
+SHARED_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"]
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_the_implied_config_has_the_hf_sizes(name: str, ggufs: dict[str, Path]) -> None:
+    config, hf = implied(name, ggufs)
+    keys = SHARED_KEYS + ["vocab_size", "intermediate_size", "tie_word_embeddings", "bos_token_id", "eos_token_id"]
+    assert {k: config[k] for k in keys} == {k: hf[k] for k in keys}
+    expected_type = {"mistral": "llama", "gemma3": "gemma3_text", "llama_rope3_mqa": "llama"}.get(name, name)
+    assert config["model_type"] == expected_type
+
+
+def test_moe_configs_carry_the_expert_routing(ggufs: dict[str, Path]) -> None:
+    mixtral, hf = implied("mixtral", ggufs)
+    assert (mixtral["num_local_experts"], mixtral["num_experts_per_tok"]) == (4, 2) == (hf["num_local_experts"], 2)
+    qwen, hf = implied("qwen3_moe", ggufs)
+    assert (qwen["num_experts"], qwen["num_experts_per_tok"], qwen["moe_intermediate_size"]) == (4, 2, 32)
+    assert qwen["mlp_only_layers"] == hf["mlp_only_layers"] == [1]  # a layer without a router is dense
+    assert qwen["norm_topk_prob"] is True  # llama.cpp always renormalizes (the fixture's HF config does not)
+
+
+def test_gemma_configs_follow_llama_cpp_where_the_file_is_silent(ggufs: dict[str, Path]) -> None:
+    gemma2, hf2 = implied("gemma2", ggufs)
+    assert (gemma2["attn_logit_softcapping"], gemma2["final_logit_softcapping"]) == (3.0, 5.0)
+    assert gemma2["sliding_window"] == hf2["sliding_window"] and gemma2["layer_types"] == hf2["layer_types"]
+    assert gemma2["query_pre_attn_scalar"] == hf2["head_dim"] != hf2["query_pre_attn_scalar"]  # 1/sqrt(head_dim)
+    gemma3, _ = implied("gemma3", ggufs)
+    assert gemma3["layer_types"] == ["sliding_attention"] * 3  # every 6th layer is global: none of 3
+    assert gemma3["rope_scaling"] == {"rope_type": "linear", "factor": 4.0} and gemma3["rope_local_base_freq"] == 1e4
+    assert gemma3["final_logit_softcapping"] is None
+
+
+def test_phi3_longrope_comes_from_the_factor_tensors(ggufs: dict[str, Path]) -> None:
+    phi3, hf = implied("phi3", ggufs)
+    rope = hf["rope_parameters"]
+    assert phi3["partial_rotary_factor"] == rope["partial_rotary_factor"]
+    scaling = phi3["rope_scaling"]
+    assert scaling["long_factor"] == rope["long_factor"]
+    assert np.allclose(scaling["short_factor"], rope["short_factor"])
+    assert scaling["original_max_position_embeddings"] == rope["original_max_position_embeddings"]
+
+
+def test_pulling_a_gguf_gives_the_logits_of_running_it(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    from baselm.store.convert import convert
+
+    ids = np.load(MODEL_FIXTURES / "gemma3" / "reference.npz")["input_ids"]
+    for name in ("gemma3", "mixtral", "phi3"):
+        convert(ggufs[name], tmp_path / f"{name}.base", None, None, "default")
+        pulled = prefill_logits(load_model(tmp_path / f"{name}.base", CPU).model, ids)
+        assert np.array_equal(pulled, gguf_logits(ggufs[name], ids)), name
+
+
+# ---------------------------------------------------------------------------------------------
+# Files that contradict themselves, or that base cannot place
+
+
+def write_variant(tmp_path: Path, name: str, change) -> Path:
+    """The fixture `name` as the converter writes it, with `change(config, tensors)` applied first."""
+    folder = MODEL_FIXTURES / name
+    config = json.loads((folder / "config.json").read_text())
+    tensors = converter_tensors(config, load_file(str(folder / "model.safetensors")))
+    arch = change(config, tensors) or "llama"
+    f32 = {k: (v, "F32") for k, v in tensors.items()}
+    return write_gguf(tmp_path / "bad.gguf", f32, lambda w: add_hparams(w, config), arch=arch)
+
+
+def test_head_counts_that_contradict_the_tensor_shapes_are_a_clear_error(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "llama", lambda config, _: config.update(num_attention_heads=2, head_dim=16))
+    with pytest.raises(ModelFileError, match=r"contradicts its tensors: 2 heads of 16 gives 32, but blk\.0\.attn_q"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+def test_a_block_count_below_the_layers_present_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "llama", lambda config, _: config.update(num_hidden_layers=1))
+    with pytest.raises(ModelFileError, match=r"block_count is 1, but blk\.1 exists"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+def test_an_expert_count_that_contradicts_the_stacked_experts_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "mixtral", lambda config, _: config.update(num_local_experts=8))
+    with pytest.raises(ModelFileError, match=r"expert_count gives 8, but blk\.0\.ffn_\w+_exps\.weight has shape"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+def test_an_unsupported_architecture_is_refused_by_name(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "llama", lambda config, tensors: "falcon")
+    with pytest.raises(UnsupportedModelError, match=r"GGUF architecture 'falcon' is not supported \(supported: llama"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+def test_a_tensor_with_no_place_is_named(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "llama", lambda _, tensors: tensors.update({"blk.0.ssm_a.weight": np.ones(4, "f4")}))
+    with pytest.raises(UnsupportedModelError, match=r"GGUF tensor 'blk\.0\.ssm_a\.weight' has no known place"):
+        gguf_store.load_checkpoint(path)
+
+
+def test_gguf_package_names_match_the_converter_names_used_here() -> None:
+    """tests/tiny_gguf.py's names are the gguf package's own (its TENSOR_NAMES), for each architecture."""
+    names = set(gguf.TENSOR_NAMES.values())
+    stems = {"attn_qkv", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "post_ffw_norm"}
+    stems |= {"post_attention_norm", "attn_q_norm", "attn_k_norm", "rope_factors_long", "rope_factors_short"}
+    for stem in stems:
+        assert any(n in (stem, f"blk.{{bid}}.{stem}") for n in names), stem
+
+
+def test_end_of_turn_and_message_tokens_end_generation_like_end_of_text(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "llama"
+    config = json.loads((folder / "config.json").read_text())
+    weights = load_file(str(folder / "model.safetensors"))
+    tensors = {k: (v, "F32") for k, v in converter_tensors(config, weights).items()}
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)  # eos 2
+        writer.add_eot_token_id(7)
+        writer.add_eom_token_id(2)
+
+    path = write_gguf(tmp_path / "eot.gguf", tensors, metadata)
+    assert gguf_store.GGUFCheckpoint.open(path).config["eos_token_id"] == [2, 7]
+    assert load_model(path, CPU).eos_token_ids[:2] == (2, 7)
+
+
+@pytest.mark.parametrize(("name", "variant"), [("qwen3", "yarn"), ("llama", "linear")])
+def test_rope_scaling_keys_give_transformers_logits_for_that_scaling(name: str, variant: str, tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / name
+    path, _ = fixture_gguf(tmp_path / f"{name}.gguf", folder, config_name=f"config_{variant}.json")
+    reference = np.load(folder / "reference.npz")
+    logits = gguf_logits(path, reference["input_ids"])
+    assert np.abs(logits - reference[f"logits_{variant}"]).max() < TOL
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral", "qwen3_moe", "gemma3", "phi3"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_1"])
+def test_a_quantized_gguf_runs_as_its_values_dequantized_by_the_gguf_package(
+    name: str, type_name: str, tmp_path: Path
+) -> None:
+    """Quantized matrices (stacked experts, fused and permuted rows included) keep their values exactly."""
+    folder = MODEL_FIXTURES / name
+    path, config = fixture_gguf(tmp_path / "q.gguf", folder, type_name)
+    reader = gguf.GGUFReader(str(path))
+    values = {t.name: (oracle(path)[t.name].reshape(tuple(reversed(t.shape.tolist()))), "F32") for t in reader.tensors}
+    metadata = gguf_store.GGUFFile.open(path).metadata
+
+    def same_metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+        if name == "phi3":
+            add_phi3_longrope_keys(writer, config)
+
+    dequantized = write_gguf(tmp_path / "f32.gguf", values, same_metadata, arch=metadata["general.architecture"])
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    assert np.array_equal(gguf_logits(path, ids), gguf_logits(dequantized, ids))
+
+
+def test_older_mixtral_ggufs_with_one_tensor_per_expert_load_alike(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "mixtral"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {}
+    for name, value in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items():
+        if name.endswith("_exps.weight"):  # blk.{i}.ffn_gate_exps -> blk.{i}.ffn_gate.{e}, as llama.cpp once wrote
+            for expert, matrix in enumerate(value):
+                tensors[name.replace("_exps.weight", f".{expert}.weight")] = (matrix, "F32")
+        else:
+            tensors[name] = (value, "F32")
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+
+    path = write_gguf(tmp_path / "old.gguf", tensors, metadata)
+    reference = np.load(folder / "reference.npz")
+    assert np.abs(gguf_logits(path, reference["input_ids"]) - reference["logits"]).max() < TOL
+
+
+def test_a_router_gated_other_than_by_softmax_is_refused(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "qwen3_moe"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {
+        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
+    }
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+
+    path = write_gguf(tmp_path / "sigmoid.gguf", tensors, metadata, arch="qwen3moe")
+    with pytest.raises(UnsupportedModelError, match=r"expert_gating_func 2 is not supported"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+@pytest.mark.parametrize(("pattern", "expected"), [(2, ["s", "f", "s"]), ([True, False, False], ["s", "f", "f"])])
+def test_a_gemma3_sliding_window_pattern_key_sets_the_layer_types(pattern, expected, tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "gemma3"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {
+        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
+    }
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        if isinstance(pattern, list):
+            writer.add_array("gemma3.attention.sliding_window_pattern", pattern)
+        else:
+            writer.add_uint32("gemma3.attention.sliding_window_pattern", pattern)
+
+    checkpoint = gguf_store.GGUFCheckpoint.open(write_gguf(tmp_path / "g.gguf", tensors, metadata, arch="gemma3"))
+    names = {"s": "sliding_attention", "f": "full_attention"}
+    assert checkpoint.config["layer_types"] == [names[k] for k in expected]
+
+
+def test_the_gemma3_fixture_with_its_own_layer_pattern_gives_transformers_hf_logits(tmp_path: Path) -> None:
+    """With the pattern in the file (2: layers 0 and 2 slide), the fixture's HF config is said in full."""
+    folder = MODEL_FIXTURES / "gemma3"
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {
+        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
+    }
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+        writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+
+    path = write_gguf(tmp_path / "g.gguf", tensors, metadata, arch="gemma3")
+    reference = np.load(folder / "reference.npz")
+    assert np.abs(gguf_logits(path, reference["input_ids"]) - reference["logits"]).max() < TOL
+
+
+def test_llama_q_and_k_biases_are_unpermuted_like_their_weights(tmp_path: Path) -> None:
+    folder = MODEL_FIXTURES / "llama"
+    config = {**json.loads((folder / "config.json").read_text()), "attention_bias": True}
+    weights = load_file(str(folder / "model.safetensors"))
+    rng = np.random.default_rng(0)
+    for layer in range(config["num_hidden_layers"]):
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            rows = weights[f"model.layers.{layer}.self_attn.{proj}.weight"].shape[0]
+            weights[f"model.layers.{layer}.self_attn.{proj}.bias"] = rng.standard_normal(rows).astype(np.float32)
+    tensors = {k: (v, "F32") for k, v in converter_tensors(config, weights).items()}
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+
+    path = write_gguf(tmp_path / "bias.gguf", tensors, metadata)
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    hf_model = model_from_checkpoint(config, {k: mx.array(v) for k, v in weights.items()}, CPU)
+    assert np.abs(gguf_logits(path, ids) - prefill_logits(hf_model, ids)).max() < TOL

@@ -1,0 +1,168 @@
+"""GGUF K-quants as `.base` records: Q3_K, Q4_K and Q5_K exact, Q2_K and Q6_K re-quantized with the
+error measured and logged.
+
+The oracle is the `gguf` package's dequantizer. It quantizes no K-quant, so the files here are made
+of random blocks (tests/tiny_gguf.py `random_k_blocks`), which it reads like any other.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from baselm.backend import Backend
+from baselm.loader import load_model
+from baselm.store import gguf as gguf_store
+from baselm.store.base_reader import read_base_file
+from baselm.store.convert import convert
+from baselm.store.gguf_kquants import K_SCHEMES, RequantError
+from tests.forward import prefill_logits
+from tests.tiny_gguf import (
+    add_hparams,
+    add_word_vocabulary,
+    oracle,
+    random_k_blocks,
+    same_bits,
+    values_of,
+    write_gguf,
+)
+
+EXACT_K = {"Q3_K": 8, "Q4_K": 4, "Q5_K": 5}
+REQUANTIZED_K = {"Q2_K": 4, "Q6_K": 8}
+CPU = Backend("cpu", mx.float32, keep_quantized=False)
+
+
+def read_one(path: Path, errors: dict[str, RequantError] | None = None):
+    gguf_file = gguf_store.GGUFFile.open(path)
+    return gguf_file.read(gguf_file.tensors["w.weight"], errors)
+
+
+@pytest.mark.parametrize("type_name", list(EXACT_K))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_exact_k_quant_dequantizes_bit_for_bit_as_gguf_does(type_name: str, seed: int, tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks(type_name, 16, 512, seed), type_name)})
+    record = read_one(path)
+    assert (record.dtype, record.group_size, record.shape) == (f"base_q{EXACT_K[type_name]}", 32, (16, 512))
+    assert same_bits(values_of(record), oracle(path)["w.weight"])
+
+
+def test_q4_k_scales_are_float16_when_every_product_is_a_float16_value(tmp_path: Path) -> None:
+    blocks = random_k_blocks("Q4_K", 4, 256).reshape(4, 1, 144)
+    blocks[..., 0:4] = np.array([1.0, 0.5], np.float16).view(np.uint8)  # d = 1, dmin = 0.5: small exact products
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (blocks.reshape(4, -1), "Q4_K")})
+    record = read_one(path)
+    assert record.scale_dtype == "f16"
+    assert same_bits(values_of(record), oracle(path)["w.weight"])
+
+
+def test_q4_k_scales_are_float32_when_a_product_needs_more_bits(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks("Q4_K", 4, 256), "Q4_K")})
+    assert read_one(path).scale_dtype == "f32"  # d * sc of a random f16 d needs up to 17 bits
+
+
+@pytest.mark.parametrize("type_name", list(REQUANTIZED_K))
+def test_a_requantized_k_quant_is_within_half_a_step_and_its_error_is_measured(type_name: str, tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks(type_name, 16, 512), type_name)})
+    errors: dict[str, RequantError] = {}
+    record = read_one(path, errors)
+    assert (record.dtype, record.group_size) == (f"base_q{REQUANTIZED_K[type_name]}", 32)
+    expected = oracle(path)["w.weight"]
+    error = values_of(record) - expected
+    half_step = np.repeat(record.scales.astype(np.float32), 32, axis=1) / 2
+    assert (np.abs(error) <= half_step * 1.01 + 1e-6).all()  # plus the rounding of scale and bias to f16
+    measured = errors[type_name]
+    assert measured.num_values == expected.size and measured.max_error == pytest.approx(np.abs(error).max())
+    rms = np.sqrt(np.square(error.astype(np.float64)).mean() / np.square(expected.astype(np.float64)).mean())
+    assert measured.relative_rms == pytest.approx(rms)
+
+
+def test_a_corrupt_q3_k_block_is_a_clear_error(tmp_path: Path) -> None:
+    blocks = random_k_blocks("Q3_K", 2, 256).reshape(2, 1, 110)
+    blocks[0, 0, 108:110] = np.array([np.inf], np.float16).view(np.uint8)
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (blocks.reshape(2, -1), "Q3_K")})
+    with pytest.raises(gguf_store.ModelFileError, match=r"w\.gguf: tensor 'w\.weight': a Q3_K block"):
+        read_one(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# A whole model with K-quant matrices, as Q4_K_M-style files mix them
+
+
+# A one-layer llama with 256 inputs per matrix (a K-quant super-block); GGUF stem -> (rows, type)
+K_MODEL = {"hidden_size": 256, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}
+K_MODEL |= {"head_dim": 64, "num_hidden_layers": 1, "vocab_size": 256, "max_position_embeddings": 64}
+K_MODEL |= {"rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 10000.0}, "model_type": "llama"}
+K_MODEL |= {"bos_token_id": 1, "eos_token_id": 2}
+K_TENSORS = {
+    "token_embd": (256, "Q4_K"),
+    "blk.0.attn_q": (256, "Q4_K"),
+    "blk.0.attn_k": (128, "Q5_K"),
+    "blk.0.attn_v": (128, "Q3_K"),
+    "blk.0.attn_output": (256, "Q6_K"),
+    "blk.0.ffn_gate": (256, "Q4_K"),
+    "blk.0.ffn_up": (256, "Q5_K"),
+    "blk.0.ffn_down": (256, "Q6_K"),
+    "output": (256, "Q2_K"),
+}
+
+
+def k_quant_llama(path: Path) -> Path:
+    """A Q4_K_M-like mix of every K-quant in one llama, as the converter names it; norms F32."""
+    tensors = {
+        f"{stem}.weight": (random_k_blocks(kind, rows, 256, seed), kind)
+        for seed, (stem, (rows, kind)) in enumerate(K_TENSORS.items())
+    }
+    for norm in ("blk.0.attn_norm", "blk.0.ffn_norm", "output_norm"):
+        tensors[f"{norm}.weight"] = (np.linspace(0.5, 1.5, 256, dtype=np.float32), "F32")
+
+    def metadata(writer) -> None:
+        add_hparams(writer, K_MODEL)
+        add_word_vocabulary(writer, K_MODEL)
+
+    return write_gguf(path, tensors, metadata)
+
+
+def test_running_and_pulling_a_k_quant_gguf_give_the_same_logits(tmp_path: Path, caplog) -> None:
+    path = k_quant_llama(tmp_path / "llama.gguf")
+    ids = np.arange(3, 19)
+    with caplog.at_level(logging.WARNING, logger="baselm.store.gguf"):
+        direct = prefill_logits(load_model(path, CPU).model, ids)
+        convert(path, tmp_path / "llama.base", None, None, "default")
+    pulled = prefill_logits(load_model(tmp_path / "llama.base", CPU).model, ids)
+    assert np.array_equal(direct, pulled)
+    _, tensors = read_base_file(tmp_path / "llama.base", verify=True)
+    widths = {name: K_SCHEMES[kind][0] for name, (_, kind) in K_TENSORS.items()}
+    assert tensors["model.layers.0.self_attn.v_proj.weight"].bits == widths["blk.0.attn_v"] == 8
+    assert tensors["model.embed_tokens.weight"].bits == 4 and tensors["lm_head.weight"].bits == 4
+    assert np.isfinite(direct).all()
+    assert any("Q2_K tensor(s) have no exact .base form and were requantized to q4" in m for m in caplog.messages)
+
+
+def test_k_schemes_name_a_width_mlx_quantizes() -> None:
+    for bits, _ in K_SCHEMES.values():
+        w = mx.zeros((1, 32))
+        mx.quantize(w, group_size=32, bits=bits)
+
+
+def test_a_requantizing_pull_quantizes_q6_k_once_from_the_gguf_values(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks("Q6_K", 8, 256), "Q6_K")})
+    gguf_file = gguf_store.GGUFFile.open(path)
+    record = gguf_file.read(gguf_file.tensors["w.weight"], inexact_as_float=True)
+    assert record.dtype == "f32" and np.array_equal(record.data, oracle(path)["w.weight"])
+
+
+def test_pulling_a_k_quant_gguf_as_q4_rounds_its_q6_k_values_once(tmp_path: Path) -> None:
+    path = k_quant_llama(tmp_path / "llama.gguf")
+    convert(path, tmp_path / "q4.base", "q4", None, "default")
+    _, tensors = read_base_file(tmp_path / "q4.base", verify=True)
+    down = tensors["model.layers.0.mlp.down_proj.weight"]  # Q6_K in the GGUF
+    values = mx.dequantize(
+        down.codes, down.scales.astype(mx.float32), down.biases.astype(mx.float32), group_size=32, bits=4
+    )
+    error = np.abs(np.array(values) - oracle(path)["blk.0.ffn_down.weight"])
+    half_step = np.repeat(np.array(down.scales.astype(mx.float32)), 32, axis=1) / 2
+    assert (down.bits, down.group_size) == (4, 32) and (error <= half_step * 1.01 + 1e-6).all()

@@ -124,6 +124,25 @@ def run(client: openai.OpenAI, model: str, concurrency: int, max_tokens: int) ->
     }
 
 
+def start_server(model: str, device: str, concurrency: int) -> tuple[subprocess.Popen, openai.OpenAI]:
+    """`base serve MODEL` on a free loopback port, once it answers."""
+    port = free_port()
+    command = [sys.executable, "-m", "baselm.cli", "serve", model, "--port", str(port), "--device", device]
+    command += ["--max-num-seqs", str(max(concurrency, 1)), "--served-model-name", "bench"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            client.models.list()
+            return server, client
+        except openai.APIConnectionError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise SystemExit("base serve did not start") from None
+            time.sleep(0.5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?")
@@ -137,37 +156,8 @@ def main() -> None:
         from baselm.store.default_model import fetch_default_gguf
 
         model = str(fetch_default_gguf())
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "baselm.cli",
-            "serve",
-            model,
-            "--port",
-            str(port),
-            "--device",
-            args.device,
-            "--max-num-seqs",
-            str(max(args.concurrency, 1)),
-            "--served-model-name",
-            "bench",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    server, client = start_server(model, args.device, args.concurrency)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                client.models.list()
-                break
-            except openai.APIConnectionError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("base serve did not start") from None
-                time.sleep(0.5)
         run(client, "bench", 1, 4)  # warm-up
         if args.shared_prefix:
             print(

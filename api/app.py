@@ -22,6 +22,7 @@ from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model,
 from baselm.api.tools import tool_format
 from baselm.async_engine import AsyncEngine
 from baselm.engine import LLMEngine
+from baselm.reasoning import template_thinks
 from baselm.tokenizer.errors import ChatTemplateError
 
 
@@ -121,7 +122,9 @@ def create_app(
 ) -> Starlette:
     """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth."""
     state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
-    state.tool_format = tool_format(state.tokenizer.to_hf_files()[1].get("chat_template"))
+    chat_template = state.tokenizer.to_hf_files()[1].get("chat_template")
+    state.tool_format = tool_format(chat_template)
+    state.thinks = template_thinks(chat_template)
     app = Starlette(
         routes=ROUTES,
         exception_handlers=EXCEPTION_HANDLERS,

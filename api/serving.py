@@ -54,6 +54,7 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
     tool_format: str = ""  # the call format the chat template teaches; set by create_app
+    thinks: bool = False  # the chat template writes <think> blocks (a reasoning model); set by create_app
 
     @property
     def tokenizer(self) -> Tokenizer:

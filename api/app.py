@@ -17,6 +17,8 @@ from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
 from baselm.api.metrics import Metrics
 from baselm.api.openai_chat import chat_completions, read_message
 from baselm.api.openai_completions import completions
+from baselm.api.openai_responses import create_response, delete_response, get_response
+from baselm.api.responses_store import ResponseStore
 from baselm.api.schemas import Body, array_field
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
 from baselm.api.tools import tool_format
@@ -104,6 +106,9 @@ async def detokenize(request: Request) -> Response:
 ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
     Route("/tokenize", tokenize, methods=["POST"]),
@@ -131,6 +136,7 @@ def create_app(
         middleware=[Middleware(Gate, api_key=state.api_key, metrics=state.metrics)],
     )
     app.state.base = state
+    app.state.responses = ResponseStore()
     return app
 
 

@@ -31,15 +31,17 @@ async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions."""
     state, chat = await serving.read_request(request, parse_chat)
     # Templates, tokenizing and grammar compiling can take a while: off the event loop.
-    jobs = await asyncio.to_thread(_prepare, state, chat)
+    jobs = await asyncio.to_thread(prepare, state, chat)
     return await serving.respond(request, state, jobs, "messages", _ChatAnswer(state, chat, jobs[0].prompt_ids))
 
 
 # ---- prompt and SamplingParams ------------------------------------------------------------
 
 
-def _prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
-    """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
+def prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
+    """The engine requests for a checked chat request: prompt ids and SamplingParams per job.
+
+    Responses and Messages build a ChatRequest from their own bodies and come here too."""
     prompt_ids = _prompt_ids(state, chat)
     serving.check_prompt(
         state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field
@@ -47,12 +49,13 @@ def _prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]
     return [serving.Job(prompt_ids, _params(state, chat), 0)]
 
 
-def _parses_tools(chat: ChatRequest) -> bool:
+def parses_tools(chat: ChatRequest) -> bool:
+    """True when the tools go into the prompt and the answer is read for calls."""
     return bool(chat.tools) and chat.tool_choice != "none"
 
 
 def _prompt_ids(state: serving.ServerState, chat: ChatRequest) -> list[int]:
-    tool_list = chat.tools if _parses_tools(chat) else None
+    tool_list = chat.tools if parses_tools(chat) else None
     try:
         return state.tokenizer.encode_chat(
             chat.messages, add_generation_prompt=True, tools=tool_list, **chat.chat_template_kwargs
@@ -117,7 +120,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
     def __init__(self, state: serving.ServerState, chat: ChatRequest, prompt_ids: list[int]) -> None:
         super().__init__(state, chat.common, chat.common.n)
         self.chat = chat
-        fmt = state.tool_format if _parses_tools(chat) else None
+        fmt = state.tool_format if parses_tools(chat) else None
         self.texts = [AnswerText.for_prompt(state, prompt_ids, fmt) for _ in range(self.num_choices)]
         n = self.num_choices  # the whole answer, per choice:
         self.reasoning = [""] * n
@@ -320,10 +323,7 @@ def _tool(data: Any, index: int) -> dict[str, Any]:
         raise bad_request(f"{where}.type must be 'function'", f"{where}.type")
     fn = Body(body.raw("function"), f"{where}.function")
     name = fn.string("name", required=True)
-    if not _FUNCTION_NAME.match(name):
-        raise bad_request(
-            f"{where}.function.name {name!r} must be 1-64 letters, digits, _ . or -", f"{where}.function.name"
-        )
+    check_function_name(name, f"{where}.function.name")
     function: dict[str, Any] = {"name": name}
     description = fn.string("description")
     if description is not None:
@@ -336,6 +336,11 @@ def _tool(data: Any, index: int) -> dict[str, Any]:
     fn.finish()
     body.finish()
     return {"type": "function", "function": function}
+
+
+def check_function_name(name: str, param: str) -> None:
+    if not _FUNCTION_NAME.match(name):
+        raise bad_request(f"{param} {name!r} must be 1-64 letters, digits, _ . or -", param)
 
 
 def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:

@@ -346,6 +346,10 @@ class Answer(ABC):
     def closing(self) -> list[str]:
         return []
 
+    def error_events(self, exc: Exception) -> list[str]:
+        """The events that tell a streaming client of an error after the headers went out."""
+        return [sse.error_event(exc)]
+
     async def collect(self, merged: AsyncIterator[RequestOutput]) -> dict[str, Any]:
         async for out in merged:
             self.add(out)
@@ -361,7 +365,8 @@ class Answer(ABC):
             for event in self.closing():
                 yield event
         except Exception as exc:
-            yield sse.error_event(exc)
+            for event in self.error_events(exc):
+                yield event
         finally:
             await merged.aclose()
         if self.end:

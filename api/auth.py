@@ -1,4 +1,8 @@
-"""Bearer-token auth and per-request accounting, as one ASGI middleware around the app."""
+"""API-key auth and per-request accounting, as one ASGI middleware around the app.
+
+The key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>`
+(Anthropic's). A refusal on the Anthropic routes has Anthropic's error body.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,20 @@ from baselm.api.metrics import Metrics
 
 OPEN_PATHS = frozenset({"/health"})  # load balancers probe this without a key
 KNOWN_ENDPOINTS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/metrics"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/metrics",
+    }
 )
+_PREFIXED = ("/v1/models/", "/v1/responses/")  # counted as "<prefix>{id}"
 
 
 def is_authorized(header: str | None, api_key: str) -> bool:
@@ -36,7 +52,8 @@ class Gate:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        endpoint = path if path in KNOWN_ENDPOINTS else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+        prefix = next((p for p in _PREFIXED if path.startswith(p)), None)
+        endpoint = path if path in KNOWN_ENDPOINTS else f"{prefix}{{id}}" if prefix else "other"
         status = [500]
 
         async def counting_send(message: Message) -> None:
@@ -46,7 +63,7 @@ class Gate:
 
         try:
             if self.api_key and path not in OPEN_PATHS and not self._authorized(scope):
-                await _unauthorized(counting_send)
+                await _unauthorized(counting_send, anthropic=path.startswith("/v1/messages"))
             else:
                 await self.app(scope, receive, counting_send)
         finally:
@@ -56,15 +73,18 @@ class Gate:
         for name, value in scope["headers"]:
             if name == b"authorization":
                 return is_authorized(value.decode("latin-1"), self.api_key)
+            if name == b"x-api-key":
+                return hmac.compare_digest(value.strip(), self.api_key.encode())
         return False
 
 
-async def _unauthorized(send: Send) -> None:
-    body = json.dumps(
-        error_body(
-            401, "missing or invalid API key; send the header 'Authorization: Bearer <key>'", code="invalid_api_key"
-        )
-    ).encode()
+async def _unauthorized(send: Send, anthropic: bool) -> None:
+    message = "missing or invalid API key; send the header 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+    if anthropic:
+        payload = {"type": "error", "error": {"type": "authentication_error", "message": message}}
+    else:
+        payload = error_body(401, message, code="invalid_api_key")
+    body = json.dumps(payload).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"www-authenticate", b"Bearer"),

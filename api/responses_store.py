@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +28,12 @@ class StoredResponse:
 class ResponseStore:
     """Responses by id, oldest first; `get` of an entry past its age drops it."""
 
-    def __init__(self, max_entries: int = MAX_ENTRIES, max_age_s: float = MAX_AGE_S) -> None:
+    def __init__(
+        self, max_entries: int = MAX_ENTRIES, max_age_s: float = MAX_AGE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.max_entries = max_entries
         self.max_age_s = max_age_s
+        self.clock = clock
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
 
     def __len__(self) -> int:
@@ -37,7 +41,7 @@ class ResponseStore:
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
         self._expire()
-        self._entries[response["id"]] = StoredResponse(response, conversation, time.monotonic())
+        self._entries[response["id"]] = StoredResponse(response, conversation, self.clock())
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
@@ -49,7 +53,7 @@ class ResponseStore:
         return self._entries.pop(response_id, None) is not None
 
     def _expire(self) -> None:
-        cutoff = time.monotonic() - self.max_age_s
+        cutoff = self.clock() - self.max_age_s
         while self._entries:
             oldest = next(iter(self._entries.values()))
             if oldest.stored_at >= cutoff:

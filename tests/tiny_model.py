@@ -92,18 +92,21 @@ _THINKING_PROMPT = (
 )
 
 
+def thinking_template() -> str:
+    """The fixture ChatML template as a reasoning model's: its generation prompt opens `<think>`."""
+    template = (BPE_TOKENIZER / "chat_template.jinja").read_text()
+    generation = "{{- '<|im_start|>assistant\\n' }}"
+    assert template.count(generation) == 1, "the fixture template changed"
+    return template.replace(generation, _THINKING_PROMPT)
+
+
 @functools.cache
 def loaded_thinking_llama(name: str) -> LoadedModel:
     """The widened tiny llama whose chat template makes it a reasoning model (`<think>` is a
     plain added token of the fixture tokenizer, id 700; `</think>` is 701)."""
     base = Tokenizer.from_folder(BPE_TOKENIZER)
-    template = (BPE_TOKENIZER / "chat_template.jinja").read_text()
-    generation = "{{- '<|im_start|>assistant\\n' }}"
-    assert template.count(generation) == 1, "the fixture template changed"
     tokenizer_json, config = base.to_hf_files()
-    tokenizer = Tokenizer.from_hf_files(
-        tokenizer_json, config, template.replace(generation, _THINKING_PROMPT), base.eos_token_ids
-    )
+    tokenizer = Tokenizer.from_hf_files(tokenizer_json, config, thinking_template(), base.eos_token_ids)
     model_config, weights = widened_llama(tokenizer)
     model = build_model(model_config, weights)
     return LoadedModel(

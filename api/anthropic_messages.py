@@ -25,26 +25,10 @@ from starlette.responses import JSONResponse, Response
 from baselm.api import serving, sse
 from baselm.api.answer_text import AnswerText
 from baselm.api.anthropic_request import parse_messages
-from baselm.api.errors import APIError, logger
+from baselm.api.errors import APIError, anthropic_error_body, logger
 from baselm.api.openai_chat import ChatRequest, parses_tools, prepare
 from baselm.request import RequestOutput
 from baselm.tokenizer.errors import ChatTemplateError
-
-_ERROR_TYPES = {
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-}
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """Anthropic's error body for a refusal with HTTP `status`."""
-    return {"type": "error", "error": {"type": _ERROR_TYPES.get(status, "invalid_request_error"), "message": message}}
-
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -57,10 +41,11 @@ def _with_anthropic_errors(handler: Handler) -> Handler:
             return await handler(request)
         except APIError as exc:
             message = f"{exc.param}: {exc.message}" if exc.param and exc.param not in exc.message else exc.message
-            return JSONResponse(error_body(exc.status, message), exc.status, headers=exc.headers)
+            return JSONResponse(anthropic_error_body(exc.status, message), exc.status, headers=exc.headers)
         except Exception as exc:  # a bug: logged, and told without a traceback
             logger.exception("internal error on %s", request.url.path, exc_info=exc)
-            return JSONResponse(error_body(500, "the server hit an internal error; the request was not completed"), 500)
+            message = "the server hit an internal error; the request was not completed"
+            return JSONResponse(anthropic_error_body(500, message), 500)
 
     return route
 
@@ -148,7 +133,7 @@ class MessageAnswer(serving.Answer):
 
     def error_events(self, exc: Exception) -> list[str]:
         error = sse.stream_error(exc)
-        return [sse.named_event("error", error_body(error.status, error.message))]
+        return [sse.named_event("error", anthropic_error_body(error.status, error.message))]
 
     # ---- content blocks -------------------------------------------------------------------
 

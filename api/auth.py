@@ -11,7 +11,7 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from baselm.api.errors import error_body
+from baselm.api.errors import ANTHROPIC_PATHS, anthropic_error_body, error_body
 from baselm.api.metrics import Metrics
 
 OPEN_PATHS = frozenset({"/health"})  # load balancers probe this without a key
@@ -63,7 +63,7 @@ class Gate:
 
         try:
             if self.api_key and path not in OPEN_PATHS and not self._authorized(scope):
-                await _unauthorized(counting_send, anthropic=path.startswith("/v1/messages"))
+                await _unauthorized(counting_send, anthropic=path.startswith(ANTHROPIC_PATHS))
             else:
                 await self.app(scope, receive, counting_send)
         finally:
@@ -81,7 +81,7 @@ class Gate:
 async def _unauthorized(send: Send, anthropic: bool) -> None:
     message = "missing or invalid API key; send the header 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
     if anthropic:
-        payload = {"type": "error", "error": {"type": "authentication_error", "message": message}}
+        payload = anthropic_error_body(401, message)
     else:
         payload = error_body(401, message, code="invalid_api_key")
     body = json.dumps(payload).encode()

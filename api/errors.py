@@ -1,6 +1,8 @@
 """OpenAI-style errors: one exception type for every refusal, one JSON body for every status.
 
-Every error the server returns has the body `{"error": {"message", "type", "param", "code"}}`.
+Every error the server returns has the body `{"error": {"message", "type", "param", "code"}}`,
+except on the Anthropic Messages routes, which answer in Anthropic's
+`{"type": "error", "error": {"type", "message"}}`.
 Validation mistakes are 400s (never a framework's 422), unknown routes 404, and only a real
 bug is a 500, whose body says so without a traceback.
 """
@@ -58,6 +60,24 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     }
 
 
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = "/v1/messages"  # routes that answer refusals in Anthropic's body
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error body for a refusal with HTTP `status`."""
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
     headers = {**(error.headers or {}), **(headers or {})}
     return JSONResponse(error_body(error.status, error.message, error.param, error.code), error.status, headers=headers)
@@ -76,6 +96,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = f"method {request.method} is not allowed on {request.url.path}"
     else:
         message = str(exc.detail)
+    if request.url.path.startswith(ANTHROPIC_PATHS):
+        return JSONResponse(anthropic_error_body(exc.status_code, message), exc.status_code, headers=exc.headers)
     return error_response(APIError(exc.status_code, message), headers=exc.headers)
 
 

@@ -235,3 +235,10 @@ def test_x_api_key_and_bearer_both_authorize(make_server_with):
         _client(served, api_key="secret").messages.create(model=MODEL, messages=HELLO, max_tokens=1).usage.output_tokens
         == 1
     )
+
+
+def test_unknown_methods_on_messages_routes_have_anthropic_shape(server):
+    http = server.http()
+    _assert_anthropic_error(http.get("/v1/messages"), 405, "invalid_request_error")
+    _assert_anthropic_error(http.post("/v1/messages/nothing", json={}), 404, "not_found_error")
+    assert set(http.get("/v1/chat/completions").json()["error"]) == {"message", "type", "param", "code"}

@@ -25,7 +25,7 @@ from baselm.api import serving, sse
 from baselm.api.answer_text import AnswerText
 from baselm.api.errors import APIError
 from baselm.api.openai_chat import parses_tools, prepare
-from baselm.api.responses_request import ResponsesRequest, parse_responses
+from baselm.api.responses_request import ResponsesRequest, parse_responses, with_instructions
 from baselm.api.responses_store import ResponseStore
 from baselm.request import RequestOutput
 
@@ -46,8 +46,7 @@ async def create_response(request: Request) -> Response:
                 "previous_response_not_found",
             )
         history = entry.conversation
-    instructions = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    req.chat.messages = instructions + history + req.input_messages
+    req.chat.messages = with_instructions(req.instructions, history + req.input_messages)
     jobs = await asyncio.to_thread(_prepare, state, req)
     answer = ResponseAnswer(state, req, jobs[0].prompt_ids, store, history)
     return await serving.respond(request, state, jobs, "input", answer)

@@ -105,6 +105,16 @@ def _metadata(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def with_instructions(instructions: str | None, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` after the instructions' system message; a system message already first takes the
+    instructions ahead of its own text (chat templates allow one system message, first)."""
+    if not instructions:
+        return messages
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": f"{instructions}\n\n{messages[0]['content']}"}, *messages[1:]]
+    return [{"role": "system", "content": instructions}, *messages]
+
+
 # ---- input items --------------------------------------------------------------------------
 
 

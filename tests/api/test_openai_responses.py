@@ -61,6 +61,15 @@ def test_input_items_are_role_messages_with_text_parts(server):
     assert response.usage.input_tokens == chat.usage.prompt_tokens
 
 
+def test_instructions_go_ahead_of_a_developer_message_in_one_system_message(server):
+    items = [{"role": "developer", "content": "Use French."}, {"role": "user", "content": "Hello"}]
+    response = _respond(server, input=items, instructions="Be brief.", max_output_tokens=4, temperature=0)
+    messages = [{"role": "system", "content": "Be brief.\n\nUse French."}, {"role": "user", "content": "Hello"}]
+    chat = _chat(server, messages, max_tokens=4, temperature=0)
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+
+
 def test_stream_events_reassemble_to_the_whole_response(server):
     whole = _respond(server, input="Hello there", max_output_tokens=12, temperature=0)
     events = list(_respond(server, input="Hello there", max_output_tokens=12, temperature=0, stream=True))

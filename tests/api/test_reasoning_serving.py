@@ -116,3 +116,11 @@ def test_messages_thinking_block_matches_chat(thinking_server):
     assert [block.type for block in off.content] == ["text"]
     counted = client.messages.count_tokens(model=MODEL, messages=HELLO, thinking={"type": "disabled"})
     assert counted.input_tokens == len(thinking_server.engine.tokenizer.encode_chat(HELLO, enable_thinking=False))
+
+
+def test_past_reasoning_content_is_accepted_in_chat_history(thinking_server):
+    history = [*HELLO, {"role": "assistant", "content": "Hi!", "reasoning_content": "A greeting."}, *HELLO]
+    response = thinking_server.http().post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": history, "max_tokens": 2}
+    )
+    assert response.status_code == 200, response.text

@@ -242,3 +242,18 @@ def test_unknown_methods_on_messages_routes_have_anthropic_shape(server):
     _assert_anthropic_error(http.get("/v1/messages"), 405, "invalid_request_error")
     _assert_anthropic_error(http.post("/v1/messages/nothing", json={}), 404, "not_found_error")
     assert set(http.get("/v1/chat/completions").json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_disable_parallel_tool_use_makes_one_call(server):
+    tools = [WEATHER_TOOL, TIME_TOOL]
+    choice = {"type": "any", "disable_parallel_tool_use": True}
+    message = _create(
+        server,
+        max_tokens=200,
+        messages=[{"role": "user", "content": "Go"}],
+        tools=tools,
+        tool_choice=choice,
+        extra_body={"temperature": 1.0},
+    )
+    assert message.stop_reason == "tool_use"
+    assert [block.type for block in message.content] == ["tool_use"]

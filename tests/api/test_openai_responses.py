@@ -214,3 +214,17 @@ def test_the_store_is_bounded_by_count_and_age():
     assert store.get("d") is not None
     now[0] = 20.6
     assert store.get("d") is None and len(store) == 0
+
+
+def test_the_clients_stream_helper_assembles_the_final_response(server):
+    # The helper needs response.completed (an answer cut by max_output_tokens ends with
+    # response.incomplete, as OpenAI's do): a schema-bound answer ends by itself.
+    fmt = {"type": "json_schema", "name": "person", "schema": PERSON}
+    kwargs = dict(input=ASK, max_output_tokens=200, temperature=0, text={"format": fmt})
+    whole = _respond(server, **kwargs)
+    with server.openai().responses.stream(model=MODEL, **kwargs) as stream:
+        text = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert final.status == "completed"
+    assert text == final.output_text == whole.output_text
+    validate(json.loads(text), PERSON)

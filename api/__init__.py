@@ -6,6 +6,10 @@ and SamplingParams, its choices) -> serving.py (the core: handler opening, engin
 submission, merged outputs, usage, the response envelope and stream skeleton) -> sse.py
 (the bytes). A new protocol is one more module on serving.py; schemas.py reads fields,
 errors.py words refusals, grammar.py and tools.py constrain and parse chat answers.
+OpenAI's Responses (openai_responses.py, responses_request.py, responses_store.py) and
+Anthropic's Messages (anthropic_messages.py, anthropic_request.py) read their bodies into a
+chat request and run chat's prompt and grammar path; answer_text.py splits every answer into
+thinking (baselm/reasoning.py), content and tool calls.
 
 Choices made where the OpenAI API leaves room:
 - Unknown fields are a 400 naming them; only `user` (informational) is accepted and ignored.

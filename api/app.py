@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from baselm.api.anthropic_messages import count_tokens, messages
 from baselm.api.auth import Gate
 from baselm.api.embeddings import embeddings
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
@@ -27,11 +28,14 @@ from baselm.api.ollama_models import (
 )
 from baselm.api.openai_chat import chat_completions, read_message
 from baselm.api.openai_completions import completions
+from baselm.api.openai_responses import create_response, delete_response, get_response
+from baselm.api.responses_store import ResponseStore
 from baselm.api.schemas import Body, array_field
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
 from baselm.api.tools import tool_format
 from baselm.async_engine import AsyncEngine
 from baselm.engine import LLMEngine
+from baselm.reasoning import template_thinks
 from baselm.tokenizer.errors import ChatTemplateError
 
 
@@ -113,6 +117,11 @@ async def detokenize(request: Request) -> Response:
 ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
     Route("/tokenize", tokenize, methods=["POST"]),
@@ -143,13 +152,16 @@ def create_app(
 ) -> Starlette:
     """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth."""
     state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
-    state.tool_format = tool_format(state.tokenizer.to_hf_files()[1].get("chat_template"))
+    chat_template = state.tokenizer.to_hf_files()[1].get("chat_template")
+    state.tool_format = tool_format(chat_template)
+    state.thinks = template_thinks(chat_template)
     app = Starlette(
         routes=ROUTES,
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[Middleware(Gate, api_key=state.api_key, metrics=state.metrics)],
     )
     app.state.base = state
+    app.state.responses = ResponseStore()
     return app
 
 

@@ -1,4 +1,8 @@
-"""Bearer-token auth and per-request accounting, as one ASGI middleware around the app."""
+"""API-key auth and per-request accounting, as one ASGI middleware around the app.
+
+The key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>`
+(Anthropic's). A refusal on the Anthropic routes has Anthropic's error body.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,12 @@ from baselm.api.metrics import Metrics
 
 OPEN_PATHS = frozenset({"/health"})  # load balancers probe this without a key
 KNOWN_ENDPOINTS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/tokenize", "/detokenize"}
-    | {"/health", "/metrics", "/", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/tags"}
-    | {"/api/show", "/api/ps", "/api/version", "/api/pull"}
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}
+    | {"/v1/models", "/v1/embeddings", "/tokenize", "/detokenize", "/health", "/metrics", "/"}
+    | {"/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/tags", "/api/show", "/api/ps"}
+    | {"/api/version", "/api/pull"}
 )
+_PREFIXED = ("/v1/models/", "/v1/responses/")  # counted as "<prefix>{id}"
 
 
 def is_authorized(header: str | None, api_key: str) -> bool:
@@ -38,7 +44,8 @@ class Gate:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        endpoint = path if path in KNOWN_ENDPOINTS else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+        prefix = next((p for p in _PREFIXED if path.startswith(p)), None)
+        endpoint = path if path in KNOWN_ENDPOINTS else f"{prefix}{{id}}" if prefix else "other"
         status = [500]
 
         async def counting_send(message: Message) -> None:
@@ -58,11 +65,13 @@ class Gate:
         for name, value in scope["headers"]:
             if name == b"authorization":
                 return is_authorized(value.decode("latin-1"), self.api_key)
+            if name == b"x-api-key":
+                return hmac.compare_digest(value.strip(), self.api_key.encode())
         return False
 
 
 async def _unauthorized(send: Send, path: str) -> None:
-    message = "missing or invalid API key; send the header 'Authorization: Bearer <key>'"
+    message = "missing or invalid API key; send the header 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
     body = json.dumps(body_for_path(path)(401, message, code="invalid_api_key")).encode()
     headers = [
         (b"content-type", b"application/json"),

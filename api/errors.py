@@ -1,7 +1,9 @@
 """OpenAI-style errors: one exception type for every refusal, one JSON body for every status.
 
 Every error the server returns has the body `{"error": {"message", "type", "param", "code"}}`,
-except under the routes of another protocol, which answer in its shape (`ERROR_SHAPES`).
+except under the routes of another protocol, which answer in its shape (`ERROR_SHAPES`): Ollama's
+`{"error": "..."}` under /api/, Anthropic's `{"type": "error", "error": {"type", "message"}}` under
+/v1/messages.
 Validation mistakes are 400s (never a framework's 422), unknown routes 404, and only a real
 bug is a 500, whose body says so without a traceback.
 """
@@ -60,13 +62,38 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     }
 
 
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = "/v1/messages"  # routes that answer refusals in Anthropic's body
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error body for a refusal with HTTP `status`."""
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _anthropic_shape(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return anthropic_error_body(status, message)
+
+
 def ollama_error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     """Ollama's error body: one string."""
     return {"error": message}
 
 
 # Routes under these path prefixes answer errors in their own protocol's shape; the rest in OpenAI's.
-ERROR_SHAPES: tuple[tuple[str, Callable[..., dict[str, Any]]], ...] = (("/api/", ollama_error_body),)
+ERROR_SHAPES: tuple[tuple[str, Callable[..., dict[str, Any]]], ...] = (
+    ("/api/", ollama_error_body),
+    (ANTHROPIC_PATHS, _anthropic_shape),
+)
 
 
 def body_for_path(path: str) -> Callable[..., dict[str, Any]]:

@@ -130,11 +130,11 @@ class _OllamaAnswer(serving.Answer):
             lines.append(_line({**self._envelope(True), **self.payload("", []), **self._stats(), **self.done_extra()}))
         return lines
 
-    def error_event(self, exc: Exception) -> str:
+    def error_events(self, exc: Exception) -> list[str]:
         if not isinstance(exc, APIError):
             logger.exception("internal error while streaming", exc_info=exc)
             exc = APIError(500, "the server hit an internal error while streaming")
-        return _line({"error": exc.message})
+        return [_line({"error": exc.message})]
 
 
 class _ChatAnswer(_OllamaAnswer):

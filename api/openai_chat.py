@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from baselm.api import grammar, serving, tools
+from baselm.api.answer_text import AnswerText
 from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, Common, array_field, read_common
 from baselm.request import RequestOutput
@@ -30,15 +31,17 @@ async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions."""
     state, chat = await serving.read_request(request, parse_chat)
     # Templates, tokenizing and grammar compiling can take a while: off the event loop.
-    jobs = await asyncio.to_thread(_prepare, state, chat)
-    return await serving.respond(request, state, jobs, "messages", _ChatAnswer(state, chat))
+    jobs = await asyncio.to_thread(prepare, state, chat)
+    return await serving.respond(request, state, jobs, "messages", _ChatAnswer(state, chat, jobs[0].prompt_ids))
 
 
 # ---- prompt and SamplingParams ------------------------------------------------------------
 
 
-def _prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
-    """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
+def prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
+    """The engine requests for a checked chat request: prompt ids and SamplingParams per job.
+
+    Responses and Messages build a ChatRequest from their own bodies and come here too."""
     prompt_ids = _prompt_ids(state, chat)
     serving.check_prompt(
         state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field
@@ -46,14 +49,17 @@ def _prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]
     return [serving.Job(prompt_ids, _params(state, chat), 0)]
 
 
-def _parses_tools(chat: ChatRequest) -> bool:
+def parses_tools(chat: ChatRequest) -> bool:
+    """True when the tools go into the prompt and the answer is read for calls."""
     return bool(chat.tools) and chat.tool_choice != "none"
 
 
 def _prompt_ids(state: serving.ServerState, chat: ChatRequest) -> list[int]:
-    tool_list = chat.tools if _parses_tools(chat) else None
+    tool_list = chat.tools if parses_tools(chat) else None
     try:
-        return state.tokenizer.encode_chat(chat.messages, add_generation_prompt=True, tools=tool_list)
+        return state.tokenizer.encode_chat(
+            chat.messages, add_generation_prompt=True, tools=tool_list, **chat.chat_template_kwargs
+        )
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None
 
@@ -105,38 +111,26 @@ def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
 
 
 class _ChatAnswer(serving.ChoicesAnswer):
-    """Chat choices from engine outputs: content, tool calls (one parser per choice), logprobs."""
+    """Chat choices from engine outputs: thinking, content, tool calls (one AnswerText per choice), logprobs."""
 
     id_prefix = "chatcmpl-"
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, state: serving.ServerState, chat: ChatRequest) -> None:
+    def __init__(self, state: serving.ServerState, chat: ChatRequest, prompt_ids: list[int]) -> None:
         super().__init__(state, chat.common, chat.common.n)
         self.chat = chat
-        self.fmt = state.tool_format if _parses_tools(chat) else None
-        self.parsers: dict[int, tools.ToolCallParser] = {}
-        self.num_calls: dict[int, int] = {}
+        fmt = state.tool_format if parses_tools(chat) else None
+        self.texts = [AnswerText.for_prompt(state, prompt_ids, fmt) for _ in range(self.num_choices)]
         n = self.num_choices  # the whole answer, per choice:
+        self.reasoning = [""] * n
         self.content = [""] * n
         self.calls: list[list[tools.ToolCall]] = [[] for _ in range(n)]
         self.logprobs_content: list[list[dict[str, Any]]] = [[] for _ in range(n)]
 
-    def _pieces(self, out: RequestOutput) -> tuple[str, list[tools.ToolCall]]:
-        """Content and completed calls this output adds to its choice."""
-        if self.fmt is None:
-            return out.text, []
-        parser = self.parsers.setdefault(out.index, tools.ToolCallParser(self.fmt))
-        content, calls = parser.feed(out.text)
-        if out.finished:
-            more, more_calls = parser.finish()
-            content, calls = content + more, calls + more_calls
-        self.num_calls[out.index] = len(parser.calls)
-        return content, calls
-
     def finish_reason(self, out: RequestOutput) -> str:
         reason = super().finish_reason(out)
-        return "tool_calls" if reason == "stop" and self.num_calls.get(out.index) else reason
+        return "tool_calls" if reason == "stop" and self.texts[out.index].num_calls else reason
 
     def _logprobs_entries(self, entries: list[TokenLogprobs]) -> list[dict[str, Any]]:
         tokenizer, num_top = self.state.tokenizer, self.chat.top_logprobs
@@ -152,9 +146,10 @@ class _ChatAnswer(serving.ChoicesAnswer):
     # ---- whole ----------------------------------------------------------------------------
 
     def add(self, out: RequestOutput) -> None:
-        text, new_calls = self._pieces(out)
-        self.content[out.index] += text
-        self.calls[out.index] += new_calls
+        pieces = self.texts[out.index].feed(out.text, out.finished)
+        self.reasoning[out.index] += pieces.reasoning
+        self.content[out.index] += pieces.content
+        self.calls[out.index] += pieces.calls
         if self.chat.logprobs:
             self.logprobs_content[out.index] += self._logprobs_entries(out.logprobs)
         if out.finished:
@@ -165,6 +160,8 @@ class _ChatAnswer(serving.ChoicesAnswer):
         message: dict[str, Any] = {"role": "assistant", "content": self.content[index] or (None if calls else "")}
         if calls:
             message["tool_calls"] = [c.as_dict() for c in calls]
+        if self.reasoning[index]:
+            message["reasoning_content"] = self.reasoning[index]
         logprobs = {"content": self.logprobs_content[index], "refusal": None} if self.chat.logprobs else None
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reasons[index]}
 
@@ -178,14 +175,16 @@ class _ChatAnswer(serving.ChoicesAnswer):
 
     def _deltas(self, out: RequestOutput) -> list[dict[str, Any]]:
         """The choice deltas of one output, a chunk each: content, then each call closed, then the finish."""
-        text, calls = self._pieces(out)
+        pieces = self.texts[out.index].feed(out.text, out.finished)
         choices = []
         logprobs = None
         if self.chat.logprobs and out.logprobs:
             logprobs = {"content": self._logprobs_entries(out.logprobs), "refusal": None}
-        if text or logprobs:
-            choices.append(_delta(out.index, {"content": text}, logprobs))
-        for call in calls:
+        if pieces.reasoning:
+            choices.append(_delta(out.index, {"reasoning_content": pieces.reasoning}))
+        if pieces.content or logprobs:
+            choices.append(_delta(out.index, {"content": pieces.content}, logprobs))
+        for call in pieces.calls:
             choices += [_delta(out.index, {"tool_calls": [delta]}) for delta in call.as_deltas()]
         if out.finished:
             choices.append(_delta(out.index, {}, None, self.finish_reason(out)))
@@ -211,6 +210,7 @@ class ChatRequest:
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"  # "none", "auto", "required" or {"type": "function", ...}
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
 
     @property
     def named_tool(self) -> str | None:
@@ -233,10 +233,23 @@ def parse_chat(data: Any) -> ChatRequest:
     request.tools = [_tool(t, i) for i, t in enumerate(array_field(body.raw("tools"), "tools"))]
     request.tool_choice = _tool_choice(body.raw("tool_choice"), request.tools)
     request.parallel_tool_calls = body.boolean("parallel_tool_calls", default=True)
+    request.chat_template_kwargs = template_kwargs(body.raw("chat_template_kwargs"))
     if request.response_format and request.tool_choice not in ("auto", "none"):
         raise bad_request("response_format cannot be combined with a tool_choice that forces a call", "response_format")
     body.finish()
     return request
+
+
+def template_kwargs(value: Any, name: str = "chat_template_kwargs") -> dict[str, Any]:
+    """Extra chat template variables (e.g. {"enable_thinking": false}): an object of names to JSON values."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
+        raise bad_request(f"{name} must be an object whose keys are template variable names", name)
+    reserved = sorted(set(value) & {"messages", "tools", "add_generation_prompt"})
+    if reserved:
+        raise bad_request(f"{name} cannot set {reserved[0]!r}; it comes from the request itself", name)
+    return dict(value)
 
 
 def read_message(data: Any, index: int) -> dict[str, Any]:
@@ -261,6 +274,9 @@ def read_message(data: Any, index: int) -> dict[str, Any]:
         calls = array_field(body.raw("tool_calls"), f"{where}.tool_calls")
         if calls:
             message["tool_calls"] = [_history_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)]
+        reasoning = body.string("reasoning_content")
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         if body.raw("refusal") is not None:
             raise bad_request(f"{where}.refusal is not supported; put the text in content", f"{where}.refusal")
     body.finish()
@@ -307,10 +323,7 @@ def _tool(data: Any, index: int) -> dict[str, Any]:
         raise bad_request(f"{where}.type must be 'function'", f"{where}.type")
     fn = Body(body.raw("function"), f"{where}.function")
     name = fn.string("name", required=True)
-    if not _FUNCTION_NAME.match(name):
-        raise bad_request(
-            f"{where}.function.name {name!r} must be 1-64 letters, digits, _ . or -", f"{where}.function.name"
-        )
+    check_function_name(name, f"{where}.function.name")
     function: dict[str, Any] = {"name": name}
     description = fn.string("description")
     if description is not None:
@@ -323,6 +336,11 @@ def _tool(data: Any, index: int) -> dict[str, Any]:
     fn.finish()
     body.finish()
     return {"type": "function", "function": function}
+
+
+def check_function_name(name: str, param: str) -> None:
+    if not _FUNCTION_NAME.match(name):
+        raise bad_request(f"{param} {name!r} must be 1-64 letters, digits, _ . or -", param)
 
 
 def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:

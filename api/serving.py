@@ -54,6 +54,7 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
     tool_format: str = ""  # the call format the chat template teaches; set by create_app
+    thinks: bool = False  # the chat template writes <think> blocks (a reasoning model); set by create_app
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -346,9 +347,9 @@ class Answer(ABC):
     def closing(self) -> list[str]:
         return []
 
-    def error_event(self, exc: Exception) -> str:
-        """An error after the headers went out: one last event in this protocol's shape."""
-        return sse.error_event(exc)
+    def error_events(self, exc: Exception) -> list[str]:
+        """The events that tell a streaming client of an error after the headers went out."""
+        return [sse.error_event(exc)]
 
     async def collect(self, merged: AsyncIterator[RequestOutput]) -> dict[str, Any]:
         async for out in merged:
@@ -365,7 +366,8 @@ class Answer(ABC):
             for event in self.closing():
                 yield event
         except Exception as exc:
-            yield self.error_event(exc)
+            for event in self.error_events(exc):
+                yield event
         finally:
             await merged.aclose()
         if self.end:

@@ -23,12 +23,23 @@ def event(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def named_event(name: str, payload: dict[str, Any]) -> str:
+    """An event with its type on an `event:` line, as the Responses and Anthropic Messages streams send them."""
+    return f"event: {name}\n{event(payload)}"
+
+
+def stream_error(exc: Exception) -> APIError:
+    """The APIError to tell of `exc`, raised while streaming; anything else is logged as a bug."""
+    if isinstance(exc, APIError):
+        return exc
+    logger.exception("internal error while streaming", exc_info=exc)
+    return APIError(500, "the server hit an internal error while streaming")
+
+
 def error_event(exc: Exception) -> str:
     """An error after the headers went out can only be an event: the OpenAI error body, no traceback."""
-    if not isinstance(exc, APIError):
-        logger.exception("internal error while streaming", exc_info=exc)
-        exc = APIError(500, "the server hit an internal error while streaming")
-    return event(error_body(exc.status, exc.message, exc.param, exc.code))
+    error = stream_error(exc)
+    return event(error_body(error.status, error.message, error.param, error.code))
 
 
 class EventStream:

@@ -81,3 +81,34 @@ def write_model_folder(folder: Path, *, eos: bool = True, max_position_embedding
     for name in names:
         shutil.copy(BPE_TOKENIZER / name, folder / name)
     return folder
+
+
+# The fixture ChatML template with a reasoning model's generation prompt (as DeepSeek-R1 and
+# Qwen3 write it): the answer starts inside <think>, unless enable_thinking is false.
+_THINKING_PROMPT = (
+    "{{- '<|im_start|>assistant\\n' }}\n"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- else %}{{- '<think>\\n' }}{%- endif %}"
+)
+
+
+def thinking_template() -> str:
+    """The fixture ChatML template as a reasoning model's: its generation prompt opens `<think>`."""
+    template = (BPE_TOKENIZER / "chat_template.jinja").read_text()
+    generation = "{{- '<|im_start|>assistant\\n' }}"
+    assert template.count(generation) == 1, "the fixture template changed"
+    return template.replace(generation, _THINKING_PROMPT)
+
+
+@functools.cache
+def loaded_thinking_llama(name: str) -> LoadedModel:
+    """The widened tiny llama whose chat template makes it a reasoning model (`<think>` is a
+    plain added token of the fixture tokenizer, id 700; `</think>` is 701)."""
+    base = Tokenizer.from_folder(BPE_TOKENIZER)
+    tokenizer_json, config = base.to_hf_files()
+    tokenizer = Tokenizer.from_hf_files(tokenizer_json, config, thinking_template(), base.eos_token_ids)
+    model_config, weights = widened_llama(tokenizer)
+    model = build_model(model_config, weights)
+    return LoadedModel(
+        name, LLAMA_FIXTURE, model, tokenizer, model_config, tokenizer.eos_token_ids, select_backend("cpu")
+    )

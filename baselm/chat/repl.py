@@ -26,6 +26,7 @@ from baselm.chat.stats import SessionStats, stats_report, turn_line
 from baselm.chat.view import AnswerView
 from baselm.engine import LLMEngine, QueueFullError
 from baselm.loader import load_model
+from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer.errors import ChatTemplateError
@@ -89,6 +90,7 @@ class ChatREPL:
         self.notes = self.console if self.rich_output else Console(stderr=True, highlight=False)
         self.reader = LineReader(history_path, interactive=sys.stdin.isatty())
         self._eos_ids = frozenset(self.engine.eos_token_ids)
+        self._thinks = template_thinks(self.engine.tokenizer.chat_template)  # show <think> apart
         self._num_requests = 0
         self.last_chat = last_chat  # the conversation is kept here after each turn, for --resume
 
@@ -173,7 +175,8 @@ class ChatREPL:
 
     async def _stream(self, request_id: str, prompt: Prompt, params: SamplingParams, answer: Answer) -> None:
         answer.stats.num_prompt_tokens = len(prompt.token_ids)
-        with AnswerView(self.console, self.rich_output) as view:
+        splitter = ReasoningSplitter(prompt_opens_thinking(prompt.text)) if self._thinks else None
+        with AnswerView(self.console, self.rich_output, splitter) as view:
             start = time.perf_counter()
             outputs = await self.client.submit(prompt.token_ids, params, request_id)
             try:

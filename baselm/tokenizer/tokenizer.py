@@ -193,6 +193,11 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self._chat_template)
 
+    @property
+    def chat_template(self) -> str | dict[str, str] | None:
+        """The chat template (or named templates) as the model ships it."""
+        return self._chat_template
+
     def id_to_token(self, token_id: int) -> str | None:
         return self._backend.id_to_token(token_id)
 

@@ -15,6 +15,7 @@ from baselm.api.server import ServeOptions, make_server
 from baselm.async_engine import AsyncEngine
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
+from baselm.loader import LoadedModel
 from tests.tiny_model import loaded_widened_llama
 
 MODEL = "tiny"
@@ -24,10 +25,12 @@ _BUSY = ("base_num_requests_running", "base_num_requests_waiting", "base_kv_bloc
 class RunningServer:
     """An engine thread and a uvicorn server on a free loopback port, in threads of this process."""
 
-    def __init__(self, api_key: str | None = None, max_body_bytes: int = 8 * 2**20, **config) -> None:
+    def __init__(
+        self, api_key: str | None = None, max_body_bytes: int = 8 * 2**20, loaded: LoadedModel | None = None, **config
+    ) -> None:
         config.setdefault("kv_memory", 4 * 2**20)
         config.setdefault("max_num_seqs", 32)
-        self.engine = LLMEngine(loaded_widened_llama(MODEL), EngineConfig(**config))
+        self.engine = LLMEngine(loaded or loaded_widened_llama(MODEL), EngineConfig(**config))
         self.client = AsyncEngine(self.engine).start()
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so.
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

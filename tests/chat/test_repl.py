@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pexpect
 
+from tests.tiny_model import thinking_template, write_model_folder
+
 BASE = shutil.which("base") or str(Path(sys.executable).parent / "base")
 TIMEOUT_S = 60  # for any one expected output of the REPL: it only bounds a hang, so generous on a loaded machine
 
@@ -208,3 +210,17 @@ def test_resume_reopens_the_last_conversation_and_its_prompt_comes_from_the_cach
     fresh = chat("--prefix-cache-file", "none", "--resume", text="And the harbours?\n")
     (prefill,) = re.findall(r"prefill (\d+) tokens \((\d+) cached\)", fresh)
     assert prefill[1] == "0"  # without the file, the same prompt starts cold
+
+
+def test_a_reasoning_models_thinking_is_dimmed_apart_from_the_answer(tmp_path):
+    folder = write_model_folder(tmp_path / "thinking", eos=False)
+    (folder / "chat_template.jinja").write_text(thinking_template())  # the answer starts inside <think>
+    child = _spawn(folder, tmp_path / "home", "--max-tokens", "8")
+    try:
+        child.sendline("hello")
+        child.expect_exact("\x1b[2;3m")  # the thinking, dim italic, once the live view is gone
+        child.expect_exact(">>> ")
+        assert "<think>" not in child.before and "</think>" not in child.before
+        assert _quit(child) == 0
+    finally:
+        child.close(force=True)

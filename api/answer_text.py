@@ -1,0 +1,65 @@
+"""One answer's text as every protocol shows it: thinking, content and tool calls, apart.
+
+The engine hands out plain text. A reasoning model's thinking is split off first
+(baselm/reasoning.py), then the rest is read for tool calls (tools.py), so a call written
+while thinking is never run. Chat completions, Responses and Messages all read their
+answers through `AnswerText`, one per choice, streamed or whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from baselm.api import tools
+from baselm.api.serving import ServerState
+from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking
+
+# Enough prompt tokens to see the template's last `<think>` or `</think>` and what follows it.
+_PROMPT_TAIL_TOKENS = 32
+
+
+@dataclass(slots=True)
+class Pieces:
+    """What one piece of an answer adds: thinking, content, and the tool calls that closed."""
+
+    reasoning: str = ""
+    content: str = ""
+    calls: list[tools.ToolCall] = field(default_factory=list)
+
+
+class AnswerText:
+    """Splits one choice's growing text into `Pieces`; `feed` the engine's text, `finished` on its last output."""
+
+    def __init__(self, splitter: ReasoningSplitter | None, tool_format: str | None) -> None:
+        self.splitter = splitter
+        self.parser = tools.ToolCallParser(tool_format) if tool_format else None
+
+    @classmethod
+    def for_prompt(cls, state: ServerState, prompt_ids: list[int], tool_format: str | None) -> AnswerText:
+        """An AnswerText for an answer to `prompt_ids`: thinking is split off when the model thinks."""
+        return cls(thinking_splitter(state, prompt_ids), tool_format)
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.parser.calls) if self.parser else 0
+
+    def feed(self, text: str, finished: bool) -> Pieces:
+        reasoning, content = self.splitter.feed(text) if self.splitter else ("", text)
+        if finished and self.splitter:
+            more_reasoning, more_content = self.splitter.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        if self.parser is None:
+            return Pieces(reasoning, content)
+        content, calls = self.parser.feed(content)
+        if finished:
+            more, more_calls = self.parser.finish()
+            content, calls = content + more, calls + more_calls
+        return Pieces(reasoning, content, calls)
+
+
+def thinking_splitter(state: ServerState, prompt_ids: list[int]) -> ReasoningSplitter | None:
+    """A splitter for an answer to `prompt_ids` when the model thinks, else None."""
+    if not state.thinks:
+        return None
+    tail = state.tokenizer.decode(prompt_ids[-_PROMPT_TAIL_TOKENS:])
+    return ReasoningSplitter(in_thinking=prompt_opens_thinking(tail))

@@ -37,11 +37,13 @@ from tests.tiny_gguf import (
 
 TOL = 1e-4
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
-ARCHS = ["llama", "llama_rope3_mqa", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3"]
-# Fixtures transformers reads from GGUF (not Mixtral: a llama GGUF with experts; not this Qwen3-MoE: a dense layer).
+ARCHS = ["llama", "llama_rope3_mqa", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen3_moe_sparse"]
+ARCHS += ["gemma2", "gemma3", "phi3"]
+# Fixtures transformers reads from GGUF (not Mixtral: a llama GGUF with experts; not qwen3_moe: a dense layer,
+# which qwen3_moe_sparse, experts in every layer, stands in for).
 TRANSFORMERS_GGUF = [a for a in ARCHS if (MODEL_FIXTURES / a / "gguf_reference.npz").exists()]
 # Fixtures whose HF config a GGUF says in full, so transformers' HF logits apply as they are.
-SAME_CONFIG = ["llama", "llama_rope3_mqa", "mixtral", "qwen2", "qwen3", "phi3"]
+SAME_CONFIG = ["llama", "llama_rope3_mqa", "mixtral", "qwen2", "qwen3", "qwen3_moe_sparse", "phi3"]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +111,8 @@ def test_the_implied_config_has_the_hf_sizes(name: str, ggufs: dict[str, Path]) 
     config, hf = implied(name, ggufs)
     keys = SHARED_KEYS + ["vocab_size", "intermediate_size", "tie_word_embeddings", "bos_token_id", "eos_token_id"]
     assert {k: config[k] for k in keys} == {k: hf[k] for k in keys}
-    expected_type = {"mistral": "llama", "gemma3": "gemma3_text", "llama_rope3_mqa": "llama"}.get(name, name)
+    renamed = {"mistral": "llama", "gemma3": "gemma3_text", "llama_rope3_mqa": "llama", "qwen3_moe_sparse": "qwen3_moe"}
+    expected_type = renamed.get(name, name)
     assert config["model_type"] == expected_type
 
 

@@ -3,7 +3,10 @@
 llama.cpp's converter renames HF tensors (`LAYER_NAMES`, `GLOBAL_NAMES`) and permutes the q/k
 projection rows of llama models (it rotates interleaved pairs where HF rotates halves);
 store/gguf.py must put them back. `tiny_llama_gguf` writes the llama fixture that way, with the
-word-level `t0..t255` vocabulary of the hub tests (tests/store/hub_server.py).
+word-level `t0..t255` vocabulary of the hub tests (tests/store/hub_server.py). `fixture_gguf` writes
+any model fixture as the converter does for its architecture (`converter_tensors`, `add_hparams`:
+Gemma's `1 + w` norms, stacked experts, Phi-3's fused projections and LongRoPE tensors, RoPE
+scaling keys). The oracles (`oracle`, `values_of`, `same_bits`) and random K-quant blocks close it.
 """
 
 from __future__ import annotations

@@ -380,6 +380,23 @@ def check_shapes(config: dict[str, Any], meta: Meta) -> None:
         _expect(meta, f"blk.{i}.attn_qkv.weight", -2, qkv_rows, f"{heads} + 2 x {kv_heads} heads of {head_dim}")
         for stem in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
             _expect(meta, f"blk.{i}.{stem}.weight", -1, hidden, "embedding_length")
-        num_experts = config.get("num_local_experts") or config.get("num_experts")
-        for stem in EXPERT_STEMS if num_experts else ():
-            _expect(meta, f"blk.{i}.{stem}.weight", 0, num_experts, "expert_count")
+        _check_ffn_shapes(config, meta, i)
+
+
+def _check_ffn_shapes(config: dict[str, Any], meta: Meta, i: int) -> None:
+    """Feed-forward sizes of layer `i` against feed_forward_length and the expert keys."""
+    ffn = config["intermediate_size"]
+    is_fused = config["model_type"] == "phi3" and f"blk.{i}.ffn_gate.weight" not in meta.shapes
+    _expect(meta, f"blk.{i}.ffn_up.weight", -2, 2 * ffn if is_fused else ffn, "feed_forward_length")
+    _expect(meta, f"blk.{i}.ffn_gate.weight", -2, ffn, "feed_forward_length")
+    _expect(meta, f"blk.{i}.ffn_down.weight", -1, ffn, "feed_forward_length")
+    num_experts = config.get("num_local_experts") or config.get("num_experts")
+    if not num_experts:
+        return
+    expert_ffn = config.get("moe_intermediate_size") or ffn
+    for stem in EXPERT_STEMS:
+        _expect(meta, f"blk.{i}.{stem}.weight", 0, num_experts, "expert_count")
+    _expect(meta, f"blk.{i}.ffn_gate_exps.weight", 1, expert_ffn, "the expert feed-forward length")
+    _expect(meta, f"blk.{i}.ffn_up_exps.weight", 1, expert_ffn, "the expert feed-forward length")
+    _expect(meta, f"blk.{i}.ffn_down_exps.weight", 2, expert_ffn, "the expert feed-forward length")
+    _expect(meta, f"blk.{i}.ffn_gate_inp.weight", 0, num_experts, "expert_count")

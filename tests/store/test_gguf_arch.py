@@ -351,3 +351,9 @@ def test_llama_q_and_k_biases_are_unpermuted_like_their_weights(tmp_path: Path) 
     ids = np.load(folder / "reference.npz")["input_ids"]
     hf_model = model_from_checkpoint(config, {k: mx.array(v) for k, v in weights.items()}, CPU)
     assert np.abs(gguf_logits(path, ids) - prefill_logits(hf_model, ids)).max() < TOL
+
+
+def test_a_feed_forward_length_that_contradicts_the_tensors_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "llama", lambda config, _: config.update(intermediate_size=96))
+    with pytest.raises(ModelFileError, match=r"feed_forward_length gives 96, but blk\.0\.ffn_\w+\.weight has shape"):
+        gguf_store.GGUFCheckpoint.open(path)

@@ -17,6 +17,7 @@ import pytest
 from baselm.backend import Backend
 from baselm.loader import load_model
 from baselm.store import gguf as gguf_store
+from baselm.store import gguf_kquants
 from baselm.store.base_reader import read_base_file
 from baselm.store.convert import convert
 from baselm.store.gguf_kquants import K_SCHEMES, RequantError
@@ -166,3 +167,16 @@ def test_pulling_a_k_quant_gguf_as_q4_rounds_its_q6_k_values_once(tmp_path: Path
     error = np.abs(np.array(values) - oracle(path)["blk.0.ffn_down.weight"])
     half_step = np.repeat(np.array(down.scales.astype(mx.float32)), 32, axis=1) / 2
     assert (down.bits, down.group_size) == (4, 32) and (error <= half_step * 1.01 + 1e-6).all()
+
+
+@pytest.mark.parametrize("type_name", [*EXACT_K, *REQUANTIZED_K])
+def test_a_large_tensor_decoded_in_chunks_of_rows_gives_the_same_record(
+    type_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks(type_name, 10, 512), type_name)})
+    whole = read_one(path)
+    monkeypatch.setattr(gguf_kquants, "CHUNK_VALUES", 3 * 512)  # chunks of 3 rows: 3 + 3 + 3 + 1
+    chunked = read_one(path)
+    assert chunked.scale_dtype == whole.scale_dtype
+    for part in ("codes", "scales", "biases"):
+        assert np.array_equal(getattr(chunked, part), getattr(whole, part)), part

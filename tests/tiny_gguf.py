@@ -74,7 +74,7 @@ def add_llama_hparams(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_context_length(config["max_position_embeddings"])
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_rope_freq_base(_rope(config)["rope_theta"])
 
 
 def add_word_vocabulary(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
@@ -203,18 +203,11 @@ def _rope(config: dict[str, Any], layer_type: str = "full_attention") -> dict[st
 def add_hparams(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
     """The converter's metadata keys for `config` (its `set_gguf_parameters` of each model class)."""
     model_type = config["model_type"]
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    add_llama_hparams(writer, config)
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
     writer.add_vocab_size(config["vocab_size"])
     rope = _rope(config)
-    writer.add_rope_freq_base(rope["rope_theta"])
     rotary = int(config["head_dim"] * rope.get("partial_rotary_factor", 1.0))
     writer.add_rope_dimension_count(rotary)
     if rope.get("rope_type") == "linear":

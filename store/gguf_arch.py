@@ -12,14 +12,16 @@ has. The conventions are those of llama.cpp's `convert_hf_to_gguf.py` (tensor na
   `rope_freqs` tensor; linear and YaRN scaling are `rope.scaling.*` keys.
 - gemma2/gemma3: every `*norm.weight` holds `1 + w` (HF stores `w`); the query scale is
   `1/sqrt(head_dim)`, except for the 27B models (46 and 62 layers), which use
-  `1/sqrt(hidden / heads)`; Gemma 2 slides in even layers, Gemma 3 in five of every six, its local
-  layers with RoPE base 10000 and no scaling. Soft-caps come from `*_logit_softcapping` keys.
+  `1/sqrt(hidden / heads)`; Gemma 2 slides in even layers, Gemma 3 in five of every six (unless a
+  `sliding_window_pattern` key gives the period or a flag per layer), its local layers with RoPE
+  base 10000 (or `rope.freq_base_swa`) and no scaling. Soft-caps come from `*_logit_softcapping`.
 - phi3: fused `attn_qkv` and `ffn_up` (gate then up); LongRoPE factors are the tensors
   `rope_factors_long`/`rope_factors_short`, partial rotary is `rope.dimension_count`.
 - qwen3moe: stacked `ffn_*_exps` experts and an `ffn_gate_inp` router; llama.cpp always
   renormalizes the top-k weights (`norm_topk_prob`), unless `expert_weights_norm` says otherwise.
 
-Adding an architecture is one `ArchSpec` and, if it has config keys of its own, one function.
+Every size the metadata gives is checked against the tensor shapes (`check_shapes`). Adding an
+architecture is one `ArchSpec` and, if it has config keys of its own, one function.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ logs the measured error (`RequantError`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,7 +113,9 @@ def requantized_record(name: str, raw: np.ndarray, shape: tuple[int, int], error
     return _by_rows(raw, shape, requantize)
 
 
-def _by_rows(raw: np.ndarray, shape: tuple[int, int], fn) -> TensorRecord:
+def _by_rows(
+    raw: np.ndarray, shape: tuple[int, int], fn: Callable[[np.ndarray, tuple[int, int]], TensorRecord]
+) -> TensorRecord:
     """`fn(raw rows, their shape)` over chunks of rows, the records stacked back into one."""
     rows, cols = shape
     raw = raw.reshape(rows, -1)  # (rows, row bytes)

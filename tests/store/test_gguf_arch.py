@@ -341,3 +341,14 @@ def test_a_feed_forward_length_that_contradicts_the_tensors_is_a_clear_error(tmp
     path = write_variant(tmp_path, "llama", lambda config, _: config.update(intermediate_size=96))
     with pytest.raises(ModelFileError, match=r"feed_forward_length gives 96, but blk\.0\.ffn_\w+\.weight has shape"):
         gguf_store.GGUFCheckpoint.open(path)
+
+
+def test_per_layer_head_counts_are_read_when_every_layer_agrees_and_refused_when_not(tmp_path: Path) -> None:
+    def per_layer(counts: list[int]) -> Callable[[dict, dict], None]:
+        return lambda config, _: config.update(head_count_kv_per_layer=counts)
+
+    path = write_variant(tmp_path, "llama", per_layer([2, 2]))
+    assert gguf_store.GGUFCheckpoint.open(path).config["num_key_value_heads"] == 2
+    path = write_variant(tmp_path, "llama", per_layer([2, 4]))
+    with pytest.raises(UnsupportedModelError, match=r"llama\.attention\.head_count_kv differs between layers"):
+        gguf_store.GGUFCheckpoint.open(path)

@@ -243,6 +243,9 @@ class GGUFCheckpoint:
         shapes = {name: info.shape for name, info in gguf_file.tensors.items()}
         self.config, self.spec, self.meta = gguf_arch.hf_config(gguf_file.metadata, shapes)
         self._add_rope_factors()
+        # Every tensor placed before any is read: a tensor base cannot place is refused up front.
+        placed = [(name, gguf_arch.placement(name, self.spec, self.config, self.meta)) for name in gguf_file.tensors]
+        self._placed = sorted(((where.hf_name, name, where) for name, where in placed if where), key=lambda t: t[0])
         self.requant_errors: dict[str, RequantError] = {}
 
     @classmethod
@@ -270,12 +273,8 @@ class GGUFCheckpoint:
         Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end;
         with `inexact_as_float` they come as float32 values instead (the caller quantizes them once).
         """
-        placed = []
-        for name in self.file.tensors:
-            where = gguf_arch.placement(name, self.spec, self.config, self.meta)
-            if where is not None:
-                placed.append((where.hf_name, name, where))
-        for _, name, where in sorted(placed, key=lambda item: item[0]):
+        self.requant_errors = {}
+        for _, name, where in self._placed:
             info = self.file.tensors[name]
             record = self.file.read(info, self.requant_errors, inexact_as_float)
             for hf_name, part in _put_back(record, where):

@@ -215,7 +215,7 @@ def test_a_tensor_with_no_place_is_named(tmp_path: Path) -> None:
     tensors["blk.0.ssm_a.weight"] = (np.ones(4, np.float32), "F32")  # a Mamba tensor in a llama file
     path = write_gguf(tmp_path / "extra.gguf", tensors, lambda writer: add_hparams(writer, config))
     with pytest.raises(UnsupportedModelError, match=r"GGUF tensor 'blk\.0\.ssm_a\.weight' has no known place"):
-        gguf_store.load_checkpoint(path)
+        gguf_store.GGUFCheckpoint.open(path)  # before any weight is read
 
 
 def test_gguf_package_names_match_the_converter_names_used_here() -> None:

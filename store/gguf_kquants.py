@@ -64,7 +64,8 @@ class RequantError:
         self.sum_sq_error += float(np.square(error).sum())
         self.sum_sq_value += float(np.square(values.astype(np.float64)).sum())
         self.max_error = max(self.max_error, float(np.abs(error).max(initial=0.0)))
-        self.tensors.append(name)
+        if name not in self.tensors:  # a large tensor comes in several chunks of rows
+            self.tensors.append(name)
 
     @property
     def relative_rms(self) -> float:

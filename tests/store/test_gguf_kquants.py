@@ -178,8 +178,10 @@ def test_a_large_tensor_decoded_in_chunks_of_rows_gives_the_same_record(
     path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks(type_name, 10, 512), type_name)})
     whole = read_one(path)
     monkeypatch.setattr(gguf_kquants, "CHUNK_VALUES", 3 * 512)  # chunks of 3 rows: 3 + 3 + 3 + 1
-    chunked = read_one(path)
+    errors: dict[str, RequantError] = {}
+    chunked = read_one(path, errors)
     assert chunked.scale_dtype == whole.scale_dtype
+    assert [e.tensors for e in errors.values()] == ([] if type_name in EXACT_K else [["w.weight"]])
     for part in ("codes", "scales", "biases"):
         assert np.array_equal(getattr(chunked, part), getattr(whole, part)), part
 

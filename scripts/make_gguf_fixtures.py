@@ -9,11 +9,12 @@ converter's names, q/k permutation, Gemma's `1 + w` norms, stacked experts, F32)
 `AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)`, whose GGUF reader undoes llama.cpp's
 conventions on its own. `gguf_reference.npz` holds input_ids (the fixture's), logits (T, vocab) and
 `overrides` (JSON): config keys passed to transformers because its GGUF reader does not read them
-(soft-caps, query scale, RoPE scaling, Qwen3's head size), set to what llama.cpp derives from the same file.
+(soft-caps, query scale, RoPE scaling, Qwen3's head size, Qwen3-MoE's expert size), set to what
+llama.cpp derives from the same file.
 
-Mixtral and Qwen3-MoE are absent: transformers reads a llama GGUF with experts as a dense llama, and
-the Qwen3-MoE fixture has a dense layer (`mlp_only_layers`), which its GGUF reader (like llama.cpp's)
-does not place.
+Mixtral and `qwen3_moe` are absent: transformers reads a llama GGUF with experts as a dense llama, and
+the `qwen3_moe` fixture has a dense layer (`mlp_only_layers`), which its GGUF reader (like llama.cpp's)
+does not place; `qwen3_moe_sparse` (made here, experts in every layer) stands in for it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,17 @@ import transformers
 from tests.paths import MODEL_FIXTURES
 from tests.tiny_gguf import fixture_gguf
 
-NAMES = ["llama", "llama_rope3_mqa", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+NAMES = ["llama", "llama_rope3_mqa", "mistral", "qwen2", "qwen3", "qwen3_moe_sparse", "gemma2", "gemma3", "phi3"]
+# A Qwen3-MoE with experts in every layer and renormalized top-k weights, as llama.cpp's qwen3moe
+# reads them: the HF fixture transformers (and llama.cpp) can read from a GGUF. Made here with
+# make_model_fixtures.py's recipe; its reference.npz holds transformers' HF-folder logits.
+EXTRA_FIXTURES = {
+    "qwen3_moe_sparse": (
+        "Qwen3MoeConfig",
+        dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+        {},
+    )
+}
 
 
 def overrides(name: str, config: dict) -> dict:
@@ -61,10 +72,17 @@ def overrides(name: str, config: dict) -> dict:
         return {"rope_parameters": config["rope_parameters"]}
     if name == "qwen3":  # its reader maps no key to head_dim for qwen3 (attention.key_length is in the file)
         return {"head_dim": head_dim}
+    if name == "qwen3_moe_sparse":  # nor to moe_intermediate_size (expert_feed_forward_length is in the file)
+        return {"moe_intermediate_size": config["moe_intermediate_size"]}
     return {}
 
 
 def make(name: str) -> None:
+    if name in EXTRA_FIXTURES and not (MODEL_FIXTURES / name / "reference.npz").exists():
+        import make_model_fixtures
+
+        make_model_fixtures.FIXTURES.update(EXTRA_FIXTURES)
+        make_model_fixtures.make(name)
     folder = MODEL_FIXTURES / name
     ids = np.load(folder / "reference.npz")["input_ids"]
     with tempfile.TemporaryDirectory() as tmp:

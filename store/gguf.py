@@ -247,6 +247,9 @@ class GGUFCheckpoint:
         shapes = {name: info.shape for name, info in gguf_file.tensors.items()}
         self.config, self.spec, self.meta = gguf_arch.hf_config(gguf_file.metadata, shapes)
         self._add_rope_factors()
+        # Every tensor placed before any is read: a tensor base cannot place is refused up front.
+        placed = [(name, gguf_arch.placement(name, self.spec, self.config, self.meta)) for name in gguf_file.tensors]
+        self._placed = sorted(((where.hf_name, name, where) for name, where in placed if where), key=lambda t: t[0])
         self.requant_errors: dict[str, RequantError] = {}
 
     @classmethod
@@ -268,15 +271,6 @@ class GGUFCheckpoint:
             record = self.file.read(self.file.tensors[name])
             scaling[key] = to_float32(record.data, record.dtype).reshape(-1).tolist()
 
-    def _placements(self) -> list[tuple[str, str, Placement]]:
-        """(HF name, GGUF name, placement) of every tensor that becomes a weight, sorted by HF name."""
-        placed = []
-        for name in self.file.tensors:
-            where = gguf_arch.placement(name, self.spec, self.config, self.meta)
-            if where is not None:
-                placed.append((where.hf_name, name, where))
-        return sorted(placed, key=lambda item: item[0])
-
     def records(
         self, inexact_as_float: bool = False, skip: frozenset[str] = frozenset()
     ) -> Iterator[tuple[str, str, TensorRecord]]:
@@ -286,8 +280,9 @@ class GGUFCheckpoint:
         Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end;
         with `inexact_as_float` they come as float32 values instead (the caller quantizes them once).
         """
+        self.requant_errors = {}
         fused_parts: dict[str, dict[str, tuple[TensorRecord, tuple[int, ...]]]] = {}
-        for hf_name, name, where in self._placements():
+        for hf_name, name, where in self._placed:
             if hf_name in skip:
                 continue
             info = self.file.tensors[name]
@@ -313,7 +308,7 @@ class GGUFCheckpoint:
         model runs them as MXFP4 (a `.base` file, which has no MXFP4 dtype, gets `records`' floats).
         """
         mxfp4: dict[str, dict[str, tuple[np.ndarray, tuple[int, ...]]]] = {}
-        for hf_name, name, where in self._placements():
+        for hf_name, name, where in self._placed:
             info = self.file.tensors[name]
             if where.expert_part is not None and info.type_name == "MXFP4":
                 mxfp4.setdefault(hf_name, {})[where.expert_part] = (self.file.raw(info), info.shape)

@@ -12,8 +12,9 @@ has. The conventions are those of llama.cpp's `convert_hf_to_gguf.py` (tensor na
   `rope_freqs` tensor; linear and YaRN scaling are `rope.scaling.*` keys.
 - gemma2/gemma3: every `*norm.weight` holds `1 + w` (HF stores `w`); the query scale is
   `1/sqrt(head_dim)`, except for the 27B models (46 and 62 layers), which use
-  `1/sqrt(hidden / heads)`; Gemma 2 slides in even layers, Gemma 3 in five of every six, its local
-  layers with RoPE base 10000 and no scaling. Soft-caps come from `*_logit_softcapping` keys.
+  `1/sqrt(hidden / heads)`; Gemma 2 slides in even layers, Gemma 3 in five of every six (unless a
+  `sliding_window_pattern` key gives the period or a flag per layer), its local layers with RoPE
+  base 10000 (or `rope.freq_base_swa`) and no scaling. Soft-caps come from `*_logit_softcapping`.
 - phi3: fused `attn_qkv` and `ffn_up` (gate then up); LongRoPE factors are the tensors
   `rope_factors_long`/`rope_factors_short`, partial rotary is `rope.dimension_count`.
 - qwen3moe: stacked `ffn_*_exps` experts and an `ffn_gate_inp` router; llama.cpp always
@@ -25,7 +26,8 @@ has. The conventions are those of llama.cpp's `convert_hf_to_gguf.py` (tensor na
   q/k permutation. llama.cpp fixes what no key records: even layers slide, the SwiGLU clamp is 7
   (alpha 1.702); YaRN follows the released HF config (no truncation of its ramp).
 
-Adding an architecture is one `ArchSpec` and, if it has config keys of its own, one function.
+Every size the metadata gives is checked against the tensor shapes (`check_shapes`). Adding an
+architecture is one `ArchSpec` and, if it has config keys of its own, one function.
 """
 
 from __future__ import annotations
@@ -420,6 +422,23 @@ def check_shapes(config: dict[str, Any], meta: Meta) -> None:
         _expect(meta, f"blk.{i}.attn_qkv.weight", -2, qkv_rows, f"{heads} + 2 x {kv_heads} heads of {head_dim}")
         for stem in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
             _expect(meta, f"blk.{i}.{stem}.weight", -1, hidden, "embedding_length")
-        num_experts = config.get("num_local_experts") or config.get("num_experts")
-        for stem in EXPERT_STEMS if num_experts else ():
-            _expect(meta, f"blk.{i}.{stem}.weight", 0, num_experts, "expert_count")
+        _check_ffn_shapes(config, meta, i)
+
+
+def _check_ffn_shapes(config: dict[str, Any], meta: Meta, i: int) -> None:
+    """Feed-forward sizes of layer `i` against feed_forward_length and the expert keys."""
+    ffn = config["intermediate_size"]
+    is_fused = config["model_type"] == "phi3" and f"blk.{i}.ffn_gate.weight" not in meta.shapes
+    _expect(meta, f"blk.{i}.ffn_up.weight", -2, 2 * ffn if is_fused else ffn, "feed_forward_length")
+    _expect(meta, f"blk.{i}.ffn_gate.weight", -2, ffn, "feed_forward_length")
+    _expect(meta, f"blk.{i}.ffn_down.weight", -1, ffn, "feed_forward_length")
+    num_experts = config.get("num_local_experts") or config.get("num_experts")
+    if not num_experts:
+        return
+    expert_ffn = config.get("moe_intermediate_size") or ffn
+    for stem in EXPERT_STEMS:
+        _expect(meta, f"blk.{i}.{stem}.weight", 0, num_experts, "expert_count")
+    _expect(meta, f"blk.{i}.ffn_gate_exps.weight", 1, expert_ffn, "the expert feed-forward length")
+    _expect(meta, f"blk.{i}.ffn_up_exps.weight", 1, expert_ffn, "the expert feed-forward length")
+    _expect(meta, f"blk.{i}.ffn_down_exps.weight", 2, expert_ffn, "the expert feed-forward length")
+    _expect(meta, f"blk.{i}.ffn_gate_inp.weight", 0, num_experts, "expert_count")

@@ -26,6 +26,7 @@ logs the measured error (`RequantError`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +43,7 @@ SUPER_BLOCK = 256
 K_SCHEMES = {"Q2_K": (4, False), "Q3_K": (8, True), "Q4_K": (4, True), "Q5_K": (5, True), "Q6_K": (8, False)}
 _BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 Q3_K_OFFSET = 127
+FLOAT_VIEW = {"f32": np.float32, "f16": np.float16}
 
 
 @dataclass(slots=True)
@@ -62,7 +64,8 @@ class RequantError:
         self.sum_sq_error += float(np.square(error).sum())
         self.sum_sq_value += float(np.square(values.astype(np.float64)).sum())
         self.max_error = max(self.max_error, float(np.abs(error).max(initial=0.0)))
-        self.tensors.append(name)
+        if name not in self.tensors:  # a large tensor comes in several chunks of rows
+            self.tensors.append(name)
 
     @property
     def relative_rms(self) -> float:
@@ -81,23 +84,55 @@ def is_exact(type_name: str) -> bool:
     return K_SCHEMES[type_name][1]
 
 
+# Rows decoded at a time: bounds the float32 intermediates of a large tensor (a 262k-token embedding).
+CHUNK_VALUES = 1 << 24
+
+
 def k_record(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> TensorRecord:
-    """An exactly-kept K-quant (Q3_K, Q4_K, Q5_K) tensor's raw bytes as a `.base` record."""
+    """An exactly-kept K-quant (Q3_K, Q4_K, Q5_K) tensor's raw bytes (rows, bytes) as a `.base` record."""
     if type_name == "Q3_K":
-        return _q3_record(raw, shape)
-    rows, cols = shape
-    blocks = raw.reshape(rows, cols // SUPER_BLOCK, _BLOCK_BYTES[type_name])  # (rows, n, bytes)
-    scales, biases, q = _q45_fields(type_name, blocks)  # (rows, cols/32) x2, (rows, cols) uint8
+        return _by_rows(raw, shape, _q3_record)
     bits = K_SCHEMES[type_name][0]
-    return _record(bits, shape, q, scales, biases)
+
+    def decode(part: np.ndarray, part_shape: tuple[int, int]) -> TensorRecord:
+        blocks = part.reshape(part_shape[0], part_shape[1] // SUPER_BLOCK, _BLOCK_BYTES[type_name])  # (rows, n, B)
+        scales, biases, q = _q45_fields(type_name, blocks)  # (rows, cols/32) x2, (rows, cols) uint8
+        return _record(bits, part_shape, q, scales, biases)
+
+    return _by_rows(raw, shape, decode)
 
 
 def requantized_record(name: str, raw: np.ndarray, shape: tuple[int, int], error: RequantError) -> TensorRecord:
     """A Q2_K/Q6_K tensor dequantized as llama.cpp does and quantized again; adds its error to `error`."""
-    values = k_values(error.type_name, raw, shape)  # (rows, cols) float32
-    record = quantize(values, error.bits, GROUP_SIZE, "f16", name)
-    error.add(name, values, _dequantized(record))
-    return record
+
+    def requantize(part: np.ndarray, part_shape: tuple[int, int]) -> TensorRecord:
+        values = k_values(error.type_name, part, part_shape)  # (rows, cols) float32
+        record = quantize(values, error.bits, GROUP_SIZE, "f16", name)
+        error.add(name, values, _dequantized(record))
+        return record
+
+    return _by_rows(raw, shape, requantize)
+
+
+def _by_rows(
+    raw: np.ndarray, shape: tuple[int, int], fn: Callable[[np.ndarray, tuple[int, int]], TensorRecord]
+) -> TensorRecord:
+    """`fn(raw rows, their shape)` over chunks of rows, the records stacked back into one."""
+    rows, cols = shape
+    raw = raw.reshape(rows, -1)  # (rows, row bytes)
+    step = max(1, CHUNK_VALUES // cols)
+    parts = [fn(raw[start : start + step], (min(step, rows - start), cols)) for start in range(0, rows, step)]
+    if len(parts) == 1:
+        return parts[0]
+    scale_dtype = "f32" if any(p.scale_dtype == "f32" for p in parts) else parts[0].scale_dtype
+    kind = {"f32": np.float32, "f16": np.float16}[scale_dtype]
+    stacked = {
+        "codes": np.concatenate([p.codes for p in parts]),
+        "scales": np.concatenate([p.scales.view(FLOAT_VIEW[p.scale_dtype]).astype(kind) for p in parts]),
+        "biases": np.concatenate([p.biases.view(FLOAT_VIEW[p.scale_dtype]).astype(kind) for p in parts]),
+    }
+    first = parts[0]
+    return TensorRecord(first.dtype, shape, group_size=first.group_size, scale_dtype=scale_dtype, **stacked)
 
 
 def k_values(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -3,7 +3,10 @@
 llama.cpp's converter renames HF tensors (`LAYER_NAMES`, `GLOBAL_NAMES`) and permutes the q/k
 projection rows of llama models (it rotates interleaved pairs where HF rotates halves);
 store/gguf.py must put them back. `tiny_llama_gguf` writes the llama fixture that way, with the
-word-level `t0..t255` vocabulary of the hub tests (tests/store/hub_server.py).
+word-level `t0..t255` vocabulary of the hub tests (tests/store/hub_server.py). `fixture_gguf` writes
+any model fixture as the converter does for its architecture (`converter_tensors`, `add_hparams`:
+Gemma's `1 + w` norms, stacked experts, Phi-3's fused projections and LongRoPE tensors, RoPE
+scaling keys). The oracles (`oracle`, `values_of`, `same_bits`) and random K-quant blocks close it.
 """
 
 from __future__ import annotations
@@ -68,10 +71,11 @@ def add_llama_hparams(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
     writer.add_embedding_length(config["hidden_size"])
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
+    # llama.cpp also takes one count per layer (`head_count_kv_per_layer`, a key only tests set)
+    writer.add_head_count_kv(config.get("head_count_kv_per_layer", config["num_key_value_heads"]))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_context_length(config["max_position_embeddings"])
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_rope_freq_base(_rope(config)["rope_theta"])
 
 
 def add_word_vocabulary(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
@@ -201,18 +205,11 @@ def _rope(config: dict[str, Any], layer_type: str = "full_attention") -> dict[st
 def add_hparams(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
     """The converter's metadata keys for `config` (its `set_gguf_parameters` of each model class)."""
     model_type = config["model_type"]
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    add_llama_hparams(writer, config)
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
     writer.add_vocab_size(config["vocab_size"])
     rope = _rope(config)
-    writer.add_rope_freq_base(rope["rope_theta"])
     rotary = int(config["head_dim"] * rope.get("partial_rotary_factor", 1.0))
     writer.add_rope_dimension_count(rotary)
     if rope.get("rope_type") == "linear":

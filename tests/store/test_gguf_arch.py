@@ -11,6 +11,7 @@ Phi-3's fused projections and LongRoPE tensors). Three checks per architecture:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -26,6 +27,7 @@ from baselm.store.errors import ModelFileError, UnsupportedModelError
 from tests.forward import prefill_logits
 from tests.paths import MODEL_FIXTURES
 from tests.tiny_gguf import (
+    GGUF_ARCH,
     add_hparams,
     add_phi3_longrope_keys,
     add_word_vocabulary,
@@ -37,12 +39,13 @@ from tests.tiny_gguf import (
 
 TOL = 1e-4
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
-ARCHS = ["llama", "llama_rope3_mqa", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3"]
-ARCHS += ["smollm3"]  # gpt-oss: tests/store/test_gguf_gpt_oss.py
-# Fixtures transformers reads from GGUF (not Mixtral: a llama GGUF with experts; not this Qwen3-MoE: a dense layer).
+ARCHS = ["llama", "llama_rope3_mqa", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen3_moe_sparse"]
+ARCHS += ["gemma2", "gemma3", "phi3", "smollm3"]  # gpt-oss: tests/store/test_gguf_gpt_oss.py
+# Fixtures transformers reads from GGUF (not Mixtral: a llama GGUF with experts; not qwen3_moe: a dense layer,
+# which qwen3_moe_sparse, experts in every layer, stands in for).
 TRANSFORMERS_GGUF = [a for a in ARCHS if (MODEL_FIXTURES / a / "gguf_reference.npz").exists()]
 # Fixtures whose HF config a GGUF says in full, so transformers' HF logits apply as they are.
-SAME_CONFIG = ["llama", "llama_rope3_mqa", "mixtral", "qwen2", "qwen3", "phi3", "smollm3"]
+SAME_CONFIG = ["llama", "llama_rope3_mqa", "mixtral", "qwen2", "qwen3", "qwen3_moe_sparse", "phi3", "smollm3"]
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +113,8 @@ def test_the_implied_config_has_the_hf_sizes(name: str, ggufs: dict[str, Path]) 
     config, hf = implied(name, ggufs)
     keys = SHARED_KEYS + ["vocab_size", "intermediate_size", "tie_word_embeddings", "bos_token_id", "eos_token_id"]
     assert {k: config[k] for k in keys} == {k: hf[k] for k in keys}
-    expected_type = {"mistral": "llama", "gemma3": "gemma3_text", "llama_rope3_mqa": "llama"}.get(name, name)
+    renamed = {"mistral": "llama", "gemma3": "gemma3_text", "llama_rope3_mqa": "llama", "qwen3_moe_sparse": "qwen3_moe"}
+    expected_type = renamed.get(name, name)
     assert config["model_type"] == expected_type
 
 
@@ -158,14 +162,27 @@ def test_pulling_a_gguf_gives_the_logits_of_running_it(ggufs: dict[str, Path], t
 # Files that contradict themselves, or that base cannot place
 
 
-def write_variant(tmp_path: Path, name: str, change) -> Path:
-    """The fixture `name` as the converter writes it, with `change(config, tensors)` applied first."""
+def write_variant(
+    tmp_path: Path,
+    name: str,
+    change: Callable[[dict, dict], str | None] | None = None,
+    extra: Callable[[gguf.GGUFWriter], None] | None = None,
+) -> Path:
+    """The fixture `name` as the converter writes it (F32, word vocabulary), with `change(config, HF weights)`
+    applied first (it may return another architecture name) and `extra` metadata written after."""
     folder = MODEL_FIXTURES / name
     config = json.loads((folder / "config.json").read_text())
-    tensors = converter_tensors(config, load_file(str(folder / "model.safetensors")))
-    arch = change(config, tensors) or "llama"
-    f32 = {k: (v, "F32") for k, v in tensors.items()}
-    return write_gguf(tmp_path / "bad.gguf", f32, lambda w: add_hparams(w, config), arch=arch)
+    weights = load_file(str(folder / "model.safetensors"))
+    arch = (change(config, weights) if change else None) or GGUF_ARCH[config["model_type"]]
+    tensors = {k: (v, "F32") for k, v in converter_tensors(config, weights).items()}
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        add_word_vocabulary(writer, config)
+        if extra is not None:
+            extra(writer)
+
+    return write_gguf(tmp_path / f"{name}.variant.gguf", tensors, metadata, arch=arch)
 
 
 def test_head_counts_that_contradict_the_tensor_shapes_are_a_clear_error(tmp_path: Path) -> None:
@@ -193,9 +210,12 @@ def test_an_unsupported_architecture_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_a_tensor_with_no_place_is_named(tmp_path: Path) -> None:
-    path = write_variant(tmp_path, "llama", lambda _, tensors: tensors.update({"blk.0.ssm_a.weight": np.ones(4, "f4")}))
+    config = json.loads((MODEL_FIXTURES / "llama" / "config.json").read_text())
+    tensors = {name: (values, "F32") for name, values in oracle(write_variant(tmp_path, "llama")).items()}
+    tensors["blk.0.ssm_a.weight"] = (np.ones(4, np.float32), "F32")  # a Mamba tensor in a llama file
+    path = write_gguf(tmp_path / "extra.gguf", tensors, lambda writer: add_hparams(writer, config))
     with pytest.raises(UnsupportedModelError, match=r"GGUF tensor 'blk\.0\.ssm_a\.weight' has no known place"):
-        gguf_store.load_checkpoint(path)
+        gguf_store.GGUFCheckpoint.open(path)  # before any weight is read
 
 
 def test_gguf_package_names_match_the_converter_names_used_here() -> None:
@@ -208,18 +228,11 @@ def test_gguf_package_names_match_the_converter_names_used_here() -> None:
 
 
 def test_end_of_turn_and_message_tokens_end_generation_like_end_of_text(tmp_path: Path) -> None:
-    folder = MODEL_FIXTURES / "llama"
-    config = json.loads((folder / "config.json").read_text())
-    weights = load_file(str(folder / "model.safetensors"))
-    tensors = {k: (v, "F32") for k, v in converter_tensors(config, weights).items()}
-
-    def metadata(writer: gguf.GGUFWriter) -> None:
-        add_hparams(writer, config)
-        add_word_vocabulary(writer, config)  # eos 2
+    def extra(writer: gguf.GGUFWriter) -> None:  # eos is 2 in the word vocabulary
         writer.add_eot_token_id(7)
         writer.add_eom_token_id(2)
 
-    path = write_gguf(tmp_path / "eot.gguf", tensors, metadata)
+    path = write_variant(tmp_path, "llama", extra=extra)
     assert gguf_store.GGUFCheckpoint.open(path).config["eos_token_id"] == [2, 7]
     assert load_model(path, CPU).eos_token_ids[:2] == (2, 7)
 
@@ -277,75 +290,65 @@ def test_older_mixtral_ggufs_with_one_tensor_per_expert_load_alike(tmp_path: Pat
 
 
 def test_a_router_gated_other_than_by_softmax_is_refused(tmp_path: Path) -> None:
-    folder = MODEL_FIXTURES / "qwen3_moe"
-    config = json.loads((folder / "config.json").read_text())
-    tensors = {
-        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
-    }
-
-    def metadata(writer: gguf.GGUFWriter) -> None:
-        add_hparams(writer, config)
-        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-
-    path = write_gguf(tmp_path / "sigmoid.gguf", tensors, metadata, arch="qwen3moe")
+    path = write_variant(
+        tmp_path, "qwen3_moe", extra=lambda writer: writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    )
     with pytest.raises(UnsupportedModelError, match=r"expert_gating_func 2 is not supported"):
         gguf_store.GGUFCheckpoint.open(path)
 
 
 @pytest.mark.parametrize(("pattern", "expected"), [(2, ["s", "f", "s"]), ([True, False, False], ["s", "f", "f"])])
 def test_a_gemma3_sliding_window_pattern_key_sets_the_layer_types(pattern, expected, tmp_path: Path) -> None:
-    folder = MODEL_FIXTURES / "gemma3"
-    config = json.loads((folder / "config.json").read_text())
-    tensors = {
-        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
-    }
-
-    def metadata(writer: gguf.GGUFWriter) -> None:
-        add_hparams(writer, config)
+    def extra(writer: gguf.GGUFWriter) -> None:
         if isinstance(pattern, list):
             writer.add_array("gemma3.attention.sliding_window_pattern", pattern)
         else:
             writer.add_uint32("gemma3.attention.sliding_window_pattern", pattern)
 
-    checkpoint = gguf_store.GGUFCheckpoint.open(write_gguf(tmp_path / "g.gguf", tensors, metadata, arch="gemma3"))
+    checkpoint = gguf_store.GGUFCheckpoint.open(write_variant(tmp_path, "gemma3", extra=extra))
     names = {"s": "sliding_attention", "f": "full_attention"}
     assert checkpoint.config["layer_types"] == [names[k] for k in expected]
 
 
 def test_the_gemma3_fixture_with_its_own_layer_pattern_gives_transformers_hf_logits(tmp_path: Path) -> None:
     """With the pattern in the file (2: layers 0 and 2 slide), the fixture's HF config is said in full."""
-    folder = MODEL_FIXTURES / "gemma3"
-    config = json.loads((folder / "config.json").read_text())
-    tensors = {
-        k: (v, "F32") for k, v in converter_tensors(config, load_file(str(folder / "model.safetensors"))).items()
-    }
-
-    def metadata(writer: gguf.GGUFWriter) -> None:
-        add_hparams(writer, config)
-        add_word_vocabulary(writer, config)
-        writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
-
-    path = write_gguf(tmp_path / "g.gguf", tensors, metadata, arch="gemma3")
-    reference = np.load(folder / "reference.npz")
+    path = write_variant(
+        tmp_path, "gemma3", extra=lambda writer: writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    )
+    reference = np.load(MODEL_FIXTURES / "gemma3" / "reference.npz")
     assert np.abs(gguf_logits(path, reference["input_ids"]) - reference["logits"]).max() < TOL
 
 
 def test_llama_q_and_k_biases_are_unpermuted_like_their_weights(tmp_path: Path) -> None:
-    folder = MODEL_FIXTURES / "llama"
-    config = {**json.loads((folder / "config.json").read_text()), "attention_bias": True}
-    weights = load_file(str(folder / "model.safetensors"))
-    rng = np.random.default_rng(0)
-    for layer in range(config["num_hidden_layers"]):
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            rows = weights[f"model.layers.{layer}.self_attn.{proj}.weight"].shape[0]
-            weights[f"model.layers.{layer}.self_attn.{proj}.bias"] = rng.standard_normal(rows).astype(np.float32)
-    tensors = {k: (v, "F32") for k, v in converter_tensors(config, weights).items()}
+    hf: dict = {}
 
-    def metadata(writer: gguf.GGUFWriter) -> None:
-        add_hparams(writer, config)
-        add_word_vocabulary(writer, config)
+    def add_biases(config: dict, weights: dict) -> None:
+        config["attention_bias"] = True
+        rng = np.random.default_rng(0)
+        for layer in range(config["num_hidden_layers"]):
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                rows = weights[f"model.layers.{layer}.self_attn.{proj}.weight"].shape[0]
+                weights[f"model.layers.{layer}.self_attn.{proj}.bias"] = rng.standard_normal(rows).astype(np.float32)
+        hf.update(config=config, weights={k: mx.array(v) for k, v in weights.items()})
 
-    path = write_gguf(tmp_path / "bias.gguf", tensors, metadata)
-    ids = np.load(folder / "reference.npz")["input_ids"]
-    hf_model = model_from_checkpoint(config, {k: mx.array(v) for k, v in weights.items()}, CPU)
-    assert np.abs(gguf_logits(path, ids) - prefill_logits(hf_model, ids)).max() < TOL
+    path = write_variant(tmp_path, "llama", add_biases)
+    ids = np.load(MODEL_FIXTURES / "llama" / "reference.npz")["input_ids"]
+    expected = prefill_logits(model_from_checkpoint(hf["config"], hf["weights"], CPU), ids)
+    assert np.abs(gguf_logits(path, ids) - expected).max() < TOL
+
+
+def test_a_feed_forward_length_that_contradicts_the_tensors_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_variant(tmp_path, "llama", lambda config, _: config.update(intermediate_size=96))
+    with pytest.raises(ModelFileError, match=r"feed_forward_length gives 96, but blk\.0\.ffn_\w+\.weight has shape"):
+        gguf_store.GGUFCheckpoint.open(path)
+
+
+def test_per_layer_head_counts_are_read_when_every_layer_agrees_and_refused_when_not(tmp_path: Path) -> None:
+    def per_layer(counts: list[int]) -> Callable[[dict, dict], None]:
+        return lambda config, _: config.update(head_count_kv_per_layer=counts)
+
+    path = write_variant(tmp_path, "llama", per_layer([2, 2]))
+    assert gguf_store.GGUFCheckpoint.open(path).config["num_key_value_heads"] == 2
+    path = write_variant(tmp_path, "llama", per_layer([2, 4]))
+    with pytest.raises(UnsupportedModelError, match=r"llama\.attention\.head_count_kv differs between layers"):
+        gguf_store.GGUFCheckpoint.open(path)

@@ -17,6 +17,7 @@ import pytest
 from baselm.backend import Backend
 from baselm.loader import load_model
 from baselm.store import gguf as gguf_store
+from baselm.store import gguf_kquants
 from baselm.store.base_reader import read_base_file
 from baselm.store.convert import convert
 from baselm.store.gguf_kquants import K_SCHEMES, RequantError
@@ -110,12 +111,14 @@ K_TENSORS = {
 }
 
 
-def k_quant_llama(path: Path) -> Path:
-    """A Q4_K_M-like mix of every K-quant in one llama, as the converter names it; norms F32."""
-    tensors = {
-        f"{stem}.weight": (random_k_blocks(kind, rows, 256, seed), kind)
-        for seed, (stem, (rows, kind)) in enumerate(K_TENSORS.items())
-    }
+def k_quant_llama(path: Path, types: dict[str, str] | None = None) -> Path:
+    """A Q4_K_M-like mix of every K-quant in one llama, as the converter names it (`types` overrides
+    the type of some stems); norms F32. With `types` mapping stems to "F32", the values given."""
+    tensors = {}
+    for seed, (stem, (rows, kind)) in enumerate(K_TENSORS.items()):
+        tensors[f"{stem}.weight"] = (random_k_blocks(kind, rows, 256, seed), kind)
+    for name, (data, kind) in (types or {}).items():
+        tensors[name] = (data, kind)
     for norm in ("blk.0.attn_norm", "blk.0.ffn_norm", "output_norm"):
         tensors[f"{norm}.weight"] = (np.linspace(0.5, 1.5, 256, dtype=np.float32), "F32")
 
@@ -166,3 +169,34 @@ def test_pulling_a_k_quant_gguf_as_q4_rounds_its_q6_k_values_once(tmp_path: Path
     error = np.abs(np.array(values) - oracle(path)["blk.0.ffn_down.weight"])
     half_step = np.repeat(np.array(down.scales.astype(mx.float32)), 32, axis=1) / 2
     assert (down.bits, down.group_size) == (4, 32) and (error <= half_step * 1.01 + 1e-6).all()
+
+
+@pytest.mark.parametrize("type_name", [*EXACT_K, *REQUANTIZED_K])
+def test_a_large_tensor_decoded_in_chunks_of_rows_gives_the_same_record(
+    type_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks(type_name, 10, 512), type_name)})
+    whole = read_one(path)
+    monkeypatch.setattr(gguf_kquants, "CHUNK_VALUES", 3 * 512)  # chunks of 3 rows: 3 + 3 + 3 + 1
+    errors: dict[str, RequantError] = {}
+    chunked = read_one(path, errors)
+    assert chunked.scale_dtype == whole.scale_dtype
+    assert [e.tensors for e in errors.values()] == ([] if type_name in EXACT_K else [["w.weight"]])
+    for part in ("codes", "scales", "biases"):
+        assert np.array_equal(getattr(chunked, part), getattr(whole, part)), part
+
+
+def test_an_exact_k_quant_llama_runs_as_its_values_dequantized_by_the_gguf_package(tmp_path: Path) -> None:
+    """Q3_K/Q4_K/Q5_K matrices, the q/k rows unpermuted on their codes, scales and biases, lose nothing."""
+    exact = {"Q6_K": "Q5_K", "Q2_K": "Q3_K"}
+    swapped = {
+        f"{stem}.weight": (random_k_blocks(exact[kind], rows, 256, seed), exact[kind])
+        for seed, (stem, (rows, kind)) in enumerate(K_TENSORS.items())
+        if kind in exact
+    }
+    path = k_quant_llama(tmp_path / "k.gguf", swapped)
+    values = {name: (v.astype(np.float32), "F32") for name, v in oracle(path).items()}
+    as_f32 = k_quant_llama(tmp_path / "f32.gguf", values)
+    ids = np.arange(3, 19)
+    quantized = prefill_logits(load_model(path, CPU).model, ids)
+    assert np.array_equal(quantized, prefill_logits(load_model(as_f32, CPU).model, ids))

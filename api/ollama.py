@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from baselm.api import grammar, serving, tools
+from baselm.api.answer_text import AnswerText, Pieces
 from baselm.api.constrained import constrained_params
 from baselm.api.embeddings import EmbeddingJob, read_pooling, run_embeddings
 from baselm.api.errors import APIError, bad_request, logger
@@ -66,17 +67,20 @@ class _OllamaAnswer(serving.Answer):
     media_type = "application/x-ndjson"
     text_field: ClassVar[str]  # "message" (chat) or "response" (generate)
 
-    def __init__(self, state: serving.ServerState, common: Common, tool_fmt: str | None) -> None:
+    def __init__(
+        self, state: serving.ServerState, common: Common, prompt_ids: list[int], tool_fmt: str | None, split: bool
+    ) -> None:
         super().__init__(state, common, 1)
-        self.parser = tools.ToolCallParser(tool_fmt) if tool_fmt else None
-        self.text = ""
-        self.calls: list[tools.ToolCall] = []
+        # A reasoning model's thinking goes apart (`thinking`), then tool calls; raw prompts stay raw.
+        self.split = AnswerText.for_prompt(state, prompt_ids, tool_fmt) if split else AnswerText(None, None)
+        self.prompt_ids = prompt_ids
+        self.whole_pieces = Pieces()
         self.output_ids: list[int] = []
         self.done_reason = "stop"
         self.started = time.perf_counter_ns()
         self.first_token: int | None = None
 
-    def _pieces(self, out: RequestOutput) -> tuple[str, list[tools.ToolCall]]:
+    def _pieces(self, out: RequestOutput) -> Pieces:
         if out.token_ids and self.first_token is None:
             self.first_token = time.perf_counter_ns()
         self.output_ids += out.token_ids
@@ -84,13 +88,7 @@ class _OllamaAnswer(serving.Answer):
             if out.finish_reason == "abort":
                 raise APIError(503, "the server is shutting down; the request was stopped")
             self.done_reason = out.finish_reason or "stop"
-        if self.parser is None:
-            return out.text, []
-        content, calls = self.parser.feed(out.text)
-        if out.finished:
-            more, more_calls = self.parser.finish()
-            content, calls = content + more, calls + more_calls
-        return content, calls
+        return self.split.feed(out.text, out.finished)
 
     def _envelope(self, done: bool) -> dict[str, Any]:
         return {"model": self.common.model, "created_at": now_rfc3339(), "done": done}
@@ -108,26 +106,35 @@ class _OllamaAnswer(serving.Answer):
             "eval_duration": end - first,
         }
 
-    def payload(self, text: str, calls: list[tools.ToolCall]) -> dict[str, Any]:
+    def payload(self, pieces: Pieces) -> dict[str, Any]:
         """The text-carrying fields of one line."""
-        return {self.text_field: text}
+        fields: dict[str, Any] = {self.text_field: pieces.content}
+        if pieces.reasoning:
+            fields["thinking"] = pieces.reasoning
+        return fields
 
     def done_extra(self) -> dict[str, Any]:
         return {}
 
     def add(self, out: RequestOutput) -> None:
-        text, calls = self._pieces(out)
-        self.text += text
-        self.calls += calls
+        pieces = self._pieces(out)
+        whole = self.whole_pieces
+        whole.reasoning += pieces.reasoning
+        whole.content += pieces.content
+        whole.calls += pieces.calls
 
     def whole(self) -> dict[str, Any]:
-        return {**self._envelope(True), **self.payload(self.text, self.calls), **self._stats(), **self.done_extra()}
+        return {**self._envelope(True), **self.payload(self.whole_pieces), **self._stats(), **self.done_extra()}
 
     def events(self, out: RequestOutput) -> list[str]:
-        text, calls = self._pieces(out)
-        lines = [_line({**self._envelope(False), **self.payload(text, calls)})] if text or calls else []
+        pieces = self._pieces(out)
+        lines = []
+        if pieces.content or pieces.reasoning or pieces.calls:
+            lines.append(_line({**self._envelope(False), **self.payload(pieces)}))
         if out.finished:
-            lines.append(_line({**self._envelope(True), **self.payload("", []), **self._stats(), **self.done_extra()}))
+            lines.append(
+                _line({**self._envelope(True), **self.payload(Pieces()), **self._stats(), **self.done_extra()})
+            )
         return lines
 
     def error_events(self, exc: Exception) -> list[str]:
@@ -140,19 +147,17 @@ class _OllamaAnswer(serving.Answer):
 class _ChatAnswer(_OllamaAnswer):
     text_field = "message"
 
-    def payload(self, text: str, calls: list[tools.ToolCall]) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if calls:
-            message["tool_calls"] = [_ollama_call(c) for c in calls]
+    def payload(self, pieces: Pieces) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": pieces.content}
+        if pieces.reasoning:
+            message["thinking"] = pieces.reasoning
+        if pieces.calls:
+            message["tool_calls"] = [_ollama_call(c) for c in pieces.calls]
         return {"message": message}
 
 
 class _GenerateAnswer(_OllamaAnswer):
     text_field = "response"
-
-    def __init__(self, state: serving.ServerState, common: Common, prompt_ids: list[int]) -> None:
-        super().__init__(state, common, None)
-        self.prompt_ids = prompt_ids
 
     def done_extra(self) -> dict[str, Any]:
         return {"context": self.prompt_ids + self.output_ids}
@@ -193,7 +198,7 @@ async def ollama_chat(request: Request) -> Response:
     extra = _think(body)
     body.finish()
     if not messages:  # Ollama loads the model and answers at once
-        return JSONResponse({**_ChatAnswer(state, common, None).whole(), "done_reason": "load"})
+        return JSONResponse({**_ChatAnswer(state, common, [], None, False).whole(), "done_reason": "load"})
 
     def prepare() -> serving.Job:
         try:
@@ -204,7 +209,7 @@ async def ollama_chat(request: Request) -> Response:
         return serving.Job(ids, _params(state, common.sampling, fmt), 0)
 
     job = await asyncio.to_thread(prepare)
-    answer = _ChatAnswer(state, common, state.tool_format if tool_list else None)
+    answer = _ChatAnswer(state, common, job.prompt_ids, state.tool_format if tool_list else None, True)
     return await serving.respond(request, state, [job], "messages", answer)
 
 
@@ -242,12 +247,13 @@ async def ollama_generate(request: Request) -> Response:
         for name in ("system", "raw", "suffix", "template", "context"):
             body.raw(name)
         body.finish()
-        return JSONResponse({**_GenerateAnswer(state, common, []).whole(), "done_reason": "load"})
+        return JSONResponse({**_GenerateAnswer(state, common, [], None, False).whole(), "done_reason": "load"})
     ids = await asyncio.to_thread(_generate_ids, state, body, extra)
     body.finish()
     serving.check_prompt(state, ids, "prompt", common.sampling["max_tokens"], MAX_TOKENS_FIELD)
     job = serving.Job(ids, _params(state, common.sampling, fmt), 0)
-    return await serving.respond(request, state, [job], "prompt", _GenerateAnswer(state, common, ids))
+    answer = _GenerateAnswer(state, common, ids, None, not body.data.get("raw"))
+    return await serving.respond(request, state, [job], "prompt", answer)
 
 
 def _embed_inputs(state: serving.ServerState, value: Any, truncate: bool, name: str) -> list[list[int]]:

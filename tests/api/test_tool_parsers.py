@@ -1,0 +1,208 @@
+"""Tool-call formats beyond Hermes: detection from the template, parsing whole and streamed, cut-off calls."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from baselm.api.errors import APIError
+from baselm.api.tool_parsers import (
+    DEEPSEEK,
+    GLM,
+    HARMONY,
+    MISTRAL,
+    QWEN3_XML,
+    check_supported,
+    detect_format,
+    make_parser,
+    needs_special_tokens,
+)
+from baselm.api.tools import HERMES, LLAMA3_JSON
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "zip": {"type": "string"}},
+            },
+        },
+    }
+]
+WEATHER = ("get_weather", {"city": "Paris", "days": 3})
+TIME = ("get_time", {"zone": "CET"})
+
+# Each format: an answer with content before two calls, and what it holds.
+ANSWERS = {
+    MISTRAL: (
+        'Checking.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, '
+        '{"name": "get_time", "arguments": {"zone": "CET"}}]',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    "mistral_v11": (
+        'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}'
+        '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{"zone": "CET"}',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    HARMONY: (
+        "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary"
+        "<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city": "Paris", "days": 3}<|call|><|start|>assistant to=functions.get_time<|channel|>commentary'
+        ' json<|message|>{"zone": "CET"}',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    DEEPSEEK: (
+        "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        '{"city": "Paris", "days": 3}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>'
+        '{"zone": "CET"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    QWEN3_XML: (
+        "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+        "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=zone>\nCET\n"
+        "</parameter>\n</function>\n</tool_call>",
+        "Checking.\n",
+        [WEATHER, TIME],
+    ),
+    GLM: (
+        "Checking.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days"
+        "</arg_key>\n<arg_value>3</arg_value>\n</tool_call><tool_call>get_time\n<arg_key>zone</arg_key>\n"
+        "<arg_value>CET</arg_value>\n</tool_call>",
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    LLAMA3_JSON: (
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
+        '{"name": "get_time", "parameters": {"zone": "CET"}}',
+        "",
+        [WEATHER, TIME],
+    ),
+}
+
+
+def fmt_of(name: str) -> str:
+    return MISTRAL if name == "mistral_v11" else name
+
+
+def run(fmt: str, pieces: list[str]) -> tuple[str, list[tuple[str, dict]]]:
+    """Content and calls of an answer fed in `pieces`, as a client would reassemble them."""
+    parser = make_parser(fmt, tools=TOOLS)
+    content, calls = "", []
+    for piece in [*pieces, None]:
+        text, new = parser.feed(piece) if piece is not None else parser.finish()
+        content += text
+        calls += new
+    assert [c.index for c in calls] == list(range(len(calls)))
+    return content, [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+def splits(text: str, rng: random.Random) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), k=min(15, len(text) - 1)))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+@pytest.mark.parametrize("name", list(ANSWERS))
+def test_whole_answer_gives_content_and_calls(name):
+    text, content, calls = ANSWERS[name]
+    assert run(fmt_of(name), [text]) == (content, calls)
+
+
+@pytest.mark.parametrize("name", list(ANSWERS))
+def test_streamed_answer_reassembles_to_the_whole_result(name):
+    text, content, calls = ANSWERS[name]
+    rng = random.Random(7)
+    for _ in range(40):
+        assert run(fmt_of(name), splits(text, rng)) == (content, calls)
+    assert run(fmt_of(name), list(text)) == (content, calls)  # one character at a time
+
+
+@pytest.mark.parametrize("name", list(ANSWERS))
+def test_cut_off_answer_never_returns_a_partial_call(name):
+    # Whatever the point the answer stops at, the calls returned are complete calls of the answer.
+    text, _, calls = ANSWERS[name]
+    for end in range(len(text)):
+        _, got = run(fmt_of(name), [text[:end]])
+        assert got == calls[: len(got)], text[:end]
+
+
+@pytest.mark.parametrize("name", [MISTRAL, DEEPSEEK, QWEN3_XML, GLM])
+def test_a_call_cut_off_mid_arguments_is_returned_as_content(name):
+    text, content, _ = ANSWERS[name]
+    cut = text[: text.index("Paris") + 3]
+    assert run(fmt_of(name), [cut]) == (cut, [])
+
+
+def test_harmony_leaves_the_analysis_channel_out_and_streams_the_final_one():
+    text = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi there"
+    assert run(HARMONY, [text]) == ("Hi there", [])
+    parser = make_parser(HARMONY)
+    assert parser.feed(text[:-4]) == ("Hi t", [])  # final-channel text streams before its message ends
+    assert parser.feed("here<|") == ("here", [])  # a marker's start is held back
+    assert parser.finish() == ("<|", [])
+
+
+def test_answers_without_calls_are_plain_content():
+    for fmt in (MISTRAL, HARMONY, DEEPSEEK, QWEN3_XML, GLM):
+        assert run(fmt, ["Just ", "text [x] <y> ", "end."]) == ("Just text [x] <y> end.", [])
+
+
+def test_broken_calls_stay_content():
+    broken = {
+        MISTRAL: '[TOOL_CALLS][{"name": "f", "arguments": [1]}]',
+        DEEPSEEK: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>not json<｜tool▁call▁end｜>",
+        QWEN3_XML: "<tool_call>\n<function=f>\nstray\n</function>\n</tool_call>",
+        GLM: "<tool_call>\n<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>",
+    }
+    for fmt, text in broken.items():
+        assert run(fmt, [text]) == (text, []), fmt
+
+
+def test_xml_parameters_are_read_as_the_tool_schema_types_them():
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\n123\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+        "<parameter=extra>\n[1, 2]\n</parameter>\n</function>\n</tool_call>"
+    )
+    # city is a string in the schema even when it looks like a number; an unknown one is read as JSON
+    assert run(QWEN3_XML, [text]) == ("", [("get_weather", {"city": "123", "days": 3, "extra": [1, 2]})])
+
+
+def test_llama3_python_tag_is_no_content():
+    assert run(LLAMA3_JSON, ["<|python", '_tag|>{"name": "f", "parameters": {}}']) == ("", [("f", {})])
+    assert run(LLAMA3_JSON, ["Hello <|pyth", "on"]) == ("Hello <|python", [])
+
+
+@pytest.mark.parametrize(
+    ("template", "fmt"),
+    [
+        ("{{ '<|start|>assistant<|channel|>' }}...{{ '<|call|>' }}", HARMONY),
+        ("{{ '<｜tool▁calls▁begin｜>' }}", DEEPSEEK),
+        ("{{ '[TOOL_CALLS]' + name + '[ARGS]' }}", MISTRAL),
+        ("<tool_call>\n<function={{ name }}>", QWEN3_XML),
+        ("<tool_call>{{ name }}<arg_key>", GLM),
+        ("<tool_call>{{ call | tojson }}</tool_call>", HERMES),
+        ("{{ '<|python_tag|>' }}", LLAMA3_JSON),
+        ("{{ '<|tool_calls_section_begin|>' }}", "kimi_k2"),
+        ("plain {{ messages }}", HERMES),
+        (None, HERMES),
+    ],
+)
+def test_format_is_detected_from_the_template_markers(template, fmt):
+    assert detect_format(template) == fmt
+
+
+def test_unsupported_formats_and_forcing_are_refused_clearly():
+    with pytest.raises(APIError, match="kimi_k2 format .* does not parse yet"):
+        check_supported("kimi_k2", forced=False)
+    with pytest.raises(APIError, match="not supported yet for the mistral tool-call format"):
+        check_supported(MISTRAL, forced=True)
+    check_supported(MISTRAL, forced=False)
+    check_supported(HERMES, forced=True)
+    assert needs_special_tokens(HARMONY) and not needs_special_tokens(HERMES)

@@ -140,7 +140,7 @@ class Tokenizer:
             special_tokens=special,
             add_bos_token=add_bos,
             add_eos_token=add_eos,
-            chat_template=metadata.get("tokenizer.chat_template"),
+            chat_template=_gguf_templates(metadata),
             eos_token_ids=extra_eos,
         )
 
@@ -287,6 +287,16 @@ def _named_templates(template: Any) -> str | dict[str, str] | None:
     if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
         return {entry["name"]: entry["template"] for entry in template}
     return template
+
+
+def _gguf_templates(metadata: Mapping[str, Any]) -> str | dict[str, str] | None:
+    """A GGUF's chat template, or its named ones (`tokenizer.chat_templates` lists the names)."""
+    default = metadata.get("tokenizer.chat_template")
+    names = metadata.get("tokenizer.chat_templates") or []
+    named = {n: metadata[f"tokenizer.chat_template.{n}"] for n in names if f"tokenizer.chat_template.{n}" in metadata}
+    if not named:
+        return default
+    return {**({"default": default} if default else {}), **named}
 
 
 def _add_named_specials(backend: Backend, special: Mapping[str, str | None]) -> None:

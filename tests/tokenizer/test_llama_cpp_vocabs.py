@@ -85,3 +85,13 @@ def test_unsupported_vocabulary_is_refused_by_name(llama_cpp_models, name):
 def test_every_shipped_vocabulary_is_checked(llama_cpp_models):
     shipped = {p.name[len("ggml-vocab-") : -len(".gguf")] for p in llama_cpp_models.glob("ggml-vocab-*.gguf")}
     assert shipped == {*WITH_VECTORS, *WITHOUT_VECTORS, *REFUSED}
+
+
+def test_named_chat_templates_of_a_gguf_are_kept_by_name(llama_cpp_models):
+    # Command R's vocabulary carries `tokenizer.chat_template.tool_use` and `.rag` beside its default.
+    tok = vocabulary(llama_cpp_models, "command-r")
+    assert set(tok.to_hf_files()[1]["chat_template"]) == {"default", "tool_use", "rag"}
+    ask = [{"role": "user", "content": "hi"}]
+    tool = {"name": "search", "description": "Looks it up.", "parameter_definitions": {}}
+    assert "## Available Tools" not in tok.apply_chat_template(ask)
+    assert "## Available Tools" in tok.apply_chat_template(ask, tools=[tool])

@@ -19,7 +19,7 @@ from baselm.api.openai_chat import chat_completions, read_message
 from baselm.api.openai_completions import completions
 from baselm.api.schemas import Body, array_field
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
-from baselm.api.tool_parsers import detect_format
+from baselm.api.tools import tool_format
 from baselm.async_engine import AsyncEngine
 from baselm.engine import LLMEngine
 from baselm.tokenizer.errors import ChatTemplateError
@@ -121,7 +121,7 @@ def create_app(
 ) -> Starlette:
     """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth."""
     state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
-    state.tool_format = detect_format(state.tokenizer.to_hf_files()[1].get("chat_template"))
+    state.tool_format = tool_format(state.tokenizer.to_hf_files()[1].get("chat_template"))
     app = Starlette(
         routes=ROUTES,
         exception_handlers=EXCEPTION_HANDLERS,

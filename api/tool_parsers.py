@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from baselm.api import tool_formats
 from baselm.api.errors import bad_request
-from baselm.api.tools import HERMES, LLAMA3_JSON, ToolCall, ToolCallParser, tool_format
+from baselm.api.tools import HERMES, LLAMA3_JSON, ToolCall, ToolCallParser
 
 HARMONY, DEEPSEEK, MISTRAL, QWEN3_XML, GLM = "harmony", "deepseek", "mistral", "qwen3_xml", "glm"
 # Formats whose markers are special tokens: the answer must be decoded with them to be read.
@@ -84,7 +84,11 @@ def detect_format(chat_template: str | dict[str, str] | None) -> str:
     for family, markers in UNSUPPORTED.items():
         if all(m in text for m in markers):
             return family
-    return tool_format(chat_template)  # hermes or llama3_json
+    if "<tool_call>" in text:
+        return HERMES
+    if _PYTHON_TAG in text or ("ipython" in text and "parameters" in text):
+        return LLAMA3_JSON
+    return HERMES
 
 
 def check_supported(fmt: str, *, forced: bool) -> None:

@@ -7,6 +7,7 @@ HF tokenizer gives each (no BOS/EOS added). The files come from llama-cpp-python
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -50,23 +51,37 @@ def golden_cases(models: Path, name: str) -> list[tuple[str, list[int]]]:
     return [(text, [int(i) for i in line.split()]) for text, line in zip(texts, lines)]
 
 
-@pytest.mark.parametrize("name", WITH_VECTORS)
-def test_vocabulary_encodes_llama_cpp_golden_ids(llama_cpp_models, name):
-    tok = vocabulary(llama_cpp_models, name)
-    cases = golden_cases(llama_cpp_models, name)
-    mismatches = [(text, want) for text, want in cases if tok.encode(text, add_special_tokens=False) != want]
+@dataclass
+class Vocabulary:
+    name: str
+    tokenizer: Tokenizer
+    cases: list[tuple[str, list[int]]]
+
+
+@pytest.fixture(scope="module", params=WITH_VECTORS)
+def vocab(request, llama_cpp_models) -> Vocabulary:
+    """One vocabulary with golden outputs; module scope, so pytest builds each once for all its tests."""
+    name = request.param
+    return Vocabulary(name, vocabulary(llama_cpp_models, name), golden_cases(llama_cpp_models, name))
+
+
+def test_vocabulary_encodes_llama_cpp_golden_ids(vocab):
+    cases = vocab.cases
+    mismatches = [(t, want) for t, want in cases if vocab.tokenizer.encode(t, add_special_tokens=False) != want]
     assert len(cases) >= 40
     assert mismatches == [], f"{len(cases) - len(mismatches)}/{len(cases)} pass"
 
 
-@pytest.mark.parametrize("name", WITH_VECTORS)
-def test_vocabulary_decodes_golden_ids_back_to_the_text(llama_cpp_models, name):
-    # Lossy only where the tokenizer normalizes (BERT lower-cases and drops accents' spacing).
-    if name == "bert-bge":
+def test_vocabulary_stored_as_hf_files_still_encodes_the_golden_ids(vocab):
+    # What a .base file keeps of a GGUF's tokenizer: tokenizer.json and tokenizer_config.
+    tok = Tokenizer.from_hf_files(*vocab.tokenizer.to_hf_files())
+    assert [text for text, want in vocab.cases if tok.encode(text, add_special_tokens=False) != want] == []
+
+
+def test_vocabulary_decodes_golden_ids_back_to_the_text(vocab):
+    if vocab.name == "bert-bge":
         pytest.skip("a WordPiece vocabulary lower-cases and splits on punctuation: decode is not the text")
-    tok = vocabulary(llama_cpp_models, name)
-    wrong = [text for text, ids in golden_cases(llama_cpp_models, name) if tok.decode(ids) != text]
-    assert wrong == []
+    assert [text for text, ids in vocab.cases if vocab.tokenizer.decode(ids) != text] == []
 
 
 @pytest.mark.parametrize("name", WITHOUT_VECTORS)

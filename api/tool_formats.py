@@ -51,12 +51,12 @@ def held_back(text: str, markers: Sequence[str]) -> int:
     return longest
 
 
-def _visible(text: str, markers: Sequence[str], final: bool) -> str:
+def visible(text: str, markers: Sequence[str], final: bool) -> str:
     """`text` less an end that may still grow into a marker (nothing held once the answer is finished)."""
     return text if final else text[: len(text) - held_back(text, markers)]
 
 
-def _json_object(text: str) -> tuple[dict[str, Any] | None, int]:
+def json_object(text: str) -> tuple[dict[str, Any] | None, int]:
     """(the JSON object `text` starts with (after spaces), where it ends) or (None, 0)."""
     start = len(text) - len(text.lstrip())
     try:
@@ -66,7 +66,13 @@ def _json_object(text: str) -> tuple[dict[str, Any] | None, int]:
     return (value, end) if isinstance(value, dict) else (None, 0)
 
 
-def _arguments(value: Any) -> dict[str, Any] | None:
+def add_after_calls(parsed: Parsed, text: str) -> None:
+    """Text after the last call is content unless it is only spaces (held, or dropped at the end)."""
+    if text.strip():
+        parsed.content += text
+
+
+def arguments_of(value: Any) -> dict[str, Any] | None:
     """Call arguments as a dict: a dict, or a JSON string of one; None for anything else."""
     if isinstance(value, str):
         try:
@@ -84,7 +90,7 @@ _MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID
 def read_mistral(text: str, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> Parsed:
     start = text.find(_MISTRAL_CALLS)
     if start < 0:
-        return Parsed(_visible(text, [_MISTRAL_CALLS], final))
+        return Parsed(visible(text, [_MISTRAL_CALLS], final))
     parsed, pos = Parsed(text[:start]), start
     while text.startswith(_MISTRAL_CALLS, pos):
         body = text[pos + len(_MISTRAL_CALLS) :]
@@ -99,14 +105,8 @@ def read_mistral(text: str, final: bool, tools: Sequence[Mapping[str, Any]] = ()
         rest = text[pos:]
         if rest.lstrip().startswith(_MISTRAL_CALLS):  # spaces between calls are no content
             pos += len(rest) - len(rest.lstrip())
-    _add_after_calls(parsed, _visible(text[pos:], [_MISTRAL_CALLS], final))
+    add_after_calls(parsed, visible(text[pos:], [_MISTRAL_CALLS], final))
     return parsed
-
-
-def _add_after_calls(parsed: Parsed, visible: str) -> None:
-    """Text after the last call is content unless it is only spaces (held, or dropped at the end)."""
-    if visible.strip():
-        parsed.content += visible
 
 
 def _mistral_array(body: str) -> tuple[list[Call] | None, int]:
@@ -116,7 +116,7 @@ def _mistral_array(body: str) -> tuple[list[Call] | None, int]:
     except ValueError:
         return None, 0
     items = value if isinstance(value, list) else []
-    calls = [(c["name"], _arguments(c.get("arguments", {}))) for c in items if isinstance(c, dict) and "name" in c]
+    calls = [(c["name"], arguments_of(c.get("arguments", {}))) for c in items if isinstance(c, dict) and "name" in c]
     if not items or len(calls) != len(items) or any(a is None or not isinstance(n, str) for n, a in calls):
         return None, 0
     return calls, end
@@ -127,7 +127,7 @@ def _mistral_named(body: str) -> tuple[list[Call] | None, int]:
     if not sep:
         return None, 0
     name = head.partition(_MISTRAL_ID)[0].strip()
-    arguments, end = _json_object(after)
+    arguments, end = json_object(after)
     if not name or arguments is None:
         return None, 0
     return [(name, arguments)], len(head) + len(sep) + end
@@ -144,7 +144,7 @@ _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 def read_harmony(text: str, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> Parsed:
     parsed, pos = Parsed(), 0
     if _H_CHANNEL not in text and _H_MESSAGE not in text:  # no harmony message (yet): plain text
-        parsed.content = _visible(text, _H_MARKERS, final)
+        parsed.content = visible(text, _H_MARKERS, final)
         return parsed
     while pos < len(text):
         header_end = text.find(_H_MESSAGE, pos)
@@ -177,9 +177,9 @@ def _read_harmony_message(parsed: Parsed, header: str, body: str, closed: bool, 
     if recipient is None:
         channel = header.partition(_H_CHANNEL)[2].split(" ")[0].strip()
         if channel != "analysis":  # the analysis channel is reasoning, not the answer
-            parsed.content += body if closed else _visible(body, _H_MARKERS, final)
+            parsed.content += body if closed else visible(body, _H_MARKERS, final)
         return True
-    arguments, end = _json_object(body)
+    arguments, end = json_object(body)
     if arguments is None or body[end:].strip() or not (closed or final):
         return False
     parsed.calls.append((recipient.group(1), arguments))
@@ -196,13 +196,13 @@ _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 def read_deepseek(text: str, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> Parsed:
     start = text.find(_DS_CALLS)
     if start < 0:
-        return Parsed(_visible(text, [_DS_CALLS], final))
+        return Parsed(visible(text, [_DS_CALLS], final))
     parsed, pos = Parsed(text[:start]), start + len(_DS_CALLS)
     while True:
         rest = text[pos:].lstrip()
         pos = len(text) - len(rest)
         if rest.startswith(_DS_CALLS_END):
-            parsed.content += _visible(text[pos + len(_DS_CALLS_END) :], [], final)
+            parsed.content += visible(text[pos + len(_DS_CALLS_END) :], [], final)
             return parsed
         end = rest.find(_DS_CALL_END)
         call = _deepseek_call(rest[len(_DS_CALL) : end]) if rest.startswith(_DS_CALL) and end >= 0 else None
@@ -224,95 +224,14 @@ def _deepseek_call(inner: str) -> Call | None:
         right = fenced.group(1) if fenced else right
     else:  # V3.1: NAME<sep>ARGS
         name = left
-    arguments, end = _json_object(right)
+    arguments, end = json_object(right)
     if not name.strip() or arguments is None or right[end:].strip():
         return None
     return name.strip(), arguments
-
-
-# ---- XML-ish calls inside <tool_call> (Qwen3-Coder, GLM) ----------------------------------
-
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_QWEN_FUNCTION = re.compile(r"^\s*<function=([^>\s]+)>(.*)</function>\s*$", re.DOTALL)
-_QWEN_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
-_GLM_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
-
-
-def read_qwen3_xml(text: str, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> Parsed:
-    def call(inner: str) -> Call | None:
-        match = _QWEN_FUNCTION.match(inner)
-        if match is None:
-            return None
-        name, body = match.group(1), match.group(2)
-        pairs = _QWEN_PARAMETER.findall(body)
-        if _QWEN_PARAMETER.sub("", body).strip():
-            return None
-        return name, {key: _typed(value, _property(tools, name, key)) for key, value in pairs}
-
-    return _read_tagged(text, final, call)
-
-
-def read_glm(text: str, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> Parsed:
-    def call(inner: str) -> Call | None:
-        name, _, body = inner.partition("<arg_key>")
-        body = "<arg_key>" + body if _ else ""
-        pairs = _GLM_ARGUMENT.findall(body)
-        if not name.strip() or _GLM_ARGUMENT.sub("", body).strip():
-            return None
-        return name.strip(), {k.strip(): _typed(v, _property(tools, name.strip(), k.strip())) for k, v in pairs}
-
-    return _read_tagged(text, final, call)
-
-
-def _read_tagged(text: str, final: bool, read_call: Callable[[str], Call | None]) -> Parsed:
-    """Calls in `<tool_call>...</tool_call>` blocks; spaces between calls are no content."""
-    parsed, pos = Parsed(), 0
-    while (start := text.find(_OPEN, pos)) >= 0:
-        between = text[pos:start]
-        if not (parsed.calls and not between.strip()):
-            parsed.content += between
-        end = text.find(_CLOSE, start)
-        if end < 0:  # the call is still coming, or was cut off (then it is shown as it is)
-            if final:
-                parsed.content += text[start:]
-            return parsed
-        call = read_call(text[start + len(_OPEN) : end])
-        if call is None:
-            parsed.content += text[start : end + len(_CLOSE)]
-        else:
-            parsed.calls.append(call)
-        pos = end + len(_CLOSE)
-    visible = _visible(text[pos:], [_OPEN], final)
-    if parsed.calls:
-        _add_after_calls(parsed, visible)
-    else:
-        parsed.content += visible
-    return parsed
-
-
-def _property(tools: Sequence[Mapping[str, Any]], name: str, key: str) -> Mapping[str, Any]:
-    for tool in tools:
-        function = tool.get("function") or {}
-        if function.get("name") == name:
-            return ((function.get("parameters") or {}).get("properties") or {}).get(key) or {}
-    return {}
-
-
-def _typed(value: str, schema: Mapping[str, Any]) -> Any:
-    """A parameter written as text, read as the type its schema gives (JSON when it says none)."""
-    kind = schema.get("type")
-    if kind == "string" or (isinstance(kind, list) and "string" in kind and len(kind) == 1):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
 
 
 READERS: dict[str, Callable[..., Parsed]] = {
     "mistral": read_mistral,
     "harmony": read_harmony,
     "deepseek": read_deepseek,
-    "qwen3_xml": read_qwen3_xml,
-    "glm": read_glm,
 }

@@ -7,8 +7,16 @@
 | `harmony`     | gpt-oss                                       | `<|channel|>` with `<|call|>`       |
 | `deepseek`    | DeepSeek V3, R1 (and distills), V3.1          | `<｜tool▁calls▁begin｜>`            |
 | `mistral`     | Mistral Nemo, Small 3.x, Devstral, Ministral  | `[TOOL_CALLS]`                      |
+| `kimi_k2`     | Kimi K2                                       | `<|tool_calls_section_begin|>`      |
+| `minimax_m2`  | MiniMax M2                                    | `<minimax:tool_call>`               |
+| `seed_oss`    | Seed-OSS                                      | `<seed:tool_call>`                  |
+| `functionary_v3_1` | Functionary v3.1                         | `<function=` with `<|python_tag|>`  |
 | `qwen3_xml`   | Qwen3-Coder, Qwen3.5, Nemotron 3, Step 3.5    | `<tool_call>` with `<function=`     |
-| `glm`         | GLM 4.5+, Ling, Laguna                        | `<tool_call>` with `<arg_key>`      |
+| `glm`         | GLM 4.5+, Ling, Laguna, Spark                 | `<tool_call>` with `<arg_key>`      |
+| `tool_calls_json` | Apriel, MiniMax-M1                        | `<tool_calls>`                      |
+| `nemotron_json` | Nemotron Nano 2                             | `<TOOLCALL>`                        |
+| `cohere`      | Command R7B, Command A                         | `<|START_ACTION|>`                  |
+| `lfm2`        | LFM2, LFM2.5                                  | `<|tool_call_start|>` or `<|tool_list_start|>` |
 | `hermes`      | Hermes, Qwen 2.5/3, Granite 4, ...            | `<tool_call>`                       |
 | `llama3_json` | Llama 3.1-3.3                                 | `<|python_tag|>`, or ipython with parameters |
 
@@ -18,7 +26,8 @@ no tool markers at all is taken as `hermes`, the common default.
 
 `make_parser` gives the streaming parser for a format: `feed(delta)` and `finish()` return
 `(content, calls)`, like `tools.ToolCallParser`, which reads `hermes` and `llama3_json`. The
-other formats re-read the whole answer on each delta with their `tool_formats` reader and hand
+other formats re-read the whole answer on each delta with their reader (`tool_formats`,
+`tool_blocks`) and hand
 out the difference, so a stream reassembles exactly to the whole answer's result.
 """
 
@@ -31,11 +40,13 @@ from typing import Any, Protocol
 
 from baselm.api import tool_formats
 from baselm.api.errors import bad_request
+from baselm.api.tool_blocks import BLOCK_FORMATS, block_reader
 from baselm.api.tools import HERMES, LLAMA3_JSON, ToolCall, ToolCallParser
 
 HARMONY, DEEPSEEK, MISTRAL, QWEN3_XML, GLM = "harmony", "deepseek", "mistral", "qwen3_xml", "glm"
-# Formats whose markers are special tokens: the answer must be decoded with them to be read.
-_NEEDS_SPECIAL_TOKENS = {HARMONY, DEEPSEEK, MISTRAL}
+READERS = {**tool_formats.READERS, **{fmt: block_reader(fmt) for fmt in BLOCK_FORMATS}}
+# Formats whose markers may be special tokens: the answer must be decoded with them to be read.
+_NEEDS_SPECIAL_TOKENS = set(READERS) - {QWEN3_XML}
 _PYTHON_TAG = "<|python_tag|>"
 
 # Checked in order: the first format all of whose markers the template holds.
@@ -43,30 +54,30 @@ _SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
     (HARMONY, ("<|channel|>", "<|call|>")),
     (DEEPSEEK, ("<｜tool▁calls▁begin｜>",)),
     (MISTRAL, ("[TOOL_CALLS]",)),
+    ("kimi_k2", ("<|tool_calls_section_begin|>",)),
+    ("minimax_m2", ("<minimax:tool_call>",)),
+    ("seed_oss", ("<seed:tool_call>",)),
+    ("functionary_v3_1", ("<function=", _PYTHON_TAG)),
     (QWEN3_XML, ("<tool_call>", "<function=")),
     (GLM, ("<tool_call>", "<arg_key>")),
+    ("tool_calls_json", ("<tool_calls>",)),
+    ("nemotron_json", ("<TOOLCALL>",)),
+    ("cohere", ("<|START_ACTION|>",)),
+    ("lfm2", ("<|tool_call_start|>",)),
+    ("lfm2", ("<|tool_list_start|>",)),
 ]
 # Call syntaxes base does not read yet, by the family that writes them.
 UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "deepseek_dsml (DeepSeek V3.2+)": ("DSML",),
-    "kimi_k2": ("<|tool_calls_section_begin|>",),
-    "minimax_m2": ("<minimax:tool_call>",),
-    "seed_oss": ("<seed:tool_call>",),
-    "apriel_minimax_m1": ("<tool_calls>",),
     "granite_3": ("<|tool_call|>",),
     "gemma4": ("<|tool_call>",),
-    "lfm2": ("<|tool_call_start|>",),
-    "cohere_command": ("<|START_ACTION|>",),
     "cohere_command_r": ("<|START_OF_TURN_TOKEN|>", "Action:"),
     "functionary_v3_2": (">>>all",),
-    "functionary_v3_1": ("<function=", "<|python_tag|>"),
     "firefunction_v2": ("functools",),
     "apertus": ("<|tools_prefix|>",),
     "gigachat_3": ("<|role_sep|>", "'function call'"),
     "gigachat_3_1": ("<|function_call|>",),
     "kimi_k3": ("open_tag('call'",),
-    "nemotron_nano_2": ("<TOOLCALL>",),
-    "lfm2_list": ("<|tool_list_start|>",),
     "minimax_m3": ("]<]minimax[>[",),
     "muse": ("<atem:function_calls>",),
     "minicpm5": ('<function name="',),
@@ -127,7 +138,7 @@ def make_parser(fmt: str, forced: bool = False, tools: Sequence[Mapping[str, Any
         # `forced` is passed only when set: forcing calls (a grammar) is what it tells the parser
         parser = ToolCallParser(fmt, forced) if forced else ToolCallParser(fmt)
         return _PythonTagParser(parser) if fmt == LLAMA3_JSON else parser
-    if fmt in tool_formats.READERS:
+    if fmt in READERS:
         return RereadingParser(fmt, tools)
     raise ValueError(f"no tool-call parser for format {fmt!r}")
 
@@ -141,7 +152,7 @@ class RereadingParser:
 
     def __init__(self, fmt: str, tools: Sequence[Mapping[str, Any]] = ()) -> None:
         self.fmt = fmt
-        self._read = tool_formats.READERS[fmt]
+        self._read = READERS[fmt]
         self._tools = tools
         self.text = ""
         self.calls: list[ToolCall] = []

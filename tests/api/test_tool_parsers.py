@@ -14,6 +14,7 @@ from baselm.api.tool_parsers import (
     HARMONY,
     MISTRAL,
     QWEN3_XML,
+    READERS,
     check_supported,
     detect_format,
     make_parser,
@@ -79,6 +80,57 @@ ANSWERS = {
         "Checking.",
         [WEATHER, TIME],
     ),
+    "kimi_k2": (
+        "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        '{"city": "Paris", "days": 3}<|tool_call_end|><|tool_call_begin|>functions.get_time:1'
+        '<|tool_call_argument_begin|>{"zone": "CET"}<|tool_call_end|><|tool_calls_section_end|>',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    "minimax_m2": (
+        'Checking.<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+        '<parameter name="days">3</parameter>\n</invoke>\n<invoke name="get_time">\n<parameter name="zone">CET'
+        "</parameter>\n</invoke>\n</minimax:tool_call>",
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    "seed_oss": (
+        "Checking.<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n<parameter=days>3"
+        "</parameter>\n</function>\n</seed:tool_call>\n<seed:tool_call>\n<function=get_time>\n<parameter=zone>CET"
+        "</parameter>\n</function>\n</seed:tool_call>",
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    "functionary_v3_1": (
+        'Checking.<function=get_weather>{"city": "Paris", "days": 3}</function><function=get_time>{"zone": "CET"}'
+        "</function>",
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    "tool_calls_json": (
+        'Checking.<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]</tool_calls>'
+        '<tool_calls>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_calls>',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    "nemotron_json": (
+        'Checking.<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, '
+        '{"name": "get_time", "arguments": {"zone": "CET"}}]</TOOLCALL>',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    "cohere": (
+        'Checking.<|START_ACTION|>[\n {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": '
+        '"Paris", "days": 3}},\n {"tool_call_id": "1", "tool_name": "get_time", "parameters": {"zone": "CET"}}\n]'
+        "<|END_ACTION|>",
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    "lfm2": (
+        "Checking.<|tool_call_start|>[get_weather(city='Paris', days=3), get_time(zone='CET')]<|tool_call_end|>",
+        "Checking.",
+        [WEATHER, TIME],
+    ),
     LLAMA3_JSON: (
         '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
         '{"name": "get_time", "parameters": {"zone": "CET"}}',
@@ -133,7 +185,7 @@ def test_cut_off_answer_never_returns_a_partial_call(name):
         assert got == calls[: len(got)], text[:end]
 
 
-@pytest.mark.parametrize("name", [MISTRAL, DEEPSEEK, QWEN3_XML, GLM])
+@pytest.mark.parametrize("name", [n for n in ANSWERS if n not in (HARMONY, LLAMA3_JSON)])
 def test_a_call_cut_off_mid_arguments_is_returned_as_content(name):
     text, content, _ = ANSWERS[name]
     cut = text[: text.index("Paris") + 3]
@@ -150,8 +202,8 @@ def test_harmony_leaves_the_analysis_channel_out_and_streams_the_final_one():
 
 
 def test_answers_without_calls_are_plain_content():
-    for fmt in (MISTRAL, HARMONY, DEEPSEEK, QWEN3_XML, GLM):
-        assert run(fmt, ["Just ", "text [x] <y> ", "end."]) == ("Just text [x] <y> end.", [])
+    for fmt in READERS:
+        assert run(fmt, ["Just ", "text [x] <y> ", "end."]) == ("Just text [x] <y> end.", []), fmt
 
 
 def test_broken_calls_stay_content():
@@ -160,6 +212,8 @@ def test_broken_calls_stay_content():
         DEEPSEEK: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>not json<｜tool▁call▁end｜>",
         QWEN3_XML: "<tool_call>\n<function=f>\nstray\n</function>\n</tool_call>",
         GLM: "<tool_call>\n<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>",
+        "lfm2": "<|tool_call_start|>[__import__('os').system('x')]<|tool_call_end|>",  # read, never run
+        "tool_calls_json": '<tool_calls>[{"name": "f"}, 3]</tool_calls>',
     }
     for fmt, text in broken.items():
         assert run(fmt, [text]) == (text, []), fmt
@@ -190,6 +244,7 @@ def test_llama3_python_tag_is_no_content():
         ("<tool_call>{{ call | tojson }}</tool_call>", HERMES),
         ("{{ '<|python_tag|>' }}", LLAMA3_JSON),
         ("{{ '<|tool_calls_section_begin|>' }}", "kimi_k2"),
+        ("{{ '<|tool_call>call:' + name }}", "gemma4"),
         ("plain {{ messages }}", HERMES),
         (None, HERMES),
     ],
@@ -199,8 +254,8 @@ def test_format_is_detected_from_the_template_markers(template, fmt):
 
 
 def test_unsupported_formats_and_forcing_are_refused_clearly():
-    with pytest.raises(APIError, match="kimi_k2 format .* does not parse yet"):
-        check_supported("kimi_k2", forced=False)
+    with pytest.raises(APIError, match="gemma4 format .* does not parse yet"):
+        check_supported("gemma4", forced=False)
     with pytest.raises(APIError, match="not supported yet for the mistral tool-call format"):
         check_supported(MISTRAL, forced=True)
     check_supported(MISTRAL, forced=False)

@@ -19,6 +19,7 @@ answer ends is no call and its raw text becomes content. Spaces between blocks a
 - `cohere`: the same with `tool_name` and `parameters`, inside `<|START_ACTION|>` ... `<|END_ACTION|>`
 - `lfm2`: `<|tool_call_start|>` a Python list of calls `[f(a=1), g(b="x")]` (literals only)
   `<|tool_call_end|>`
+- `gemma4`: `<|tool_call>` `call:NAME{key:<|"|>text<|"|>,n:3}` `<tool_call|>`
 
 XML values are text: each is read as the type the tool's JSON schema gives it (JSON when it gives none).
 """
@@ -175,6 +176,29 @@ def _python_calls(inner: str, tools: Tools) -> list[Call] | None:
     return calls or None
 
 
+_GEMMA_QUOTE = '<|"|>'
+_GEMMA_KEY = re.compile(r"([{,]\s*)([A-Za-z_][\w.\-]*)\s*:")
+
+
+def _gemma4(inner: str, tools: Tools) -> list[Call] | None:
+    """`call:NAME{key:<|"|>text<|"|>,n:3,flag:true}`: Gemma 4's own notation, rewritten as JSON to read it."""
+    head, brace, rest = inner.partition("{")
+    if not head.startswith("call:") or not brace:
+        return None
+    parts = ("{" + rest).split(_GEMMA_QUOTE)
+    if len(parts) % 2 == 0:  # a string left open
+        return None
+    # Even parts are outside strings: bare keys get quotes, Python's None is null.
+    for i in range(0, len(parts), 2):
+        parts[i] = re.sub(r"\bNone\b", "null", _GEMMA_KEY.sub(r'\1"\2":', parts[i]))
+    for i in range(1, len(parts), 2):
+        parts[i] = json.dumps(parts[i], ensure_ascii=False)
+    arguments, end = json_object("".join(parts))
+    if arguments is None or "".join(parts)[end:].strip():
+        return None
+    return [(head[len("call:") :].strip(), arguments)]
+
+
 # format -> (opening marker, closing marker, block reader)
 BLOCK_FORMATS: dict[str, tuple[str, str, BlockReader]] = {
     "qwen3_xml": ("<tool_call>", "</tool_call>", _qwen_xml),
@@ -187,6 +211,7 @@ BLOCK_FORMATS: dict[str, tuple[str, str, BlockReader]] = {
     "nemotron_json": ("<TOOLCALL>", "</TOOLCALL>", _json_calls("name", "arguments")),
     "cohere": ("<|START_ACTION|>", "<|END_ACTION|>", _json_calls("tool_name", "parameters")),
     "lfm2": ("<|tool_call_start|>", "<|tool_call_end|>", _python_calls),
+    "gemma4": ("<|tool_call>", "<tool_call|>", _gemma4),
 }
 
 

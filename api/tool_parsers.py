@@ -17,6 +17,7 @@
 | `nemotron_json` | Nemotron Nano 2                             | `<TOOLCALL>`                        |
 | `cohere`      | Command R7B, Command A                         | `<|START_ACTION|>`                  |
 | `lfm2`        | LFM2, LFM2.5                                  | `<|tool_call_start|>` or `<|tool_list_start|>` |
+| `gemma4`      | Gemma 4                                       | `<|tool_call>`                      |
 | `hermes`      | Hermes, Qwen 2.5/3, Granite 4, ...            | `<tool_call>`                       |
 | `llama3_json` | Llama 3.1-3.3                                 | `<|python_tag|>`, or ipython with parameters |
 
@@ -65,12 +66,12 @@ _SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
     ("cohere", ("<|START_ACTION|>",)),
     ("lfm2", ("<|tool_call_start|>",)),
     ("lfm2", ("<|tool_list_start|>",)),
+    ("gemma4", ("<|tool_call>",)),
 ]
 # Call syntaxes base does not read yet, by the family that writes them.
 UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "deepseek_dsml (DeepSeek V3.2+)": ("DSML",),
     "granite_3": ("<|tool_call|>",),
-    "gemma4": ("<|tool_call>",),
     "cohere_command_r": ("<|START_OF_TURN_TOKEN|>", "Action:"),
     "functionary_v3_2": (">>>all",),
     "firefunction_v2": ("functools",),

@@ -131,6 +131,12 @@ ANSWERS = {
         "Checking.",
         [WEATHER, TIME],
     ),
+    "gemma4": (
+        'Checking.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|><|tool_call>call:get_time'
+        '{zone:<|"|>CET<|"|>}<tool_call|>',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
     LLAMA3_JSON: (
         '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
         '{"name": "get_time", "parameters": {"zone": "CET"}}',
@@ -245,6 +251,7 @@ def test_llama3_python_tag_is_no_content():
         ("{{ '<|python_tag|>' }}", LLAMA3_JSON),
         ("{{ '<|tool_calls_section_begin|>' }}", "kimi_k2"),
         ("{{ '<|tool_call>call:' + name }}", "gemma4"),
+        ("{{ '<|tool_call|>' + calls | tojson }}", "granite_3"),
         ("plain {{ messages }}", HERMES),
         (None, HERMES),
     ],
@@ -254,10 +261,15 @@ def test_format_is_detected_from_the_template_markers(template, fmt):
 
 
 def test_unsupported_formats_and_forcing_are_refused_clearly():
-    with pytest.raises(APIError, match="gemma4 format .* does not parse yet"):
-        check_supported("gemma4", forced=False)
+    with pytest.raises(APIError, match="granite_3 format .* does not parse yet"):
+        check_supported("granite_3", forced=False)
     with pytest.raises(APIError, match="not supported yet for the mistral tool-call format"):
         check_supported(MISTRAL, forced=True)
     check_supported(MISTRAL, forced=False)
     check_supported(HERMES, forced=True)
     assert needs_special_tokens(HARMONY) and not needs_special_tokens(HERMES)
+
+
+def test_gemma4_notation_reads_nested_values_lists_and_none():
+    text = '<|tool_call>call:f{a:[1,<|"|>x, y:z<|"|>],b:{<|"|>k<|"|>:None},c:false,d:-2.5}<tool_call|>'
+    assert run("gemma4", [text]) == ("", [("f", {"a": [1, "x, y:z"], "b": {"k": None}, "c": False, "d": -2.5})])

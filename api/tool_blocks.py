@@ -20,6 +20,8 @@ answer ends is no call and its raw text becomes content. Spaces between blocks a
 - `lfm2`: `<|tool_call_start|>` a Python list of calls `[f(a=1), g(b="x")]` (literals only)
   `<|tool_call_end|>`
 - `gemma4`: `<|tool_call>` `call:NAME{key:<|"|>text<|"|>,n:3}` `<tool_call|>`
+- `deepseek_v3_2`, `deepseek_v4`: `<｜DSML｜function_calls>` (V4: `tool_calls`)
+  `<｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>...`
 
 XML values are text: each is read as the type the tool's JSON schema gives it (JSON when it gives none).
 """
@@ -176,6 +178,30 @@ def _python_calls(inner: str, tools: Tools) -> list[Call] | None:
     return calls or None
 
 
+_DSML = "<｜DSML｜"
+_DSML_INVOKE = re.compile(r'\s*<｜DSML｜invoke name="([^"]+)">(.*?)</｜DSML｜invoke>\s*', re.DOTALL)
+_DSML_PARAMETER = re.compile(
+    r'\s*<｜DSML｜parameter name="([^"]+)" string="(true|false)">(.*?)</｜DSML｜parameter>\s*', re.DOTALL
+)
+
+
+def _dsml(inner: str, tools: Tools) -> list[Call] | None:
+    """DeepSeek V3.2+ invokes; a parameter marked string="false" holds JSON."""
+    invokes = _DSML_INVOKE.findall(inner)
+    if not invokes or _DSML_INVOKE.sub("", inner).strip():
+        return None
+    calls = []
+    for name, body in invokes:
+        if _DSML_PARAMETER.sub("", body).strip():
+            return None
+        try:
+            arguments = {k: v if s == "true" else json.loads(v) for k, s, v in _DSML_PARAMETER.findall(body)}
+        except ValueError:
+            return None
+        calls.append((name.strip(), arguments))
+    return calls
+
+
 _GEMMA_QUOTE = '<|"|>'
 _GEMMA_KEY = re.compile(r"([{,]\s*)([A-Za-z_][\w.\-]*)\s*:")
 
@@ -212,6 +238,8 @@ BLOCK_FORMATS: dict[str, tuple[str, str, BlockReader]] = {
     "cohere": ("<|START_ACTION|>", "<|END_ACTION|>", _json_calls("tool_name", "parameters")),
     "lfm2": ("<|tool_call_start|>", "<|tool_call_end|>", _python_calls),
     "gemma4": ("<|tool_call>", "<tool_call|>", _gemma4),
+    "deepseek_v3_2": (_DSML + "function_calls>", "</｜DSML｜function_calls>", _dsml),
+    "deepseek_v4": (_DSML + "tool_calls>", "</｜DSML｜tool_calls>", _dsml),
 }
 
 

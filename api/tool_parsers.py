@@ -6,6 +6,7 @@
 | ------------- | --------------------------------------------- | ----------------------------------- |
 | `harmony`     | gpt-oss                                       | `<|channel|>` with `<|call|>`       |
 | `deepseek`    | DeepSeek V3, R1 (and distills), V3.1          | `<｜tool▁calls▁begin｜>`            |
+| `deepseek_v3_2`, `deepseek_v4` | DeepSeek V3.2, V4            | `｜DSML｜` with `function_calls` / `tool_calls` |
 | `mistral`     | Mistral Nemo, Small 3.x, Devstral, Ministral  | `[TOOL_CALLS]`                      |
 | `kimi_k2`     | Kimi K2                                       | `<|tool_calls_section_begin|>`      |
 | `minimax_m2`  | MiniMax M2                                    | `<minimax:tool_call>`               |
@@ -53,6 +54,8 @@ _PYTHON_TAG = "<|python_tag|>"
 # Checked in order: the first format all of whose markers the template holds.
 _SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
     (HARMONY, ("<|channel|>", "<|call|>")),
+    ("deepseek_v3_2", ("｜DSML｜", "'function_calls")),
+    ("deepseek_v4", ("｜DSML｜", "'tool_calls")),
     (DEEPSEEK, ("<｜tool▁calls▁begin｜>",)),
     (MISTRAL, ("[TOOL_CALLS]",)),
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
@@ -70,7 +73,6 @@ _SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 # Call syntaxes base does not read yet, by the family that writes them.
 UNSUPPORTED: dict[str, tuple[str, ...]] = {
-    "deepseek_dsml (DeepSeek V3.2+)": ("DSML",),
     "granite_3": ("<|tool_call|>",),
     "cohere_command_r": ("<|START_OF_TURN_TOKEN|>", "Action:"),
     "functionary_v3_2": (">>>all",),

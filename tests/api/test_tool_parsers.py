@@ -137,6 +137,14 @@ ANSWERS = {
         "Checking.",
         [WEATHER, TIME],
     ),
+    "deepseek_v4": (
+        'Checking.<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">'
+        'Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+        '<｜DSML｜invoke name="get_time">\n<｜DSML｜parameter name="zone" string="true">CET</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+        "Checking.",
+        [WEATHER, TIME],
+    ),
     LLAMA3_JSON: (
         '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
         '{"name": "get_time", "parameters": {"zone": "CET"}}',

@@ -77,7 +77,7 @@ def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] |
 def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
     """The request's SamplingParams; with a grammar, each of its n copies makes its own processor."""
     sampling = dict(chat.common.sampling)
-    if _parses_tools(chat) and tool_parsers.needs_special_tokens(state.tool_format):
+    if _parses_tools(chat) and tool_parsers.needs_special_tokens(state.tool_format, state.tokenizer):
         sampling["skip_special_tokens"] = False  # the call markers are special tokens
     logprobs = chat.top_logprobs if chat.logprobs else None
     constrained = _grammar(state, chat)

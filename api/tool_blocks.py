@@ -243,6 +243,18 @@ BLOCK_FORMATS: dict[str, tuple[str, str, BlockReader]] = {
 }
 
 
+_INNER_MARKERS = {
+    "kimi_k2": ("<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
+    "gemma4": (_GEMMA_QUOTE,),
+}
+
+
+def block_markers(fmt: str) -> tuple[str, ...]:
+    """The markers block format `fmt` writes: its block's opening and closing, and any inside."""
+    open_, close, _ = BLOCK_FORMATS[fmt]
+    return (open_, close, *_INNER_MARKERS.get(fmt, ()))
+
+
 def block_reader(fmt: str) -> Callable[[str, bool, Tools], Parsed]:
     """The `tool_formats`-style reader of block format `fmt`."""
     open_, close, read = BLOCK_FORMATS[fmt]

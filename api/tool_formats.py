@@ -230,6 +230,12 @@ def _deepseek_call(inner: str) -> Call | None:
     return name.strip(), arguments
 
 
+# The markers of each format, as the tokenizer may hold them as (special) tokens.
+MARKERS: dict[str, tuple[str, ...]] = {
+    "mistral": (_MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_ID),
+    "harmony": (*_H_MARKERS, "<|constrain|>"),
+    "deepseek": (_DS_CALLS, _DS_CALLS_END, _DS_CALL, _DS_CALL_END, _DS_SEP),
+}
 READERS: dict[str, Callable[..., Parsed]] = {
     "mistral": read_mistral,
     "harmony": read_harmony,

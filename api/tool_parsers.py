@@ -42,14 +42,20 @@ from typing import Any, Protocol
 
 from baselm.api import tool_formats
 from baselm.api.errors import bad_request
-from baselm.api.tool_blocks import BLOCK_FORMATS, block_reader
+from baselm.api.tool_blocks import BLOCK_FORMATS, block_markers, block_reader
 from baselm.api.tools import HERMES, LLAMA3_JSON, ToolCall, ToolCallParser
+from baselm.tokenizer.tokenizer import Tokenizer
 
 HARMONY, DEEPSEEK, MISTRAL, QWEN3_XML, GLM = "harmony", "deepseek", "mistral", "qwen3_xml", "glm"
 READERS = {**tool_formats.READERS, **{fmt: block_reader(fmt) for fmt in BLOCK_FORMATS}}
-# Formats whose markers may be special tokens: the answer must be decoded with them to be read.
-_NEEDS_SPECIAL_TOKENS = set(READERS) - {QWEN3_XML}
 _PYTHON_TAG = "<|python_tag|>"
+# The markers each format writes (Llama 3's tag is read whether it is kept or not).
+_MARKERS = {
+    HERMES: ("<tool_call>", "</tool_call>"),
+    LLAMA3_JSON: (),
+    **tool_formats.MARKERS,
+    **{fmt: block_markers(fmt) for fmt in BLOCK_FORMATS},
+}
 
 # Checked in order: the first format all of whose markers the template holds.
 _SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
@@ -122,9 +128,11 @@ def check_supported(fmt: str, *, forced: bool) -> None:
         )
 
 
-def needs_special_tokens(fmt: str) -> bool:
-    """Whether the answer must be decoded with its special tokens for calls in `fmt` to be read."""
-    return fmt in _NEEDS_SPECIAL_TOKENS
+def needs_special_tokens(fmt: str, tokenizer: Tokenizer) -> bool:
+    """Whether `tokenizer` holds a marker of `fmt` as a special token: then the answer must be
+    decoded with its special tokens for the calls to be read."""
+    special = tokenizer.special_token_ids
+    return any(tokenizer.token_to_id(marker) in special for marker in _MARKERS.get(fmt, ()))
 
 
 class Parser(Protocol):

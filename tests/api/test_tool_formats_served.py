@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import openai
 import pytest
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as Backend
 
 from baselm.api.openai_chat import _params, parse_chat
-from baselm.api.tool_parsers import HARMONY, MISTRAL
+from baselm.api.tool_parsers import HARMONY, MISTRAL, needs_special_tokens
 from baselm.api.tools import HERMES
+from baselm.tokenizer.tokenizer import Tokenizer
 from tests.api.conftest import MODEL
+from tests.paths import BPE_TOKENIZER
 
 WEATHER = {
     "type": "function",
@@ -52,9 +57,21 @@ def test_forcing_a_call_in_a_format_without_a_grammar_is_a_clear_400(server, ser
     assert _chat(server, tools=[WEATHER]).choices[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize(("fmt", "skips"), [(MISTRAL, False), (HARMONY, False), (HERMES, True)])
-def test_answers_are_decoded_with_special_tokens_where_call_markers_are_special(fmt, skips):
+def tokenizer_with_special(*tokens: str) -> Tokenizer:
+    """The fixture BPE tokenizer with `tokens` added as special tokens."""
+    backend = Backend.from_file(str(BPE_TOKENIZER / "tokenizer.json"))
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    config = json.loads((BPE_TOKENIZER / "tokenizer_config.json").read_text(encoding="utf-8"))
+    return Tokenizer.from_hf_files(backend.to_str(), config)
+
+
+def test_answers_are_decoded_with_special_tokens_where_call_markers_are_special():
+    tok = tokenizer_with_special("[TOOL_CALLS]", "[ARGS]")
+    assert needs_special_tokens(MISTRAL, tok)
+    assert not needs_special_tokens(HERMES, tok)  # <tool_call> is plain text in this vocabulary
+    assert not needs_special_tokens(HARMONY, tok)
     chat = parse_chat({"model": MODEL, "messages": ASK, "tools": [WEATHER]})
-    assert _params(SimpleNamespace(tool_format=fmt), chat).skip_special_tokens is skips
+    assert _params(SimpleNamespace(tool_format=MISTRAL, tokenizer=tok), chat).skip_special_tokens is False
+    assert _params(SimpleNamespace(tool_format=HERMES, tokenizer=tok), chat).skip_special_tokens is True
     without_tools = parse_chat({"model": MODEL, "messages": ASK})
-    assert _params(SimpleNamespace(tool_format=fmt), without_tools).skip_special_tokens is True
+    assert _params(SimpleNamespace(tool_format=MISTRAL, tokenizer=tok), without_tools).skip_special_tokens is True

@@ -18,7 +18,6 @@ from baselm.api.tool_parsers import (
     check_supported,
     detect_format,
     make_parser,
-    needs_special_tokens,
 )
 from baselm.api.tools import HERMES, LLAMA3_JSON
 
@@ -276,7 +275,6 @@ def test_unsupported_formats_and_forcing_are_refused_clearly():
         check_supported(MISTRAL, forced=True)
     check_supported(MISTRAL, forced=False)
     check_supported(HERMES, forced=True)
-    assert needs_special_tokens(HARMONY) and not needs_special_tokens(HERMES)
 
 
 def test_gemma4_notation_reads_nested_values_lists_and_none():

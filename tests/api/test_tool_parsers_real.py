@@ -13,7 +13,8 @@ import random
 
 import pytest
 
-from baselm.api.tool_parsers import UNSUPPORTED, detect_format, make_parser
+from baselm.api.tool_parsers import UNSUPPORTED, detect_format, make_parser, needs_special_tokens
+from baselm.store.gguf import read_metadata
 from baselm.tokenizer.errors import ChatTemplateError
 from baselm.tokenizer.tokenizer import Tokenizer
 from tests.paths import BPE_TOKENIZER, FIXTURES
@@ -161,3 +162,11 @@ def test_calls_a_real_template_writes_are_read_back(llama_cpp_models, name, mess
     for _ in range(10):
         cuts = sorted(rng.sample(range(1, len(answer)), k=8))
         assert parse(fmt, [answer[a:b] for a, b in zip([0, *cuts], [*cuts, len(answer)])]) == want
+
+
+def test_gemma4_call_markers_are_plain_tokens_so_they_survive_decoding(llama_cpp_models):
+    # Only special tokens are skipped in decoding; Gemma 4's call markers are user-defined ones.
+    tok = Tokenizer.from_gguf_metadata(read_metadata(llama_cpp_models / "ggml-vocab-gemma-4.gguf")[1])
+    assert not needs_special_tokens("gemma4", tok)
+    ids = tok.encode('<|tool_call>call:f{a:<|"|>x<|"|>}<tool_call|>', add_special_tokens=False)
+    assert parse("gemma4", [tok.decode(ids, skip_special_tokens=True)]) == [("f", {"a": "x"})]

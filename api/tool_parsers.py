@@ -29,8 +29,9 @@ no tool markers at all is taken as `hermes`, the common default.
 `make_parser` gives the streaming parser for a format: `feed(delta)` and `finish()` return
 `(content, calls)`, like `tools.ToolCallParser`, which reads `hermes` and `llama3_json`. The
 other formats re-read the whole answer on each delta with their reader (`tool_formats`,
-`tool_blocks`) and hand
-out the difference, so a stream reassembles exactly to the whole answer's result.
+`tool_blocks`) and hand out the difference, so a stream reassembles exactly to the whole
+answer's result. Where the model's tokenizer holds a format's markers as special tokens,
+the answer is decoded with its special tokens (`needs_special_tokens`).
 """
 
 from __future__ import annotations

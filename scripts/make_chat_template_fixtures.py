@@ -21,6 +21,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import transformers
 import transformers.utils.chat_template_utils as chat_template_utils
 from chat_template_scenarios import NOW, SCENARIOS
 from transformers import AutoTokenizer
@@ -60,7 +61,7 @@ def main() -> None:
         outcomes = {name: render(tokenizer, template, scenario) for name, scenario in SCENARIOS.items()}
         templates[path.name] = {"sha256": hashlib.sha256(template.encode()).hexdigest(), "scenarios": outcomes}
     expected = {
-        "transformers": chat_template_utils.__name__.split(".")[0] + " " + __import__("transformers").__version__,
+        "transformers": transformers.__version__,
         "now": NOW,
         "scenarios": SCENARIOS,
         "templates": templates,

@@ -58,6 +58,9 @@ _MARKERS = {
     **{fmt: block_markers(fmt) for fmt in BLOCK_FORMATS},
 }
 
+# Every marker of a reread format starts with one of these (checked by the tests).
+_MARKER_STARTS = frozenset("<[")
+
 # Checked in order: the first format all of whose markers the template holds.
 _SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
     (HARMONY, ("<|channel|>", "<|call|>")),
@@ -159,7 +162,9 @@ class RereadingParser:
     """Streams what a `tool_formats` reader finds: each delta, the whole answer is read again.
 
     NOTE: correct because a reader's result for a prefix is a prefix of its later results
-    (see tool_formats); answers are short enough that reading again costs little.
+    (see tool_formats). When the last delta all became content and the next one holds no
+    character a marker starts with, every reader would add that one whole to the content too,
+    so it streams without the answer being read again (plain text stays linear in its length).
     """
 
     def __init__(self, fmt: str, tools: Sequence[Mapping[str, Any]] = ()) -> None:
@@ -169,10 +174,16 @@ class RereadingParser:
         self.text = ""
         self.calls: list[ToolCall] = []
         self._num_sent = 0  # characters of content handed out
+        self._in_content = True  # the answer so far ends in content, none of it held back
 
     def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
         self.text += delta
-        return self._step(final=False)
+        if self._in_content and delta and not _MARKER_STARTS.intersection(delta):
+            self._num_sent += len(delta)
+            return delta, []
+        content, calls = self._step(final=False)
+        self._in_content = bool(delta) and content == delta and not calls
+        return content, calls
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         return self._step(final=True)

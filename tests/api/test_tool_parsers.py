@@ -280,3 +280,19 @@ def test_unsupported_formats_and_forcing_are_refused_clearly():
 def test_gemma4_notation_reads_nested_values_lists_and_none():
     text = '<|tool_call>call:f{a:[1,<|"|>x, y:z<|"|>],b:{<|"|>k<|"|>:None},c:false,d:-2.5}<tool_call|>'
     assert run("gemma4", [text]) == ("", [("f", {"a": [1, "x, y:z"], "b": {"k": None}, "c": False, "d": -2.5})])
+
+
+def test_every_marker_starts_with_a_character_plain_text_is_checked_for():
+    # Plain text without these characters streams without being read again (RereadingParser).
+    from baselm.api.tool_parsers import _MARKER_STARTS, _MARKERS
+
+    assert {m[0] for fmt in READERS for m in _MARKERS[fmt]} <= _MARKER_STARTS
+
+
+def test_plain_text_before_a_call_streams_as_it_comes():
+    parser = make_parser(MISTRAL)
+    assert parser.feed("Sure, ") == ("Sure, ", [])
+    assert parser.feed("one moment.") == ("one moment.", [])
+    assert parser.feed("[TOOL_") == ("", [])
+    assert parser.feed('CALLS][{"name": "f", "arguments": {}}]')[1][0].name == "f"
+    assert parser.finish() == ("", [])

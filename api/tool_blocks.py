@@ -20,6 +20,9 @@ answer ends is no call and its raw text becomes content. Spaces between blocks a
 - `lfm2`: `<|tool_call_start|>` a Python list of calls `[f(a=1), g(b="x")]` (literals only)
   `<|tool_call_end|>`
 - `gemma4`: `<|tool_call>` `call:NAME{key:<|"|>text<|"|>,n:3}` `<tool_call|>`
+- `minicpm5`: `<function name="NAME"><param name="KEY">VALUE</param>...</function>` (CDATA values too)
+- `hunyuan_3`: `<tool_calls:opensource>` GLM-like calls with `:opensource` tags `</tool_calls:opensource>`
+- `apertus`: `<|tools_prefix|>` a JSON array of `{NAME: ARGUMENTS}` `<|tools_suffix|>`
 - `deepseek_v3_2`, `deepseek_v4`: `<｜DSML｜function_calls>` (V4: `tool_calls`)
   `<｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>...`
 
@@ -225,6 +228,43 @@ def _gemma4(inner: str, tools: Tools) -> list[Call] | None:
     return [(head[len("call:") :].strip(), arguments)]
 
 
+_MINICPM_HEAD = re.compile(r'^([^"]+)">(.*)$', re.DOTALL)
+_MINICPM_PARAMETER = re.compile(r'<param name="([^"]+)">(?:<!\[CDATA\[(.*?)\]\]>|(.*?))</param>', re.DOTALL)
+_HY = ":opensource"
+_HY_CALL = re.compile(rf"\s*<tool_call{_HY}>(.*?)<tool_sep{_HY}>(.*?)</tool_call{_HY}>\s*", re.DOTALL)
+_HY_ARGUMENT = re.compile(rf"<arg_key{_HY}>(.*?)</arg_key{_HY}>\s*<arg_value{_HY}>(.*?)</arg_value{_HY}>", re.DOTALL)
+
+
+def _minicpm(inner: str, tools: Tools) -> list[Call] | None:
+    """`NAME"><param name="KEY">VALUE</param>...` (a value may be wrapped in CDATA)."""
+    head = _MINICPM_HEAD.match(inner)
+    if head is None or _MINICPM_PARAMETER.sub("", head.group(2)).strip():
+        return None
+    name = head.group(1).strip()
+    found = _MINICPM_PARAMETER.findall(head.group(2))
+    return [(name, {k: _typed(cdata or text, _property(tools, name, k)) for k, cdata, text in found})]
+
+
+def _hunyuan(inner: str, tools: Tools) -> list[Call] | None:
+    found = _HY_CALL.findall(inner)
+    if not found or _HY_CALL.sub("", inner).strip():
+        return None
+    calls = [_pairs_call(name, _HY_ARGUMENT, body, tools) for name, body in found]
+    return calls if all(calls) else None
+
+
+def _name_keyed(inner: str, tools: Tools) -> list[Call] | None:
+    """A JSON array of `{NAME: ARGUMENTS}` objects (Apertus)."""
+    try:
+        items = json.loads(inner)
+    except ValueError:
+        return None
+    if not isinstance(items, list) or not all(isinstance(i, dict) and len(i) == 1 for i in items):
+        return None
+    calls = [(name, arguments_of(args)) for item in items for name, args in item.items()]
+    return calls if calls and all(a is not None for _, a in calls) else None
+
+
 # format -> (opening marker, closing marker, block reader)
 BLOCK_FORMATS: dict[str, tuple[str, str, BlockReader]] = {
     "qwen3_xml": ("<tool_call>", "</tool_call>", _qwen_xml),
@@ -240,6 +280,9 @@ BLOCK_FORMATS: dict[str, tuple[str, str, BlockReader]] = {
     "gemma4": ("<|tool_call>", "<tool_call|>", _gemma4),
     "deepseek_v3_2": (_DSML + "function_calls>", "</｜DSML｜function_calls>", _dsml),
     "deepseek_v4": (_DSML + "tool_calls>", "</｜DSML｜tool_calls>", _dsml),
+    "minicpm5": ('<function name="', "</function>", _minicpm),
+    "hunyuan_3": (f"<tool_calls{_HY}>", f"</tool_calls{_HY}>", _hunyuan),
+    "apertus": ("<|tools_prefix|>", "<|tools_suffix|>", _name_keyed),
 }
 
 

@@ -19,6 +19,9 @@
 | `cohere`      | Command R7B, Command A                         | `<|START_ACTION|>`                  |
 | `lfm2`        | LFM2, LFM2.5                                  | `<|tool_call_start|>` or `<|tool_list_start|>` |
 | `gemma4`      | Gemma 4                                       | `<|tool_call>`                      |
+| `minicpm5`    | MiniCPM 5                                     | `<function name="`                  |
+| `hunyuan_3`   | Hunyuan 3                                     | `HYTK` (its `:opensource` tags)     |
+| `apertus`     | Apertus                                       | `<|tools_prefix|>`                  |
 | `hermes`      | Hermes, Qwen 2.5/3, Granite 4, ...            | `<tool_call>`                       |
 | `llama3_json` | Llama 3.1-3.3                                 | `<|python_tag|>`, or ipython with parameters |
 
@@ -80,6 +83,9 @@ _SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
     ("lfm2", ("<|tool_call_start|>",)),
     ("lfm2", ("<|tool_list_start|>",)),
     ("gemma4", ("<|tool_call>",)),
+    ("minicpm5", ('<function name="',)),
+    ("hunyuan_3", ("HYTK", "tool_calls")),
+    ("apertus", ("<|tools_prefix|>",)),
 ]
 # Call syntaxes base does not read yet, by the family that writes them.
 UNSUPPORTED: dict[str, tuple[str, ...]] = {
@@ -87,14 +93,11 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "cohere_command_r": ("<|START_OF_TURN_TOKEN|>", "Action:"),
     "functionary_v3_2": (">>>all",),
     "firefunction_v2": ("functools",),
-    "apertus": ("<|tools_prefix|>",),
     "gigachat_3": ("<|role_sep|>", "'function call'"),
     "gigachat_3_1": ("<|function_call|>",),
     "kimi_k3": ("open_tag('call'",),
     "minimax_m3": ("]<]minimax[>[",),
     "muse": ("<atem:function_calls>",),
-    "minicpm5": ('<function name="',),
-    "hunyuan_3": ("HYTK", "tool_calls"),
     "solar_open": ("<|tool_call:begin|>",),
 }
 

@@ -145,6 +145,28 @@ ANSWERS = {
         "Checking.",
         [WEATHER, TIME],
     ),
+    "minicpm5": (
+        'Checking.<function name="get_weather"><param name="city"><![CDATA[Paris]]></param><param name="days">3'
+        '</param></function>\n<function name="get_time"><param name="zone">CET</param></function>',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    "hunyuan_3": (
+        "Checking.<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n"
+        "<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Paris</arg_value:opensource>\n"
+        "<arg_key:opensource>days</arg_key:opensource>\n<arg_value:opensource>3</arg_value:opensource>\n"
+        "</tool_call:opensource>\n<tool_call:opensource>get_time<tool_sep:opensource>\n<arg_key:opensource>zone"
+        "</arg_key:opensource>\n<arg_value:opensource>CET</arg_value:opensource>\n</tool_call:opensource>\n"
+        "</tool_calls:opensource>",
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    "apertus": (
+        'Checking.<|tools_prefix|>[{"get_weather": {"city": "Paris", "days": 3}}, {"get_time": {"zone": "CET"}}]'
+        "<|tools_suffix|>",
+        "Checking.",
+        [WEATHER, TIME],
+    ),
     LLAMA3_JSON: (
         '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
         '{"name": "get_time", "parameters": {"zone": "CET"}}',

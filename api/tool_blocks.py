@@ -121,12 +121,17 @@ def _glm(inner: str, tools: Tools) -> list[Call] | None:
     return [call] if call else None
 
 
-def _minimax(inner: str, tools: Tools) -> list[Call] | None:
-    invokes = _MINIMAX_INVOKE.findall(inner)
-    if not invokes or _MINIMAX_INVOKE.sub("", inner).strip():
-        return None
-    calls = [_pairs_call(name, _MINIMAX_PARAMETER, body, tools) for name, body in invokes]
-    return calls if all(calls) else None
+def _repeated_calls(call: re.Pattern[str], pair: re.Pattern[str]) -> BlockReader:
+    """A reader of blocks made only of `call` matches (name, body), each body only `pair` matches."""
+
+    def read(inner: str, tools: Tools) -> list[Call] | None:
+        found = call.findall(inner)
+        if not found or call.sub("", inner).strip():
+            return None
+        calls = [_pairs_call(name, pair, body, tools) for name, body in found]
+        return calls if all(calls) else None
+
+    return read
 
 
 def _functionary(inner: str, tools: Tools) -> list[Call] | None:
@@ -245,14 +250,6 @@ def _minicpm(inner: str, tools: Tools) -> list[Call] | None:
     return [(name, {k: _typed(cdata or text, _property(tools, name, k)) for k, cdata, text in found})]
 
 
-def _hunyuan(inner: str, tools: Tools) -> list[Call] | None:
-    found = _HY_CALL.findall(inner)
-    if not found or _HY_CALL.sub("", inner).strip():
-        return None
-    calls = [_pairs_call(name, _HY_ARGUMENT, body, tools) for name, body in found]
-    return calls if all(calls) else None
-
-
 def _name_keyed(inner: str, tools: Tools) -> list[Call] | None:
     """A JSON array of `{NAME: ARGUMENTS}` objects (Apertus)."""
     try:
@@ -270,7 +267,7 @@ BLOCK_FORMATS: dict[str, tuple[str, str, BlockReader]] = {
     "qwen3_xml": ("<tool_call>", "</tool_call>", _qwen_xml),
     "seed_oss": ("<seed:tool_call>", "</seed:tool_call>", _qwen_xml),
     "glm": ("<tool_call>", "</tool_call>", _glm),
-    "minimax_m2": ("<minimax:tool_call>", "</minimax:tool_call>", _minimax),
+    "minimax_m2": ("<minimax:tool_call>", "</minimax:tool_call>", _repeated_calls(_MINIMAX_INVOKE, _MINIMAX_PARAMETER)),
     "functionary_v3_1": ("<function=", "</function>", _functionary),
     "kimi_k2": ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", _kimi),
     "tool_calls_json": ("<tool_calls>", "</tool_calls>", _json_calls("name", "arguments")),
@@ -281,7 +278,7 @@ BLOCK_FORMATS: dict[str, tuple[str, str, BlockReader]] = {
     "deepseek_v3_2": (_DSML + "function_calls>", "</｜DSML｜function_calls>", _dsml),
     "deepseek_v4": (_DSML + "tool_calls>", "</｜DSML｜tool_calls>", _dsml),
     "minicpm5": ('<function name="', "</function>", _minicpm),
-    "hunyuan_3": (f"<tool_calls{_HY}>", f"</tool_calls{_HY}>", _hunyuan),
+    "hunyuan_3": (f"<tool_calls{_HY}>", f"</tool_calls{_HY}>", _repeated_calls(_HY_CALL, _HY_ARGUMENT)),
     "apertus": ("<|tools_prefix|>", "<|tools_suffix|>", _name_keyed),
 }
 

@@ -18,9 +18,8 @@ Formats:
   `analysis` channel is the model's reasoning and is left out.
 - `deepseek` (V3, R1, V3.1): `<｜tool▁calls▁begin｜>` then calls
   `<｜tool▁call▁begin｜>[function<｜tool▁sep｜>]NAME(<｜tool▁sep｜>|\\n```json\\n)ARGS[```]<｜tool▁call▁end｜>`.
-- `qwen3_xml` (Qwen3-Coder, Qwen3.5, Nemotron 3): `<tool_call><function=NAME><parameter=KEY>VALUE
-  </parameter>...</function></tool_call>`; each value is read as the tool's schema types it.
-- `glm` (GLM 4.5+): `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...</tool_call>`.
+
+Formats that wrap calls in blocks (Qwen3-Coder XML, GLM, Kimi K2, ...) are in `tool_blocks.py`.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ its raw text becomes content.
 Formats:
 - `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (v3) or
   `[TOOL_CALLS]name[ARGS]{...}` (v11, optionally `[CALL_ID]id` before `[ARGS]`), repeated.
+- `granite_3` (Granite 3.x): `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`.
 - `harmony` (gpt-oss): messages `<|channel|>CHANNEL to=functions.NAME ...<|message|>{...}<|call|>`
   separated by `<|start|>assistant`; the `final` and `commentary` channels are content, the
   `analysis` channel is the model's reasoning and is left out.
@@ -84,27 +85,36 @@ def arguments_of(value: Any) -> dict[str, Any] | None:
 # ---- mistral ------------------------------------------------------------------------------
 
 _MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+_GRANITE_CALLS = "<|tool_call|>"
 
 
 def read_mistral(text: str, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> Parsed:
-    start = text.find(_MISTRAL_CALLS)
+    return _read_after_marker(text, final, _MISTRAL_CALLS)
+
+
+def read_granite(text: str, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> Parsed:
+    return _read_after_marker(text, final, _GRANITE_CALLS)
+
+
+def _read_after_marker(text: str, final: bool, marker: str) -> Parsed:
+    """Calls after `marker`: a JSON array of calls, or (Mistral v11) `name[ARGS]{...}`; repeated."""
+    start = text.find(marker)
     if start < 0:
-        return Parsed(visible(text, [_MISTRAL_CALLS], final))
+        return Parsed(visible(text, [marker], final))
     parsed, pos = Parsed(text[:start]), start
-    while text.startswith(_MISTRAL_CALLS, pos):
-        body = text[pos + len(_MISTRAL_CALLS) :]
-        # v3: one JSON array of calls; v11: name[ARGS]{...}
+    while text.startswith(marker, pos):
+        body = text[pos + len(marker) :]
         calls, end = _mistral_array(body) if body.lstrip().startswith("[") else _mistral_named(body)
         if calls is None:  # still coming, or broken (then shown as it is once the answer ends)
             if final:
                 parsed.content += text[pos:]
             return parsed
         parsed.calls += calls
-        pos += len(_MISTRAL_CALLS) + end
+        pos += len(marker) + end
         rest = text[pos:]
-        if rest.lstrip().startswith(_MISTRAL_CALLS):  # spaces between calls are no content
+        if rest.lstrip().startswith(marker):  # spaces between calls are no content
             pos += len(rest) - len(rest.lstrip())
-    add_after_calls(parsed, visible(text[pos:], [_MISTRAL_CALLS], final))
+    add_after_calls(parsed, visible(text[pos:], [marker], final))
     return parsed
 
 
@@ -232,11 +242,13 @@ def _deepseek_call(inner: str) -> Call | None:
 # The markers of each format, as the tokenizer may hold them as (special) tokens.
 MARKERS: dict[str, tuple[str, ...]] = {
     "mistral": (_MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_ID),
+    "granite_3": (_GRANITE_CALLS,),
     "harmony": (*_H_MARKERS, "<|constrain|>"),
     "deepseek": (_DS_CALLS, _DS_CALLS_END, _DS_CALL, _DS_CALL_END, _DS_SEP),
 }
 READERS: dict[str, Callable[..., Parsed]] = {
     "mistral": read_mistral,
+    "granite_3": read_granite,
     "harmony": read_harmony,
     "deepseek": read_deepseek,
 }

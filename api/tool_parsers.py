@@ -8,6 +8,7 @@
 | `deepseek`    | DeepSeek V3, R1 (and distills), V3.1          | `<｜tool▁calls▁begin｜>`            |
 | `deepseek_v3_2`, `deepseek_v4` | DeepSeek V3.2, V4            | `｜DSML｜` with `function_calls` / `tool_calls` |
 | `mistral`     | Mistral Nemo, Small 3.x, Devstral, Ministral  | `[TOOL_CALLS]`                      |
+| `granite_3`   | Granite 3.x                                   | `<|tool_call|>`                     |
 | `kimi_k2`     | Kimi K2                                       | `<|tool_calls_section_begin|>`      |
 | `minimax_m2`  | MiniMax M2                                    | `<minimax:tool_call>`               |
 | `seed_oss`    | Seed-OSS                                      | `<seed:tool_call>`                  |
@@ -71,6 +72,7 @@ _SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
     ("deepseek_v4", ("｜DSML｜", "'tool_calls")),
     (DEEPSEEK, ("<｜tool▁calls▁begin｜>",)),
     (MISTRAL, ("[TOOL_CALLS]",)),
+    ("granite_3", ("<|tool_call|>",)),
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
     ("minimax_m2", ("<minimax:tool_call>",)),
     ("seed_oss", ("<seed:tool_call>",)),
@@ -89,7 +91,6 @@ _SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 # Call syntaxes base does not read yet, by the family that writes them.
 UNSUPPORTED: dict[str, tuple[str, ...]] = {
-    "granite_3": ("<|tool_call|>",),
     "cohere_command_r": ("<|START_OF_TURN_TOKEN|>", "Action:"),
     "functionary_v3_2": (">>>all",),
     "firefunction_v2": ("functools",),

@@ -167,6 +167,12 @@ ANSWERS = {
         "Checking.",
         [WEATHER, TIME],
     ),
+    "granite_3": (
+        'Checking.<|tool_call|>[{"arguments": {"city": "Paris", "days": 3}, "name": "get_weather"}, '
+        '{"arguments": {"zone": "CET"}, "name": "get_time"}]',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
     LLAMA3_JSON: (
         '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
         '{"name": "get_time", "parameters": {"zone": "CET"}}',
@@ -282,6 +288,7 @@ def test_llama3_python_tag_is_no_content():
         ("{{ '<|tool_calls_section_begin|>' }}", "kimi_k2"),
         ("{{ '<|tool_call>call:' + name }}", "gemma4"),
         ("{{ '<|tool_call|>' + calls | tojson }}", "granite_3"),
+        ("{{ '<|tool_call:begin|>' }}", "solar_open"),
         ("plain {{ messages }}", HERMES),
         (None, HERMES),
     ],
@@ -291,8 +298,8 @@ def test_format_is_detected_from_the_template_markers(template, fmt):
 
 
 def test_unsupported_formats_and_forcing_are_refused_clearly():
-    with pytest.raises(APIError, match="granite_3 format .* does not parse yet"):
-        check_supported("granite_3", forced=False)
+    with pytest.raises(APIError, match="solar_open format .* does not parse yet"):
+        check_supported("solar_open", forced=False)
     with pytest.raises(APIError, match="not supported yet for the mistral tool-call format"):
         check_supported(MISTRAL, forced=True)
     check_supported(MISTRAL, forced=False)

@@ -41,8 +41,7 @@ def fetch_models_dir() -> tuple[Path | None, str]:
         return None, f"$BASE_LLAMA_CPP_MODELS={target} has no templates/ folder"
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--retries", "2", "--no-deps", "--no-binary", ":all:"]
-        cmd += ["-d", tmp]
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp]
         try:
             result = subprocess.run([*cmd, SDIST_REQUIREMENT], capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.TimeoutExpired) as exc:

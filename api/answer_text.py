@@ -8,9 +8,11 @@ answers through `AnswerText`, one per choice, streamed or whole.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from baselm.api import tools
+from baselm.api import tool_parsers, tools
 from baselm.api.serving import ServerState
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking
 
@@ -30,14 +32,28 @@ class Pieces:
 class AnswerText:
     """Splits one choice's growing text into `Pieces`; `feed` the engine's text, `finished` on its last output."""
 
-    def __init__(self, splitter: ReasoningSplitter | None, tool_format: str | None) -> None:
+    def __init__(
+        self,
+        splitter: ReasoningSplitter | None,
+        tool_format: str | None,
+        tool_list: Sequence[Mapping[str, Any]] = (),
+        forced: bool = False,
+    ) -> None:
         self.splitter = splitter
-        self.parser = tools.ToolCallParser(tool_format) if tool_format else None
+        self.parser = tool_parsers.make_parser(tool_format, forced, tool_list) if tool_format else None
 
     @classmethod
-    def for_prompt(cls, state: ServerState, prompt_ids: list[int], tool_format: str | None) -> AnswerText:
-        """An AnswerText for an answer to `prompt_ids`: thinking is split off when the model thinks."""
-        return cls(thinking_splitter(state, prompt_ids), tool_format)
+    def for_prompt(
+        cls,
+        state: ServerState,
+        prompt_ids: list[int],
+        tool_format: str | None,
+        tool_list: Sequence[Mapping[str, Any]] = (),
+        forced: bool = False,
+    ) -> AnswerText:
+        """An AnswerText for an answer to `prompt_ids`: thinking is split off when the model thinks; calls are
+        read in `tool_format` (`tool_list` types some formats' arguments; `forced` when a grammar forces them)."""
+        return cls(thinking_splitter(state, prompt_ids), tool_format, tool_list, forced)
 
     @property
     def num_calls(self) -> int:

@@ -84,7 +84,9 @@ class MessageAnswer(serving.Answer):
         super().__init__(state, chat.common, 1)
         self.chat = chat
         self.num_prompt_tokens = len(prompt_ids)
-        self.text = AnswerText.for_prompt(state, prompt_ids, state.tool_format if parses_tools(chat) else None)
+        self.text = AnswerText.for_prompt(
+            state, prompt_ids, state.tool_format if parses_tools(chat) else None, chat.tools
+        )
         self.content: list[dict[str, Any]] = []
         self.current: dict[str, Any] | None = None  # the thinking or text block being written
         self.stop_reason: str | None = None

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from baselm.api import grammar, serving, tools
+from baselm.api import grammar, serving, tool_parsers, tools
 from baselm.api.answer_text import AnswerText, Pieces
 from baselm.api.constrained import constrained_params
 from baselm.api.embeddings import EmbeddingJob, read_pooling, run_embeddings
@@ -68,11 +68,18 @@ class _OllamaAnswer(serving.Answer):
     text_field: ClassVar[str]  # "message" (chat) or "response" (generate)
 
     def __init__(
-        self, state: serving.ServerState, common: Common, prompt_ids: list[int], tool_fmt: str | None, split: bool
+        self,
+        state: serving.ServerState,
+        common: Common,
+        prompt_ids: list[int],
+        tool_fmt: str | None,
+        split: bool,
+        tool_list: list[dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(state, common, 1)
         # A reasoning model's thinking goes apart (`thinking`), then tool calls; raw prompts stay raw.
-        self.split = AnswerText.for_prompt(state, prompt_ids, tool_fmt) if split else AnswerText(None, None)
+        texts = AnswerText.for_prompt(state, prompt_ids, tool_fmt, tool_list or ()) if split else AnswerText(None, None)
+        self.split = texts
         self.prompt_ids = prompt_ids
         self.whole_pieces = Pieces()
         self.output_ids: list[int] = []
@@ -206,10 +213,15 @@ async def ollama_chat(request: Request) -> Response:
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
         serving.check_prompt(state, ids, "messages", common.sampling["max_tokens"], MAX_TOKENS_FIELD)
-        return serving.Job(ids, _params(state, common.sampling, fmt), 0)
+        sampling = dict(common.sampling)
+        if tool_list:
+            tool_parsers.check_supported(state.tool_format, forced=False)
+            if tool_parsers.needs_special_tokens(state.tool_format, state.tokenizer):
+                sampling["skip_special_tokens"] = False  # the call markers are special tokens
+        return serving.Job(ids, _params(state, sampling, fmt), 0)
 
     job = await asyncio.to_thread(prepare)
-    answer = _ChatAnswer(state, common, job.prompt_ids, state.tool_format if tool_list else None, True)
+    answer = _ChatAnswer(state, common, job.prompt_ids, state.tool_format if tool_list else None, True, tool_list)
     return await serving.respond(request, state, [job], "messages", answer)
 
 

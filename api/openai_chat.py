@@ -15,7 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from baselm.api import grammar, serving, tools
+from baselm.api import grammar, serving, tool_parsers, tools
 from baselm.api.answer_text import AnswerText
 from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, Common, array_field, read_common
@@ -42,6 +42,9 @@ def prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
     """The engine requests for a checked chat request: prompt ids and SamplingParams per job.
 
     Responses and Messages build a ChatRequest from their own bodies and come here too."""
+    if parses_tools(chat):
+        forced = chat.tool_choice == "required" or chat.named_tool is not None
+        tool_parsers.check_supported(state.tool_format, forced=forced)
     prompt_ids = _prompt_ids(state, chat)
     serving.check_prompt(
         state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field
@@ -80,6 +83,8 @@ def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] |
 def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
     """The request's SamplingParams; with a grammar, each of its n copies makes its own processor."""
     sampling = dict(chat.common.sampling)
+    if parses_tools(chat) and tool_parsers.needs_special_tokens(state.tool_format, state.tokenizer):
+        sampling["skip_special_tokens"] = False  # the call markers are special tokens
     logprobs = chat.top_logprobs if chat.logprobs else None
     constrained = _grammar(state, chat)
     if constrained is None:
@@ -121,7 +126,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
         super().__init__(state, chat.common, chat.common.n)
         self.chat = chat
         fmt = state.tool_format if parses_tools(chat) else None
-        self.texts = [AnswerText.for_prompt(state, prompt_ids, fmt) for _ in range(self.num_choices)]
+        self.texts = [AnswerText.for_prompt(state, prompt_ids, fmt, chat.tools) for _ in range(self.num_choices)]
         n = self.num_choices  # the whole answer, per choice:
         self.reasoning = [""] * n
         self.content = [""] * n

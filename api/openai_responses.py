@@ -99,7 +99,9 @@ class ResponseAnswer(serving.Answer):
         self.req = req
         self.store = store
         self.history = history
-        self.text = AnswerText.for_prompt(state, prompt_ids, state.tool_format if parses_tools(req.chat) else None)
+        self.text = AnswerText.for_prompt(
+            state, prompt_ids, state.tool_format if parses_tools(req.chat) else None, req.chat.tools
+        )
         self.output: list[dict[str, Any]] = []
         self.current: dict[str, Any] | None = None  # the reasoning or message item being written
         self.sequence = 0

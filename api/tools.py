@@ -31,13 +31,13 @@ _X_GUIDANCE = {"whitespace_flexible": False, "whitespace_pattern": "[ ]?"}
 
 
 def tool_format(chat_template: str | dict[str, str] | None) -> str:
-    """The call format a chat template teaches its model (hermes when the template does not say)."""
-    text = " ".join(chat_template.values()) if isinstance(chat_template, dict) else chat_template or ""
-    if _OPEN in text:
-        return HERMES
-    if "<|python_tag|>" in text or ("ipython" in text and "parameters" in text):
-        return LLAMA3_JSON
-    return HERMES
+    """The call format a chat template teaches its model (hermes when the template does not say).
+
+    Read from the template's markers by `tool_parsers.detect_format`, which knows the other formats.
+    """
+    from baselm.api.tool_parsers import detect_format  # tool_parsers builds on this module
+
+    return detect_format(chat_template)
 
 
 @dataclass(slots=True)

@@ -1,10 +1,12 @@
 """The `tokenizers` backend a GGUF file's tokenizer metadata describes.
 
-`tokenizer.ggml.model` 'gpt2' is a byte-level BPE whose split `tokenizer.ggml.pre` picks;
-'llama' is a SentencePiece BPE with byte fallback, its merges read from the file or derived
-from the token scores. Control tokens become special added tokens, user-defined ones plain
+`tokenizer.ggml.model` 'gpt2' is a byte-level BPE whose split `tokenizer.ggml.pre` picks
+(`gguf_splits.py`); 'llama' is a SentencePiece BPE with byte fallback, its merges read from the
+file or derived from the token scores; 'gemma4' a BPE over "▁"-spelled lines with byte
+fallback; 'bert' a WordPiece. Control tokens become special added tokens, user-defined ones plain
 added tokens. Where transformers departs from the model's own tokenizer for a GGUF, we follow
-the model (see `_SPLITS` and `_sentencepiece_backend`).
+the model (see `gguf_splits.py` and `_sentencepiece_backend`), as llama.cpp does: its own
+tokenizer test vectors pass (tests/tokenizer/test_llama_cpp_vocabs.py).
 """
 
 from __future__ import annotations
@@ -13,58 +15,35 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
 from baselm.tokenizer.errors import TokenizerError
+from baselm.tokenizer.gguf_splits import byte_level_split
 
 # GGUF `tokenizer.ggml.token_type` values (llama.cpp's llama_token_type).
 _CONTROL, _USER_DEFINED = 3, 4
-
-# Pre-tokenizer split patterns. GPT-2's own pattern is the one `ByteLevel(use_regex=True)` applies.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# `tokenizer.ggml.pre` -> split family. "digits-gpt2" isolates every digit, then splits like
-# GPT-2: what SmolLM2's and StarCoder's tokenizer.json do (transformers gives these GGUFs the
-# plain GPT-2 split, which tokenizes numbers differently for vocabularies with digit merges).
-_SPLITS = {
-    "default": "gpt2",
-    "gpt2": "gpt2",
-    "mpt": "gpt2",
-    "olmo": "gpt2",
-    "llama3": "llama3",
-    "llama-v3": "llama3",
-    "llama-bpe": "llama3",
-    "falcon3": "llama3",
-    "smaug-bpe": "llama3",
-    "qwen2": "qwen2",
-    "deepseek-r1-qwen": "qwen2",
-    "smollm": "digits-gpt2",
-    "starcoder": "digits-gpt2",
-    "refact": "digits-gpt2",
-}
 
 
 def gguf_backend(metadata: Mapping[str, Any]) -> Backend:
     """The vocabulary, split and decoder of a GGUF's tokenizer metadata, with its added tokens.
 
-    Supports `tokenizer.ggml.model` 'gpt2' and 'llama'; anything else is a TokenizerError.
+    Supports `tokenizer.ggml.model` 'gpt2', 'llama', 'gemma4' and 'bert'; anything else is a
+    TokenizerError naming it.
     """
     kind = metadata.get("tokenizer.ggml.model")
     if not metadata.get("tokenizer.ggml.tokens"):
         raise TokenizerError("the GGUF file has no tokenizer vocabulary (tokenizer.ggml.tokens)")
-    if kind == "gpt2":
-        backend, vocab = _byte_level_backend(metadata)
-    elif kind == "llama":
-        backend, vocab = _sentencepiece_backend(metadata)
-    else:
-        raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (supported: 'gpt2', 'llama')")
+    builders = {
+        "gpt2": _byte_level_backend,
+        "llama": _sentencepiece_backend,
+        "gemma4": _gemma4_backend,
+        "bert": _wordpiece_backend,
+    }
+    if kind not in builders:
+        supported = ", ".join(repr(k) for k in builders)
+        raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (supported: {supported})")
+    backend, vocab = builders[kind](metadata)
     _add_gguf_tokens(backend, metadata, vocab, byte_level=kind == "gpt2")
     return backend
 
@@ -77,9 +56,10 @@ def gguf_special_tokens(metadata: Mapping[str, Any]) -> dict[str, str | None]:
         index = metadata.get(f"tokenizer.ggml.{key}")
         return tokens[index] if isinstance(index, int) and 0 <= index < len(tokens) else None
 
+    # A WordPiece (BERT) vocabulary frames a text with CLS ... SEP where others use BOS ... EOS.
     return {
-        "bos_token": token_at("bos_token_id"),
-        "eos_token": token_at("eos_token_id"),
+        "bos_token": token_at("bos_token_id") or token_at("cls_token_id"),
+        "eos_token": token_at("eos_token_id") or token_at("seperator_token_id"),
         "unk_token": token_at("unknown_token_id"),
         "pad_token": token_at("padding_token_id"),
     }
@@ -101,39 +81,24 @@ def _byte_alphabet() -> dict[int, str]:
 
 def _byte_level_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[str, int]]:
     tokens = metadata["tokenizer.ggml.tokens"]
+    types = metadata.get("tokenizer.ggml.token_type") or []
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
-    # A token spelled outside the byte alphabet (a stray added token) is respelled as its bytes.
-    vocab = {
-        t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i for i, t in enumerate(tokens)
-    }
+
+    def key(token: str, kind: int) -> str:
+        # A token spelled outside the byte alphabet is respelled as its bytes, except a
+        # user-defined one: it is matched whole in the text as it is written (MPT's runs of spaces).
+        if set(token) <= alphabet or kind == _USER_DEFINED:
+            return token
+        return "".join(spelling[b] for b in token.encode("utf-8"))
+
+    vocab = {key(t, kind): i for i, (t, kind) in enumerate(zip(tokens, [*types, *[0] * (len(tokens) - len(types))]))}
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges") or []]
-    backend = Backend(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
-    backend.pre_tokenizer = _byte_level_split(metadata.get("tokenizer.ggml.pre") or "default")
+    split = byte_level_split(metadata.get("tokenizer.ggml.pre") or "default")
+    backend = Backend(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False, ignore_merges=split.ignore_merges))
+    backend.pre_tokenizer = split.pre_tokenizer()
     backend.decoder = decoders.ByteLevel()
     return backend, vocab
-
-
-def _byte_level_split(pre: str) -> pre_tokenizers.PreTokenizer:
-    family = _SPLITS.get(pre)
-    if family is None:
-        raise TokenizerError(
-            f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(_SPLITS))}); "
-            "convert the model from its HF folder instead"
-        )
-    if family == "gpt2":
-        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if family == "digits-gpt2":
-        return pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-        )
-    pattern = {"llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}[family]
-    return pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
 
 
 def _sentencepiece_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[str, int]]:
@@ -143,7 +108,7 @@ def _sentencepiece_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[s
     llama.cpp); transformers ignores that flag.
     """
     arch = metadata.get("general.architecture")
-    if arch in ("gemma", "gemma2", "gemma3", "phi3"):
+    if arch in ("gemma", "gemma2", "gemma3"):
         raise TokenizerError(f"GGUF SentencePiece tokenizers of {arch!r} models are not supported yet")
     tokens = metadata["tokenizer.ggml.tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -156,13 +121,49 @@ def _sentencepiece_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[s
         merges = _merges_from_scores(tokens, scores, vocab)
     backend = Backend(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True))
     prefix = metadata.get("tokenizer.ggml.add_space_prefix", True)
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="▁", prepend_scheme="first" if prefix else "never", split=False
-    )
+    # As llama.cpp: every run of text (the first, and each one after a special token) gets one
+    # "▁" in front, even when it already starts with a space.
+    steps = [normalizers.Prepend("▁")] if prefix else []
+    backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     if prefix:
         steps.append(decoders.Strip(" ", 1, 0))
     backend.decoder = decoders.Sequence(steps)
+    return backend, vocab
+
+
+def _gemma4_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[str, int]]:
+    """Gemma 4's BPE: spaces spelled "▁", no leading "▁", merges over whole lines, byte fallback."""
+    tokens = metadata["tokenizer.ggml.tokens"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges") or []]
+    backend = Backend(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return backend, vocab
+
+
+def _wordpiece_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[str, int]]:
+    """A BERT WordPiece vocabulary, lower-casing as BERT's uncased tokenizers do.
+
+    llama.cpp's converter spells a word-start piece "▁word" and a continuation "word"; WordPiece
+    spells them "word" and "##word".
+    """
+    tokens = metadata["tokenizer.ggml.tokens"]
+    types = metadata.get("tokenizer.ggml.token_type") or [0] * len(tokens)
+    vocab: dict[str, int] = {}
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        key = token if kind == _CONTROL else token[1:] if token.startswith("▁") else "##" + token
+        vocab.setdefault(key, i)
+    unk = metadata.get("tokenizer.ggml.unknown_token_id")
+    unk_token = tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else "[UNK]"
+    backend = Backend(models.WordPiece(vocab, unk_token=unk_token, max_input_chars_per_word=100))
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
     return backend, vocab
 
 

@@ -25,6 +25,8 @@ from baselm.tokenizer.errors import TokenizerError
 from baselm.tokenizer.gguf_vocab import gguf_backend, gguf_special_tokens
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+# `tokenizer.ggml.model` -> whether llama.cpp adds (BOS, EOS) when the file does not say.
+_GGUF_ADDS = {"llama": (True, False), "bert": (True, True)}
 
 
 class Tokenizer:
@@ -116,16 +118,19 @@ class Tokenizer:
         """The tokenizer a GGUF file describes, from its metadata (`store.gguf.read_metadata(path)[1]`).
 
         Supports `tokenizer.ggml.model` 'gpt2' (byte-level BPE; `tokenizer.ggml.pre` picks the
-        split) and 'llama' (SentencePiece BPE with byte fallback; merges from the file or derived
-        from the token scores). Control tokens become special tokens, user-defined ones added tokens.
+        split), 'llama' (SentencePiece BPE with byte fallback; merges from the file or derived
+        from the token scores), 'gemma4' and 'bert' (WordPiece); another model or pre-tokenizer
+        is a TokenizerError naming it. Control tokens become special tokens, user-defined ones
+        added tokens.
         """
         backend = gguf_backend(metadata)
         special = gguf_special_tokens(metadata)
         _add_named_specials(backend, special)
-        # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise.
-        is_sentencepiece = metadata.get("tokenizer.ggml.model") == "llama"
-        add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", is_sentencepiece))
-        add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
+        # Unless the file says otherwise, llama.cpp adds BOS to a SentencePiece vocabulary and
+        # frames a WordPiece one with CLS ... SEP.
+        default_bos, default_eos = _GGUF_ADDS.get(metadata.get("tokenizer.ggml.model"), (False, False))
+        add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", default_bos))
+        add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", default_eos))
         backend.post_processor = _bos_eos_processor(backend, special, add_bos, add_eos)
         # End of turn / end of message end a generation too (llama.cpp stops on them).
         turn_keys = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
@@ -135,7 +140,7 @@ class Tokenizer:
             special_tokens=special,
             add_bos_token=add_bos,
             add_eos_token=add_eos,
-            chat_template=metadata.get("tokenizer.chat_template"),
+            chat_template=_gguf_templates(metadata),
             eos_token_ids=extra_eos,
         )
 
@@ -287,6 +292,16 @@ def _named_templates(template: Any) -> str | dict[str, str] | None:
     if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
         return {entry["name"]: entry["template"] for entry in template}
     return template
+
+
+def _gguf_templates(metadata: Mapping[str, Any]) -> str | dict[str, str] | None:
+    """A GGUF's chat template, or its named ones (`tokenizer.chat_templates` lists the names)."""
+    default = metadata.get("tokenizer.chat_template")
+    names = metadata.get("tokenizer.chat_templates") or []
+    named = {n: metadata[f"tokenizer.chat_template.{n}"] for n in names if f"tokenizer.chat_template.{n}" in metadata}
+    if not named:
+        return default
+    return {**({"default": default} if default else {}), **named}
 
 
 def _add_named_specials(backend: Backend, special: Mapping[str, str | None]) -> None:

@@ -9,12 +9,22 @@ import pytest
 
 from baselm.tokenizer.errors import ChatTemplateError
 from baselm.tokenizer.tokenizer import Tokenizer
-from tests.tokenizer.conftest import ALL_NAMES, CONVERSATIONS, EXPECTED, expected, load, render, with_template
+from tests.tokenizer.conftest import (
+    ALL_NAMES,
+    CONVERSATIONS,
+    EXPECTED,
+    IDS_FOLLOW_LLAMA_CPP,
+    expected,
+    load,
+    render,
+    with_template,
+)
 
 
 @pytest.mark.parametrize("tokenizer", ALL_NAMES, indirect=True)
 def test_chat_template_renders_like_transformers(tokenizer, request):
-    want = expected(request.node.callspec.params["tokenizer"])["chat"]
+    name_of_tokenizer = request.node.callspec.params["tokenizer"]
+    want = expected(name_of_tokenizer)["chat"]
     for name, case in CONVERSATIONS.items():
         if "error" in want[name] or name == "content_parts":
             continue
@@ -22,7 +32,8 @@ def test_chat_template_renders_like_transformers(tokenizer, request):
         ids = tokenizer.encode_chat(
             case["messages"], add_generation_prompt=case.get("add_generation_prompt", True), tools=case.get("tools")
         )
-        assert ids == want[name]["ids"], name
+        if name_of_tokenizer not in IDS_FOLLOW_LLAMA_CPP:
+            assert ids == want[name]["ids"], name
 
 
 @pytest.mark.parametrize("tokenizer", ALL_NAMES, indirect=True)

@@ -54,3 +54,15 @@ def test_gguf_sentencepiece_of_gemma_is_refused_rather_than_guessed():
     metadata = {**read_metadata(TOKENIZER_FIXTURES / "spm.gguf")[1], "general.architecture": "gemma2"}
     with pytest.raises(TokenizerError, match="'gemma2' models are not supported"):
         Tokenizer.from_gguf_metadata(metadata)
+
+
+def test_gguf_sentencepiece_puts_a_space_mark_before_every_run_of_text():
+    # llama.cpp's rule (and Llama 2's own tokenizer's): "▁" goes before each run of text, even one
+    # that starts with a space, and again after a special token such as BOS.
+    tok = load("spm.gguf")
+    pieces = [tok.id_to_token(i) for i in tok.encode(" hello", add_special_tokens=False)]
+    assert "".join(pieces) == "▁▁hello"
+    after_bos = tok.encode("<s>hello", add_special_tokens=False)
+    assert after_bos[0] == tok.bos_token_id
+    assert "".join(tok.id_to_token(i) for i in after_bos[1:]) == "▁hello"
+    assert tok.decode(tok.encode(" hello", add_special_tokens=False)) == " hello"

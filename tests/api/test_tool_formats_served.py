@@ -1,0 +1,77 @@
+"""The server and the tool-call format its model's template teaches: refusals, and answers read with their markers."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import openai
+import pytest
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as Backend
+
+from baselm.api.openai_chat import _params, parse_chat
+from baselm.api.tool_parsers import HARMONY, MISTRAL, needs_special_tokens
+from baselm.api.tools import HERMES
+from baselm.tokenizer.tokenizer import Tokenizer
+from tests.api.conftest import MODEL
+from tests.paths import BPE_TOKENIZER
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture
+def served_format(server):
+    """Sets the shared server's tool-call format for one test, as if its model's template taught it."""
+    state = server.server.config.app.state.base
+    before = state.tool_format
+
+    def set_format(fmt: str) -> None:
+        state.tool_format = fmt
+
+    yield set_format
+    state.tool_format = before
+
+
+def _chat(server, **kwargs):
+    return server.openai().chat.completions.create(model=MODEL, messages=ASK, max_tokens=2, **kwargs)
+
+
+def test_tools_for_a_format_base_cannot_read_are_a_clear_400(server, served_format):
+    served_format("solar_open")
+    with pytest.raises(openai.BadRequestError, match="solar_open format .* does not parse yet") as caught:
+        _chat(server, tools=[WEATHER])
+    assert caught.value.body["param"] == "tools"
+    assert _chat(server, tools=[WEATHER], tool_choice="none").choices[0].finish_reason == "length"
+    assert _chat(server).choices[0].finish_reason == "length"  # no tools: nothing to parse
+
+
+def test_forcing_a_call_in_a_format_without_a_grammar_is_a_clear_400(server, served_format):
+    served_format(MISTRAL)
+    with pytest.raises(openai.BadRequestError, match="not supported yet for the mistral tool-call format"):
+        _chat(server, tools=[WEATHER], tool_choice="required")
+    assert _chat(server, tools=[WEATHER]).choices[0].finish_reason == "length"
+
+
+def tokenizer_with_special(*tokens: str) -> Tokenizer:
+    """The fixture BPE tokenizer with `tokens` added as special tokens."""
+    backend = Backend.from_file(str(BPE_TOKENIZER / "tokenizer.json"))
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    config = json.loads((BPE_TOKENIZER / "tokenizer_config.json").read_text(encoding="utf-8"))
+    return Tokenizer.from_hf_files(backend.to_str(), config)
+
+
+def test_answers_are_decoded_with_special_tokens_where_call_markers_are_special():
+    tok = tokenizer_with_special("[TOOL_CALLS]", "[ARGS]")
+    assert needs_special_tokens(MISTRAL, tok)
+    assert not needs_special_tokens(HERMES, tok)  # <tool_call> is plain text in this vocabulary
+    assert not needs_special_tokens(HARMONY, tok)
+    chat = parse_chat({"model": MODEL, "messages": ASK, "tools": [WEATHER]})
+    assert _params(SimpleNamespace(tool_format=MISTRAL, tokenizer=tok), chat).skip_special_tokens is False
+    assert _params(SimpleNamespace(tool_format=HERMES, tokenizer=tok), chat).skip_special_tokens is True
+    without_tools = parse_chat({"model": MODEL, "messages": ASK})
+    assert _params(SimpleNamespace(tool_format=MISTRAL, tokenizer=tok), without_tools).skip_special_tokens is True

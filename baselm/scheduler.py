@@ -11,6 +11,11 @@ Decode pipelining plans one step further: while a decoding batch runs, `schedule
 plans the step after it (one more token each, its KV block allocated) so the runner can
 launch that step on the sampled ids still on the device; the real `schedule` then decides
 whether that launch is the step to run (`is_ahead_plan`).
+
+Speculative tokens follow the same rule: a decoding request with proposed tokens
+(`request.draft_token_ids`, set before `schedule`) feeds its newest token and as many of
+them as the budget leaves, so one forward verifies them all; `update` keeps the K/V of the
+accepted ones and gives the rejected positions back by lowering `num_computed_tokens`.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class ScheduledRequest:
     block_ids: list[int]  # the request's block table (live list; valid until the next schedule)
     is_sampling: bool  # the last fed token is the request's newest: sample one token from it
     is_new: bool  # first step since admission: new, forked, or resumed after preemption
+    num_draft_tokens: int = 0  # speculative tokens at the end of token_ids, verified this step
 
     @property
     def request_id(self) -> str:
@@ -242,13 +248,17 @@ class Scheduler:
             request = scheduled.request
             if request.is_finished:  # aborted while the step ran
                 continue
-            request.num_computed_tokens += scheduled.num_scheduled_tokens
+            request.num_computed_tokens += scheduled.num_scheduled_tokens - scheduled.num_draft_tokens
+            new_token_ids = _sampled_for(scheduled, sampled_token_ids)
+            status = None
+            if new_token_ids:
+                new_token_ids, status = self._append_until_stop(request, new_token_ids)
+                if scheduled.num_draft_tokens:
+                    self._keep_accepted(request, scheduled, len(new_token_ids))
             # NOTE: num_computed_tokens <= num_tokens, and the request's blocks cover it.
             self.kv.cache_full_blocks(request)
-            new_token_ids = _sampled_for(scheduled, sampled_token_ids)
             if not new_token_ids:
                 continue
-            new_token_ids, status = self._append_until_stop(request, new_token_ids)
             if status is not None:
                 self._finish(request, status)
                 finished = True
@@ -256,6 +266,15 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
+
+    def _keep_accepted(self, request: Request, scheduled: ScheduledRequest, num_appended: int) -> None:
+        """After a verification step: the appended ids are the accepted drafts and one more, so the
+        fed drafts before the newest id hold valid K/V; the rest are rolled back and the blocks
+        that only they used go back to the pool."""
+        request.num_draft_tokens += scheduled.num_draft_tokens
+        request.num_accepted_tokens += num_appended - 1
+        request.num_computed_tokens = request.num_tokens - 1
+        self.kv.trim(request, request.num_tokens)
 
     def schedule_ahead(self, plan: SchedulerOutput) -> SchedulerOutput | None:
         """Plans the step after `plan` before `plan` has run, when it is predictable: every request
@@ -306,6 +325,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
+            num_drafts = self._num_drafts(request, num_new, budget)
+            if num_drafts and not self.kv.allocate_slots(request, num_new + num_drafts):
+                num_drafts = 0  # short of blocks: drop the drafts before preempting anybody
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -316,8 +338,8 @@ class Scheduler:
             is_new = bool(self._forked_ids) and request.request_id in self._forked_ids
             if is_new:
                 self._forked_ids.discard(request.request_id)
-            output.requests.append(self._scheduled(request, num_new, is_new))
-            budget -= num_new
+            output.requests.append(self._scheduled(request, num_new, is_new, num_drafts))
+            budget -= num_new + num_drafts
             i += 1
         return budget
 
@@ -352,16 +374,27 @@ class Scheduler:
             num_new = min(num_new, self.long_prefill_token_threshold)
         return num_new
 
-    def _scheduled(self, request: Request, num_new: int, is_new: bool) -> ScheduledRequest:
+    def _num_drafts(self, request: Request, num_new: int, budget: int) -> int:
+        """How many of the request's proposed tokens fit this step: only a request that samples
+        this step verifies drafts, and they share the budget (and the chunk cap) with everything."""
+        if not request.draft_token_ids or request.num_computed_tokens + num_new != request.num_tokens:
+            return 0
+        room = budget - num_new
+        if self.long_prefill_token_threshold:
+            room = min(room, self.long_prefill_token_threshold - num_new)
+        return max(0, min(len(request.draft_token_ids), room))
+
+    def _scheduled(self, request: Request, num_new: int, is_new: bool, num_drafts: int = 0) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
         return ScheduledRequest(
             request=request,
-            token_ids=request.all_token_ids[start:end],
+            token_ids=request.all_token_ids[start:end] + request.draft_token_ids[:num_drafts],
             num_computed_tokens=start,
             block_ids=self.kv.block_table(request),
             is_sampling=end == request.num_tokens,
             is_new=is_new,
+            num_draft_tokens=num_drafts,
         )
 
     def _preempt(self, request: Request) -> None:

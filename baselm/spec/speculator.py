@@ -154,6 +154,7 @@ class Speculator:
 
 
 def _calibrate(cost: StepCost, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:
+    measure_forward(model, cache, kv, 1, repeats=1)  # warm-up: first-call allocations
     for size in CALIBRATION_SIZES:
         if size > max_tokens:
             break

@@ -19,6 +19,7 @@ import typer
 from baselm.config import (
     ConfigError,
     EngineConfig,
+    SpeculativeConfig,
     format_size,
     parse_int_list,
     parse_optional_size,
@@ -40,6 +41,8 @@ app = typer.Typer(
 )
 
 DEVICE_HELP = "Where to run: auto (GPU when MLX has one), gpu or cpu."
+SPEC_HELP = "Speculative decoding: ngram (prompt lookup) or a draft model with the same tokenizer."
+SPEC_K_HELP = "Most speculative tokens a request verifies per step (with --speculative)."
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -214,6 +217,11 @@ def run(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
+    fixed_speculation: bool = typer.Option(
+        False, "--fixed-speculation", help="Always verify --num-speculative-tokens drafts (no adaptive rule)."
+    ),
 ) -> None:
     """Generate once from a prompt and print the answer with its speed."""
     from baselm.run import RunOptions, run_once
@@ -224,7 +232,8 @@ def run(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs
         )
         prompt = sys.stdin.read() if prompt == "-" else prompt
-        run_once(RunOptions(model, prompt, sampling, raw=raw, as_json=as_json, device=device))
+        spec = SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation)
+        run_once(RunOptions(model, prompt, sampling, raw=raw, as_json=as_json, device=device, speculative=spec))
     except _user_errors() as exc:
         _fail(str(exc))
 
@@ -244,6 +253,8 @@ def chat(
     serve: bool = typer.Option(False, "--serve", help="Also serve the HTTP API on the same engine."),
     port: int = typer.Option(8080, "--port", help="Port for --serve."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
+    speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
     from baselm.chat.settings import ChatOptions, ChatSettings
@@ -252,7 +263,10 @@ def chat(
         options = ChatOptions(
             model,
             ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed),
-            EngineConfig(kv_memory=parse_optional_size(kv_memory)),
+            EngineConfig(
+                kv_memory=parse_optional_size(kv_memory),
+                speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
+            ),
             system=system,
             device=device,
         )
@@ -334,8 +348,18 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
+    fixed_speculation: bool = typer.Option(
+        False, "--fixed-speculation", help="Always verify --num-speculative-tokens drafts (no adaptive rule)."
+    ),
+    workload: str = typer.Option(
+        "grounded,free", "--workload", help="With --speculative: grounded (answers copy the prompt), free, random."
+    ),
 ) -> None:
-    """Measure prefill and decode speed, latency and memory of the engine on a model."""
+    """Measure prefill and decode speed, latency and memory of the engine on a model.
+
+    With --speculative, also each workload with and without speculative decoding, side by side."""
     from baselm.backend import select_backend
     from baselm.bench import BenchOptions, render, run_all
     from baselm.loader import load_model
@@ -356,6 +380,8 @@ def bench(
             pool_sizes=parse_size_list(pool_sizes),
             compare_mlx_lm=compare_mlx_lm,
             seed=seed,
+            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
+            workloads=tuple(w.strip() for w in workload.split(",") if w.strip()),
         )
         report = run_all(load_model(model, select_backend(device)), config, options)
     except _user_errors() as exc:
@@ -387,6 +413,8 @@ def serve(
         30.0, "--shutdown-timeout", help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."
     ),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions, exit_process, run_server
@@ -402,6 +430,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=not no_prefix_caching,
             max_waiting=max_waiting,
+            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
         )
         options = ServeOptions(
             host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout=shutdown_timeout

@@ -261,7 +261,12 @@ class LLMEngine:
         return [results[rid] for rid in ids]
 
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats()
+        stats = self.scheduler.stats()
+        spec = self.spec_stats()
+        stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens = spec.num_draft_tokens, spec.num_accepted_tokens
+        stats.spec_acceptance_rate = spec.acceptance_rate
+        stats.spec_accepted_tokens_per_step = spec.accepted_tokens_per_step
+        return stats
 
     def spec_stats(self) -> SpecStats:
         """Speculative decoding's counters (all zero when it is off)."""

@@ -117,6 +117,11 @@ class SchedulerStats:
     prefix_cache_queries: int  # tokens looked up at admission
     prefix_cache_hits: int  # tokens found
     num_preemptions: int  # since start
+    # Speculative decoding since start (the engine fills these in; zero when it is off).
+    spec_num_draft_tokens: int = 0  # drafts verified
+    spec_num_accepted_tokens: int = 0  # of which accepted
+    spec_acceptance_rate: float = 0.0
+    spec_accepted_tokens_per_step: float = 0.0  # tokens a verifying request emits per step
 
     @property
     def prefix_cache_hit_rate(self) -> float:

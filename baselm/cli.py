@@ -43,6 +43,8 @@ app = typer.Typer(
 DEVICE_HELP = "Where to run: auto (GPU when MLX has one), gpu or cpu."
 SPEC_HELP = "Speculative decoding: ngram (prompt lookup) or a draft model with the same tokenizer."
 SPEC_K_HELP = "Most speculative tokens a request verifies per step (with --speculative)."
+SPEC_FIXED_HELP = "Always verify --num-speculative-tokens drafts (no adaptive rule)."
+WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -219,9 +221,7 @@ def run(
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
-    fixed_speculation: bool = typer.Option(
-        False, "--fixed-speculation", help="Always verify --num-speculative-tokens drafts (no adaptive rule)."
-    ),
+    fixed_speculation: bool = typer.Option(False, "--fixed-speculation", help=SPEC_FIXED_HELP),
 ) -> None:
     """Generate once from a prompt and print the answer with its speed."""
     from baselm.run import RunOptions, run_once
@@ -350,12 +350,8 @@ def bench(
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
-    fixed_speculation: bool = typer.Option(
-        False, "--fixed-speculation", help="Always verify --num-speculative-tokens drafts (no adaptive rule)."
-    ),
-    workload: str = typer.Option(
-        "grounded,free", "--workload", help="With --speculative: grounded (answers copy the prompt), free, random."
-    ),
+    fixed_speculation: bool = typer.Option(False, "--fixed-speculation", help=SPEC_FIXED_HELP),
+    workload: str = typer.Option("grounded,free", "--workload", help=WORKLOAD_HELP),
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model.
 

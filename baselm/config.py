@@ -57,8 +57,8 @@ class SpeculativeConfig:
     method: str = "ngram"  # "ngram" (prompt lookup) or "draft" (a smaller model)
     draft_model: str | None = None  # for "draft": a model reference, as `base run` takes
     num_speculative_tokens: int = 4  # most drafts one request verifies in a step
-    ngram_min: int = 1  # shortest suffix the n-gram proposer matches
-    ngram_max: int = 4  # longest suffix it tries first
+    ngram_min: int = 2  # shortest suffix the n-gram proposer matches (1 matches almost anything)
+    ngram_max: int = 5  # longest suffix it tries first
     adaptive: bool = True  # size each request's drafts by its measured acceptance and the step cost; False: always k
 
     def __post_init__(self) -> None:

@@ -2,10 +2,10 @@
 
 Two measurements drive it:
 - `StepCost`: the seconds a step takes by the number of tokens it feeds, measured on this
-  machine at start (`calibrate`) and kept up to date from real steps. On a GPU, or on a CPU
-  whose matmuls stream each weight once for a few rows, extra query rows are nearly free;
-  where they are not, or once a batch is large enough that the step is compute-bound, they
-  cost their share.
+  machine at start (`calibrate`) and kept up to date from real steps, as a line a + b * T:
+  a is what any step costs (reading the weights once), b what each token adds. Where extra
+  query rows are nearly free (a GPU, or CPU matmuls that stream each weight once for a few
+  rows) b is small next to a; where they are not it is not.
 - `Acceptance`: each request's rate of accepted drafts, a decaying average that drifts back to
   a prior, so a request that stopped speculating tries again later.
 
@@ -19,25 +19,30 @@ follows from the measured t(T). A draft model adds its own forwards to the cost 
 
 from __future__ import annotations
 
-import bisect
 import heapq
+import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 
 PRIOR_ACCEPTANCE = 0.6  # what a request is assumed to accept before it has verified anything
 PRIOR_WEIGHT = 2.0  # in verified drafts
-DECAY = 0.9  # per step: old evidence fades, so the prior returns for requests that stopped
+DECAY = 0.8  # per verification: recent drafts count most
+IDLE_DECAY = 0.97  # per step without drafts: evidence fades slowly, so a request that stopped tries again later
 
 
 class StepCost:
-    """Seconds per step by tokens fed: the fastest of the recent measurements at each size (the
-    machine may be shared; the minimum is the step's own cost), interpolated between sizes."""
+    """Seconds per step by tokens fed, as a line t(T) = a + b * T through the measurements.
+
+    Each size keeps the fastest of its recent measurements (the machine may be shared: the
+    minimum is the step's own cost), and the line is the Theil-Sen fit through those minima
+    (median of the pairwise slopes), so one slow or lucky size does not bend it. b is what one
+    more token costs; on hardware where a few extra rows are free it comes out small.
+    """
 
     def __init__(self, window: int = 16) -> None:
         self.window = window
         self._samples: dict[int, deque[float]] = {}
-        self._sizes: list[int] = []
-        self._curve: list[float] | None = None  # non-decreasing seconds at _sizes, rebuilt lazily
+        self._line: tuple[float, float] | None = None  # (a, b), rebuilt lazily
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         if num_tokens < 1 or seconds <= 0:
@@ -45,42 +50,33 @@ class StepCost:
         samples = self._samples.get(num_tokens)
         if samples is None:
             samples = self._samples[num_tokens] = deque(maxlen=self.window)
-            bisect.insort(self._sizes, num_tokens)
         samples.append(seconds)
-        self._curve = None
+        self._line = None
 
     @property
     def is_known(self) -> bool:
-        return bool(self._sizes)
+        return bool(self._samples)
 
     def seconds(self, num_tokens: int) -> float:
         """Estimated seconds of a step of `num_tokens` tokens (0 when nothing is measured yet)."""
-        if not self._sizes:
+        if not self._samples:
             return 0.0
-        curve = self._build()
-        sizes = self._sizes
-        i = bisect.bisect_left(sizes, num_tokens)
-        if i < len(sizes) and sizes[i] == num_tokens:
-            return curve[i]
-        if i == 0:
-            return curve[0]
-        if i == len(sizes):  # beyond the largest measured size: grow in proportion to the tokens
-            return curve[-1] * num_tokens / sizes[-1]
-        lo, hi = sizes[i - 1], sizes[i]
-        return curve[i - 1] + (curve[i] - curve[i - 1]) * (num_tokens - lo) / (hi - lo)
+        intercept, slope = self.line()
+        return intercept + slope * num_tokens
+
+    def line(self) -> tuple[float, float]:
+        """(a, b) of t(T) = a + b * T; with one size measured, b = 0."""
+        if self._line is None:
+            points = sorted((size, min(samples)) for size, samples in self._samples.items())
+            slopes = [(tj - ti) / (sj - si) for i, (si, ti) in enumerate(points) for sj, tj in points[i + 1 :]]
+            slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
+            intercept = statistics.median(t - slope * size for size, t in points)
+            self._line = (max(intercept, 1e-9), slope)
+        return self._line
 
     def table(self) -> dict[int, float]:
-        """Measured seconds by size (non-decreasing), for reports."""
-        return dict(zip(self._sizes, self._build()))
-
-    def _build(self) -> list[float]:
-        if self._curve is None:
-            curve, best = [], 0.0
-            for size in self._sizes:
-                best = max(best, min(self._samples[size]))
-                curve.append(best)
-            self._curve = curve
-        return self._curve
+        """The fastest measurement at each size, for reports."""
+        return {size: min(samples) for size, samples in sorted(self._samples.items())}
 
 
 class Acceptance:
@@ -101,8 +97,9 @@ class Acceptance:
 
         Drafts after the first rejection were never tested, so they do not count as verified.
         """
-        self.accepted = self.accepted * DECAY + num_accepted
-        self.verified = self.verified * DECAY + min(num_drafts, num_accepted + 1)
+        decay = DECAY if num_drafts else IDLE_DECAY
+        self.accepted = self.accepted * decay + num_accepted
+        self.verified = self.verified * decay + min(num_drafts, num_accepted + 1)
 
 
 def expected_tokens(rate: float, num_drafts: int) -> float:

@@ -74,7 +74,9 @@ class SpeculativeConfig:
             )
 
     @classmethod
-    def parse(cls, speculative: str | None, num_speculative_tokens: int = 4, adaptive: bool = True):
+    def parse(
+        cls, speculative: str | None, num_speculative_tokens: int = 4, adaptive: bool = True
+    ) -> SpeculativeConfig | None:
         """From the CLI: None (off), "ngram", or a draft model reference."""
         if not speculative:
             return None
@@ -82,7 +84,7 @@ class SpeculativeConfig:
             return cls("ngram", num_speculative_tokens=num_speculative_tokens, adaptive=adaptive)
         return cls("draft", speculative, num_speculative_tokens=num_speculative_tokens, adaptive=adaptive)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
 
 

@@ -134,6 +134,8 @@ def compare(loaded: LoadedModel, config: EngineConfig, spec: SpeculativeConfig, 
     if fast.speculator is not None:
         cost = fast.speculator.cost
         report["step_ms_by_tokens"] = {str(k): round(v * 1000, 2) for k, v in cost.table().items()}
+        intercept, slope = cost.line()
+        report["step_line_ms"] = {"a": round(intercept * 1000, 2), "b_per_token": round(slope * 1000, 3)}
         report["auto_off_at_batch"] = {str(a): auto_off_batch(fast, a) for a in (0.5, 0.7, 0.9)}
         report["totals"] = fast.spec_stats().to_json()
     return report

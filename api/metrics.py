@@ -95,6 +95,12 @@ class Metrics:
             ("base_kv_blocks_total", "KV cache blocks in the pool.", total_blocks),
             ("base_kv_cache_usage", "Fraction of KV cache blocks in use.", stats.kv_usage),
             ("base_prefix_cache_hit_rate", "Prefix-cache hits over queries, in tokens.", stats.prefix_cache_hit_rate),
+            ("base_spec_acceptance_rate", "Speculative tokens accepted over verified.", stats.spec_acceptance_rate),
+            (
+                "base_spec_accepted_tokens_per_step",
+                "Tokens a request that verifies speculative tokens emits per step.",
+                stats.spec_accepted_tokens_per_step,
+            ),
         ]
         for name, help_text, value in gauges:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{label}}} {value}"]
@@ -102,6 +108,8 @@ class Metrics:
             ("base_prefix_cache_queries_total", stats.prefix_cache_queries),
             ("base_prefix_cache_hits_total", stats.prefix_cache_hits),
             ("base_num_preemptions_total", stats.num_preemptions),
+            ("base_spec_draft_tokens_total", stats.spec_num_draft_tokens),
+            ("base_spec_accepted_tokens_total", stats.spec_num_accepted_tokens),
         ]
         for name, value in counters:
             lines += [f"# TYPE {name} counter", f"{name}{{{label}}} {value}"]

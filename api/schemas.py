@@ -151,6 +151,7 @@ def read_common(body: Body, default_max_tokens: int | None) -> Common:
     sampling["repetition_penalty"] = body.number("repetition_penalty", default=1.0)
     sampling["min_tokens"] = body.integer("min_tokens", default=0)
     sampling["ignore_eos"] = body.boolean("ignore_eos")
+    sampling["speculative"] = body.boolean("speculative", default=True)  # extension: false opts out
     max_field = "max_tokens"
     max_tokens = body.integer("max_tokens")
     if body.has("max_completion_tokens"):

@@ -10,6 +10,7 @@ Scenarios (each run in the same process, so ratios compare like with like):
 - interleave: a long prompt arriving while streams decode: their worst gap vs median gap.
 - pool: decode step time with a small and a large KV pool (in-place updates keep it flat).
 - mlx_lm: mlx-lm's own generation loop on the same weights, for single-stream decode.
+- speculative: each workload with and without speculative decoding (bench_spec.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from baselm.config import ConfigError, EngineConfig, format_size
+from baselm import bench_spec
+from baselm.config import ConfigError, EngineConfig, SpeculativeConfig, format_size
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 from baselm.metal import kernel_status
@@ -53,6 +55,9 @@ class BenchOptions:
     pool_sizes: tuple[int, ...] = ()  # pool: KV pool sizes in bytes
     compare_mlx_lm: bool = False  # mlx_lm: mlx-lm's decode loop on the same weights
     seed: int = 0  # for the random prompts
+    speculative: SpeculativeConfig | None = None  # speculative: compare with and without it
+    workloads: tuple[str, ...] = ("grounded", "free")  # speculative: which workloads
+    spec_repeats: int = 2  # speculative: alternating runs of each, best kept
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1:
@@ -67,6 +72,9 @@ class BenchOptions:
                 raise ConfigError(f"{name} must be 0 (off) or positive, got {getattr(self, name)}")
         if any(size < 1 for size in self.pool_sizes):
             raise ConfigError("pool sizes must be positive")
+        unknown = [w for w in self.workloads if w not in bench_spec.WORKLOADS]
+        if unknown or not self.workloads:
+            raise ConfigError(f"workloads must be among {', '.join(bench_spec.WORKLOADS)}, got {list(self.workloads)}")
 
 
 def peak_rss_mb() -> float:
@@ -254,7 +262,7 @@ def run_all(loaded: LoadedModel, config: EngineConfig, options: BenchOptions) ->
         "attention": kernel_status(),
         "kv_pool_bytes": engine.cache.nbytes,
         "kv_blocks": engine.kv_manager.num_blocks,
-        "config": {k: getattr(config, k) for k in config.__slots__},
+        "config": {k: getattr(config, k) for k in config.__slots__ if k != "speculative"},
         "throughput": [],
     }
     throughput(engine, 1, 16, 4, options.seed)  # warm-up: first-call allocations and compilation
@@ -274,6 +282,8 @@ def run_all(loaded: LoadedModel, config: EngineConfig, options: BenchOptions) ->
     del engine
     if options.pool_sizes:
         report["pool"] = pool_sizes(loaded, config, options.pool_sizes, options.gen_tokens, options.seed)
+    if options.speculative is not None:
+        report["speculative"] = bench_spec.compare(loaded, config, options.speculative, options)
     if options.compare_mlx_lm:
         report["mlx_lm"] = mlx_lm_decode(loaded, config, options.prompt_tokens, options.gen_tokens, options.seed)
     report["peak_rss_mb"] = round(peak_rss_mb(), 1)
@@ -311,6 +321,11 @@ def render(report: dict[str, Any]) -> None:
             f"{s['overhead_pct']:.1f}%",
         )
     console.print(table)
+    if "speculative" in report:
+        spec = Table("workload", "conc", "tok/s/stream off/on", "x", "tok/s total off/on", "x", "accepted", "same")
+        for row in bench_spec.render_rows(report["speculative"]):
+            spec.add_row(*row)
+        console.print(spec)
     for key in ("prefix_cache", "prefix_wave", "interleave", "pool", "mlx_lm"):
         if key in report:
             values = ", ".join(f"{k}={v}" for k, v in report[key].items())

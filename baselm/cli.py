@@ -20,6 +20,7 @@ from baselm.cli_errors import fail as _fail
 from baselm.cli_errors import user_errors as _user_errors
 from baselm.config import (
     EngineConfig,
+    SpeculativeConfig,
     format_size,
     parse_int_list,
     parse_optional_size,
@@ -41,6 +42,10 @@ app = typer.Typer(
 )
 
 DEVICE_HELP = "Where to run: auto (GPU when MLX has one), gpu or cpu."
+SPEC_HELP = "Speculative decoding: ngram (prompt lookup) or a draft model with the same tokenizer."
+SPEC_K_HELP = "Most speculative tokens a request verifies per step (with --speculative)."
+SPEC_FIXED_HELP = "Always verify --num-speculative-tokens drafts (no adaptive rule)."
+WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
 
 
 MODEL_HELP = "Model: a store name (org/name[:variant] or an alias), a .base or .gguf file, or an HF folder."
@@ -108,6 +113,9 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
+    speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
+    fixed_speculation: bool = typer.Option(False, "--fixed-speculation", help=SPEC_FIXED_HELP),
 ) -> None:
     """Generate once from a prompt and print the answer with its speed."""
     from baselm.run import RunOptions, run_once
@@ -118,9 +126,17 @@ def run(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs
         )
         prompt = sys.stdin.read() if prompt == "-" else prompt
+        spec = SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation)
         run_once(
             RunOptions(
-                model, prompt, sampling, raw=raw, as_json=as_json, device=device, require_signature=require_signature
+                model,
+                prompt,
+                sampling,
+                raw=raw,
+                as_json=as_json,
+                device=device,
+                require_signature=require_signature,
+                speculative=spec,
             )
         )
     except _user_errors() as exc:
@@ -150,6 +166,8 @@ def chat(
     prefix_cache_max_size: str | None = typer.Option(
         None, "--prefix-cache-max-size", help="Most K/V the prefix cache file holds, e.g. 1GiB (default: the pool)."
     ),
+    speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
     from baselm.chat.settings import ChatOptions, ChatSettings, chat_prefix_cache_file
@@ -162,6 +180,7 @@ def chat(
                 kv_memory=parse_optional_size(kv_memory),
                 prefix_cache_file=chat_prefix_cache_file(prefix_cache_file, model),
                 prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
+                speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
             ),
             system=system,
             device=device,
@@ -248,8 +267,14 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
+    fixed_speculation: bool = typer.Option(False, "--fixed-speculation", help=SPEC_FIXED_HELP),
+    workload: str = typer.Option("grounded,free", "--workload", help=WORKLOAD_HELP),
 ) -> None:
-    """Measure prefill and decode speed, latency and memory of the engine on a model."""
+    """Measure prefill and decode speed, latency and memory of the engine on a model.
+
+    With --speculative, also each workload with and without speculative decoding, side by side."""
     from baselm.backend import select_backend
     from baselm.bench import BenchOptions, render, run_all
     from baselm.loader import load_model
@@ -270,6 +295,8 @@ def bench(
             pool_sizes=parse_size_list(pool_sizes),
             compare_mlx_lm=compare_mlx_lm,
             seed=seed,
+            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
+            workloads=tuple(w.strip() for w in workload.split(",") if w.strip()),
         )
         report = run_all(load_model(model, select_backend(device)), config, options)
     except _user_errors() as exc:
@@ -311,6 +338,8 @@ def serve(
     ),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
+    speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions, exit_process, run_server
@@ -329,6 +358,7 @@ def serve(
             prefix_cache_file=prefix_cache_file,
             prefix_cache_save_interval=prefix_cache_save_interval,
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
+            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
         )
         options = ServeOptions(
             host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout=shutdown_timeout

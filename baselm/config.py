@@ -51,6 +51,44 @@ def parse_int_list(text: str) -> tuple[int, ...]:
 
 
 @dataclass(slots=True)
+class SpeculativeConfig:
+    """Speculative decoding: who proposes tokens and how many one request may verify per step."""
+
+    method: str = "ngram"  # "ngram" (prompt lookup) or "draft" (a smaller model)
+    draft_model: str | None = None  # for "draft": a model reference, as `base run` takes
+    num_speculative_tokens: int = 4  # most drafts one request verifies in a step
+    ngram_min: int = 2  # shortest suffix the n-gram proposer matches (1 matches almost anything)
+    ngram_max: int = 5  # longest suffix it tries first
+    adaptive: bool = True  # size each request's drafts by its measured acceptance and the step cost; False: always k
+
+    def __post_init__(self) -> None:
+        if self.method not in ("ngram", "draft"):
+            raise ConfigError(f"speculative method must be 'ngram' or 'draft', got {self.method!r}")
+        if self.method == "draft" and not self.draft_model:
+            raise ConfigError("speculative decoding with a draft model needs the draft model's name or path")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ConfigError(f"num_speculative_tokens must lie in [1, 16], got {self.num_speculative_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ConfigError(
+                f"n-gram sizes need 1 <= ngram_min <= ngram_max, got min {self.ngram_min} and max {self.ngram_max}"
+            )
+
+    @classmethod
+    def parse(
+        cls, speculative: str | None, num_speculative_tokens: int = 4, adaptive: bool = True
+    ) -> SpeculativeConfig | None:
+        """From the CLI: None (off), "ngram", or a draft model reference."""
+        if not speculative:
+            return None
+        if speculative == "ngram":
+            return cls("ngram", num_speculative_tokens=num_speculative_tokens, adaptive=adaptive)
+        return cls("draft", speculative, num_speculative_tokens=num_speculative_tokens, adaptive=adaptive)
+
+    def to_json(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
 class EngineConfig:
     """How the engine runs a model. Defaults suit a laptop; the CLI exposes each as an option."""
 
@@ -68,6 +106,7 @@ class EngineConfig:
     prefix_cache_file: str | None = None  # full cached blocks saved here and loaded at start-up
     prefix_cache_save_interval: float = 300.0  # seconds between saves of a changed cache (and at shutdown)
     prefix_cache_max_size: int | None = None  # bytes of K/V the file may hold; None: the KV pool's size
+    speculative: SpeculativeConfig | None = None  # None: no speculative decoding
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):

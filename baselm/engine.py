@@ -3,7 +3,8 @@
 The synchronous engine owns the model, the KV pools, the scheduler, the runner and each
 request's copies with their output state (copies.py). `add_request` queues a request,
 `step` runs one batch and reports what changed, `abort` stops a request. `AsyncEngine`
-(async_engine.py) runs it on a thread of its own for the server and the REPL.
+(async_engine.py) runs it on a thread of its own for the server and the REPL. With
+`config.speculative`, a `Speculator` (baselm/spec/) proposes tokens before each step.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from baselm.copies import Copies, copy_requests
 from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
 from baselm.kv.persist import PersistentPrefixCache, fingerprint, weights_fingerprint
-from baselm.loader import LoadedModel
+from baselm.loader import LoadedModel, load_model
 from baselm.request import InvalidRequestError, RequestOutput
 from baselm.runner import Launched, ModelRunner, StepStats
 from baselm.sampler import Sampler
 from baselm.sampling import SamplingParams
 from baselm.scheduler import Scheduler, SchedulerOutput, SchedulerStats
+from baselm.spec.draft import DraftModelProposer, check_same_vocabulary
+from baselm.spec.speculator import SpecStats, Speculator
 
 _DEFAULT_KV_CAP = 2 * 2**30  # bytes; a laptop-friendly ceiling when --kv-memory is not given
 
@@ -59,7 +62,9 @@ def kv_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_token: int
 class LLMEngine:
     """Synchronous engine: `add_request`, then `step` until done; `generate` does both."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, draft: LoadedModel | None = None):
+        """`draft`: the draft model for `config.speculative` with method "draft", when already
+        loaded; otherwise the engine loads `config.speculative.draft_model`."""
         self.config = config = config or EngineConfig()
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
@@ -86,6 +91,22 @@ class LLMEngine:
         # MLX's CPU backend dispatches while evaluating, so launching ahead overlaps nothing
         # there (measured: mx.async_eval returns after ~85% of a decode step); GPUs run async.
         self._pipeline = config.pipeline_decode if config.pipeline_decode is not None else loaded.backend.is_gpu
+        self.speculator = self._make_speculator(draft) if config.speculative is not None else None
+        if self.speculator is not None:
+            self._pipeline = False  # a step's drafts depend on the tokens the step before it emitted
+
+    def _make_speculator(self, draft: LoadedModel | None) -> Speculator:
+        spec = self.config.speculative
+        proposer = None
+        if spec.method == "draft":
+            draft = draft or load_model(spec.draft_model, self.loaded.backend)
+            check_same_vocabulary(draft, self.loaded)
+            proposer = DraftModelProposer(draft, self.cache.num_blocks, self.config.block_size, self.config.seed)
+        speculator = Speculator(spec, proposer, self.config.max_num_batched_tokens)
+        if spec.adaptive:
+            most = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * (spec.num_speculative_tokens + 1))
+            speculator.calibrate(self.loaded.model, self.cache, self.kv_manager, most)
+        return speculator
 
     def _make_cache(self, loaded: LoadedModel, config: EngineConfig) -> PagedKVCache:
         model = loaded.model
@@ -159,6 +180,8 @@ class LLMEngine:
             schedule_s = self._next_schedule_s
         else:
             t0 = time.perf_counter()
+            if self.speculator is not None:
+                self.speculator.propose(self.scheduler)
             plan = self.scheduler.schedule()
             schedule_s = time.perf_counter() - t0
             outputs += self.copies.collect_aborted(plan.finished_request_ids)
@@ -173,6 +196,9 @@ class LLMEngine:
         updates = self.scheduler.update(plan, result.sampled_token_ids)
         outputs += [self.copies.complete(out) for out in updates]
         self.copies.start_forks(self.scheduler)
+        if self.speculator is not None:
+            step = self.runner.last_step
+            self.speculator.observe(plan, result, step.forward + step.sample, self.scheduler)
         update_s = time.perf_counter() - t0
         if ahead is not None:
             outputs += self._schedule_after_ahead(*ahead)
@@ -254,4 +280,13 @@ class LLMEngine:
         return [results[rid] for rid in ids]
 
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats()
+        stats = self.scheduler.stats()
+        spec = self.spec_stats()
+        stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens = spec.num_draft_tokens, spec.num_accepted_tokens
+        stats.spec_acceptance_rate = spec.acceptance_rate
+        stats.spec_accepted_tokens_per_step = spec.accepted_tokens_per_step
+        return stats
+
+    def spec_stats(self) -> SpecStats:
+        """Speculative decoding's counters (all zero when it is off)."""
+        return self.speculator.stats if self.speculator is not None else SpecStats()

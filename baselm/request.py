@@ -57,7 +57,8 @@ class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "output_token_ids", "_all_token_ids", "sampling_params",
         "max_tokens", "arrival_time", "cache_salt", "status", "num_computed_tokens",
-        "num_cached_tokens", "num_preemptions", "block_hashes",
+        "num_cached_tokens", "num_preemptions", "block_hashes", "draft_token_ids", "draft_probs",
+        "num_draft_tokens", "num_accepted_tokens",
     )  # fmt: skip
 
     def __init__(
@@ -90,6 +91,12 @@ class Request:
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache when first scheduled
         self.num_preemptions = 0
         self.block_hashes: list[int] = []  # hashes of the full blocks of all_token_ids, filled lazily
+        # Speculative decoding: the tokens proposed to follow all_token_ids for the next step,
+        # with the proposer's distributions (k, vocab) when it has them (None: point masses).
+        self.draft_token_ids: list[int] = []
+        self.draft_probs: Any = None
+        self.num_draft_tokens = 0  # drafts verified so far
+        self.num_accepted_tokens = 0  # of which accepted
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -150,6 +157,8 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # generated so far
     num_cached_tokens: int = 0  # prompt tokens that were prefix-cache hits
+    num_draft_tokens: int = 0  # speculative tokens verified so far
+    num_accepted_tokens: int = 0  # of which accepted
 
     @classmethod
     def of(cls, request: Request, token_ids: list[int]) -> RequestOutput:
@@ -162,6 +171,8 @@ class RequestOutput:
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
+            num_draft_tokens=request.num_draft_tokens,
+            num_accepted_tokens=request.num_accepted_tokens,
         )
 
     def merge(self, later: RequestOutput) -> None:
@@ -172,3 +183,4 @@ class RequestOutput:
         self.finished, self.finish_reason, self.stop_reason = later.finished, later.finish_reason, later.stop_reason
         self.num_prompt_tokens, self.num_output_tokens = later.num_prompt_tokens, later.num_output_tokens
         self.num_cached_tokens = max(self.num_cached_tokens, later.num_cached_tokens)
+        self.num_draft_tokens, self.num_accepted_tokens = later.num_draft_tokens, later.num_accepted_tokens

@@ -11,10 +11,11 @@ from typing import Any
 from baselm.backend import select_backend
 from baselm.chat.answer import Answer
 from baselm.chat.stats import TurnStats
-from baselm.config import EngineConfig
+from baselm.config import EngineConfig, SpeculativeConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel, load_model
 from baselm.sampling import SamplingParams, TokenLogprobs
+from baselm.spec.speculator import SpecStats
 from baselm.tokenizer.tokenizer import Tokenizer
 
 
@@ -30,17 +31,18 @@ class RunOptions:
     as_json: bool = False  # one JSON object at the end instead of streamed text
     device: str = "auto"
     require_signature: bool = False  # refuse a model without a good signature by a trusted key
+    speculative: SpeculativeConfig | None = None
 
 
 def run_once(options: RunOptions) -> None:
     """Loads the model, generates one answer to the prompt and prints it with its speed."""
     start = time.perf_counter()
     loaded = load_model(options.model, select_backend(options.device), require_signature=options.require_signature)
-    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=1))
+    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=1, speculative=options.speculative))
     ids = prompt_ids(loaded.tokenizer, options.prompt, options.raw)
     load_s = time.perf_counter() - start
     answer = _generate(engine, ids, options.sampling, echo=not options.as_json)
-    timings = _timings_json(load_s, answer.stats)
+    timings = _timings_json(load_s, answer.stats, engine.spec_stats() if engine.speculator is not None else None)
     if options.as_json:
         with_logprobs = options.sampling.logprobs is not None
         print(json.dumps(_result_json(loaded, ids, answer, timings, with_logprobs), ensure_ascii=False))
@@ -93,15 +95,22 @@ def _result_json(
     }
 
 
-def _timings_json(load_s: float, stats: TurnStats) -> dict[str, float]:
-    """The `timings` object of `base run --json`, from the turn's numbers."""
-    return {
+def _timings_json(load_s: float, stats: TurnStats, spec: SpecStats | None = None) -> dict[str, float]:
+    """The `timings` object of `base run --json`, from the turn's numbers; with speculative
+    decoding also its acceptance and the tokens each verifying step emitted."""
+    timings = {
         "load_s": round(load_s, 3),
         "ttft_s": round(stats.ttft_s, 4),
         "total_s": round(stats.total_s, 4),
         "prefill_tokens_per_s": round(stats.prefill_tokens_per_s, 1),
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 1),
     }
+    if spec is not None:
+        timings["spec_draft_tokens"] = stats.num_draft_tokens
+        timings["spec_accepted_tokens"] = stats.num_accepted_tokens
+        timings["spec_acceptance_rate"] = round(stats.acceptance_rate, 4)
+        timings["spec_accepted_tokens_per_step"] = round(spec.accepted_tokens_per_step, 3)
+    return timings
 
 
 def _logprobs_json(tokenizer: Tokenizer, entries: list[TokenLogprobs]) -> list[dict[str, Any]]:

@@ -11,7 +11,8 @@ from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models.base import DecoderModel
 from baselm.sampler import Sampler, SamplerOutput, SamplingRow, SamplingSequence
 from baselm.sampling import TokenLogprobs
-from baselm.scheduler import SchedulerOutput
+from baselm.scheduler import ScheduledRequest, SchedulerOutput
+from baselm.spec.accept import emitted_tokens
 
 
 @dataclass(slots=True)
@@ -34,6 +35,7 @@ class Launched:
     """A step whose graph is built and running: whom it samples for, and the lazy samples."""
 
     request_ids: list[str]
+    drafts: list[list[int]]  # per sampling request: the draft ids it verifies (its rows are len + 1)
     sampled: SamplerOutput | None
     prepare_s: float  # seconds spent on the step's host arrays (ids, attention metadata)
     launch_s: float  # seconds spent building the graph and starting it (on CPU, most of the compute)
@@ -45,13 +47,15 @@ class RunnerOutput:
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    num_accepted: dict[str, int] = field(default_factory=dict)  # drafts accepted, for requests that verified some
 
 
 class ModelRunner:
     """Runs the model over all scheduled tokens of a step at once, without padding.
 
     Every scheduled request contributes its fed tokens to one flattened batch; logits are
-    computed only at the last fed position of requests that sample this step.
+    computed only at the last fed position of requests that sample this step, and at each of
+    the k + 1 last positions of a request that verifies k speculative tokens.
     """
 
     def __init__(self, model: DecoderModel, cache: PagedKVCache, sampler: Sampler):
@@ -69,7 +73,7 @@ class ModelRunner:
         """
         t0 = time.perf_counter()
         ids, meta, sampling = self._prepare(output)
-        rows: list[SamplingSequence] = [s.request for s in sampling]
+        rows, draft_ids, draft_probs = _sampling_rows(sampling)
         if after is not None:
             ids = after.sampled.token_ids  # (num_seqs,) int32, on the device
             rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, [*r.output_token_ids, 0]) for r in rows]
@@ -77,23 +81,34 @@ class ModelRunner:
         logits = self.model(ids, meta.positions, meta, self.cache)
         sampled = None
         if sampling:
-            sampled = self.sampler(logits, rows)
+            sampled = self.sampler(logits, rows, draft_ids, draft_probs)
             mx.async_eval(
                 [
                     a
-                    for a in (sampled.token_ids, sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs)
+                    for a in (
+                        sampled.token_ids,
+                        sampled.logprobs,
+                        sampled.top_token_ids,
+                        sampled.top_logprobs,
+                        sampled.accepted,
+                        sampled.residual_ids,
+                    )
                     if a is not None
                 ]
             )
         else:
             mx.async_eval(logits)  # nobody samples, but the step's K/V writes must happen
-        return Launched([s.request_id for s in sampling], sampled, t1 - t0, time.perf_counter() - t1)
+        drafts = [s.token_ids[len(s.token_ids) - s.num_draft_tokens :] for s in sampling]
+        return Launched([s.request_id for s in sampling], drafts, sampled, t1 - t0, time.perf_counter() - t1)
 
     def collect(self, launched: Launched) -> RunnerOutput:
         """Waits for a launched step and returns its sampled ids and logprobs by request id."""
         t0 = time.perf_counter()
         result = RunnerOutput()
-        if launched.sampled is not None:
+        if launched.sampled is not None and launched.sampled.accepted is not None:
+            _collect_verified(launched, result)
+            t1 = time.perf_counter()
+        elif launched.sampled is not None:
             token_ids = launched.sampled.token_ids.tolist()
             t1 = time.perf_counter()
             for request_id, token_id, logprobs in zip(launched.request_ids, token_ids, launched.sampled.row_logprobs()):
@@ -116,9 +131,61 @@ class ModelRunner:
             query_lens.append(scheduled.num_scheduled_tokens)
             context_lens.append(scheduled.context_len)
             if scheduled.is_sampling:
-                logits_rows.append(len(input_ids) - 1)
+                last = len(input_ids) - 1
+                logits_rows.extend(range(last - scheduled.num_draft_tokens, last + 1))
                 sampling.append(scheduled)
         # A step where nobody samples (all mid-prefill) still needs one row to keep shapes valid.
         rows = logits_rows or [len(input_ids) - 1]
         meta = AttentionMetadata.build(block_tables, query_lens, context_lens, self.cache.block_size, rows)
         return mx.array(input_ids, dtype=mx.int32), meta, sampling
+
+
+def _sampling_rows(
+    sampling: list[ScheduledRequest],
+) -> tuple[list[SamplingSequence], list[int] | None, list | None]:
+    """The sampler's rows: one per sampling request, k + 1 for a request verifying k drafts (row j
+    sees the drafts before it as generated, for penalties and seeds), with each row's draft id
+    (-1: none) and the distribution it came from (None: a point mass); no draft lists when no
+    request verifies any."""
+    if not any(s.num_draft_tokens for s in sampling):
+        return [s.request for s in sampling], None, None
+    rows: list[SamplingSequence] = []
+    draft_ids: list[int] = []
+    draft_probs: list = []
+    for s in sampling:
+        request, k = s.request, s.num_draft_tokens
+        if not k:
+            rows.append(request)
+            draft_ids.append(-1)
+            draft_probs.append(None)
+            continue
+        drafts = s.token_ids[len(s.token_ids) - k :]
+        probs = request.draft_probs
+        for j in range(k + 1):
+            rows.append(
+                SamplingRow(request.sampling_params, request.prompt_token_ids, request.output_token_ids + drafts[:j])
+            )
+            draft_ids.append(drafts[j] if j < k else -1)
+            draft_probs.append(probs[j] if probs is not None and j < k else None)
+    return rows, draft_ids, draft_probs
+
+
+def _collect_verified(launched: Launched, result: RunnerOutput) -> None:
+    """Each request's new ids from its rows: accepted drafts, then the residual or bonus token."""
+    sampled = launched.sampled
+    token_ids = sampled.token_ids.tolist()
+    accepted = sampled.accepted.tolist()
+    residual = sampled.residual_ids.tolist()
+    logprobs = sampled.row_logprobs()  # NOTE: requests that ask for logprobs do not speculate
+    row = 0
+    for request_id, drafts in zip(launched.request_ids, launched.drafts):
+        k = len(drafts)
+        new_ids, num_accepted = emitted_tokens(
+            drafts, accepted[row : row + k], residual[row : row + k], token_ids[row + k]
+        )
+        result.sampled_token_ids[request_id] = new_ids
+        if k:
+            result.num_accepted[request_id] = num_accepted
+        elif logprobs[row] is not None:
+            result.logprobs[request_id] = logprobs[row]
+        row += k + 1

@@ -23,6 +23,11 @@ Reproducibility: a request with a `seed` draws its noise from a key derived from
 `(seed, number of tokens it has generated)`, so it gets the same tokens whatever else is
 in the batch, at whatever step, and after preemption. Unseeded requests share the
 sampler's own generator, split once per step.
+
+Speculative verification: a row may carry a draft token (and the distribution it was drawn
+from); the sampler then also decides its acceptance and the residual token by the exact rule
+of `baselm.spec.accept`, from the same processed and truncated logits as the draw, with
+noise of its own (keyed by the same position for seeded rows, salted apart from the draw's).
 """
 
 from __future__ import annotations
@@ -37,8 +42,13 @@ import mlx.core as mx
 import numpy as np
 
 from baselm.sampling import SamplingParams, TokenLogprobs
+from baselm.spec.accept import point_masses, verify_sampled
 
 _U64 = (1 << 64) - 1
+# Salts that keep a seeded row's acceptance draws and residual draws apart from its token draw.
+ACCEPT_SALT = 0xA5A5_0001
+RESIDUAL_SALT = 0xA5A5_0002
+DRAFT_SALT = 0xA5A5_0003
 
 
 def min_tokens_banned_ids(params: SamplingParams, eos_token_ids: Iterable[int]) -> list[int]:
@@ -77,6 +87,8 @@ class SamplerOutput:
     top_token_ids: mx.array | None  # (num_seqs, max_k) int32, best first
     top_logprobs: mx.array | None  # (num_seqs, max_k) float32
     num_logprobs: list[int | None]  # per row: the request's `logprobs`
+    accepted: mx.array | None = None  # (num_seqs,) bool: the row's draft token is accepted
+    residual_ids: mx.array | None = None  # (num_seqs,) int32: the token emitted if it is rejected
 
     def row_logprobs(self) -> list[TokenLogprobs | None]:
         """Per row: None when the request asked for no logprobs, else its TokenLogprobs."""
@@ -109,20 +121,83 @@ class Sampler:
             seed = int.from_bytes(os.urandom(8), "little")
         self._key = mx.random.key(seed & _U64)
 
-    def __call__(self, logits: mx.array, seqs: Sequence[SamplingSequence]) -> SamplerOutput:
-        """logits: (num_seqs, vocab); row i belongs to seqs[i]."""
+    def __call__(
+        self,
+        logits: mx.array,
+        seqs: Sequence[SamplingSequence],
+        draft_ids: Sequence[int] | None = None,
+        draft_probs: Sequence[mx.array | None] | None = None,
+    ) -> SamplerOutput:
+        """logits: (num_seqs, vocab); row i belongs to seqs[i].
+
+        `draft_ids`: per row the speculative token the row verifies, -1 for none; `draft_probs`:
+        per row the distribution (vocab,) that token was drawn from, None for a point mass.
+        """
         if logits.ndim != 2 or logits.shape[0] != len(seqs):
             raise ValueError(f"logits of shape {logits.shape} do not match {len(seqs)} sequences.")
         params = [s.sampling_params for s in seqs]
         x = self.process(logits.astype(mx.float32), seqs)  # (num_seqs, vocab)
         sampled = [i for i, p in enumerate(params) if not p.greedy]
+        scaled = x
         if sampled:
             scaled = self.truncate(x, params)
             token_ids = mx.argmax(scaled + self._noise(seqs, sampled, x.shape[1]), axis=-1)
         else:
             token_ids = mx.argmax(x, axis=-1)
         token_ids = token_ids.astype(mx.int32)  # (num_seqs,)
-        return _with_logprobs(x, token_ids, [p.logprobs for p in params])
+        out = _with_logprobs(x, token_ids, [p.logprobs for p in params])
+        if draft_ids is not None and any(d >= 0 for d in draft_ids):
+            out.accepted, out.residual_ids = self._verify(scaled, token_ids, seqs, draft_ids, draft_probs)
+        return out
+
+    def _verify(
+        self,
+        scaled: mx.array,
+        token_ids: mx.array,
+        seqs: Sequence[SamplingSequence],
+        draft_ids: Sequence[int],
+        draft_probs: Sequence[mx.array | None] | None,
+    ) -> tuple[mx.array, mx.array]:
+        """Acceptance and residual per row: greedy rows accept a draft equal to their argmax and
+        emit the argmax; sampled rows follow `verify_sampled`. Rows without a draft accept nothing."""
+        drafts = mx.array(list(draft_ids), dtype=mx.int32)  # (num_seqs,)
+        accepted = token_ids == drafts
+        residual = token_ids
+        rows = [i for i, d in enumerate(draft_ids) if d >= 0 and not seqs[i].sampling_params.greedy]
+        if not rows:
+            return accepted, residual
+        vocab = scaled.shape[1]
+        idx = mx.array(rows)
+        probs = mx.softmax(scaled[idx], axis=-1)  # (rows, vocab): p after every sampling parameter
+        q = point_masses(drafts[idx], vocab)
+        given = [j for j, i in enumerate(rows) if draft_probs is not None and draft_probs[i] is not None]
+        if given:
+            q[mx.array(given)] = mx.stack([draft_probs[rows[j]] for j in given]).astype(mx.float32)
+        uniforms = self.row_random(seqs, rows, ACCEPT_SALT, lambda shape, key: mx.random.uniform(shape=shape, key=key))
+        gumbel = self.row_random(
+            seqs, rows, RESIDUAL_SALT, lambda shape, key: mx.random.gumbel(shape + (vocab,), key=key)
+        )
+        ok, res, has_residual = verify_sampled(probs, drafts[idx], q, uniforms, gumbel)
+        accepted[idx] = ok
+        residual[idx] = mx.where(has_residual, res, token_ids[idx])
+        return accepted, residual
+
+    def row_random(self, seqs: Sequence[SamplingSequence], rows: list[int], salt: int, draw) -> mx.array:
+        """Random values for `rows`, stacked in that order: `draw(shape, key)` with shape (n,) for the
+        unseeded rows from the shared generator, and () per seeded row from a key of (seed ^ salt,
+        tokens generated), so a seeded row's draws depend only on its own position."""
+        values: list[mx.array | None] = [None] * len(rows)
+        unseeded = [j for j, i in enumerate(rows) if seqs[i].sampling_params.seed is None]
+        if unseeded:
+            self._key, key = mx.random.split(self._key)
+            drawn = draw((len(unseeded),), key)
+            for n, j in enumerate(unseeded):
+                values[j] = drawn[n]
+        for j, i in enumerate(rows):
+            if values[j] is None:
+                seed = seqs[i].sampling_params.seed ^ salt
+                values[j] = draw((), mx.random.key(step_seed(seed, len(seqs[i].output_token_ids))))
+        return mx.stack(values)
 
     def process(self, logits: mx.array, seqs: Sequence[SamplingSequence]) -> mx.array:
         """Steps 1-4: processors, logit_bias, min_tokens mask, penalties; (num_seqs, vocab) float32."""

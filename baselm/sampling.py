@@ -74,6 +74,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
     make_logits_processors: Callable[[], list[LogitsProcessor]] | None = None
+    speculative: bool = True  # False: never verify speculative tokens for this request
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -140,7 +141,7 @@ class SamplingParams:
         if self.seed is not None:
             _check_int("seed", self.seed, low=MIN_SEED, high=MAX_SEED)
         self._validate_stops()
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "speculative"):
             if not isinstance(getattr(self, name), bool):
                 raise SamplingParamsError(name, f"{name} must be true or false, got {getattr(self, name)!r}.")
         if self.logprobs is not None:

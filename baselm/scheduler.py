@@ -11,6 +11,11 @@ Decode pipelining plans one step further: while a decoding batch runs, `schedule
 plans the step after it (one more token each, its KV block allocated) so the runner can
 launch that step on the sampled ids still on the device; the real `schedule` then decides
 whether that launch is the step to run (`is_ahead_plan`).
+
+Speculative tokens follow the same rule: a decoding request with proposed tokens
+(`request.draft_token_ids`, set before `schedule`) feeds its newest token and as many of
+them as the budget leaves, so one forward verifies them all; `update` keeps the K/V of the
+accepted ones and gives the rejected positions back by lowering `num_computed_tokens`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from baselm.kv.inflight import InflightBlocks
 from baselm.kv.manager import KVCacheManager
 from baselm.request import FINISHED_STATUS_BY_REASON, Request, RequestOutput, RequestStatus
 
@@ -70,6 +76,7 @@ class ScheduledRequest:
     block_ids: list[int]  # the request's block table (live list; valid until the next schedule)
     is_sampling: bool  # the last fed token is the request's newest: sample one token from it
     is_new: bool  # first step since admission: new, forked, or resumed after preemption
+    num_draft_tokens: int = 0  # speculative tokens at the end of token_ids, verified this step
 
     @property
     def request_id(self) -> str:
@@ -111,6 +118,11 @@ class SchedulerStats:
     prefix_cache_queries: int  # tokens looked up at admission
     prefix_cache_hits: int  # tokens found
     num_preemptions: int  # since start
+    # Speculative decoding since start (the engine fills these in; zero when it is off).
+    spec_num_draft_tokens: int = 0  # drafts verified
+    spec_num_accepted_tokens: int = 0  # of which accepted
+    spec_acceptance_rate: float = 0.0
+    spec_accepted_tokens_per_step: float = 0.0  # tokens a verifying request emits per step
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -244,13 +256,17 @@ class Scheduler:
             request = scheduled.request
             if request.is_finished:  # aborted while the step ran
                 continue
-            request.num_computed_tokens += scheduled.num_scheduled_tokens
+            request.num_computed_tokens += scheduled.num_scheduled_tokens - scheduled.num_draft_tokens
+            new_token_ids = _sampled_for(scheduled, sampled_token_ids)
+            status = None
+            if new_token_ids:
+                new_token_ids, status = self._append_until_stop(request, new_token_ids)
+                if scheduled.num_draft_tokens:
+                    self._keep_accepted(request, scheduled, len(new_token_ids))
             # NOTE: num_computed_tokens <= num_tokens, and the request's blocks cover it.
             self.kv.cache_full_blocks(request)
-            new_token_ids = _sampled_for(scheduled, sampled_token_ids)
             if not new_token_ids:
                 continue
-            new_token_ids, status = self._append_until_stop(request, new_token_ids)
             if status is not None:
                 self._finish(request, status)
                 finished = True
@@ -258,6 +274,15 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
+
+    def _keep_accepted(self, request: Request, scheduled: ScheduledRequest, num_appended: int) -> None:
+        """After a verification step: the appended ids are the accepted drafts and one more, so the
+        fed drafts before the newest id hold valid K/V; the rest are rolled back and the blocks
+        that only they used go back to the pool."""
+        request.num_draft_tokens += scheduled.num_draft_tokens
+        request.num_accepted_tokens += num_appended - 1
+        request.num_computed_tokens = request.num_tokens - 1
+        self.kv.trim(request, request.num_tokens)
 
     def schedule_ahead(self, plan: SchedulerOutput) -> SchedulerOutput | None:
         """Plans the step after `plan` before `plan` has run, when it is predictable: every request
@@ -308,6 +333,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
+            num_drafts = self._num_drafts(request, num_new, budget)
+            if num_drafts and not self.kv.allocate_slots(request, num_new + num_drafts):
+                num_drafts = 0  # short of blocks: drop the drafts before preempting anybody
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -318,8 +346,8 @@ class Scheduler:
             is_new = bool(self._forked_ids) and request.request_id in self._forked_ids
             if is_new:
                 self._forked_ids.discard(request.request_id)
-            output.requests.append(self._scheduled(request, num_new, is_new))
-            budget -= num_new
+            output.requests.append(self._scheduled(request, num_new, is_new, num_drafts))
+            budget -= num_new + num_drafts
             i += 1
         return budget
 
@@ -330,19 +358,20 @@ class Scheduler:
         its place at the head of the queue, while the requests behind it are admitted: it
         starts once that block is cached and computes only what nobody else does.
         """
-        inflight = self._inflight_blocks()
+        inflight = InflightBlocks(self.kv, self.running) if self.share_inflight_prefixes else None
         deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             computed_blocks, num_hit = self.kv.get_computed_blocks(request)  # NOTE: it holds no blocks
-            if self._awaits_inflight(request, len(computed_blocks), inflight):
+            if inflight is not None and inflight.awaits(request, len(computed_blocks)):
                 deferred.append(self.waiting.popleft())
                 continue
             num_new = self._num_new_tokens(request, num_hit, budget)
             if not self.kv.allocate_slots(request, num_new, computed_blocks):
                 break
             self.waiting.popleft()
-            self._add_inflight(request, num_hit, inflight)
+            if inflight is not None:
+                inflight.add(request, num_hit)
             if request.status == RequestStatus.WAITING:  # not on resumption after preemption
                 request.num_cached_tokens = num_hit
             request.num_computed_tokens = num_hit
@@ -352,28 +381,6 @@ class Scheduler:
             budget -= num_new
         self.waiting.extendleft(reversed(deferred))
         return budget
-
-    def _inflight_blocks(self) -> set:
-        """Hashes of the full blocks running requests are computing or have yet to compute."""
-        inflight: set = set()
-        if self.share_inflight_prefixes and self.kv.enable_prefix_caching:
-            for request in self.running:
-                self._add_inflight(request, request.num_computed_tokens, inflight)
-        return inflight
-
-    def _add_inflight(self, request: Request, num_computed: int, inflight: set) -> None:
-        if not (self.share_inflight_prefixes and self.kv.enable_prefix_caching):
-            return
-        num_full = request.num_tokens // self.kv.block_size
-        first = num_computed // self.kv.block_size
-        if first < num_full:
-            inflight.update(self.kv.block_hashes(request, num_full)[first:num_full])
-
-    def _awaits_inflight(self, request: Request, num_hit_blocks: int, inflight: set) -> bool:
-        """Whether the request's next block, one it could hit once cached, is being computed by another."""
-        if not inflight or num_hit_blocks >= (request.num_tokens - 1) // self.kv.block_size:
-            return False
-        return self.kv.block_hashes(request, num_hit_blocks + 1)[num_hit_blocks] in inflight
 
     @staticmethod
     def _can_run_ahead(scheduled: ScheduledRequest) -> bool:
@@ -388,16 +395,27 @@ class Scheduler:
             num_new = min(num_new, self.long_prefill_token_threshold)
         return num_new
 
-    def _scheduled(self, request: Request, num_new: int, is_new: bool) -> ScheduledRequest:
+    def _num_drafts(self, request: Request, num_new: int, budget: int) -> int:
+        """How many of the request's proposed tokens fit this step: only a request that samples
+        this step verifies drafts, and they share the budget (and the chunk cap) with everything."""
+        if not request.draft_token_ids or request.num_computed_tokens + num_new != request.num_tokens:
+            return 0
+        room = budget - num_new
+        if self.long_prefill_token_threshold:
+            room = min(room, self.long_prefill_token_threshold - num_new)
+        return max(0, min(len(request.draft_token_ids), room))
+
+    def _scheduled(self, request: Request, num_new: int, is_new: bool, num_drafts: int = 0) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
         return ScheduledRequest(
             request=request,
-            token_ids=request.all_token_ids[start:end],
+            token_ids=request.all_token_ids[start:end] + request.draft_token_ids[:num_drafts],
             num_computed_tokens=start,
             block_ids=self.kv.block_table(request),
             is_sampling=end == request.num_tokens,
             is_new=is_new,
+            num_draft_tokens=num_drafts,
         )
 
     def _preempt(self, request: Request) -> None:

@@ -29,3 +29,4 @@ class Answer:
         self.stats.num_output_tokens = len(self.token_ids)
         self.stats.num_cached_tokens = out.num_cached_tokens
         self.stats.finish_reason = out.finish_reason
+        self.stats.num_draft_tokens, self.stats.num_accepted_tokens = out.num_draft_tokens, out.num_accepted_tokens

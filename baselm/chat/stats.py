@@ -17,6 +17,12 @@ class TurnStats:
     ttft_s: float = 0.0
     total_s: float = 0.0
     finish_reason: str | None = None
+    num_draft_tokens: int = 0  # speculative tokens verified
+    num_accepted_tokens: int = 0  # of which accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -63,6 +69,8 @@ def turn_line(stats: TurnStats, max_model_len: int) -> str:
         f"decode {stats.num_output_tokens} tokens {stats.decode_tokens_per_s:.1f} tok/s",
         f"context {used}/{max_model_len}",
     ]
+    if stats.num_draft_tokens:
+        parts.append(f"speculative {stats.acceptance_rate:.0%} accepted")
     if stats.finish_reason == "abort":
         parts.append("stopped")
     elif stats.finish_reason == "length":

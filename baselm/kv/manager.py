@@ -156,6 +156,22 @@ class KVCacheManager:
         del self._num_cached_blocks[request_id]
         self.pool.free(reversed(blocks))
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Gives back the request's blocks past the first `num_tokens` tokens, last block first
+        (speculative slots that were rejected). NOTE: those blocks never hold a cached prefix:
+        only blocks filled by computed tokens are named, and computed tokens lie before `num_tokens`."""
+        blocks = self._blocks.get(request.request_id)
+        if blocks is None:
+            return
+        num_kept = -(-num_tokens // self.block_size)
+        if len(blocks) <= num_kept:
+            return
+        dropped = blocks[num_kept:]
+        del blocks[num_kept:]
+        del self._block_ids[request.request_id][num_kept:]
+        self._num_cached_blocks[request.request_id] = min(self._num_cached_blocks[request.request_id], num_kept)
+        self.pool.free(reversed(dropped))
+
     def reset_prefix_cache(self) -> int:
         """Forgets every cached prefix (e.g. after weights change); returns how many blocks were dropped."""
         return self.pool.reset_prefix_cache()

@@ -1,0 +1,150 @@
+"""How many speculative tokens each request verifies in a step: measured, not guessed.
+
+Two measurements drive it:
+- `StepCost`: the seconds a step takes by the number of tokens it feeds, measured on this
+  machine at start (`calibrate`) and kept up to date from real steps, as a line a + b * T:
+  a is what any step costs (reading the weights once), b what each token adds. Where extra
+  query rows are nearly free (a GPU, or CPU matmuls that stream each weight once for a few
+  rows) b is small next to a; where they are not it is not.
+- `Acceptance`: each request's rate of accepted drafts, a decaying average that drifts back to
+  a prior, so a request that stopped speculating tries again later.
+
+A draft is worth verifying when it raises the step's expected tokens per second: adding the
+j-th draft of a request with acceptance a adds a^j expected tokens and makes the step
+t(T + 1) - t(T) slower, so it pays when a^j * t(T) > (t(T + 1) - t(T)) * E, with E the step's
+expected tokens so far. Drafts are added best first while that holds (`plan_drafts`). With
+many requests E grows and the rule switches speculation off by itself; where that happens
+follows from the measured t(T). A draft model adds its own forwards to the cost (`plan_uniform`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections import deque
+from collections.abc import Callable, Sequence
+
+PRIOR_ACCEPTANCE = 0.6  # what a request is assumed to accept before it has verified anything
+PRIOR_WEIGHT = 2.0  # in verified drafts
+DECAY = 0.8  # per verification: recent drafts count most
+IDLE_DECAY = 0.97  # per step without drafts: evidence fades slowly, so a request that stopped tries again later
+
+
+class StepCost:
+    """Seconds per step by tokens fed, as a line t(T) = a + b * T through the measurements.
+
+    Each size keeps the fastest of its recent measurements (the machine may be shared: the
+    minimum is the step's own cost), and the line is the Theil-Sen fit through those minima
+    (median of the pairwise slopes), so one slow or lucky size does not bend it. b is what one
+    more token costs; on hardware where a few extra rows are free it comes out small.
+    """
+
+    def __init__(self, window: int = 16) -> None:
+        self.window = window
+        self._samples: dict[int, deque[float]] = {}
+        self._line: tuple[float, float] | None = None  # (a, b), rebuilt lazily
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens < 1 or seconds <= 0:
+            return
+        samples = self._samples.get(num_tokens)
+        if samples is None:
+            samples = self._samples[num_tokens] = deque(maxlen=self.window)
+        samples.append(seconds)
+        self._line = None
+
+    @property
+    def is_known(self) -> bool:
+        return bool(self._samples)
+
+    def seconds(self, num_tokens: int) -> float:
+        """Estimated seconds of a step of `num_tokens` tokens (0 when nothing is measured yet)."""
+        if not self._samples:
+            return 0.0
+        intercept, slope = self.line()
+        return intercept + slope * num_tokens
+
+    def line(self) -> tuple[float, float]:
+        """(a, b) of t(T) = a + b * T; with one size measured, b = 0."""
+        if self._line is None:
+            points = sorted((size, min(samples)) for size, samples in self._samples.items())
+            slopes = [(tj - ti) / (sj - si) for i, (si, ti) in enumerate(points) for sj, tj in points[i + 1 :]]
+            slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
+            intercept = statistics.median(t - slope * size for size, t in points)
+            self._line = (max(intercept, 1e-9), slope)
+        return self._line
+
+    def table(self) -> dict[int, float]:
+        """The fastest measurement at each size, for reports."""
+        return {size: min(samples) for size, samples in sorted(self._samples.items())}
+
+
+class Acceptance:
+    """A request's acceptance rate: accepted over verified drafts, decaying, with a prior."""
+
+    __slots__ = ("accepted", "verified")
+
+    def __init__(self) -> None:
+        self.accepted = 0.0
+        self.verified = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (self.verified + PRIOR_WEIGHT)
+
+    def observe(self, num_drafts: int, num_accepted: int) -> None:
+        """One step: `num_drafts` proposed and `num_accepted` accepted (0 and 0 when none were verified).
+
+        Drafts after the first rejection were never tested, so they do not count as verified.
+        """
+        decay = DECAY if num_drafts else IDLE_DECAY
+        self.accepted = self.accepted * decay + num_accepted
+        self.verified = self.verified * decay + min(num_drafts, num_accepted + 1)
+
+
+def expected_tokens(rate: float, num_drafts: int) -> float:
+    """Tokens a verification of `num_drafts` drafts emits on average: 1 + a + a^2 + ... + a^k."""
+    return sum(rate**j for j in range(num_drafts + 1))
+
+
+def plan_drafts(rates: Sequence[float], max_drafts: Sequence[int], base_tokens: int, cost: StepCost) -> list[int]:
+    """Drafts per request (0 to max_drafts[i]) for a step that already feeds `base_tokens`, one
+    emitted token per request: added best first while each raises expected tokens per second."""
+    counts = [0] * len(rates)
+    if not cost.is_known:
+        return counts
+    num_tokens = base_tokens
+    expected = float(len(rates))
+    heap = [(-rate, i, 1) for i, rate in enumerate(rates) if max_drafts[i] > 0 and rate > 0]
+    heapq.heapify(heap)
+    while heap:
+        neg_gain, i, j = heapq.heappop(heap)
+        step = cost.seconds(num_tokens)
+        if -neg_gain * step <= (cost.seconds(num_tokens + 1) - step) * expected:
+            break
+        counts[i] = j
+        num_tokens += 1
+        expected -= neg_gain
+        if j < max_drafts[i]:
+            heapq.heappush(heap, (neg_gain * rates[i], i, j + 1))
+    return counts
+
+
+def plan_uniform(
+    rates: Sequence[float],
+    max_drafts: Sequence[int],
+    base_tokens: int,
+    cost: StepCost,
+    draft_seconds: Callable[[int, int], float],
+) -> list[int]:
+    """Drafts per request when every draft costs a forward of a draft model shared by the batch:
+    the one k (capped per request) with the most expected tokens per second, counting
+    `draft_seconds(k, num_requests)` for the proposing forwards; 0 when none beats not speculating."""
+    best_k, best = 0, 0.0
+    for k in range(max(max_drafts, default=0) + 1):
+        counts = [min(k, m) for m in max_drafts]
+        seconds = cost.seconds(base_tokens + sum(counts)) + (draft_seconds(k, len(rates)) if k else 0.0)
+        tokens = sum(expected_tokens(rate, c) for rate, c in zip(rates, counts))
+        if seconds > 0 and tokens / seconds > best * 1.0001:
+            best_k, best = k, tokens / seconds
+    return [min(best_k, m) for m in max_drafts]

@@ -1,0 +1,186 @@
+"""The engine's speculative decoding: before each step, proposals for the requests that decode;
+after it, what was accepted, for the adaptive rule and the counters.
+
+`Speculator.propose` runs before `Scheduler.schedule`: it picks the running requests that
+decode one token this step and may speculate, asks the rule (`baselm.spec.policy`) how many
+drafts each is worth and the proposer for them, and leaves them on each request
+(`draft_token_ids`, `draft_probs`), where the scheduler takes as many as the budget leaves.
+The runner verifies them in the step's one forward and the sampler decides acceptance.
+`observe` then records the step's cost and each request's acceptance.
+
+Who does not speculate: requests with `speculative=False`, with logits processors (their
+state follows the tokens one at a time), and requests that ask for logprobs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from baselm.config import SpeculativeConfig
+from baselm.kv import AttentionMetadata, PagedKVCache
+from baselm.kv.manager import KVCacheManager
+from baselm.models.base import DecoderModel
+from baselm.request import Request, RequestStatus
+from baselm.runner import RunnerOutput
+from baselm.scheduler import Scheduler, SchedulerOutput
+from baselm.spec.draft import DraftModelProposer
+from baselm.spec.ngram import propose_ngram
+from baselm.spec.policy import Acceptance, StepCost, plan_drafts, plan_uniform
+
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Speculative decoding's counters since start."""
+
+    num_steps: int = 0  # steps that verified drafts
+    num_verifications: int = 0  # request-steps that verified drafts
+    num_draft_tokens: int = 0  # drafts verified
+    num_accepted_tokens: int = 0  # of which accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def accepted_tokens_per_step(self) -> float:
+        """Tokens a verifying request emits per step on average: its accepted drafts and one more."""
+        if not self.num_verifications:
+            return 0.0
+        return (self.num_accepted_tokens + self.num_verifications) / self.num_verifications
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "num_steps": self.num_steps,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "accepted_tokens_per_step": round(self.accepted_tokens_per_step, 3),
+        }
+
+
+def can_speculate(request: Request) -> bool:
+    """A running request that decodes one token this step, has room for more, and allows it."""
+    params = request.sampling_params
+    return (
+        request.status == RequestStatus.RUNNING
+        and request.num_computed_tokens == request.num_tokens - 1
+        and request.max_tokens - request.num_output_tokens > 1
+        and getattr(params, "speculative", True)
+        and not params.logits_processors
+        and params.logprobs is None
+    )
+
+
+class Speculator:
+    """Proposals before a step, bookkeeping after it; one per engine."""
+
+    def __init__(self, config: SpeculativeConfig, draft: DraftModelProposer | None, max_num_batched_tokens: int):
+        self.config = config
+        self.draft = draft
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.cost = StepCost()  # seconds of a target step by tokens fed
+        self.stats = SpecStats()
+        self._acceptance: dict[str, Acceptance] = {}
+
+    def calibrate(self, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:
+        """Measures the target's step time (and the draft model's) at a range of sizes now, so the
+        first steps decide on measurements; real steps refine them (`observe`)."""
+        _calibrate(self.cost, model, cache, kv, max_tokens)
+        if self.draft is not None:
+            _calibrate(self.draft.cost, self.draft.model, self.draft.cache, self.draft.kv, max_tokens)
+
+    def propose(self, scheduler: Scheduler) -> None:
+        """Leaves drafts on the running requests that are worth speculating this step."""
+        for request in scheduler.running:
+            request.draft_token_ids, request.draft_probs = [], None
+        candidates = [r for r in scheduler.running if can_speculate(r)]
+        if not candidates:
+            return
+        k = self.config.num_speculative_tokens
+        max_drafts = [min(k, r.max_tokens - r.num_output_tokens - 1) for r in candidates]
+        base_tokens = min(
+            sum(r.num_tokens - r.num_computed_tokens for r in scheduler.running), self.max_num_batched_tokens
+        )
+        rates = [self._acceptance_of(r).rate for r in candidates]
+        if self.draft is None:
+            proposals = [self._ngram(r, m) for r, m in zip(candidates, max_drafts)]
+            lengths = [len(p) for p in proposals]
+            counts = plan_drafts(rates, lengths, base_tokens, self.cost) if self.config.adaptive else lengths
+            for request, proposal, count in zip(candidates, proposals, counts):
+                request.draft_token_ids = proposal[:count]
+            return
+        if self.config.adaptive:
+            counts = plan_uniform(rates, max_drafts, base_tokens, self.cost, self.draft.draft_seconds)
+        else:
+            counts = max_drafts
+        self.draft.propose(candidates, counts)
+
+    def observe(self, plan: SchedulerOutput, result: RunnerOutput, seconds: float, scheduler: Scheduler) -> None:
+        """After a step: its cost, each speculating request's acceptance, the counters."""
+        self.cost.observe(plan.num_scheduled_tokens, seconds)
+        verified = False
+        for scheduled in plan.requests:
+            request = scheduled.request
+            request.draft_token_ids, request.draft_probs = [], None
+            if not scheduled.is_sampling:
+                continue
+            num_drafts = scheduled.num_draft_tokens
+            num_accepted = result.num_accepted.get(scheduled.request_id, 0)
+            self._acceptance_of(request).observe(num_drafts, num_accepted)
+            if num_drafts:
+                verified = True
+                self.stats.num_verifications += 1
+                self.stats.num_draft_tokens += num_drafts
+                self.stats.num_accepted_tokens += num_accepted
+        self.stats.num_steps += verified
+        if len(self._acceptance) > 2 * len(scheduler.requests) + 16:  # forget finished requests now and then
+            self._acceptance = {rid: a for rid, a in self._acceptance.items() if rid in scheduler.requests}
+        if self.draft is not None:
+            self.draft.after_step(scheduler.requests)
+
+    def _ngram(self, request: Request, max_drafts: int) -> list[int]:
+        return propose_ngram(request.all_token_ids, self.config.ngram_min, self.config.ngram_max, max_drafts)
+
+    def _acceptance_of(self, request: Request) -> Acceptance:
+        acceptance = self._acceptance.get(request.request_id)
+        if acceptance is None:
+            acceptance = self._acceptance[request.request_id] = Acceptance()
+        return acceptance
+
+
+def _calibrate(cost: StepCost, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:
+    measure_forward(model, cache, kv, 1, repeats=1)  # warm-up: first-call allocations
+    for size in CALIBRATION_SIZES:
+        if size > max_tokens:
+            break
+        seconds = measure_forward(model, cache, kv, size)
+        if seconds is None:
+            break
+        cost.observe(size, seconds)
+
+
+def measure_forward(
+    model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, num_tokens: int, repeats: int = 2
+) -> float | None:
+    """The fastest of `repeats` forwards of `num_tokens` tokens with logits at every position, on
+    blocks borrowed from the pool (None when the pool is too small)."""
+    probe = Request("__step_cost__", [0] * num_tokens)
+    if not kv.allocate_slots(probe, num_tokens):
+        return None
+    try:
+        positions = list(range(num_tokens))
+        meta = AttentionMetadata.build([kv.block_table(probe)], [num_tokens], [num_tokens], kv.block_size, positions)
+        ids = mx.zeros((num_tokens,), dtype=mx.int32)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            mx.eval(model(ids, meta.positions, meta, cache))
+            best = min(best, time.perf_counter() - t0)
+        return best
+    finally:
+        kv.free(probe)

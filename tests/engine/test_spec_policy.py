@@ -1,0 +1,83 @@
+"""The n-gram proposer and the rule that sizes each request's drafts from measured costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from baselm.spec.ngram import propose_ngram
+from baselm.spec.policy import Acceptance, StepCost, expected_tokens, plan_drafts, plan_uniform
+
+
+def test_ngram_proposes_what_followed_the_longest_earlier_suffix():
+    # Suffix [1, 2] occurred at the start, followed by 3, 4, 1.
+    assert propose_ngram([1, 2, 3, 4, 1, 2], 1, 3, 3) == [3, 4, 1]
+    # The 3-gram [9, 2, 3] beats the 2-gram [2, 3] that occurs at the start too.
+    assert propose_ngram([2, 3, 7, 9, 2, 3, 8, 9, 2, 3], 1, 3, 2) == [8, 9]
+    assert propose_ngram([1, 2, 3], 1, 3, 2) == []  # nothing repeats
+    assert propose_ngram([1, 2, 3, 1], 2, 3, 2) == []  # only a 1-gram repeats; min_n is 2
+    assert propose_ngram([1, 2, 3, 1], 1, 3, 0) == []
+
+
+def test_ngram_prefers_an_occurrence_with_k_tokens_after_it():
+    # The latest [5] is followed by one token only; the earliest by a full run.
+    assert propose_ngram([5, 5, 5, 5], 1, 2, 3) == [5, 5]
+    # [4, 5] occurs twice before the suffix; the later one has 3 tokens after it.
+    assert propose_ngram([4, 5, 6, 7, 8, 4, 5, 6, 4, 5], 1, 2, 3) == [6, 4, 5]
+    assert propose_ngram([4, 5, 6, 7, 8, 4, 5, 6, 4, 5], 1, 2, 4) == [6, 7, 8, 4]
+
+
+def linear_cost(a: float = 0.1, b: float = 0.01) -> StepCost:
+    cost = StepCost()
+    for size in (1, 2, 4, 8, 16, 32, 64):
+        cost.observe(size, a + b * size)
+    return cost
+
+
+def test_step_cost_is_a_line_that_slow_or_lucky_sizes_do_not_bend():
+    cost = linear_cost()
+    assert cost.line() == pytest.approx((0.1, 0.01))
+    cost.observe(16, 5.0)  # a slow outlier (a busy machine) does not raise the fastest at 16
+    cost.observe(32, 0.01)  # one lucky size among seven: the median slope barely moves
+    a, b = cost.line()
+    assert a == pytest.approx(0.1, abs=0.02) and b == pytest.approx(0.01, abs=0.002)
+    assert cost.seconds(100) == pytest.approx(a + 100 * b)
+    single = StepCost()
+    single.observe(4, 0.2)
+    assert single.line() == (0.2, 0.0)
+
+
+def test_cheap_rows_are_speculated_and_costly_batches_switch_it_off():
+    cost = linear_cost()  # each token adds a tenth of a one-token step
+    assert plan_drafts([0.9], [4], 1, cost) == [4]
+    assert plan_drafts([0.5], [4], 1, cost) == [2]  # the third would add 0.125 tokens for 0.01 s: too little
+    # 32 streams: the step costs 0.42 s for 32 tokens, a draft 0.01 s; it pays only when
+    # accepted with more than 0.32 / 0.42.
+    assert plan_drafts([0.7] * 32, [4] * 32, 32, cost) == [0] * 32
+    counts = plan_drafts([0.95] * 32, [4] * 32, 32, cost)
+    assert 0 < sum(counts) < 4 * 32
+    # Better requests get their drafts first.
+    counts = plan_drafts([0.9, 0.3], [4, 4], 2, linear_cost(b=0.05))
+    assert counts[0] > counts[1]
+
+
+def test_nothing_is_planned_before_anything_is_measured():
+    assert plan_drafts([0.9], [4], 1, StepCost()) == [0]
+
+
+def test_a_draft_model_that_costs_as_much_as_the_target_is_not_worth_it():
+    cost = linear_cost()
+    same = plan_uniform([0.99], [4], 1, cost, lambda k, n: k * cost.seconds(n))
+    assert same == [0]
+    cheap = plan_uniform([0.8], [4], 1, cost, lambda k, n: k * 0.1 * cost.seconds(n))
+    assert cheap[0] > 0
+
+
+def test_acceptance_counts_only_tested_drafts_and_returns_to_the_prior():
+    a = Acceptance()
+    prior = a.rate
+    a.observe(4, 0)  # rejected at the first: one draft tested
+    assert a.verified == 1 and a.rate < prior
+    for _ in range(2000):
+        a.observe(0, 0)
+    assert abs(a.rate - prior) < 1e-6
+    assert expected_tokens(0.5, 2) == 1.75

@@ -1,0 +1,337 @@
+// Paged attention on the CPU: the maths of one work item (one sequence, one KV head, a tile of
+// its query rows), written once with GCC/Clang vector types and included by
+// paged_attention.cpp once per instruction set (inside a namespace, under a target pragma).
+//
+// The maths is the reference's (metal/reference.py): scores = (q * scale) . k, optional
+// tanh soft-capping, a causal mask (keys at positions <= the query's and, with a window,
+// > position - window), softmax in float32, then the weighted sum of the values. Here the
+// softmax is online (flash attention): keys are taken 16 at a time, each row keeps its
+// running max and sum, and the accumulated output is rescaled when the max grows. So no
+// score matrix of the whole context is ever held, and every K/V row is read once per tile.
+//
+// Included headers come from paged_attention.cpp; this file declares no includes of its
+// own because it is included inside a namespace.
+
+typedef float vf __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register
+typedef int32_t vi __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+static inline vf vload(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+static inline void vstore(float* p, vf v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+static inline vf vsplat(float x) {
+  return vf{} + x;
+}
+
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
+
+static inline vf4 fold(vf v, bool take_max) {  // 16 lanes -> 4, by halves
+  vf8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  vf8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  vf8 a = take_max ? (lo > hi ? lo : hi) : lo + hi;
+  vf4 l = __builtin_shufflevector(a, a, 0, 1, 2, 3);
+  vf4 h = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return take_max ? (l > h ? l : h) : l + h;
+}
+
+static inline float hsum(vf v) {
+  vf4 a = fold(v, false);
+  return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+static inline float hmax(vf v) {
+  vf4 a = fold(v, true);
+  float x = a[0] > a[1] ? a[0] : a[1];
+  float y = a[2] > a[3] ? a[2] : a[3];
+  return x > y ? x : y;
+}
+
+static inline vf vselect(vi mask, vf a, vf b) {  // mask lanes are all ones or all zeros
+  vi ai, bi;
+  std::memcpy(&ai, &a, sizeof(a));
+  std::memcpy(&bi, &b, sizeof(b));
+  vi r = (ai & mask) | (bi & ~mask);
+  vf out;
+  std::memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+// exp(x) for x <= 0 as softmax needs it (Cephes' expf: 2^n * p(r), |error| ~ 2 ulp); lanes
+// below -87 give 0, as exp's true value is below float's normal range there.
+static inline vf vexp(vf x) {
+  const vf lo = vsplat(-87.0f);
+  vi tiny = x < lo;
+  x = vselect(tiny, lo, x);
+  vf fx = x * 1.44269504088896341f;
+  // round to nearest: add and subtract 1.5 * 2^23
+  const vf magic = vsplat(12582912.0f);
+  vf n = (fx + magic) - magic;
+  vf r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  vf r2 = r * r;
+  vf p = vsplat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r2 + r + 1.0f;
+  vi e = __builtin_convertvector(n, vi);
+  vi bits;
+  std::memcpy(&bits, &p, sizeof(p));
+  bits = bits + (e << 23);
+  vf out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return vselect(tiny, vf{}, out);
+}
+
+// tanh(x) = 1 - 2 / (exp(2x) + 1), evaluated on -|x| so exp never overflows.
+static inline vf vtanh(vf x) {
+  vi neg = x < vf{};
+  vf a = vselect(neg, -x, x);
+  vf e = vexp(-2.0f * a);
+  vf t = (1.0f - e) / (1.0f + e);
+  return vselect(neg, -t, t);
+}
+
+static inline float bf16_round(float x) {  // to the nearest bfloat16, ties to even
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+static inline float to_float(const void* p, int dtype, int64_t i) {
+  if (dtype == 0) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  if (dtype == 2) {
+    const uint32_t u = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  _Float16 f;
+  std::memcpy(&f, &h, 2);
+  return static_cast<float>(f);
+}
+
+// Row `row` (slot * kv_heads + head) of the pool as head_dim floats in `out`.
+static inline void load_row(const PoolView& pool, int64_t row, int head_dim, float* out) {
+  if (pool.bits == 0) {
+    if (pool.dtype == 0) {
+      std::memcpy(out, static_cast<const float*>(pool.data) + row * head_dim, head_dim * sizeof(float));
+    } else {
+      for (int d = 0; d < head_dim; ++d) out[d] = to_float(pool.data, pool.dtype, row * head_dim + d);
+    }
+    return;
+  }
+  const int per_word = 32 / pool.bits;
+  const uint32_t mask = (1u << pool.bits) - 1;
+  const uint32_t* codes = static_cast<const uint32_t*>(pool.data) + row * (head_dim / per_word);
+  const int num_groups = head_dim / pool.group_size;
+  for (int g = 0; g < num_groups; ++g) {
+    const float s = to_float(pool.scales, pool.dtype, row * num_groups + g);
+    const float b = to_float(pool.biases, pool.dtype, row * num_groups + g);
+    for (int d = g * pool.group_size; d < (g + 1) * pool.group_size; ++d) {
+      const uint32_t q = (codes[d / per_word] >> ((d % per_word) * pool.bits)) & mask;
+      const float x = s * float(q) + b;
+      // the reference dequantizes to the scales' dtype before attending
+      out[d] = pool.dtype == 0 ? x : pool.dtype == 2 ? bf16_round(x) : float(_Float16(x));
+    }
+  }
+}
+
+// Scratch of one work item: `rows` = query rows x heads per KV head.
+struct Scratch {
+  std::vector<float> q, acc, p, kt, v, row_max, row_sum;
+  std::vector<vf> s;  // (rows,) scores of one chunk
+  std::vector<int> pos;
+  void size(int rows, int head_dim) {
+    q.resize(size_t(rows) * head_dim);
+    acc.assign(size_t(rows) * head_dim, 0.0f);
+    p.resize(size_t(rows) * kLanes);
+    kt.resize(size_t(head_dim) * kLanes);
+    v.resize(size_t(kLanes) * head_dim);
+    row_max.assign(rows, -INFINITY);
+    row_sum.assign(rows, 0.0f);
+    pos.resize(rows);
+    s.resize(rows);
+  }
+};
+
+// scores (rows, 16) of the query rows against 16 keys held transposed in kt (head_dim, 16).
+static inline void scores_transposed(const Scratch& w, int rows, int head_dim, vf* s) {
+  int m = 0;
+  for (; m + 4 <= rows; m += 4) {
+    vf s0{}, s1{}, s2{}, s3{};
+    const float* q0 = &w.q[size_t(m) * head_dim];
+    for (int d = 0; d < head_dim; ++d) {
+      const vf k = vload(&w.kt[size_t(d) * kLanes]);
+      s0 += q0[d] * k;
+      s1 += q0[head_dim + d] * k;
+      s2 += q0[2 * head_dim + d] * k;
+      s3 += q0[3 * head_dim + d] * k;
+    }
+    s[m] = s0, s[m + 1] = s1, s[m + 2] = s2, s[m + 3] = s3;
+  }
+  for (; m < rows; ++m) {
+    vf s0{};
+    const float* q0 = &w.q[size_t(m) * head_dim];
+    for (int d = 0; d < head_dim; ++d) s0 += q0[d] * vload(&w.kt[size_t(d) * kLanes]);
+    s[m] = s0;
+  }
+}
+
+// The same scores from the keys as rows of v-layout (16, head_dim): for few query rows (decode),
+// where transposing the keys would cost more than the dot products.
+static inline void scores_dot(const Scratch& w, const float* keys, int rows, int head_dim, int num_keys, vf* s) {
+  for (int m = 0; m < rows; ++m) {
+    const float* q = &w.q[size_t(m) * head_dim];
+    vf out{};
+    for (int j = 0; j < num_keys; ++j) {
+      const float* k = keys + size_t(j) * head_dim;
+      vf a{};
+      for (int d = 0; d < head_dim; d += kLanes) a += vload(q + d) * vload(k + d);
+      out[j] = hsum(a);
+    }
+    s[m] = out;
+  }
+}
+
+// Online softmax of one 16-key chunk starting at key position `first`: masks, updates each
+// row's max and sum, rescales its accumulator, and leaves the chunk's weights in w.p.
+static inline void softmax_chunk(Scratch& w, vf* s, int rows, int head_dim, int first, int num_keys,
+                                 const AttentionShape& a) {
+  vi key_pos;
+  for (int j = 0; j < kLanes; ++j) key_pos[j] = first + j;
+  const vi valid_key = key_pos < (first + num_keys);
+  for (int m = 0; m < rows; ++m) {
+    vf x = s[m];
+    if (a.softcap > 0.0f) x = vtanh(x * (1.0f / a.softcap)) * a.softcap;
+    vi ok = valid_key & (key_pos <= w.pos[m]);
+    if (a.window > 0) ok = ok & (key_pos > w.pos[m] - a.window);
+    x = vselect(ok, x, vsplat(-INFINITY));
+    const float chunk_max = hmax(x);
+    float* p = &w.p[size_t(m) * kLanes];
+    if (chunk_max == -INFINITY) {  // nothing of this chunk is visible to this row
+      vstore(p, vf{});
+      continue;
+    }
+    const float old_max = w.row_max[m];
+    const float new_max = chunk_max > old_max ? chunk_max : old_max;
+    if (new_max > old_max && old_max != -INFINITY) {
+      const float c = vexp(vsplat(old_max - new_max))[0];
+      w.row_sum[m] *= c;
+      float* acc = &w.acc[size_t(m) * head_dim];
+      for (int d = 0; d < head_dim; d += kLanes) vstore(acc + d, vload(acc + d) * c);
+    }
+    w.row_max[m] = new_max;
+    const vf e = vselect(ok, vexp(x - new_max), vf{});
+    w.row_sum[m] += hsum(e);
+    vstore(p, e);
+  }
+}
+
+// acc (rows, head_dim) += p (rows, 16) . v (16, head_dim)
+static inline void accumulate(Scratch& w, int rows, int head_dim, int num_keys) {
+  for (int d = 0; d < head_dim; d += kLanes) {
+    int m = 0;
+    for (; m + 4 <= rows; m += 4) {
+      float* acc = &w.acc[size_t(m) * head_dim + d];
+      vf a0 = vload(acc), a1 = vload(acc + head_dim), a2 = vload(acc + 2 * head_dim), a3 = vload(acc + 3 * head_dim);
+      const float* p = &w.p[size_t(m) * kLanes];
+      for (int j = 0; j < num_keys; ++j) {
+        const vf v = vload(&w.v[size_t(j) * head_dim + d]);
+        a0 += p[j] * v;
+        a1 += p[kLanes + j] * v;
+        a2 += p[2 * kLanes + j] * v;
+        a3 += p[3 * kLanes + j] * v;
+      }
+      vstore(acc, a0), vstore(acc + head_dim, a1), vstore(acc + 2 * head_dim, a2), vstore(acc + 3 * head_dim, a3);
+    }
+    for (; m < rows; ++m) {
+      float* acc = &w.acc[size_t(m) * head_dim + d];
+      vf a0 = vload(acc);
+      const float* p = &w.p[size_t(m) * kLanes];
+      for (int j = 0; j < num_keys; ++j) a0 += p[j] * vload(&w.v[size_t(j) * head_dim + d]);
+      vstore(acc, a0);
+    }
+  }
+}
+
+// One work item: query rows [i0, i1) of a sequence (its first query row at flattened token
+// `q_start`, `q_len` rows, `ctx` cached keys, `table` its block ids), all query heads of KV head `h`.
+static void attend_tile_impl(const AttentionShape& a, const float* queries, float* out, const PoolView& keys,
+                        const PoolView& values, const int32_t* table, int ctx, int q_start, int q_len, int h,
+                        int i0, int i1, Scratch& w) {
+  const int group = a.num_heads / a.num_kv_heads, head_dim = a.head_dim;
+  const int rows = (i1 - i0) * group;
+  w.size(rows, head_dim);
+  for (int i = i0; i < i1; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const int m = (i - i0) * group + g;
+      const float* q = queries + (q_start + i) * a.q_token_stride + (h * group + g) * a.q_head_stride;
+      for (int d = 0; d < head_dim; ++d) w.q[size_t(m) * head_dim + d] = q[d] * a.scale;
+      w.pos[m] = ctx - q_len + i;
+    }
+  }
+  const int last = ctx - q_len + i1 - 1;  // newest position any row sees
+  int first = 0;
+  if (a.window > 0) first = std::max(0, ctx - q_len + i0 - a.window + 1);
+  first -= first % kLanes;
+  const bool transpose = rows >= 8;
+  vf* s = w.s.data();
+  for (int c = first; c <= last; c += kLanes) {
+    const int num_keys = std::min(kLanes, last + 1 - c);
+    for (int j = 0; j < num_keys; ++j) {
+      const int p = c + j;
+      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+      const int64_t row = slot * a.num_kv_heads + h;
+      float* v_row = &w.v[size_t(j) * head_dim];
+      load_row(keys, row, head_dim, v_row);
+      if (transpose)
+        for (int d = 0; d < head_dim; ++d) w.kt[size_t(d) * kLanes + j] = v_row[d];
+    }
+    if (transpose) {
+      for (int j = num_keys; j < kLanes; ++j)
+        for (int d = 0; d < head_dim; ++d) w.kt[size_t(d) * kLanes + j] = 0.0f;
+      scores_transposed(w, rows, head_dim, s);
+    } else {
+      scores_dot(w, w.v.data(), rows, head_dim, num_keys, s);
+    }
+    softmax_chunk(w, s, rows, head_dim, c, num_keys, a);
+    for (int j = 0; j < num_keys; ++j) {
+      const int p = c + j;
+      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+      load_row(values, slot * a.num_kv_heads + h, head_dim, &w.v[size_t(j) * head_dim]);
+    }
+    accumulate(w, rows, head_dim, num_keys);
+  }
+  for (int i = i0; i < i1; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const int m = (i - i0) * group + g;
+      const float inv = 1.0f / w.row_sum[m];
+      float* o = out + (int64_t(q_start + i) * a.num_heads + h * group + g) * head_dim;
+      for (int d = 0; d < head_dim; ++d) o[d] = w.acc[size_t(m) * head_dim + d] * inv;
+    }
+  }
+}
+
+static void attend(const AttentionArgs& args, const AttentionTile& tile) {
+  static thread_local Scratch scratch;
+  const AttentionShape& a = args.shape;
+  const int q_start = args.query_starts[tile.seq];
+  const int q_len = args.query_starts[tile.seq + 1] - q_start;
+  const int32_t* table = args.block_tables + int64_t(tile.seq) * a.max_blocks;
+  attend_tile_impl(a, args.queries, args.out, args.keys, args.values, table, args.context_lens[tile.seq], q_start,
+                   q_len, tile.kv_head, tile.row_begin, tile.row_end, scratch);
+}

@@ -10,12 +10,10 @@
 #include <nanobind/stl/optional.h>
 
 #include "kernels.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "pool.h"
-#include "strided.h"
+#include "primitive.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -105,16 +103,6 @@ void run_affine(const std::vector<mx::array>& in, mx::array& out, int bits, int 
     float* scratch = thread_scratch(thread, static_cast<size_t>(kAffineBlockRows) * k);
     kern.affine(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n, scratch);
   });
-}
-
-// Allocates `out`, then queues `task(inputs, out)` on the stream as MLX's own CPU ops do.
-template <class Task>
-void dispatch(const mx::Stream& stream, const std::vector<mx::array>& inputs, mx::array& out, Task task) {
-  auto& encoder = mx::cpu::get_command_encoder(stream);
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  for (auto& in : inputs) encoder.set_input_array(in);
-  encoder.set_output_array(out);
-  encoder.dispatch([inputs, out, task]() mutable { task(inputs, out); });
 }
 
 class DenseLinear : public mx::UnaryPrimitive {

@@ -1,12 +1,14 @@
-// Row-major views of kernel inputs: a row-contiguous array is used in place; anything else
-// (a transposed or broadcast view) is gathered into a buffer the caller keeps alive.
+// What every kernel primitive needs from MLX: queueing its work on the stream the way MLX's own
+// CPU ops do, and row-major views of its inputs.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "mlx/allocator.h"
 #include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
 
 namespace base_cpu {
 
@@ -30,6 +32,16 @@ inline const void* row_major(const mlx::core::array& a, std::vector<std::vector<
     }
   }
   return dst;
+}
+
+// Allocates `out`, then queues `task(inputs, out)` on the stream as MLX's own CPU ops do.
+template <class Task>
+void dispatch(const mlx::core::Stream& stream, const std::vector<mlx::core::array>& inputs, mlx::core::array& out, Task task) {
+  auto& encoder = mlx::core::cpu::get_command_encoder(stream);
+  out.set_data(mlx::core::allocator::malloc(out.nbytes()));
+  for (auto& in : inputs) encoder.set_input_array(in);
+  encoder.set_output_array(out);
+  encoder.dispatch([inputs, out, task]() mutable { task(inputs, out); });
 }
 
 }  // namespace base_cpu

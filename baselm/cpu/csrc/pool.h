@@ -1,0 +1,27 @@
+// The shared runtime of the CPU kernels: instruction-set choice and a small persistent thread
+// pool (MLX evaluates its CPU graph on one thread; a decode-sized matmul is too short for
+// OpenMP's fork/join to pay off on every call, so the workers spin briefly between calls).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <nanobind/nanobind.h>
+
+namespace base_cpu {
+
+// "avx512", "avx2" or "generic": the widest this CPU supports, unless BASE_CPU_ISA or set_isa
+// narrowed it.
+const std::string& active_isa();
+
+// Runs fn(begin, end, thread) over [0, num_chunks) split into dynamically claimed runs of
+// chunks, on up to num_threads() threads; returns when all chunks are done.
+void parallel_for(int num_chunks, const std::function<void(int, int, int)>& fn);
+int num_threads();
+
+// A float buffer of at least `count` floats owned by pool thread `thread` (reused across calls).
+float* thread_scratch(int thread, size_t count);
+
+void register_runtime(nanobind::module_& m);
+
+}  // namespace base_cpu

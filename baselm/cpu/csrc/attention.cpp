@@ -13,11 +13,10 @@
 #include <nanobind/stl/vector.h>
 
 #include "attention.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "pool.h"
+#include "primitive.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -49,17 +48,12 @@ int dtype_code(mx::Dtype dtype) {
   throw std::invalid_argument("paged_attention: KV pools must be float32, float16 or bfloat16");
 }
 
-void check_contiguous(const mx::array& a, const char* what) {
-  if (!a.flags().row_contiguous) {
-    throw std::invalid_argument(std::string("paged_attention: ") + what + " must be row-contiguous");
-  }
-}
+using Held = std::vector<std::vector<uint8_t>>;
 
-PoolView pool_view(const std::vector<mx::array>& parts, int bits, int group_size) {
-  for (auto& p : parts) check_contiguous(p, "each KV pool array");
-  if (bits == 0) return PoolView{parts[0].data<void>(), nullptr, nullptr, dtype_code(parts[0].dtype()), 0, 0};
-  return PoolView{parts[0].data<void>(), parts[1].data<void>(), parts[2].data<void>(), dtype_code(parts[1].dtype()),
-                  bits, group_size};
+PoolView pool_view(const std::vector<mx::array>& parts, int bits, int group_size, Held& held) {
+  if (bits == 0) return PoolView{row_major(parts[0], held), nullptr, nullptr, dtype_code(parts[0].dtype()), 0, 0};
+  return PoolView{row_major(parts[0], held), row_major(parts[1], held), row_major(parts[2], held),
+                  dtype_code(parts[1].dtype()), bits, group_size};
 }
 
 // Work items, the costliest (most rows x keys) first so the threads finish together.
@@ -91,16 +85,10 @@ class PagedAttention : public mx::UnaryPrimitive {
       : mx::UnaryPrimitive(stream), params_{block_size, scale, softcap, window, bits, group_size} {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
-    std::vector<mx::array> ins;
-    for (auto& a : inputs) ins.push_back(mx::array::unsafe_weak_copy(a));
     // NOTE: the task may run after this primitive is gone (MLX detaches a graph once it is
     // scheduled), so it captures a copy of the parameters, never `this`.
-    encoder.dispatch([ins = std::move(ins), out = mx::array::unsafe_weak_copy(out), params = params_]() mutable {
-      run(params, ins, out);
+    dispatch(stream(), inputs, out, [params = params_](const std::vector<mx::array>& ins, mx::array& o) {
+      run(params, ins, o);
     });
   }
 
@@ -132,18 +120,18 @@ class PagedAttention : public mx::UnaryPrimitive {
     const mx::array& tables = ins[1 + 2 * per_pool];
     const mx::array& context_lens = ins[2 + 2 * per_pool];
     const mx::array& starts = ins[3 + 2 * per_pool];
-    for (auto* a : {&tables, &context_lens, &starts}) check_contiguous(*a, "block tables, context and query lengths");
+    Held held;  // row-major copies of any strided input, alive until the kernel is done
     AttentionArgs args;
     const int num_kv_heads = key_parts[0].shape(2);
     args.shape = AttentionShape{q.shape(1), num_kv_heads, q.shape(2),     p.block_size,  tables.shape(1),
-                                p.scale,    p.softcap,    p.window,       q.strides()[0], q.strides()[1]};
-    args.queries = q.data<float>();
+                                p.scale,    p.softcap,    p.window,       int64_t(q.shape(1)) * q.shape(2), q.shape(2)};
+    args.queries = static_cast<const float*>(row_major(q, held));
     args.out = out.data<float>();
-    args.keys = pool_view(key_parts, p.bits, p.group_size);
-    args.values = pool_view(value_parts, p.bits, p.group_size);
-    args.block_tables = tables.data<int32_t>();
-    args.context_lens = context_lens.data<int32_t>();
-    args.query_starts = starts.data<int32_t>();
+    args.keys = pool_view(key_parts, p.bits, p.group_size, held);
+    args.values = pool_view(value_parts, p.bits, p.group_size, held);
+    args.block_tables = static_cast<const int32_t*>(row_major(tables, held));
+    args.context_lens = static_cast<const int32_t*>(row_major(context_lens, held));
+    args.query_starts = static_cast<const int32_t*>(row_major(starts, held));
     const int num_seqs = context_lens.shape(0);
     int64_t row_keys = 0;
     auto tiles = make_tiles(args.query_starts, args.context_lens, num_seqs, num_kv_heads, q.shape(1) / num_kv_heads,
@@ -170,7 +158,6 @@ void check_inputs(const mx::array& q, const std::vector<mx::array>& keys, const 
   if (q.ndim() != 3 || q.dtype() != mx::float32) fail("queries must be float32 (num_tokens, heads, head_dim)");
   const int head_dim = q.shape(2);
   if (head_dim % 16 != 0) fail("head_dim must be a multiple of 16");
-  if (q.strides()[2] != 1) fail("queries must be contiguous along head_dim");
   const size_t parts = bits == 0 ? 1 : 3;
   if (keys.size() != parts || values.size() != parts) fail("a pool is one array, or codes, scales and biases");
   if (bits != 0 && bits != 4 && bits != 8) fail("bits must be 0 (float pool), 4 or 8");

@@ -21,7 +21,7 @@ struct AttentionShape {
   int num_heads, num_kv_heads, head_dim, block_size, max_blocks;
   float scale, softcap;  // softcap 0: none
   int window;  // 0: none
-  int64_t q_token_stride, q_head_stride;  // in floats; the head_dim stride is 1
+  int64_t q_token_stride, q_head_stride;  // in floats (heads * head_dim, head_dim)
 };
 
 
@@ -30,7 +30,7 @@ struct AttentionShape {
 // context_lens[s] - query_len + i and sees the keys at positions <= its own.
 struct AttentionArgs {
   AttentionShape shape;
-  const float* queries;  // (num_tokens, heads, head_dim), strides in shape
+  const float* queries;  // (num_tokens, heads, head_dim) row-major
   float* out;  // (num_tokens, heads, head_dim) contiguous
   PoolView keys, values;  // (num_blocks * block_size, kv_heads, head_dim) logical rows
   const int32_t* block_tables;  // (num_seqs, max_blocks)

@@ -10,10 +10,12 @@
 
 namespace base_cpu {
 void register_linear(nanobind::module_& m);
+void register_attention(nanobind::module_& m);
 }
 
 NB_MODULE(_kernels, m) {
   m.doc() = "CPU kernels that MLX runs inside its graph (see baselm/cpu).";
   base_cpu::register_runtime(m);
   base_cpu::register_linear(m);
+  base_cpu::register_attention(m);
 }

@@ -10,6 +10,7 @@ from baselm.kv.cache import LayerKV
 from baselm.metal import AttentionMetadata
 from baselm.models.base import ModelConfigError
 from baselm.models.linear import fuse_linears, fused_linear
+from baselm.models.norm import RMSNorm
 from baselm.models.rope import RoPE
 
 
@@ -33,7 +34,7 @@ class Attention(nn.Module):
         scale: float | None = None,
         softcap: float | None = None,
         window: int | None = None,
-        norm_cls: type[nn.Module] = nn.RMSNorm,
+        norm_cls: type[nn.Module] = RMSNorm,
     ):
         super().__init__()
         if num_heads % num_kv_heads:

@@ -29,6 +29,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from baselm.config import ConfigError, EngineConfig, format_size
+from baselm.cpu.attention import attention_kernel_status
+from baselm.cpu.fused import fused_kernel_status
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 from baselm.metal import kernel_status
@@ -219,7 +221,7 @@ def run_all(loaded: LoadedModel, config: EngineConfig, options: BenchOptions) ->
     report: dict[str, Any] = {
         "model": loaded.name,
         "backend": loaded.backend.name,
-        "attention": kernel_status(),
+        "attention": {**kernel_status(), **attention_kernel_status(), **fused_kernel_status()},
         "kv_pool_bytes": engine.cache.nbytes,
         "kv_blocks": engine.kv_manager.num_blocks,
         "config": {k: getattr(config, k) for k in config.__slots__},

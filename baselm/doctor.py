@@ -16,6 +16,8 @@ from rich.text import Text
 from baselm import blas
 from baselm.backend import device_memory_bytes, gpu_kind, system_memory_bytes
 from baselm.config import format_size
+from baselm.cpu.attention import attention_kernel_status
+from baselm.cpu.fused import fused_kernel_status
 from baselm.metal import kernel_status
 from baselm.store.default_model import base_home
 
@@ -40,7 +42,7 @@ def collect() -> dict[str, Any]:
         "compute": "float32 (quantized weights dequantized at load)"
         if backend == "cpu"
         else "quantized weights on the GPU",
-        "kernels": kernel_status(),
+        "kernels": {**kernel_status(), **attention_kernel_status(), **fused_kernel_status()},
         "store": str(home),
         "store_free_bytes": disk.free,
         "warnings": [],

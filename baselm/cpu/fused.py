@@ -55,4 +55,4 @@ def fused_kernel_status() -> dict[str, str]:
         state = "not used (MLX runs on a GPU)"
     else:
         state = f"used ({cpu.kernels.fused_isa()})"
-    return {"cpu rms_norm, rope, gated activation": state}
+    return {"cpu rms_norm/rope/gated activation": state}

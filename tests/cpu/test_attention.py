@@ -141,3 +141,8 @@ def test_bad_inputs_are_refused_with_a_reason():
         cpu.kernels.paged_attention(queries, [key_pool], [value_pool], *args, 8, 32)
     with pytest.raises(ValueError, match="num_seqs"):
         cpu.kernels.paged_attention(queries, [key_pool], [value_pool], *args[:2], starts[:3], *args[3:], 0, 0)
+
+
+@requires_kernels
+def test_status_names_the_instruction_set_in_use():
+    assert attention.attention_kernel_status() == {"cpu paged_attention": f"used ({cpu.kernels.isa()})"}

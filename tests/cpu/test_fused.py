@@ -134,3 +134,7 @@ def test_bad_inputs_are_refused_with_a_reason():
         cpu.kernels.rope(normal(2, 2, 8), mx.array([0, 1], dtype=mx.int32), normal(5), 10, False)
     with pytest.raises(ValueError, match="act must be"):
         cpu.kernels.gated_activation(normal(2, 8), "relu")
+
+
+def test_status_names_the_instruction_set_in_use():
+    assert fused.fused_kernel_status() == {"cpu rms_norm/rope/gated activation": f"used ({cpu.kernels.isa()})"}

@@ -13,6 +13,8 @@
 
 #include "vec_math.h"
 
+#define BASE_IDX(...) __VA_ARGS__
+
 static inline float bf16_round(float x) {  // to the nearest bfloat16, ties to even
   uint32_t u;
   std::memcpy(&u, &x, 4);
@@ -63,8 +65,9 @@ static inline void load_row(const PoolView& pool, int64_t row, int head_dim, flo
 
 // Scratch of one work item: `rows` = query rows x heads per KV head.
 struct Scratch {
-  std::vector<float> q, acc, p, kt, v, row_max, row_sum;
+  std::vector<float> q, acc, p, kt, v, row_max;
   std::vector<vf> s;  // (rows,) scores of one chunk
+  std::vector<vf> sums;  // (rows,) running softmax denominators, lane-wise
   std::vector<int> pos;
   void size(int rows, int head_dim) {
     q.resize(size_t(rows) * head_dim);
@@ -73,33 +76,56 @@ struct Scratch {
     kt.resize(size_t(head_dim) * kLanes);
     v.resize(size_t(kLanes) * head_dim);
     row_max.assign(rows, -INFINITY);
-    row_sum.assign(rows, 0.0f);
     pos.resize(rows);
     s.resize(rows);
+    sums.assign(rows, vf{});
   }
 };
 
+// kt (head_dim, 16) = the 16 key rows of v (16, head_dim) transposed, 16x16 blocks at a time by
+// four butterfly rounds (each swaps the off-diagonal sub-blocks of size 8, 4, 2, 1).
+static inline void transpose_keys(const float* v, int head_dim, float* kt) {
+  for (int b = 0; b < head_dim; b += kLanes) {
+    vf r[kLanes];
+    for (int j = 0; j < kLanes; ++j) r[j] = vload(v + size_t(j) * head_dim + b);
+#define BASE_BUTTERFLY(S, LO, HI)                                  \
+  for (int i = 0; i < kLanes; ++i) {                               \
+    if (i & S) continue;                                           \
+    const vf a = r[i], c = r[i + S];                               \
+    r[i] = __builtin_shufflevector(a, c, LO);                      \
+    r[i + S] = __builtin_shufflevector(a, c, HI);                  \
+  }
+    BASE_BUTTERFLY(8, BASE_IDX(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+                   BASE_IDX(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31))
+    BASE_BUTTERFLY(4, BASE_IDX(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),
+                   BASE_IDX(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31))
+    BASE_BUTTERFLY(2, BASE_IDX(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),
+                   BASE_IDX(2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31))
+    BASE_BUTTERFLY(1, BASE_IDX(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
+                   BASE_IDX(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31))
+#undef BASE_BUTTERFLY
+    for (int d = 0; d < kLanes; ++d) vstore(kt + size_t(b + d) * kLanes, r[d]);
+  }
+}
+
 // scores (rows, 16) of the query rows against 16 keys held transposed in kt (head_dim, 16).
+// R rows at a time: R independent multiply-add chains keep both FMA pipes busy.
+template <int R>
+static inline void scores_rows(const Scratch& w, int m, int head_dim, vf* s) {
+  vf acc[R] = {};
+  const float* q = &w.q[size_t(m) * head_dim];
+  for (int d = 0; d < head_dim; ++d) {
+    const vf k = vload(&w.kt[size_t(d) * kLanes]);
+    for (int r = 0; r < R; ++r) acc[r] += q[size_t(r) * head_dim + d] * k;
+  }
+  for (int r = 0; r < R; ++r) s[m + r] = acc[r];
+}
+
 static inline void scores_transposed(const Scratch& w, int rows, int head_dim, vf* s) {
   int m = 0;
-  for (; m + 4 <= rows; m += 4) {
-    vf s0{}, s1{}, s2{}, s3{};
-    const float* q0 = &w.q[size_t(m) * head_dim];
-    for (int d = 0; d < head_dim; ++d) {
-      const vf k = vload(&w.kt[size_t(d) * kLanes]);
-      s0 += q0[d] * k;
-      s1 += q0[head_dim + d] * k;
-      s2 += q0[2 * head_dim + d] * k;
-      s3 += q0[3 * head_dim + d] * k;
-    }
-    s[m] = s0, s[m + 1] = s1, s[m + 2] = s2, s[m + 3] = s3;
-  }
-  for (; m < rows; ++m) {
-    vf s0{};
-    const float* q0 = &w.q[size_t(m) * head_dim];
-    for (int d = 0; d < head_dim; ++d) s0 += q0[d] * vload(&w.kt[size_t(d) * kLanes]);
-    s[m] = s0;
-  }
+  for (; m + 8 <= rows; m += 8) scores_rows<8>(w, m, head_dim, s);
+  for (; m + 4 <= rows; m += 4) scores_rows<4>(w, m, head_dim, s);
+  for (; m < rows; ++m) scores_rows<1>(w, m, head_dim, s);
 }
 
 // The same scores from the keys as rows of v-layout (16, head_dim): for few query rows (decode),
@@ -118,19 +144,25 @@ static inline void scores_dot(const Scratch& w, const float* keys, int rows, int
   }
 }
 
-// Online softmax of one 16-key chunk starting at key position `first`: masks, updates each
-// row's max and sum, rescales its accumulator, and leaves the chunk's weights in w.p.
+// Online softmax of one 16-key chunk starting at key position `first`: masks (unless every row
+// sees every key of it), updates each row's max and sum, rescales its accumulator, and leaves
+// the chunk's weights in w.p.
 static inline void softmax_chunk(Scratch& w, vf* s, int rows, int head_dim, int first, int num_keys,
                                  const AttentionShape& a) {
+  const bool all_visible = num_keys == kLanes && first + kLanes - 1 <= w.pos[0] &&
+                           (a.window == 0 || first > w.pos[rows - 1] - a.window);
   vi key_pos;
   for (int j = 0; j < kLanes; ++j) key_pos[j] = first + j;
   const vi valid_key = key_pos < (first + num_keys);
+  vi ok = valid_key;
   for (int m = 0; m < rows; ++m) {
     vf x = s[m];
     if (a.softcap > 0.0f) x = vtanh(x * (1.0f / a.softcap)) * a.softcap;
-    vi ok = valid_key & (key_pos <= w.pos[m]);
-    if (a.window > 0) ok = ok & (key_pos > w.pos[m] - a.window);
-    x = vselect(ok, x, vsplat(-INFINITY));
+    if (!all_visible) {
+      ok = valid_key & (key_pos <= w.pos[m]);
+      if (a.window > 0) ok = ok & (key_pos > w.pos[m] - a.window);
+      x = vselect(ok, x, vsplat(-INFINITY));
+    }
     const float chunk_max = hmax(x);
     float* p = &w.p[size_t(m) * kLanes];
     if (chunk_max == -INFINITY) {  // nothing of this chunk is visible to this row
@@ -138,44 +170,42 @@ static inline void softmax_chunk(Scratch& w, vf* s, int rows, int head_dim, int 
       continue;
     }
     const float old_max = w.row_max[m];
-    const float new_max = chunk_max > old_max ? chunk_max : old_max;
-    if (new_max > old_max && old_max != -INFINITY) {
-      const float c = vexp(vsplat(old_max - new_max))[0];
-      w.row_sum[m] *= c;
-      float* acc = &w.acc[size_t(m) * head_dim];
-      for (int d = 0; d < head_dim; d += kLanes) vstore(acc + d, vload(acc + d) * c);
+    if (chunk_max > old_max) {
+      if (old_max != -INFINITY) {
+        const float c = vexp(vsplat(old_max - chunk_max))[0];
+        w.sums[m] *= c;
+        float* acc = &w.acc[size_t(m) * head_dim];
+        for (int d = 0; d < head_dim; d += kLanes) vstore(acc + d, vload(acc + d) * c);
+      }
+      w.row_max[m] = chunk_max;
     }
-    w.row_max[m] = new_max;
-    const vf e = vselect(ok, vexp(x - new_max), vf{});
-    w.row_sum[m] += hsum(e);
+    vf e = vexp(x - w.row_max[m]);
+    if (!all_visible) e = vselect(ok, e, vf{});
+    w.sums[m] += e;
     vstore(p, e);
   }
 }
 
-// acc (rows, head_dim) += p (rows, 16) . v (16, head_dim)
+// acc (rows, head_dim) += p (rows, 16) . v (16, head_dim), R rows of one 16-wide column at a time.
+template <int R>
+static inline void accumulate_rows(Scratch& w, int m, int d, int head_dim, int num_keys) {
+  float* acc = &w.acc[size_t(m) * head_dim + d];
+  const float* p = &w.p[size_t(m) * kLanes];
+  vf a[R];
+  for (int r = 0; r < R; ++r) a[r] = vload(acc + size_t(r) * head_dim);
+  for (int j = 0; j < num_keys; ++j) {
+    const vf v = vload(&w.v[size_t(j) * head_dim + d]);
+    for (int r = 0; r < R; ++r) a[r] += p[r * kLanes + j] * v;
+  }
+  for (int r = 0; r < R; ++r) vstore(acc + size_t(r) * head_dim, a[r]);
+}
+
 static inline void accumulate(Scratch& w, int rows, int head_dim, int num_keys) {
   for (int d = 0; d < head_dim; d += kLanes) {
     int m = 0;
-    for (; m + 4 <= rows; m += 4) {
-      float* acc = &w.acc[size_t(m) * head_dim + d];
-      vf a0 = vload(acc), a1 = vload(acc + head_dim), a2 = vload(acc + 2 * head_dim), a3 = vload(acc + 3 * head_dim);
-      const float* p = &w.p[size_t(m) * kLanes];
-      for (int j = 0; j < num_keys; ++j) {
-        const vf v = vload(&w.v[size_t(j) * head_dim + d]);
-        a0 += p[j] * v;
-        a1 += p[kLanes + j] * v;
-        a2 += p[2 * kLanes + j] * v;
-        a3 += p[3 * kLanes + j] * v;
-      }
-      vstore(acc, a0), vstore(acc + head_dim, a1), vstore(acc + 2 * head_dim, a2), vstore(acc + 3 * head_dim, a3);
-    }
-    for (; m < rows; ++m) {
-      float* acc = &w.acc[size_t(m) * head_dim + d];
-      vf a0 = vload(acc);
-      const float* p = &w.p[size_t(m) * kLanes];
-      for (int j = 0; j < num_keys; ++j) a0 += p[j] * vload(&w.v[size_t(j) * head_dim + d]);
-      vstore(acc, a0);
-    }
+    for (; m + 8 <= rows; m += 8) accumulate_rows<8>(w, m, d, head_dim, num_keys);
+    for (; m + 4 <= rows; m += 4) accumulate_rows<4>(w, m, d, head_dim, num_keys);
+    for (; m < rows; ++m) accumulate_rows<1>(w, m, d, head_dim, num_keys);
   }
 }
 
@@ -207,14 +237,11 @@ static void attend_tile_impl(const AttentionShape& a, const float* queries, floa
       const int p = c + j;
       const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
       const int64_t row = slot * a.num_kv_heads + h;
-      float* v_row = &w.v[size_t(j) * head_dim];
-      load_row(keys, row, head_dim, v_row);
-      if (transpose)
-        for (int d = 0; d < head_dim; ++d) w.kt[size_t(d) * kLanes + j] = v_row[d];
+      load_row(keys, row, head_dim, &w.v[size_t(j) * head_dim]);
     }
     if (transpose) {
-      for (int j = num_keys; j < kLanes; ++j)
-        for (int d = 0; d < head_dim; ++d) w.kt[size_t(d) * kLanes + j] = 0.0f;
+      std::fill(w.v.begin() + size_t(num_keys) * head_dim, w.v.end(), 0.0f);
+      transpose_keys(w.v.data(), head_dim, w.kt.data());
       scores_transposed(w, rows, head_dim, s);
     } else {
       scores_dot(w, w.v.data(), rows, head_dim, num_keys, s);
@@ -230,7 +257,7 @@ static void attend_tile_impl(const AttentionShape& a, const float* queries, floa
   for (int i = i0; i < i1; ++i) {
     for (int g = 0; g < group; ++g) {
       const int m = (i - i0) * group + g;
-      const float inv = 1.0f / w.row_sum[m];
+      const float inv = 1.0f / hsum(w.sums[m]);
       float* o = out + (int64_t(q_start + i) * a.num_heads + h * group + g) * head_dim;
       for (int d = 0; d < head_dim; ++d) o[d] = w.acc[size_t(m) * head_dim + d] * inv;
     }

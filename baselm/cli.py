@@ -311,6 +311,11 @@ def _background_server(client: AsyncEngine, model_name: str, options: ServeOptio
         thread.join(5.0)
 
 
+SYNTHETIC_HELP = (
+    "Instead of a model: random-weight models of these sizes (135M,360M,1B), decode tok/s beside the roofline."
+)
+
+
 @app.command()
 def bench(
     model: str | None = typer.Argument(None, help=MODEL_HELP + " Not with --synthetic."),
@@ -334,12 +339,7 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-    synthetic: str = typer.Option(
-        "",
-        "--synthetic",
-        help="Instead of a model: random-weight models of these sizes (135M,360M,1B), decode "
-        "tok/s beside the memory roofline.",
-    ),
+    synthetic: str = typer.Option("", "--synthetic", help=SYNTHETIC_HELP),
     synthetic_bits: int = typer.Option(4, "--synthetic-bits", help="4 or 8 (affine, groups of 32), 32: float32."),
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model."""

@@ -5,7 +5,7 @@ On the CPU MLX runs every matmul as a BLAS GEMM and has no fast quantized matmul
 kernels loaded, `use_cpu_kernels` swaps a model's linear layers for `KernelLinear` (float32
 weights, the kernel for few rows, BLAS GEMM for prefill-sized inputs) and
 `KernelQuantizedLinear` / `KernelQuantizedEmbedding` (weights stay in MLX's affine layout and
-are decoded as they stream through the kernel).
+are decoded as they stream through the kernel, at every number of rows).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import mlx.nn as nn
 
 from baselm import cpu
 
-# Activation rows up to which the float32 kernel beats BLAS GEMM (measured: `base bench`).
+# Activation rows up to which the float32 kernel beats OpenBLAS GEMM. Measured per call on
+# SmolLM2's shapes (CPU ms, kernel vs GEMM): 1 row 0.19 vs 0.24, 8 rows 0.31 vs 0.53, 32 rows
+# 0.70 vs 0.62 (1536x576); 49152x576: 32 rows 22 vs 26, 128 rows 75 vs 72. Even from 16 to
+# 128 rows; GEMM's blocking wins beyond, so prefill keeps it.
 DENSE_KERNEL_MAX_ROWS = 32
-# Rows up to which the quantized kernel beats decoding the weight to float32 for BLAS GEMM.
-QUANT_KERNEL_MAX_ROWS = 64
 
 
 def _rows(x: mx.array) -> int:
@@ -67,8 +68,10 @@ class KernelQuantizedLinear(nn.Module):
 
 
 def _affine_linear(x: mx.array, layer: nn.Module, bias: mx.array | None) -> mx.array:
-    """x through `layer`'s affine triplet: the kernel for few rows, else float32 BLAS GEMM."""
-    if x.dtype == mx.float32 and _rows(x) <= QUANT_KERNEL_MAX_ROWS:
+    """x through `layer`'s affine triplet by the kernel, at any number of rows: decoding the
+    weight to float32 for GEMM costs more than it saves (128 rows of a 1536x576 q4 weight:
+    1.95 CPU ms in the kernel, 3.5 ms dequantized + GEMM, 2.2 ms GEMM on float32 weights)."""
+    if x.dtype == mx.float32:
         return cpu.kernels.affine_linear(
             x, layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits, bias
         )

@@ -81,8 +81,8 @@ def test_quantized_layers_stay_quantized_and_fuse() -> None:
     assert not any(type(m) in (nn.Linear, nn.QuantizedLinear) for m in model.modules())
 
 
-def test_rows_above_the_kernel_threshold_take_the_gemm_path() -> None:
-    """A prefill-sized input goes through BLAS on the dequantized weight, with the same result."""
+def test_quantized_layer_at_prefill_sizes_and_in_float16() -> None:
+    """Prefill-sized inputs stay on the kernel; a float16 input takes MLX's ops on the dequantized weight."""
     mx.random.seed(3)
     w = mx.random.normal((48, 64))
     codes, scales, biases = mx.quantize(w, 32, 4)
@@ -93,6 +93,9 @@ def test_rows_above_the_kernel_threshold_take_the_gemm_path() -> None:
     for rows in (1, 65, 200):
         x = mx.random.normal((rows, 64))
         np.testing.assert_allclose(np.array(layer(x)), np.array(x @ dense.T), rtol=1e-5, atol=1e-4)
+    half = mx.random.normal((3, 64)).astype(mx.float16)
+    assert layer(half).dtype == mx.float16
+    np.testing.assert_allclose(np.array(layer(half)), np.array(half @ dense.astype(mx.float16).T), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.slow

@@ -221,6 +221,7 @@ def run_all(loaded: LoadedModel, config: EngineConfig, options: BenchOptions) ->
     report: dict[str, Any] = {
         "model": loaded.name,
         "backend": loaded.backend.name,
+        "matmuls": loaded.backend.linear_path,
         "attention": {**kernel_status(), **attention_kernel_status(), **fused_kernel_status()},
         "kv_pool_bytes": engine.cache.nbytes,
         "kv_blocks": engine.kv_manager.num_blocks,
@@ -254,6 +255,7 @@ def render(report: dict[str, Any]) -> None:
         f"[bold]{report['model']}[/] on {report['backend']}, KV pool {format_size(report['kv_pool_bytes'], 'MiB', 0)} "
         f"({report['kv_blocks']} blocks), peak RSS {report['peak_rss_mb']:.0f} MiB"
     )
+    console.print(f"matmuls: {report['matmuls']}", highlight=False)
     console.print("attention: " + ", ".join(f"{k} {v}" for k, v in report["attention"].items()), highlight=False)
     table = Table(
         "conc",

@@ -311,9 +311,14 @@ def _background_server(client: AsyncEngine, model_name: str, options: ServeOptio
         thread.join(5.0)
 
 
+SYNTHETIC_HELP = (
+    "Instead of a model: random-weight models of these sizes (135M,360M,1B), decode tok/s beside the roofline."
+)
+
+
 @app.command()
 def bench(
-    model: str = typer.Argument(..., help=MODEL_HELP),
+    model: str | None = typer.Argument(None, help=MODEL_HELP + " Not with --synthetic."),
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Prompt length of each request."),
     gen_tokens: int = typer.Option(64, "--gen-tokens", help="Tokens generated per request."),
     concurrency: str = typer.Option("1,4,8", "--concurrency", help="Comma-separated concurrent request counts."),
@@ -334,12 +339,17 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    synthetic: str = typer.Option("", "--synthetic", help=SYNTHETIC_HELP),
+    synthetic_bits: int = typer.Option(4, "--synthetic-bits", help="4 or 8 (affine, groups of 32), 32: float32."),
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model."""
     from baselm.backend import select_backend
     from baselm.bench import BenchOptions, render, run_all
     from baselm.loader import load_model
 
+    if synthetic or model is None:
+        _bench_synthetic(model, synthetic, synthetic_bits, gen_tokens, seed, device, as_json)
+        return
     try:
         config = EngineConfig(
             kv_memory=parse_optional_size(kv_memory),
@@ -364,6 +374,27 @@ def bench(
         print(json.dumps(report, indent=2))
     else:
         render(report)
+
+
+def _bench_synthetic(
+    model: str | None, sizes: str, bits: int, gen_tokens: int, seed: int, device: str, as_json: bool
+) -> None:
+    from baselm.backend import select_backend
+    from baselm.bench_synthetic import render_synthetic, run_synthetic
+
+    if model is not None or not sizes:
+        _fail("give either a model or --synthetic SIZES")
+    if bits not in (4, 8, 32):
+        _fail(f"--synthetic-bits must be 4, 8 or 32, got {bits}")
+    try:
+        names = [s.strip() for s in sizes.split(",") if s.strip()]
+        report = run_synthetic(names, None if bits == 32 else bits, select_backend(device), gen_tokens, seed)
+    except _user_errors() as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        render_synthetic(report)
 
 
 @app.command()

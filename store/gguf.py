@@ -115,6 +115,14 @@ class GGUFFile:
         """The tensor's bytes, (num_bytes,) uint8, a view of the mapped file (nothing is copied)."""
         return np.frombuffer(self._data, dtype=np.uint8, count=info.num_bytes, offset=info.offset)
 
+    def release(self, info: TensorInfo) -> None:
+        """Drops the tensor's mapped pages from this process's memory once it has been copied out
+        (they stay in the page cache; reading the tensor again maps them back)."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = info.offset - info.offset % mmap.PAGESIZE
+        self._data.madvise(mmap.MADV_DONTNEED, start, info.offset + info.num_bytes - start)
+
     def check_types(self) -> None:
         """A clear error if any tensor has a type base cannot read, before anything is converted."""
         for info in self.tensors.values():
@@ -259,6 +267,7 @@ def read_metadata(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
             tensors[name] = mx.array(value.codes)
             tensors[f"{prefix}.scales"] = mx.array(value.scales)
             tensors[f"{prefix}.biases"] = mx.array(value.biases)
+        gguf_file.release(info)  # copied into MLX arrays: the mapped pages need not stay resident
     return tensors, gguf_file.metadata
 
 

@@ -79,6 +79,9 @@ def build(force: bool = False) -> Path:
         staged = target.with_suffix(f".{os.getpid()}.tmp")
         shutil.copy2(built, staged)
         os.replace(staged, target)  # atomic: a concurrent loader sees no half-written module
+    for stale in BUILD_ROOT.glob("mlx-*"):  # builds for an older mlx or older sources
+        if stale != target.parent:
+            shutil.rmtree(stale, ignore_errors=True)
     return target
 
 

@@ -65,7 +65,7 @@ def test_affine_matches_dequantized_matmul(kernels, bits: int, group_size: int, 
     codes, scales, biases = mx.quantize(w, group_size, bits)
     scales, biases = scales.astype(scale_dtype), biases.astype(scale_dtype)
     dense = _reference_weight(codes, scales, biases, group_size, bits)
-    for rows in (1, 4, 9):
+    for rows in (1, 2, 3, 4, 5, 9):  # up to 4 rows decode in registers (4- and 8-bit), more through a buffer
         x = mx.random.normal((rows, k))
         _close(kernels.affine_linear(x, codes, scales, biases, group_size, bits), x @ dense.T, x, dense)
 
@@ -79,6 +79,16 @@ def test_affine_q4_rows_and_bias(kernels, rows: int) -> None:
     dense = _reference_weight(codes, scales, biases, 32, 4)
     x = mx.random.normal((rows, 576))
     _close(kernels.affine_linear(x, codes, scales, biases, 32, 4, bias), x @ dense.T + bias, x, dense)
+
+
+def test_affine_takes_non_contiguous_activations(kernels) -> None:
+    mx.random.seed(4)
+    w = mx.random.normal((20, 64))
+    codes, scales, biases = mx.quantize(w, 32, 8)
+    dense = _reference_weight(codes, scales, biases, 32, 8)
+    for rows in (2, 6):
+        x = mx.random.normal((64, rows * 2))[:, ::2].T  # (rows, 64), strided
+        _close(kernels.affine_linear(x, codes, scales, biases, 32, 8), x @ dense.T, x, dense)
 
 
 def test_affine_codes_from_a_gguf_block_layout(kernels) -> None:

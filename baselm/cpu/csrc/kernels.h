@@ -40,15 +40,21 @@ struct AffineArgs {
   const float* bias;  // (N,) or nullptr
   float* y;  // (M, N), row stride ldy
   int64_t ldy;
+  // Set by affine_prepare when the ISA's fused few-row path applies, else nullptr:
+  const float* xp;  // (M, K) x reordered to the decoder's lane order, then (M, K / gs) group sums of x
 };
 
 // Rows of weights decoded per block of the affine kernel (the scratch holds this many rows of K).
 constexpr int kAffineBlockRows = 4;
+constexpr int kAffineScratchRows = kAffineBlockRows + 2;  // + the block's scales and biases as float32
 
 struct LinearKernels {
   const char* isa;
   void (*dense)(const DenseArgs&, int n0, int n1);
-  // scratch: kAffineBlockRows * K floats, owned by the calling thread.
+  // Floats affine_prepare writes for these args: 0 when the fused path does not apply.
+  int64_t (*affine_prepared_size)(const AffineArgs&);
+  void (*affine_prepare)(const AffineArgs&, float* xp);
+  // scratch: kAffineScratchRows * K floats, owned by the calling thread.
   void (*affine)(const AffineArgs&, int n0, int n1, float* scratch);
 };
 

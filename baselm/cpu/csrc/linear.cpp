@@ -79,6 +79,13 @@ int scale_type(mx::Dtype dtype) {
   return kScaleF32;
 }
 
+// The reordered activations of one affine call, per calling (stream) thread.
+float* prepared_buffer(int64_t count) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < static_cast<size_t>(count)) buffer.resize(count);
+  return buffer.data();
+}
+
 void run_affine(const std::vector<mx::array>& in, mx::array& out, int bits, int group_size, bool has_bias) {
   std::vector<std::vector<uint8_t>> held;
   const int k = in[0].shape(-1);
@@ -97,10 +104,17 @@ void run_affine(const std::vector<mx::array>& in, mx::array& out, int bits, int 
                   k,
                   has_bias ? static_cast<const float*>(row_major(in[4], held)) : nullptr,
                   out.data<float>(),
-                  n};
+                  n,
+                  nullptr};
   const LinearKernels& kern = kernels();
+  int64_t prepared = kern.affine_prepared_size(args);
+  if (prepared > 0) {
+    float* xp = prepared_buffer(prepared);
+    kern.affine_prepare(args, xp);
+    args.xp = xp;
+  }
   parallel_for(num_chunks(n), [&](int begin, int end, int thread) {
-    float* scratch = thread_scratch(thread, static_cast<size_t>(kAffineBlockRows) * k);
+    float* scratch = thread_scratch(thread, static_cast<size_t>(kAffineScratchRows) * k);
     kern.affine(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n, scratch);
   });
 }

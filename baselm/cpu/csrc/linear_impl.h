@@ -230,9 +230,26 @@ void decode_row(const AffineArgs& a, int n, float* dst) {
   }
 }
 
+// Scales or biases of `rows` weight rows, (rows, G) at `row0`, as float32 into dst (rows * G).
+inline void widen_scales(const void* base, int type, int64_t ld, int n, int rows, int groups, float* dst) {
+  for (int r = 0; r < rows; ++r) {
+    int64_t at = (n + r) * ld;
+    float* out = dst + static_cast<int64_t>(r) * groups;
+    int g = 0;
+#if defined(__F16C__)
+    if (type == kScaleF16) {
+      const uint16_t* h = static_cast<const uint16_t*>(base) + at;
+      for (; g + 8 <= groups; g += 8)
+        _mm256_storeu_ps(out + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + g))));
+    }
+#endif
+    for (; g < groups; ++g) out[g] = scale_at(base, type, at + g);
+  }
+}
+
 // Decodes NR weight rows at a time into the thread's scratch (it stays in L1/L2 while every
 // activation row passes over it), then runs the float tile on them.
-void affine(const AffineArgs& a, int n0, int n1, float* scratch) {
+void affine_decoded(const AffineArgs& a, int n0, int n1, float* scratch) {
   for (int n = n0; n < n1; n += NR) {
     int rows = min_int(NR, n1 - n);
     const float* w[NR];
@@ -245,10 +262,166 @@ void affine(const AffineArgs& a, int n0, int n1, float* scratch) {
   }
 }
 
+#if defined(__AVX512BW__) || defined(__AVX2__)
+// The fused few-row path: codes are decoded into registers and multiplied straight away, no
+// scratch. Per group, sum_k x_k (s q_k + b) = s * sum_k x_k q_k + b * sum_k x_k, so the inner
+// loop is two FMAs per code vector; the b terms are one dot product per row over the group
+// sums of x. For 4-bit codes, one vector of bytes holds value pairs (low nibble first), so x
+// is reordered once per call: within each chunk of 2L values, the even ones then the odd ones.
+#if defined(__AVX512BW__)
+typedef __m512 VF;
+typedef __m512i VI;
+constexpr int L = 16;
+inline VI bytes_to_lanes(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline VF cvt(VI v) { return _mm512_cvtepi32_ps(v); }
+inline VI low_nibble(VI v) { return _mm512_and_si512(v, _mm512_set1_epi32(0x0f)); }
+inline VI high_nibble(VI v) { return _mm512_srli_epi32(v, 4); }
+inline VF vload(const float* p) { return _mm512_loadu_ps(p); }
+inline VF vfma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VF vset1(float f) { return _mm512_set1_ps(f); }
+inline VF vzero() { return _mm512_setzero_ps(); }
+inline float vsum(VF v) { return _mm512_reduce_add_ps(v); }
+constexpr int kFusedMaxRows = 4;  // activation rows
+#else
+typedef __m256 VF;
+typedef __m256i VI;
+constexpr int L = 8;
+inline VI bytes_to_lanes(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline VF cvt(VI v) { return _mm256_cvtepi32_ps(v); }
+inline VI low_nibble(VI v) { return _mm256_and_si256(v, _mm256_set1_epi32(0x0f)); }
+inline VI high_nibble(VI v) { return _mm256_srli_epi32(v, 4); }
+inline VF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VF vset1(float f) { return _mm256_set1_ps(f); }
+inline VF vzero() { return _mm256_setzero_ps(); }
+inline float vsum(VF v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+constexpr int kFusedMaxRows = 4;
+#endif
+
+bool fused_applies(const AffineArgs& a) {
+  return a.M <= kFusedMaxRows && (a.bits == 4 || a.bits == 8) && a.group_size % (2 * L) == 0;
+}
+
+int64_t affine_prepared_size(const AffineArgs& a) {
+  return fused_applies(a) ? static_cast<int64_t>(a.M) * (a.K + a.K / a.group_size) : 0;
+}
+
+void affine_prepare(const AffineArgs& a, float* xp) {
+  const int groups = a.K / a.group_size;
+  float* sums = xp + static_cast<int64_t>(a.M) * a.K;
+  for (int m = 0; m < a.M; ++m) {
+    const float* x = a.x + m * a.ldx;
+    float* dst = xp + static_cast<int64_t>(m) * a.K;
+    if (a.bits == 4) {
+      for (int c = 0; c < a.K; c += 2 * L) {
+        for (int i = 0; i < L; ++i) {
+          dst[c + i] = x[c + 2 * i];
+          dst[c + L + i] = x[c + 2 * i + 1];
+        }
+      }
+    } else {
+      for (int k = 0; k < a.K; ++k) dst[k] = x[k];
+    }
+    for (int g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int i = 0; i < a.group_size; ++i) s += x[g * a.group_size + i];
+      sums[m * groups + g] = s;
+    }
+  }
+}
+
+// R weight rows from n against M activation rows; scales/biases widened into sb/bb (R * G each).
+template <int R, int M, int BITS>
+void fused_rows(const AffineArgs& a, int n, float* sb, float* bb) {
+  const int groups = a.K / a.group_size;
+  widen_scales(a.scales, a.scale_type, a.ld_scales, n, R, groups, sb);
+  widen_scales(a.biases, a.scale_type, a.ld_scales, n, R, groups, bb);
+  const uint8_t* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const uint8_t*>(a.codes + (n + r) * a.ld_codes);
+  VF acc[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) acc[r][m] = vzero();
+  constexpr int kChunk = BITS == 4 ? 2 * L : L;  // values per code vector load
+  for (int g = 0; g < groups; ++g) {
+    VF p[R][M];
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m) p[r][m] = vzero();
+    const int base = g * a.group_size;
+    for (int c = base; c < base + a.group_size; c += kChunk) {
+      for (int r = 0; r < R; ++r) {
+        VI v = bytes_to_lanes(rows[r] + c * BITS / 8);
+        if (BITS == 4) {
+          VF lo = cvt(low_nibble(v)), hi = cvt(high_nibble(v));
+          for (int m = 0; m < M; ++m) {
+            const float* xm = a.xp + static_cast<int64_t>(m) * a.K + c;
+            p[r][m] = vfma(lo, vload(xm), p[r][m]);
+            p[r][m] = vfma(hi, vload(xm + L), p[r][m]);
+          }
+        } else {
+          VF q = cvt(v);
+          for (int m = 0; m < M; ++m) p[r][m] = vfma(q, vload(a.xp + static_cast<int64_t>(m) * a.K + c), p[r][m]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      VF s = vset1(sb[r * groups + g]);
+      for (int m = 0; m < M; ++m) acc[r][m] = vfma(p[r][m], s, acc[r][m]);
+    }
+  }
+  const float* sums = a.xp + static_cast<int64_t>(a.M) * a.K;
+  for (int r = 0; r < R; ++r) {
+    for (int m = 0; m < M; ++m) {
+      float offset = 0.0f;
+      for (int g = 0; g < groups; ++g) offset += bb[r * groups + g] * sums[m * groups + g];
+      float bias = a.bias != nullptr ? a.bias[n + r] : 0.0f;
+      a.y[m * a.ldy + n + r] = vsum(acc[r][m]) + offset + bias;
+    }
+  }
+}
+
+template <int M, int BITS>
+void fused_range(const AffineArgs& a, int n0, int n1, float* scratch) {
+  // Four weight rows at a time keep four independent accumulator chains in flight for one or
+  // two activation rows; more activation rows take two weight rows (registers run out).
+  constexpr int R = (M <= 2 && L == 16) || M == 1 ? 4 : 2;
+  const int groups = a.K / a.group_size;
+  float* sb = scratch;
+  float* bb = scratch + 4 * groups;
+  int n = n0;
+  for (; n + R <= n1; n += R) fused_rows<R, M, BITS>(a, n, sb, bb);
+  for (; n < n1; ++n) fused_rows<1, M, BITS>(a, n, sb, bb);
+}
+
+template <int BITS>
+void fused(const AffineArgs& a, int n0, int n1, float* scratch) {
+  switch (a.M) {
+    case 1: fused_range<1, BITS>(a, n0, n1, scratch); break;
+    case 2: fused_range<2, BITS>(a, n0, n1, scratch); break;
+    case 3: fused_range<3, BITS>(a, n0, n1, scratch); break;
+    default: fused_range<4, BITS>(a, n0, n1, scratch); break;
+  }
+}
+
+void affine(const AffineArgs& a, int n0, int n1, float* scratch) {
+  if (a.xp == nullptr) return affine_decoded(a, n0, n1, scratch);
+  if (a.bits == 4) return fused<4>(a, n0, n1, scratch);
+  return fused<8>(a, n0, n1, scratch);
+}
+#else
+int64_t affine_prepared_size(const AffineArgs&) { return 0; }
+void affine_prepare(const AffineArgs&, float*) {}
+void affine(const AffineArgs& a, int n0, int n1, float* scratch) { affine_decoded(a, n0, n1, scratch); }
+#endif
+
 }  // namespace
 
 const LinearKernels& linear_kernels() {
-  static const LinearKernels kernels{BASE_ISA_NAME, &dense, &affine};
+  static const LinearKernels kernels{BASE_ISA_NAME, &dense, &affine_prepared_size, &affine_prepare, &affine};
   return kernels;
 }
 

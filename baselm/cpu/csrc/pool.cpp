@@ -96,7 +96,14 @@ class Pool {
       wake_.notify_all();
     }
     drain(job, 0);
-    while (done_.load(std::memory_order_acquire) < num_chunks) BASE_PAUSE();
+    // The last chunks may be on a worker the OS has preempted: after a short spin, yield the core.
+    for (int spins = 0; done_.load(std::memory_order_acquire) < num_chunks; ++spins) {
+      if (spins < 2000) {
+        BASE_PAUSE();
+      } else {
+        std::this_thread::yield();
+      }
+    }
   }
 
  private:
@@ -118,7 +125,7 @@ class Pool {
   void work(int thread) {
     uint64_t seen = 0;
     for (;;) {
-      auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(300);
+      auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
       while ((claim_.load(std::memory_order_acquire) >> 32) == seen) {
         if (std::chrono::steady_clock::now() >= spin_until) {
           std::unique_lock<std::mutex> lock(mutex_);

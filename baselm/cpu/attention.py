@@ -20,6 +20,7 @@ import numpy as np
 from baselm import cpu
 from baselm.metal import AttentionMetadata
 from baselm.metal import paged_attention as paged_attention_elsewhere
+from baselm.metal import write_kv as write_kv_elsewhere
 from baselm.metal.kv_quant import Pool, QuantizedPool
 
 _POOL_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
@@ -62,6 +63,20 @@ def paged_attention(
         window,
         bits,
         group_size,
+    )
+
+
+def write_kv(
+    key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array
+) -> tuple[Pool, Pool]:
+    """The pools with `keys`/`values` (num_tokens, kv_heads, head_dim) at `slot_mapping`: one CPU kernel
+    call per float pool on the CPU (in place when the pool is donated), else `baselm.metal.write_kv`."""
+    plain = not isinstance(key_pool, QuantizedPool) and keys.dtype == key_pool.dtype == values.dtype
+    if not plain or mx.default_device() != mx.cpu or cpu.kernels is None:
+        return write_kv_elsewhere(key_pool, value_pool, keys, values, slot_mapping)
+    return (
+        cpu.kernels.write_pool(key_pool, keys, slot_mapping),
+        cpu.kernels.write_pool(value_pool, values, slot_mapping),
     )
 
 

@@ -13,6 +13,8 @@
 #include <nanobind/stl/vector.h>
 
 #include "attention.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "pool.h"
@@ -191,6 +193,59 @@ mx::array paged_attention(const mx::array& q, const std::vector<mx::array>& keys
   return mx::array(q.shape(), mx::float32, std::move(prim), std::move(inputs));
 }
 
+// The KV write: rows (num_tokens, kv_heads, head_dim) into a float pool at slot_mapping. Like
+// MLX's scatter, the output takes over the pool's buffer when the graph holds the only
+// reference (LayerKV rebinds its pool to the result), so a step writes in place.
+class WritePool : public mx::UnaryPrimitive {
+ public:
+  explicit WritePool(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& pool = inputs[0];
+    if (pool.is_donatable() && pool.flags().row_contiguous) {
+      out.copy_shared_buffer(pool);
+    } else {
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+    }
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (auto& in : inputs) encoder.set_input_array(in);
+    encoder.set_output_array(out);
+    const bool shared = out.data_shared_ptr() == pool.data_shared_ptr();
+    encoder.dispatch([inputs, out = mx::array::unsafe_weak_copy(out), shared]() mutable {
+      std::vector<std::vector<uint8_t>> held;
+      const mx::array& pool = inputs[0];
+      uint8_t* dst = out.data<uint8_t>();
+      if (!shared) std::memcpy(dst, row_major(pool, held), pool.nbytes());
+      const size_t row_bytes = size_t(pool.shape(2)) * pool.shape(3) * pool.itemsize();
+      const int64_t num_slots = int64_t(pool.shape(0)) * pool.shape(1);
+      const uint8_t* rows = static_cast<const uint8_t*>(row_major(inputs[1], held));
+      const int32_t* slots = static_cast<const int32_t*>(row_major(inputs[2], held));
+      for (int t = 0; t < inputs[2].shape(0); ++t) {
+        if (slots[t] >= 0 && slots[t] < num_slots) std::memcpy(dst + slots[t] * row_bytes, rows + t * row_bytes, row_bytes);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("write_pool: the CPU kernel has no GPU path");
+  }
+
+  const char* name() const override { return "BaseWritePool"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+mx::array write_pool(const mx::array& pool, const mx::array& rows, const mx::array& slots) {
+  auto fail = [](const std::string& why) { throw std::invalid_argument("write_pool: " + why); };
+  if (pool.ndim() != 4) fail("pool must be (num_blocks, block_size, kv_heads, head_dim)");
+  if (rows.ndim() != 3 || rows.shape(1) != pool.shape(2) || rows.shape(2) != pool.shape(3))
+    fail("rows must be (num_tokens, kv_heads, head_dim) of the pool's row shape");
+  if (rows.dtype() != pool.dtype()) fail("rows must have the pool's dtype");
+  if (slots.dtype() != mx::int32 || slots.ndim() != 1 || slots.shape(0) != rows.shape(0))
+    fail("slot_mapping must be int32 (num_tokens,)");
+  return mx::array(pool.shape(), pool.dtype(), std::make_shared<WritePool>(mx::default_stream(mx::Device::cpu)),
+                   {pool, rows, slots});
+}
+
 }  // namespace
 
 void register_attention(nb::module_& m) {
@@ -198,6 +253,8 @@ void register_attention(nb::module_& m) {
         nb::arg("block_tables"), nb::arg("context_lens"), nb::arg("query_starts"), nb::arg("block_size"),
         nb::arg("scale"), nb::arg("softcap").none(), nb::arg("window").none(), nb::arg("bits"), nb::arg("group_size"),
         "Paged attention of flattened queries (num_tokens, heads, head_dim) float32 over paged K/V pools.");
+  m.def("write_pool", &write_pool, nb::arg("pool"), nb::arg("rows"), nb::arg("slot_mapping"),
+        "The pool with rows (num_tokens, kv_heads, head_dim) at the slots; in place when the pool is donated.");
   m.def("attention_isa", [] { return std::string(attention_kernels_for(active_isa()).isa); });
 }
 

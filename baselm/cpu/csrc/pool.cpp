@@ -195,6 +195,10 @@ void parallel_for(int num_chunks, size_t bytes, const std::function<void(int, in
   pool().run(num_chunks, fn);
 }
 
+void parallel_for(int num_chunks, const std::function<void(int, int, int)>& fn) {
+  parallel_for(num_chunks, kMinParallelBytes, fn);
+}
+
 float* thread_scratch(int thread, size_t count) {
   pool();  // the slots are sized for every pool thread when the pool starts
   auto& buffer = scratch_slots()[thread];

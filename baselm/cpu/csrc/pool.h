@@ -20,6 +20,8 @@ const std::string& active_isa();
 // than it saves there, and on a busy machine a worker the OS has preempted stalls the call.
 constexpr size_t kMinParallelBytes = 512 * 1024;
 void parallel_for(int num_chunks, size_t bytes, const std::function<void(int, int, int)>& fn);
+// The same with no size: always shared out among the threads.
+void parallel_for(int num_chunks, const std::function<void(int, int, int)>& fn);
 int num_threads();
 
 // A float buffer of at least `count` floats owned by pool thread `thread` (reused across calls).

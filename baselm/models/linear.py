@@ -19,8 +19,8 @@ from baselm import cpu
 
 # Activation rows up to which the float32 kernel beats OpenBLAS GEMM. Measured per call on
 # SmolLM2's shapes (CPU ms, kernel vs GEMM): 1 row 0.19 vs 0.24, 8 rows 0.31 vs 0.53, 32 rows
-# 0.70 vs 0.62 (1536x576); 49152x576: 32 rows 22 vs 26, 128 rows 75 vs 72. Even from 16 to
-# 128 rows; GEMM's blocking wins beyond, so prefill keeps it.
+# 0.70 vs 0.62 (1536x576); 49152x576: 32 rows 22 vs 26, 128 rows 75 vs 72. About even from
+# 16 rows up, so prefill keeps GEMM.
 DENSE_KERNEL_MAX_ROWS = 32
 
 

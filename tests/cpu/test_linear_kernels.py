@@ -116,3 +116,17 @@ def test_bad_shapes_are_clear_errors(kernels) -> None:
         kernels.affine_linear(x, codes, scales, biases, 32, 8)
     with pytest.raises(ValueError, match="x must be float32"):
         kernels.dense_linear(x.astype(mx.float16), mx.ones((3, 64)))
+
+
+def test_weights_large_enough_to_split_across_threads(kernels) -> None:
+    """Above 512 KiB of weights a call is shared out among the pool's threads."""
+    mx.random.seed(5)
+    w = mx.random.normal((1100, 130))  # 572 KB of float32
+    x = mx.random.normal((3, 130))
+    _close(kernels.dense_linear(x, w), x @ w.T, x, w)
+    wq = mx.random.normal((4200, 128))
+    codes, scales, biases = mx.quantize(wq, 32, 8)  # 538 KB of codes
+    dense = _reference_weight(codes, scales, biases, 32, 8)
+    for rows in (1, 7):
+        xq = mx.random.normal((rows, 128))
+        _close(kernels.affine_linear(xq, codes, scales, biases, 32, 8), xq @ dense.T, xq, dense)

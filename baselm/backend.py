@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from baselm import cpu
+
 DEVICES = ("auto", "gpu", "cpu")
 
 
@@ -19,13 +21,24 @@ class BackendError(RuntimeError):
 class Backend:
     """The device in use and the weight policy that is fast on it.
 
-    On CPU only float32 matmul goes through an optimized BLAS, so quantized weights are
-    dequantized to float32 at load. GPUs keep quantized weights quantized.
+    GPUs keep quantized weights quantized. On the CPU with `baselm.cpu`'s kernels loaded,
+    quantized weights stay quantized too and linear layers run through the kernels; without
+    them only float32 matmul is fast (BLAS), so quantized weights are dequantized at load.
     """
 
     name: str  # "metal", "cuda" or "cpu"
     compute_dtype: mx.Dtype
     keep_quantized: bool
+    cpu_kernels: bool = False  # linear layers through baselm.cpu's kernels
+
+    @property
+    def linear_path(self) -> str:
+        """Which matmuls run: for `base doctor` and `base bench`."""
+        if self.is_gpu:
+            return f"MLX {self.name} (quantized weights kept)"
+        if self.cpu_kernels:
+            return cpu.describe() + ", quantized weights kept"
+        return f"MLX CPU ops, weights widened to float32 ({cpu.describe()})"
 
     @property
     def is_gpu(self) -> bool:
@@ -50,7 +63,7 @@ def select_backend(device: str = "auto") -> Backend:
         raise BackendError("no GPU is available to MLX here; use --device cpu")
     if device == "cpu" or kind is None:
         mx.set_default_device(mx.cpu)
-        return Backend("cpu", mx.float32, keep_quantized=False)
+        return Backend("cpu", mx.float32, keep_quantized=cpu.available(), cpu_kernels=cpu.available())
     mx.set_default_device(mx.gpu)
     return Backend(kind, mx.bfloat16 if kind == "cuda" else mx.float16, keep_quantized=True)
 

@@ -33,6 +33,8 @@ from rich.table import Table
 
 from baselm import bench_spec
 from baselm.config import ConfigError, EngineConfig, SpeculativeConfig, format_size
+from baselm.cpu.attention import attention_kernel_status
+from baselm.cpu.fused import fused_kernel_status
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 from baselm.metal import kernel_status
@@ -259,7 +261,8 @@ def run_all(loaded: LoadedModel, config: EngineConfig, options: BenchOptions) ->
     report: dict[str, Any] = {
         "model": loaded.name,
         "backend": loaded.backend.name,
-        "attention": kernel_status(),
+        "matmuls": loaded.backend.linear_path,
+        "attention": {**kernel_status(), **attention_kernel_status(), **fused_kernel_status()},
         "kv_pool_bytes": engine.cache.nbytes,
         "kv_blocks": engine.kv_manager.num_blocks,
         "config": {k: getattr(config, k) for k in config.__slots__ if k != "speculative"},
@@ -297,6 +300,7 @@ def render(report: dict[str, Any]) -> None:
         f"[bold]{report['model']}[/] on {report['backend']}, KV pool {format_size(report['kv_pool_bytes'], 'MiB', 0)} "
         f"({report['kv_blocks']} blocks), peak RSS {report['peak_rss_mb']:.0f} MiB"
     )
+    console.print(f"matmuls: {report['matmuls']}", highlight=False)
     console.print("attention: " + ", ".join(f"{k} {v}" for k, v in report["attention"].items()), highlight=False)
     table = Table(
         "conc",

@@ -244,23 +244,22 @@ def _background_server(client: AsyncEngine, model_name: str, options: ServeOptio
         thread.join(5.0)
 
 
+SYNTHETIC_HELP = (
+    "Instead of a model: random-weight models of these sizes (135M,360M,1B), decode tok/s beside the roofline."
+)
+
+
 @app.command()
 def bench(
-    model: str = typer.Argument(..., help=MODEL_HELP),
+    model: str | None = typer.Argument(None, help=MODEL_HELP + " Not with --synthetic."),
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Prompt length of each request."),
     gen_tokens: int = typer.Option(64, "--gen-tokens", help="Tokens generated per request."),
     concurrency: str = typer.Option("1,4,8", "--concurrency", help="Comma-separated concurrent request counts."),
-    shared_prefix: int = typer.Option(
-        0, "--shared-prefix", help="Also time a request whose first N tokens are cached."
-    ),
+    shared_prefix: int = typer.Option(0, "--shared-prefix", help="Also time prompts sharing their first N tokens."),
     long_prompt: int = typer.Option(0, "--long-prompt", help="Also prefill an N-token prompt while 4 streams decode."),
     chunk: int = typer.Option(64, "--chunk", help="Token budget per step in the --long-prompt scenario."),
-    pool_sizes: str = typer.Option(
-        "", "--pool-sizes", help="Also compare decode step time for KV pools, e.g. 256MiB,4GiB."
-    ),
-    compare_mlx_lm: bool = typer.Option(
-        False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop on the same weights."
-    ),
+    pool_sizes: str = typer.Option("", "--pool-sizes", help="Also compare decode steps for KV pools: 256MiB,4GiB."),
+    compare_mlx_lm: bool = typer.Option(False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop."),
     kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Token budget per step."),
@@ -271,6 +270,8 @@ def bench(
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
     fixed_speculation: bool = typer.Option(False, "--fixed-speculation", help=SPEC_FIXED_HELP),
     workload: str = typer.Option("grounded,free", "--workload", help=WORKLOAD_HELP),
+    synthetic: str = typer.Option("", "--synthetic", help=SYNTHETIC_HELP),
+    synthetic_bits: int = typer.Option(4, "--synthetic-bits", help="4 or 8 (affine, groups of 32), 32: float32."),
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model.
 
@@ -279,12 +280,12 @@ def bench(
     from baselm.bench import BenchOptions, render, run_all
     from baselm.loader import load_model
 
+    if synthetic or model is None:
+        _bench_synthetic(model, synthetic, synthetic_bits, gen_tokens, seed, device, as_json)
+        return
     try:
-        config = EngineConfig(
-            kv_memory=parse_optional_size(kv_memory),
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-        )
+        size = parse_optional_size(kv_memory)
+        config = EngineConfig(kv_memory=size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         options = BenchOptions(
             prompt_tokens=prompt_tokens,
             gen_tokens=gen_tokens,
@@ -305,6 +306,27 @@ def bench(
         print(json.dumps(report, indent=2))
     else:
         render(report)
+
+
+def _bench_synthetic(
+    model: str | None, sizes: str, bits: int, gen_tokens: int, seed: int, device: str, as_json: bool
+) -> None:
+    from baselm.backend import select_backend
+    from baselm.bench_synthetic import render_synthetic, run_synthetic
+
+    if model is not None or not sizes:
+        _fail("give either a model or --synthetic SIZES")
+    if bits not in (4, 8, 32):
+        _fail(f"--synthetic-bits must be 4, 8 or 32, got {bits}")
+    try:
+        names = [s.strip() for s in sizes.split(",") if s.strip()]
+        report = run_synthetic(names, None if bits == 32 else bits, select_backend(device), gen_tokens, seed)
+    except _user_errors() as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        render_synthetic(report)
 
 
 @app.command()

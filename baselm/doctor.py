@@ -13,9 +13,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from baselm import blas
+from baselm import blas, cpu
 from baselm.backend import device_memory_bytes, gpu_kind, system_memory_bytes
 from baselm.config import format_size
+from baselm.cpu.attention import attention_kernel_status
+from baselm.cpu.fused import fused_kernel_status
 from baselm.metal import kernel_status
 from baselm.store.default_model import base_home
 
@@ -37,10 +39,14 @@ def collect() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "blas": (blas.status["library"] or "MLX's bundled reference BLAS") if backend == "cpu" else "not used (GPU)",
         "blas_status": blas.status["reason"],
-        "compute": "float32 (quantized weights dequantized at load)"
-        if backend == "cpu"
-        else "quantized weights on the GPU",
-        "kernels": kernel_status(),
+        "compute": _cpu_compute() if backend == "cpu" else "quantized weights on the GPU",
+        "cpu_kernels": {
+            "loaded": cpu.available(),
+            "isa": cpu.kernels.isa() if cpu.available() else None,
+            "threads": cpu.kernels.num_threads() if cpu.available() else None,
+            "reason": cpu.status["reason"],
+        },
+        "kernels": {**kernel_status(), **attention_kernel_status(), **fused_kernel_status()},
         "store": str(home),
         "store_free_bytes": disk.free,
         "warnings": [],
@@ -49,12 +55,23 @@ def collect() -> dict[str, Any]:
     return report
 
 
+def _cpu_compute() -> str:
+    if cpu.available():
+        return f"{cpu.describe()}: quantized weights kept quantized, decoded inside the matmul"
+    return f"float32 (quantized weights dequantized at load): {cpu.describe()}"
+
+
 def _warnings(report: dict[str, Any]) -> list[str]:
     warnings = []
     if report["backend"] == "cpu":
         warnings.append(
             "No GPU: MLX runs on the CPU. Expect tens of tokens/s on small models; large models will be slow."
         )
+        if not cpu.available() and cpu.status["reason"] != "disabled by BASE_CPU_KERNELS=0":
+            warnings.append(
+                f"CPU kernels not loaded ({cpu.status['reason']}): decode runs through BLAS GEMM on float32 "
+                "weights, several times slower and larger in memory. Build them: make install"
+            )
         if blas.status["library"] is None and sys.platform.startswith("linux"):
             warnings.append(
                 f"No optimized BLAS ({blas.status['reason']}): matmuls run on the reference BLAS, "

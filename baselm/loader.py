@@ -6,6 +6,8 @@ model folder (config.json + safetensors), or a `.gguf` file.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,14 +56,23 @@ def model_from_checkpoint(
     as per-frequency divisors, also kept by `.base` files converted from GGUF) has no HF name: it goes to
     the model's RoPE, not among its weights."""
     factors = weights.pop(gguf.ROPE_FREQS, None)
-    return build_model(
-        config,
-        weights,
-        backend.compute_dtype,
-        group_size=group_size,
-        keep_quantized=backend.keep_quantized,
-        rope_freq_factors=factors,
-    )
+    _release_load_memory()
+    cache_limit = mx.set_cache_limit(0)  # tensors replaced while building go back to malloc, for reuse
+    try:
+        model = build_model(
+            config,
+            weights,
+            backend.compute_dtype,
+            group_size=group_size,
+            keep_quantized=backend.keep_quantized,
+            rope_freq_factors=factors,
+            cpu_kernels=backend.cpu_kernels,
+            consume=True,
+        )
+    finally:
+        mx.set_cache_limit(cache_limit)
+    _release_load_memory()
+    return model
 
 
 def _load_gguf(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
@@ -90,6 +101,17 @@ def _load_base_file(
     config = header["config"]
     model = model_from_checkpoint(config, weights, backend)
     return model, tokenizer_from_header(header["tokenizer"]), config
+
+
+def _release_load_memory() -> None:
+    """Hands back what loading freed: MLX's cache of released buffers (the unfused and unpermuted
+    tensors) and, on glibc, the heap pages the file's transient numpy arrays left behind."""
+    mx.clear_cache()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
 
 
 def tokenizer_from_header(spec: dict[str, Any]) -> Tokenizer:

@@ -38,8 +38,8 @@ def run_once(options: RunOptions) -> None:
     """Loads the model, generates one answer to the prompt and prints it with its speed."""
     start = time.perf_counter()
     loaded = load_model(options.model, select_backend(options.device), require_signature=options.require_signature)
-    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=1, speculative=options.speculative))
     ids = prompt_ids(loaded.tokenizer, options.prompt, options.raw)
+    engine = LLMEngine(loaded, one_request_config(len(ids), options.sampling.max_tokens, options.speculative))
     load_s = time.perf_counter() - start
     answer = _generate(engine, ids, options.sampling, echo=not options.as_json)
     timings = _timings_json(load_s, answer.stats, engine.spec_stats() if engine.speculator is not None else None)
@@ -53,6 +53,18 @@ def run_once(options: RunOptions) -> None:
         f"at {timings['decode_tokens_per_s']} tok/s, finish: {answer.stats.finish_reason}]",
         file=sys.stderr,
     )
+
+
+def one_request_config(
+    num_prompt_tokens: int, max_tokens: int | None, speculative: SpeculativeConfig | None = None
+) -> EngineConfig:
+    """An engine for this one request: its KV pool holds the prompt and `max_tokens` more (in
+    whole blocks), not a full context; with no `max_tokens`, the model's whole context."""
+    config = EngineConfig(max_num_seqs=1, speculative=speculative)
+    if max_tokens is None:
+        return config
+    config.max_model_len = -(-(num_prompt_tokens + max_tokens) // config.block_size) * config.block_size
+    return config
 
 
 def prompt_ids(tokenizer: Tokenizer, prompt: str, raw: bool) -> list[int]:

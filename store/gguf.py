@@ -95,6 +95,14 @@ class GGUFFile:
         """The tensor's bytes, (num_bytes,) uint8, a view of the mapped file (nothing is copied)."""
         return np.frombuffer(self._data, dtype=np.uint8, count=info.num_bytes, offset=info.offset)
 
+    def release(self, info: TensorInfo) -> None:
+        """Drops the tensor's mapped pages from this process's memory once it has been copied out
+        (they stay in the page cache; reading the tensor again maps them back)."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = info.offset - info.offset % mmap.PAGESIZE
+        self._data.madvise(mmap.MADV_DONTNEED, start, info.offset + info.num_bytes - start)
+
     def check_types(self) -> None:
         """A clear error if any tensor has a type base cannot read, before anything is converted."""
         for info in self.tensors.values():
@@ -296,6 +304,7 @@ class GGUFCheckpoint:
                 continue
             for out_name, part in _put_back(record, where):
                 yield out_name, info.type_name, part
+            self.file.release(info)  # the consumer has its copy: the mapped pages need not stay resident
         if fused_parts:
             raise ModelFileError(f"{self.file.path.name}: {next(iter(fused_parts))} lacks its gate or up experts")
         for error in self.requant_errors.values():
@@ -337,6 +346,7 @@ def read_metadata(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]
     tensors: dict[str, mx.array] = {}
     for name, info in gguf_file.tensors.items():
         tensors.update(record_arrays(name, gguf_file.read(info)))
+        gguf_file.release(info)  # copied into MLX arrays: the mapped pages need not stay resident
     return tensors, gguf_file.metadata
 
 

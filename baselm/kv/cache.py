@@ -6,7 +6,8 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from baselm.metal import AttentionMetadata, Pool, allocate_pool, write_kv
+from baselm.cpu.attention import write_kv
+from baselm.metal import AttentionMetadata, Pool, allocate_pool
 from baselm.metal.kv_quant import kv_group_size
 
 

@@ -10,6 +10,7 @@ import mlx.nn as nn
 
 from baselm.models.attention import Attention
 from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError
+from baselm.models.linear import can_fuse, use_cpu_kernels
 from baselm.models.mlp import MLP
 
 # HF model_type -> module in this package.
@@ -117,43 +118,53 @@ def build_model(
     group_size: int | dict[str, int] | None = None,
     keep_quantized: bool = False,
     rope_freq_factors: mx.array | None = None,
+    cpu_kernels: bool = False,
+    consume: bool = False,
 ) -> DecoderModel:
     """Instantiates the architecture of `config` and loads `weights` (HF names) into it.
 
     Quantized tensors (affine triplets, MXFP4 pairs) are either dequantized to `dtype` (the CPU
-    path: float32 through BLAS is the only fast CPU compute) or kept as quantized layers (GPU
-    paths). Their bits, group size and mode follow from the arrays; `group_size` (one for all, or
-    per module path), when given, is checked.
+    path without kernels: float32 through BLAS is its only fast compute) or kept as quantized
+    layers (GPU paths, and the CPU with `cpu_kernels`, whose linear layers then run through
+    `baselm.cpu`). Their bits, group size and mode follow from the arrays; `group_size` (one for
+    all, or per module path), when given, is checked.
     `rope_freq_factors` (rotary_dims // 2,) divide the RoPE frequencies: llama 3 scaling kept outside the config.
+    With `consume`, `weights` is emptied as the model takes the arrays over, so tensors that
+    loading replaces (dequantized, unpermuted or fused ones) are freed at once.
     """
     args_cls, model_cls = model_class(config.get("model_type", ""))
     args = args_cls.from_dict(config)
     model = model_cls(args)
     if rope_freq_factors is not None:
         model.divide_rope_frequencies(rope_freq_factors)
-    weights = model.sanitize(dict(weights))
+    given, weights = weights, model.sanitize(dict(weights))
+    if consume:
+        given.clear()
+    del given
     params = _quantization(model, weights, group_size)
     if params and keep_quantized:
         nn.quantize(model, class_predicate=lambda path, _: params.get(path, False))
     elif params:
         _dequantize_triplets(weights, params, dtype)
-    weights = {k: _cast_float(k, v, dtype) for k, v in weights.items()}
+    weights = {k: _cast_float(k, v, dtype, lift_scales=not cpu_kernels) for k, v in weights.items()}
     _check_shapes(model, weights)
     model.load_weights(list(weights.items()), strict=True)
-    if not keep_quantized:
+    del weights  # the model holds every array now; fusing below frees the unfused ones
+    if cpu_kernels:
+        use_cpu_kernels(model)
+    if cpu_kernels or not keep_quantized:
         fuse_projections(model)
     mx.eval(model.parameters())
     return model
 
 
 def fuse_projections(model: nn.Module) -> None:
-    """Fuses q/k/v and gate/up matmuls of every dense (not quantized) layer of `model`."""
+    """Fuses q/k/v and gate/up matmuls of every layer of `model` whose projections share one
+    format (dense float layers, or kernel-backed quantized ones of one bit width and group size)."""
     for _, module in model.named_modules():
-        if isinstance(module, Attention) and all(
-            type(getattr(module, n)) is nn.Linear for n in ("q_proj", "k_proj", "v_proj")
-        ):
+        if isinstance(module, Attention) and can_fuse([module.q_proj, module.k_proj, module.v_proj]):
             module.fuse()
-        elif isinstance(module, MLP) and type(module.gate_proj) is nn.Linear and type(module.up_proj) is nn.Linear:
+        elif isinstance(module, MLP) and can_fuse([module.gate_proj, module.up_proj]):
             module.fuse()
 
 
@@ -175,12 +186,13 @@ def _check_shapes(model: nn.Module, weights: dict[str, mx.array]) -> None:
             )
 
 
-def _cast_float(name: str, value: mx.array, dtype: mx.Dtype) -> mx.array:
+def _cast_float(name: str, value: mx.array, dtype: mx.Dtype, lift_scales: bool = True) -> mx.array:
     """Float parameters in the compute dtype. Quantization scales and biases stay as stored, except
-    that a float32 model lifts them to float32 (losslessly): float16 scales would make its quantized
-    layers compute, and round, in float16."""
+    that a float32 model lifts them to float32 (losslessly) when `lift_scales`: float16 scales would
+    make MLX's quantized layers compute, and round, in float16. The CPU kernels read float16
+    scales as float32 themselves, so there they keep their stored size."""
     if not mx.issubdtype(value.dtype, mx.floating):
         return value
-    if name.endswith((".scales", ".biases")) and dtype != mx.float32:
+    if name.endswith((".scales", ".biases")) and (dtype != mx.float32 or not lift_scales):
         return value
     return value.astype(dtype)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.cpu.attention import paged_attention
 from baselm.kv.cache import LayerKV
-from baselm.metal import AttentionMetadata, paged_attention
+from baselm.metal import AttentionMetadata
 from baselm.models.base import ModelConfigError
 from baselm.models.linear import fuse_linears, fused_linear
+from baselm.models.norm import RMSNorm
 from baselm.models.rope import RoPE
 
 
@@ -33,7 +35,7 @@ class Attention(nn.Module):
         scale: float | None = None,
         softcap: float | None = None,
         window: int | None = None,
-        norm_cls: type[nn.Module] = nn.RMSNorm,
+        norm_cls: type[nn.Module] = RMSNorm,
         sinks: bool = False,
     ):
         super().__init__()

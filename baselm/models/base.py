@@ -78,8 +78,10 @@ class DecoderModel(nn.Module):
         return self.embed_dtype()
 
     def embed_dtype(self) -> mx.Dtype:
-        for _, value in nn.utils.tree_flatten(self.parameters()):
-            if mx.issubdtype(value.dtype, mx.floating):
+        """The activations' dtype: the first float parameter's, quantization scales aside (they
+        may be stored narrower than the compute dtype)."""
+        for name, value in nn.utils.tree_flatten(self.parameters()):
+            if mx.issubdtype(value.dtype, mx.floating) and not name.endswith((".scales", ".biases")):
                 return value.dtype
         return mx.float32
 

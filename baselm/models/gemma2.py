@@ -10,6 +10,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.cpu import fused
 from baselm.kv.cache import LayerKV
 from baselm.metal import AttentionMetadata
 from baselm.models import llama
@@ -44,7 +45,8 @@ class GemmaRMSNorm(nn.Module):
         self.eps = eps
 
     def __call__(self, x: mx.array) -> mx.array:
-        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+        out = fused.rms_norm(x, self.weight, self.eps, weight_offset=1.0)
+        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps) if out is None else out
 
 
 class SandwichDecoderLayer(llama.DecoderLayer):

@@ -18,6 +18,7 @@ from baselm.metal import AttentionMetadata
 from baselm.models.attention import Attention
 from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError, select_logits
 from baselm.models.mlp import MLP
+from baselm.models.norm import RMSNorm
 from baselm.models.rope import make_rope, rope_type
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -134,7 +135,7 @@ class Model(DecoderModel):
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     def make_norm(self, dims: int | None = None) -> nn.Module:
-        return nn.RMSNorm(dims or self.args.hidden_size, eps=self.args.rms_norm_eps)
+        return RMSNorm(dims or self.args.hidden_size, eps=self.args.rms_norm_eps)
 
     def attention_options(self, args: ModelArgs, layer_idx: int) -> dict[str, Any]:
         """Keyword options of `Attention` that differ between architectures."""

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.cpu import fused
 from baselm.models.base import ModelConfigError
 from baselm.models.linear import fuse_linears, fused_linear
 
@@ -35,6 +36,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act = activation(act)
+        self.act_name = act
 
     def fuse(self) -> None:
         """One matmul for gate and up (see Attention.fuse)."""
@@ -44,5 +46,9 @@ class MLP(nn.Module):
         gate_up = getattr(self, "_gate_up", None)
         if gate_up is None:
             return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = mx.split(fused_linear(x, *gate_up), 2, axis=-1)
-        return self.down_proj(self.act(gate) * up)
+        fused_out = fused_linear(x, *gate_up)  # (..., 2 * intermediate): [gate | up]
+        hidden = fused.gated_activation(fused_out, self.act_name)
+        if hidden is None:
+            gate, up = mx.split(fused_out, 2, axis=-1)
+            hidden = self.act(gate) * up
+        return self.down_proj(hidden)

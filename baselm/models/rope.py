@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from baselm.cpu import fused
 from baselm.models.base import ModelConfigError
 
 
@@ -142,6 +143,10 @@ class RoPE(nn.Module):
 
     def __call__(self, x: mx.array, positions: mx.array) -> mx.array:
         """x: (num_tokens, heads, head_dim); positions: (num_tokens,)."""
+        if self._long_freqs is None:
+            out = fused.rope(x, positions, self._freqs, self.dims, self.traditional, self.mscale)
+            if out is not None:
+                return out
         out = self._rotate(x, positions, self._freqs)
         if self._long_freqs is not None:
             # NOTE: LongRoPE switches to its long factors past the trained length. HF decides per

@@ -1,0 +1,261 @@
+// The paged-attention primitive: MLX graph node, validation, and the split of a step into
+// work items (sequence x KV head x tile of query rows) run on the thread pool.
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "attention.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "pool.h"
+#include "primitive.h"
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+
+namespace base_cpu {
+
+namespace {
+
+// Query rows x heads per KV head that one work item holds: enough rows to reuse each
+// loaded key block, few enough that a long prompt chunk splits over the threads.
+constexpr int kTileRows = 48;
+
+// Below this many multiply-adds a step's attention runs on the calling thread: waking the
+// pool costs more than it saves for a few short decode rows.
+constexpr int64_t kParallelWork = int64_t(1) << 21;
+
+const AttentionKernels& attention_kernels_for(const std::string& isa) {
+#if defined(BASE_HAVE_X86_PATHS)
+  if (isa == "avx512") return avx512::attention_kernels();
+  if (isa == "avx2") return avx2::attention_kernels();
+#endif
+  return generic::attention_kernels();
+}
+
+int dtype_code(mx::Dtype dtype) {
+  if (dtype == mx::float32) return 0;
+  if (dtype == mx::float16) return 1;
+  if (dtype == mx::bfloat16) return 2;
+  throw std::invalid_argument("paged_attention: KV pools must be float32, float16 or bfloat16");
+}
+
+using Held = std::vector<std::vector<uint8_t>>;
+
+PoolView pool_view(const std::vector<mx::array>& parts, int bits, int group_size, Held& held) {
+  if (bits == 0) return PoolView{row_major(parts[0], held), nullptr, nullptr, dtype_code(parts[0].dtype()), 0, 0};
+  return PoolView{row_major(parts[0], held), row_major(parts[1], held), row_major(parts[2], held),
+                  dtype_code(parts[1].dtype()), bits, group_size};
+}
+
+// Work items, the costliest (most rows x keys) first so the threads finish together.
+std::vector<AttentionTile> make_tiles(const int32_t* starts, const int32_t* context_lens, int num_seqs,
+                                      int num_kv_heads, int group, int window, int64_t& row_keys) {
+  const int tile_queries = std::max(1, kTileRows / group);
+  std::vector<std::pair<int64_t, AttentionTile>> items;
+  for (int s = 0; s < num_seqs; ++s) {
+    const int q_len = starts[s + 1] - starts[s];
+    for (int i0 = 0; i0 < q_len; i0 += tile_queries) {
+      const int i1 = std::min(q_len, i0 + tile_queries);
+      const int64_t last = context_lens[s] - q_len + i1;
+      const int64_t keys = window > 0 ? std::min<int64_t>(last, window + (i1 - i0)) : last;
+      for (int h = 0; h < num_kv_heads; ++h) items.push_back({keys * (i1 - i0), AttentionTile{s, h, i0, i1}});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  row_keys = 0;
+  for (auto& item : items) row_keys += item.first * group;
+  std::vector<AttentionTile> tiles;
+  tiles.reserve(items.size());
+  for (auto& item : items) tiles.push_back(item.second);
+  return tiles;
+}
+
+class PagedAttention : public mx::UnaryPrimitive {
+ public:
+  PagedAttention(mx::Stream stream, int block_size, float scale, float softcap, int window, int bits, int group_size)
+      : mx::UnaryPrimitive(stream), params_{block_size, scale, softcap, window, bits, group_size} {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    // NOTE: the task may run after this primitive is gone (MLX detaches a graph once it is
+    // scheduled), so it captures a copy of the parameters, never `this`.
+    dispatch(stream(), inputs, out, [params = params_](const std::vector<mx::array>& ins, mx::array& o) {
+      run(params, ins, o);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("paged_attention: the CPU kernel has no GPU path");
+  }
+
+  const char* name() const override { return "BasePagedAttention"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const Params& a = params_;
+    const Params& b = static_cast<const PagedAttention&>(other).params_;
+    return a.block_size == b.block_size && a.scale == b.scale && a.softcap == b.softcap && a.window == b.window &&
+           a.bits == b.bits && a.group_size == b.group_size;
+  }
+
+ private:
+  struct Params {
+    int block_size;
+    float scale, softcap;
+    int window, bits, group_size;
+  };
+
+  static void run(const Params& p, const std::vector<mx::array>& ins, mx::array& out) {
+    const int per_pool = p.bits == 0 ? 1 : 3;
+    const mx::array& q = ins[0];
+    std::vector<mx::array> key_parts(ins.begin() + 1, ins.begin() + 1 + per_pool);
+    std::vector<mx::array> value_parts(ins.begin() + 1 + per_pool, ins.begin() + 1 + 2 * per_pool);
+    const mx::array& tables = ins[1 + 2 * per_pool];
+    const mx::array& context_lens = ins[2 + 2 * per_pool];
+    const mx::array& starts = ins[3 + 2 * per_pool];
+    Held held;  // row-major copies of any strided input, alive until the kernel is done
+    AttentionArgs args;
+    const int num_kv_heads = key_parts[0].shape(2);
+    args.shape = AttentionShape{q.shape(1), num_kv_heads, q.shape(2),     p.block_size,  tables.shape(1),
+                                p.scale,    p.softcap,    p.window,       int64_t(q.shape(1)) * q.shape(2), q.shape(2)};
+    args.queries = static_cast<const float*>(row_major(q, held));
+    args.out = out.data<float>();
+    args.keys = pool_view(key_parts, p.bits, p.group_size, held);
+    args.values = pool_view(value_parts, p.bits, p.group_size, held);
+    args.block_tables = static_cast<const int32_t*>(row_major(tables, held));
+    args.context_lens = static_cast<const int32_t*>(row_major(context_lens, held));
+    args.query_starts = static_cast<const int32_t*>(row_major(starts, held));
+    const int num_seqs = context_lens.shape(0);
+    int64_t row_keys = 0;
+    auto tiles = make_tiles(args.query_starts, args.context_lens, num_seqs, num_kv_heads, q.shape(1) / num_kv_heads,
+                            p.window, row_keys);
+    const AttentionKernels& kernels = attention_kernels_for(active_isa());
+    auto work = [&](int begin, int end, int) {
+      for (int i = begin; i < end; ++i) kernels.attend(args, tiles[i]);
+    };
+    const int num_tiles = static_cast<int>(tiles.size());
+    if (row_keys * 2 * args.shape.head_dim < kParallelWork) {
+      work(0, num_tiles, 0);
+    } else {
+      parallel_for(num_tiles, work);
+    }
+  }
+
+  Params params_;
+};
+
+void check_inputs(const mx::array& q, const std::vector<mx::array>& keys, const std::vector<mx::array>& values,
+                  const mx::array& tables, const mx::array& context_lens, const mx::array& starts, int bits,
+                  int group_size) {
+  auto fail = [](const std::string& why) { throw std::invalid_argument("paged_attention: " + why); };
+  if (q.ndim() != 3 || q.dtype() != mx::float32) fail("queries must be float32 (num_tokens, heads, head_dim)");
+  const int head_dim = q.shape(2);
+  if (head_dim % 16 != 0) fail("head_dim must be a multiple of 16");
+  const size_t parts = bits == 0 ? 1 : 3;
+  if (keys.size() != parts || values.size() != parts) fail("a pool is one array, or codes, scales and biases");
+  if (bits != 0 && bits != 4 && bits != 8) fail("bits must be 0 (float pool), 4 or 8");
+  for (auto* pool : {&keys, &values}) {
+    const mx::array& p = (*pool)[0];
+    const int width = bits == 0 ? head_dim : head_dim * bits / 32;
+    if (p.ndim() != 4 || p.shape(3) != width) fail("pools must be (num_blocks, block_size, kv_heads, head_dim)");
+    if (q.shape(1) % p.shape(2) != 0) fail("heads must be a multiple of kv_heads");
+    if (bits != 0 && (group_size <= 0 || head_dim % group_size != 0 || (*pool)[1].shape(3) != head_dim / group_size))
+      fail("quantized pools need head_dim / group_size scales per row");
+    if (bits != 0 && p.dtype() != mx::uint32) fail("quantized codes must be uint32");
+  }
+  for (auto* a : {&tables, &context_lens, &starts})
+    if (a->dtype() != mx::int32) fail("block tables, context lengths and query starts must be int32");
+  if (tables.ndim() != 2 || context_lens.ndim() != 1 || starts.ndim() != 1 ||
+      tables.shape(0) != context_lens.shape(0) || starts.shape(0) != context_lens.shape(0) + 1)
+    fail("block_tables (num_seqs, max_blocks), context_lens (num_seqs,), query_starts (num_seqs + 1,)");
+}
+
+mx::array paged_attention(const mx::array& q, const std::vector<mx::array>& keys, const std::vector<mx::array>& values,
+                          const mx::array& tables, const mx::array& context_lens, const mx::array& starts,
+                          int block_size, float scale, std::optional<float> softcap, std::optional<int> window,
+                          int bits, int group_size) {
+  check_inputs(q, keys, values, tables, context_lens, starts, bits, group_size);
+  std::vector<mx::array> inputs{q};
+  inputs.insert(inputs.end(), keys.begin(), keys.end());
+  inputs.insert(inputs.end(), values.begin(), values.end());
+  inputs.insert(inputs.end(), {tables, context_lens, starts});
+  auto prim = std::make_shared<PagedAttention>(mx::Stream(mx::default_stream(mx::Device::cpu)), block_size, scale,
+                                               softcap.value_or(0.0f), window.value_or(0), bits, group_size);
+  return mx::array(q.shape(), mx::float32, std::move(prim), std::move(inputs));
+}
+
+// The KV write: rows (num_tokens, kv_heads, head_dim) into a float pool at slot_mapping. Like
+// MLX's scatter, the output takes over the pool's buffer when the graph holds the only
+// reference (LayerKV rebinds its pool to the result), so a step writes in place.
+class WritePool : public mx::UnaryPrimitive {
+ public:
+  explicit WritePool(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& pool = inputs[0];
+    if (pool.is_donatable() && pool.flags().row_contiguous) {
+      out.copy_shared_buffer(pool);
+    } else {
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+    }
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (auto& in : inputs) encoder.set_input_array(in);
+    encoder.set_output_array(out);
+    const bool shared = out.data_shared_ptr() == pool.data_shared_ptr();
+    encoder.dispatch([inputs, out = mx::array::unsafe_weak_copy(out), shared]() mutable {
+      std::vector<std::vector<uint8_t>> held;
+      const mx::array& pool = inputs[0];
+      uint8_t* dst = out.data<uint8_t>();
+      if (!shared) std::memcpy(dst, row_major(pool, held), pool.nbytes());
+      const size_t row_bytes = size_t(pool.shape(2)) * pool.shape(3) * pool.itemsize();
+      const int64_t num_slots = int64_t(pool.shape(0)) * pool.shape(1);
+      const uint8_t* rows = static_cast<const uint8_t*>(row_major(inputs[1], held));
+      const int32_t* slots = static_cast<const int32_t*>(row_major(inputs[2], held));
+      for (int t = 0; t < inputs[2].shape(0); ++t) {
+        if (slots[t] >= 0 && slots[t] < num_slots) std::memcpy(dst + slots[t] * row_bytes, rows + t * row_bytes, row_bytes);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("write_pool: the CPU kernel has no GPU path");
+  }
+
+  const char* name() const override { return "BaseWritePool"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+mx::array write_pool(const mx::array& pool, const mx::array& rows, const mx::array& slots) {
+  auto fail = [](const std::string& why) { throw std::invalid_argument("write_pool: " + why); };
+  if (pool.ndim() != 4) fail("pool must be (num_blocks, block_size, kv_heads, head_dim)");
+  if (rows.ndim() != 3 || rows.shape(1) != pool.shape(2) || rows.shape(2) != pool.shape(3))
+    fail("rows must be (num_tokens, kv_heads, head_dim) of the pool's row shape");
+  if (rows.dtype() != pool.dtype()) fail("rows must have the pool's dtype");
+  if (slots.dtype() != mx::int32 || slots.ndim() != 1 || slots.shape(0) != rows.shape(0))
+    fail("slot_mapping must be int32 (num_tokens,)");
+  return mx::array(pool.shape(), pool.dtype(), std::make_shared<WritePool>(mx::default_stream(mx::Device::cpu)),
+                   {pool, rows, slots});
+}
+
+}  // namespace
+
+void register_attention(nb::module_& m) {
+  m.def("paged_attention", &paged_attention, nb::arg("queries"), nb::arg("key_parts"), nb::arg("value_parts"),
+        nb::arg("block_tables"), nb::arg("context_lens"), nb::arg("query_starts"), nb::arg("block_size"),
+        nb::arg("scale"), nb::arg("softcap").none(), nb::arg("window").none(), nb::arg("bits"), nb::arg("group_size"),
+        "Paged attention of flattened queries (num_tokens, heads, head_dim) float32 over paged K/V pools.");
+  m.def("write_pool", &write_pool, nb::arg("pool"), nb::arg("rows"), nb::arg("slot_mapping"),
+        "The pool with rows (num_tokens, kv_heads, head_dim) at the slots; in place when the pool is donated.");
+  m.def("attention_isa", [] { return std::string(attention_kernels_for(active_isa()).isa); });
+}
+
+}  // namespace base_cpu

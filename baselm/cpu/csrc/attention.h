@@ -1,0 +1,61 @@
+// Paged attention on the CPU: the work-item interface between the primitive (attention.cpp)
+// and the inner loops, compiled once per instruction set (attention_<isa>.cpp). No MLX types.
+#pragma once
+
+#include <cstdint>
+
+namespace base_cpu {
+
+// The K and V rows one work item reads: a sequence's block table into one pool per side,
+// each pool plain (float32/float16/bfloat16) or affine-quantized (kv_quant.py).
+struct PoolView {
+  const void* data;  // plain values, or uint32 codes
+  const void* scales;  // quantized only: (slots, kv_heads, head_dim / group_size)
+  const void* biases;
+  int dtype;  // of the values, or of the scales when quantized: 0 float32, 1 float16, 2 bfloat16
+  int bits;  // 0 plain, 8 or 4 quantized
+  int group_size;
+};
+
+struct AttentionShape {
+  int num_heads, num_kv_heads, head_dim, block_size, max_blocks;
+  float scale, softcap;  // softcap 0: none
+  int window;  // 0: none
+  int64_t q_token_stride, q_head_stride;  // in floats (heads * head_dim, head_dim)
+};
+
+
+// One step's attention inputs. Sequence s owns the flattened query rows
+// [query_starts[s], query_starts[s + 1]); its i-th row sits at position
+// context_lens[s] - query_len + i and sees the keys at positions <= its own.
+struct AttentionArgs {
+  AttentionShape shape;
+  const float* queries;  // (num_tokens, heads, head_dim) row-major
+  float* out;  // (num_tokens, heads, head_dim) contiguous
+  PoolView keys, values;  // (num_blocks * block_size, kv_heads, head_dim) logical rows
+  const int32_t* block_tables;  // (num_seqs, max_blocks)
+  const int32_t* context_lens;  // (num_seqs,)
+  const int32_t* query_starts;  // (num_seqs + 1,)
+};
+
+// Query rows [row_begin, row_end) of sequence `seq`, all query heads of KV head `kv_head`.
+struct AttentionTile {
+  int seq, kv_head, row_begin, row_end;
+};
+
+struct AttentionKernels {
+  const char* isa;
+  void (*attend)(const AttentionArgs&, const AttentionTile&);
+};
+
+namespace generic {
+const AttentionKernels& attention_kernels();
+}
+namespace avx2 {
+const AttentionKernels& attention_kernels();
+}
+namespace avx512 {
+const AttentionKernels& attention_kernels();
+}
+
+}  // namespace base_cpu

@@ -1,0 +1,19 @@
+// The attention inner loops built for one instruction set (flags from CMakeLists.txt).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "attention.h"
+
+namespace base_cpu::avx2 {
+
+#include "attention_impl.h"
+
+const AttentionKernels& attention_kernels() {
+  static const AttentionKernels kernels{"avx2", attend};
+  return kernels;
+}
+
+}  // namespace base_cpu::avx2

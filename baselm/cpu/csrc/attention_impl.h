@@ -1,0 +1,275 @@
+// Paged attention on the CPU: the maths of one work item (one sequence, one KV head, a tile of
+// its query rows), written once with GCC/Clang vector types and compiled by
+// attention_<isa>.cpp once per instruction set.
+//
+// The maths is the reference's (metal/reference.py): scores = (q * scale) . k, optional
+// tanh soft-capping, a causal mask (keys at positions <= the query's and, with a window,
+// > position - window), softmax in float32, then the weighted sum of the values. Here the
+// softmax is online (flash attention): keys are taken 16 at a time, each row keeps its
+// running max and sum, and the accumulated output is rescaled when the max grows. So no
+// score matrix of the whole context is ever held, and every K/V row is read once per tile.
+//
+// Included inside a namespace by attention_<isa>.cpp, which includes the standard headers.
+
+#include "vec_math.h"
+
+#define BASE_IDX(...) __VA_ARGS__
+
+static inline float bf16_round(float x) {  // to the nearest bfloat16, ties to even
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+static inline float to_float(const void* p, int dtype, int64_t i) {
+  if (dtype == 0) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  if (dtype == 2) {
+    const uint32_t u = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  _Float16 f;
+  std::memcpy(&f, &h, 2);
+  return static_cast<float>(f);
+}
+
+// Row `row` (slot * kv_heads + head) of the pool as head_dim floats in `out`.
+static inline void load_row(const PoolView& pool, int64_t row, int head_dim, float* out) {
+  if (pool.bits == 0) {
+    if (pool.dtype == 0) {
+      std::memcpy(out, static_cast<const float*>(pool.data) + row * head_dim, head_dim * sizeof(float));
+    } else {
+      for (int d = 0; d < head_dim; ++d) out[d] = to_float(pool.data, pool.dtype, row * head_dim + d);
+    }
+    return;
+  }
+  const int per_word = 32 / pool.bits;
+  const uint32_t mask = (1u << pool.bits) - 1;
+  const uint32_t* codes = static_cast<const uint32_t*>(pool.data) + row * (head_dim / per_word);
+  const int num_groups = head_dim / pool.group_size;
+  for (int g = 0; g < num_groups; ++g) {
+    const float s = to_float(pool.scales, pool.dtype, row * num_groups + g);
+    const float b = to_float(pool.biases, pool.dtype, row * num_groups + g);
+    for (int d = g * pool.group_size; d < (g + 1) * pool.group_size; ++d) {
+      const uint32_t q = (codes[d / per_word] >> ((d % per_word) * pool.bits)) & mask;
+      const float x = s * float(q) + b;
+      // the reference dequantizes to the scales' dtype before attending
+      out[d] = pool.dtype == 0 ? x : pool.dtype == 2 ? bf16_round(x) : float(_Float16(x));
+    }
+  }
+}
+
+// Scratch of one work item: `rows` = query rows x heads per KV head.
+struct Scratch {
+  std::vector<float> q, acc, p, kt, v, row_max;
+  std::vector<vf> s;  // (rows,) scores of one chunk
+  std::vector<vf> sums;  // (rows,) running softmax denominators, lane-wise
+  std::vector<int> pos;
+  void size(int rows, int head_dim) {
+    q.resize(size_t(rows) * head_dim);
+    acc.assign(size_t(rows) * head_dim, 0.0f);
+    p.resize(size_t(rows) * kLanes);
+    kt.resize(size_t(head_dim) * kLanes);
+    v.resize(size_t(kLanes) * head_dim);
+    row_max.assign(rows, -INFINITY);
+    pos.resize(rows);
+    s.resize(rows);
+    sums.assign(rows, vf{});
+  }
+};
+
+// kt (head_dim, 16) = the 16 key rows of v (16, head_dim) transposed, 16x16 blocks at a time by
+// four butterfly rounds (each swaps the off-diagonal sub-blocks of size 8, 4, 2, 1).
+static inline void transpose_keys(const float* v, int head_dim, float* kt) {
+  for (int b = 0; b < head_dim; b += kLanes) {
+    vf r[kLanes];
+    for (int j = 0; j < kLanes; ++j) r[j] = vload(v + size_t(j) * head_dim + b);
+#define BASE_BUTTERFLY(S, LO, HI)                                  \
+  for (int i = 0; i < kLanes; ++i) {                               \
+    if (i & S) continue;                                           \
+    const vf a = r[i], c = r[i + S];                               \
+    r[i] = __builtin_shufflevector(a, c, LO);                      \
+    r[i + S] = __builtin_shufflevector(a, c, HI);                  \
+  }
+    BASE_BUTTERFLY(8, BASE_IDX(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+                   BASE_IDX(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31))
+    BASE_BUTTERFLY(4, BASE_IDX(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),
+                   BASE_IDX(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31))
+    BASE_BUTTERFLY(2, BASE_IDX(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),
+                   BASE_IDX(2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31))
+    BASE_BUTTERFLY(1, BASE_IDX(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
+                   BASE_IDX(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31))
+#undef BASE_BUTTERFLY
+    for (int d = 0; d < kLanes; ++d) vstore(kt + size_t(b + d) * kLanes, r[d]);
+  }
+}
+
+// scores (rows, 16) of the query rows against 16 keys held transposed in kt (head_dim, 16).
+// R rows at a time: R independent multiply-add chains keep both FMA pipes busy.
+template <int R>
+static inline void scores_rows(const Scratch& w, int m, int head_dim, vf* s) {
+  vf acc[R] = {};
+  const float* q = &w.q[size_t(m) * head_dim];
+  for (int d = 0; d < head_dim; ++d) {
+    const vf k = vload(&w.kt[size_t(d) * kLanes]);
+    for (int r = 0; r < R; ++r) acc[r] += q[size_t(r) * head_dim + d] * k;
+  }
+  for (int r = 0; r < R; ++r) s[m + r] = acc[r];
+}
+
+static inline void scores_transposed(const Scratch& w, int rows, int head_dim, vf* s) {
+  int m = 0;
+  for (; m + 8 <= rows; m += 8) scores_rows<8>(w, m, head_dim, s);
+  for (; m + 4 <= rows; m += 4) scores_rows<4>(w, m, head_dim, s);
+  for (; m < rows; ++m) scores_rows<1>(w, m, head_dim, s);
+}
+
+// The same scores from the keys as rows of v-layout (16, head_dim): for few query rows (decode),
+// where transposing the keys would cost more than the dot products.
+static inline void scores_dot(const Scratch& w, const float* keys, int rows, int head_dim, int num_keys, vf* s) {
+  for (int m = 0; m < rows; ++m) {
+    const float* q = &w.q[size_t(m) * head_dim];
+    vf out{};
+    for (int j = 0; j < num_keys; ++j) {
+      const float* k = keys + size_t(j) * head_dim;
+      vf a{};
+      for (int d = 0; d < head_dim; d += kLanes) a += vload(q + d) * vload(k + d);
+      out[j] = hsum(a);
+    }
+    s[m] = out;
+  }
+}
+
+// Online softmax of one 16-key chunk starting at key position `first`: masks (unless every row
+// sees every key of it), updates each row's max and sum, rescales its accumulator, and leaves
+// the chunk's weights in w.p.
+static inline void softmax_chunk(Scratch& w, vf* s, int rows, int head_dim, int first, int num_keys,
+                                 const AttentionShape& a) {
+  const bool all_visible = num_keys == kLanes && first + kLanes - 1 <= w.pos[0] &&
+                           (a.window == 0 || first > w.pos[rows - 1] - a.window);
+  vi key_pos;
+  for (int j = 0; j < kLanes; ++j) key_pos[j] = first + j;
+  const vi valid_key = key_pos < (first + num_keys);
+  vi ok = valid_key;
+  for (int m = 0; m < rows; ++m) {
+    vf x = s[m];
+    if (a.softcap > 0.0f) x = vtanh(x * (1.0f / a.softcap)) * a.softcap;
+    if (!all_visible) {
+      ok = valid_key & (key_pos <= w.pos[m]);
+      if (a.window > 0) ok = ok & (key_pos > w.pos[m] - a.window);
+      x = vselect(ok, x, vsplat(-INFINITY));
+    }
+    const float chunk_max = hmax(x);
+    float* p = &w.p[size_t(m) * kLanes];
+    if (chunk_max == -INFINITY) {  // nothing of this chunk is visible to this row
+      vstore(p, vf{});
+      continue;
+    }
+    const float old_max = w.row_max[m];
+    if (chunk_max > old_max) {
+      if (old_max != -INFINITY) {
+        const float c = vexp(vsplat(old_max - chunk_max))[0];
+        w.sums[m] *= c;
+        float* acc = &w.acc[size_t(m) * head_dim];
+        for (int d = 0; d < head_dim; d += kLanes) vstore(acc + d, vload(acc + d) * c);
+      }
+      w.row_max[m] = chunk_max;
+    }
+    vf e = vexp(x - w.row_max[m]);
+    if (!all_visible) e = vselect(ok, e, vf{});
+    w.sums[m] += e;
+    vstore(p, e);
+  }
+}
+
+// acc (rows, head_dim) += p (rows, 16) . v (16, head_dim), R rows of one 16-wide column at a time.
+template <int R>
+static inline void accumulate_rows(Scratch& w, int m, int d, int head_dim, int num_keys) {
+  float* acc = &w.acc[size_t(m) * head_dim + d];
+  const float* p = &w.p[size_t(m) * kLanes];
+  vf a[R];
+  for (int r = 0; r < R; ++r) a[r] = vload(acc + size_t(r) * head_dim);
+  for (int j = 0; j < num_keys; ++j) {
+    const vf v = vload(&w.v[size_t(j) * head_dim + d]);
+    for (int r = 0; r < R; ++r) a[r] += p[r * kLanes + j] * v;
+  }
+  for (int r = 0; r < R; ++r) vstore(acc + size_t(r) * head_dim, a[r]);
+}
+
+static inline void accumulate(Scratch& w, int rows, int head_dim, int num_keys) {
+  for (int d = 0; d < head_dim; d += kLanes) {
+    int m = 0;
+    for (; m + 8 <= rows; m += 8) accumulate_rows<8>(w, m, d, head_dim, num_keys);
+    for (; m + 4 <= rows; m += 4) accumulate_rows<4>(w, m, d, head_dim, num_keys);
+    for (; m < rows; ++m) accumulate_rows<1>(w, m, d, head_dim, num_keys);
+  }
+}
+
+// One work item: query rows [i0, i1) of a sequence (its first query row at flattened token
+// `q_start`, `q_len` rows, `ctx` cached keys, `table` its block ids), all query heads of KV head `h`.
+static void attend_tile_impl(const AttentionShape& a, const float* queries, float* out, const PoolView& keys,
+                        const PoolView& values, const int32_t* table, int ctx, int q_start, int q_len, int h,
+                        int i0, int i1, Scratch& w) {
+  const int group = a.num_heads / a.num_kv_heads, head_dim = a.head_dim;
+  const int rows = (i1 - i0) * group;
+  w.size(rows, head_dim);
+  for (int i = i0; i < i1; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const int m = (i - i0) * group + g;
+      const float* q = queries + (q_start + i) * a.q_token_stride + (h * group + g) * a.q_head_stride;
+      for (int d = 0; d < head_dim; ++d) w.q[size_t(m) * head_dim + d] = q[d] * a.scale;
+      w.pos[m] = ctx - q_len + i;
+    }
+  }
+  const int last = ctx - q_len + i1 - 1;  // newest position any row sees
+  int first = 0;
+  if (a.window > 0) first = std::max(0, ctx - q_len + i0 - a.window + 1);
+  first -= first % kLanes;
+  const bool transpose = rows >= 8;
+  vf* s = w.s.data();
+  for (int c = first; c <= last; c += kLanes) {
+    const int num_keys = std::min(kLanes, last + 1 - c);
+    for (int j = 0; j < num_keys; ++j) {
+      const int p = c + j;
+      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+      const int64_t row = slot * a.num_kv_heads + h;
+      load_row(keys, row, head_dim, &w.v[size_t(j) * head_dim]);
+    }
+    if (transpose) {
+      std::fill(w.v.begin() + size_t(num_keys) * head_dim, w.v.end(), 0.0f);
+      transpose_keys(w.v.data(), head_dim, w.kt.data());
+      scores_transposed(w, rows, head_dim, s);
+    } else {
+      scores_dot(w, w.v.data(), rows, head_dim, num_keys, s);
+    }
+    softmax_chunk(w, s, rows, head_dim, c, num_keys, a);
+    for (int j = 0; j < num_keys; ++j) {
+      const int p = c + j;
+      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+      load_row(values, slot * a.num_kv_heads + h, head_dim, &w.v[size_t(j) * head_dim]);
+    }
+    accumulate(w, rows, head_dim, num_keys);
+  }
+  for (int i = i0; i < i1; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const int m = (i - i0) * group + g;
+      const float inv = 1.0f / hsum(w.sums[m]);
+      float* o = out + (int64_t(q_start + i) * a.num_heads + h * group + g) * head_dim;
+      for (int d = 0; d < head_dim; ++d) o[d] = w.acc[size_t(m) * head_dim + d] * inv;
+    }
+  }
+}
+
+static void attend(const AttentionArgs& args, const AttentionTile& tile) {
+  static thread_local Scratch scratch;
+  const AttentionShape& a = args.shape;
+  const int q_start = args.query_starts[tile.seq];
+  const int q_len = args.query_starts[tile.seq + 1] - q_start;
+  const int32_t* table = args.block_tables + int64_t(tile.seq) * a.max_blocks;
+  attend_tile_impl(a, args.queries, args.out, args.keys, args.values, table, args.context_lens[tile.seq], q_start,
+                   q_len, tile.kv_head, tile.row_begin, tile.row_end, scratch);
+}

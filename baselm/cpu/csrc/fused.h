@@ -1,0 +1,36 @@
+// The small per-token ops of a decoder layer, each one MLX graph node on the CPU instead of
+// the several MLX's CPU backend runs for it: RMSNorm, RoPE and the gated activation of the MLP.
+// The interface between the primitives (fused.cpp) and the loops built per instruction set
+// (fused_<isa>.cpp). No MLX types.
+#pragma once
+
+#include <cstdint>
+
+namespace base_cpu {
+
+enum GatedActivation : int { kSilu = 0, kGeluTanh = 1, kGeluErf = 2 };
+
+struct FusedKernels {
+  const char* isa;
+  // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (w + weight_offset), rows [r0, r1) of width d.
+  void (*rms_norm)(const float* x, const float* w, float weight_offset, float eps, int d, float* y, int r0, int r1);
+  // Rotates the first `dims` features of each head of tokens [t0, t1) (x: (tokens, heads, head_dim))
+  // by position * inv_freqs[i], rotate-half layout or interleaved pairs (`traditional`), the
+  // rotated part scaled by mscale; the rest is copied.
+  void (*rope)(const float* x, const int32_t* positions, const float* inv_freqs, int heads, int head_dim, int dims,
+               bool traditional, float mscale, float* y, int t0, int t1);
+  // y[r, :] = act(gate_up[r, :n]) * gate_up[r, n:], rows [r0, r1).
+  void (*gated)(const float* gate_up, int n, int act, float* y, int r0, int r1);
+};
+
+namespace generic {
+const FusedKernels& fused_kernels();
+}
+namespace avx2 {
+const FusedKernels& fused_kernels();
+}
+namespace avx512 {
+const FusedKernels& fused_kernels();
+}
+
+}  // namespace base_cpu

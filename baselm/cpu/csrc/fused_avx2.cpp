@@ -1,0 +1,18 @@
+// The fused per-token loops built for one instruction set (flags from CMakeLists.txt).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "fused.h"
+
+namespace base_cpu::avx2 {
+
+#include "fused_impl.h"
+
+const FusedKernels& fused_kernels() {
+  static const FusedKernels kernels{"avx2", rms_norm, rope, gated};
+  return kernels;
+}
+
+}  // namespace base_cpu::avx2

@@ -1,0 +1,71 @@
+// The plain inner loops: no MLX types, so each instruction-set build (linear_<isa>.cpp) holds
+// nothing but these loops, compiled with its own flags.
+#pragma once
+
+#include <cstdint>
+
+namespace base_cpu {
+
+// y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for rows n in [n0, n1) of a float32 weight.
+struct DenseArgs {
+  const float* x;  // (M, K), row stride ldx
+  int64_t ldx;
+  int M;
+  const float* w;  // (N, K), row stride ldw
+  int64_t ldw;
+  int K;
+  const float* bias;  // (N,) or nullptr
+  float* y;  // (M, N), row stride ldy
+  int64_t ldy;
+};
+
+enum ScaleType : int { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
+
+// The same product over an affine-quantized weight in MLX's layout: value k of row n is
+// scales[n, k / gs] * q + biases[n, k / gs], q the `bits`-bit field at bit k * bits of the
+// row's little-endian uint32 stream.
+struct AffineArgs {
+  const float* x;  // (M, K), row stride ldx
+  int64_t ldx;
+  int M;
+  const uint32_t* codes;  // (N, K * bits / 32), row stride ld_codes
+  int64_t ld_codes;
+  const void* scales;  // (N, K / gs) of scale_type, row stride ld_scales
+  const void* biases;  // (N, K / gs) of scale_type, row stride ld_scales
+  int64_t ld_scales;
+  int scale_type;
+  int bits;
+  int group_size;
+  int K;
+  const float* bias;  // (N,) or nullptr
+  float* y;  // (M, N), row stride ldy
+  int64_t ldy;
+  // Set by affine_prepare when the ISA's fused few-row path applies, else nullptr:
+  const float* xp;  // (M, K) x reordered to the decoder's lane order, then (M, K / gs) group sums of x
+};
+
+// Rows of weights decoded per block of the affine kernel (the scratch holds this many rows of K).
+constexpr int kAffineBlockRows = 4;
+constexpr int kAffineScratchRows = kAffineBlockRows + 2;  // + the block's scales and biases as float32
+
+struct LinearKernels {
+  const char* isa;
+  void (*dense)(const DenseArgs&, int n0, int n1);
+  // Floats affine_prepare writes for these args: 0 when the fused path does not apply.
+  int64_t (*affine_prepared_size)(const AffineArgs&);
+  void (*affine_prepare)(const AffineArgs&, float* xp);
+  // scratch: kAffineScratchRows * K floats, owned by the calling thread.
+  void (*affine)(const AffineArgs&, int n0, int n1, float* scratch);
+};
+
+namespace generic {
+const LinearKernels& linear_kernels();
+}
+namespace avx2 {
+const LinearKernels& linear_kernels();
+}
+namespace avx512 {
+const LinearKernels& linear_kernels();
+}
+
+}  // namespace base_cpu

@@ -1,0 +1,225 @@
+// Linear layers for few activation rows: x (..., K) @ W(N, K).T (+ bias), W float32 or
+// affine-quantized in MLX's layout, each weight byte read once per call.
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+
+#include "kernels.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "pool.h"
+#include "primitive.h"
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+
+namespace base_cpu {
+
+namespace {
+
+const LinearKernels& kernels() {
+  const std::string& isa = active_isa();
+#if defined(BASE_HAVE_X86_PATHS)
+  if (isa == "avx512") return avx512::linear_kernels();
+  if (isa == "avx2") return avx2::linear_kernels();
+#endif
+  return generic::linear_kernels();
+}
+
+// Output rows are handed to threads in chunks of this many weight rows.
+constexpr int kChunkRows = 16;
+
+int num_chunks(int n) { return (n + kChunkRows - 1) / kChunkRows; }
+
+mx::Shape out_shape(const mx::array& x, int n) {
+  mx::Shape shape = x.shape();
+  shape.back() = n;
+  return shape;
+}
+
+void check_x(const mx::array& x, const char* op) {
+  if (x.dtype() != mx::float32) throw std::invalid_argument(std::string(op) + ": x must be float32");
+  if (x.ndim() < 1) throw std::invalid_argument(std::string(op) + ": x must have a last axis");
+}
+
+void check_bias(const std::optional<mx::array>& bias, int n, const char* op) {
+  if (!bias) return;
+  if (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != n)
+    throw std::invalid_argument(std::string(op) + ": bias must be float32 of shape (N,)");
+}
+
+// Runs in the dispatched task, when the inputs' contents exist.
+void run_dense(const std::vector<mx::array>& in, mx::array& out, bool has_bias) {
+  std::vector<std::vector<uint8_t>> held;
+  const int k = in[0].shape(-1);
+  const int n = in[1].shape(0);
+  DenseArgs args{static_cast<const float*>(row_major(in[0], held)),
+                 k,
+                 static_cast<int>(in[0].size() / k),
+                 static_cast<const float*>(row_major(in[1], held)),
+                 k,
+                 k,
+                 has_bias ? static_cast<const float*>(row_major(in[2], held)) : nullptr,
+                 out.data<float>(),
+                 n};
+  const LinearKernels& kern = kernels();
+  const size_t bytes = static_cast<size_t>(n) * k * sizeof(float);
+  parallel_for(num_chunks(n), bytes, [&](int begin, int end, int) {
+    kern.dense(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n);
+  });
+}
+
+int scale_type(mx::Dtype dtype) {
+  if (dtype == mx::float16) return kScaleF16;
+  if (dtype == mx::bfloat16) return kScaleBF16;
+  return kScaleF32;
+}
+
+// The reordered activations of one affine call, per calling (stream) thread.
+float* prepared_buffer(int64_t count) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < static_cast<size_t>(count)) buffer.resize(count);
+  return buffer.data();
+}
+
+void run_affine(const std::vector<mx::array>& in, mx::array& out, int bits, int group_size, bool has_bias) {
+  std::vector<std::vector<uint8_t>> held;
+  const int k = in[0].shape(-1);
+  const int n = in[1].shape(0);
+  AffineArgs args{static_cast<const float*>(row_major(in[0], held)),
+                  k,
+                  static_cast<int>(in[0].size() / k),
+                  static_cast<const uint32_t*>(row_major(in[1], held)),
+                  in[1].shape(1),
+                  row_major(in[2], held),
+                  row_major(in[3], held),
+                  in[2].shape(1),
+                  scale_type(in[2].dtype()),
+                  bits,
+                  group_size,
+                  k,
+                  has_bias ? static_cast<const float*>(row_major(in[4], held)) : nullptr,
+                  out.data<float>(),
+                  n,
+                  nullptr};
+  const LinearKernels& kern = kernels();
+  int64_t prepared = kern.affine_prepared_size(args);
+  if (prepared > 0) {
+    float* xp = prepared_buffer(prepared);
+    kern.affine_prepare(args, xp);
+    args.xp = xp;
+  }
+  const size_t bytes = in[1].nbytes() + in[2].nbytes() + in[3].nbytes();
+  parallel_for(num_chunks(n), bytes, [&](int begin, int end, int thread) {
+    float* scratch = thread_scratch(thread, static_cast<size_t>(kAffineScratchRows) * k);
+    kern.affine(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n, scratch);
+  });
+}
+
+class DenseLinear : public mx::UnaryPrimitive {
+ public:
+  DenseLinear(mx::Stream stream, bool has_bias) : mx::UnaryPrimitive(stream), has_bias_(has_bias) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    bool has_bias = has_bias_;
+    dispatch(stream(), inputs, out,
+             [has_bias](const std::vector<mx::array>& in, mx::array& o) { run_dense(in, o, has_bias); });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("dense_linear runs on the CPU only");
+  }
+
+  const char* name() const override { return "BaseDenseLinear"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return has_bias_ == static_cast<const DenseLinear&>(other).has_bias_;
+  }
+
+ private:
+  bool has_bias_;
+};
+
+class AffineLinear : public mx::UnaryPrimitive {
+ public:
+  AffineLinear(mx::Stream stream, int bits, int group_size, bool has_bias)
+      : mx::UnaryPrimitive(stream), bits_(bits), group_size_(group_size), has_bias_(has_bias) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    int bits = bits_, group_size = group_size_;
+    bool has_bias = has_bias_;
+    dispatch(stream(), inputs, out, [=](const std::vector<mx::array>& in, mx::array& o) {
+      run_affine(in, o, bits, group_size, has_bias);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("affine_linear runs on the CPU only");
+  }
+
+  const char* name() const override { return "BaseAffineLinear"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const AffineLinear&>(other);
+    return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_;
+  }
+
+ private:
+  int bits_;
+  int group_size_;
+  bool has_bias_;
+};
+
+mx::array dense_linear(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias) {
+  check_x(x, "dense_linear");
+  if (w.dtype() != mx::float32 || w.ndim() != 2 || w.shape(1) != x.shape(-1)) {
+    std::ostringstream msg;
+    msg << "dense_linear: w must be float32 of shape (N, " << x.shape(-1) << ")";
+    throw std::invalid_argument(msg.str());
+  }
+  check_bias(bias, w.shape(0), "dense_linear");
+  std::vector<mx::array> inputs{x, w};
+  if (bias) inputs.push_back(*bias);
+  return mx::array(out_shape(x, w.shape(0)), mx::float32,
+                   std::make_shared<DenseLinear>(mx::default_stream(mx::Device::cpu), bias.has_value()), inputs);
+}
+
+mx::array affine_linear(const mx::array& x, const mx::array& codes, const mx::array& scales, const mx::array& biases,
+                        int group_size, int bits, const std::optional<mx::array>& bias) {
+  check_x(x, "affine_linear");
+  int k = x.shape(-1);
+  if (bits < 1 || bits > 8 || group_size <= 0 || k % group_size != 0 || (static_cast<int64_t>(k) * bits) % 32 != 0)
+    throw std::invalid_argument("affine_linear: K must be a multiple of group_size and of 32 / bits, bits in 1..8");
+  if (codes.dtype() != mx::uint32 || codes.ndim() != 2 || codes.shape(1) != k * bits / 32)
+    throw std::invalid_argument("affine_linear: codes must be uint32 of shape (N, K * bits / 32)");
+  int n = codes.shape(0);
+  for (const mx::array* a : {&scales, &biases}) {
+    bool float_type = a->dtype() == mx::float32 || a->dtype() == mx::float16 || a->dtype() == mx::bfloat16;
+    if (!float_type || a->ndim() != 2 || a->shape(0) != n || a->shape(1) != k / group_size)
+      throw std::invalid_argument("affine_linear: scales and biases must be float of shape (N, K / group_size)");
+  }
+  if (biases.dtype() != scales.dtype())
+    throw std::invalid_argument("affine_linear: scales and biases must share one dtype");
+  check_bias(bias, n, "affine_linear");
+  std::vector<mx::array> inputs{x, codes, scales, biases};
+  if (bias) inputs.push_back(*bias);
+  auto prim = std::make_shared<AffineLinear>(mx::default_stream(mx::Device::cpu), bits, group_size, bias.has_value());
+  return mx::array(out_shape(x, n), mx::float32, std::move(prim), inputs);
+}
+
+}  // namespace
+
+void register_linear(nb::module_& m) {
+  m.def("dense_linear", &dense_linear, nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(),
+        "x (..., K) @ w(N, K).T (+ bias): float32, each weight row read once per call.");
+  m.def("affine_linear", &affine_linear, nb::arg("x"), nb::arg("codes"), nb::arg("scales"), nb::arg("biases"),
+        nb::arg("group_size"), nb::arg("bits"), nb::arg("bias") = nb::none(),
+        "x (..., K) @ dequantize(codes, scales, biases).T (+ bias), decoding the weight as it streams.");
+}
+
+}  // namespace base_cpu

@@ -1,0 +1,96 @@
+// Vector maths shared by the kernels' inner loops, with GCC/Clang vector types: one AVX-512
+// register per `vf` where the build has it, two AVX2 or four SSE/NEON registers elsewhere.
+// Included inside each instruction set's namespace by a <family>_impl.h (so: no include guard,
+// and the standard headers come from the including .cpp).
+
+typedef float vf __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register
+typedef int32_t vi __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+static inline vf vload(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+static inline void vstore(float* p, vf v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+static inline vf vsplat(float x) {
+  return vf{} + x;
+}
+
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
+
+static inline vf4 fold(vf v, bool take_max) {  // 16 lanes -> 4, by halves
+  vf8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  vf8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  vf8 a = take_max ? (lo > hi ? lo : hi) : lo + hi;
+  vf4 l = __builtin_shufflevector(a, a, 0, 1, 2, 3);
+  vf4 h = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return take_max ? (l > h ? l : h) : l + h;
+}
+
+static inline float hsum(vf v) {
+  vf4 a = fold(v, false);
+  return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+static inline float hmax(vf v) {
+  vf4 a = fold(v, true);
+  float x = a[0] > a[1] ? a[0] : a[1];
+  float y = a[2] > a[3] ? a[2] : a[3];
+  return x > y ? x : y;
+}
+
+static inline vf vselect(vi mask, vf a, vf b) {  // mask lanes are all ones or all zeros
+  vi ai, bi;
+  std::memcpy(&ai, &a, sizeof(a));
+  std::memcpy(&bi, &b, sizeof(b));
+  vi r = (ai & mask) | (bi & ~mask);
+  vf out;
+  std::memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+// exp(x) (Cephes' expf: 2^n * p(r), |error| ~ 2 ulp); lanes below -87 give 0, as exp's true
+// value is below float's normal range there, and lanes above 88 give exp(88).
+static inline vf vexp(vf x) {
+  const vf lo = vsplat(-87.0f), hi = vsplat(88.0f);
+  vi tiny = x < lo;
+  x = vselect(tiny, lo, x);
+  x = vselect(x > hi, hi, x);
+  vf fx = x * 1.44269504088896341f;
+  // round to nearest: add and subtract 1.5 * 2^23
+  const vf magic = vsplat(12582912.0f);
+  vf n = (fx + magic) - magic;
+  vf r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  vf r2 = r * r;
+  vf p = vsplat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r2 + r + 1.0f;
+  vi e = __builtin_convertvector(n, vi);
+  vi bits;
+  std::memcpy(&bits, &p, sizeof(p));
+  bits = bits + (e << 23);
+  vf out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return vselect(tiny, vf{}, out);
+}
+
+// tanh(x) = 1 - 2 / (exp(2x) + 1), evaluated on -|x| so exp never overflows.
+static inline vf vtanh(vf x) {
+  vi neg = x < vf{};
+  vf a = vselect(neg, -x, x);
+  vf e = vexp(-2.0f * a);
+  vf t = (1.0f - e) / (1.0f + e);
+  return vselect(neg, -t, t);
+}
+

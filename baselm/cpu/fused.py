@@ -1,0 +1,58 @@
+"""RMSNorm, RoPE and the MLP's gated activation as one CPU kernel call each, where they apply.
+
+On the CPU MLX runs `mx.fast.rms_norm` and `mx.fast.rope` as several graph nodes each (its
+fused versions exist only on GPUs), and a gated activation as four (split, sigmoid, two
+multiplies); at ~5 us per node that is a large part of a decode step. The compiled module
+(csrc/fused*.cpp) does each in one node. A kernel applies when MLX runs on the CPU, the
+module is loaded and the input is float32; otherwise these functions return None and the
+caller runs its MLX ops.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from baselm import cpu
+
+# The MLP activations (mlp.ACTIVATIONS names) the gated kernel computes, by kernel name.
+GATED_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+
+
+def kernel_applies(x: mx.array) -> bool:
+    """Whether the fused CPU kernels serve an op on `x`."""
+    return cpu.kernels is not None and x.dtype == mx.float32 and mx.default_device() == mx.cpu
+
+
+def rms_norm(x: mx.array, weight: mx.array, eps: float, weight_offset: float = 0.0) -> mx.array | None:
+    """x * rsqrt(mean(x^2) + eps) * (weight + weight_offset) over the last axis, or None (not applicable)."""
+    if not kernel_applies(x) or weight.dtype != mx.float32:
+        return None
+    return cpu.kernels.rms_norm(x, weight, eps, weight_offset)
+
+
+def rope(
+    x: mx.array, positions: mx.array, freqs: mx.array, dims: int, traditional: bool, mscale: float
+) -> mx.array | None:
+    """x (num_tokens, heads, head_dim) rotated at `positions` by the periods `freqs` (dims // 2,), the
+    rotated part scaled by `mscale`, or None (not applicable)."""
+    if not kernel_applies(x) or positions.dtype != mx.int32:
+        return None
+    return cpu.kernels.rope(x, positions, freqs, dims, traditional, mscale)
+
+
+def gated_activation(gate_up: mx.array, act: str) -> mx.array | None:
+    """act(gate) * up for gate_up = [gate | up] (..., 2 * N), or None (not applicable)."""
+    if act not in GATED_ACTIVATIONS or not kernel_applies(gate_up):
+        return None
+    return cpu.kernels.gated_activation(gate_up, GATED_ACTIVATIONS[act])
+
+
+def fused_kernel_status() -> dict[str, str]:
+    """For `base doctor`: the fused CPU kernels' state here."""
+    if cpu.kernels is None:
+        state = f"off: {cpu.status['reason']}"
+    elif mx.default_device() != mx.cpu:
+        state = "not used (MLX runs on a GPU)"
+    else:
+        state = f"used ({cpu.kernels.fused_isa()})"
+    return {"cpu rms_norm/rope/gated activation": state}

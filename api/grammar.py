@@ -21,14 +21,12 @@ import llguidance as llg
 import mlx.core as mx
 import numpy as np
 
+from baselm.api import json_schemas
 from baselm.api.errors import bad_request
 from baselm.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger("baselm.api")
 
-# Compact JSON with one optional space after separators: a model that likes spaces may
-# use them, a random one cannot pad forever.
-_JSON_OPTIONS = {"whitespace_flexible": False, "whitespace_pattern": r"[ ]?"}
 _LIMITS = llg.LLParserLimits(verbose_errors=False)
 
 
@@ -87,11 +85,11 @@ def grammar_tokenizer(tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Sequ
 
 
 def json_schema_grammar(schema: dict[str, Any] | bool | None) -> str:
-    """The grammar of JSON text that follows `schema` (None: any JSON object)."""
+    """The grammar of JSON text that follows `schema` (None: any JSON object), made to end (json_schemas.py)."""
     if schema is None:
         schema = {"type": "object"}
     try:
-        return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_JSON_OPTIONS)
+        return llg.LLMatcher.grammar_from_json_schema(json.dumps(json_schemas.prepare(schema)))
     except (ValueError, RecursionError) as exc:
         raise bad_request(f"response_format's schema is not valid: {exc}", "response_format") from None
 

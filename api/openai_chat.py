@@ -50,10 +50,19 @@ def _parses_tools(chat: ChatRequest) -> bool:
     return bool(chat.tools) and chat.tool_choice != "none"
 
 
+def _forces_call(chat: ChatRequest) -> bool:
+    return chat.tool_choice == "required" or chat.named_tool is not None
+
+
 def _prompt_ids(state: serving.ServerState, chat: ChatRequest) -> list[int]:
     tool_list = chat.tools if _parses_tools(chat) else None
     try:
-        return state.tokenizer.encode_chat(chat.messages, add_generation_prompt=True, tools=tool_list)
+        return state.tokenizer.encode_chat(
+            chat.messages,
+            add_generation_prompt=chat.add_generation_prompt,
+            tools=tool_list,
+            continue_final_message=chat.continue_final_message,
+        )
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None
 
@@ -63,7 +72,7 @@ def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] |
     if chat.response_format is not None:
         schema = chat.response_format.get("schema") if chat.response_format["type"] == "json_schema" else None
         return grammar.json_schema_grammar(schema), "response_format"
-    if chat.tool_choice == "required" or chat.named_tool:
+    if _forces_call(chat):
         # A named function is called once; "required" may call several when parallel_tool_calls allows.
         parallel = chat.parallel_tool_calls and chat.named_tool is None
         lark = tools.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, parallel)
@@ -126,7 +135,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
         """Content and completed calls this output adds to its choice."""
         if self.fmt is None:
             return out.text, []
-        parser = self.parsers.setdefault(out.index, tools.ToolCallParser(self.fmt))
+        parser = self.parsers.setdefault(out.index, tools.ToolCallParser(self.fmt, _forces_call(self.chat)))
         content, calls = parser.feed(out.text)
         if out.finished:
             more, more_calls = parser.finish()
@@ -162,7 +171,8 @@ class _ChatAnswer(serving.ChoicesAnswer):
 
     def choice(self, index: int) -> dict[str, Any]:
         calls = self.calls[index]
-        message: dict[str, Any] = {"role": "assistant", "content": self.content[index] or (None if calls else "")}
+        empty = None if calls or _forces_call(self.chat) else ""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content[index] or empty}
         if calls:
             message["tool_calls"] = [c.as_dict() for c in calls]
         logprobs = {"content": self.logprobs_content[index], "refusal": None} if self.chat.logprobs else None
@@ -211,6 +221,8 @@ class ChatRequest:
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"  # "none", "auto", "required" or {"type": "function", ...}
     parallel_tool_calls: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # prefill: the answer continues the final assistant message
 
     @property
     def named_tool(self) -> str | None:
@@ -233,10 +245,27 @@ def parse_chat(data: Any) -> ChatRequest:
     request.tools = [_tool(t, i) for i, t in enumerate(array_field(body.raw("tools"), "tools"))]
     request.tool_choice = _tool_choice(body.raw("tool_choice"), request.tools)
     request.parallel_tool_calls = body.boolean("parallel_tool_calls", default=True)
+    _read_prefill(body, request)
     if request.response_format and request.tool_choice not in ("auto", "none"):
         raise bad_request("response_format cannot be combined with a tool_choice that forces a call", "response_format")
     body.finish()
     return request
+
+
+def _read_prefill(body: Body, request: ChatRequest) -> None:
+    """add_generation_prompt and continue_final_message (vLLM's extensions): continuing the final
+    message needs it to be the assistant's, and no generation prompt after it."""
+    request.continue_final_message = body.boolean("continue_final_message")
+    request.add_generation_prompt = body.boolean("add_generation_prompt", default=not request.continue_final_message)
+    if request.continue_final_message:
+        if request.add_generation_prompt:
+            raise bad_request(
+                "continue_final_message and add_generation_prompt cannot both be true", "continue_final_message"
+            )
+        if request.messages[-1]["role"] != "assistant":
+            raise bad_request(
+                "continue_final_message needs the last message to be the assistant's", "continue_final_message"
+            )
 
 
 def read_message(data: Any, index: int) -> dict[str, Any]:
@@ -250,8 +279,7 @@ def read_message(data: Any, index: int) -> dict[str, Any]:
     content = body.raw("content")
     if content is None and not (role == "assistant" and body.has("tool_calls")):
         raise bad_request(f"{where}.content is required", f"{where}.content")
-    if content is not None:
-        message["content"] = _content(content, where)
+    message["content"] = _content(content, where) if content is not None else None  # None beside tool_calls
     name = body.string("name")
     if name is not None:
         message["name"] = name

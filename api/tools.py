@@ -11,23 +11,25 @@ One `ToolCallParser` reads the text for both the streamed and the whole answer, 
 deltas reassemble to exactly the non-streamed result. Content outside calls streams as it
 comes; a call is sent as soon as it closes (its id, type and name in one delta, its
 arguments in the next). A call that never closes (the answer ran out of tokens, or the JSON
-is broken) is not a call: its raw text is returned as content, with the finish reason the
-engine gave ("length" for a truncated one).
+is broken) is not a call. When calls are forced (tool_choice required or named), the grammar
+allows nothing but calls, so such a rest is dropped: the answer ends with the calls that
+closed and the engine's finish reason ("length"). Otherwise it may be plain text that only
+looks like a call, and is returned as content. Text parsed into a call is never content.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from baselm.api import json_schemas
 from baselm.api.errors import bad_request
 
 HERMES, LLAMA3_JSON = "hermes", "llama3_json"
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-# Inside forced calls: compact JSON, at most one space between tokens.
-_X_GUIDANCE = {"whitespace_flexible": False, "whitespace_pattern": "[ ]?"}
 
 
 def tool_format(chat_template: str | dict[str, str] | None) -> str:
@@ -89,8 +91,9 @@ class ToolCallParser:
     content, and the calls that closed. Text that may still become a call is held back.
     """
 
-    def __init__(self, fmt: str) -> None:
+    def __init__(self, fmt: str, forced: bool = False) -> None:
         self.fmt = fmt
+        self.forced = forced  # the grammar forces calls: a rest that is no call is a call cut short
         self.buffer = ""  # text not yet handed out
         self.calls: list[ToolCall] = []
         self._started = False  # llama3_json: has the answer shown its first non-space character
@@ -100,16 +103,18 @@ class ToolCallParser:
         return self._feed_hermes() if self.fmt == HERMES else self._feed_llama3()
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """The rest: held text becomes content unless it is a complete call."""
+        """The rest: held text becomes content unless it is a complete call (or calls are forced)."""
         content, calls = self.feed("")
         rest, self.buffer = self.buffer, ""
-        if self.calls and not rest.strip():  # whitespace after the last call is not content
-            rest = ""
         if self.fmt == LLAMA3_JSON and rest.strip():
             parsed = [_call_from_json(part, len(self.calls) + i) for i, part in enumerate(rest.strip().split(";"))]
+            if self.forced:  # the calls before the first one cut short
+                parsed = list(itertools.takewhile(lambda call: call is not None, parsed))
             if all(parsed):
                 self.calls += parsed
                 return content, calls + parsed
+        if self.forced or (self.calls and not rest.strip()):  # whitespace after the last call is not content
+            rest = ""
         return content + rest, calls
 
     def _feed_hermes(self) -> tuple[str, list[ToolCall]]:
@@ -163,15 +168,27 @@ def _partial_suffix(text: str, marker: str) -> int:
 # ---- forcing a call -----------------------------------------------------------------------
 
 
-def _call_schema(tool: dict[str, Any], fmt: str) -> dict[str, Any]:
-    function = tool["function"]
+def _calls_schema(tools: list[dict[str, Any]], fmt: str) -> dict[str, Any]:
+    """One call of any of `tools`: an anyOf of {"name": const, "arguments": parameters}, each
+    tool's definitions hoisted to the root (its refs would not resolve where it is nested)."""
     key = "parameters" if fmt == LLAMA3_JSON else "arguments"
-    return {
-        "type": "object",
-        "properties": {"name": {"const": function["name"]}, key: function["parameters"]},
-        "required": ["name", key],
-        "additionalProperties": False,
-    }
+    calls, defs = [], {}
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        parameters, tool_defs = json_schemas.nest(function["parameters"], f"/anyOf/{i}/properties/{key}", f"{i}.")
+        defs.update(tool_defs)
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function["name"]}, key: parameters},
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+        )
+    schema: dict[str, Any] = {"anyOf": calls}
+    if defs:
+        schema["$defs"] = defs
+    return json_schemas.prepare(schema)
 
 
 def forced_call_lark(tools: list[dict[str, Any]], fmt: str, only: str | None, parallel: bool) -> str:
@@ -182,7 +199,7 @@ def forced_call_lark(tools: list[dict[str, Any]], fmt: str, only: str | None, pa
     chosen = [t for t in tools if only is None or t["function"]["name"] == only]
     if not chosen:
         raise bad_request(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")
-    schema = {"anyOf": [_call_schema(t, fmt) for t in chosen], "x-guidance": _X_GUIDANCE}
+    schema = _calls_schema(chosen, fmt)
     separator, open_, close = ('";"', "", "") if fmt == LLAMA3_JSON else (r'"\n"', rf'"{_OPEN}\n" ', rf' "\n{_CLOSE}"')
     repeat = f" ({separator} call)*" if parallel else ""
     return f"start: call{repeat}\ncall: {open_}body{close}\nbody: %json {json.dumps(schema)}\n"

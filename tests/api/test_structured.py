@@ -218,12 +218,19 @@ def test_auto_renders_tools_into_the_prompt_and_none_leaves_them_out(server):
     assert with_tools.usage.prompt_tokens == len(rendered) > plain.usage.prompt_tokens
 
 
-def test_tool_call_truncated_by_max_tokens_is_returned_as_content(server):
-    response = _chat(server, max_tokens=20, temperature=0, tools=[WEATHER], tool_choice="required")
-    choice = response.choices[0]
-    assert choice.finish_reason == "length"
-    assert choice.message.tool_calls is None
-    assert choice.message.content.startswith("<tool_call>")
+def test_forced_tool_call_cut_short_by_max_tokens_is_neither_a_call_nor_content(server):
+    for stream in (False, True):
+        kwargs = dict(max_tokens=20, temperature=0, tools=[WEATHER], tool_choice="required", stream=stream)
+        if stream:
+            chunks = [c.choices[0] for c in _chat(server, **kwargs) if c.choices]
+            assert "".join(c.delta.content or "" for c in chunks) == ""
+            assert not any(c.delta.tool_calls for c in chunks)
+            assert [c.finish_reason for c in chunks if c.finish_reason] == ["length"]
+        else:
+            choice = _chat(server, **kwargs).choices[0]
+            assert choice.finish_reason == "length"
+            assert choice.message.tool_calls is None
+            assert choice.message.content is None
 
 
 # ---- the parser on its own ---------------------------------------------------------------------
@@ -287,6 +294,19 @@ def test_llama3_json_calls_and_plain_answers():
 )
 def test_broken_or_truncated_calls_stay_content(text):
     assert _run(HERMES, [text]) == (text, [])
+
+
+def test_forced_calls_keep_the_calls_that_closed_and_drop_the_one_cut_short():
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    cut = '\n<tool_call>\n{"name": "f", "argu'
+    parser = ToolCallParser(HERMES, forced=True)
+    content, calls = parser.feed(call + cut)
+    more, more_calls = parser.finish()
+    assert (content + more, [(c.name, c.arguments) for c in calls + more_calls]) == ("", [("f", "{}")])
+    parser = ToolCallParser(LLAMA3_JSON, forced=True)
+    parser.feed('{"name": "f", "parameters": {}};{"name": "f", "para')
+    content, calls = parser.finish()
+    assert (content, [(c.name, c.arguments) for c in calls]) == ("", [("f", "{}")])
 
 
 def test_format_follows_the_chat_template():

@@ -51,12 +51,13 @@ def render_chat_template(
     """The text `template` makes of `messages`; `variables` (special tokens, extras) become template variables.
 
     A template that only takes string content gets the text parts of a content list joined with
-    newlines; tool-call arguments given as a JSON string are parsed into a dict (as transformers
-    does). `content: None` (an assistant message that only calls tools) reaches the template as
-    None, as transformers passes it; a template that cannot take None (it adds strings to the
-    content) gets "" there instead, as vLLM and llama.cpp render it. Other keys whose value is
-    None are dropped. `continue_final_message`: the text ends where the last message's content
-    ends, for the model to continue it (as transformers cuts it).
+    newlines; tool-call arguments given as a JSON string are parsed into a dict; keys whose value
+    is None are dropped (all as transformers does). An assistant message with `content: None`
+    beside its tool calls (what OpenAI clients send back) thus has no content; a template that
+    fails without one (it adds the content to strings) gets "" there instead, as vLLM and
+    llama.cpp render it, where transformers would refuse. `continue_final_message`: the text
+    ends where the last message's content ends, for the model to continue it (as transformers
+    cuts it).
     """
     compiled = _compile_template(template)
     wants_parts = _template_iterates_content(template)
@@ -70,10 +71,11 @@ def render_chat_template(
     try:
         try:
             text = render(messages=plain)
-        except TypeError:
-            if not any("content" in m and m["content"] is None for m in plain):
+        except Exception:
+            nulls = [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("content", "") is None]
+            if not nulls:
                 raise
-            text = render(messages=[{**m, "content": "" if m.get("content") is None else m["content"]} for m in plain])
+            text = render(messages=[{**m, "content": ""} if i in nulls else m for i, m in enumerate(plain)])
     except ChatTemplateError:
         raise
     except Exception as exc:  # any failure inside a model's template is the template's
@@ -176,7 +178,7 @@ def _prepare_message(message: Message, wants_parts: bool) -> dict[str, Any]:
     if not isinstance(message, Mapping):
         kind = type(message).__name__
         raise ChatTemplateError(f"a chat message must be a dict with 'role' and 'content', not {kind}")
-    plain = {k: _plain(v) for k, v in message.items() if v is not None or k == "content"}
+    plain = {k: _plain(v) for k, v in message.items() if v is not None}
     content = plain.get("content")
     if isinstance(content, list) and not wants_parts:
         texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]

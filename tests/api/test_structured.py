@@ -187,6 +187,31 @@ def test_named_tool_choice_calls_that_tool(server):
     assert json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
 
 
+def test_tools_whose_parameters_use_defs_can_be_forced(server):
+    address = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+    parameters = {  # as Pydantic writes a model with a nested model
+        "$defs": {"Address": address},
+        "type": "object",
+        "properties": {"address": {"$ref": "#/$defs/Address"}, "days": {"type": "integer", "maximum": 9}},
+        "required": ["address", "days"],
+    }
+    tool = {"type": "function", "function": {"name": "plan", "parameters": parameters}}
+    for choice in ("required", {"type": "function", "function": {"name": "plan"}}):
+        response = _chat(server, max_tokens=60, temperature=1.0, seed=1, n=2, tools=[tool, TIME], tool_choice=choice)
+        for c in response.choices:
+            assert c.finish_reason == "tool_calls", c
+            for call in c.message.tool_calls:
+                arguments = json.loads(call.function.arguments)
+                if call.function.name == "plan":
+                    assert arguments["address"]["city"] in ("Paris", "Rome") and arguments["days"] <= 9
+                    assert set(arguments) == {"address", "days"}
+    as_format = {"type": "json_schema", "json_schema": {"name": "plan", "schema": parameters}}
+    answer = json.loads(
+        _chat(server, max_tokens=60, temperature=0, response_format=as_format).choices[0].message.content
+    )
+    assert answer["address"]["city"] in ("Paris", "Rome")
+
+
 def test_streamed_tool_call_deltas_reassemble_to_the_whole_call(server):
     kwargs = dict(max_tokens=120, temperature=0, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
     whole = _chat(server, **kwargs).choices[0]

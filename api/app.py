@@ -6,8 +6,11 @@ one from a model path and runs it under uvicorn.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -118,15 +121,27 @@ def create_app(
     *,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    cors_origins: Sequence[str] = (),
 ) -> Starlette:
-    """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth."""
+    """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth.
+
+    `cors_origins`: the web origins whose pages may call the API from a browser ("*": any);
+    none by default. CORS sits outside auth: a browser's preflight carries no API key, and an
+    error answer must carry the CORS headers for the page to read it.
+    """
     state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
     state.tool_format = tool_format(state.tokenizer.to_hf_files()[1].get("chat_template"))
-    app = Starlette(
-        routes=ROUTES,
-        exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[Middleware(Gate, api_key=state.api_key, metrics=state.metrics)],
-    )
+    middleware = [Middleware(Gate, api_key=state.api_key, metrics=state.metrics)]
+    if cors_origins:
+        cors = Middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+            max_age=600,
+        )
+        middleware.insert(0, cors)
+    app = Starlette(routes=ROUTES, exception_handlers=EXCEPTION_HANDLERS, middleware=middleware)
     app.state.base = state
     return app
 

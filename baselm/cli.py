@@ -386,6 +386,11 @@ def serve(
     shutdown_timeout: float = typer.Option(
         30.0, "--shutdown-timeout", help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."
     ),
+    cors_origins: str = typer.Option(
+        "",
+        "--cors-origins",
+        help="Web origins allowed to call from a browser, comma-separated ('*': any; default none).",
+    ),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
@@ -404,7 +409,13 @@ def serve(
             max_waiting=max_waiting,
         )
         options = ServeOptions(
-            host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout=shutdown_timeout
+            host,
+            port,
+            api_key or None,
+            served_model_name,
+            parse_size(max_body),
+            shutdown_timeout=shutdown_timeout,
+            cors_origins=tuple(o.strip() for o in cors_origins.split(",") if o.strip()),
         )
         loaded = load_model(model, select_backend(device))
     except _user_errors() as exc:

@@ -31,6 +31,7 @@ class RunningServer:
         max_body_bytes: int = 8 * 2**20,
         loaded: LoadedModel | None = None,
         model_name: str = MODEL,
+        cors_origins: tuple[str, ...] = (),
         **config,
     ) -> None:
         config.setdefault("kv_memory", 4 * 2**20)
@@ -42,7 +43,9 @@ class RunningServer:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        options = ServeOptions(port=self.port, api_key=api_key, max_body_bytes=max_body_bytes, log_level="error")
+        options = ServeOptions(
+            port=self.port, api_key=api_key, max_body_bytes=max_body_bytes, log_level="error", cors_origins=cors_origins
+        )
         self.server = make_server(self.client, model_name, options)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()

@@ -34,6 +34,7 @@ def _model_card(state: ServerState) -> dict:
         "object": "model",
         "created": state.created,
         "owned_by": "base",
+        "root": state.model_name,  # vLLM's and SGLang's cards name the base model here
         "max_model_len": state.max_model_len,
     }
 
@@ -70,10 +71,11 @@ async def _read_body(request: Request) -> tuple[ServerState, Body]:
 
 
 async def tokenize(request: Request) -> Response:
-    """{"prompt": text} or {"messages": [...]} -> {"tokens", "count", "max_model_len"}."""
+    """{"prompt": text} (llama.cpp: "content") or {"messages": [...]} -> {"tokens", "count", "max_model_len"}."""
     state, body = await _read_body(request)
     add_special = body.boolean("add_special_tokens", default=True)
-    if body.has("messages") == body.has("prompt"):
+    text_field = "content" if body.has("content") and not body.has("prompt") else "prompt"
+    if body.has("messages") == body.has(text_field):
         raise bad_request("give either prompt or messages", "prompt")
     if body.has("messages"):
         messages = [read_message(m, i) for i, m in enumerate(array_field(body.raw("messages"), "messages"))]
@@ -84,7 +86,7 @@ async def tokenize(request: Request) -> Response:
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
     else:
-        prompt = body.string("prompt", required=True)
+        prompt = body.string(text_field, required=True)
         body.finish()
         tokens = state.tokenizer.encode(prompt, add_special_tokens=add_special)
     return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len})

@@ -84,25 +84,26 @@ def grammar_tokenizer(tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Sequ
     return _CACHE[key]
 
 
-def json_schema_grammar(schema: dict[str, Any] | bool | None) -> str:
+def json_schema_grammar(schema: dict[str, Any] | bool | None, param: str = "response_format") -> str:
     """The grammar of JSON text that follows `schema` (None: any JSON object), made to end (json_schemas.py)."""
     if schema is None:
         schema = {"type": "object"}
     try:
         return llg.LLMatcher.grammar_from_json_schema(json.dumps(json_schemas.prepare(schema)))
     except (ValueError, RecursionError) as exc:
-        raise bad_request(f"response_format's schema is not valid: {exc}", "response_format") from None
+        raise bad_request(f"{param}: the schema is not valid: {exc}", param) from None
 
 
 def lark_grammar(lark: str) -> str:
     return llg.LLMatcher.grammar_from_lark(lark)
 
 
-def check_grammar(grammar: str, lltokenizer: llg.LLTokenizer, param: str) -> None:
-    """Raises a 400 naming `param` when llguidance refuses the grammar (a bad or unsupported schema)."""
+def check_grammar(grammar: str, lltokenizer: llg.LLTokenizer, param: str, what: str = "") -> None:
+    """Raises a 400 naming `param` when llguidance refuses the grammar (a bad or unsupported schema);
+    `what` says what the grammar came from (default: `param` cannot be enforced)."""
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, lltokenizer, limits=_LIMITS)
     if is_error:
-        raise bad_request(f"{param} cannot be enforced: {messages[0]}", param)
+        raise bad_request(f"{what or param + ' cannot be enforced'}: {messages[0]}", param)
 
 
 class GrammarProcessor:

@@ -94,6 +94,11 @@ def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
                 f"{name} cannot be combined with {param} (the grammar decides where the answer ends)", name
             )
     lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
+    if param == "tools":  # name the tool whose schema cannot be enforced
+        for i, tool in enumerate(chat.tools):
+            where, function = f"tools[{i}].function.parameters", tool["function"]
+            what = f"invalid 'parameters' schema in {where} ({function['name']})"
+            grammar.check_grammar(grammar.json_schema_grammar(function["parameters"], where), lltokenizer, where, what)
     grammar.check_grammar(text, lltokenizer, param)
     eos = state.eos_token_ids
 
@@ -370,7 +375,10 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any
     fn.finish()
     body.finish()
     if name not in {t["function"]["name"] for t in tools}:
-        raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+        names = ", ".join(t["function"]["name"] for t in tools)
+        raise bad_request(
+            f"Tool {name!r} not found in tools list; tool_choice must name one of: {names}", "tool_choice"
+        )
     return {"type": "function", "function": {"name": name}}
 
 
@@ -382,18 +390,23 @@ def _response_format(value: Any) -> dict[str, Any] | None:
     if kind == "text":
         body.finish()
         return None
-    if kind == "json_object":
+    if kind == "json_object":  # llama.cpp also takes a schema here
+        schema = _schema(body.raw("schema"), "response_format.schema")
         body.finish()
-        return {"type": "json_object"}
+        return {"type": "json_object"} if schema is None else {"type": "json_schema", "name": "", "schema": schema}
     if kind != "json_schema":
         raise bad_request(f"response_format.type {kind!r} is not text, json_object or json_schema", "response_format")
     spec = Body(body.raw("json_schema"), "response_format.json_schema")
-    name = spec.string("name", required=True)
+    name = spec.string("name", default="")  # OpenAI's clients always send one; nothing here needs it
     spec.string("description")
-    schema = spec.raw("schema")
-    if schema is not None and not isinstance(schema, (dict, bool)):
-        raise bad_request("response_format.json_schema.schema must be a JSON Schema object", "response_format")
+    schema = _schema(spec.raw("schema"), "response_format.json_schema.schema")
     spec.boolean("strict")  # the output always follows the schema (grammar-constrained decoding)
     spec.finish()
     body.finish()
     return {"type": "json_schema", "name": name, "schema": schema if schema is not None else {}}
+
+
+def _schema(value: Any, where: str) -> dict[str, Any] | bool | None:
+    if value is not None and not isinstance(value, (dict, bool)):
+        raise bad_request(f"{where} must be a JSON Schema object", "response_format")
+    return value

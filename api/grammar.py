@@ -94,6 +94,11 @@ def json_schema_grammar(schema: dict[str, Any] | bool | None, param: str = "resp
         raise bad_request(f"{param}: the schema is not valid: {exc}", param) from None
 
 
+def regex_grammar(regex: str) -> str:
+    """The grammar of text matching `regex` whole (checked by `check_grammar`)."""
+    return llg.LLMatcher.grammar_from_regex(regex)
+
+
 def lark_grammar(lark: str) -> str:
     return llg.LLMatcher.grammar_from_lark(lark)
 

@@ -69,6 +69,8 @@ def _prompt_ids(state: serving.ServerState, chat: ChatRequest) -> list[int]:
 
 def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] | None:
     """(grammar, the field it enforces) when the answer's shape is constrained."""
+    if chat.regex is not None:
+        return grammar.regex_grammar(chat.regex), "regex"
     if chat.response_format is not None:
         schema = chat.response_format.get("schema") if chat.response_format["type"] == "json_schema" else None
         return grammar.json_schema_grammar(schema), "response_format"
@@ -228,6 +230,7 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # prefill: the answer continues the final assistant message
+    regex: str | None = None  # SGLang's and vLLM's extension: the answer matches this regular expression
 
     @property
     def named_tool(self) -> str | None:
@@ -253,6 +256,9 @@ def parse_chat(data: Any) -> ChatRequest:
     _read_prefill(body, request)
     if request.response_format and request.tool_choice not in ("auto", "none"):
         raise bad_request("response_format cannot be combined with a tool_choice that forces a call", "response_format")
+    request.regex = body.string("regex")
+    if request.regex is not None and (request.response_format or _forces_call(request)):
+        raise bad_request("regex cannot be combined with response_format or a forced tool call", "regex")
     body.finish()
     return request
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from tests.api.conftest import MODEL
 
@@ -54,3 +55,14 @@ def test_a_forced_tool_whose_schema_cannot_be_enforced_is_named(server):
     error = response.json()["error"]
     assert error["param"] == "tools[1].function.parameters"
     assert error["message"].startswith("invalid 'parameters' schema in tools[1].function.parameters (g): ")
+
+
+def test_regex_shapes_the_answer_and_a_bad_one_is_a_400(server):
+    for seed in range(3):
+        response = _post(server, max_tokens=20, temperature=1.0, seed=seed, regex=r"(yes|no), [0-9]{1,3}")
+        content = response.json()["choices"][0]["message"]["content"]
+        assert re.fullmatch(r"(yes|no), [0-9]{1,3}", content), content
+    response = _post(server, regex="(unclosed")
+    assert response.status_code == 400 and response.json()["error"]["param"] == "regex"
+    response = _post(server, regex="a", response_format={"type": "json_object"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "regex"

@@ -117,6 +117,9 @@ ROUTES = [
 ]
 
 
+_LOOPBACK_ORIGIN = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+
+
 def create_app(
     client: AsyncEngine,
     model_name: str,
@@ -127,9 +130,10 @@ def create_app(
 ) -> Starlette:
     """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth.
 
-    `cors_origins`: the web origins whose pages may call the API from a browser ("*": any);
-    none by default. CORS sits outside auth: a browser's preflight carries no API key, and an
-    error answer must carry the CORS headers for the page to read it.
+    `cors_origins`: the web origins whose pages may call the API from a browser ("*": any;
+    "localhost": any page served from this machine, on any port); none by default. CORS sits
+    outside auth: a browser's preflight carries no API key, and an error answer must carry the
+    CORS headers for the page to read it.
     """
     state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
     state.tool_format = tool_format(state.tokenizer.to_hf_files()[1].get("chat_template"))
@@ -137,7 +141,8 @@ def create_app(
     if cors_origins:
         cors = Middleware(
             CORSMiddleware,
-            allow_origins=list(cors_origins),
+            allow_origins=[o for o in cors_origins if o != "localhost"],
+            allow_origin_regex=_LOOPBACK_ORIGIN if "localhost" in cors_origins else None,
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["*"],
             max_age=600,

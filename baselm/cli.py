@@ -407,7 +407,8 @@ def serve(
     cors_origins: str = typer.Option(
         "",
         "--cors-origins",
-        help="Web origins allowed to call from a browser, comma-separated ('*': any; default none).",
+        help="Web origins allowed to call from a browser, comma-separated ('*': any; 'localhost': this machine's "
+        "pages; default none).",
     ),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
 ) -> None:

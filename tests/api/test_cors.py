@@ -34,3 +34,13 @@ def test_allowed_origins_get_preflights_answered_without_a_key_and_headers_on_an
     assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == PAGE
     other = http.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": "http://evil.example"})
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+
+
+def test_the_localhost_keyword_allows_pages_from_this_machine_on_any_port(make_server_with):
+    http = make_server_with(cors_origins=("localhost",)).http()
+    for origin in ("http://localhost", "http://127.0.0.1:3000", "http://[::1]:8080", "https://localhost:5173"):
+        answer = http.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": origin})
+        assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == origin
+    for origin in ("http://localhost.evil.com", "http://notlocalhost", "http://evil.com"):
+        answer = http.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": origin})
+        assert "access-control-allow-origin" not in answer.headers

@@ -7,8 +7,9 @@ Suites (each runs under pytest in a subprocess; counts come from its JUnit repor
 - `llamacpp-chat`, `llamacpp-tools`, `llamacpp-security`: llama.cpp's server tests
   (`tools/server/tests/unit/test_chat_completion.py`, `test_tool_call.py`, `test_security.py`),
   taken at run time from the `llama-cpp-python` sdist on PyPI (`pip download --no-binary`),
-  never copied here. They run against the live server (`DEBUG_EXTERNAL=1`, `PORT`) through a
-  plugin of ours (scripts/peer/llamacpp_plugin.py) that adds the /v1 prefix and the model name.
+  never copied here; their `slow` tests (1-8B models from the hub) are left out. They run
+  against the live server (`DEBUG_EXTERNAL=1`, `PORT`) through a plugin of ours
+  (scripts/peer/llamacpp_plugin.py) that adds the /v1 prefix and the model name.
   The security suite gets a server with their API key and `--cors-origins localhost`.
 - `langchain`: langchain-tests' standard `ChatModelIntegrationTests` with langchain-openai's
   `ChatOpenAI` (scripts/peer/test_langchain_standard.py).
@@ -107,8 +108,8 @@ def llamacpp_tests(cache: Path) -> Path:
 def run_pytest(target: str, cwd: Path, env: dict[str, str], report: Path, plugin: bool) -> dict:
     """Runs one test file; returns its counts and the failures' names and first lines."""
     command = [sys.executable, "-m", "pytest", "-q", target, f"--junitxml={report}", "-p", "no:cacheprovider"]
-    if plugin:
-        command += ["-p", "llamacpp_plugin"]
+    if plugin:  # llama.cpp's `slow` tests download and run 1-8B models from the hub: not for this model
+        command += ["-p", "llamacpp_plugin", "-m", "not slow"]
     subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=3600)
     return read_report(report)
 

@@ -105,6 +105,8 @@ def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
     eos = state.eos_token_ids
 
     def processors() -> list[LogitsProcessor]:
+        if param == "tools":
+            return [tools.RepeatStop(lltokenizer, text, eos, state.tokenizer, state.tool_format)]
         return [grammar.GrammarProcessor(lltokenizer, text, eos)]
 
     return serving.make_params(

@@ -11,7 +11,9 @@ One `ToolCallParser` reads the text for both the streamed and the whole answer, 
 deltas reassemble to exactly the non-streamed result. Content outside calls streams as it
 comes; a call is sent as soon as it closes (its id, type and name in one delta, its
 arguments in the next). A call that never closes (the answer ran out of tokens, or the JSON
-is broken) is not a call. When calls are forced (tool_choice required or named), the grammar
+is broken) is not a call, and neither is one that repeats an earlier call exactly (a small
+model may call the same thing again and again; `RepeatStop` ends such an answer when calls are
+forced). When calls are forced (tool_choice required or named), the grammar
 allows nothing but calls, so such a rest is dropped: the answer ends with the calls that
 closed and the engine's finish reason ("length"). Otherwise it may be plain text that only
 looks like a call, and is returned as content. Text parsed into a call is never content.
@@ -25,8 +27,14 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+import llguidance as llg
+import mlx.core as mx
+import numpy as np
+
 from baselm.api import json_schemas
 from baselm.api.errors import bad_request
+from baselm.api.grammar import GrammarProcessor
+from baselm.tokenizer.tokenizer import Tokenizer
 
 HERMES, LLAMA3_JSON = "hermes", "llama3_json"
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
@@ -96,6 +104,7 @@ class ToolCallParser:
         self.forced = forced  # the grammar forces calls: a rest that is no call is a call cut short
         self.buffer = ""  # text not yet handed out
         self.calls: list[ToolCall] = []
+        self.num_repeats = 0  # calls dropped because they repeated an earlier one
         self._started = False  # llama3_json: has the answer shown its first non-space character
 
     def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
@@ -111,8 +120,13 @@ class ToolCallParser:
             if self.forced:  # the calls before the first one cut short
                 parsed = list(itertools.takewhile(lambda call: call is not None, parsed))
             if all(parsed):
-                self.calls += parsed
-                return content, calls + parsed
+                kept = []
+                for call in parsed:
+                    if not self._repeats(call):
+                        call.index = len(self.calls)
+                        self.calls.append(call)
+                        kept.append(call)
+                return content, calls + kept
         if self.forced or (self.calls and not rest.strip()):  # whitespace after the last call is not content
             rest = ""
         return content + rest, calls
@@ -139,9 +153,16 @@ class ToolCallParser:
             call = _call_from_json(block[len(_OPEN) : -len(_CLOSE)].strip(), len(self.calls))
             if call is None:
                 content += block
-            else:
+            elif not self._repeats(call):
                 self.calls.append(call)
                 calls.append(call)
+
+    def _repeats(self, call: ToolCall) -> bool:
+        """Whether `call` repeats an earlier call of this answer exactly (then it is dropped: the
+        same call twice returns the same result twice; small models repeat themselves)."""
+        repeats = any((c.name, c.arguments) == (call.name, call.arguments) for c in self.calls)
+        self.num_repeats += repeats
+        return repeats
 
     def _feed_llama3(self) -> tuple[str, list[ToolCall]]:
         if not self._started:
@@ -203,3 +224,31 @@ def forced_call_lark(tools: list[dict[str, Any]], fmt: str, only: str | None, pa
     separator, open_, close = ('";"', "", "") if fmt == LLAMA3_JSON else (r'"\n"', rf'"{_OPEN}\n" ', rf' "\n{_CLOSE}"')
     repeat = f" ({separator} call)*" if parallel else ""
     return f"start: call{repeat}\ncall: {open_}body{close}\nbody: %json {json.dumps(schema)}\n"
+
+
+class RepeatStop(GrammarProcessor):
+    """The forced-call grammar's processor that also ends the answer (only end-of-sequence is
+    allowed) once a call closes that repeats an earlier one: the grammar would let a model that
+    never stops call the same function until max_tokens."""
+
+    def __init__(
+        self, lltokenizer: llg.LLTokenizer, grammar: str, eos_token_ids: list[int], tokenizer: Tokenizer, fmt: str
+    ) -> None:
+        super().__init__(lltokenizer, grammar, eos_token_ids)
+        self.tokenizer = tokenizer
+        self.fmt = fmt
+
+    def __call__(self, output_ids: list[int], logits: mx.array) -> mx.array:
+        """logits: (vocab,) -> (vocab,), only end-of-sequence left once a call repeated."""
+        logits = super().__call__(output_ids, logits)
+        if self.is_accepting and self.eos_token_ids and self._has_repeated(output_ids):
+            only_eos = np.zeros(logits.shape[0], dtype=bool)
+            only_eos[[i for i in self.eos_token_ids if i < logits.shape[0]]] = True
+            logits = mx.where(mx.array(only_eos), logits, -mx.inf)
+        return logits
+
+    def _has_repeated(self, output_ids: list[int]) -> bool:
+        parser = ToolCallParser(self.fmt, forced=True)
+        parser.feed(self.tokenizer.decode(output_ids))
+        parser.finish()
+        return parser.num_repeats > 0

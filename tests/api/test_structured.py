@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar, lark_grammar
-from baselm.api.tools import HERMES, LLAMA3_JSON, ToolCallParser, forced_call_lark, tool_format
+from baselm.api.tools import HERMES, LLAMA3_JSON, RepeatStop, ToolCallParser, forced_call_lark, tool_format
 from baselm.tokenizer.tokenizer import Tokenizer
 from tests.api.conftest import MODEL
 from tests.paths import BPE_TOKENIZER
@@ -291,7 +291,8 @@ def test_hermes_calls_parse_the_same_in_any_split():
 
 def test_text_after_a_call_stays_content_but_whitespace_between_calls_does_not():
     call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
-    assert _run(HERMES, [call + "\n ", call]) == ("", [("f", "{}"), ("f", "{}")])
+    other = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    assert _run(HERMES, [call + "\n ", other]) == ("", [("f", "{}"), ("f", '{"a": 1}')])
     assert _run(HERMES, [call, "\n", " Done."]) == ("\n Done.", [("f", "{}")])
     assert _run(HERMES, ["Hi\n", call]) == ("Hi\n", [("f", "{}")])
 
@@ -319,6 +320,28 @@ def test_llama3_json_calls_and_plain_answers():
 )
 def test_broken_or_truncated_calls_stay_content(text):
     assert _run(HERMES, [text]) == (text, [])
+
+
+def test_a_call_that_repeats_an_earlier_one_exactly_is_dropped():
+    call = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    other = '<tool_call>{"name": "f", "arguments": {"a": 2}}</tool_call>'
+    assert _run(HERMES, [call, "\n", call, "\n", other, call]) == ("", [("f", '{"a": 1}'), ("f", '{"a": 2}')])
+    text = '{"name": "f", "parameters": {"a": 1}}; {"name": "f", "parameters": {"a": 1}}'
+    assert _run(LLAMA3_JSON, [text]) == ("", [("f", '{"a": 1}')])
+
+
+def test_forced_calls_end_once_a_call_repeats():
+    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
+    lltokenizer = grammar_tokenizer(tokenizer, tokenizer.vocab_size, [2])
+    lark = lark_grammar(forced_call_lark([WEATHER, TIME], HERMES, None, parallel=True))
+    call = '<tool_call>\n{"name":"get_time","arguments":{"zone":"UTC"}}\n</tool_call>'
+    vocab = tokenizer.vocab_size
+    for text, only_eos in ((call, False), (call + "\n" + call, True)):
+        processor = RepeatStop(lltokenizer, lark, [2], tokenizer, HERMES)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        allowed = np.isfinite(np.array(processor(ids, mx.zeros((vocab,)))))
+        assert allowed[2]  # the calls may end here
+        assert (allowed.sum() == 1) == only_eos  # and after a repeat they must
 
 
 def test_forced_calls_keep_the_calls_that_closed_and_drop_the_one_cut_short():

@@ -73,10 +73,10 @@ def test_forced_tool_call_parses_with_finish_reason_tool_calls(smollm2_server):
     messages = [{"role": "user", "content": "What's the weather in Paris for the next 3 days?"}]
     client = smollm2_server.openai()
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        # parallel calls allowed (the default): a model that repeats its call is stopped at the repeat
         response = client.chat.completions.create(
-            model="smollm2", messages=messages, temperature=0, max_tokens=100, tools=[weather], tool_choice=choice,
-            parallel_tool_calls=False,
-        )  # fmt: skip
+            model="smollm2", messages=messages, temperature=0, max_tokens=100, tools=[weather], tool_choice=choice
+        )
         answer = response.choices[0]
         assert answer.finish_reason == "tool_calls" and answer.message.content is None
         [call] = answer.message.tool_calls

@@ -110,6 +110,8 @@ def run_pytest(target: str, cwd: Path, env: dict[str, str], report: Path, plugin
     command = [sys.executable, "-m", "pytest", "-q", target, f"--junitxml={report}", "-p", "no:cacheprovider"]
     if plugin:  # llama.cpp's `slow` tests download and run 1-8B models from the hub: not for this model
         command += ["-p", "llamacpp_plugin", "-m", "not slow"]
+    else:  # langchain-tests' async tests run under pytest-asyncio
+        command += ["-o", "asyncio_mode=auto"]
     subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=3600)
     return read_report(report)
 

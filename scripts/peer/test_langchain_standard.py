@@ -21,7 +21,8 @@ class TestBaseServe(ChatModelIntegrationTests):
             "base_url": os.environ["BASE_PEER_URL"] + "/v1",
             "api_key": "none",
             "temperature": 0,
-            "max_tokens": 64,
+            "max_tokens": 200,
+            "stream_usage": True,  # usage in streams too (stream_options.include_usage), as the suite expects
             "timeout": 300,
         }
 

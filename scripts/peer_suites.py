@@ -111,7 +111,8 @@ def run_pytest(target: str, cwd: Path, env: dict[str, str], report: Path, plugin
     if plugin:  # llama.cpp's `slow` tests download and run 1-8B models from the hub: not for this model
         command += ["-p", "llamacpp_plugin", "-m", "not slow"]
     else:  # langchain-tests' async tests run under pytest-asyncio
-        command += ["-o", "asyncio_mode=auto"]
+        command += ["-o", "asyncio_mode=auto", "-o", "asyncio_default_test_loop_scope=session"]
+        command += ["-o", "asyncio_default_fixture_loop_scope=session"]  # one loop: the model's clients outlive a test
     subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=3600)
     return read_report(report)
 

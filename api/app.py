@@ -6,8 +6,11 @@ one from a model path and runs it under uvicorn.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -45,6 +48,7 @@ def _model_card(state: ServerState) -> dict:
         "object": "model",
         "created": state.created,
         "owned_by": "base",
+        "root": state.model_name,  # vLLM's and SGLang's cards name the base model here
         "max_model_len": state.max_model_len,
     }
 
@@ -81,10 +85,11 @@ async def _read_body(request: Request) -> tuple[ServerState, Body]:
 
 
 async def tokenize(request: Request) -> Response:
-    """{"prompt": text} or {"messages": [...]} -> {"tokens", "count", "max_model_len"}."""
+    """{"prompt": text} (llama.cpp: "content") or {"messages": [...]} -> {"tokens", "count", "max_model_len"}."""
     state, body = await _read_body(request)
     add_special = body.boolean("add_special_tokens", default=True)
-    if body.has("messages") == body.has("prompt"):
+    text_field = "content" if body.has("content") and not body.has("prompt") else "prompt"
+    if body.has("messages") == body.has(text_field):
         raise bad_request("give either prompt or messages", "prompt")
     if body.has("messages"):
         messages = [read_message(m, i) for i, m in enumerate(array_field(body.raw("messages"), "messages"))]
@@ -95,7 +100,7 @@ async def tokenize(request: Request) -> Response:
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
     else:
-        prompt = body.string("prompt", required=True)
+        prompt = body.string(text_field, required=True)
         body.finish()
         tokens = state.tokenizer.encode(prompt, add_special_tokens=add_special)
     return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len})
@@ -143,23 +148,40 @@ ROUTES = [
 ]
 
 
+_LOOPBACK_ORIGIN = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+
+
 def create_app(
     client: AsyncEngine,
     model_name: str,
     *,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    cors_origins: Sequence[str] = (),
 ) -> Starlette:
-    """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth."""
+    """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth.
+
+    `cors_origins`: the web origins whose pages may call the API from a browser ("*": any;
+    "localhost": any page served from this machine, on any port); none by default. CORS sits
+    outside auth: a browser's preflight carries no API key, and an error answer must carry the
+    CORS headers for the page to read it.
+    """
     state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
     chat_template = state.tokenizer.to_hf_files()[1].get("chat_template")
     state.tool_format = tool_format(chat_template)
     state.thinks = template_thinks(chat_template)
-    app = Starlette(
-        routes=ROUTES,
-        exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[Middleware(Gate, api_key=state.api_key, metrics=state.metrics)],
-    )
+    middleware = [Middleware(Gate, api_key=state.api_key, metrics=state.metrics)]
+    if cors_origins:
+        cors = Middleware(
+            CORSMiddleware,
+            allow_origins=[o for o in cors_origins if o != "localhost"],
+            allow_origin_regex=_LOOPBACK_ORIGIN if "localhost" in cors_origins else None,
+            allow_methods=["GET", "POST", "OPTIONS", "DELETE"],
+            allow_headers=["*"],
+            max_age=600,
+        )
+        middleware.insert(0, cors)
+    app = Starlette(routes=ROUTES, exception_handlers=EXCEPTION_HANDLERS, middleware=middleware)
     app.state.base = state
     app.state.responses = ResponseStore()
     return app

@@ -21,14 +21,12 @@ import llguidance as llg
 import mlx.core as mx
 import numpy as np
 
+from baselm.api import json_schemas
 from baselm.api.errors import bad_request
 from baselm.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger("baselm.api")
 
-# Compact JSON with one optional space after separators: a model that likes spaces may
-# use them, a random one cannot pad forever.
-_JSON_OPTIONS = {"whitespace_flexible": False, "whitespace_pattern": r"[ ]?"}
 _LIMITS = llg.LLParserLimits(verbose_errors=False)
 
 
@@ -86,25 +84,31 @@ def grammar_tokenizer(tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Sequ
     return _CACHE[key]
 
 
-def json_schema_grammar(schema: dict[str, Any] | bool | None) -> str:
-    """The grammar of JSON text that follows `schema` (None: any JSON object)."""
+def json_schema_grammar(schema: dict[str, Any] | bool | None, param: str = "response_format") -> str:
+    """The grammar of JSON text that follows `schema` (None: any JSON object), made to end (json_schemas.py)."""
     if schema is None:
         schema = {"type": "object"}
     try:
-        return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_JSON_OPTIONS)
+        return llg.LLMatcher.grammar_from_json_schema(json.dumps(json_schemas.prepare(schema)))
     except (ValueError, RecursionError) as exc:
-        raise bad_request(f"response_format's schema is not valid: {exc}", "response_format") from None
+        raise bad_request(f"{param}: the schema is not valid: {exc}", param) from None
+
+
+def regex_grammar(regex: str) -> str:
+    """The grammar of text matching `regex` whole (checked by `check_grammar`)."""
+    return llg.LLMatcher.grammar_from_regex(regex)
 
 
 def lark_grammar(lark: str) -> str:
     return llg.LLMatcher.grammar_from_lark(lark)
 
 
-def check_grammar(grammar: str, lltokenizer: llg.LLTokenizer, param: str) -> None:
-    """Raises a 400 naming `param` when llguidance refuses the grammar (a bad or unsupported schema)."""
+def check_grammar(grammar: str, lltokenizer: llg.LLTokenizer, param: str, what: str = "") -> None:
+    """Raises a 400 naming `param` when llguidance refuses the grammar (a bad or unsupported schema);
+    `what` says what the grammar came from (default: `param` cannot be enforced)."""
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, lltokenizer, limits=_LIMITS)
     if is_error:
-        raise bad_request(f"{param} cannot be enforced: {messages[0]}", param)
+        raise bad_request(f"{what or param + ' cannot be enforced'}: {messages[0]}", param)
 
 
 class GrammarProcessor:

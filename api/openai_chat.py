@@ -57,11 +57,19 @@ def parses_tools(chat: ChatRequest) -> bool:
     return bool(chat.tools) and chat.tool_choice != "none"
 
 
+def _forces_call(chat: ChatRequest) -> bool:
+    return chat.tool_choice == "required" or chat.named_tool is not None
+
+
 def _prompt_ids(state: serving.ServerState, chat: ChatRequest) -> list[int]:
     tool_list = chat.tools if parses_tools(chat) else None
     try:
         return state.tokenizer.encode_chat(
-            chat.messages, add_generation_prompt=True, tools=tool_list, **chat.chat_template_kwargs
+            chat.messages,
+            add_generation_prompt=chat.add_generation_prompt,
+            tools=tool_list,
+            continue_final_message=chat.continue_final_message,
+            **chat.chat_template_kwargs,
         )
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None
@@ -69,10 +77,12 @@ def _prompt_ids(state: serving.ServerState, chat: ChatRequest) -> list[int]:
 
 def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] | None:
     """(grammar, the field it enforces) when the answer's shape is constrained."""
+    if chat.regex is not None:
+        return grammar.regex_grammar(chat.regex), "regex"
     if chat.response_format is not None:
         schema = chat.response_format.get("schema") if chat.response_format["type"] == "json_schema" else None
         return grammar.json_schema_grammar(schema), "response_format"
-    if chat.tool_choice == "required" or chat.named_tool:
+    if _forces_call(chat):
         # A named function is called once; "required" may call several when parallel_tool_calls allows.
         parallel = chat.parallel_tool_calls and chat.named_tool is None
         lark = tools.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, parallel)
@@ -96,10 +106,17 @@ def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
                 f"{name} cannot be combined with {param} (the grammar decides where the answer ends)", name
             )
     lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
+    if param == "tools":  # name the tool whose schema cannot be enforced
+        for i, tool in enumerate(chat.tools):
+            where, function = f"tools[{i}].function.parameters", tool["function"]
+            what = f"invalid 'parameters' schema in {where} ({function['name']})"
+            grammar.check_grammar(grammar.json_schema_grammar(function["parameters"], where), lltokenizer, where, what)
     grammar.check_grammar(text, lltokenizer, param)
     eos = state.eos_token_ids
 
     def processors() -> list[LogitsProcessor]:
+        if param == "tools":
+            return [tools.RepeatStop(lltokenizer, text, eos, state.tokenizer, state.tool_format)]
         return [grammar.GrammarProcessor(lltokenizer, text, eos)]
 
     return serving.make_params(
@@ -126,7 +143,10 @@ class _ChatAnswer(serving.ChoicesAnswer):
         super().__init__(state, chat.common, chat.common.n)
         self.chat = chat
         fmt = state.tool_format if parses_tools(chat) else None
-        self.texts = [AnswerText.for_prompt(state, prompt_ids, fmt, chat.tools) for _ in range(self.num_choices)]
+        forced = _forces_call(chat)
+        self.texts = [
+            AnswerText.for_prompt(state, prompt_ids, fmt, chat.tools, forced) for _ in range(self.num_choices)
+        ]
         n = self.num_choices  # the whole answer, per choice:
         self.reasoning = [""] * n
         self.content = [""] * n
@@ -162,7 +182,8 @@ class _ChatAnswer(serving.ChoicesAnswer):
 
     def choice(self, index: int) -> dict[str, Any]:
         calls = self.calls[index]
-        message: dict[str, Any] = {"role": "assistant", "content": self.content[index] or (None if calls else "")}
+        empty = None if calls or _forces_call(self.chat) else ""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content[index] or empty}
         if calls:
             message["tool_calls"] = [c.as_dict() for c in calls]
         if self.reasoning[index]:
@@ -216,6 +237,9 @@ class ChatRequest:
     tool_choice: str | dict[str, Any] = "auto"  # "none", "auto", "required" or {"type": "function", ...}
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # prefill: the answer continues the final assistant message
+    regex: str | None = None  # SGLang's and vLLM's extension: the answer matches this regular expression
 
     @property
     def named_tool(self) -> str | None:
@@ -239,8 +263,12 @@ def parse_chat(data: Any) -> ChatRequest:
     request.tool_choice = _tool_choice(body.raw("tool_choice"), request.tools)
     request.parallel_tool_calls = body.boolean("parallel_tool_calls", default=True)
     request.chat_template_kwargs = template_kwargs(body.raw("chat_template_kwargs"))
+    _read_prefill(body, request)
     if request.response_format and request.tool_choice not in ("auto", "none"):
         raise bad_request("response_format cannot be combined with a tool_choice that forces a call", "response_format")
+    request.regex = body.string("regex")
+    if request.regex is not None and (request.response_format or _forces_call(request)):
+        raise bad_request("regex cannot be combined with response_format or a forced tool call", "regex")
     body.finish()
     return request
 
@@ -251,10 +279,26 @@ def template_kwargs(value: Any, name: str = "chat_template_kwargs") -> dict[str,
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
         raise bad_request(f"{name} must be an object whose keys are template variable names", name)
-    reserved = sorted(set(value) & {"messages", "tools", "add_generation_prompt"})
+    reserved = sorted(set(value) & {"messages", "tools", "add_generation_prompt", "continue_final_message"})
     if reserved:
         raise bad_request(f"{name} cannot set {reserved[0]!r}; it comes from the request itself", name)
     return dict(value)
+
+
+def _read_prefill(body: Body, request: ChatRequest) -> None:
+    """add_generation_prompt and continue_final_message (vLLM's extensions): continuing the final
+    message needs it to be the assistant's, and no generation prompt after it."""
+    request.continue_final_message = body.boolean("continue_final_message")
+    request.add_generation_prompt = body.boolean("add_generation_prompt", default=not request.continue_final_message)
+    if request.continue_final_message:
+        if request.add_generation_prompt:
+            raise bad_request(
+                "continue_final_message and add_generation_prompt cannot both be true", "continue_final_message"
+            )
+        if request.messages[-1]["role"] != "assistant":
+            raise bad_request(
+                "continue_final_message needs the last message to be the assistant's", "continue_final_message"
+            )
 
 
 def read_message(data: Any, index: int) -> dict[str, Any]:
@@ -268,8 +312,7 @@ def read_message(data: Any, index: int) -> dict[str, Any]:
     content = body.raw("content")
     if content is None and not (role == "assistant" and body.has("tool_calls")):
         raise bad_request(f"{where}.content is required", f"{where}.content")
-    if content is not None:
-        message["content"] = _content(content, where)
+    message["content"] = _content(content, where) if content is not None else None  # None beside tool_calls
     name = body.string("name")
     if name is not None:
         message["name"] = name
@@ -365,7 +408,10 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any
     fn.finish()
     body.finish()
     if name not in {t["function"]["name"] for t in tools}:
-        raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+        names = ", ".join(t["function"]["name"] for t in tools)
+        raise bad_request(
+            f"Tool {name!r} not found in tools list; tool_choice must name one of: {names}", "tool_choice"
+        )
     return {"type": "function", "function": {"name": name}}
 
 
@@ -377,18 +423,23 @@ def _response_format(value: Any) -> dict[str, Any] | None:
     if kind == "text":
         body.finish()
         return None
-    if kind == "json_object":
+    if kind == "json_object":  # llama.cpp also takes a schema here
+        schema = _schema(body.raw("schema"), "response_format.schema")
         body.finish()
-        return {"type": "json_object"}
+        return {"type": "json_object"} if schema is None else {"type": "json_schema", "name": "", "schema": schema}
     if kind != "json_schema":
         raise bad_request(f"response_format.type {kind!r} is not text, json_object or json_schema", "response_format")
     spec = Body(body.raw("json_schema"), "response_format.json_schema")
-    name = spec.string("name", required=True)
+    name = spec.string("name", default="")  # OpenAI's clients always send one; nothing here needs it
     spec.string("description")
-    schema = spec.raw("schema")
-    if schema is not None and not isinstance(schema, (dict, bool)):
-        raise bad_request("response_format.json_schema.schema must be a JSON Schema object", "response_format")
+    schema = _schema(spec.raw("schema"), "response_format.json_schema.schema")
     spec.boolean("strict")  # the output always follows the schema (grammar-constrained decoding)
     spec.finish()
     body.finish()
     return {"type": "json_schema", "name": name, "schema": schema if schema is not None else {}}
+
+
+def _schema(value: Any, where: str) -> dict[str, Any] | bool | None:
+    if value is not None and not isinstance(value, (dict, bool)):
+        raise bad_request(f"{where} must be a JSON Schema object", "response_format")
+    return value

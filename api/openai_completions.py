@@ -2,6 +2,10 @@
 
 The route, then what this protocol does on top of the serving core: prompt ids and
 SamplingParams per prompt, choices with text and OpenAI's completions logprobs, and its body.
+
+`echo` with `logprobs` also scores the prompt (the engine's prompt logprobs; the first token
+has none, as OpenAI shows it), and `max_tokens: 0` with `echo` only scores it: this is how
+evaluation harnesses (lm-evaluation-harness) compute a text's likelihood with a server.
 """
 
 from __future__ import annotations
@@ -25,15 +29,19 @@ async def completions(request: Request) -> Response:
     state, req = await serving.read_request(request, parse_completion)
     # Tokenizing can take a while: off the event loop.
     jobs = await asyncio.to_thread(_prepare, state, req)
-    return await serving.respond(request, state, jobs, "prompt", _CompletionAnswer(state, req))
+    answer = _CompletionAnswer(state, req, [job.prompt_ids for job in jobs])
+    return await serving.respond(request, state, jobs, "prompt", answer)
 
 
 def _prepare(state: serving.ServerState, req: CompletionRequest) -> list[serving.Job]:
-    """The engine requests: one job for each prompt (the engine makes its n copies)."""
+    """The engine requests: one job for each prompt (the engine makes its n copies). Scoring only
+    (max_tokens 0) still draws one token, which the answer leaves out."""
     prompt_ids = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
+    sampling = {**req.common.sampling, "max_tokens": 1} if req.score_only else req.common.sampling
     for ids in prompt_ids:
-        serving.check_prompt(state, ids, "prompt", req.common.sampling["max_tokens"], "max_tokens")
-    params = serving.make_params(req.common.sampling, "max_tokens", logprobs=req.logprobs)
+        serving.check_prompt(state, ids, "prompt", sampling["max_tokens"], "max_tokens")
+    prompt_logprobs = req.logprobs if req.echo else None
+    params = serving.make_params(sampling, "max_tokens", logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
     return [serving.Job(ids, params, i * params.n, i) for i, ids in enumerate(prompt_ids)]
 
 
@@ -45,9 +53,18 @@ class _Logprobs:
 
     def __init__(self) -> None:
         self.tokens: list[str] = []
-        self.token_logprobs: list[float] = []
-        self.top_logprobs: list[dict[str, float]] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[str, float] | None] = []
         self.text_offset: list[int] = []
+
+    def add_prompt(self, state: serving.ServerState, prompt_ids: list[int], scored: list[TokenLogprobs]) -> int:
+        """The prompt's tokens from offset 0: the first unscored (null), the rest as the engine scored them."""
+        text = serving.token_text(state.tokenizer, prompt_ids[0])
+        self.tokens.append(text)
+        self.token_logprobs.append(None)
+        self.top_logprobs.append(None)
+        self.text_offset.append(0)
+        return self.add(state, scored, len(text))
 
     def add(self, state: serving.ServerState, entries: list[TokenLogprobs], offset: int) -> int:
         """Appends `entries`, the first starting at character `offset`; returns the offset after them."""
@@ -62,6 +79,12 @@ class _Logprobs:
             self.text_offset.append(offset)
             offset += len(text)
         return offset
+
+    def extend(self, later: _Logprobs) -> _Logprobs:
+        """These entries followed by `later`'s (whose offsets already count these)."""
+        for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            getattr(self, name).extend(getattr(later, name))
+        return self
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -79,11 +102,15 @@ class _CompletionAnswer(serving.ChoicesAnswer):
     object = "text_completion"
     chunk_object = "text_completion"
 
-    def __init__(self, state: serving.ServerState, req: CompletionRequest) -> None:
+    def __init__(self, state: serving.ServerState, req: CompletionRequest, prompt_ids: list[list[int]]) -> None:
         super().__init__(state, req.common, len(req.prompts) * req.common.n)
         self.req = req
-        self.offsets = [0] * self.num_choices  # characters sent per choice (for text_offset)
+        self.prompt_ids = prompt_ids
+        self.scores_prompt = req.echo and req.logprobs is not None
+        self.prompt_scores: dict[int, list[TokenLogprobs]] = {}  # prompt index -> its scored tokens
         self.echoes = [self._echo(i) for i in range(self.num_choices)]  # the prompt per choice, "" unless echo
+        self.echo_sent = [not req.echo] * self.num_choices  # streamed: has the choice's echo gone out
+        self.offsets = [len(echo) for echo in self.echoes]  # characters sent per choice (for text_offset)
         self.texts = list(self.echoes)  # the whole answer, per choice
         self.logprobs = [_Logprobs() for _ in range(self.num_choices)]
 
@@ -93,30 +120,79 @@ class _CompletionAnswer(serving.ChoicesAnswer):
         prompt = self.req.prompts[index // self.req.common.n]
         return prompt if isinstance(prompt, str) else self.state.tokenizer.decode(prompt)
 
+    def _take(self, out: RequestOutput) -> tuple[str, list[TokenLogprobs]]:
+        """The output's text and logprobs for the answer (none when only the prompt is scored);
+        keeps the prompt's scores, which the first copy of each prompt brings."""
+        prompt_index = out.index // self.req.common.n
+        if out.prompt_logprobs:
+            self.prompt_scores.setdefault(prompt_index, []).extend(out.prompt_logprobs)
+        return ("", []) if self.req.score_only else (out.text, out.logprobs)
+
+    def _prompt_logprobs(self, index: int) -> _Logprobs:
+        prompt_index = index // self.req.common.n
+        lp = _Logprobs()
+        lp.add_prompt(self.state, self.prompt_ids[prompt_index], self.prompt_scores.get(prompt_index, []))
+        return lp
+
+    def finish_reason(self, out: RequestOutput) -> str:
+        return "length" if self.req.score_only and out.finish_reason != "abort" else super().finish_reason(out)
+
     def add(self, out: RequestOutput) -> None:
-        self.texts[out.index] += out.text
+        text, entries = self._take(out)
+        self.texts[out.index] += text
         if self.req.logprobs is not None:
-            self.offsets[out.index] = self.logprobs[out.index].add(self.state, out.logprobs, self.offsets[out.index])
+            self.offsets[out.index] = self.logprobs[out.index].add(self.state, entries, self.offsets[out.index])
         if out.finished:
             self.finish_reasons[out.index] = self.finish_reason(out)
 
     def choice(self, index: int) -> dict[str, Any]:
-        logprobs = self.logprobs[index].as_dict() if self.req.logprobs is not None else None
+        logprobs = None
+        if self.req.logprobs is not None:
+            generated = self.logprobs[index]
+            if self.scores_prompt:
+                generated = self._prompt_logprobs(index).extend(generated)
+            logprobs = generated.as_dict()
         return _choice(index, self.texts[index], logprobs, self.finish_reasons[index])
 
+    def whole(self) -> dict[str, Any]:
+        body = super().whole()
+        if self.req.score_only:
+            body["usage"] = self._scoring_usage()
+        return body
+
+    def _scoring_usage(self) -> dict[str, Any]:
+        usage = self.usage.as_dict()  # the one token drawn per choice is not part of the answer
+        usage["total_tokens"] -= usage["completion_tokens"]
+        usage["completion_tokens"] = 0
+        return usage
+
     def opening(self) -> list[str]:
-        return [self.chunk([_choice(i, echo)]) for i, echo in enumerate(self.echoes)] if self.req.echo else []
+        if not self.req.echo or self.scores_prompt:  # a scored echo waits for the prompt's scores
+            return []
+        self.echo_sent = [True] * self.num_choices
+        return [self.chunk([_choice(i, echo)]) for i, echo in enumerate(self.echoes)]
 
     def events(self, out: RequestOutput) -> list[str]:
+        text, entries = self._take(out)
+        events = []
+        if not self.echo_sent[out.index]:
+            self.echo_sent[out.index] = True
+            prompt = self._prompt_logprobs(out.index).as_dict()
+            events.append(self.chunk([_choice(out.index, self.echoes[out.index], prompt)]))
         reason = self.finish_reason(out) if out.finished else None
         logprobs = None
         if self.req.logprobs is not None:
             lp = _Logprobs()
-            self.offsets[out.index] = lp.add(self.state, out.logprobs, self.offsets[out.index])
+            self.offsets[out.index] = lp.add(self.state, entries, self.offsets[out.index])
             logprobs = lp.as_dict()
-        if out.text or logprobs or reason:
-            return [self.chunk([_choice(out.index, out.text, logprobs, reason)])]
-        return []
+        if text or entries or reason:
+            events.append(self.chunk([_choice(out.index, text, logprobs, reason)]))
+        return events
+
+    def closing(self) -> list[str]:
+        if self.common.include_usage and self.req.score_only:
+            return [self.chunk([], self._scoring_usage())]
+        return super().closing()
 
 
 def _choice(index: int, text: str, logprobs: dict[str, Any] | None = None, reason: str | None = None) -> dict[str, Any]:
@@ -134,6 +210,7 @@ class CompletionRequest:
     prompts: list[str | list[int]]
     logprobs: int | None = None
     echo: bool = False
+    score_only: bool = False  # max_tokens 0 with echo: the prompt, scored, and no answer
 
 
 def parse_completion(data: Any) -> CompletionRequest:
@@ -143,15 +220,18 @@ def parse_completion(data: Any) -> CompletionRequest:
     prompts = _prompts(body.raw("prompt"))
     logprobs = body.integer("logprobs")
     echo = body.boolean("echo")
-    if echo and logprobs is not None:
-        raise bad_request("echo with logprobs would need prompt logprobs, which this server does not compute", "echo")
+    score_only = common.sampling["max_tokens"] == 0
+    if score_only and not echo:
+        raise bad_request(
+            "max_tokens 0 asks for no answer: set echo to get the prompt (and logprobs its scores)", "max_tokens"
+        )
     if body.raw("suffix") is not None:
         raise bad_request("suffix (fill-in-the-middle) is not supported", "suffix")
     best_of = body.integer("best_of", low=1)
     if best_of is not None and best_of != common.n:
         raise bad_request("best_of other than n is not supported", "best_of")
     body.finish()
-    return CompletionRequest(common, prompts, logprobs, echo)
+    return CompletionRequest(common, prompts, logprobs, echo, score_only)
 
 
 def _prompts(value: Any) -> list[str | list[int]]:

@@ -33,7 +33,7 @@ logger = logging.getLogger("baselm.api")
 
 @dataclass(slots=True)
 class ServeOptions:
-    """How `base serve` listens and answers: address, key, body limit, shutdown grace, log level."""
+    """How `base serve` listens and answers: address, key, body limit, shutdown grace, log level, CORS."""
 
     host: str = "127.0.0.1"
     port: int = 8080
@@ -42,6 +42,7 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     shutdown_timeout: float = 30.0
     log_level: str = "info"
+    cors_origins: tuple[str, ...] = ()  # web origins allowed to call from a browser; none by default
 
 
 class Server(uvicorn.Server):
@@ -70,7 +71,13 @@ def is_loopback(host: str) -> bool:
 
 
 def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> Server:
-    app = create_app(client, model_name, api_key=options.api_key, max_body_bytes=options.max_body_bytes)
+    app = create_app(
+        client,
+        model_name,
+        api_key=options.api_key,
+        max_body_bytes=options.max_body_bytes,
+        cors_origins=options.cors_origins,
+    )
     config = uvicorn.Config(
         app,
         host=options.host,

@@ -11,23 +11,33 @@ One `ToolCallParser` reads the text for both the streamed and the whole answer, 
 deltas reassemble to exactly the non-streamed result. Content outside calls streams as it
 comes; a call is sent as soon as it closes (its id, type and name in one delta, its
 arguments in the next). A call that never closes (the answer ran out of tokens, or the JSON
-is broken) is not a call: its raw text is returned as content, with the finish reason the
-engine gave ("length" for a truncated one).
+is broken) is not a call, and neither is one that repeats an earlier call exactly (a small
+model may call the same thing again and again; `RepeatStop` ends such an answer when calls are
+forced). When calls are forced (tool_choice required or named), the grammar
+allows nothing but calls, so such a rest is dropped: the answer ends with the calls that
+closed and the engine's finish reason ("length"). Otherwise it may be plain text that only
+looks like a call, and is returned as content. Text parsed into a call is never content.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
+import llguidance as llg
+import mlx.core as mx
+import numpy as np
+
+from baselm.api import json_schemas
 from baselm.api.errors import bad_request
+from baselm.api.grammar import GrammarProcessor
+from baselm.tokenizer.tokenizer import Tokenizer
 
 HERMES, LLAMA3_JSON = "hermes", "llama3_json"
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-# Inside forced calls: compact JSON, at most one space between tokens.
-_X_GUIDANCE = {"whitespace_flexible": False, "whitespace_pattern": "[ ]?"}
 
 
 def tool_format(chat_template: str | dict[str, str] | None) -> str:
@@ -89,10 +99,12 @@ class ToolCallParser:
     content, and the calls that closed. Text that may still become a call is held back.
     """
 
-    def __init__(self, fmt: str) -> None:
+    def __init__(self, fmt: str, forced: bool = False) -> None:
         self.fmt = fmt
+        self.forced = forced  # the grammar forces calls: a rest that is no call is a call cut short
         self.buffer = ""  # text not yet handed out
         self.calls: list[ToolCall] = []
+        self.num_repeats = 0  # calls dropped because they repeated an earlier one
         self._started = False  # llama3_json: has the answer shown its first non-space character
 
     def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
@@ -100,16 +112,23 @@ class ToolCallParser:
         return self._feed_hermes() if self.fmt == HERMES else self._feed_llama3()
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """The rest: held text becomes content unless it is a complete call."""
+        """The rest: held text becomes content unless it is a complete call (or calls are forced)."""
         content, calls = self.feed("")
         rest, self.buffer = self.buffer, ""
-        if self.calls and not rest.strip():  # whitespace after the last call is not content
-            rest = ""
         if self.fmt == LLAMA3_JSON and rest.strip():
             parsed = [_call_from_json(part, len(self.calls) + i) for i, part in enumerate(rest.strip().split(";"))]
+            if self.forced:  # the calls before the first one cut short
+                parsed = list(itertools.takewhile(lambda call: call is not None, parsed))
             if all(parsed):
-                self.calls += parsed
-                return content, calls + parsed
+                kept = []
+                for call in parsed:
+                    if not self._repeats(call):
+                        call.index = len(self.calls)
+                        self.calls.append(call)
+                        kept.append(call)
+                return content, calls + kept
+        if self.forced or (self.calls and not rest.strip()):  # whitespace after the last call is not content
+            rest = ""
         return content + rest, calls
 
     def _feed_hermes(self) -> tuple[str, list[ToolCall]]:
@@ -134,9 +153,16 @@ class ToolCallParser:
             call = _call_from_json(block[len(_OPEN) : -len(_CLOSE)].strip(), len(self.calls))
             if call is None:
                 content += block
-            else:
+            elif not self._repeats(call):
                 self.calls.append(call)
                 calls.append(call)
+
+    def _repeats(self, call: ToolCall) -> bool:
+        """Whether `call` repeats an earlier call of this answer exactly (then it is dropped: the
+        same call twice returns the same result twice; small models repeat themselves)."""
+        repeats = any((c.name, c.arguments) == (call.name, call.arguments) for c in self.calls)
+        self.num_repeats += repeats
+        return repeats
 
     def _feed_llama3(self) -> tuple[str, list[ToolCall]]:
         if not self._started:
@@ -163,15 +189,27 @@ def _partial_suffix(text: str, marker: str) -> int:
 # ---- forcing a call -----------------------------------------------------------------------
 
 
-def _call_schema(tool: dict[str, Any], fmt: str) -> dict[str, Any]:
-    function = tool["function"]
+def _calls_schema(tools: list[dict[str, Any]], fmt: str) -> dict[str, Any]:
+    """One call of any of `tools`: an anyOf of {"name": const, "arguments": parameters}, each
+    tool's definitions hoisted to the root (its refs would not resolve where it is nested)."""
     key = "parameters" if fmt == LLAMA3_JSON else "arguments"
-    return {
-        "type": "object",
-        "properties": {"name": {"const": function["name"]}, key: function["parameters"]},
-        "required": ["name", key],
-        "additionalProperties": False,
-    }
+    calls, defs = [], {}
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        parameters, tool_defs = json_schemas.nest(function["parameters"], f"/anyOf/{i}/properties/{key}", f"{i}.")
+        defs.update(tool_defs)
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function["name"]}, key: parameters},
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+        )
+    schema: dict[str, Any] = {"anyOf": calls}
+    if defs:
+        schema["$defs"] = defs
+    return json_schemas.prepare(schema)
 
 
 def forced_call_lark(tools: list[dict[str, Any]], fmt: str, only: str | None, parallel: bool) -> str:
@@ -182,7 +220,35 @@ def forced_call_lark(tools: list[dict[str, Any]], fmt: str, only: str | None, pa
     chosen = [t for t in tools if only is None or t["function"]["name"] == only]
     if not chosen:
         raise bad_request(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")
-    schema = {"anyOf": [_call_schema(t, fmt) for t in chosen], "x-guidance": _X_GUIDANCE}
+    schema = _calls_schema(chosen, fmt)
     separator, open_, close = ('";"', "", "") if fmt == LLAMA3_JSON else (r'"\n"', rf'"{_OPEN}\n" ', rf' "\n{_CLOSE}"')
     repeat = f" ({separator} call)*" if parallel else ""
     return f"start: call{repeat}\ncall: {open_}body{close}\nbody: %json {json.dumps(schema)}\n"
+
+
+class RepeatStop(GrammarProcessor):
+    """The forced-call grammar's processor that also ends the answer (only end-of-sequence is
+    allowed) once a call closes that repeats an earlier one: the grammar would let a model that
+    never stops call the same function until max_tokens."""
+
+    def __init__(
+        self, lltokenizer: llg.LLTokenizer, grammar: str, eos_token_ids: list[int], tokenizer: Tokenizer, fmt: str
+    ) -> None:
+        super().__init__(lltokenizer, grammar, eos_token_ids)
+        self.tokenizer = tokenizer
+        self.fmt = fmt
+
+    def __call__(self, output_ids: list[int], logits: mx.array) -> mx.array:
+        """logits: (vocab,) -> (vocab,), only end-of-sequence left once a call repeated."""
+        logits = super().__call__(output_ids, logits)
+        if self.is_accepting and self.eos_token_ids and self._has_repeated(output_ids):
+            only_eos = np.zeros(logits.shape[0], dtype=bool)
+            only_eos[[i for i in self.eos_token_ids if i < logits.shape[0]]] = True
+            logits = mx.where(mx.array(only_eos), logits, -mx.inf)
+        return logits
+
+    def _has_repeated(self, output_ids: list[int]) -> bool:
+        parser = ToolCallParser(self.fmt, forced=True)
+        parser.feed(self.tokenizer.decode(output_ids))
+        parser.finish()
+        return parser.num_repeats > 0

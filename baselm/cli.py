@@ -29,9 +29,13 @@ from baselm.config import (
 )
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
     from baselm.api.server import ServeOptions
     from baselm.async_engine import AsyncEngine
     from baselm.chat.settings import ChatOptions
+    from baselm.store.registry import StoredModel
 
 app = typer.Typer(
     name="base",
@@ -42,6 +46,14 @@ app = typer.Typer(
 )
 
 DEVICE_HELP = "Where to run: auto (GPU when MLX has one), gpu or cpu."
+PREFIX_FILE_HELP = "Save the prefix cache here (periodically, at exit) and load it at start."
+PREFIX_SAVE_HELP = "Seconds between saves of a changed prefix cache."
+PREFIX_MAX_HELP = "Most K/V the prefix cache file holds, e.g. 1GiB (default: the pool)."
+SHUTDOWN_HELP = "Seconds in-flight requests get to finish on SIGINT/SIGTERM."
+CORS_HELP = (
+    "Web origins allowed to call from a browser, comma-separated ('*': any; 'localhost': this machine's "
+    "pages; default none)."
+)
 SPEC_HELP = "Speculative decoding: ngram (prompt lookup) or a draft model with the same tokenizer."
 SPEC_K_HELP = "Most speculative tokens a request verifies per step (with --speculative)."
 SPEC_FIXED_HELP = "Always verify --num-speculative-tokens drafts (no adaptive rule)."
@@ -61,25 +73,39 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON."
         print(json.dumps([model_entry(m) for m in models], indent=2))
         return
     from rich.console import Console
-    from rich.table import Table
 
     if not models:
         Console().print("No models yet. Try: base pull HuggingFaceTB/SmolLM2-135M-Instruct")
         return
-    table = Table("name", "variant", "arch", "params", "size", "quant", "source", "pulled")
+    console = Console()
+    if not console.is_terminal:  # into a pipe: as wide as it needs (rich would assume 80 columns)
+        console = Console(width=1000)
+    console.print(_models_table(models, console))
+
+
+def _models_table(models: list[StoredModel], console: Console) -> Table:
+    """The `base list` table. A name is what you type next, so it is never cut: when the terminal
+    is narrow, the source, the pull time, then arch and quant are left out (the rest may be shortened)."""
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    rows = []
     for m in models:
         origin = m.source.get("repo") or m.source.get("path") or m.source.get("format", "")
-        table.add_row(
-            m.name,
-            m.variant,
-            m.arch,
-            f"{m.params / 1e6:.0f}M",
-            format_size(m.size, "MiB", 0),
-            m.quant,
-            str(origin),
-            m.pulled[:19],
-        )
-    Console().print(table)
+        size = format_size(m.size, "MiB", 0)
+        rows.append([m.name, m.variant, m.arch, f"{m.params / 1e6:.0f}M", size, m.quant, str(origin), m.pulled[:19]])
+    names = ["name", "variant", "arch", "params", "size", "quant", "source", "pulled"]
+    for shown in (names, names[:6] + names[7:], names[:6], ["name", "variant", "params", "size"]):
+        table = Table()
+        for name in shown:
+            table.add_column(
+                name, no_wrap=name == "name", min_width=max(len(r[0]) for r in rows) if name == "name" else None
+            )
+        for row in rows:
+            table.add_row(*(value for name, value in zip(names, row) if name in shown))
+        if Measurement.get(console, console.options.update_width(10**4), table).maximum <= console.width:
+            break
+    return table
 
 
 @app.command()
@@ -346,18 +372,11 @@ def serve(
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Turn prefix caching off."),
     max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
     max_body: str = typer.Option("8MiB", "--max-body", help="Largest request body accepted (413 past it)."),
-    prefix_cache_file: str | None = typer.Option(
-        None, "--prefix-cache-file", help="Save the prefix cache here (periodically, at exit) and load it at start."
-    ),
-    prefix_cache_save_interval: float = typer.Option(
-        300.0, "--prefix-cache-save-interval", help="Seconds between saves of a changed prefix cache."
-    ),
-    prefix_cache_max_size: str | None = typer.Option(
-        None, "--prefix-cache-max-size", help="Most K/V the prefix cache file holds, e.g. 1GiB (default: the pool)."
-    ),
-    shutdown_timeout: float = typer.Option(
-        30.0, "--shutdown-timeout", help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."
-    ),
+    prefix_cache_file: str | None = typer.Option(None, "--prefix-cache-file", help=PREFIX_FILE_HELP),
+    prefix_cache_save_interval: float = typer.Option(300.0, "--prefix-cache-save-interval", help=PREFIX_SAVE_HELP),
+    prefix_cache_max_size: str | None = typer.Option(None, "--prefix-cache-max-size", help=PREFIX_MAX_HELP),
+    shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help=SHUTDOWN_HELP),
+    cors_origins: str = typer.Option("", "--cors-origins", help=CORS_HELP),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
     speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
@@ -382,8 +401,10 @@ def serve(
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
         )
+        origins = tuple(o.strip() for o in cors_origins.split(",") if o.strip())
+        body = parse_size(max_body)
         options = ServeOptions(
-            host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout=shutdown_timeout
+            host, port, api_key or None, served_model_name, body, shutdown_timeout, cors_origins=origins
         )
         loaded = load_model(model, select_backend(device), require_signature=require_signature)
     except _user_errors() as exc:

@@ -25,7 +25,10 @@ from baselm.tokenizer.tokenizer import Tokenizer
 class Copy:
     """One copy's output state: detokenizer, stop checker, text and logprobs not yet reported."""
 
-    __slots__ = ("request", "group_id", "index", "detokenizer", "stop", "text", "logprobs", "stop_reason")
+    __slots__ = (
+        "request", "group_id", "index", "detokenizer", "stop", "text", "logprobs", "stop_reason",
+        "prompt_logprobs", "num_prompt_scored",
+    )  # fmt: skip
 
     def __init__(
         self, request: Request, group_id: str, index: int, detokenizer: StreamingDetokenizer, stop: StopChecker
@@ -38,6 +41,8 @@ class Copy:
         self.text = ""
         self.logprobs: list[TokenLogprobs] = []
         self.stop_reason: int | str | None = None
+        self.prompt_logprobs: list[TokenLogprobs] = []  # scored prompt tokens not yet reported
+        self.num_prompt_scored = 0  # prompt tokens scored so far (a recomputed prompt scores them again)
 
 
 def copy_requests(request_id: str, prompt_ids: list[int], params: SamplingParams) -> list[Request]:
@@ -108,15 +113,24 @@ class Copies:
         for internal_id, entry in logprobs.items():
             self._copies[internal_id].logprobs.append(entry)
 
+    def add_prompt_logprobs(self, scored: dict[str, list[tuple[int, TokenLogprobs]]]) -> None:
+        """Prompt tokens scored this step (position 1 is the second prompt token); each position is kept once."""
+        for internal_id, entries in scored.items():
+            copy = self._copies.get(internal_id)  # None: aborted since the step was launched
+            for position, entry in entries if copy is not None else ():
+                if position == copy.num_prompt_scored + 1:
+                    copy.prompt_logprobs.append(entry)
+                    copy.num_prompt_scored = position
+
     def complete(self, out: RequestOutput) -> RequestOutput:
         """Completes the scheduler's output of one copy for the user: the request id the user gave,
         the copy's index, and the text and logprobs gathered since its last output."""
         internal_id = out.request_id
         copy = self._copies[internal_id]
         out.request_id, out.index = copy.group_id, copy.index
-        out.text, out.logprobs = copy.text, copy.logprobs
+        out.text, out.logprobs, out.prompt_logprobs = copy.text, copy.logprobs, copy.prompt_logprobs
         out.stop_reason = copy.stop_reason if out.finished else None
-        copy.text, copy.logprobs = "", []
+        copy.text, copy.logprobs, copy.prompt_logprobs = "", [], []
         if out.finished:
             self._forget(internal_id)
         return out

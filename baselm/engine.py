@@ -193,6 +193,7 @@ class LLMEngine:
         result = self.runner.collect(launched)
         t0 = time.perf_counter()
         self.copies.add_logprobs(result.logprobs)
+        self.copies.add_prompt_logprobs(result.prompt_logprobs)
         updates = self.scheduler.update(plan, result.sampled_token_ids)
         outputs += [self.copies.complete(out) for out in updates]
         self.copies.start_forks(self.scheduler)

@@ -123,6 +123,11 @@ class Request:
     def finish_reason(self) -> str | None:
         return self.status.finish_reason
 
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """True when every prompt position must go through the model (prompt logprobs): no prefix-cache hits."""
+        return getattr(self.sampling_params, "prompt_logprobs", None) is not None
+
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
         if isinstance(token_ids, int):
             token_ids = (token_ids,)
@@ -151,6 +156,7 @@ class RequestOutput:
     text: str = ""  # new text, safe to show (held-back stop-string prefixes excluded)
     token_ids: list[int] = field(default_factory=list)  # new token ids
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token when asked for
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # prompt tokens 1.. newly scored, in order
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length" or "abort" once finished
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
@@ -180,6 +186,7 @@ class RequestOutput:
         self.text += later.text
         self.token_ids += later.token_ids
         self.logprobs += later.logprobs
+        self.prompt_logprobs += later.prompt_logprobs
         self.finished, self.finish_reason, self.stop_reason = later.finished, later.finish_reason, later.stop_reason
         self.num_prompt_tokens, self.num_output_tokens = later.num_prompt_tokens, later.num_output_tokens
         self.num_cached_tokens = max(self.num_cached_tokens, later.num_cached_tokens)

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from baselm import prompt_logprobs
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models.base import DecoderModel
+from baselm.prompt_logprobs import PromptRows
 from baselm.sampler import Sampler, SamplerOutput, SamplingRow, SamplingSequence
 from baselm.sampling import TokenLogprobs
 from baselm.scheduler import ScheduledRequest, SchedulerOutput
@@ -39,6 +41,7 @@ class Launched:
     sampled: SamplerOutput | None
     prepare_s: float  # seconds spent on the step's host arrays (ids, attention metadata)
     launch_s: float  # seconds spent building the graph and starting it (on CPU, most of the compute)
+    prompt_rows: PromptRows | None = None  # prompt tokens scored this step (prompt_logprobs.py)
 
 
 @dataclass(slots=True)
@@ -48,6 +51,7 @@ class RunnerOutput:
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     num_accepted: dict[str, int] = field(default_factory=dict)  # drafts accepted, for requests that verified some
+    prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] = field(default_factory=dict)  # by prompt position
 
 
 class ModelRunner:
@@ -72,13 +76,18 @@ class ModelRunner:
         placeholders, and so is each request's newest output id the sampler sees.
         """
         t0 = time.perf_counter()
-        ids, meta, sampling = self._prepare(output)
+        prompt_rows = prompt_logprobs.rows(output.requests)
+        ids, meta, sampling = self._prepare(output, prompt_rows.flat_rows)
         rows, draft_ids, draft_probs = _sampling_rows(sampling)
         if after is not None:
             ids = after.sampled.token_ids  # (num_seqs,) int32, on the device
             rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, [*r.output_token_ids, 0]) for r in rows]
         t1 = time.perf_counter()
         logits = self.model(ids, meta.positions, meta, self.cache)
+        if prompt_rows.flat_rows:  # (sampling rows + prompt rows, vocab): the prompt's rows come last
+            num_sampling_rows = sum(s.num_draft_tokens + 1 for s in sampling)
+            prompt_rows.score(logits[num_sampling_rows:])
+            logits = logits[:num_sampling_rows]
         sampled = None
         if sampling:
             sampled = self.sampler(logits, rows, draft_ids, draft_probs)
@@ -95,11 +104,13 @@ class ModelRunner:
                     )
                     if a is not None
                 ]
+                + prompt_rows.arrays()
             )
-        else:
-            mx.async_eval(logits)  # nobody samples, but the step's K/V writes must happen
+        else:  # nobody samples, but the step's K/V writes must happen
+            mx.async_eval([logits, *prompt_rows.arrays()])
         drafts = [s.token_ids[len(s.token_ids) - s.num_draft_tokens :] for s in sampling]
-        return Launched([s.request_id for s in sampling], drafts, sampled, t1 - t0, time.perf_counter() - t1)
+        launch_s = time.perf_counter() - t1
+        return Launched([s.request_id for s in sampling], drafts, sampled, t1 - t0, launch_s, prompt_rows)
 
     def collect(self, launched: Launched) -> RunnerOutput:
         """Waits for a launched step and returns its sampled ids and logprobs by request id."""
@@ -117,12 +128,16 @@ class ModelRunner:
                     result.logprobs[request_id] = logprobs
         else:
             t1 = time.perf_counter()
+        if launched.prompt_rows is not None:
+            result.prompt_logprobs = launched.prompt_rows.collect()
         forward = launched.launch_s + t1 - t0
         self.last_step = StepStats(prepare=launched.prepare_s, forward=forward, sample=time.perf_counter() - t1)
         return result
 
-    def _prepare(self, output: SchedulerOutput):
-        """Flattened input ids, the attention metadata, and the requests that sample."""
+    def _prepare(self, output: SchedulerOutput, extra_rows: list[int]):
+        """Flattened input ids, the attention metadata, and the requests that sample; logits are
+        wanted at each sampling request's last fed token (k + 1 rows when verifying k drafts), then
+        at `extra_rows` (prompt logprobs)."""
         input_ids: list[int] = []
         block_tables, query_lens, context_lens, logits_rows, sampling = [], [], [], [], []
         for scheduled in output.requests:
@@ -135,7 +150,7 @@ class ModelRunner:
                 logits_rows.extend(range(last - scheduled.num_draft_tokens, last + 1))
                 sampling.append(scheduled)
         # A step where nobody samples (all mid-prefill) still needs one row to keep shapes valid.
-        rows = logits_rows or [len(input_ids) - 1]
+        rows = logits_rows + extra_rows or [len(input_ids) - 1]
         meta = AttentionMetadata.build(block_tables, query_lens, context_lens, self.cache.block_size, rows)
         return mx.array(input_ids, dtype=mx.int32), meta, sampling
 

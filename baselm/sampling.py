@@ -48,7 +48,8 @@ class SamplingParams:
 
     `max_tokens=None` means up to the context length (the engine caps it). `top_k` of
     0 or -1 is off. `logprobs`: None = none, 0 = the chosen token's only, k = also the
-    top k alternatives (at most 20). `stop` may be given as one string. `n` > 1 asks for
+    top k alternatives (at most 20); `prompt_logprobs` the same for each prompt token after
+    the first (see prompt_logprobs.py). `stop` may be given as one string. `n` > 1 asks for
     that many copies (see `for_copy`); `make_logits_processors`, when given, makes each
     copy's own `logits_processors` (stateful ones, like a grammar, must not be shared).
     """
@@ -93,7 +94,8 @@ class SamplingParams:
 
         Copy i draws with `seed + i` (mod 2**64, which the sampler's keys use anyway), so each
         copy has its own stream, reproducibly; with `make_logits_processors`, every copy after
-        the first gets fresh processors.
+        the first gets fresh processors. Prompt logprobs come with the first copy only (the
+        others share its prompt).
         """
         if index == 0:
             return self
@@ -101,7 +103,7 @@ class SamplingParams:
         if seed is not None and seed > MAX_SEED:
             seed -= 1 << 64
         processors = self.make_logits_processors() if self.make_logits_processors else self.logits_processors
-        return replace(self, seed=seed, logits_processors=processors)
+        return replace(self, seed=seed, logits_processors=processors, prompt_logprobs=None)
 
     @property
     def greedy(self) -> bool:
@@ -147,7 +149,7 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
-            raise SamplingParamsError("prompt_logprobs", "prompt_logprobs is not supported; leave it unset.")
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=MAX_LOGPROBS)
         for proc in self.logits_processors:
             if not callable(proc):
                 raise SamplingParamsError("logits_processors", f"logits_processors holds {proc!r}, not a callable.")

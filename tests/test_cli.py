@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
+import pexpect
 import pytest
 
 from tests.tiny_model import write_model_folder
@@ -85,3 +88,39 @@ def test_run_answers_the_capital_of_france(smollm2_gguf):
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "tok/s" in result.stderr
+
+
+LONG_NAMES = ["HuggingFaceTB/SmolLM2-135M-Instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF"]
+
+
+@pytest.fixture
+def store_with_long_names(tmp_path):
+    from baselm.store.registry import Store
+
+    store = Store(tmp_path)
+    for name in LONG_NAMES:
+        with store.begin_write(name, "q4_1") as pending:
+            pending.temp_path.write_bytes(b"x" * 100)
+            pending.commit(arch="llama", params=135_000_000, quant="q4", source={"format": "gguf", "path": "/m/x.gguf"})
+    return {**os.environ, "BASE_HOME": str(tmp_path)}
+
+
+def test_list_into_a_pipe_shows_whole_names_and_every_column(store_with_long_names):
+    result = base("list", env={**store_with_long_names, "COLUMNS": "80"})
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    for name in LONG_NAMES:
+        assert any(name in line and "/m/x.gguf" in line for line in lines), result.stdout
+    assert [m["name"] for m in json.loads(base("list", "--json", env=store_with_long_names).stdout)] == LONG_NAMES
+
+
+def test_list_on_an_80_column_terminal_keeps_whole_names(store_with_long_names):
+    env = {k: v for k, v in store_with_long_names.items() if k not in ("COLUMNS", "LINES")}
+    child = pexpect.spawn(
+        sys.executable, ["-m", "baselm.cli", "list"], env=env, dimensions=(24, 80), encoding="utf-8", timeout=60
+    )
+    child.expect(pexpect.EOF)
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", child.before).splitlines()  # without colours
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    for name in LONG_NAMES:
+        assert any(name in line for line in lines), child.before

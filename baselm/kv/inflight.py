@@ -31,6 +31,8 @@ class InflightBlocks:
 
     def awaits(self, request: Request, num_hit_blocks: int) -> bool:
         """Whether the request's next block, one it could hit once cached, is being computed by another."""
-        if not self.hashes or num_hit_blocks >= (request.num_tokens - 1) // self.kv.block_size:
+        if not self.hashes or request.computes_whole_prompt:  # it takes no hits: nothing to wait for
+            return False
+        if num_hit_blocks >= (request.num_tokens - 1) // self.kv.block_size:
             return False
         return self.kv.block_hashes(request, num_hit_blocks + 1)[num_hit_blocks] in self.hashes

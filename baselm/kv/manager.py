@@ -58,9 +58,10 @@ class KVCacheManager:
         The last token is always recomputed, since its logits are needed: only blocks lying
         wholly before it can hit, so a prompt of exactly k full blocks hits at most k - 1 of
         them and recomputes the whole last block rather than write into a shared one.
-        Takes no references; pass the blocks to `allocate_slots`.
+        Takes no references; pass the blocks to `allocate_slots`. A request that computes its
+        whole prompt (prompt logprobs) takes no hits.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.computes_whole_prompt:
             return [], 0
         num_hittable = (request.num_tokens - 1) // self.block_size
         hashes = self.block_hashes(request, num_hittable)

@@ -7,6 +7,7 @@ copies, so a template can neither reach Python objects nor change the caller's m
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -45,28 +46,56 @@ def render_chat_template(
     add_generation_prompt: bool,
     tools: Sequence[Mapping[str, Any]] | None,
     variables: Mapping[str, Any],
+    continue_final_message: bool = False,
 ) -> str:
     """The text `template` makes of `messages`; `variables` (special tokens, extras) become template variables.
 
     A template that only takes string content gets the text parts of a content list joined with
     newlines; tool-call arguments given as a JSON string are parsed into a dict; keys whose value
-    is None are dropped (all as transformers does).
+    is None are dropped (all as transformers does). An assistant message with `content: None`
+    beside its tool calls (what OpenAI clients send back) thus has no content; a template that
+    fails without one (it adds the content to strings) gets "" there instead, as vLLM and
+    llama.cpp render it, where transformers would refuse. `continue_final_message`: the text
+    ends where the last message's content ends, for the model to continue it (as transformers
+    cuts it).
     """
     compiled = _compile_template(template)
     wants_parts = _template_iterates_content(template)
     plain = [_prepare_message(m, wants_parts) for m in messages]
-    values = _plain(variables)
+    render = functools.partial(
+        compiled.render,
+        tools=_plain(list(tools)) if tools is not None else None,
+        add_generation_prompt=add_generation_prompt,
+        **_plain(variables),
+    )
     try:
-        return compiled.render(
-            messages=plain,
-            tools=_plain(list(tools)) if tools is not None else None,
-            add_generation_prompt=add_generation_prompt,
-            **values,
-        )
+        try:
+            text = render(messages=plain)
+        except Exception:
+            nulls = [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("content", "") is None]
+            if not nulls:
+                raise
+            text = render(messages=[{**m, "content": ""} if i in nulls else m for i, m in enumerate(plain)])
     except ChatTemplateError:
         raise
     except Exception as exc:  # any failure inside a model's template is the template's
         raise ChatTemplateError(f"the chat template failed on this conversation: {exc}") from None
+    return _cut_after_final_message(text, messages) if continue_final_message else text
+
+
+def _cut_after_final_message(text: str, messages: Sequence[Message]) -> str:
+    """`text` up to the end of the last message's content (its stripped form when the template stripped it)."""
+    if not messages:
+        raise ChatTemplateError("continue_final_message needs a final message to continue")
+    content = messages[-1].get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    content = content or ""
+    for needle in (content, content.strip()):
+        at = text.rfind(needle)
+        if at >= 0:
+            return text[: at + len(needle)]
+    raise ChatTemplateError("the final message does not appear in the rendered chat, so it cannot be continued")
 
 
 class _GenerationTag(jinja2.ext.Extension):

@@ -238,16 +238,16 @@ class Tokenizer:
         messages: Sequence[Message],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
         **extra: Any,
     ) -> str:
         """The prompt text the model's chat template makes of `messages`.
 
         Messages are OpenAI/HF shaped dicts (system, user, assistant, tool; assistant
-        `tool_calls`; content a string or a list of content parts). Keys whose value is None are
-        dropped, as transformers does. For a template that only takes string content, the text
-        parts of a list are joined with newlines; tool-call arguments given as a JSON string are
-        parsed into a dict, which is what templates expect. `extra` goes to the template as
-        variables (e.g. `enable_thinking=False`).
+        `tool_calls`; content a string, a list of content parts, or None beside tool calls); see
+        `render_chat_template` for how they reach the template. `continue_final_message` ends
+        the text inside the last message, for the model to continue. `extra` goes to the
+        template as variables (e.g. `enable_thinking=False`).
         """
         return render_chat_template(
             select_template(self._chat_template, tools),
@@ -255,6 +255,7 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             tools=tools,
             variables={**self._special_tokens, **extra},
+            continue_final_message=continue_final_message,
         )
 
     def encode_chat(
@@ -262,6 +263,7 @@ class Tokenizer:
         messages: Sequence[Message],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
         **extra: Any,
     ) -> list[int]:
         """Prompt ids of a conversation: the rendered template, encoded.
@@ -269,7 +271,7 @@ class Tokenizer:
         NOTE: special tokens written by the template are encoded as such; BOS is prepended only
         when the config adds BOS and the template did not already write it; EOS is never added.
         """
-        text = self.apply_chat_template(messages, add_generation_prompt, tools, **extra)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools, continue_final_message, **extra)
         ids = self._backend.encode(text, add_special_tokens=False).ids
         bos = self.bos_token_id
         if self.add_bos_token and bos is not None and ids[:1] != [bos]:

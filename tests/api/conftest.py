@@ -26,18 +26,27 @@ class RunningServer:
     """An engine thread and a uvicorn server on a free loopback port, in threads of this process."""
 
     def __init__(
-        self, api_key: str | None = None, max_body_bytes: int = 8 * 2**20, loaded: LoadedModel | None = None, **config
+        self,
+        api_key: str | None = None,
+        max_body_bytes: int = 8 * 2**20,
+        loaded: LoadedModel | None = None,
+        model_name: str = MODEL,
+        cors_origins: tuple[str, ...] = (),
+        **config,
     ) -> None:
         config.setdefault("kv_memory", 4 * 2**20)
         config.setdefault("max_num_seqs", 32)
+        self.model_name = model_name
         self.engine = LLMEngine(loaded or loaded_widened_llama(MODEL), EngineConfig(**config))
         self.client = AsyncEngine(self.engine).start()
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so.
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        options = ServeOptions(port=self.port, api_key=api_key, max_body_bytes=max_body_bytes, log_level="error")
-        self.server = make_server(self.client, MODEL, options)
+        options = ServeOptions(
+            port=self.port, api_key=api_key, max_body_bytes=max_body_bytes, log_level="error", cors_origins=cors_origins
+        )
+        self.server = make_server(self.client, model_name, options)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60
@@ -99,6 +108,18 @@ class RunningServer:
 def server() -> Iterator[RunningServer]:
     """One shared server with default limits and no API key."""
     running = RunningServer()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(smollm2_gguf) -> Iterator[RunningServer]:
+    """SmolLM2-135M-Instruct served in this process (for `slow` tests)."""
+    from baselm.backend import select_backend
+    from baselm.loader import load_model
+
+    loaded = load_model(str(smollm2_gguf), select_backend("cpu"))
+    running = RunningServer(loaded=loaded, model_name="smollm2", kv_memory=256 * 2**20)
     yield running
     running.stop()
 

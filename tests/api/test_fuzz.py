@@ -63,7 +63,7 @@ CHAT_BAD = {
         {},
         {"type": "xml"},
         {"type": "json_schema"},
-        {"type": "json_schema", "json_schema": {"schema": {}}},
+        {"type": "json_schema", "json_schema": {"name": 5, "schema": {}}},
         {"type": "json_schema", "json_schema": {"name": "x", "schema": "nope"}},
         {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
         {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nowhere"}}},

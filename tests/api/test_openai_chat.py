@@ -172,6 +172,40 @@ def test_content_parts_system_developer_and_tool_history(server):
     assert response.usage.completion_tokens == 3
 
 
+def test_continue_final_message_continues_the_assistant_text(server):
+    messages = [*HELLO, {"role": "assistant", "content": "Well, "}]
+    prefill = {"continue_final_message": True, "add_generation_prompt": False}
+    response = _chat(server, messages=messages, max_tokens=6, temperature=0, extra_body=prefill)
+    prompt_ids = server.engine.tokenizer.encode_chat(messages, add_generation_prompt=False, continue_final_message=True)
+    detok = server.http().post("/detokenize", json={"tokens": prompt_ids}).json()["prompt"]
+    assert detok.endswith("<|im_start|>assistant\nWell, ")
+    assert response.usage.prompt_tokens == len(prompt_ids)
+
+    def generate(engine, ids):  # on the engine's own thread, with nothing else in flight
+        return engine.generate([ids], SamplingParams(max_tokens=6, temperature=0))[0].completions[0].text
+
+    assert response.choices[0].message.content == server.client.call(generate, prompt_ids).result(60)
+    # continue_final_message alone turns the generation prompt off
+    alone = _chat(server, messages=messages, max_tokens=6, temperature=0, extra_body={"continue_final_message": True})
+    assert alone.choices[0].message.content == response.choices[0].message.content
+
+
+def test_add_generation_prompt_false_leaves_the_assistant_header_out(server):
+    response = _chat(server, max_tokens=2, temperature=0, extra_body={"add_generation_prompt": False})
+    assert response.usage.prompt_tokens == len(server.engine.tokenizer.encode_chat(HELLO, add_generation_prompt=False))
+    assert response.usage.prompt_tokens < len(server.engine.tokenizer.encode_chat(HELLO))
+
+
+def test_continue_final_message_needs_a_final_assistant_message_and_no_generation_prompt(server):
+    http = server.http()
+    body = {"model": MODEL, "messages": HELLO, "continue_final_message": True}
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and "assistant" in response.json()["error"]["message"]
+    body["messages"] = [*HELLO, {"role": "assistant", "content": "Hi"}]
+    response = http.post("/v1/chat/completions", json={**body, "add_generation_prompt": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "continue_final_message"
+
+
 def test_models_lists_the_served_model(server):
     models = server.openai().models.list()
     assert [m.id for m in models.data] == [MODEL]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.api.conftest import MODEL
 
 
@@ -88,3 +90,67 @@ def test_seeded_sampling_repeats(server):
     a = _complete(server, prompt="seed", max_tokens=10, temperature=0.9, top_p=0.9, seed=7)
     b = _complete(server, prompt="seed", max_tokens=10, temperature=0.9, top_p=0.9, seed=7)
     assert a.choices[0].text == b.choices[0].text
+
+
+def _prompt_scores(server, ids: list[int], num_top: int) -> list:
+    """The engine's own prompt logprobs for `ids` (on its thread, nothing else in flight)."""
+    from baselm.sampling import SamplingParams
+
+    def score(engine, ids):
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=num_top)
+        return engine.generate([ids], params)[0].completions[0].prompt_logprobs
+
+    return server.client.call(score, ids).result(60)
+
+
+def test_echo_with_logprobs_and_max_tokens_0_scores_the_prompt(server):
+    prompt = "The quick brown fox jumps"
+    ids = server.engine.tokenizer.encode(prompt)
+    response = _complete(server, prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    [choice] = response.choices
+    assert choice.text == prompt and choice.finish_reason == "length"
+    lp = choice.logprobs
+    assert lp.tokens == [server.engine.tokenizer.decode([i]) for i in ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    scores = _prompt_scores(server, ids, 1)
+    assert lp.token_logprobs[1:] == pytest.approx([s.logprob for s in scores], abs=1e-4)
+    for top, s in zip(lp.top_logprobs[1:], scores):
+        assert list(top.values()) == pytest.approx([s.top[0][1]], abs=1e-4)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(ids))]
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (len(ids), 0)
+
+
+def test_echo_with_logprobs_scores_the_prompt_then_the_answer_whole_and_streamed(server):
+    prompt = ["Once upon a time", "The answer is"]
+    whole = _complete(server, prompt=prompt, max_tokens=4, echo=True, logprobs=2, temperature=0, n=2)
+    plain = _complete(server, prompt=prompt, max_tokens=4, logprobs=2, temperature=0, n=2)
+    for choice, alone in zip(whole.choices, plain.choices):
+        ids = server.engine.tokenizer.encode(prompt[choice.index // 2])
+        assert choice.text == prompt[choice.index // 2] + alone.text
+        lp = choice.logprobs
+        assert len(lp.tokens) == len(ids) + 4
+        # the same numbers up to float rounding: a step that also scores the prompt sums in another order
+        assert lp.token_logprobs[len(ids) :] == pytest.approx(alone.logprobs.token_logprobs, abs=1e-4)
+        assert lp.tokens[len(ids) :] == alone.logprobs.tokens
+        scores = _prompt_scores(server, ids, 2)
+        assert lp.token_logprobs[1 : len(ids)] == pytest.approx([s.logprob for s in scores], abs=1e-4)
+        assert lp.text_offset[len(ids) :] == [len(prompt[choice.index // 2]) + o for o in alone.logprobs.text_offset]
+    streamed: dict[int, dict] = {}
+    for chunk in _complete(server, prompt=prompt, max_tokens=4, echo=True, logprobs=2, temperature=0, n=2, stream=True):
+        for c in chunk.choices:
+            got = streamed.setdefault(c.index, {"text": "", "token_logprobs": [], "text_offset": []})
+            got["text"] += c.text
+            if c.logprobs:
+                got["token_logprobs"] += c.logprobs.token_logprobs
+                got["text_offset"] += c.logprobs.text_offset
+    for choice in whole.choices:
+        got = streamed[choice.index]
+        assert got["text"] == choice.text
+        assert got["text_offset"] == choice.logprobs.text_offset
+        assert got["token_logprobs"][0] is None
+        assert got["token_logprobs"][1:] == pytest.approx(choice.logprobs.token_logprobs[1:], abs=1e-4)
+
+
+def test_max_tokens_0_needs_echo(server):
+    response = server.http().post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"

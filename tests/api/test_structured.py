@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar, lark_grammar
-from baselm.api.tools import HERMES, LLAMA3_JSON, ToolCallParser, forced_call_lark, tool_format
+from baselm.api.tools import HERMES, LLAMA3_JSON, RepeatStop, ToolCallParser, forced_call_lark, tool_format
 from baselm.tokenizer.tokenizer import Tokenizer
 from tests.api.conftest import MODEL
 from tests.paths import BPE_TOKENIZER
@@ -187,6 +187,31 @@ def test_named_tool_choice_calls_that_tool(server):
     assert json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
 
 
+def test_tools_whose_parameters_use_defs_can_be_forced(server):
+    address = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+    parameters = {  # as Pydantic writes a model with a nested model
+        "$defs": {"Address": address},
+        "type": "object",
+        "properties": {"address": {"$ref": "#/$defs/Address"}, "days": {"type": "integer", "maximum": 9}},
+        "required": ["address", "days"],
+    }
+    tool = {"type": "function", "function": {"name": "plan", "parameters": parameters}}
+    for choice in ("required", {"type": "function", "function": {"name": "plan"}}):
+        response = _chat(server, max_tokens=60, temperature=1.0, seed=1, n=2, tools=[tool, TIME], tool_choice=choice)
+        for c in response.choices:
+            assert c.finish_reason == "tool_calls", c
+            for call in c.message.tool_calls:
+                arguments = json.loads(call.function.arguments)
+                if call.function.name == "plan":
+                    assert arguments["address"]["city"] in ("Paris", "Rome") and arguments["days"] <= 9
+                    assert set(arguments) == {"address", "days"}
+    as_format = {"type": "json_schema", "json_schema": {"name": "plan", "schema": parameters}}
+    answer = json.loads(
+        _chat(server, max_tokens=60, temperature=0, response_format=as_format).choices[0].message.content
+    )
+    assert answer["address"]["city"] in ("Paris", "Rome")
+
+
 def test_streamed_tool_call_deltas_reassemble_to_the_whole_call(server):
     kwargs = dict(max_tokens=120, temperature=0, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
     whole = _chat(server, **kwargs).choices[0]
@@ -218,12 +243,19 @@ def test_auto_renders_tools_into_the_prompt_and_none_leaves_them_out(server):
     assert with_tools.usage.prompt_tokens == len(rendered) > plain.usage.prompt_tokens
 
 
-def test_tool_call_truncated_by_max_tokens_is_returned_as_content(server):
-    response = _chat(server, max_tokens=20, temperature=0, tools=[WEATHER], tool_choice="required")
-    choice = response.choices[0]
-    assert choice.finish_reason == "length"
-    assert choice.message.tool_calls is None
-    assert choice.message.content.startswith("<tool_call>")
+def test_forced_tool_call_cut_short_by_max_tokens_is_neither_a_call_nor_content(server):
+    for stream in (False, True):
+        kwargs = dict(max_tokens=20, temperature=0, tools=[WEATHER], tool_choice="required", stream=stream)
+        if stream:
+            chunks = [c.choices[0] for c in _chat(server, **kwargs) if c.choices]
+            assert "".join(c.delta.content or "" for c in chunks) == ""
+            assert not any(c.delta.tool_calls for c in chunks)
+            assert [c.finish_reason for c in chunks if c.finish_reason] == ["length"]
+        else:
+            choice = _chat(server, **kwargs).choices[0]
+            assert choice.finish_reason == "length"
+            assert choice.message.tool_calls is None
+            assert choice.message.content is None
 
 
 # ---- the parser on its own ---------------------------------------------------------------------
@@ -259,7 +291,8 @@ def test_hermes_calls_parse_the_same_in_any_split():
 
 def test_text_after_a_call_stays_content_but_whitespace_between_calls_does_not():
     call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
-    assert _run(HERMES, [call + "\n ", call]) == ("", [("f", "{}"), ("f", "{}")])
+    other = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    assert _run(HERMES, [call + "\n ", other]) == ("", [("f", "{}"), ("f", '{"a": 1}')])
     assert _run(HERMES, [call, "\n", " Done."]) == ("\n Done.", [("f", "{}")])
     assert _run(HERMES, ["Hi\n", call]) == ("Hi\n", [("f", "{}")])
 
@@ -287,6 +320,41 @@ def test_llama3_json_calls_and_plain_answers():
 )
 def test_broken_or_truncated_calls_stay_content(text):
     assert _run(HERMES, [text]) == (text, [])
+
+
+def test_a_call_that_repeats_an_earlier_one_exactly_is_dropped():
+    call = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    other = '<tool_call>{"name": "f", "arguments": {"a": 2}}</tool_call>'
+    assert _run(HERMES, [call, "\n", call, "\n", other, call]) == ("", [("f", '{"a": 1}'), ("f", '{"a": 2}')])
+    text = '{"name": "f", "parameters": {"a": 1}}; {"name": "f", "parameters": {"a": 1}}'
+    assert _run(LLAMA3_JSON, [text]) == ("", [("f", '{"a": 1}')])
+
+
+def test_forced_calls_end_once_a_call_repeats():
+    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
+    lltokenizer = grammar_tokenizer(tokenizer, tokenizer.vocab_size, [2])
+    lark = lark_grammar(forced_call_lark([WEATHER, TIME], HERMES, None, parallel=True))
+    call = '<tool_call>\n{"name":"get_time","arguments":{"zone":"UTC"}}\n</tool_call>'
+    vocab = tokenizer.vocab_size
+    for text, only_eos in ((call, False), (call + "\n" + call, True)):
+        processor = RepeatStop(lltokenizer, lark, [2], tokenizer, HERMES)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        allowed = np.isfinite(np.array(processor(ids, mx.zeros((vocab,)))))
+        assert allowed[2]  # the calls may end here
+        assert (allowed.sum() == 1) == only_eos  # and after a repeat they must
+
+
+def test_forced_calls_keep_the_calls_that_closed_and_drop_the_one_cut_short():
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    cut = '\n<tool_call>\n{"name": "f", "argu'
+    parser = ToolCallParser(HERMES, forced=True)
+    content, calls = parser.feed(call + cut)
+    more, more_calls = parser.finish()
+    assert (content + more, [(c.name, c.arguments) for c in calls + more_calls]) == ("", [("f", "{}")])
+    parser = ToolCallParser(LLAMA3_JSON, forced=True)
+    parser.feed('{"name": "f", "parameters": {}};{"name": "f", "para')
+    content, calls = parser.finish()
+    assert (content, [(c.name, c.arguments) for c in calls]) == ("", [("f", "{}")])
 
 
 def test_format_follows_the_chat_template():

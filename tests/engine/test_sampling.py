@@ -40,7 +40,7 @@ from baselm.sampling import MAX_SEED, SamplingParams, SamplingParamsError
         ({"ignore_eos": "yes"}, "ignore_eos"),
         ({"logprobs": 21}, "logprobs"),
         ({"logprobs": -1}, "logprobs"),
-        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
         ({"logits_processors": [3]}, "logits_processors"),
     ],
 )

@@ -39,7 +39,8 @@ def test_chat_template_renders_like_transformers(tokenizer, request):
 @pytest.mark.parametrize("tokenizer", ALL_NAMES, indirect=True)
 def test_conversations_transformers_refuses_raise_chat_template_error(tokenizer, request):
     want = expected(request.node.callspec.params["tokenizer"])["chat"]
-    refused = [n for n in CONVERSATIONS if "error" in want[n] and n != "content_parts"]
+    # content parts and null content (tool_call) have tests of their own: both render where transformers fails
+    refused = [n for n in CONVERSATIONS if "error" in want[n] and n not in ("content_parts", "tool_call")]
     for name in refused:
         with pytest.raises(ChatTemplateError):
             render(tokenizer, CONVERSATIONS[name])
@@ -134,3 +135,43 @@ def test_named_templates_given_as_the_chat_template_argument_are_picked_by_name(
     named = [{"name": "default", "template": "plain"}, {"name": "tool_use", "template": "tools"}]
     tok = Tokenizer.from_hf_files(tokenizer_json, config, named)
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "plain"
+
+
+TOOL_TURN = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Paris"}'}}],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+]
+
+
+def test_null_content_is_left_out_as_transformers_leaves_it_out():
+    tok = with_template("{% for m in messages %}[{{ 'absent' if m.content is undefined else m.content }}]{% endfor %}")
+    assert tok.apply_chat_template(TOOL_TURN, add_generation_prompt=False) == "[Weather in Paris?][absent][sunny]"
+
+
+def test_null_content_renders_as_empty_text_in_templates_that_fail_without_it(smollm2_gguf):
+    tok = load("smollm2", smollm2_gguf)  # its template writes '...' + message['content'] + '...'
+    assert "error" in EXPECTED["smollm2"]["chat"]["tool_call"]  # transformers refuses it
+    empty = [TOOL_TURN[0], {**TOOL_TURN[1], "content": ""}, TOOL_TURN[2]]
+    assert tok.apply_chat_template(TOOL_TURN) == tok.apply_chat_template(empty)
+    assert "<|im_start|>assistant\n<|im_end|>" in tok.apply_chat_template(TOOL_TURN)
+
+
+def test_continue_final_message_ends_the_prompt_inside_the_last_message(smollm2_gguf):
+    tok = load("smollm2", smollm2_gguf)
+    messages = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "It is "}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\nIt is ")
+    full = tok.apply_chat_template(messages, add_generation_prompt=False)
+    assert full == text + "<|im_end|>\n"
+
+
+def test_continue_final_message_refuses_a_message_the_template_drops():
+    tok = with_template("{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}")
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
+    with pytest.raises(ChatTemplateError, match="final message does not appear"):
+        tok.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)

@@ -350,6 +350,21 @@ def pool_sizes(loaded: LoadedModel, base: EngineConfig, sizes: Sequence[int], ge
     return out
 
 
+def _quantize_like(model: Any, ours: Any) -> None:
+    """Makes mlx-lm's layers quantized where ours are (same bits and group size), so our arrays load into them."""
+    import mlx.nn as nn
+
+    formats = {
+        (path if path.startswith("lm_head") else f"model.{path}"): {"group_size": m.group_size, "bits": m.bits}
+        for path, m in ours.named_modules()
+        if hasattr(m, "bits") and hasattr(m, "group_size")
+    }
+    if formats:
+        nn.quantize(
+            model, class_predicate=lambda path, m: formats.get(path, False) if hasattr(m, "to_quantized") else False
+        )
+
+
 def mlx_lm_decode(loaded: LoadedModel, config: EngineConfig, prompt_tokens: int, gen_tokens: int, seed: int) -> dict:
     """Single-stream decode: mlx-lm's generate_step on our loaded weights (the same arrays) vs
     our engine, alternating three times and keeping each one's best run."""
@@ -359,6 +374,7 @@ def mlx_lm_decode(loaded: LoadedModel, config: EngineConfig, prompt_tokens: int,
         return {"error": "mlx-lm is not installed (pip install -e .[bench])"}
     module = importlib.import_module(f"mlx_lm.models.{loaded.config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(loaded.config))
+    _quantize_like(model, loaded.model)  # weights kept quantized (CPU kernels, GPUs): mlx-lm's quantized layers
     ours = tree_flatten(loaded.model.parameters())
     model.load_weights([(k if k.startswith("lm_head") else f"model.{k}", v) for k, v in ours], strict=False)
     mx.eval(model.parameters())

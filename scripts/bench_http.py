@@ -124,11 +124,13 @@ def run(client: openai.OpenAI, model: str, concurrency: int, max_tokens: int) ->
     }
 
 
-def start_server(model: str, device: str, concurrency: int) -> tuple[subprocess.Popen, openai.OpenAI]:
-    """`base serve MODEL` on a free loopback port, once it answers."""
+def start_server(
+    model: str, device: str, concurrency: int, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, openai.OpenAI]:
+    """`base serve MODEL` (served as "bench", with `extra` options) on a free loopback port, once it answers."""
     port = free_port()
     command = [sys.executable, "-m", "baselm.cli", "serve", model, "--port", str(port), "--device", device]
-    command += ["--max-num-seqs", str(max(concurrency, 1)), "--served-model-name", "bench"]
+    command += ["--max-num-seqs", str(max(concurrency, 1)), "--served-model-name", "bench", *extra]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
     deadline = time.monotonic() + 120

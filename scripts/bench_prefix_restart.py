@@ -14,39 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import openai
+from bench_http import start_server  # scripts/ is on the path when a script here runs
 
 WORDS = "the ship sailed along the coast while gulls circled over the harbour and the old town".split()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(model: str, cache_file: Path, device: str) -> tuple[subprocess.Popen, openai.OpenAI]:
-    port = free_port()
-    command = [sys.executable, "-m", "baselm.cli", "serve", model, "--port", str(port), "--device", device]
-    command += ["--served-model-name", "bench", "--prefix-cache-file", str(cache_file)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            client.models.list()
-            return server, client
-        except openai.APIConnectionError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit(f"base serve did not start: {server.stderr.read() if server.stderr else ''}") from None
-            time.sleep(0.5)
+    return start_server(model, device, 1, ("--prefix-cache-file", str(cache_file)))
 
 
 def ask(client: openai.OpenAI, prompt: str) -> dict:

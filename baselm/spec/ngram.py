@@ -12,23 +12,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 
 def propose_ngram(token_ids: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
     """Up to `k` tokens that followed an earlier occurrence of the longest suffix (max_n
-    down to min_n tokens) of `token_ids`; [] when no such suffix occurred before."""
+    down to min_n tokens) of `token_ids`; [] when no such suffix occurred before.
+
+    One pass finds the earlier places of the last token; the suffix is then matched backwards
+    from those few places only, so a step costs one comparison over the tokens, not one per n."""
     num_tokens = len(token_ids)
     if k < 1 or num_tokens < min_n + 1:
         return []
     tokens = np.asarray(token_ids, dtype=np.int64)
-    for n in range(min(max_n, num_tokens - 1), min_n - 1, -1):
-        # Windows that start before the suffix itself: tokens[i : i + n] for i < num_tokens - n.
-        windows = sliding_window_view(tokens[:-1], n)  # (num_tokens - n, n)
-        hits = np.flatnonzero((windows == tokens[num_tokens - n :]).all(axis=1))
-        if hits.size:
-            # The latest occurrence followed by k whole tokens, else the earliest (the longest run after it).
-            full = hits[hits + n + k <= num_tokens]
-            start = int(full[-1] if full.size else hits[0]) + n
-            return tokens[start : start + k].tolist()
-    return []
+    longest = min(max_n, num_tokens - 1)
+    ends = np.flatnonzero(tokens[:-1] == tokens[-1])  # where an earlier occurrence would end
+    lengths = np.ones(ends.size, dtype=np.int64)  # how many suffix tokens match, ending there
+    matching = np.ones(ends.size, dtype=bool)
+    for d in range(1, longest):
+        back = ends - d
+        matching &= back >= 0
+        matching[matching] = tokens[back[matching]] == tokens[num_tokens - 1 - d]
+        lengths += matching
+    if not ends.size or lengths.max() < min_n:
+        return []
+    n = int(min(lengths.max(), longest))
+    starts = ends[lengths >= n] + 1  # the token after each occurrence of the n-token suffix
+    # The latest occurrence followed by k whole tokens, else the earliest (the longest run after it).
+    full = starts[starts + k <= num_tokens]
+    start = int(full[-1] if full.size else starts[0])
+    return tokens[start : start + k].tolist()

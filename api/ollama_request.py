@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from baselm.api.errors import APIError, bad_request
+from baselm.api.openai_chat import read_tool
 from baselm.api.schemas import Body, array_field
 from baselm.api.serving import ServerState
 
@@ -89,8 +90,7 @@ def read_images(body: Body, where: str) -> None:
 
 def read_messages(body: Body) -> list[dict[str, Any]]:
     """`messages` as the chat template takes them; tool calls' arguments become JSON text."""
-    messages = [_message(m, i) for i, m in enumerate(array_field(body.raw("messages"), "messages"))]
-    return messages
+    return [_message(m, i) for i, m in enumerate(array_field(body.raw("messages"), "messages"))]
 
 
 def _message(data: Any, index: int) -> dict[str, Any]:
@@ -134,23 +134,7 @@ def _history_call(data: Any, where: str, index: int) -> dict[str, Any]:
 
 
 def read_tools(body: Body) -> list[dict[str, Any]]:
-    """`tools`, as OpenAI writes them (Ollama's format): [{type: function, function: {...}}]."""
-    tools = []
-    for i, data in enumerate(array_field(body.raw("tools"), "tools")):
-        where = f"tools[{i}]"
-        tool = Body(data, where)
-        if tool.string("type", default="function") != "function":
-            raise bad_request(f"{where}.type must be 'function'", f"{where}.type")
-        fn = Body(tool.raw("function"), f"{where}.function")
-        function: dict[str, Any] = {"name": fn.string("name", required=True)}
-        description = fn.string("description")
-        if description is not None:
-            function["description"] = description
-        parameters = fn.raw("parameters")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise bad_request(f"{where}.function.parameters must be a JSON Schema object", f"{where}.function")
-        function["parameters"] = parameters or {"type": "object", "properties": {}}
-        fn.finish()
-        tool.finish()
-        tools.append({"type": "function", "function": function})
-    return tools
+    """`tools`, as OpenAI writes them (Ollama's format), read as chat completions reads them;
+    Ollama lets `type` default to function."""
+    items = array_field(body.raw("tools"), "tools")
+    return [read_tool({"type": "function", **t} if isinstance(t, dict) else t, i) for i, t in enumerate(items)]

@@ -17,10 +17,11 @@ from starlette.responses import Response
 
 from baselm.api import grammar, serving, tool_parsers, tools
 from baselm.api.answer_text import AnswerText
+from baselm.api.constrained import check_endable, constrained_params
 from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, Common, array_field, read_common
 from baselm.request import RequestOutput
-from baselm.sampling import LogitsProcessor, SamplingParams, TokenLogprobs
+from baselm.sampling import SamplingParams, TokenLogprobs
 from baselm.tokenizer.errors import ChatTemplateError
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -100,32 +101,28 @@ def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
     if constrained is None:
         return serving.make_params(sampling, chat.common.max_tokens_field, "top_logprobs", logprobs=logprobs)
     text, param = constrained
-    for name in ("min_tokens", "ignore_eos"):  # both would keep a finished grammar from ending the answer
-        if sampling[name]:
-            raise bad_request(
-                f"{name} cannot be combined with {param} (the grammar decides where the answer ends)", name
-            )
+    check_endable(sampling, param)
     lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
+    make_processor = grammar.GrammarProcessor
     if param == "tools":  # name the tool whose schema cannot be enforced
         for i, tool in enumerate(chat.tools):
             where, function = f"tools[{i}].function.parameters", tool["function"]
             what = f"invalid 'parameters' schema in {where} ({function['name']})"
             grammar.check_grammar(grammar.json_schema_grammar(function["parameters"], where), lltokenizer, where, what)
-    grammar.check_grammar(text, lltokenizer, param)
-    eos = state.eos_token_ids
 
-    def processors() -> list[LogitsProcessor]:
-        if param == "tools":
-            return [tools.RepeatStop(lltokenizer, text, eos, state.tokenizer, state.tool_format)]
-        return [grammar.GrammarProcessor(lltokenizer, text, eos)]
+        def make_processor(lltokenizer, text, eos):
+            return tools.RepeatStop(lltokenizer, text, eos, state.tokenizer, state.tool_format)
 
-    return serving.make_params(
+    return constrained_params(
+        state,
         sampling,
         chat.common.max_tokens_field,
-        "top_logprobs",
+        text,
+        param,
+        lltokenizer=lltokenizer,
+        make_processor=make_processor,
+        logprobs_field="top_logprobs",
         logprobs=logprobs,
-        make_logits_processors=processors,
-        stop_token_ids=eos,
     )
 
 
@@ -259,7 +256,7 @@ def parse_chat(data: Any) -> ChatRequest:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     request = ChatRequest(common, messages, logprobs, top_logprobs or 0)
     request.response_format = _response_format(body.raw("response_format"))
-    request.tools = [_tool(t, i) for i, t in enumerate(array_field(body.raw("tools"), "tools"))]
+    request.tools = [read_tool(t, i) for i, t in enumerate(array_field(body.raw("tools"), "tools"))]
     request.tool_choice = _tool_choice(body.raw("tool_choice"), request.tools)
     request.parallel_tool_calls = body.boolean("parallel_tool_calls", default=True)
     request.chat_template_kwargs = template_kwargs(body.raw("chat_template_kwargs"))
@@ -364,7 +361,8 @@ def _history_call(data: Any, where: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _tool(data: Any, index: int) -> dict[str, Any]:
+def read_tool(data: Any, index: int) -> dict[str, Any]:
+    """tools[index], OpenAI's function tool (Ollama's tools are the same shape)."""
     where = f"tools[{index}]"
     body = Body(data, where)
     if body.string("type", required=True) != "function":

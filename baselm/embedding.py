@@ -46,15 +46,17 @@ def embed(engine: Any, inputs: Sequence[Sequence[int]], pooling: str, normalize:
     budget = max(engine.config.max_num_batched_tokens, 1)
     vectors: list[np.ndarray] = []
     batch: list[Sequence[int]] = []
+    batch_tokens = 0
     for ids in inputs:
         if not ids:
             raise EmbeddingError("an input is empty; give it at least one token")
         if len(ids) > engine.max_model_len:
             raise EmbeddingError(f"an input has {len(ids)} tokens; this model reads at most {engine.max_model_len}")
-        if batch and sum(map(len, batch)) + len(ids) > budget:
+        if batch and batch_tokens + len(ids) > budget:
             vectors += _embed_batch(engine, batch, pooling)
-            batch = []
+            batch, batch_tokens = [], 0
         batch.append(ids)
+        batch_tokens += len(ids)
     if batch:
         vectors += _embed_batch(engine, batch, pooling)
     if normalize:

@@ -71,7 +71,7 @@ def served_entry(state: serving.ServerState) -> dict[str, Any]:
     config = loaded.config
     arch = str(config.get("model_type", "unknown"))
     size = loaded.path.stat().st_size if loaded.path.is_file() else _folder_size(loaded.path)
-    params = sum(v.size for _, v in _parameters(loaded.model))
+    params = num_params(loaded.model)
     details = {
         "parent_model": "",
         "format": loaded.path.suffix.lstrip(".") or "folder",
@@ -90,10 +90,20 @@ def served_entry(state: serving.ServerState) -> dict[str, Any]:
     }
 
 
-def _parameters(model: Any) -> list[tuple[str, Any]]:
+def num_params(model: Any) -> int:
+    """The model's weights, counted as values: a quantized weight's packed codes count as the values they
+    hold, its scales and biases not at all."""
     from mlx.utils import tree_flatten
 
-    return tree_flatten(model.parameters())
+    bits = {path: m.bits for path, m in model.named_modules() if hasattr(m, "bits")}
+    total = 0
+    for name, value in tree_flatten(model.parameters()):
+        module, _, leaf = name.rpartition(".")
+        if module not in bits or leaf not in ("weight", "scales", "biases"):
+            total += value.size
+        elif leaf == "weight":
+            total += value.size * 32 // bits[module]
+    return total
 
 
 def _quantization(model: Any) -> str:
@@ -150,7 +160,7 @@ async def ollama_show(request: Request) -> Response:
     entry = served_entry(state)
     config = state.client.engine.loaded.config
     arch = entry["details"]["family"]
-    info = {"general.architecture": arch, "general.parameter_count": _param_count(entry)}
+    info = {"general.architecture": arch, "general.parameter_count": num_params(state.client.engine.loaded.model)}
     for key, ours in (
         ("context_length", state.max_model_len),
         ("embedding_length", config.get("hidden_size")),
@@ -175,12 +185,6 @@ async def ollama_show(request: Request) -> Response:
             "modified_at": entry["modified_at"],
         }
     )
-
-
-def _param_count(entry: dict[str, Any]) -> int:
-    label = entry["details"]["parameter_size"]
-    scale = {"B": 1e9, "M": 1e6, "K": 1e3}.get(label[-1:], 1)
-    return int(float(label.rstrip("BMK")) * scale)
 
 
 _STATUS = "_status"  # the HTTP status of a pull's error, for a whole (unstreamed) answer; never sent

@@ -160,3 +160,18 @@ def test_pull_streams_progress_into_the_store_and_tags_then_list_it(server, clie
         assert caught.value.status_code == 400
     refused = server.http().post("/api/pull", json={"model": "/etc/passwd"})
     assert refused.status_code == 400 and "org/name" in refused.json()["error"]
+
+
+def test_a_quantized_models_parameters_are_counted_as_values_not_packed_words() -> None:
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from baselm.api.ollama_models import num_params
+    from tests.tiny_model import loaded_fixture
+
+    model = loaded_fixture("llama").model
+    floats = sum(v.size for _, v in tree_flatten(model.parameters()))
+    assert num_params(model) == floats
+    quantized = nn.Sequential(nn.Linear(64, 32, bias=False), nn.Linear(32, 8))
+    nn.quantize(quantized, group_size=32, bits=4)
+    assert num_params(quantized) == 64 * 32 + 32 * 8 + 8

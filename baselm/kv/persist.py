@@ -5,7 +5,7 @@ File layout (little-endian):
     b"BASEKVC1" | u64 header_len | header JSON | data | footer JSON | u64 footer_len
 
 The header holds the format version, the fingerprint (the model's weights: a `.base` file's
-header checksum, else an xxh3 of the model's files; the KV layout: layers, KV heads, head
+header checksum, else an xxh3 sampled over the model's files; the KV layout: layers, KV heads, head
 dim, block size, dtype, kv bits) and the block hashes, most recently used first. The data is
 array-major: for each layer, K then V, each pool array (one, or codes/scales/biases for a
 quantized pool) holds the saved blocks' rows back to back. The footer holds an xxh3-64 of each
@@ -40,8 +40,18 @@ VERSION = 1
 _LEN = struct.Struct("<Q")
 
 
+_HEAD = 4 * 2**20  # the first bytes of each file: a GGUF's metadata and tensor table, a config, a safetensors header
+_SAMPLES, _SAMPLE = 64, 64 * 2**10  # then 64 evenly spaced 64 KiB windows of the rest
+
+
 def weights_fingerprint(path: Path) -> str:
-    """What identifies a model's weights: a `.base` file's header checksum, else an xxh3 of its file(s)."""
+    """What identifies a model's weights: a `.base` file's header checksum, else an xxh3 of its
+    file(s) sampled: names, sizes, the head of each file and 64 windows spread over the rest.
+
+    Sampling reads ~8 MiB however large the model is, where hashing every byte read the whole
+    file again at each start. Weights trained further change every tensor, so they change the
+    windows; a file edited in one place between windows would keep its fingerprint (the cached
+    K/V would then be stale), which is why a `.base` file uses its own checksummed header."""
     if path.suffix == ".base":
         from baselm.store.base_reader import BaseFile
 
@@ -49,11 +59,22 @@ def weights_fingerprint(path: Path) -> str:
     digest = xxhash.xxh3_64()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for file in files:
-        digest.update(file.name.encode() + b"\0")
+        size = file.stat().st_size
+        digest.update(file.name.encode() + b"\0" + _LEN.pack(size))
         with open(file, "rb") as f:
-            while chunk := f.read(16 * 2**20):
-                digest.update(chunk)
-    return "xxh3:" + digest.hexdigest()
+            digest.update(f.read(_HEAD))
+            for offset in _sample_offsets(size):
+                f.seek(offset)
+                digest.update(f.read(_SAMPLE))
+    return "xxh3s:" + digest.hexdigest()
+
+
+def _sample_offsets(size: int) -> list[int]:
+    """Where the windows after the head start: none for a file the head already covers."""
+    rest = size - _HEAD
+    if rest <= 0:
+        return []
+    return [_HEAD + rest * i // _SAMPLES for i in range(_SAMPLES)]
 
 
 def fingerprint(weights: str, cache: PagedKVCache) -> dict[str, Any]:

@@ -168,3 +168,37 @@ def test_a_prefix_cache_file_needs_prefix_caching() -> None:
 
     with pytest.raises(ConfigError, match="prefix caching"):
         EngineConfig(prefix_cache_file="x", enable_prefix_caching=False)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_a_weights_file_fingerprint_follows_its_bytes_and_reads_only_samples(tmp_path) -> None:
+    from baselm.kv import persist
+
+    size = persist._HEAD + 64 * persist._SAMPLE * 3  # larger than what the fingerprint reads
+    data = bytearray(os.urandom(size))
+    first = persist.weights_fingerprint(_write(tmp_path / "m.gguf", bytes(data)))
+    assert persist.weights_fingerprint(_write(tmp_path / "m.gguf", bytes(data))) == first
+    retrained = bytearray(b ^ 1 for b in data[: persist._HEAD]) + data[persist._HEAD :]
+    assert persist.weights_fingerprint(_write(tmp_path / "m.gguf", bytes(retrained))) != first
+    offsets = persist._sample_offsets(size)
+    assert len(offsets) == 64 and offsets[0] == persist._HEAD and offsets[-1] < size
+    for where in (offsets[10], offsets[-1] + persist._SAMPLE - 1):  # a byte inside a window
+        edited = bytearray(data)
+        edited[where] ^= 0xFF
+        assert persist.weights_fingerprint(_write(tmp_path / "m.gguf", bytes(edited))) != first
+    assert persist.weights_fingerprint(_write(tmp_path / "m.gguf", bytes(data) + b"\0")) != first
+    assert sum(persist._SAMPLE for _ in offsets) + persist._HEAD < size  # not every byte is read
+
+
+def test_a_model_folder_fingerprint_covers_every_file(tmp_path) -> None:
+    from baselm.kv import persist
+
+    _write(tmp_path / "config.json", b"{}")
+    _write(tmp_path / "model.safetensors", b"x" * 1000)
+    first = persist.weights_fingerprint(tmp_path)
+    _write(tmp_path / "config.json", b'{"a": 1}')
+    assert persist.weights_fingerprint(tmp_path) != first

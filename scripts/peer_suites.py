@@ -143,6 +143,8 @@ def read_report(suite: str, report: Path) -> dict:
             counts["skipped" if case.find("skipped") is not None else "passed"] += 1
             continue
         name = case.get("name", "?")
+        test_class = case.get("classname", "").rsplit(".", 1)[-1]
+        name = f"{test_class}::{name}" if test_class.startswith("Test") else name  # unittest classes
         message = (problem.get("message") or problem.text or "").strip().splitlines()
         category, reason = classify(suite, name) or ("failed", message[0][:200] if message else "")
         counts[category] += 1

@@ -1,6 +1,6 @@
 """Other projects' test suites against `base serve`: how well the OpenAI API holds up to real clients.
 
-    python scripts/peer_suites.py [MODEL] [--suite NAME ...] [--sglang DIR] [--json] [--keep DIR]
+    python scripts/peer_suites.py [MODEL] [--suite NAME ...] [--sglang DIR] [--limit S] [--json] [--keep DIR]
 
 Suites (each runs under pytest in a subprocess; counts come from its JUnit report):
 
@@ -22,7 +22,8 @@ Suites (each runs under pytest in a subprocess; counts come from its JUnit repor
 
 Each suite's failures are sorted by scripts/peer/triage.py into not applicable (another server's
 endpoints, fields and launch flags) and model-limited (a 135M model answering wrongly, in a
-well-formed response); what is left is counted as failed and printed.
+well-formed response); what is left is counted as failed and printed. A suite still running after
+`--limit` seconds is stopped and counted by the tests it finished.
 
 MODEL defaults to SmolLM2-135M-Instruct (fetched once). README.md ("Peer suites") lists what
 fails and why.
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -119,8 +121,8 @@ def llamacpp_tests(cache: Path) -> Path:
     return sorted(cache.glob("llama_cpp_python-*/" + LLAMACPP_TESTS))[-1]
 
 
-def run_pytest(target: str, cwd: Path, env: dict[str, str], report: Path, plugin: str | None) -> None:
-    """Runs one test file under pytest, its JUnit report written to `report`."""
+def run_pytest(target: str, cwd: Path, env: dict[str, str], report: Path, plugin: str | None, limit_s: float) -> bool:
+    """Runs one test file under pytest, its JUnit report written to `report`; False when stopped at `limit_s`."""
     command = [sys.executable, "-m", "pytest", "-q", target, f"--junitxml={report}", "-p", "no:cacheprovider"]
     if plugin == "llamacpp_plugin":  # their `slow` tests download and run 1-8B models from the hub: not for this model
         command += ["-p", plugin, "-m", "not slow"]
@@ -129,7 +131,18 @@ def run_pytest(target: str, cwd: Path, env: dict[str, str], report: Path, plugin
     else:  # langchain-tests' async tests run under pytest-asyncio
         command += ["-o", "asyncio_mode=auto", "-o", "asyncio_default_test_loop_scope=session"]
         command += ["-o", "asyncio_default_fixture_loop_scope=session"]  # one loop: the model's clients outlive a test
-    subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=3600)
+    run = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        run.wait(limit_s)
+        return True
+    except subprocess.TimeoutExpired:
+        run.send_signal(signal.SIGINT)  # pytest stops and still writes the report of the tests it finished
+        try:
+            run.wait(120)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+        return False
 
 
 def read_report(suite: str, report: Path) -> dict:
@@ -152,7 +165,7 @@ def read_report(suite: str, report: Path) -> dict:
     return {**counts, "failures": failures}
 
 
-def run_suite(name: str, model: str, work: Path, cache: Path, sglang: Path | None) -> dict:
+def run_suite(name: str, model: str, work: Path, cache: Path, sglang: Path | None, limit_s: float) -> dict:
     kind, target = SUITES[name]
     served_name = "smollm2"
     args: list[str] = []
@@ -170,20 +183,20 @@ def run_suite(name: str, model: str, work: Path, cache: Path, sglang: Path | Non
         env.pop("BASE_API_KEY", None)
         if kind == "llamacpp":
             env.update(DEBUG_EXTERNAL="1", PORT=str(served.port))
-            run_pytest(target, llamacpp_tests(cache), env, report, plugin="llamacpp_plugin")
+            finished = run_pytest(target, llamacpp_tests(cache), env, report, "llamacpp_plugin", limit_s)
         elif kind == "sglang":
             env.update(BASE_PEER_KEY=SGLANG_KEY)
-            run_pytest(target, sglang, env, report, plugin="sglang_plugin")
+            finished = run_pytest(target, sglang, env, report, "sglang_plugin", limit_s)
         else:
-            run_pytest(str(PEER / target), work, env, report, plugin=None)
+            finished = run_pytest(str(PEER / target), work, env, report, None, limit_s)
     finally:
         served.stop()
-    return read_report(name, report)
+    return {**read_report(name, report), "finished": finished}
 
 
 def summary(name: str, result: dict) -> str:
     counts = [f"{result[k]:3} {k}" for k in ("passed", "failed", NOT_APPLICABLE, MODEL_LIMITED, "skipped")]
-    return f"{name:18} " + ", ".join(counts)
+    return f"{name:18} " + ", ".join(counts) + ("" if result["finished"] else " (stopped at --limit)")
 
 
 def main() -> None:
@@ -192,6 +205,7 @@ def main() -> None:
     parser.add_argument("--suite", action="append", choices=sorted(SUITES), help="Run only these (repeatable).")
     parser.add_argument("--sglang", type=Path, help="A checkout of SGLang, for the sglang-* suites.")
     parser.add_argument("--json", action="store_true", help="Print one JSON object, failures included.")
+    parser.add_argument("--limit", type=float, default=3600, help="Seconds a suite may run (default 3600).")
     parser.add_argument("--keep", type=Path, help="Keep reports and server logs in this folder.")
     args = parser.parse_args()
     names = args.suite or [n for n in SUITES if args.sglang or SUITES[n][0] != "sglang"]
@@ -207,7 +221,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in names:
-        results[name] = run_suite(name, model, work, home / "peer", args.sglang)
+        results[name] = run_suite(name, model, work, home / "peer", args.sglang, args.limit)
         if not args.json:
             print(summary(name, results[name]), flush=True)
             for test, failure in results[name]["failures"].items():

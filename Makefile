@@ -46,10 +46,10 @@ format: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# llama.cpp's server tests against `base serve` (a slow job, minutes; needs PyPI for their sdist):
-# fails when a test fails for a reason scripts/peer/triage.py does not explain.
+# llama.cpp's server tests against `base serve` (about a minute; needs PyPI for their sdist): fails
+# when a test fails for a reason scripts/peer/triage.py does not explain, or a suite runs past 5 minutes.
 peer: install
-	$(BIN)/python scripts/peer_suites.py --suite llamacpp-chat --suite llamacpp-tools --suite llamacpp-security
+	$(BIN)/python scripts/peer_suites.py --limit 300 --suite llamacpp-chat --suite llamacpp-tools --suite llamacpp-security
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info baselm/cpu/_build

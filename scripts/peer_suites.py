@@ -231,8 +231,8 @@ def main() -> None:
         print(json.dumps(results, indent=2))
     else:
         print(f"reports and server logs: {work}")
-    if any(result["failed"] for result in results.values()):
-        sys.exit(1)  # a failure no triage explains: a defect
+    if any(result["failed"] or not result["finished"] for result in results.values()):
+        sys.exit(1)  # a failure no triage explains (a defect), or a suite that did not finish
 
 
 if __name__ == "__main__":

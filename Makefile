@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL_NAME ?= HuggingFaceTB/SmolLM2-135M-Instruct
 
-.PHONY: install blas cpu-kernels chat test test-fast lint format model clean
+.PHONY: install blas cpu-kernels chat test test-fast peer lint format model clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ format: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# llama.cpp's server tests against `base serve` (about a minute; needs PyPI for their sdist): fails
+# when a test fails for a reason scripts/peer/triage.py does not explain, or a suite runs past 5 minutes.
+peer: install
+	$(BIN)/python scripts/peer_suites.py --limit 300 --suite llamacpp-chat --suite llamacpp-tools --suite llamacpp-security
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info baselm/cpu/_build

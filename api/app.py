@@ -10,13 +10,13 @@ from collections.abc import Sequence
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from baselm.api.anthropic_messages import count_tokens, messages
 from baselm.api.auth import Gate
+from baselm.api.cors import cors_middleware
 from baselm.api.embeddings import embeddings
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
 from baselm.api.metrics import Metrics
@@ -148,9 +148,6 @@ ROUTES = [
 ]
 
 
-_LOOPBACK_ORIGIN = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
-
-
 def create_app(
     client: AsyncEngine,
     model_name: str,
@@ -172,15 +169,7 @@ def create_app(
     state.thinks = template_thinks(chat_template)
     middleware = [Middleware(Gate, api_key=state.api_key, metrics=state.metrics)]
     if cors_origins:
-        cors = Middleware(
-            CORSMiddleware,
-            allow_origins=[o for o in cors_origins if o != "localhost"],
-            allow_origin_regex=_LOOPBACK_ORIGIN if "localhost" in cors_origins else None,
-            allow_methods=["GET", "POST", "OPTIONS", "DELETE"],
-            allow_headers=["*"],
-            max_age=600,
-        )
-        middleware.insert(0, cors)
+        middleware.insert(0, cors_middleware(cors_origins))
     app = Starlette(routes=ROUTES, exception_handlers=EXCEPTION_HANDLERS, middleware=middleware)
     app.state.base = state
     app.state.responses = ResponseStore()

@@ -38,8 +38,8 @@ async def create_response(request: Request) -> Response:
     if req.previous_response_id is not None:
         entry = store.get(req.previous_response_id)
         if entry is None:
-            raise APIError(
-                404,
+            raise APIError(  # a field of this request, not the resource at its URL: 400, as OpenAI answers
+                400,
                 f"previous response {req.previous_response_id!r} was not found (responses are kept in memory "
                 f"for {store.max_age_s / 60:g} minutes, the last {store.max_entries} of them, and only with store)",
                 "previous_response_id",

@@ -247,9 +247,9 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any
     if isinstance(value, str):
         if value not in ("none", "auto", "required"):
             raise bad_request(f"tool_choice {value!r} is not none, auto, required or a function", "tool_choice")
-        if value != "none" and not tools:
-            raise bad_request("tool_choice needs tools", "tool_choice")
-        return value
+        if value == "required" and not tools:
+            raise bad_request("tool_choice 'required' needs tools", "tool_choice")
+        return value if tools else "none"  # "auto" is the default, tools or not
     body = Body(value, "tool_choice")
     if body.string("type", required=True) != "function":
         raise bad_request("tool_choice.type must be 'function'", "tool_choice")

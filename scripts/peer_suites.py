@@ -1,6 +1,6 @@
 """Other projects' test suites against `base serve`: how well the OpenAI API holds up to real clients.
 
-    python scripts/peer_suites.py [MODEL] [--suite NAME ...] [--json] [--keep DIR]
+    python scripts/peer_suites.py [MODEL] [--suite NAME ...] [--sglang DIR] [--limit S] [--json] [--keep DIR]
 
 Suites (each runs under pytest in a subprocess; counts come from its JUnit report):
 
@@ -15,9 +15,18 @@ Suites (each runs under pytest in a subprocess; counts come from its JUnit repor
   `ChatOpenAI` (scripts/peer/test_langchain_standard.py).
 - `litellm`: litellm's OpenAI-compatible provider: completion, stream, async, text completion,
   a forced tool call and its follow-up, a JSON Schema answer (scripts/peer/test_litellm.py).
+- `sglang-server`, `sglang-tools`: SGLang's `test/srt/openai_server/basic/test_openai_server.py`
+  and `function_call/test_tool_choice.py`, run from a checkout of SGLang given as `--sglang DIR`
+  (SGLang is not on PyPI; nothing of it is copied here). A plugin of ours
+  (scripts/peer/sglang_plugin.py) stands in for the `sglang` imports; the server gets their key.
 
-MODEL defaults to SmolLM2-135M-Instruct (fetched once). Many failures with a 135M model are the
-model answering wrongly, not the API; README.md ("Peer suites") lists what fails and why.
+Each suite's failures are sorted by scripts/peer/triage.py into not applicable (another server's
+endpoints, fields and launch flags) and model-limited (a 135M model answering wrongly, in a
+well-formed response); what is left is counted as failed and printed. A suite still running after
+`--limit` seconds is stopped and counted by the tests it finished.
+
+MODEL defaults to SmolLM2-135M-Instruct (fetched once). README.md ("Peer suites") lists what
+fails and why.
 Needs the dev extra (langchain-openai, langchain-tests, litellm) and network access to PyPI for
 the sdist (kept in $BASE_HOME/peer after the first run).
 """
@@ -27,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -39,14 +49,20 @@ from pathlib import Path
 import httpx
 
 PEER = Path(__file__).resolve().parent / "peer"
+sys.path.insert(0, str(PEER))
+from triage import MODEL_LIMITED, NOT_APPLICABLE, classify  # noqa: E402  (scripts/peer/triage.py)
+
 LLAMACPP_TESTS = "vendor/llama.cpp/tools/server/tests"
 SECURITY_KEY = "sk-this-is-the-secret-key"  # the key llama.cpp's security tests send
+SGLANG_KEY = "sk-123456"  # the key SGLang's tests send
 SUITES = {
     "llamacpp-chat": ("llamacpp", "unit/test_chat_completion.py"),
     "llamacpp-tools": ("llamacpp", "unit/test_tool_call.py"),
     "llamacpp-security": ("llamacpp", "unit/test_security.py"),
     "langchain": ("local", "test_langchain_standard.py"),
     "litellm": ("local", "test_litellm.py"),
+    "sglang-server": ("sglang", "test/srt/openai_server/basic/test_openai_server.py"),
+    "sglang-tools": ("sglang", "test/srt/openai_server/function_call/test_tool_choice.py"),
 }
 
 
@@ -105,64 +121,96 @@ def llamacpp_tests(cache: Path) -> Path:
     return sorted(cache.glob("llama_cpp_python-*/" + LLAMACPP_TESTS))[-1]
 
 
-def run_pytest(target: str, cwd: Path, env: dict[str, str], report: Path, plugin: bool) -> dict:
-    """Runs one test file; returns its counts and the failures' names and first lines."""
+def run_pytest(target: str, cwd: Path, env: dict[str, str], report: Path, plugin: str | None, limit_s: float) -> bool:
+    """Runs one test file under pytest, its JUnit report written to `report`; False when stopped at `limit_s`."""
     command = [sys.executable, "-m", "pytest", "-q", target, f"--junitxml={report}", "-p", "no:cacheprovider"]
-    if plugin:  # llama.cpp's `slow` tests download and run 1-8B models from the hub: not for this model
-        command += ["-p", "llamacpp_plugin", "-m", "not slow"]
+    if plugin == "llamacpp_plugin":  # their `slow` tests download and run 1-8B models from the hub: not for this model
+        command += ["-p", plugin, "-m", "not slow"]
+    elif plugin is not None:
+        command += ["-p", plugin]
     else:  # langchain-tests' async tests run under pytest-asyncio
         command += ["-o", "asyncio_mode=auto", "-o", "asyncio_default_test_loop_scope=session"]
         command += ["-o", "asyncio_default_fixture_loop_scope=session"]  # one loop: the model's clients outlive a test
-    subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=3600)
-    return read_report(report)
+    run = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        run.wait(limit_s)
+        return True
+    except subprocess.TimeoutExpired:
+        run.send_signal(signal.SIGINT)  # pytest stops and still writes the report of the tests it finished
+        try:
+            run.wait(120)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+        return False
 
 
-def read_report(report: Path) -> dict:
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
-    failures: dict[str, str] = {}
+def read_report(suite: str, report: Path) -> dict:
+    """Counts from a JUnit report; failures sorted into not applicable, model-limited and failed."""
+    counts = {"passed": 0, "failed": 0, NOT_APPLICABLE: 0, MODEL_LIMITED: 0, "skipped": 0}
+    failures: dict[str, dict[str, str]] = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         problem = case.find("failure")
         problem = problem if problem is not None else case.find("error")
-        if problem is not None:
-            counts["failed"] += 1
-            message = (problem.get("message") or problem.text or "").strip().splitlines()
-            failures[case.get("name", "?")] = message[0][:200] if message else ""
-        elif case.find("skipped") is not None:
-            counts["skipped"] += 1
-        else:
-            counts["passed"] += 1
+        if problem is None:
+            counts["skipped" if case.find("skipped") is not None else "passed"] += 1
+            continue
+        name = case.get("name", "?")
+        test_class = case.get("classname", "").rsplit(".", 1)[-1]
+        name = f"{test_class}::{name}" if test_class.startswith("Test") else name  # unittest classes
+        message = (problem.get("message") or problem.text or "").strip().splitlines()
+        category, reason = classify(suite, name) or ("failed", message[0][:200] if message else "")
+        counts[category] += 1
+        failures[name] = {"category": category, "reason": reason}
     return {**counts, "failures": failures}
 
 
-def run_suite(name: str, model: str, work: Path, cache: Path) -> dict:
+def run_suite(name: str, model: str, work: Path, cache: Path, sglang: Path | None, limit_s: float) -> dict:
     kind, target = SUITES[name]
     served_name = "smollm2"
     args: list[str] = []
     if name == "llamacpp-security":
         args = ["--api-key", SECURITY_KEY, "--cors-origins", "localhost"]
+    elif kind == "sglang":
+        args = ["--api-key", SGLANG_KEY]
     # llama.cpp's tests leave max_tokens unset where their server stops at 64 tokens or a small
     # context: a 1024-token context keeps those answers short (and long prompts over it).
     max_model_len = 1024 if kind == "llamacpp" else 4096
     served = Served(model, served_name, *args, log=work / f"{name}.serve.log", max_model_len=max_model_len)
+    report = work / f"{name}.xml"
     try:
-        env = {**os.environ, "BASE_PEER_MODEL": served_name, "BASE_PEER_URL": served.url}
+        env = {**os.environ, "BASE_PEER_MODEL": served_name, "BASE_PEER_URL": served.url, "PYTHONPATH": str(PEER)}
         env.pop("BASE_API_KEY", None)
         if kind == "llamacpp":
-            tests = llamacpp_tests(cache)
-            env.update(DEBUG_EXTERNAL="1", PORT=str(served.port), PYTHONPATH=str(PEER))
-            return run_pytest(target, tests, env, work / f"{name}.xml", plugin=True)
-        return run_pytest(str(PEER / target), work, env, work / f"{name}.xml", plugin=False)
+            env.update(DEBUG_EXTERNAL="1", PORT=str(served.port))
+            finished = run_pytest(target, llamacpp_tests(cache), env, report, "llamacpp_plugin", limit_s)
+        elif kind == "sglang":
+            env.update(BASE_PEER_KEY=SGLANG_KEY)
+            finished = run_pytest(target, sglang, env, report, "sglang_plugin", limit_s)
+        else:
+            finished = run_pytest(str(PEER / target), work, env, report, None, limit_s)
     finally:
         served.stop()
+    return {**read_report(name, report), "finished": finished}
+
+
+def summary(name: str, result: dict) -> str:
+    counts = [f"{result[k]:3} {k}" for k in ("passed", "failed", NOT_APPLICABLE, MODEL_LIMITED, "skipped")]
+    return f"{name:18} " + ", ".join(counts) + ("" if result["finished"] else " (stopped at --limit)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?")
     parser.add_argument("--suite", action="append", choices=sorted(SUITES), help="Run only these (repeatable).")
+    parser.add_argument("--sglang", type=Path, help="A checkout of SGLang, for the sglang-* suites.")
     parser.add_argument("--json", action="store_true", help="Print one JSON object, failures included.")
+    parser.add_argument("--limit", type=float, default=3600, help="Seconds a suite may run (default 3600).")
     parser.add_argument("--keep", type=Path, help="Keep reports and server logs in this folder.")
     args = parser.parse_args()
+    names = args.suite or [n for n in SUITES if args.sglang or SUITES[n][0] != "sglang"]
+    if args.sglang is None and any(SUITES[n][0] == "sglang" for n in names):
+        parser.error("the sglang-* suites need --sglang DIR, a checkout of SGLang")
     model = args.model
     if model is None:
         from baselm.store.default_model import fetch_default_gguf
@@ -172,15 +220,19 @@ def main() -> None:
     work = args.keep or Path(tempfile.mkdtemp(prefix="base-peer-"))
     work.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name in args.suite or list(SUITES):
-        results[name] = run_suite(name, model, work, home / "peer")
+    for name in names:
+        results[name] = run_suite(name, model, work, home / "peer", args.sglang, args.limit)
         if not args.json:
-            r = results[name]
-            print(f"{name:18} {r['passed']:3} passed {r['failed']:3} failed {r['skipped']:3} skipped", flush=True)
+            print(summary(name, results[name]), flush=True)
+            for test, failure in results[name]["failures"].items():
+                if failure["category"] == "failed":
+                    print(f"    failed: {test}: {failure['reason']}", flush=True)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
         print(f"reports and server logs: {work}")
+    if any(result["failed"] or not result["finished"] for result in results.values()):
+        sys.exit(1)  # a failure no triage explains (a defect), or a suite that did not finish
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ llama.cpp's tests talk to their own server: paths without the /v1 prefix, any mo
 plugin adapts them from the outside, without changing a test: OpenAI paths get /v1, and every
 JSON body that names a model (or should) names the served one. `DEBUG_EXTERNAL=1` and `PORT`
 make the tests use the running server instead of starting theirs; `BASE_PEER_MODEL` is its name.
+Response header names reach the tests in their conventional capitalization.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ def _adapted_request(self, method, url, *args, **kwargs):
         url = parsed._replace(path=path).geturl()
         if "json" in kwargs:
             kwargs["json"] = _named(kwargs["json"])
-    return _request(self, method, url, *args, **kwargs)
+    response = _request(self, method, url, *args, **kwargs)
+    # Header names are case-insensitive and this server sends them in lower case; their tests copy
+    # them into a plain dict and look them up as "Access-Control-Allow-Origin".
+    response.headers = requests.structures.CaseInsensitiveDict({k.title(): v for k, v in response.headers.items()})
+    return response
 
 
 def _adapt_sends(http) -> None:

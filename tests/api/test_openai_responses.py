@@ -176,17 +176,25 @@ def test_previous_response_id_continues_the_stored_conversation(server):
     assert server.openai().responses.retrieve(first.id).output_text == first.output_text
 
 
-def test_unstored_and_unknown_responses_are_404(server):
+def test_unstored_and_unknown_responses_are_404_and_continuing_one_is_a_400(server):
     unstored = _respond(server, input="Hi", max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError):
         server.openai().responses.retrieve(unstored.id)
     response = server.http().post(
         "/v1/responses", json={"model": MODEL, "input": "Hi", "previous_response_id": unstored.id}
     )
-    assert_error(response, 404, "previous_response_id", "previous_response_not_found")
+    assert_error(response, 400, "previous_response_id", "previous_response_not_found")
     stored = _respond(server, input="Hi", max_output_tokens=2)
     assert server.http().delete(f"/v1/responses/{stored.id}").json()["deleted"] is True
     assert_error(server.http().get(f"/v1/responses/{stored.id}"), 404)
+
+
+def test_tool_choice_auto_without_tools_is_the_default_and_required_is_refused(server):
+    # OpenAI's clients (and SGLang's tests) send tool_choice="auto" with no tools.
+    response = _respond(server, input="Hi", max_output_tokens=2, tool_choice="auto", parallel_tool_calls=True)
+    assert response.status == "incomplete" and response.tool_choice == "auto"
+    refused = server.http().post("/v1/responses", json={"model": MODEL, "input": "Hi", "tool_choice": "required"})
+    assert_error(refused, 400, "tool_choice")
 
 
 def test_refusals_name_the_field(server):

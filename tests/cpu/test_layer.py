@@ -199,3 +199,20 @@ def test_bad_inputs_get_a_clear_error(kernels):
     plan["linears"] = plan["linears"][:3]
     with pytest.raises(ValueError, match="qkv, o, gate_up and down"):
         kernels.decoder_layer(*args, starts, cache[0].keys, cache[0].values, **plan)
+
+
+def _address(a: mx.array) -> int:
+    view = np.asarray(memoryview(a))
+    address = view.__array_interface__["data"][0]
+    del view  # a view left alive would hold a reference and stop the next write from going in place
+    return address
+
+
+def test_the_pools_are_written_in_place(restore_enabled):
+    model, layer = _layer("llama_gqa", {"proj": (32, 4)})
+    meta, (_, cache), x = _step(model, [1], [9], seed=2)
+    before = (_address(cache[0].keys), _address(cache[0].values))
+    for _ in range(2):
+        assert cpu_layer.decoder_layer(layer, x, meta.positions, meta, cache[0]) is not None
+        mx.eval(cache[0].keys, cache[0].values)
+        assert (_address(cache[0].keys), _address(cache[0].values)) == before

@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "attention.h"
+#include "pool_write.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
@@ -221,6 +222,8 @@ class WritePool : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
+}  // namespace
+
 mx::array write_pool(const mx::array& pool, const mx::array& rows, const mx::array& slots) {
   auto fail = [](const std::string& why) { throw std::invalid_argument("write_pool: " + why); };
   if (pool.ndim() != 4) fail("pool must be (num_blocks, block_size, kv_heads, head_dim)");
@@ -232,8 +235,6 @@ mx::array write_pool(const mx::array& pool, const mx::array& rows, const mx::arr
   return mx::array(pool.shape(), pool.dtype(), std::make_shared<WritePool>(mx::default_stream(mx::Device::cpu)),
                    {pool, rows, slots});
 }
-
-}  // namespace
 
 void attend_step(const AttentionArgs& args, int num_seqs) {
   const int num_kv_heads = args.shape.num_kv_heads;

@@ -2,11 +2,12 @@
 //   h = x + o_proj(attention(rope(q), write(rope(k), v)))     q, k, v = split(qkv_proj(rms_norm(x)))
 //   out = h + down_proj(act(gate) * up)                        gate, up = split(gate_up_proj(rms_norm(h)))
 // MLX's CPU backend runs a graph node at a time and a decode step of a small model is mostly
-// such nodes; here a layer is one node, its phases run back to back on the stream's thread
-// and each matmul and the attention still share their rows out over the pool. The maths is
-// that of the per-op kernels (linear.cpp, attention.cpp, fused.cpp), whose loops it calls.
-// Outputs: the layer's hidden states and the two KV pools with this step's rows written (in
-// place when the graph holds the pools' only reference, as write_pool does).
+// such nodes; here a layer is four: the attention's input (norm, q/k/v, RoPE: q, k, v out), the
+// KV write of each pool (write_pool, in place when the graph holds the pool's only reference;
+// a node with the pools among several outputs could never be donated them), and the rest of
+// the layer (attention to the final residual). Each runs its phases back to back on the
+// stream's thread; each matmul and the attention still share their rows out over the pool.
+// The maths is that of the per-op kernels (linear.cpp, attention.cpp, fused.cpp): their loops.
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -26,6 +27,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "pool_write.h"
 #include "primitive.h"
 
 namespace nb = nanobind;
@@ -35,10 +37,9 @@ namespace base_cpu {
 
 namespace {
 
-// Fixed input slots; the four linears' parts follow (see LayerParams::first).
-enum Slot : int {
-  kX = 0, kPositions, kSlots, kTables, kContextLens, kStarts, kKeyPool, kValuePool, kNorm1, kNorm2, kFreqs, kFixed
-};
+// Input slots of the two nodes; the projections' parts follow (see LayerParams::first).
+enum InSlot : int { kX = 0, kPositions, kNorm1, kFreqs };  // the attention's input
+enum OutSlot : int { kResidual = 0, kQueries, kKeyPool, kValuePool, kTables, kContextLens, kStarts, kNorm2 };
 enum Proj : int { kQkv = 0, kO, kGateUp, kDown, kNumProj };
 
 struct LayerParams {
@@ -85,131 +86,107 @@ LinearWeights weights_of(const LayerParams& p, int proj, const std::vector<mx::a
                        static_cast<int64_t>(w.nbytes() + s.nbytes() + b.nbytes())};
 }
 
-// The layer's float buffers for `tokens` rows, reused across calls on the stream's thread.
-struct Buffers {
-  float *xn, *qkv, *q, *attn, *gate_up, *act, *down;
-};
-
-Buffers buffers(int tokens, int hidden, int qkv_width, int q_width, int inter) {
-  thread_local std::vector<float> storage;
-  const size_t sizes[] = {size_t(hidden), size_t(qkv_width), size_t(q_width), size_t(q_width), size_t(2 * inter),
-                          size_t(inter), size_t(hidden)};
-  size_t total = 0;
-  for (size_t s : sizes) total += s * tokens;
-  if (storage.size() < total) storage.resize(total);
-  float* at = storage.data();
-  float* parts[7];
-  for (int i = 0; i < 7; ++i) {
-    parts[i] = at;
-    at += sizes[i] * tokens;
-  }
-  return Buffers{parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6]};
+// A float buffer of `count` floats per slot, reused across calls on the stream's thread.
+float* buffer(int slot, size_t count) {
+  thread_local std::vector<float> storage[4];
+  if (storage[slot].size() < count) storage[slot].resize(count);
+  return storage[slot].data();
 }
 
-// Rotates q into b.q and k into the key pool's slots, copies v into the value pool's slots.
-void rotate_and_write(const LayerParams& p, const FusedKernels& fk, const std::vector<mx::array>& in, Held& held,
-                      const Buffers& b, int tokens, int qkv_width, float* key_pool, float* value_pool,
-                      int64_t num_slots) {
+// The attention's input: q, k, v of x (tokens, hidden), q and k rotated.
+void run_attention_in(const LayerParams& p, const std::vector<mx::array>& in, float* q, float* k, float* v) {
+  Held held;
+  const FusedKernels& fk = active_fused_kernels();
+  const int tokens = in[kX].shape(0), hidden = in[kX].shape(1);
+  const LinearWeights qkv = weights_of(p, kQkv, in, held);
+  float* xn = buffer(0, size_t(tokens) * hidden);
+  float* rows = buffer(1, size_t(tokens) * qkv.N);
+  const float* x = static_cast<const float*>(row_major(in[kX], held));
+  fk.rms_norm(x, static_cast<const float*>(row_major(in[kNorm1], held)), 0.0f, p.eps, hidden, xn, 0, tokens);
+  linear_forward(qkv, xn, tokens, rows);
   const int q_width = p.num_heads * p.head_dim, kv_width = p.num_kv_heads * p.head_dim;
   const int32_t* positions = static_cast<const int32_t*>(row_major(in[kPositions], held));
-  const int32_t* slots = static_cast<const int32_t*>(row_major(in[kSlots], held));
   std::vector<float> inv(p.rope_dims / 2);
   if (p.rope_dims > 0) {
     const float* freqs = static_cast<const float*>(row_major(in[kFreqs], held));
     for (int i = 0; i < p.rope_dims / 2; ++i) inv[i] = 1.0f / freqs[i];
   }
   for (int t = 0; t < tokens; ++t) {
-    const float* row = b.qkv + int64_t(t) * qkv_width;
-    float* q = b.q + int64_t(t) * q_width;
-    const bool stored = slots[t] >= 0 && slots[t] < num_slots;
-    float* k = stored ? key_pool + int64_t(slots[t]) * kv_width : nullptr;
+    const float* row = rows + int64_t(t) * qkv.N;
+    float* qt = q + int64_t(t) * q_width;
+    float* kt = k + int64_t(t) * kv_width;
     if (p.rope_dims > 0) {
-      // One token at a time: the kernel indexes x and y by token, so each call sees token 0.
-      fk.rope(row, positions + t, inv.data(), p.num_heads, p.head_dim, p.rope_dims, p.traditional, p.mscale, q, 0, 1);
-      if (stored)
-        fk.rope(row + q_width, positions + t, inv.data(), p.num_kv_heads, p.head_dim, p.rope_dims, p.traditional,
-                p.mscale, k, 0, 1);
+      // One token a call: the kernel indexes x and y by token, so each call sees token 0.
+      fk.rope(row, positions + t, inv.data(), p.num_heads, p.head_dim, p.rope_dims, p.traditional, p.mscale, qt, 0, 1);
+      fk.rope(row + q_width, positions + t, inv.data(), p.num_kv_heads, p.head_dim, p.rope_dims, p.traditional,
+              p.mscale, kt, 0, 1);
     } else {
-      std::memcpy(q, row, sizeof(float) * q_width);
-      if (stored) std::memcpy(k, row + q_width, sizeof(float) * kv_width);
+      std::memcpy(qt, row, sizeof(float) * q_width);
+      std::memcpy(kt, row + q_width, sizeof(float) * kv_width);
     }
-    if (stored) std::memcpy(value_pool + int64_t(slots[t]) * kv_width, row + q_width + kv_width, sizeof(float) * kv_width);
+    std::memcpy(v + int64_t(t) * kv_width, row + q_width + kv_width, sizeof(float) * kv_width);
   }
-}
-
-void attend(const LayerParams& p, const std::vector<mx::array>& in, Held& held, const Buffers& b, const float* keys,
-            const float* values) {
-  const mx::array& tables = in[kTables];
-  AttentionArgs args;
-  args.shape = AttentionShape{p.num_heads, p.num_kv_heads, p.head_dim, p.block_size, tables.shape(1), p.scale,
-                              p.softcap,   p.window,       int64_t(p.num_heads) * p.head_dim, p.head_dim};
-  args.queries = b.q;
-  args.out = b.attn;
-  args.keys = PoolView{keys, nullptr, nullptr, 0, 0, 0};
-  args.values = PoolView{values, nullptr, nullptr, 0, 0, 0};
-  args.block_tables = static_cast<const int32_t*>(row_major(tables, held));
-  args.context_lens = static_cast<const int32_t*>(row_major(in[kContextLens], held));
-  args.query_starts = static_cast<const int32_t*>(row_major(in[kStarts], held));
-  attend_step(args, in[kContextLens].shape(0));
 }
 
 void add_rows(float* y, const float* a, const float* b, int64_t count) {
   for (int64_t i = 0; i < count; ++i) y[i] = a[i] + b[i];
 }
 
-// The dispatched task: runs when the inputs' contents exist; the pools' buffers are outputs.
-void run_layer(const LayerParams& p, const std::vector<mx::array>& in, float* out, float* key_pool, float* value_pool) {
+// The rest of the layer: attention over the written pools, o, residual, MLP, residual.
+void run_attention_out(const LayerParams& p, const std::vector<mx::array>& in, float* out) {
   Held held;
   const FusedKernels& fk = active_fused_kernels();
-  const int tokens = in[kX].shape(0), hidden = in[kX].shape(1);
-  const LinearWeights qkv = weights_of(p, kQkv, in, held), o = weights_of(p, kO, in, held);
+  const int tokens = in[kResidual].shape(0), hidden = in[kResidual].shape(1);
+  const LinearWeights o = weights_of(p, kO, in, held);
   const LinearWeights gate_up = weights_of(p, kGateUp, in, held), down = weights_of(p, kDown, in, held);
-  const Buffers b = buffers(tokens, hidden, qkv.N, p.num_heads * p.head_dim, gate_up.N / 2);
-  const float* x = static_cast<const float*>(row_major(in[kX], held));
-  const mx::array& pool = in[kKeyPool];
-  const int64_t num_slots = int64_t(pool.shape(0)) * pool.shape(1);
+  const int inter = gate_up.N / 2;
+  float* attn = buffer(0, size_t(tokens) * o.K);
+  float* xn = buffer(1, size_t(tokens) * hidden);
+  float* gu = buffer(2, size_t(tokens) * gate_up.N);
+  float* act = buffer(3, size_t(tokens) * (inter > hidden ? inter : hidden));
+  const mx::array& tables = in[kTables];
+  AttentionArgs args;
+  args.shape = AttentionShape{p.num_heads, p.num_kv_heads, p.head_dim, p.block_size, tables.shape(1), p.scale,
+                              p.softcap,   p.window,       int64_t(p.num_heads) * p.head_dim, p.head_dim};
+  args.queries = static_cast<const float*>(row_major(in[kQueries], held));
+  args.out = attn;
+  args.keys = PoolView{row_major(in[kKeyPool], held), nullptr, nullptr, 0, 0, 0};
+  args.values = PoolView{row_major(in[kValuePool], held), nullptr, nullptr, 0, 0, 0};
+  args.block_tables = static_cast<const int32_t*>(row_major(tables, held));
+  args.context_lens = static_cast<const int32_t*>(row_major(in[kContextLens], held));
+  args.query_starts = static_cast<const int32_t*>(row_major(in[kStarts], held));
+  attend_step(args, in[kContextLens].shape(0));
 
-  fk.rms_norm(x, static_cast<const float*>(row_major(in[kNorm1], held)), 0.0f, p.eps, hidden, b.xn, 0, tokens);
-  linear_forward(qkv, b.xn, tokens, b.qkv);
-  rotate_and_write(p, fk, in, held, b, tokens, qkv.N, key_pool, value_pool, num_slots);
-  attend(p, in, held, b, key_pool, value_pool);
-  linear_forward(o, b.attn, tokens, b.down);
-  add_rows(out, x, b.down, int64_t(tokens) * hidden);  // h
-
-  fk.rms_norm(out, static_cast<const float*>(row_major(in[kNorm2], held)), 0.0f, p.eps, hidden, b.xn, 0, tokens);
-  linear_forward(gate_up, b.xn, tokens, b.gate_up);
-  fk.gated(b.gate_up, gate_up.N / 2, p.act, b.act, 0, tokens);
-  linear_forward(down, b.act, tokens, b.down);
-  add_rows(out, out, b.down, int64_t(tokens) * hidden);
+  const float* x = static_cast<const float*>(row_major(in[kResidual], held));
+  linear_forward(o, attn, tokens, act);
+  add_rows(out, x, act, int64_t(tokens) * hidden);  // h = x + o
+  fk.rms_norm(out, static_cast<const float*>(row_major(in[kNorm2], held)), 0.0f, p.eps, hidden, xn, 0, tokens);
+  linear_forward(gate_up, xn, tokens, gu);
+  fk.gated(gu, inter, p.act, act, 0, tokens);
+  linear_forward(down, act, tokens, xn);
+  add_rows(out, out, xn, int64_t(tokens) * hidden);
 }
 
-class DecoderLayer : public mx::Primitive {
+// One node of the layer: the attention's input (three outputs) or the rest (one).
+class LayerPart : public mx::Primitive {
  public:
-  DecoderLayer(mx::Stream stream, LayerParams params) : mx::Primitive(stream), params_(params) {}
+  LayerPart(mx::Stream stream, LayerParams params, bool is_input)
+      : mx::Primitive(stream), params_(params), is_input_(is_input) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-    bool shared[2];
-    for (int i = 0; i < 2; ++i) {
-      const mx::array& pool = inputs[kKeyPool + i];
-      if (pool.is_donatable() && pool.flags().row_contiguous) {
-        outputs[1 + i].copy_shared_buffer(pool);
-      } else {
-        outputs[1 + i].set_data(mx::allocator::malloc(outputs[1 + i].nbytes()));
-      }
-      shared[i] = outputs[1 + i].data_shared_ptr() == pool.data_shared_ptr();
-    }
     auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
     for (auto& in : inputs) encoder.set_input_array(in);
     for (auto& out : outputs) encoder.set_output_array(out);
+    std::vector<mx::array> outs;
+    for (auto& out : outputs) outs.push_back(mx::array::unsafe_weak_copy(out));
     // NOTE: the task may run after this primitive is gone, so it holds a copy of the parameters.
-    encoder.dispatch([inputs, out = mx::array::unsafe_weak_copy(outputs[0]),
-                      keys = mx::array::unsafe_weak_copy(outputs[1]), values = mx::array::unsafe_weak_copy(outputs[2]),
-                      shared0 = shared[0], shared1 = shared[1], params = params_]() mutable {
-      Held held;
-      if (!shared0) std::memcpy(keys.data<uint8_t>(), row_major(inputs[kKeyPool], held), keys.nbytes());
-      if (!shared1) std::memcpy(values.data<uint8_t>(), row_major(inputs[kValuePool], held), values.nbytes());
-      run_layer(params, inputs, out.data<float>(), keys.data<float>(), values.data<float>());
+    encoder.dispatch([inputs, outs, params = params_, is_input = is_input_]() mutable {
+      if (is_input) {
+        run_attention_in(params, inputs, outs[0].data<float>(), outs[1].data<float>(), outs[2].data<float>());
+      } else {
+        run_attention_out(params, inputs, outs[0].data<float>());
+      }
     });
   }
 
@@ -217,14 +194,16 @@ class DecoderLayer : public mx::Primitive {
     throw std::runtime_error("decoder_layer: the CPU kernel has no GPU path");
   }
 
-  const char* name() const override { return "BaseDecoderLayer"; }
+  const char* name() const override { return is_input_ ? "BaseLayerAttentionIn" : "BaseLayerAttentionOut"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    return params_ == static_cast<const DecoderLayer&>(other).params_;
+    auto& o = static_cast<const LayerPart&>(other);
+    return is_input_ == o.is_input_ && params_ == o.params_;
   }
 
  private:
   LayerParams params_;
+  bool is_input_;
 };
 
 void require(bool ok, const std::string& what) {
@@ -326,20 +305,31 @@ std::vector<mx::array> decoder_layer(const mx::array& x, const mx::array& positi
   require(linears.size() == kNumProj && bits.size() == kNumProj && group_sizes.size() == kNumProj,
           "linears, bits and group_sizes list qkv, o, gate_up and down");
 
-  std::vector<mx::array> inputs{x, positions, slots, tables, context_lens, starts, key_pool, value_pool, norms[0],
-                                norms[1], freqs ? *freqs : x};
+  const int tokens = x.shape(0);
   const int q_width = num_heads * p.head_dim, kv_width = p.num_kv_heads * p.head_dim;
-  require(add_linear(linears[kQkv], bits[kQkv], group_sizes[kQkv], hidden, p, kQkv, inputs) == q_width + 2 * kv_width,
+  std::vector<mx::array> in_inputs{x, positions, norms[0], freqs ? *freqs : x};
+  require(add_linear(linears[kQkv], bits[kQkv], group_sizes[kQkv], hidden, p, kQkv, in_inputs) ==
+              q_width + 2 * kv_width,
           "the qkv projection must have heads * head_dim + 2 * kv_heads * head_dim outputs");
-  require(add_linear(linears[kO], bits[kO], group_sizes[kO], q_width, p, kO, inputs) == hidden,
+  std::vector<mx::array> out_inputs{x, x, key_pool, value_pool, tables, context_lens, starts, norms[1]};
+  require(add_linear(linears[kO], bits[kO], group_sizes[kO], q_width, p, kO, out_inputs) == hidden,
           "o_proj must map heads * head_dim to hidden");
-  const int gate_up = add_linear(linears[kGateUp], bits[kGateUp], group_sizes[kGateUp], hidden, p, kGateUp, inputs);
+  const int gate_up = add_linear(linears[kGateUp], bits[kGateUp], group_sizes[kGateUp], hidden, p, kGateUp, out_inputs);
   require(gate_up % 2 == 0, "gate_up must have an even number of outputs [gate | up]");
-  require(add_linear(linears[kDown], bits[kDown], group_sizes[kDown], gate_up / 2, p, kDown, inputs) == hidden,
+  require(add_linear(linears[kDown], bits[kDown], group_sizes[kDown], gate_up / 2, p, kDown, out_inputs) == hidden,
           "down_proj must map intermediate to hidden");
-  auto prim = std::make_shared<DecoderLayer>(mx::default_stream(mx::Device::cpu), p);
-  return mx::array::make_arrays({x.shape(), key_pool.shape(), value_pool.shape()},
-                                {mx::float32, mx::float32, mx::float32}, std::move(prim), std::move(inputs));
+
+  const mx::Stream stream = mx::default_stream(mx::Device::cpu);
+  auto qkv = mx::array::make_arrays(
+      {{tokens, num_heads, p.head_dim}, {tokens, p.num_kv_heads, p.head_dim}, {tokens, p.num_kv_heads, p.head_dim}},
+      {mx::float32, mx::float32, mx::float32}, std::make_shared<LayerPart>(stream, p, true), std::move(in_inputs));
+  mx::array keys = write_pool(key_pool, qkv[1], slots);
+  mx::array values = write_pool(value_pool, qkv[2], slots);
+  out_inputs[kQueries] = qkv[0];
+  out_inputs[kKeyPool] = keys;
+  out_inputs[kValuePool] = values;
+  mx::array out(x.shape(), mx::float32, std::make_shared<LayerPart>(stream, p, false), std::move(out_inputs));
+  return {out, keys, values};
 }
 
 }  // namespace

@@ -10,18 +10,19 @@ It applies when the kernels module is loaded, MLX runs on the CPU, the step has 
 `LAYER_MAX_ROWS` tokens in float32, the pools are plain float32, and the layer is the plain
 shape: RMSNorm (no weight offset), fused q/k/v and gate/up projections on float32 or affine
 weights, RoPE (any kind but LongRoPE) or none, no q/k norms or attention sinks, a gated
-activation the kernel knows. `BASE_CPU_LAYER=0` (or `enabled = False`) keeps the per-op path.
+activation the kernel knows. `BASE_CPU_LAYER=0` (`baselm.cpu.fused.layer_enabled`) keeps the
+per-op path.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from baselm import cpu
+from baselm.cpu import fused
 from baselm.cpu.attention import query_starts
 from baselm.cpu.fused import GATED_ACTIVATIONS
 from baselm.kv.cache import LayerKV
@@ -33,8 +34,6 @@ from baselm.models.norm import RMSNorm
 # Steps up to this many tokens run as one node per layer (the float32 kernel's own row limit:
 # beyond it prefill's matmuls go to BLAS GEMM, and a node per op costs little beside them).
 LAYER_MAX_ROWS = DENSE_KERNEL_MAX_ROWS
-
-enabled = os.environ.get("BASE_CPU_LAYER", "1") != "0"
 
 _NOT_FUSABLE = "not fusable"
 
@@ -94,7 +93,7 @@ def plan_for(layer: nn.Module) -> dict[str, Any] | None:
 
 def applies(x: mx.array, layer_kv: LayerKV) -> bool:
     """Whether this step's inputs suit the kernel (the layer's own shape is `plan_for`'s)."""
-    if not enabled or cpu.kernels is None or mx.default_device() != mx.cpu:
+    if not fused.layer_enabled or cpu.kernels is None or mx.default_device() != mx.cpu:
         return False
     keys = layer_kv.keys
     return (

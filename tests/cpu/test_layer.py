@@ -10,6 +10,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from baselm.cpu import fused
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models import build_model, cpu_layer, model_class
 from tests.cpu.conftest import requires_kernels
@@ -45,9 +46,9 @@ STEPS = {
 
 @pytest.fixture
 def restore_enabled() -> Iterator[None]:
-    before = cpu_layer.enabled
+    before = fused.layer_enabled
     yield
-    cpu_layer.enabled = before
+    fused.layer_enabled = before
 
 
 def _config(name: str) -> dict:
@@ -115,10 +116,10 @@ def _step(model, query_lens: list[int], context_lens: list[int], seed: int):
 
 def _compare(model, layer, query_lens, context_lens, seed=1) -> None:
     meta, (ref_cache, cache), x = _step(model, query_lens, context_lens, seed)
-    cpu_layer.enabled = False
+    fused.layer_enabled = False
     expected = layer(x, meta.positions, meta, ref_cache[0])
     mx.eval(expected, ref_cache[0].keys, ref_cache[0].values)
-    cpu_layer.enabled = True
+    fused.layer_enabled = True
     got = cpu_layer.decoder_layer(layer, x, meta.positions, meta, cache[0])
     assert got is not None, "the fused layer should apply"
     np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-5, atol=1e-5)
@@ -182,7 +183,7 @@ def test_the_per_op_path_serves_what_the_kernel_does_not(restore_enabled, case):
     meta, (_, cache), x = _step(model, [rows], [rows + 2], seed=4)
     if case == "quantized_pools":
         cache = PagedKVCache.for_model(model, NUM_BLOCKS, BLOCK_SIZE, kv_bits=8)
-    cpu_layer.enabled = case != "disabled"
+    fused.layer_enabled = case != "disabled"
     assert cpu_layer.decoder_layer(layer, x, meta.positions, meta, cache[0]) is None
 
 

@@ -1,4 +1,4 @@
-// A whole pre-norm decoder layer (Llama's shape) as one MLX primitive for few-row steps:
+// A whole pre-norm decoder layer (Llama's shape) as four MLX graph nodes for few-row steps:
 //   h = x + o_proj(attention(rope(q), write(rope(k), v)))     q, k, v = split(qkv_proj(rms_norm(x)))
 //   out = h + down_proj(act(gate) * up)                        gate, up = split(gate_up_proj(rms_norm(h)))
 // MLX's CPU backend runs a graph node at a time and a decode step of a small model is mostly
@@ -50,7 +50,16 @@ struct LayerParams {
   int bits[kNumProj], group_size[kNumProj], first[kNumProj];
   bool has_bias[kNumProj];
 
-  bool operator==(const LayerParams& o) const { return std::memcmp(this, &o, sizeof *this) == 0; }
+  bool operator==(const LayerParams& o) const {
+    bool same = eps == o.eps && mscale == o.mscale && scale == o.scale && softcap == o.softcap &&
+                rope_dims == o.rope_dims && traditional == o.traditional && num_heads == o.num_heads &&
+                num_kv_heads == o.num_kv_heads && head_dim == o.head_dim && block_size == o.block_size &&
+                window == o.window && act == o.act;
+    for (int i = 0; i < kNumProj && same; ++i)
+      same = bits[i] == o.bits[i] && group_size[i] == o.group_size[i] && first[i] == o.first[i] &&
+             has_bias[i] == o.has_bias[i];
+    return same;
+  }
 };
 
 int scale_code(mx::Dtype dtype) {

@@ -3,6 +3,7 @@ it replaces: hidden states and both KV pools, over ragged steps, weight formats 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import mlx.core as mx
@@ -14,6 +15,8 @@ from baselm.cpu import fused
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models import build_model, cpu_layer, model_class
 from tests.cpu.conftest import requires_kernels
+from tests.test_cli import base
+from tests.tiny_model import write_model_folder
 
 pytestmark = requires_kernels
 
@@ -217,3 +220,17 @@ def test_the_pools_are_written_in_place(restore_enabled):
         assert cpu_layer.decoder_layer(layer, x, meta.positions, meta, cache[0]) is not None
         mx.eval(cache[0].keys, cache[0].values)
         assert (_address(cache[0].keys), _address(cache[0].values)) == before
+
+
+def test_bench_compares_decode_with_the_layer_kernel_on_and_off(tmp_path):
+    folder = write_model_folder(tmp_path / "tiny", eos=False)
+    result = base(
+        "bench", str(folder), "--json", "--device", "cpu", "--concurrency", "1", "--prompt-tokens", "8",
+        "--gen-tokens", "4", "--kv-memory", "8MiB", "--compare-cpu-layer",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["cpu_layer"]
+    assert report["rounds"] == 4
+    assert report["decode_tok_s_on"] > 0 and report["decode_tok_s_off"] > 0
+    assert report["forward_ms_on"] > 0 and report["forward_ms_off"] > 0
+    assert report["paired_ratio"] > 0

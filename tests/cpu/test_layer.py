@@ -31,6 +31,8 @@ CONFIGS = {
                                    head_dim=48, intermediate_size=96, partial_rotary_factor=0.5),
     "qwen2_qkv_bias": dict(model_type="qwen2", hidden_size=128, num_attention_heads=2, num_key_value_heads=2,
                            head_dim=64, intermediate_size=192),
+    "smollm3_no_rope": dict(model_type="smollm3", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=16, intermediate_size=96, no_rope_layers=[0]),
     "mistral_window": dict(model_type="mistral", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                            head_dim=16, intermediate_size=64, sliding_window=5),
 }  # fmt: skip

@@ -33,6 +33,7 @@ from rich.table import Table
 
 from baselm import bench_spec
 from baselm.config import ConfigError, EngineConfig, SpeculativeConfig, format_size
+from baselm.cpu import fused
 from baselm.cpu.attention import attention_kernel_status
 from baselm.cpu.fused import fused_kernel_status
 from baselm.engine import LLMEngine
@@ -56,6 +57,7 @@ class BenchOptions:
     chunk: int = 64  # interleave: the token budget per step
     pool_sizes: tuple[int, ...] = ()  # pool: KV pool sizes in bytes
     compare_mlx_lm: bool = False  # mlx_lm: mlx-lm's decode loop on the same weights
+    compare_cpu_layer: bool = False  # cpu_layer: single-stream decode with the CPU layer kernel on and off
     seed: int = 0  # for the random prompts
     speculative: SpeculativeConfig | None = None  # speculative: compare with and without it
     workloads: tuple[str, ...] = ("grounded", "free")  # speculative: which workloads
@@ -282,6 +284,8 @@ def run_all(loaded: LoadedModel, config: EngineConfig, options: BenchOptions) ->
         chunked = LLMEngine(loaded, replace(config, max_num_batched_tokens=options.chunk))
         report["interleave"] = interleave(chunked, options.long_prompt, 4, options.seed)
         del chunked
+    if options.compare_cpu_layer:
+        report["cpu_layer"] = cpu_layer_ab(engine, options)
     del engine
     if options.pool_sizes:
         report["pool"] = pool_sizes(loaded, config, options.pool_sizes, options.gen_tokens, options.seed)
@@ -330,10 +334,37 @@ def render(report: dict[str, Any]) -> None:
         for row in bench_spec.render_rows(report["speculative"]):
             spec.add_row(*row)
         console.print(spec)
-    for key in ("prefix_cache", "prefix_wave", "interleave", "pool", "mlx_lm"):
+    for key in ("prefix_cache", "prefix_wave", "interleave", "cpu_layer", "pool", "mlx_lm"):
         if key in report:
             values = ", ".join(f"{k}={v}" for k, v in report[key].items())
             console.print(f"[bold]{key}[/]: {escape(values)}", highlight=False)  # escaped: "[bench]" is not markup
+
+
+def cpu_layer_ab(engine: LLMEngine, options: BenchOptions, rounds: int = 4) -> dict:
+    """Single-stream decode with the CPU decoder-layer kernel on and off (`BASE_CPU_LAYER`), alternating
+    on one engine with the order flipped each round, so load drift on a shared machine hits both:
+    each side's median and the median of the paired ratios."""
+    if not fused.kernel_applies(mx.zeros((1,), dtype=mx.float32)):
+        return {"skipped": "the CPU kernels do not run here"}
+    runs: dict[bool, list[dict]] = {True: [], False: []}
+    before = fused.layer_enabled
+    try:
+        for i in range(rounds):
+            for enabled in (True, False) if i % 2 == 0 else (False, True):
+                fused.layer_enabled = enabled
+                runs[enabled].append(throughput(engine, 1, options.prompt_tokens, options.gen_tokens, options.seed + i))
+    finally:
+        fused.layer_enabled = before
+    tok_s = {k: [r["decode_tok_s_per_stream"] for r in v] for k, v in runs.items()}
+    forward = {k: [r["step_ms"]["forward"] for r in v] for k, v in runs.items()}
+    return {
+        "rounds": rounds,
+        "decode_tok_s_on": round(statistics.median(tok_s[True]), 2),
+        "decode_tok_s_off": round(statistics.median(tok_s[False]), 2),
+        "forward_ms_on": round(statistics.median(forward[True]), 3),
+        "forward_ms_off": round(statistics.median(forward[False]), 3),
+        "paired_ratio": round(statistics.median(a / b for a, b in zip(tok_s[True], tok_s[False])), 3),
+    }
 
 
 def pool_sizes(loaded: LoadedModel, base: EngineConfig, sizes: Sequence[int], gen_tokens: int, seed: int) -> dict:

@@ -286,6 +286,9 @@ def bench(
     chunk: int = typer.Option(64, "--chunk", help="Token budget per step in the --long-prompt scenario."),
     pool_sizes: str = typer.Option("", "--pool-sizes", help="Also compare decode steps for KV pools: 256MiB,4GiB."),
     compare_mlx_lm: bool = typer.Option(False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop."),
+    compare_cpu_layer: bool = typer.Option(
+        False, "--compare-cpu-layer", help="Also decode one stream with the CPU decoder-layer kernel on and off."
+    ),
     kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Token budget per step."),
@@ -321,6 +324,7 @@ def bench(
             chunk=chunk,
             pool_sizes=parse_size_list(pool_sizes),
             compare_mlx_lm=compare_mlx_lm,
+            compare_cpu_layer=compare_cpu_layer,
             seed=seed,
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
             workloads=tuple(w.strip() for w in workload.split(",") if w.strip()),

@@ -58,7 +58,7 @@ def paged_attention(
         _parts(value_pool),
         meta.block_tables,
         meta.context_lens,
-        _query_starts(meta),
+        query_starts(meta),
         meta.block_size,
         float(scale),
         None if softcap is None else float(softcap),
@@ -86,7 +86,7 @@ def _parts(pool: Pool) -> list[mx.array]:
     return [pool.codes, pool.scales, pool.biases] if isinstance(pool, QuantizedPool) else [pool]
 
 
-def _query_starts(meta: AttentionMetadata) -> mx.array:
+def query_starts(meta: AttentionMetadata) -> mx.array:
     """(num_seqs + 1,) int32: each sequence's first flattened query row, then the token count.
     Made once per step and shared by the layers through `meta.mask_cache`."""
     starts = meta.mask_cache.get("query_starts")

@@ -10,12 +10,19 @@ caller runs its MLX ops.
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 
 from baselm import cpu
 
 # The MLP activations (mlp.ACTIVATIONS names) the gated kernel computes, by kernel name.
 GATED_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+
+
+# Whether a Llama-shaped decoder layer runs as one kernel call (baselm/models/cpu_layer.py) where
+# it applies; BASE_CPU_LAYER=0 keeps the per-op kernels (for comparing the two).
+layer_enabled = os.environ.get("BASE_CPU_LAYER", "1") != "0"
 
 
 def kernel_applies(x: mx.array) -> bool:
@@ -55,4 +62,5 @@ def fused_kernel_status() -> dict[str, str]:
         state = "not used (MLX runs on a GPU)"
     else:
         state = f"used ({cpu.kernels.fused_isa()})"
-    return {"cpu rms_norm/rope/gated activation": state}
+    layer = state if layer_enabled or not state.startswith("used") else "off: BASE_CPU_LAYER=0"
+    return {"cpu rms_norm/rope/gated activation": state, "cpu decoder layer (steps of up to 32 tokens)": layer}

@@ -15,6 +15,7 @@ import mlx.nn as nn
 
 from baselm.kv.cache import LayerKV, PagedKVCache
 from baselm.metal import AttentionMetadata
+from baselm.models import cpu_layer
 from baselm.models.attention import Attention
 from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError, select_logits
 from baselm.models.mlp import MLP
@@ -118,6 +119,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = make_norm()
 
     def __call__(self, x: mx.array, positions: mx.array, meta: AttentionMetadata, layer_kv: LayerKV) -> mx.array:
+        if type(self) is DecoderLayer:  # the whole layer as one CPU kernel call, where it applies
+            out = cpu_layer.decoder_layer(self, x, positions, meta, layer_kv)
+            if out is not None:
+                return out
         h = x + self.self_attn(self.input_layernorm(x), positions, meta, layer_kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 

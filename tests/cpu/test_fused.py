@@ -137,4 +137,15 @@ def test_bad_inputs_are_refused_with_a_reason():
 
 
 def test_status_names_the_instruction_set_in_use():
-    assert fused.fused_kernel_status() == {"cpu rms_norm/rope/gated activation": f"used ({cpu.kernels.isa()})"}
+    used = f"used ({cpu.kernels.isa()})"
+    assert fused.fused_kernel_status() == {
+        "cpu rms_norm/rope/gated activation": used,
+        "cpu decoder layer (steps of up to 32 tokens)": used,
+    }
+
+
+def test_status_says_when_the_decoder_layer_kernel_is_switched_off(monkeypatch):
+    monkeypatch.setattr(fused, "layer_enabled", False)
+    status = fused.fused_kernel_status()
+    assert status["cpu decoder layer (steps of up to 32 tokens)"] == "off: BASE_CPU_LAYER=0"
+    assert status["cpu rms_norm/rope/gated activation"] == f"used ({cpu.kernels.isa()})"

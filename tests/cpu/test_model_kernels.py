@@ -10,11 +10,12 @@ import pytest
 
 from baselm.backend import Backend
 from baselm.loader import load_model
-from baselm.models import build_model
+from baselm.models import build_model, cpu_layer
 from baselm.models.linear import KernelLinear, KernelQuantizedEmbedding, KernelQuantizedLinear
 from baselm.store import hf
 from tests.cpu.conftest import requires_kernels
 from tests.forward import prefill_logits
+from tests.models.test_smollm2 import greedy
 from tests.paths import MODEL_FIXTURES
 
 pytestmark = requires_kernels
@@ -106,3 +107,16 @@ def test_smollm2_q4_kernels_match_the_dequantized_float32_path(smollm2_gguf, smo
     for case in smollm2_reference["cases"][:3]:
         ids = case["prompt_token_ids"]
         assert _max_error(prefill_logits(kernels.model, ids), prefill_logits(reference.model, ids)) < 1e-5
+
+
+@pytest.mark.slow
+def test_smollm2_q4_decode_steps_match_the_dequantized_float32_path(smollm2_gguf, smollm2_reference) -> None:
+    # One-row steps: the decoder layer runs as one kernel call on the quantized weights.
+    kernels = load_model(smollm2_gguf, Backend("cpu", mx.float32, keep_quantized=True, cpu_kernels=True))
+    reference = load_model(smollm2_gguf, Backend("cpu", mx.float32, keep_quantized=False))
+    assert cpu_layer.plan_for(kernels.model.layers[0]) is not None
+    ids = smollm2_reference["cases"][0]["prompt_token_ids"]
+    _, got = greedy(kernels.model, ids, 12)
+    _, expected = greedy(reference.model, ids, 12)
+    for step, (a, b) in enumerate(zip(got, expected)):
+        assert _max_error(np.array(a), np.array(b)) < 1e-5, step

@@ -54,3 +54,11 @@ def test_q8_kv_pools_keep_the_first_8_greedy_tokens(smollm2, smollm2_reference):
     outputs = engine_greedy(smollm2, [c["prompt_token_ids"] for c in cases], 8, kv_bits=8, max_num_batched_tokens=24)
     for case, tokens in zip(cases, outputs):
         assert tokens == case["generated_token_ids"][:8], case["prompt"]
+
+
+def test_one_stream_decodes_every_reference_case_to_its_end(smollm2, smollm2_reference):
+    # Single-stream decode runs each layer as one kernel call (models/cpu_layer.py).
+    for case in smollm2_reference["cases"]:
+        expected = case["generated_token_ids"]  # a reference may end early, at its eos
+        (tokens,) = engine_greedy(smollm2, [case["prompt_token_ids"]], len(expected))
+        assert tokens == expected, case["prompt"]

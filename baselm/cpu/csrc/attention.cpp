@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "attention.h"
+#include "pool_write.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
@@ -134,20 +135,7 @@ class PagedAttention : public mx::UnaryPrimitive {
     args.block_tables = static_cast<const int32_t*>(row_major(tables, held));
     args.context_lens = static_cast<const int32_t*>(row_major(context_lens, held));
     args.query_starts = static_cast<const int32_t*>(row_major(starts, held));
-    const int num_seqs = context_lens.shape(0);
-    int64_t row_keys = 0;
-    auto tiles = make_tiles(args.query_starts, args.context_lens, num_seqs, num_kv_heads, q.shape(1) / num_kv_heads,
-                            p.window, row_keys);
-    const AttentionKernels& kernels = attention_kernels_for(active_isa());
-    auto work = [&](int begin, int end, int) {
-      for (int i = begin; i < end; ++i) kernels.attend(args, tiles[i]);
-    };
-    const int num_tiles = static_cast<int>(tiles.size());
-    if (row_keys * 2 * args.shape.head_dim < kParallelWork) {
-      work(0, num_tiles, 0);
-    } else {
-      parallel_for(num_tiles, work);
-    }
+    attend_step(args, context_lens.shape(0));
   }
 
   Params params_;
@@ -234,6 +222,8 @@ class WritePool : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
+}  // namespace
+
 mx::array write_pool(const mx::array& pool, const mx::array& rows, const mx::array& slots) {
   auto fail = [](const std::string& why) { throw std::invalid_argument("write_pool: " + why); };
   if (pool.ndim() != 4) fail("pool must be (num_blocks, block_size, kv_heads, head_dim)");
@@ -246,7 +236,22 @@ mx::array write_pool(const mx::array& pool, const mx::array& rows, const mx::arr
                    {pool, rows, slots});
 }
 
-}  // namespace
+void attend_step(const AttentionArgs& args, int num_seqs) {
+  const int num_kv_heads = args.shape.num_kv_heads;
+  int64_t row_keys = 0;
+  auto tiles = make_tiles(args.query_starts, args.context_lens, num_seqs, num_kv_heads,
+                          args.shape.num_heads / num_kv_heads, args.shape.window, row_keys);
+  const AttentionKernels& kernels = attention_kernels_for(active_isa());
+  auto work = [&](int begin, int end, int) {
+    for (int i = begin; i < end; ++i) kernels.attend(args, tiles[i]);
+  };
+  const int num_tiles = static_cast<int>(tiles.size());
+  if (row_keys * 2 * args.shape.head_dim < kParallelWork) {
+    work(0, num_tiles, 0);
+  } else {
+    parallel_for(num_tiles, work);
+  }
+}
 
 void register_attention(nb::module_& m) {
   m.def("paged_attention", &paged_attention, nb::arg("queries"), nb::arg("key_parts"), nb::arg("value_parts"),

@@ -48,6 +48,10 @@ struct AttentionKernels {
   void (*attend)(const AttentionArgs&, const AttentionTile&);
 };
 
+// One step's attention over `num_seqs` sequences: split into tiles and run with the active
+// instruction set, on the thread pool when the step is large (attention.cpp).
+void attend_step(const AttentionArgs& args, int num_seqs);
+
 namespace generic {
 const AttentionKernels& attention_kernels();
 }

@@ -159,6 +159,8 @@ mx::array gated_activation(const mx::array& gate_up, const std::string& act) {
 
 }  // namespace
 
+const FusedKernels& active_fused_kernels() { return fused_kernels_for(active_isa()); }
+
 void register_fused(nb::module_& m) {
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"), nb::arg("weight_offset") = 0.0f,
         "x * rsqrt(mean(x^2, -1) + eps) * (weight + weight_offset), float32.");

@@ -23,6 +23,9 @@ struct FusedKernels {
   void (*gated)(const float* gate_up, int n, int act, float* y, int r0, int r1);
 };
 
+// The loops for the active instruction set (fused.cpp).
+const FusedKernels& active_fused_kernels();
+
 namespace generic {
 const FusedKernels& fused_kernels();
 }

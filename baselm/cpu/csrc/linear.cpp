@@ -10,6 +10,7 @@
 #include <nanobind/stl/optional.h>
 
 #include "kernels.h"
+#include "linear.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "pool.h"
@@ -53,27 +54,6 @@ void check_bias(const std::optional<mx::array>& bias, int n, const char* op) {
     throw std::invalid_argument(std::string(op) + ": bias must be float32 of shape (N,)");
 }
 
-// Runs in the dispatched task, when the inputs' contents exist.
-void run_dense(const std::vector<mx::array>& in, mx::array& out, bool has_bias) {
-  std::vector<std::vector<uint8_t>> held;
-  const int k = in[0].shape(-1);
-  const int n = in[1].shape(0);
-  DenseArgs args{static_cast<const float*>(row_major(in[0], held)),
-                 k,
-                 static_cast<int>(in[0].size() / k),
-                 static_cast<const float*>(row_major(in[1], held)),
-                 k,
-                 k,
-                 has_bias ? static_cast<const float*>(row_major(in[2], held)) : nullptr,
-                 out.data<float>(),
-                 n};
-  const LinearKernels& kern = kernels();
-  const size_t bytes = static_cast<size_t>(n) * k * sizeof(float);
-  parallel_for(num_chunks(n), bytes, [&](int begin, int end, int) {
-    kern.dense(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n);
-  });
-}
-
 int scale_type(mx::Dtype dtype) {
   if (dtype == mx::float16) return kScaleF16;
   if (dtype == mx::bfloat16) return kScaleBF16;
@@ -87,38 +67,36 @@ float* prepared_buffer(int64_t count) {
   return buffer.data();
 }
 
+// Runs in the dispatched task, when the inputs' contents exist.
+void run_dense(const std::vector<mx::array>& in, mx::array& out, bool has_bias) {
+  std::vector<std::vector<uint8_t>> held;
+  const int k = in[0].shape(-1);
+  const int n = in[1].shape(0);
+  LinearWeights w{0, 0, 0, row_major(in[1], held), nullptr, nullptr, k, 0, n, k,
+                  has_bias ? static_cast<const float*>(row_major(in[2], held)) : nullptr,
+                  static_cast<int64_t>(in[1].nbytes())};
+  linear_forward(w, static_cast<const float*>(row_major(in[0], held)), static_cast<int>(in[0].size() / k),
+                 out.data<float>());
+}
+
 void run_affine(const std::vector<mx::array>& in, mx::array& out, int bits, int group_size, bool has_bias) {
   std::vector<std::vector<uint8_t>> held;
   const int k = in[0].shape(-1);
   const int n = in[1].shape(0);
-  AffineArgs args{static_cast<const float*>(row_major(in[0], held)),
-                  k,
-                  static_cast<int>(in[0].size() / k),
-                  static_cast<const uint32_t*>(row_major(in[1], held)),
-                  in[1].shape(1),
+  LinearWeights w{bits,
+                  group_size,
+                  scale_type(in[2].dtype()),
+                  row_major(in[1], held),
                   row_major(in[2], held),
                   row_major(in[3], held),
+                  in[1].shape(1),
                   in[2].shape(1),
-                  scale_type(in[2].dtype()),
-                  bits,
-                  group_size,
+                  n,
                   k,
                   has_bias ? static_cast<const float*>(row_major(in[4], held)) : nullptr,
-                  out.data<float>(),
-                  n,
-                  nullptr};
-  const LinearKernels& kern = kernels();
-  int64_t prepared = kern.affine_prepared_size(args);
-  if (prepared > 0) {
-    float* xp = prepared_buffer(prepared);
-    kern.affine_prepare(args, xp);
-    args.xp = xp;
-  }
-  const size_t bytes = in[1].nbytes() + in[2].nbytes() + in[3].nbytes();
-  parallel_for(num_chunks(n), bytes, [&](int begin, int end, int thread) {
-    float* scratch = thread_scratch(thread, static_cast<size_t>(kAffineScratchRows) * k);
-    kern.affine(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n, scratch);
-  });
+                  static_cast<int64_t>(in[1].nbytes() + in[2].nbytes() + in[3].nbytes())};
+  linear_forward(w, static_cast<const float*>(row_major(in[0], held)), static_cast<int>(in[0].size() / k),
+                 out.data<float>());
 }
 
 class DenseLinear : public mx::UnaryPrimitive {
@@ -213,6 +191,32 @@ mx::array affine_linear(const mx::array& x, const mx::array& codes, const mx::ar
 }
 
 }  // namespace
+
+void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
+  const LinearKernels& kern = kernels();
+  const int n = w.N, k = w.K;
+  const size_t bytes = static_cast<size_t>(w.bytes);
+  if (w.bits == 0) {
+    DenseArgs args{x, k, M, static_cast<const float*>(w.w), k, k, w.bias, y, n};
+    parallel_for(num_chunks(n), bytes, [&](int begin, int end, int) {
+      kern.dense(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n);
+    });
+    return;
+  }
+  AffineArgs args{x,        k,           M,           static_cast<const uint32_t*>(w.w), w.ld_codes, w.scales,
+                  w.biases, w.ld_scales, w.scale_type, w.bits,                            w.group_size, k,
+                  w.bias,   y,           n,           nullptr};
+  int64_t prepared = kern.affine_prepared_size(args);
+  if (prepared > 0) {
+    float* xp = prepared_buffer(prepared);
+    kern.affine_prepare(args, xp);
+    args.xp = xp;
+  }
+  parallel_for(num_chunks(n), bytes, [&](int begin, int end, int thread) {
+    float* scratch = thread_scratch(thread, static_cast<size_t>(kAffineScratchRows) * k);
+    kern.affine(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n, scratch);
+  });
+}
 
 void register_linear(nb::module_& m) {
   m.def("dense_linear", &dense_linear, nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(),

@@ -12,6 +12,7 @@ namespace base_cpu {
 void register_linear(nanobind::module_& m);
 void register_attention(nanobind::module_& m);
 void register_fused(nanobind::module_& m);
+void register_layer(nanobind::module_& m);
 }
 
 NB_MODULE(_kernels, m) {
@@ -20,4 +21,5 @@ NB_MODULE(_kernels, m) {
   base_cpu::register_linear(m);
   base_cpu::register_attention(m);
   base_cpu::register_fused(m);
+  base_cpu::register_layer(m);
 }

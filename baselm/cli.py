@@ -110,11 +110,14 @@ def _models_table(models: list[StoredModel], console: Console) -> Table:
 
 
 @app.command()
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
-    """Check this machine: Python, MLX, backend, memory, BLAS, store location."""
+def doctor(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    links: bool = typer.Option(False, "--links", help="Also time a 2-process ring all_sum over loopback."),
+) -> None:
+    """Check this machine: Python, MLX, backend, memory, BLAS, store location, distributed backends."""
     from baselm.doctor import collect, render
 
-    report = collect()
+    report = collect(links)
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -317,7 +320,7 @@ def bench(
 
     With --speculative, also each workload with and without speculative decoding, side by side."""
     from baselm.bench import BenchOptions, render, run_all
-    from baselm.dist.launch import load_model_for
+    from baselm.dist.launch import describe, load_model_for
 
     if synthetic or model is None:
         _bench_synthetic(model, synthetic, synthetic_bits, gen_tokens, seed, device, as_json)
@@ -340,12 +343,14 @@ def bench(
         )
         loaded = load_model_for(model, device, False, dist_options(tensor_parallel, hostfile, rank))
         report = run_all(loaded, config, options)
+        report["distributed"] = describe(loaded)
     except _user_errors() as exc:
         _fail(str(exc))
     if as_json:
         print(json.dumps(report, indent=2))
     else:
         render(report)
+        print(f"distributed: {json.dumps(report['distributed'])}" if report["distributed"] else "", end="")
 
 
 def _bench_synthetic(

@@ -21,6 +21,7 @@ from typing import Any
 
 from baselm.backend import select_backend
 from baselm.dist import group as groups
+from baselm.dist.comm import traffic
 from baselm.dist.group import DistError, DistGroup
 from baselm.dist.tp import Sharding
 from baselm.dist.tp_engine import STEP_TIMEOUT_S, TensorParallelModel, follow
@@ -116,8 +117,20 @@ def follow_and_exit(loaded: LoadedModel, group: DistGroup, step_timeout: float =
 
 
 def describe(loaded: LoadedModel) -> dict[str, Any] | None:
-    """The group and the split of a loaded model, for logs and doctor (None when it is not distributed)."""
+    """The group, the split of a loaded model and what rank 0 moved so far (None when it is not
+    distributed). Bytes are those rank 0 handed to collectives; a ring all-reduce of B bytes over
+    N ranks puts 2(N-1)/N * B on each rank's link."""
     model = loaded.model
     if not isinstance(model, TensorParallelModel):
         return None
-    return {**model.dist_group.describe(), "sharding": model.inner.sharding.describe()}
+    tokens, forwards = max(model.num_tokens, 1), max(model.num_forwards, 1)
+    return {
+        **model.dist_group.describe(),
+        "sharding": model.inner.sharding.describe(),
+        "forwards": model.num_forwards,
+        "tokens": model.num_tokens,
+        "all_reduce_calls_per_forward": round(traffic.all_reduce_calls / forwards, 1),
+        "all_reduce_bytes_per_token": round(traffic.all_reduce_bytes / tokens),
+        "broadcast_bytes_per_forward": round(traffic.broadcast_bytes / forwards),
+        "broadcast_calls_per_forward": round(traffic.broadcast_calls / forwards, 2),
+    }

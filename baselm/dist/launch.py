@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -76,11 +77,22 @@ def load_model_for(ref: str, device: str, require_signature: bool, dist: DistOpt
     else:
         spec = WorkerSpec(ref, device, require_signature, dist.tensor_parallel, dist.backend, dist.step_timeout)
         argv = [sys.executable, "-m", "baselm.dist.worker", json.dumps(asdict(spec))]
-        group = groups.start_local(argv, dist.tensor_parallel, dist.backend)
+        group = groups.start_local(argv, dist.tensor_parallel, dist.backend, env=share_cores(dist.tensor_parallel))
     loaded = load_shard(ref, device, require_signature, group)
     if group.rank != 0:
         follow_and_exit(loaded, group, dist.step_timeout)
     return lead(loaded, group, dist.step_timeout)
+
+
+def share_cores(size: int) -> dict[str, str]:
+    """Thread counts for `size` ranks on this machine: each takes its share of the cores for the
+    CPU kernels and BLAS (set here for rank 0 too, before its kernels start), unless already set.
+    Without this every rank would run a thread per core, and spinning workers of one rank would
+    take the cores the others need."""
+    threads = str(max(1, (os.cpu_count() or 1) // size))
+    env = {name: os.environ.get(name, threads) for name in ("BASE_CPU_THREADS", "OPENBLAS_NUM_THREADS")}
+    os.environ.setdefault("BASE_CPU_THREADS", threads)
+    return env
 
 
 def load_shard(ref: str, device: str, require_signature: bool, group: DistGroup) -> LoadedModel:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from baselm.dist.group import free_ports, write_hostfile
 from baselm.dist.plan import CACHE, FORWARD, StepPlan
 from baselm.dist.tp import even_ranges, head_ranges
 from baselm.kv import AttentionMetadata
@@ -116,6 +117,32 @@ def test_base_run_over_two_processes_prints_what_one_process_prints(tmp_path: Pa
 
     one, two = run(), run("--tensor-parallel", "2")
     assert two["token_ids"] == one["token_ids"] and len(one["token_ids"]) == 12
+
+
+def test_base_run_joins_ranks_from_a_hostfile(tmp_path: Path):
+    folder = write_model_folder(tmp_path / "tiny")
+    hostfile = write_hostfile(tmp_path, [f"127.0.0.1:{p}" for p in free_ports(2)])
+    args = [
+        sys.executable,
+        "-m",
+        "baselm.cli",
+        "run",
+        str(folder),
+        "Hello there",
+        "-n",
+        "12",
+        "--raw",
+        "--device",
+        "cpu",
+    ]
+    rank1 = subprocess.Popen([*args, "--hostfile", str(hostfile), "--rank", "1"], cwd=ROOT, stdout=subprocess.PIPE)
+    rank0 = subprocess.run(
+        [*args, "--json", "--hostfile", str(hostfile), "--rank", "0"], cwd=ROOT, capture_output=True, timeout=120
+    )
+    assert rank0.returncode == 0, rank0.stderr[-2000:]
+    assert rank1.wait(60) == 0 and rank1.stdout.read() == b""  # it followed rank 0, then left quietly
+    alone = subprocess.run([*args, "--json"], cwd=ROOT, capture_output=True, timeout=120)
+    assert json.loads(rank0.stdout)["token_ids"] == json.loads(alone.stdout)["token_ids"]
 
 
 def test_a_prefix_cache_file_is_refused_across_processes(tmp_path: Path):

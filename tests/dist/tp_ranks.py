@@ -118,7 +118,7 @@ def engine(group: dist.DistGroup, names: list[str], configs: list[str]) -> dict:
 
 TESTS = {
     "engine": lambda g: engine(g, FIXTURES, ["plain"]),
-    "engine_options": lambda g: engine(g, ["llama", "qwen3_moe"], ["kv8", "ngram", "chunked"]),
+    "engine_options": lambda g: engine(g, ["llama"], ["kv8", "ngram", "chunked"]),
     "logits": lambda g: logits(g, None),
     "quantized_logits": lambda g: {q: logits(g, q) for q in ("kernels", "reference")},
 }

@@ -52,6 +52,8 @@ def test_the_engine_over_two_ranks_answers_as_one_process_for_every_architecture
     assert sorted(k.split("/")[0] for k in result) == FIXTURES
     for key, seen in result.items():
         assert seen["pair"]["token_ids"] == seen["whole"]["token_ids"], key
+        pair, whole = np.array(seen["pair"]["embeddings"]), np.array(seen["whole"]["embeddings"])
+        assert np.abs(pair - whole).max() < TOLERANCE, key
 
 
 def test_quantized_kv_speculation_and_chunked_prefill_work_over_two_ranks():

@@ -342,8 +342,7 @@ def bench(
             workloads=tuple(w.strip() for w in workload.split(",") if w.strip()),
         )
         loaded = load_model_for(model, device, False, dist_options(tensor_parallel, hostfile, rank))
-        report = run_all(loaded, config, options)
-        report["distributed"] = describe(loaded)
+        report = {**run_all(loaded, config, options), "distributed": describe(loaded)}
     except _user_errors() as exc:
         _fail(str(exc))
     if as_json:

@@ -12,9 +12,10 @@ Suites (each runs under pytest in a subprocess; counts come from its JUnit repor
   (scripts/peer/llamacpp_plugin.py) that adds the /v1 prefix and the model name.
   The security suite gets a server with their API key and `--cors-origins localhost`.
 - `langchain`: langchain-tests' standard `ChatModelIntegrationTests` with langchain-openai's
-  `ChatOpenAI` (scripts/peer/test_langchain_standard.py).
+  `ChatOpenAI` (tests/api/test_langchain_standard.py, also run by `make test` on SmolLM2 served
+  in the test process; here against this script's `base serve MODEL`).
 - `litellm`: litellm's OpenAI-compatible provider: completion, stream, async, text completion,
-  a forced tool call and its follow-up, a JSON Schema answer (scripts/peer/test_litellm.py).
+  a forced tool call and its follow-up, a JSON Schema answer (tests/api/test_litellm.py, likewise).
 
 MODEL defaults to SmolLM2-135M-Instruct (fetched once). Many failures with a 135M model are the
 model answering wrongly, not the API; README.md ("Peer suites") lists what fails and why.
@@ -39,6 +40,7 @@ from pathlib import Path
 import httpx
 
 PEER = Path(__file__).resolve().parent / "peer"
+CLIENT_TESTS = PEER.parents[1] / "tests" / "api"  # the real-client tests that `make test` runs too
 LLAMACPP_TESTS = "vendor/llama.cpp/tools/server/tests"
 SECURITY_KEY = "sk-this-is-the-secret-key"  # the key llama.cpp's security tests send
 SUITES = {
@@ -151,7 +153,7 @@ def run_suite(name: str, model: str, work: Path, cache: Path) -> dict:
             tests = llamacpp_tests(cache)
             env.update(DEBUG_EXTERNAL="1", PORT=str(served.port), PYTHONPATH=str(PEER))
             return run_pytest(target, tests, env, work / f"{name}.xml", plugin=True)
-        return run_pytest(str(PEER / target), work, env, work / f"{name}.xml", plugin=False)
+        return run_pytest(str(CLIENT_TESTS / target), work, env, work / f"{name}.xml", plugin=False)
     finally:
         served.stop()
 

@@ -98,6 +98,10 @@ class TestChatOpenAIOnBase(ChatModelIntegrationTests):
         return True
 
     @property
+    def supports_model_override(self) -> bool:
+        return False  # one served model: a request naming another is a 404
+
+    @property
     def supports_image_inputs(self) -> bool:
         return False
 

@@ -1,10 +1,11 @@
 """litellm's OpenAI-compatible provider (`openai/NAME` with `api_base`) against SmolLM2-135M served on loopback,
 or the server scripts/peer_suites.py names: chat, streaming, async, text completion, a forced tool call
-and its follow-up, a JSON Schema answer."""
+(whole, streamed) and its follow-up, embeddings, a JSON Schema answer."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -81,6 +82,25 @@ def test_forced_tool_call_and_its_follow_up(kw):
     ]
     answer = litellm.completion(messages=follow_up, tools=[WEATHER], **kw).choices[0].message
     assert answer.content and not answer.tool_calls
+
+
+def test_streamed_forced_tool_call_rebuilds_to_the_call(kw):
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    args = {"messages": messages, "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}
+    whole = litellm.completion(**args, **{**kw, "max_tokens": 64}).choices[0].message.tool_calls
+    chunks = list(litellm.completion(**args, stream=True, **{**kw, "max_tokens": 64}))
+    rebuilt = litellm.stream_chunk_builder(chunks, messages=messages).choices[0]
+    [call] = rebuilt.message.tool_calls
+    assert rebuilt.finish_reason == "tool_calls" and call.id
+    assert (call.function.name, call.function.arguments) == (whole[0].function.name, whole[0].function.arguments)
+
+
+def test_embedding(kw):
+    response = litellm.embedding(model=kw["model"], api_base=kw["api_base"], api_key="none", input=["a", "b"])
+    first, second = (item["embedding"] for item in response.data)
+    assert len(first) == len(second) > 0 and first != second
+    assert math.isclose(math.fsum(x * x for x in first), 1.0, rel_tol=1e-4)  # OpenAI's vectors have length 1
+    assert response.usage.prompt_tokens > 0
 
 
 def test_json_schema_response_format(kw):

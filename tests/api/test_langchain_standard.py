@@ -39,7 +39,7 @@ NO_CALL = model_limited(
     "and calls no tool, so there is no call to loop on; it calls none with a Hermes tool prompt either",
     AssertionError,
 )
-ENDLESS_STRING = model_limited(
+UNCLOSED_JSON = model_limited(
     "in JSON mode at temperature 0 it nests objects under 'setup' until max_tokens "
     '(\'{"setup":{"setup":{"setup":...\'), so the JSON never closes and the client raises',
     openai.LengthFinishReasonError,
@@ -131,7 +131,7 @@ class TestChatOpenAIOnBase(ChatModelIntegrationTests):
     def test_agent_loop(self, model: ChatOpenAI) -> None:
         super().test_agent_loop(model)
 
-    @ENDLESS_STRING
+    @UNCLOSED_JSON
     def test_json_mode(self, model: ChatOpenAI) -> None:
         super().test_json_mode(model)
 

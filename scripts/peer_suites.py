@@ -12,9 +12,10 @@ Suites (each runs under pytest in a subprocess; counts come from its JUnit repor
   (scripts/peer/llamacpp_plugin.py) that adds the /v1 prefix and the model name.
   The security suite gets a server with their API key and `--cors-origins localhost`.
 - `langchain`: langchain-tests' standard `ChatModelIntegrationTests` with langchain-openai's
-  `ChatOpenAI` (scripts/peer/test_langchain_standard.py).
+  `ChatOpenAI` (tests/api/test_langchain_standard.py, also run by `make test` on SmolLM2 served
+  in the test process; here against this script's `base serve MODEL`).
 - `litellm`: litellm's OpenAI-compatible provider: completion, stream, async, text completion,
-  a forced tool call and its follow-up, a JSON Schema answer (scripts/peer/test_litellm.py).
+  a forced tool call and its follow-up, a JSON Schema answer (tests/api/test_litellm.py, likewise).
 - `sglang-server`, `sglang-tools`: SGLang's `test/srt/openai_server/basic/test_openai_server.py`
   and `function_call/test_tool_choice.py`, run from a checkout of SGLang given as `--sglang DIR`
   (SGLang is not on PyPI; nothing of it is copied here). A plugin of ours
@@ -52,6 +53,7 @@ PEER = Path(__file__).resolve().parent / "peer"
 sys.path.insert(0, str(PEER))
 from triage import MODEL_LIMITED, NOT_APPLICABLE, classify  # noqa: E402  (scripts/peer/triage.py)
 
+CLIENT_TESTS = PEER.parents[1] / "tests" / "api"  # the real-client tests that `make test` runs too
 LLAMACPP_TESTS = "vendor/llama.cpp/tools/server/tests"
 SECURITY_KEY = "sk-this-is-the-secret-key"  # the key llama.cpp's security tests send
 SGLANG_KEY = "sk-123456"  # the key SGLang's tests send
@@ -188,7 +190,7 @@ def run_suite(name: str, model: str, work: Path, cache: Path, sglang: Path | Non
             env.update(BASE_PEER_KEY=SGLANG_KEY)
             finished = run_pytest(target, sglang, env, report, "sglang_plugin", limit_s)
         else:
-            finished = run_pytest(str(PEER / target), work, env, report, None, limit_s)
+            finished = run_pytest(str(CLIENT_TESTS / target), work, env, report, None, limit_s)
     finally:
         served.stop()
     return {**read_report(name, report), "finished": finished}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import httpx
 import openai
@@ -122,6 +124,25 @@ def smollm2_server(smollm2_gguf) -> Iterator[RunningServer]:
     running = RunningServer(loaded=loaded, model_name="smollm2", kv_memory=256 * 2**20)
     yield running
     running.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTarget:
+    """Where a real client library's tests send their requests."""
+
+    url: str
+    model: str
+
+
+@pytest.fixture(scope="session")
+def client_target(request) -> ClientTarget:
+    """`$BASE_PEER_URL` serving `$BASE_PEER_MODEL` when scripts/peer_suites.py runs these tests against its own
+    `base serve`; otherwise SmolLM2-135M served in this process."""
+    url = os.environ.get("BASE_PEER_URL")
+    if url:
+        return ClientTarget(url, os.environ["BASE_PEER_MODEL"])
+    running = request.getfixturevalue("smollm2_server")
+    return ClientTarget(running.url, running.model_name)
 
 
 @pytest.fixture

@@ -1,0 +1,31 @@
+"""Forming a prefill/decode group and giving each rank its part.
+
+`make_node` builds this process's rank once the group is formed: a `PrefillWorker` on ranks
+0..P-1, a decode `LLMEngine` (with speculative decoding when configured) on ranks P..P+D-1,
+and checks that every rank's KV pool has the same block layout. Rank 0 then wraps its node in
+a `PDEngine` for the server; the other ranks run `pd_node.serve` until rank 0 says stop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from baselm.config import EngineConfig
+from baselm.dist.pd_node import Layout, Node
+from baselm.dist.pd_prefill import PrefillWorker
+from baselm.engine import LLMEngine
+from baselm.loader import LoadedModel
+
+
+def make_node(loaded: LoadedModel, config: EngineConfig, layout: Layout, group) -> Node:
+    """This process's rank of a formed group (`group`: an mx.distributed Group of layout.size ranks)."""
+    if group.size() != layout.size:
+        raise ValueError(f"--pd {layout} needs {layout.size} ranks, but the group has {group.size()}")
+    rank = group.rank()
+    if layout.role(rank) == "prefill":
+        node = Node(group, layout, worker=PrefillWorker(loaded, config, rank))
+    else:
+        # NOTE: a decode rank's prefix cache holds what was shipped to it; the file belongs to rank 0's side.
+        node = Node(group, layout, engine=LLMEngine(loaded, replace(config, prefix_cache_file=None)))
+    node.check_layouts()
+    return node

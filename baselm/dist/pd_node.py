@@ -136,7 +136,9 @@ class Node:
         """Every rank's KV pool must have the same block layout, or shipped blocks would not fit."""
         layouts = pd_wire.gather(self.group, pd_blocks.layout(self.cache))
         if any(other != layouts[0] for other in layouts):
-            raise ValueError(f"the ranks' KV layouts differ ({layouts}); start every rank with the same model and KV options")
+            raise ValueError(
+                f"the ranks' KV layouts differ ({layouts}); start every rank with the same model and KV options"
+            )
 
     def step(self, plan: Plan | None = None) -> list[Report] | None:
         """One lockstep step (see the module docstring); rank 0 passes the plan. Returns every rank's
@@ -180,7 +182,10 @@ class Node:
         else:
             scheduler, kv = self.engine.scheduler, self.engine.kv_manager
             spec = self.engine.spec_stats()
-            stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens = spec.num_draft_tokens, spec.num_accepted_tokens
+            stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens = (
+                spec.num_draft_tokens,
+                spec.num_accepted_tokens,
+            )
             stats.num_running = scheduler.num_running
         stats.num_waiting = scheduler.num_waiting
         stats.num_blocks, stats.num_free_blocks = kv.num_blocks, kv.num_free_blocks

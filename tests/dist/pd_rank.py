@@ -41,7 +41,7 @@ def make_config(spec: dict) -> EngineConfig:
     speculative = fields.pop("speculative", None)
     config = EngineConfig(**fields)
     if speculative:
-        config.speculative = SpeculativeConfig.parse(speculative, 4)
+        config.speculative = SpeculativeConfig.parse(speculative, 4, adaptive=False)
     return config
 
 

@@ -14,9 +14,9 @@ import os
 import signal
 import sys
 
-import baselm  # noqa: F401  the optimized BLAS first
 import mlx.core as mx
 
+import baselm  # noqa: F401  the optimized BLAS first
 from baselm.config import EngineConfig, SpeculativeConfig
 from baselm.dist.pd_engine import PDEngine
 from baselm.dist.pd_launch import make_node

@@ -7,7 +7,6 @@ every block; the group moves only what the decode side lacks.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine

@@ -1,1 +1,40 @@
-"""Running one model over more than one process: prefill/decode disaggregation and its wire."""
+"""More than one process: process groups over `mx.distributed`, rank-0 broadcasts, watchdogs.
+
+`group.py` forms groups (local ranks on loopback, or a user's hostfile), `comm.py` carries
+rank 0's data to every rank over collectives, `watchdog.py` ends a rank stuck on a peer.
+"""
+
+from baselm.dist.comm import Traffic, all_sum, broadcast_bytes, broadcast_object, run_collective, traffic
+from baselm.dist.group import (
+    BACKENDS,
+    DistError,
+    DistGroup,
+    RankFailedError,
+    form,
+    init,
+    join,
+    read_hostfile,
+    start_local,
+    write_hostfile,
+)
+from baselm.dist.watchdog import Watchdog
+
+__all__ = [
+    "BACKENDS",
+    "DistError",
+    "DistGroup",
+    "RankFailedError",
+    "Traffic",
+    "Watchdog",
+    "all_sum",
+    "broadcast_bytes",
+    "broadcast_object",
+    "form",
+    "init",
+    "join",
+    "read_hostfile",
+    "run_collective",
+    "start_local",
+    "traffic",
+    "write_hostfile",
+]

@@ -10,7 +10,7 @@ plus what a handoff cannot carry: n > 1 copies, prompt logprobs and custom logit
 processors are refused with a clear error.
 
 When a rank dies, the group cannot run another collective. The requests in flight fail with
-GroupFailedError (the API answers 503), and rank 0 goes on serving on its own: it builds a
+RankFailedError (the API answers 503), and rank 0 goes on serving on its own: it builds a
 single-process LLMEngine on the model it already holds (`fallback`), so the server keeps
 answering what it still can.
 """
@@ -22,8 +22,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from baselm.config import EngineConfig
+from baselm.dist.group import RankFailedError
 from baselm.dist.pd_node import Node, Plan, RankStats
-from baselm.dist.pd_wire import GroupFailedError
 from baselm.engine import LLMEngine, QueueFullError
 from baselm.loader import LoadedModel
 from baselm.request import InvalidRequestError, RequestOutput
@@ -120,7 +120,7 @@ class PDEngine:
         outputs, self._aborted = self._aborted, []
         try:
             reports = self.node.step(plan)
-        except GroupFailedError:
+        except RankFailedError:
             self._fail()
             raise
         self.rank_stats = [report.stats for report in reports]

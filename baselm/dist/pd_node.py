@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from baselm.dist import pd_blocks, pd_decode, pd_wire
+from baselm.dist import pd_blocks, pd_codec, pd_decode, pd_wire
 from baselm.dist.pd_prefill import Handoff, PrefillWorker
 from baselm.engine import LLMEngine
 from baselm.request import RequestOutput
-from baselm.sampling import SamplingParams
+from baselm.sampling import SamplingParams, TokenLogprobs
 
 
 @dataclass(slots=True, frozen=True)
@@ -103,6 +103,9 @@ class Report:
     handoffs: list[Handoff]
     outputs: list[RequestOutput]
     stats: RankStats
+
+
+pd_codec.register(Plan, Report, RankStats, Handoff, RequestOutput, SamplingParams, TokenLogprobs)
 
 
 def assign(reports: list[Report], layout: Layout) -> list[tuple[Handoff, int]]:

@@ -12,49 +12,36 @@ Three verbs, each a collective every rank of the group calls in the same order:
   them. Every rank knows each transfer's route and size from the step's plan, so each
   recv is posted with its shape up front.
 
-Messages are pickled Python objects: they carry SamplingParams and token logprobs between
-processes of one server, which trust each other as much as they trust the model files they
-all load; a rank never accepts a connection from outside the group's hostfile.
+Messages are JSON (pd_codec.py): a peer's bytes never run code here.
 
 Any failure of the group (a rank that died: "[ring] connection to a peer was lost") is raised
-as GroupFailedError; after one, the group must not be used again (later collectives can hang).
+as the group layer's RankFailedError; after one, the group must not be used again (later
+collectives can hang).
 """
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-
-class GroupFailedError(RuntimeError):
-    """A collective failed: a rank of the group died or its connection broke."""
+from baselm.dist import pd_codec
+from baselm.dist.comm import broadcast_bytes, run_collective
 
 
 def _run(array: mx.array) -> mx.array:
-    try:
-        mx.eval(array)
-    except RuntimeError as exc:
-        raise GroupFailedError(f"a rank of the prefill/decode group stopped answering ({exc})") from None
-    return array
+    return run_collective(lambda: mx.eval(array) or array)
 
 
 def _to_bytes(obj: Any) -> mx.array:
-    raw = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return mx.array(np.frombuffer(raw, dtype=np.uint8))  # (len,)
+    return mx.array(np.frombuffer(pd_codec.encode(obj), dtype=np.uint8))  # (len,)
 
 
 def broadcast(group: mx.distributed.Group, obj: Any = None) -> Any:
     """Rank 0's `obj` on every rank (the others pass None)."""
-    is_root = group.rank() == 0
-    data = _to_bytes(obj) if is_root else None
-    size = _run(mx.distributed.all_sum(mx.array([data.size if is_root else 0], dtype=mx.int32), group=group))
-    length = int(size.item())
-    mine = data if is_root else mx.zeros((length,), dtype=mx.uint8)
-    total = _run(mx.distributed.all_sum(mine, group=group))
-    return obj if is_root else pickle.loads(np.array(total).tobytes())
+    data = pd_codec.encode(obj) if group.rank() == 0 else None
+    return pd_codec.decode(broadcast_bytes(data, group))
 
 
 def gather(group: mx.distributed.Group, obj: Any) -> list[Any]:
@@ -64,7 +51,7 @@ def gather(group: mx.distributed.Group, obj: Any) -> list[Any]:
     longest = max(lengths)
     padded = mx.concatenate([data, mx.zeros((longest - data.size,), dtype=mx.uint8)]) if data.size < longest else data
     everyone = np.array(_run(mx.distributed.all_gather(padded, group=group))).tobytes()
-    return [pickle.loads(everyone[r * longest : r * longest + n]) for r, n in enumerate(lengths)]
+    return [pd_codec.decode(everyone[r * longest : r * longest + n]) for r, n in enumerate(lengths)]
 
 
 def route(src: int, dst: int, size: int) -> list[int]:

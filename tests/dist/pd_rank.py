@@ -18,10 +18,10 @@ import mlx.core as mx
 
 import baselm  # noqa: F401  the optimized BLAS first
 from baselm.config import EngineConfig, SpeculativeConfig
+from baselm.dist.group import RankFailedError
 from baselm.dist.pd_engine import PDEngine
 from baselm.dist.pd_launch import make_node
 from baselm.dist.pd_node import Layout, serve
-from baselm.dist.pd_wire import GroupFailedError
 from baselm.sampling import SamplingParams
 
 
@@ -65,7 +65,7 @@ def run_workload(engine: PDEngine, spec: dict) -> dict:
             os.kill(spec["pids"][str(kill[0])], signal.SIGKILL)
         try:
             outputs = engine.step()
-        except GroupFailedError as exc:
+        except RankFailedError as exc:
             errors.append(str(exc))
             outputs = []
         for out in outputs:
@@ -85,7 +85,7 @@ def main() -> None:
     if group.rank() != 0:
         try:
             serve(node)
-        except GroupFailedError:
+        except RankFailedError:
             sys.exit(1)
         return
     engine = PDEngine(node, loaded, node.worker and make_config(spec))

@@ -57,6 +57,9 @@ CORS_HELP = (
 SPEC_HELP = "Speculative decoding: ngram (prompt lookup) or a draft model with the same tokenizer."
 SPEC_K_HELP = "Most speculative tokens a request verifies per step (with --speculative)."
 SPEC_FIXED_HELP = "Always verify --num-speculative-tokens drafts (no adaptive rule)."
+PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g. 1:1 (see README)."
+ROLE_HELP = "With --pd over machines: this rank's role, prefill or decode (checked against --rank)."
+HOSTFILE_HELP = "With --pd over machines: MLX's ring hostfile, one address per rank (rank 0 serves HTTP)."
 WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
 
 
@@ -381,6 +384,10 @@ def serve(
     require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
     speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
+    pd: str | None = typer.Option(None, "--pd", help=PD_HELP),
+    role: str | None = typer.Option(None, "--role", help=ROLE_HELP),
+    hostfile: str | None = typer.Option(None, "--hostfile", help=HOSTFILE_HELP),
+    rank: int | None = typer.Option(None, "--rank", help="With --hostfile: this process's rank in it."),
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions, exit_process, run_server
@@ -406,6 +413,12 @@ def serve(
         options = ServeOptions(
             host, port, api_key or None, served_model_name, body, shutdown_timeout, cors_origins=origins
         )
+        if pd is not None:  # a prefill/decode group: forms it, then loads the model on every rank
+            from baselm.dist.pd_serve import PDOptions, serve_command
+
+            pd_options = PDOptions.parse(pd, role, hostfile, rank)
+            load = lambda: load_model(model, select_backend(device), require_signature=require_signature)  # noqa: E731
+            exit_process(serve_command(pd_options, load, config, options, run_server))
         loaded = load_model(model, select_backend(device), require_signature=require_signature)
     except _user_errors() as exc:
         _fail(str(exc))

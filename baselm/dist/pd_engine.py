@@ -120,9 +120,11 @@ class PDEngine:
         outputs, self._aborted = self._aborted, []
         try:
             reports = self.node.step(plan)
-        except RankFailedError:
+        except RankFailedError as exc:
             self._fail()
-            raise
+            raise RankFailedError(
+                f"a process of the prefill/decode group failed ({exc.__cause__ or exc}); the server goes on in one process"
+            ) from exc
         self.rank_stats = [report.stats for report in reports]
         for report in reports:
             for out in report.outputs:

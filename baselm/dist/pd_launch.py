@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from baselm.config import EngineConfig
+from baselm.config import ConfigError, EngineConfig
 from baselm.dist.pd_node import Layout, Node
 from baselm.dist.pd_prefill import PrefillWorker
 from baselm.engine import LLMEngine
@@ -20,7 +20,7 @@ from baselm.loader import LoadedModel
 def make_node(loaded: LoadedModel, config: EngineConfig, layout: Layout, group) -> Node:
     """This process's rank of a formed group (`group`: an mx.distributed Group of layout.size ranks)."""
     if group.size() != layout.size:
-        raise ValueError(f"--pd {layout} needs {layout.size} ranks, but the group has {group.size()}")
+        raise ConfigError(f"--pd {layout} needs {layout.size} ranks, but the group has {group.size()}")
     rank = group.rank()
     if layout.role(rank) == "prefill":
         node = Node(group, layout, worker=PrefillWorker(loaded, config, rank))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from baselm.config import ConfigError
 from baselm.dist import pd_blocks, pd_codec, pd_decode, pd_wire
 from baselm.dist.pd_prefill import Handoff, PrefillWorker
 from baselm.engine import LLMEngine
@@ -41,7 +42,7 @@ class Layout:
 
     def __post_init__(self) -> None:
         if self.num_prefill < 1 or self.num_decode < 1:
-            raise ValueError(f"--pd {self}: give at least one prefill and one decode process, e.g. --pd 1:1")
+            raise ConfigError(f"--pd {self}: give at least one prefill and one decode process, e.g. --pd 1:1")
 
     def __str__(self) -> str:
         return f"{self.num_prefill}:{self.num_decode}"
@@ -51,7 +52,7 @@ class Layout:
         """'P:D' -> Layout(P, D)."""
         parts = text.split(":")
         if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"--pd {text!r}: write prefill:decode process counts, e.g. --pd 1:1 or --pd 2:1")
+            raise ConfigError(f"--pd {text!r}: write prefill:decode process counts, e.g. --pd 1:1 or --pd 2:1")
         return cls(int(parts[0]), int(parts[1]))
 
     @property
@@ -139,7 +140,7 @@ class Node:
         """Every rank's KV pool must have the same block layout, or shipped blocks would not fit."""
         layouts = pd_wire.gather(self.group, pd_blocks.layout(self.cache))
         if any(other != layouts[0] for other in layouts):
-            raise ValueError(
+            raise ConfigError(
                 f"the ranks' KV layouts differ ({layouts}); start every rank with the same model and KV options"
             )
 

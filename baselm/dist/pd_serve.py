@@ -1,0 +1,95 @@
+"""`base serve MODEL --pd P:D`: one server over P prefill and D decode processes.
+
+On one machine, the command a person starts is rank 0: it starts ranks 1..P+D-1 as copies of
+its own command line on free loopback ports (group.form), every rank loads the model, and
+rank 0 serves HTTP while the others follow its steps. Over machines, each rank is started by
+hand (or by mlx.launch) with `--hostfile H --rank R` and the same model and options; rank 0
+is the one with HTTP. `--role` states what a rank is meant to be and is checked against the
+layout (ranks 0..P-1 prefill, P..P+D-1 decode), so a mistyped rank fails at start.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from baselm.cli_errors import fail
+
+from baselm.config import ConfigError, EngineConfig
+from baselm.dist import group as dist_group
+from baselm.dist.pd_node import Layout, serve
+from baselm.loader import LoadedModel
+
+
+@dataclass(slots=True)
+class PDOptions:
+    """How a rank joins: the layout, and for ranks spread over machines, the hostfile and rank."""
+
+    layout: Layout
+    role: str | None = None  # "prefill" or "decode": checked against the layout
+    hostfile: str | None = None
+    rank: int | None = None
+
+    @classmethod
+    def parse(cls, pd: str, role: str | None, hostfile: str | None, rank: int | None) -> PDOptions:
+        if role not in (None, "prefill", "decode"):
+            raise ConfigError(f"--role {role!r}: choose prefill or decode")
+        if (hostfile is None) != (rank is None):
+            raise ConfigError("--hostfile and --rank go together: give both to join a group spread over machines")
+        return cls(Layout.parse(pd), role, hostfile, rank)
+
+
+def form_group(options: PDOptions) -> dist_group.DistGroup:
+    """This process's group: joined from a hostfile, or formed on loopback (rank 0 starts the rest)."""
+    layout = options.layout
+    if options.hostfile is not None:
+        group = dist_group.join(options.hostfile, options.rank)
+    else:
+        group = dist_group.form([sys.executable, "-m", "baselm.cli", *sys.argv[1:]], layout.size)
+    if group.size != layout.size:
+        raise ConfigError(f"--pd {layout} needs {layout.size} ranks, but the hostfile lists {group.size}")
+    if options.role is not None and options.role != layout.role(group.rank):
+        raise ConfigError(
+            f"rank {group.rank} is a {layout.role(group.rank)} rank under --pd {layout} "
+            f"(ranks 0..{layout.num_prefill - 1} prefill, the rest decode), not {options.role}"
+        )
+    return group
+
+
+def start(loaded: LoadedModel, config: EngineConfig, options: PDOptions, group: dist_group.DistGroup):
+    """Rank 0: its PDEngine, for the server. Any other rank: follows rank 0's steps until told to
+    stop, then returns None (a failed group raises RankFailedError)."""
+    from baselm.dist.pd_engine import PDEngine
+    from baselm.dist.pd_launch import make_node
+
+    node = make_node(loaded, config, options.layout, group.group)
+    if group.rank != 0:
+        serve(node)
+        return None
+    return PDEngine(node, loaded, config, on_failure=group.stop)
+
+
+def serve_command(options: PDOptions, load: Callable[[], LoadedModel], config: EngineConfig, serve_options, run_server) -> int:
+    """`base serve --pd`: forms the group, loads the model (`load`) on every rank, and on rank 0
+    serves HTTP with `run_server` (the API's, passed in: baselm does not import the API)."""
+    try:
+        group = form_group(options)
+        loaded = load()
+        engine = start(loaded, config, options, group)
+    except dist_group.DistError as exc:
+        fail(str(exc))
+    if engine is None:  # a rank other than 0, told to stop
+        return 0
+    code = run_server(loaded, config, serve_options, engine=engine)
+    stop(engine, group)
+    return code
+
+
+def stop(engine, group: dist_group.DistGroup) -> None:
+    """After the server stopped: tells the other ranks to exit, then stops the ones this process started."""
+    try:
+        engine.stop()
+    except dist_group.RankFailedError:
+        pass  # a rank already gone has nothing to stop
+    group.stop()

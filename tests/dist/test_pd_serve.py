@@ -1,0 +1,57 @@
+"""`base serve --pd 1:1` as processes: the same answer as one process, a 503 when the decode
+process dies mid-request, then answers from rank 0 alone, and a clean exit on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.api.test_serve import ServeProcess
+from tests.tiny_model import write_model_folder
+
+BODY = {"model": "m", "prompt": "Hello there, how are you", "max_tokens": 12, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    return write_model_folder(tmp_path_factory.mktemp("tiny-chatml"), eos=False)
+
+
+def complete(served: ServeProcess, **changes) -> httpx.Response:
+    return httpx.post(f"{served.url}/v1/completions", json={**BODY, **changes}, timeout=60)
+
+
+def started_ranks(served: ServeProcess) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(served.proc.pid)], capture_output=True, text=True)
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def test_pd_server_answers_like_one_process_then_503_on_a_dead_rank_then_serves_alone(model_folder):
+    alone = ServeProcess(model_folder, "--served-model-name", "m", "--kv-memory", "8MiB")
+    try:
+        expected = complete(alone).json()["choices"][0]["text"]
+    finally:
+        alone.close()
+    served = ServeProcess(model_folder, "--served-model-name", "m", "--kv-memory", "8MiB", "--pd", "1:1")
+    try:
+        first = complete(served)
+        assert first.status_code == 200 and first.json()["choices"][0]["text"] == expected
+        (decode_rank,) = started_ranks(served)
+        with httpx.stream(
+            "POST", f"{served.url}/v1/completions", json={**BODY, "max_tokens": 400, "stream": True}
+        ) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))  # decoding on rank 1 now
+            subprocess.run(["kill", "-9", str(decode_rank)], check=True)
+            rest = "\n".join(lines)
+        assert "a process of the prefill/decode group failed" in rest
+        after = complete(served)
+        assert after.status_code == 200 and after.json()["choices"][0]["text"] == expected
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(30) == 0
+    finally:
+        served.close()

@@ -301,6 +301,7 @@ def bench(
     workload: str = typer.Option("grounded,free", "--workload", help=WORKLOAD_HELP),
     synthetic: str = typer.Option("", "--synthetic", help=SYNTHETIC_HELP),
     synthetic_bits: int = typer.Option(4, "--synthetic-bits", help="4 or 8 (affine, groups of 32), 32: float32."),
+    pd: str | None = typer.Option(None, "--pd", help="Also run the batch (the last --concurrency) on a P:D group."),
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model.
 
@@ -315,6 +316,12 @@ def bench(
     try:
         size = parse_optional_size(kv_memory)
         config = EngineConfig(kv_memory=size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        if pd is not None:  # one process, then a prefill/decode group, on the same batch
+            from baselm.dist.pd_bench import PDBenchOptions, bench_pd
+
+            num = parse_int_list(concurrency)[-1]
+            bench_pd(model, device, pd, config, PDBenchOptions(prompt_tokens, gen_tokens, num, seed), as_json)
+            return
         options = BenchOptions(
             prompt_tokens=prompt_tokens,
             gen_tokens=gen_tokens,

@@ -308,6 +308,7 @@ def bench(
     With --speculative, also each workload with and without speculative decoding, side by side."""
     from baselm.backend import select_backend
     from baselm.bench import BenchOptions, render, run_all
+    from baselm.dist.pd_bench import bench_pd
     from baselm.loader import load_model
 
     if synthetic or model is None:
@@ -317,11 +318,7 @@ def bench(
         size = parse_optional_size(kv_memory)
         config = EngineConfig(kv_memory=size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         if pd is not None:  # one process, then a prefill/decode group, on the same batch
-            from baselm.dist.pd_bench import PDBenchOptions, bench_pd
-
-            num = parse_int_list(concurrency)[-1]
-            bench_pd(model, device, pd, config, PDBenchOptions(prompt_tokens, gen_tokens, num, seed), as_json)
-            return
+            return bench_pd(model, device, pd, config, (prompt_tokens, gen_tokens, concurrency, seed), as_json)
         options = BenchOptions(
             prompt_tokens=prompt_tokens,
             gen_tokens=gen_tokens,
@@ -399,6 +396,7 @@ def serve(
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions, exit_process, run_server
     from baselm.backend import select_backend
+    from baselm.dist.pd_serve import serve_pd
     from baselm.loader import load_model
 
     try:
@@ -420,12 +418,7 @@ def serve(
         options = ServeOptions(
             host, port, api_key or None, served_model_name, body, shutdown_timeout, cors_origins=origins
         )
-        if pd is not None:  # a prefill/decode group: forms it, then loads the model on every rank
-            from baselm.dist.pd_serve import PDOptions, serve_command
-
-            pd_options = PDOptions.parse(pd, role, hostfile, rank)
-            load = lambda: load_model(model, select_backend(device), require_signature=require_signature)  # noqa: E731
-            exit_process(serve_command(pd_options, load, config, options, run_server))
+        serve_pd((pd, role, hostfile, rank), (model, device, require_signature), config, options, run_server)
         loaded = load_model(model, select_backend(device), require_signature=require_signature)
     except _user_errors() as exc:
         _fail(str(exc))

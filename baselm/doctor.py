@@ -18,6 +18,7 @@ from baselm.backend import device_memory_bytes, gpu_kind, system_memory_bytes
 from baselm.config import format_size
 from baselm.cpu.attention import attention_kernel_status
 from baselm.cpu.fused import fused_kernel_status
+from baselm.dist import pd_doctor
 from baselm.metal import kernel_status
 from baselm.store.default_model import base_home
 
@@ -49,6 +50,7 @@ def collect() -> dict[str, Any]:
         "kernels": {**kernel_status(), **attention_kernel_status(), **fused_kernel_status()},
         "store": str(home),
         "store_free_bytes": disk.free,
+        "distributed": pd_doctor.status(),
         "warnings": [],
     }
     report["warnings"] = _warnings(report)
@@ -106,6 +108,7 @@ def render(report: dict[str, Any]) -> None:
         ("Compute", report["compute"]),
         ("Kernels", ", ".join(f"{name}: {state}" for name, state in report["kernels"].items())),
         ("Store", f"{report['store']} ({_gib(report['store_free_bytes'])} free)"),
+        ("Distributed", pd_doctor.describe(report["distributed"])),
     ]
     for key, value in rows:
         table.add_row(key, Text(value))

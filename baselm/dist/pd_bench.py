@@ -151,14 +151,18 @@ def render(report: dict) -> None:
         )
 
 
-def bench_pd(model: str, device: str, pd: str, config: EngineConfig, options: PDBenchOptions, as_json: bool) -> None:
-    """The `base bench --pd` command: prints the report on rank 0 (JSON with `as_json`)."""
+def bench_pd(model: str, device: str, pd: str, config: EngineConfig, sizes: tuple, as_json: bool) -> None:
+    """The `base bench --pd` command: prints the report on rank 0 (JSON with `as_json`). `sizes`: the
+    options --prompt-tokens, --gen-tokens, --concurrency (its last count is the batch) and --seed."""
     import json
 
     from baselm.backend import select_backend
+    from baselm.config import parse_int_list
     from baselm.dist.pd_node import Layout
     from baselm.loader import load_model
 
+    prompt_tokens, gen_tokens, concurrency, seed = sizes
+    options = PDBenchOptions(prompt_tokens, gen_tokens, parse_int_list(concurrency)[-1], seed)
     layout = Layout.parse(pd)
     report = bench_command(lambda: load_model(model, select_backend(device)), config, layout, options)
     if report is None:

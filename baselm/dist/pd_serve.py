@@ -10,6 +10,7 @@ layout (ranks 0..P-1 prefill, P..P+D-1 decode), so a mistyped rank fails at star
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +69,24 @@ def start(loaded: LoadedModel, config: EngineConfig, options: PDOptions, group: 
         serve(node)
         return None
     return PDEngine(node, loaded, config, on_failure=group.stop)
+
+
+def serve_pd(pd_args: tuple, model_args: tuple, config: EngineConfig, serve_options, run_server) -> None:
+    """`base serve` with --pd: serves as a rank of the group, then ends the process; returns at once
+    without --pd. `pd_args`: --pd, --role, --hostfile, --rank; `model_args`: the model, --device and
+    --require-signature (the model is loaded once the group is formed, on every rank)."""
+    from baselm.backend import select_backend
+    from baselm.loader import load_model
+
+    if pd_args[0] is None:
+        return
+    model, device, require_signature = model_args
+    options = PDOptions.parse(*pd_args)
+    load = lambda: load_model(model, select_backend(device), require_signature=require_signature)  # noqa: E731
+    code = serve_command(options, load, config, serve_options, run_server)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # NOTE: as `base serve` ends: MLX's teardown after other threads ran it can abort
 
 
 def serve_command(options: PDOptions, load: Callable[[], LoadedModel], config: EngineConfig, serve_options, run_server) -> int:

@@ -50,7 +50,11 @@ def _eos_ids(config: dict[str, Any], tokenizer: Tokenizer) -> tuple[int, ...]:
 
 
 def model_from_checkpoint(
-    config: dict[str, Any], weights: dict[str, mx.array], backend: Backend, group_size: int | None = None
+    config: dict[str, Any],
+    weights: dict[str, mx.array],
+    backend: Backend,
+    group_size: int | None = None,
+    shard: Any = None,
 ) -> DecoderModel:
     """`build_model` over a checkpoint's tensors (HF names). GGUF's `rope_freqs` tensor (llama 3 scaling
     as per-frequency divisors, also kept by `.base` files converted from GGUF) has no HF name: it goes to
@@ -68,6 +72,7 @@ def model_from_checkpoint(
             rope_freq_factors=factors,
             cpu_kernels=backend.cpu_kernels,
             consume=True,
+            shard=shard,
         )
     finally:
         mx.set_cache_limit(cache_limit)
@@ -75,21 +80,21 @@ def model_from_checkpoint(
     return model
 
 
-def _load_gguf(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
+def _load_gguf(path: Path, backend: Backend, shard: Any = None) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
     config, weights, metadata = gguf.load_checkpoint(path)
-    model = model_from_checkpoint(config, weights, backend)
+    model = model_from_checkpoint(config, weights, backend, shard=shard)
     return model, Tokenizer.from_gguf_metadata(metadata), config
 
 
-def _load_hf_folder(path: Path, backend: Backend) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
+def _load_hf_folder(path: Path, backend: Backend, shard: Any = None) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
     config = hf.read_config(path)
     # An MLX folder's quantized layers may differ in group size and bits: the shapes tell them.
-    model = model_from_checkpoint(config, hf.read_weights(path), backend)
+    model = model_from_checkpoint(config, hf.read_weights(path), backend, shard=shard)
     return model, Tokenizer.from_folder(path), config
 
 
 def _load_base_file(
-    path: Path, backend: Backend, require_signature: bool = False
+    path: Path, backend: Backend, require_signature: bool = False, shard: Any = None
 ) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
     base = BaseFile.open(path)
     header = base.header
@@ -99,7 +104,7 @@ def _load_base_file(
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
     del tensors
     config = header["config"]
-    model = model_from_checkpoint(config, weights, backend)
+    model = model_from_checkpoint(config, weights, backend, shard=shard)
     return model, tokenizer_from_header(header["tokenizer"]), config
 
 
@@ -132,19 +137,20 @@ def resolve(ref: str | Path) -> tuple[str, Path]:
     return str(ref), Store().resolve(str(ref)).path
 
 
-def load_model(ref: str | Path, backend: Backend, require_signature: bool = False) -> LoadedModel:
+def load_model(ref: str | Path, backend: Backend, require_signature: bool = False, shard: Any = None) -> LoadedModel:
     """Loads a store name, a `.base` file, an HF model folder or a `.gguf` file.
 
-    `require_signature`: only a `.base` file with a good signature by a trusted key loads."""
+    `require_signature`: only a `.base` file with a good signature by a trusted key loads.
+    `shard`: one rank's slice of the model (`baselm.dist.tp.Sharding`, see `build_model`)."""
     name, path = resolve(ref)
     if require_signature and path.suffix != ".base":
         raise SignatureError(f"{path}: only .base files carry signatures; `base pull` it, then `base sign` it")
     if path.is_dir():
-        model, tokenizer, config = _load_hf_folder(path, backend)
+        model, tokenizer, config = _load_hf_folder(path, backend, shard)
     elif path.suffix == ".gguf":
-        model, tokenizer, config = _load_gguf(path, backend)
+        model, tokenizer, config = _load_gguf(path, backend, shard)
     elif path.suffix == ".base":
-        model, tokenizer, config = _load_base_file(path, backend, require_signature)
+        model, tokenizer, config = _load_base_file(path, backend, require_signature, shard)
     else:
         raise ModelFileError(f"{path}: not a model; give a store name, a .base or .gguf file, or an HF model folder")
     return LoadedModel(

@@ -120,6 +120,7 @@ def build_model(
     rope_freq_factors: mx.array | None = None,
     cpu_kernels: bool = False,
     consume: bool = False,
+    shard: Any = None,
 ) -> DecoderModel:
     """Instantiates the architecture of `config` and loads `weights` (HF names) into it.
 
@@ -131,6 +132,8 @@ def build_model(
     `rope_freq_factors` (rotary_dims // 2,) divide the RoPE frequencies: llama 3 scaling kept outside the config.
     With `consume`, `weights` is emptied as the model takes the arrays over, so tensors that
     loading replaces (dequantized, unpermuted or fused ones) are freed at once.
+    `shard` (tensor parallelism, baselm/dist/tp.py): `shard(model, weights)` resizes the layers to
+    one rank's slice and returns the sliced weights; `shard.finish(model)` runs once they are loaded.
     """
     args_cls, model_cls = model_class(config.get("model_type", ""))
     args = args_cls.from_dict(config)
@@ -141,11 +144,15 @@ def build_model(
     if consume:
         given.clear()
     del given
+    if shard is not None and keep_quantized:  # codes are sliced on group boundaries
+        weights = shard(model, weights)
     params = _quantization(model, weights, group_size)
     if params and keep_quantized:
         nn.quantize(model, class_predicate=lambda path, _: params.get(path, False))
     elif params:
         _dequantize_triplets(weights, params, dtype)
+    if shard is not None and not keep_quantized:  # dense now: any split goes
+        weights = shard(model, weights)
     weights = {k: _cast_float(k, v, dtype, lift_scales=not cpu_kernels) for k, v in weights.items()}
     _check_shapes(model, weights)
     model.load_weights(list(weights.items()), strict=True)
@@ -154,6 +161,8 @@ def build_model(
         use_cpu_kernels(model)
     if cpu_kernels or not keep_quantized:
         fuse_projections(model)
+    if shard is not None:
+        shard.finish(model)
     mx.eval(model.parameters())
     return model
 

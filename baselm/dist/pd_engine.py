@@ -54,6 +54,20 @@ class PDEngine:
         self._aborted: list[RequestOutput] = []  # abort outputs for the next step
         self._where: dict[str, int] = {}  # live request id -> the prefill rank it was given to
 
+    # ---- the prefill side's model and pool, for embeddings between steps -------------
+
+    @property
+    def kv_manager(self):
+        return self.fallback.kv_manager if self.fallback is not None else self.node.worker.kv
+
+    @property
+    def runner(self):
+        return self.fallback.runner if self.fallback is not None else self.node.worker.runner
+
+    @property
+    def cache(self):
+        return self.fallback.cache if self.fallback is not None else self.node.worker.cache
+
     # ---- requests in -------------------------------------------------------------------
 
     def new_request_id(self) -> str:

@@ -8,13 +8,28 @@ a `PDEngine` for the server; the other ranks run `pd_node.serve` until rank 0 sa
 
 from __future__ import annotations
 
+import ctypes
+import os
 from dataclasses import replace
+
+from baselm import blas
 
 from baselm.config import ConfigError, EngineConfig
 from baselm.dist.pd_node import Layout, Node
 from baselm.dist.pd_prefill import PrefillWorker
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
+
+
+def share_cores(num_local_ranks: int) -> int | None:
+    """Gives this rank 1/num_local_ranks of the machine's cores for BLAS (OpenBLAS's threads spin
+    while they wait, so ranks sharing a machine with all threads each slow each other down).
+    Returns the thread count set, or None when no OpenBLAS is loaded."""
+    if blas.status["library"] is None:
+        return None
+    threads = max(1, (os.cpu_count() or 1) // num_local_ranks)
+    ctypes.CDLL(blas.status["library"]).openblas_set_num_threads(threads)
+    return threads
 
 
 def make_node(loaded: LoadedModel, config: EngineConfig, layout: Layout, group) -> Node:

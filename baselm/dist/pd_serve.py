@@ -62,8 +62,10 @@ def start(loaded: LoadedModel, config: EngineConfig, options: PDOptions, group: 
     """Rank 0: its PDEngine, for the server. Any other rank: follows rank 0's steps until told to
     stop, then returns None (a failed group raises RankFailedError)."""
     from baselm.dist.pd_engine import PDEngine
-    from baselm.dist.pd_launch import make_node
+    from baselm.dist.pd_launch import make_node, share_cores
 
+    if options.hostfile is None:  # every rank on this machine
+        share_cores(options.layout.size)
     node = make_node(loaded, config, options.layout, group.group)
     if group.rank != 0:
         serve(node)

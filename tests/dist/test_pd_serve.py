@@ -25,6 +25,12 @@ def complete(served: ServeProcess, **changes) -> httpx.Response:
     return httpx.post(f"{served.url}/v1/completions", json={**BODY, **changes}, timeout=60)
 
 
+def embedding(served: ServeProcess) -> list[float]:
+    answer = httpx.post(f"{served.url}/v1/embeddings", json={"model": "m", "input": "hello"}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["data"][0]["embedding"]
+
+
 def started_ranks(served: ServeProcess) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(served.proc.pid)], capture_output=True, text=True)
     return [int(pid) for pid in out.stdout.split()]
@@ -34,12 +40,14 @@ def test_pd_server_answers_like_one_process_then_503_on_a_dead_rank_then_serves_
     alone = ServeProcess(model_folder, "--served-model-name", "m", "--kv-memory", "8MiB")
     try:
         expected = complete(alone).json()["choices"][0]["text"]
+        vector = embedding(alone)
     finally:
         alone.close()
     served = ServeProcess(model_folder, "--served-model-name", "m", "--kv-memory", "8MiB", "--pd", "1:1")
     try:
         first = complete(served)
         assert first.status_code == 200 and first.json()["choices"][0]["text"] == expected
+        assert embedding(served) == vector  # computed on rank 0's prefill model and pool
         (decode_rank,) = started_ranks(served)
         with httpx.stream(
             "POST", f"{served.url}/v1/completions", json={**BODY, "max_tokens": 400, "stream": True}

@@ -20,7 +20,7 @@ import baselm  # noqa: F401  the optimized BLAS first
 from baselm.config import EngineConfig, SpeculativeConfig
 from baselm.dist.group import RankFailedError
 from baselm.dist.pd_engine import PDEngine
-from baselm.dist.pd_launch import make_node
+from baselm.dist.pd_launch import make_node, share_cores
 from baselm.dist.pd_node import Layout, serve
 from baselm.sampling import SamplingParams
 
@@ -80,6 +80,7 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     layout = Layout.parse(spec["layout"])
     group = mx.distributed.init(backend="ring", strict=True)
+    share_cores(layout.size)
     loaded = load(spec)
     node = make_node(loaded, make_config(spec), layout, group)
     if group.rank() != 0:

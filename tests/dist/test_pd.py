@@ -58,21 +58,22 @@ def test_one_to_one_answers_equal_one_process_and_ship_only_missing_blocks() -> 
     assert prefill["kv_bytes_sent"] == shipped * (prefill["kv_bytes_sent"] // prefill["kv_blocks_sent"])
 
 
-def test_quantized_kv_and_speculative_decode_side_equal_one_process() -> None:
+def test_two_prefill_ranks_with_quantized_kv_and_speculative_decoding_equal_one_process() -> None:
     requests = workload(seed=1)
     config = {**CONFIG, "kv_bits": 4}
     result = run_group(
-        {"layout": "1:1", "model": "fixture", "config": {**config, "speculative": "ngram"}, "requests": requests}
+        {"layout": "2:1", "model": "fixture", "config": {**config, "speculative": "ngram"}, "requests": requests}
     )
     assert result["tokens"] == single_process(requests, kv_bits=4)["tokens"]
+    assert result["exit_codes"] == [0, 0, 0]
     assert_all_blocks_free(result["stats"])
-    decode = result["stats"][1]
-    assert decode["spec_num_draft_tokens"] > 0  # the decode rank verified drafts
+    assert result["stats"][1]["kv_blocks_sent"] > 0  # rank 1's packed q4 blocks reached rank 2
+    assert result["stats"][2]["spec_num_draft_tokens"] > 0  # the decode rank verified drafts
 
 
 def test_two_prefill_ranks_relay_blocks_and_aborts_free_both_sides() -> None:
-    requests = workload(seed=2)
-    aborts = {"1": 1, "4": 5}  # r1 while its prompt is computed, r4 while it decodes
+    requests = workload(seed=2) + [[2, list(range(1, 121)), 8]]  # r8: 120 prompt tokens, 48 a step
+    aborts = {"8": 3, "4": 5}  # r8 while its prompt is half computed, r4 while it decodes
     result = run_group({"layout": "2:1", "model": "fixture", "config": CONFIG, "requests": requests, "abort": aborts})
     alone = single_process(requests)
     for i in range(len(requests)):
@@ -82,7 +83,7 @@ def test_two_prefill_ranks_relay_blocks_and_aborts_free_both_sides() -> None:
             assert result["tokens"][f"r{i}"] == alone["tokens"][f"r{i}"]
     assert result["exit_codes"] == [0, 0, 0]
     assert_all_blocks_free(result["stats"])
-    assert result["stats"][1]["kv_blocks_sent"] > 0  # rank 1's blocks reached rank 2 through the ring
+    assert all(rank["prefix_cache_queries"] > 0 for rank in result["stats"][1:])  # both decode ranks took requests
 
 
 def test_a_dead_decode_rank_fails_its_requests_and_rank_0_serves_on_alone() -> None:

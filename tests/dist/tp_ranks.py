@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import sys
 
-import baselm  # noqa: F401  first: the BLAS before mlx.core
 import mlx.core as mx
 import numpy as np
 
+import baselm  # noqa: F401  first: the BLAS before mlx.core
 from baselm import cpu, dist
 from baselm.dist.tp import Sharding
 from baselm.models import build_model

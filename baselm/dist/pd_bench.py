@@ -77,7 +77,8 @@ def link_model(kv_bytes_per_prompt_token: float, prompt_tokens: int, num_steps: 
     for name, latency, bandwidth in LINKS:
         per_prompt = latency + kv_bytes_per_prompt_token * prompt_tokens / bandwidth
         per_step = COLLECTIVES_PER_STEP * latency
-        total = num_steps * per_step + num_handoff_steps * (COLLECTIVES_PER_HANDOFF_STEP - COLLECTIVES_PER_STEP) * latency
+        extra = COLLECTIVES_PER_HANDOFF_STEP - COLLECTIVES_PER_STEP
+        total = num_steps * per_step + num_handoff_steps * extra * latency
         rows.append(
             {
                 "link": name,
@@ -89,7 +90,9 @@ def link_model(kv_bytes_per_prompt_token: float, prompt_tokens: int, num_steps: 
     return rows
 
 
-def bench_command(load: Callable[[], LoadedModel], config: EngineConfig, layout, options: PDBenchOptions) -> dict | None:
+def bench_command(
+    load: Callable[[], LoadedModel], config: EngineConfig, layout, options: PDBenchOptions
+) -> dict | None:
     """Rank 0: the report; another rank (started by rank 0): None once the run is over."""
     from baselm.dist import pd_serve
     from baselm.engine import LLMEngine

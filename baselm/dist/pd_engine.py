@@ -52,7 +52,7 @@ class PDEngine:
         self._live: set[str] = set()  # requests not finished yet
         self._plan = Plan()
         self._aborted: list[RequestOutput] = []  # abort outputs for the next step
-        self._where: dict[str, int] = {}  # live request id -> the prefill rank it was given to
+        self._where: dict[str, int] = {}  # request id -> its prefill rank, until a decode rank reports it
 
     # ---- the prefill side's model and pool, for embeddings between steps -------------
 
@@ -144,9 +144,9 @@ class PDEngine:
             for out in report.outputs:
                 if out.request_id not in self._live:
                     continue  # aborted here already
+                self._where.pop(out.request_id, None)  # on a decode rank now: no load on its prefill rank
                 if out.finished:
                     self._live.discard(out.request_id)
-                    self._where.pop(out.request_id, None)
                 outputs.append(out)
         return outputs
 

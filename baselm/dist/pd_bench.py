@@ -34,7 +34,7 @@ LINKS = (
     ("jaccl (RDMA over Thunderbolt 5)", 50e-6, 3.5e9),
 )
 COLLECTIVES_PER_STEP = 3  # the plan's broadcast (one all_sum) and the reports' gather (two all_gathers)
-COLLECTIVES_PER_HANDOFF_STEP = 5  # plus the admissions' gather, when prompts are handed off
+COLLECTIVES_PER_HANDOFF_STEP = 7  # plus the admissions' and the first tokens' gathers, when prompts are handed off
 
 
 @dataclass(slots=True)

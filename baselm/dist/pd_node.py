@@ -18,7 +18,7 @@ is the same five moves on every rank:
 5. ship      for each admitted prompt, in the same order on every rank, the prefill rank
              sends the blocks the decode rank lacks (pd_wire.transfer, relayed along the
              ring) and frees its own; the decode rank writes them into its pool and applies
-             the first token. Its outputs reach rank 0 in the next step's report.
+             the first token, whose outputs reach rank 0 in one more gather.
 """
 
 from __future__ import annotations
@@ -159,6 +159,10 @@ class Node:
         moves = assign(reports, self.layout)
         answers = self._admit(moves)
         self._ship(moves, answers)
+        if answers:  # the first tokens of the prompts just shipped reach rank 0 now, not a step later
+            outboxes, self._outbox = pd_wire.gather(self.group, self._outbox), []
+            for report, outputs in zip(reports, outboxes):
+                report.outputs += outputs
         return reports
 
     def _apply(self, plan: Plan) -> None:

@@ -103,7 +103,9 @@ def bench_command(
     if loaded is not None:
         rng = np.random.default_rng(options.seed)
         vocab = loaded.model.args.vocab_size
-        prompts = [rng.integers(100, min(vocab, 30000), options.prompt_tokens).tolist() for _ in range(options.num_requests)]
+        prompts = [
+            rng.integers(100, min(vocab, 30000), options.prompt_tokens).tolist() for _ in range(options.num_requests)
+        ]
         alone = measure(LLMEngine(loaded, config), prompts, options.gen_tokens)
     pd_options = pd_serve.PDOptions(layout)
     group = pd_serve.form_group(pd_options)

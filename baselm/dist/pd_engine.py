@@ -136,8 +136,9 @@ class PDEngine:
             reports = self.node.step(plan)
         except RankFailedError as exc:
             self._fail()
+            cause = exc.__cause__ or exc
             raise RankFailedError(
-                f"a process of the prefill/decode group failed ({exc.__cause__ or exc}); the server goes on in one process"
+                f"a process of the prefill/decode group failed ({cause}); the server goes on in one process"
             ) from exc
         self.rank_stats = [report.stats for report in reports]
         for report in reports:

@@ -13,7 +13,6 @@ import os
 from dataclasses import replace
 
 from baselm import blas
-
 from baselm.config import ConfigError, EngineConfig
 from baselm.dist.pd_node import Layout, Node
 from baselm.dist.pd_prefill import PrefillWorker

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from baselm.cli_errors import fail
-
 from baselm.config import ConfigError, EngineConfig
 from baselm.dist import group as dist_group
 from baselm.dist.pd_node import Layout, serve
@@ -91,7 +90,9 @@ def serve_pd(pd_args: tuple, model_args: tuple, config: EngineConfig, serve_opti
     os._exit(code)  # NOTE: as `base serve` ends: MLX's teardown after other threads ran it can abort
 
 
-def serve_command(options: PDOptions, load: Callable[[], LoadedModel], config: EngineConfig, serve_options, run_server) -> int:
+def serve_command(
+    options: PDOptions, load: Callable[[], LoadedModel], config: EngineConfig, serve_options, run_server
+) -> int:
     """`base serve --pd`: forms the group, loads the model (`load`) on every rank, and on rank 0
     serves HTTP with `run_server` (the API's, passed in: baselm does not import the API)."""
     try:

@@ -20,10 +20,12 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 
 from baselm.config import EngineConfig
 from baselm.dist.group import RankFailedError
 from baselm.dist.pd_node import Node, Plan, RankStats
+from baselm.dist.watchdog import Watchdog
 from baselm.engine import LLMEngine, QueueFullError
 from baselm.loader import LoadedModel
 from baselm.request import InvalidRequestError, RequestOutput
@@ -36,8 +38,20 @@ log = logging.getLogger("baselm.dist")
 class PDEngine:
     """LLMEngine's interface over a prefill/decode group, on rank 0."""
 
-    def __init__(self, node: Node, loaded: LoadedModel, config: EngineConfig, on_failure: Callable[[], None] = None):
+    def __init__(
+        self,
+        node: Node,
+        loaded: LoadedModel,
+        config: EngineConfig,
+        on_failure: Callable[[], None] | None = None,
+        watchdog: Watchdog | None = None,
+    ):
+        """`on_failure`: called once when a rank failed (stops the ranks this process started).
+        `watchdog`: armed around each step; a rank that stops answering without exiting would
+        block the group's collectives forever, so its expiry should end the ranks (and with them
+        the blocked collective, which then fails like any lost rank)."""
         self.node = node
+        self.watchdog = watchdog
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
@@ -133,7 +147,8 @@ class PDEngine:
         plan, self._plan = self._plan, Plan()
         outputs, self._aborted = self._aborted, []
         try:
-            reports = self.node.step(plan)
+            with self.watchdog.armed("a prefill/decode step") if self.watchdog is not None else nullcontext():
+                reports = self.node.step(plan)
         except RankFailedError as exc:
             self._fail()
             cause = exc.__cause__ or exc

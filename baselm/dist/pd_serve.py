@@ -19,7 +19,10 @@ from baselm.cli_errors import fail
 from baselm.config import ConfigError, EngineConfig
 from baselm.dist import group as dist_group
 from baselm.dist.pd_node import Layout, serve
+from baselm.dist.watchdog import Watchdog
 from baselm.loader import LoadedModel
+
+STEP_TIMEOUT_S = 120.0  # longer than any step (a full token budget of prefill on a slow CPU)
 
 
 @dataclass(slots=True)
@@ -69,7 +72,10 @@ def start(loaded: LoadedModel, config: EngineConfig, options: PDOptions, group: 
     if group.rank != 0:
         serve(node)
         return None
-    return PDEngine(node, loaded, config, on_failure=group.stop)
+    watchdog = None
+    if group.children:  # a rank that hangs is ended, so the step fails over instead of hanging
+        watchdog = Watchdog(STEP_TIMEOUT_S, on_expire=lambda what, seconds: group.stop(timeout=1.0))
+    return PDEngine(node, loaded, config, on_failure=group.stop, watchdog=watchdog)
 
 
 def serve_pd(pd_args: tuple, model_args: tuple, config: EngineConfig, serve_options, run_server) -> None:

@@ -22,6 +22,7 @@ from baselm.dist.group import RankFailedError
 from baselm.dist.pd_engine import PDEngine
 from baselm.dist.pd_launch import make_node, share_cores
 from baselm.dist.pd_node import Layout, serve
+from baselm.dist.watchdog import Watchdog
 from baselm.sampling import SamplingParams
 
 
@@ -61,8 +62,8 @@ def run_workload(engine: PDEngine, spec: dict) -> dict:
                 tokens[f"r{i}"] = []
             if aborts.get(i) == step:
                 engine.abort(f"r{i}")
-        if kill is not None and kill[1] == step:
-            os.kill(spec["pids"][str(kill[0])], signal.SIGKILL)
+        if kill is not None and kill[1] == step:  # [rank, step, signal name]: SIGKILL dies, SIGSTOP hangs
+            os.kill(spec["pids"][str(kill[0])], getattr(signal, kill[2] if len(kill) > 2 else "SIGKILL"))
         try:
             outputs = engine.step()
         except RankFailedError as exc:
@@ -89,7 +90,11 @@ def main() -> None:
         except RankFailedError:
             sys.exit(1)
         return
-    engine = PDEngine(node, loaded, node.worker and make_config(spec))
+    watchdog = None
+    if "step_timeout" in spec:  # ends every other rank when a step hangs, as `base serve --pd` does
+        pids = [int(p) for p in spec["pids"].values()]
+        watchdog = Watchdog(spec["step_timeout"], on_expire=lambda what, s: [os.kill(p, signal.SIGKILL) for p in pids])
+    engine = PDEngine(node, loaded, make_config(spec), watchdog=watchdog)
     result = run_workload(engine, spec)
     if engine.fallback is None:
         result["stats"] = [vars_of(s) for s in engine.sync()]

@@ -97,3 +97,12 @@ def test_a_dead_decode_rank_fails_its_requests_and_rank_0_serves_on_alone() -> N
     assert result["tokens"]["r8"] == single_process(late)["tokens"]["r0"]
     free, total = result["fallback_free_blocks"]
     assert free == total
+
+
+def test_a_hung_decode_rank_is_ended_by_the_watchdog_and_rank_0_serves_on_alone() -> None:
+    requests = workload(seed=4, num=4)
+    late = [[12, [7, 8, 9, 10], 5]]
+    spec = {"layout": "1:1", "model": "fixture", "config": CONFIG, "requests": requests + late}
+    result = run_group({**spec, "kill_rank": [1, 3, "SIGSTOP"], "step_timeout": 3.0}, timeout=60)
+    assert len(result["errors"]) == 1 and "prefill/decode group failed" in result["errors"][0]
+    assert result["tokens"]["r4"] == single_process(late)["tokens"]["r0"]

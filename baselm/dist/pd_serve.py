@@ -89,6 +89,8 @@ def serve_pd(pd_args: tuple, model_args: tuple, config: EngineConfig, serve_opti
         return
     model, device, require_signature = model_args
     options = PDOptions.parse(*pd_args)
+    if config.prefix_cache_file:
+        raise ConfigError("--prefix-cache-file is not supported with --pd: the prefix cache lives on the prefill ranks")
     load = lambda: load_model(model, select_backend(device), require_signature=require_signature)  # noqa: E731
     code = serve_command(options, load, config, serve_options, run_server)
     sys.stdout.flush()

@@ -103,3 +103,13 @@ def test_doctor_names_the_backends_and_the_pd_mode() -> None:
     report = status()
     assert report["backends"]["ring"] is True
     assert "--pd P:D" in report["prefill_decode"]
+
+
+def test_serve_pd_refuses_a_prefix_cache_file() -> None:
+    from baselm.config import EngineConfig
+    from baselm.dist.pd_serve import serve_pd
+
+    config = EngineConfig(prefix_cache_file="/tmp/never-written.kvc")
+    with pytest.raises(ConfigError, match="prefix-cache-file"):
+        serve_pd(("1:1", None, None, None), ("model", "cpu", False), config, None, None)
+    assert serve_pd((None, None, None, None), ("model", "cpu", False), config, None, None) is None  # no --pd

@@ -20,14 +20,17 @@ from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 
 
-def share_cores(num_local_ranks: int) -> int | None:
-    """Gives this rank 1/num_local_ranks of the machine's cores for BLAS (OpenBLAS's threads spin
-    while they wait, so ranks sharing a machine with all threads each slow each other down).
-    Returns the thread count set, or None when no OpenBLAS is loaded."""
-    if blas.status["library"] is None:
-        return None
+def share_cores(num_local_ranks: int) -> int:
+    """Gives this rank 1/num_local_ranks of the machine's cores (OpenBLAS's threads and our CPU
+    kernels' workers spin while they wait, so ranks sharing a machine with all threads each slow
+    each other down). Returns the thread count.
+
+    NOTE: the CPU kernels read BASE_CPU_THREADS when their pool starts, at the first kernel call;
+    a value the user set is kept."""
     threads = max(1, (os.cpu_count() or 1) // num_local_ranks)
-    ctypes.CDLL(blas.status["library"]).openblas_set_num_threads(threads)
+    os.environ.setdefault("BASE_CPU_THREADS", str(threads))
+    if blas.status["library"] is not None:
+        ctypes.CDLL(blas.status["library"]).openblas_set_num_threads(threads)
     return threads
 
 

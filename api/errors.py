@@ -18,6 +18,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from baselm.dist.group import RankFailedError
+
 logger = logging.getLogger("baselm.api")
 
 _TYPES = {
@@ -123,10 +125,25 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(APIError(exc.status_code, message), headers=exc.headers, path=request.url.path)
 
 
+def rank_failed(exc: RankFailedError) -> APIError:
+    """A rank of a tensor-parallel model died or hung: the server cannot compute until restarted."""
+    return APIError(503, f"the model is unavailable: {exc}")
+
+
+async def _rank_failed(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RankFailedError)
+    return error_response(rank_failed(exc), path=request.url.path)
+
+
 async def _server_error(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
     error = APIError(500, "the server hit an internal error; the request was not completed")
     return error_response(error, path=request.url.path)
 
 
-EXCEPTION_HANDLERS = {APIError: _api_error, HTTPException: _http_error, Exception: _server_error}
+EXCEPTION_HANDLERS = {
+    APIError: _api_error,
+    HTTPException: _http_error,
+    RankFailedError: _rank_failed,
+    Exception: _server_error,
+}

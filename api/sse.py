@@ -14,7 +14,8 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from baselm.api.errors import APIError, error_body, logger
+from baselm.api.errors import APIError, error_body, logger, rank_failed
+from baselm.dist.group import RankFailedError
 
 DONE = "data: [DONE]\n\n"
 
@@ -32,6 +33,8 @@ def stream_error(exc: Exception) -> APIError:
     """The APIError to tell of `exc`, raised while streaming; anything else is logged as a bug."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, RankFailedError):
+        return rank_failed(exc)
     logger.exception("internal error while streaming", exc_info=exc)
     return APIError(500, "the server hit an internal error while streaming")
 

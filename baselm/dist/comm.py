@@ -52,10 +52,10 @@ def all_sum(x: mx.array, group: Any) -> mx.array:
     return mx.distributed.all_sum(x, group=group)
 
 
-def run_collective(fn: Callable[[], T]) -> T:
-    """Runs `fn` (which evaluates collectives); a lost peer becomes a RankFailedError."""
+def run_collective(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` (which evaluates collectives); a lost peer becomes a RankFailedError."""
     try:
-        return fn()
+        return fn(*args)
     except RuntimeError as e:
         if lost_peer(e):
             raise RankFailedError(f"a rank of the group is gone ({e}); restart every rank") from e
@@ -66,7 +66,7 @@ def _summed(buf: np.ndarray, group: Any) -> np.ndarray:
     traffic.broadcast_bytes += buf.nbytes
     traffic.broadcast_calls += 1
     out = mx.distributed.all_sum(mx.array(buf), group=group)
-    run_collective(lambda: mx.eval(out))  # NOTE: mx.eval lets other threads run while it waits
+    run_collective(mx.eval, out)  # NOTE: mx.eval lets other threads run while it waits
     return np.asarray(out)
 
 

@@ -76,7 +76,8 @@ class DistGroup:
         for rank, child in enumerate(self.children, start=1):
             code = child.poll()
             if code is not None:
-                raise RankFailedError(f"rank {rank} (pid {child.pid}) exited with status {code}")
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                raise RankFailedError(f"rank {rank} (pid {child.pid}) {how}; restart every rank")
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stops the ranks this process started: asks nicely, then kills."""

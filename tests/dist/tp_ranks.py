@@ -11,14 +11,23 @@ import sys
 
 import mlx.core as mx
 import numpy as np
+import openai
 
 import baselm  # noqa: F401  first: the BLAS before mlx.core
 from baselm import cpu, dist
+from baselm.backend import select_backend
+from baselm.config import EngineConfig, SpeculativeConfig
+from baselm.dist.launch import DistOptions, lead, load_model_for
 from baselm.dist.tp import Sharding
+from baselm.dist.tp_engine import follow
+from baselm.engine import LLMEngine
+from baselm.loader import LoadedModel
 from baselm.models import build_model
+from baselm.sampling import SamplingParams
 from baselm.store import hf
+from baselm.tokenizer.tokenizer import Tokenizer
 from tests.forward import prefill_logits
-from tests.paths import MODEL_FIXTURES
+from tests.paths import BPE_TOKENIZER, MODEL_FIXTURES
 
 FIXTURES = sorted(p.name for p in MODEL_FIXTURES.iterdir() if (p / "config.json").exists())
 PROMPT = [3, 17, 42, 99, 5, 200, 11, 64, 7, 128, 31]
@@ -65,14 +74,90 @@ def logits(group: dist.DistGroup, quant: str | None) -> dict:
     return result
 
 
+# Prompts that repeat themselves, so n-gram speculation finds drafts; several at once (batching).
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13, 9, 10, 11], list(range(20, 57)), [100, 101] * 6]
+ENGINE_CONFIGS = {
+    "plain": {},
+    "kv8": {"kv_bits": 8},
+    "ngram": {"speculative": SpeculativeConfig("ngram", num_speculative_tokens=3, adaptive=False)},
+    "chunked": {"max_num_batched_tokens": 16, "max_num_seqs": 2},
+}
+
+
+def _loaded(name: str, model) -> LoadedModel:
+    config = hf.read_config(MODEL_FIXTURES / name)
+    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
+    return LoadedModel(name, MODEL_FIXTURES / name, model, tokenizer, config, (), select_backend("cpu"))
+
+
+def _generate(loaded: LoadedModel, config: dict) -> dict:
+    """Greedy answers to PROMPTS, run together, and how many drafts the engine verified."""
+    engine = LLMEngine(loaded, EngineConfig(max_model_len=128, kv_memory=2**20, block_size=8, **config))
+    results = engine.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.0))
+    ids = [r.completions[0].token_ids for r in results]
+    return {"token_ids": ids, "num_draft_tokens": engine.spec_stats().num_draft_tokens}
+
+
+def engine(group: dist.DistGroup, names: list[str], configs: list[str]) -> dict:
+    """Greedy answers of the engine over the pair against the engine on rank 0's whole model."""
+    result = {}
+    for name in names:
+        for config in configs:
+            model = _build(name, Sharding(group.rank, group.size, group.group), None)
+            if group.rank != 0:
+                follow(model, group.group)
+                continue
+            loaded = lead(_loaded(name, model), group)
+            pair = _generate(loaded, ENGINE_CONFIGS[config])
+            loaded.model.stop()
+            whole = _generate(_loaded(name, _build(name, None, None)), ENGINE_CONFIGS[config])
+            result[f"{name}/{config}"] = {"pair": pair, "whole": whole}
+    return result
+
+
 TESTS = {
+    "engine": lambda g: engine(g, FIXTURES, ["plain"]),
+    "engine_options": lambda g: engine(g, ["llama", "qwen3_moe"], ["kv8", "ngram", "chunked"]),
     "logits": lambda g: logits(g, None),
     "quantized_logits": lambda g: {q: logits(g, q) for q in ("kernels", "reference")},
 }
 
 
+def rank_dies(folder: str) -> dict:
+    """A server on a 2-rank model (rank 1 started as `base` starts it); rank 1 is killed while a
+    stream runs. Returns what the clients saw."""
+    from tests.api.conftest import RunningServer
+
+    loaded = load_model_for(folder, "cpu", False, DistOptions(tensor_parallel=2))
+    server = RunningServer(loaded=loaded, model_name="tiny")
+    client = server.openai()
+    messages = [{"role": "user", "content": "Hello!"}]
+    seen: dict = {
+        "before": client.chat.completions.create(model="tiny", messages=messages, max_tokens=4).choices[0].finish_reason
+    }
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+    )
+    next(iter(stream))
+    worker = loaded.model.dist_group.children[0]
+    worker.kill()
+    worker.wait()
+    try:
+        seen["stream_chunks_after_kill"] = sum(1 for _ in stream)
+    except openai.APIError as e:
+        seen["stream_error"] = str(e)
+    for key in ("after", "again"):
+        response = server.http().post("/v1/chat/completions", json={"model": "tiny", "messages": messages})
+        seen[key] = {"status": response.status_code, "message": response.json()["error"]["message"]}
+    server.stop()
+    return seen
+
+
 def main() -> None:
     name = sys.argv[1]
+    if name == "rank_dies":
+        print(json.dumps(rank_dies(sys.argv[2])), flush=True)
+        return
     group = dist.form([sys.executable, "-m", "tests.dist.tp_ranks", name], 2)
     result = TESTS[name](group)
     if group.rank == 0:

@@ -1,0 +1,123 @@
+"""Loading a model over several processes, as the commands (`run`, `chat`, `serve`, `bench`) ask.
+
+`load_model_for(ref, device, require_signature, dist)` is `load_model` when `dist` asks for one
+process; otherwise it forms the group, loads this rank's shard, and
+- on rank 0 returns the LoadedModel whose model is a `TensorParallelModel` (the command goes on
+  as usual, and the other ranks follow each forward);
+- on any other rank (a `--hostfile ... --rank R` process with R > 0) follows rank 0 until it
+  stops, then exits: that process never returns to its command.
+With `--tensor-parallel N` and no hostfile, rank 0 starts ranks 1..N-1 itself on loopback
+(`python -m baselm.dist.worker`), with the same model, device and checks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from baselm.backend import select_backend
+from baselm.dist import group as groups
+from baselm.dist.group import DistError, DistGroup
+from baselm.dist.tp import Sharding
+from baselm.dist.tp_engine import STEP_TIMEOUT_S, TensorParallelModel, follow
+from baselm.dist.watchdog import Watchdog
+from baselm.loader import LoadedModel, load_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DistOptions:
+    """How many processes run the model and how they find each other."""
+
+    tensor_parallel: int = 1  # ranks; 1: this process alone
+    hostfile: str | None = None  # MLX's hostfile: the ranks are on the machines it lists
+    rank: int | None = None  # this process's rank in the hostfile
+    backend: str = "ring"
+    step_timeout: float = STEP_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel < 1:
+            raise DistError(f"--tensor-parallel must be 1 or more, not {self.tensor_parallel}")
+        if (self.hostfile is None) != (self.rank is None):
+            raise DistError("--hostfile and --rank go together: each process says which rank of the file it is")
+        groups.check_backend(self.backend) if self.is_distributed else None
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.tensor_parallel > 1 or self.hostfile is not None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What a started rank loads: passed to `python -m baselm.dist.worker` as JSON."""
+
+    model: str
+    device: str
+    require_signature: bool
+    size: int
+    backend: str
+    step_timeout: float
+
+
+def load_model_for(ref: str, device: str, require_signature: bool, dist: DistOptions | None) -> LoadedModel:
+    """`load_model`, or this rank's shard of it over the group `dist` describes (see the module doc)."""
+    if dist is None or not dist.is_distributed:
+        return load_model(ref, select_backend(device), require_signature=require_signature)
+    if dist.hostfile is not None:
+        group = groups.join(dist.hostfile, dist.rank, dist.backend)
+        if dist.tensor_parallel > 1 and dist.tensor_parallel != group.size:
+            raise DistError(f"--tensor-parallel {dist.tensor_parallel} but the hostfile lists {group.size} ranks")
+    else:
+        spec = WorkerSpec(ref, device, require_signature, dist.tensor_parallel, dist.backend, dist.step_timeout)
+        argv = [sys.executable, "-m", "baselm.dist.worker", json.dumps(asdict(spec))]
+        group = groups.start_local(argv, dist.tensor_parallel, dist.backend)
+    loaded = load_shard(ref, device, require_signature, group)
+    if group.rank != 0:
+        follow_and_exit(loaded, group, dist.step_timeout)
+    return lead(loaded, group, dist.step_timeout)
+
+
+def load_shard(ref: str, device: str, require_signature: bool, group: DistGroup) -> LoadedModel:
+    """This rank's slice of the model."""
+    sharding = Sharding(group.rank, group.size, group.group)
+    loaded = load_model(ref, select_backend(device), require_signature=require_signature, shard=sharding)
+    for note in sharding.notes:
+        log.warning("tensor parallelism: %s", note)
+    return loaded
+
+
+def lead(loaded: LoadedModel, group: DistGroup, step_timeout: float = STEP_TIMEOUT_S) -> LoadedModel:
+    """Rank 0: the model the engine runs sends each forward to the other ranks."""
+    model = TensorParallelModel(loaded.model, group, step_timeout)
+
+    def stop() -> None:
+        model.stop()
+        group.stop()
+
+    atexit.register(stop)
+    loaded.model = model
+    return loaded
+
+
+def follow_and_exit(loaded: LoadedModel, group: DistGroup, step_timeout: float = STEP_TIMEOUT_S) -> None:
+    """A rank other than 0: follows rank 0 until it stops, then ends the process (status 0), or
+    with a clear message (status 1) when rank 0 is gone."""
+    try:
+        follow(loaded.model, group.group, Watchdog(step_timeout))
+    except groups.RankFailedError as e:
+        print(f"base: rank {group.rank}: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    raise SystemExit(0)
+
+
+def describe(loaded: LoadedModel) -> dict[str, Any] | None:
+    """The group and the split of a loaded model, for logs and doctor (None when it is not distributed)."""
+    model = loaded.model
+    if not isinstance(model, TensorParallelModel):
+        return None
+    return {**model.dist_group.describe(), "sharding": model.inner.sharding.describe()}

@@ -1,0 +1,103 @@
+"""Tensor parallelism over real 2-rank ring groups on loopback: the pair computes what one process does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from baselm.dist.plan import CACHE, FORWARD, StepPlan
+from baselm.dist.tp import even_ranges, head_ranges
+from baselm.kv import AttentionMetadata
+from baselm.models.base import ModelConfigError
+from tests.dist.tp_ranks import FIXTURES
+from tests.tiny_model import write_model_folder
+
+ROOT = Path(__file__).resolve().parents[2]
+TOLERANCE = 1e-4  # float32 logits: the pair sums partial products in another order
+
+
+def _ranks(*args: str, timeout: float = 120) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.dist.tp_ranks", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_architecture_gives_the_same_logits_split_over_two_ranks():
+    result = _ranks("logits")
+    assert sorted(result) == FIXTURES
+    for name, seen in result.items():
+        assert seen["max_abs_diff"] < TOLERANCE, name
+        assert seen["same_argmax"], name
+    assert result["llama_rope3_mqa"]["sharding"]["kv_replicated"]  # 1 KV head, 2 ranks: both hold it
+    assert not result["llama"]["sharding"]["kv_replicated"]
+
+
+def test_quantized_weights_split_on_group_boundaries_give_the_same_logits():
+    result = _ranks("quantized_logits")
+    for path in ("kernels", "reference"):
+        for name, seen in result[path].items():
+            assert seen["max_abs_diff"] < TOLERANCE, (path, name)
+
+
+def test_the_engine_over_two_ranks_answers_as_one_process_for_every_architecture():
+    result = _ranks("engine")
+    assert sorted(k.split("/")[0] for k in result) == FIXTURES
+    for key, seen in result.items():
+        assert seen["pair"]["token_ids"] == seen["whole"]["token_ids"], key
+
+
+def test_quantized_kv_speculation_and_chunked_prefill_work_over_two_ranks():
+    result = _ranks("engine_options")
+    for key, seen in result.items():
+        assert seen["pair"]["token_ids"] == seen["whole"]["token_ids"], key
+    assert result["llama/ngram"]["pair"]["num_draft_tokens"] > 0  # the pair verified drafts
+
+
+def test_a_killed_rank_fails_the_stream_and_later_requests_with_503(tmp_path: Path):
+    folder = write_model_folder(tmp_path / "tiny")
+    seen = _ranks("rank_dies", str(folder))
+    assert seen["before"] == "length"
+    # MLX's ring error ("a rank of the group is gone") or rank 0's check of the rank it started
+    assert "restart every rank" in seen["stream_error"]
+    for key in ("after", "again"):
+        assert seen[key]["status"] == 503
+        assert "restart every rank" in seen[key]["message"]
+
+
+# ---- the split and the plan, without a group -----------------------------------------------
+
+
+def test_ranges_split_evenly_on_units_first_ranks_taking_the_extra():
+    assert even_ranges(1536, 2, 32) == [(0, 768), (768, 1536)]
+    assert even_ranges(96, 2, 32) == [(0, 64), (64, 96)]
+    with pytest.raises(ModelConfigError, match="multiple of the quantization group size 32"):
+        even_ranges(100, 2, 32)
+    with pytest.raises(ModelConfigError, match="cannot be split over 2 ranks"):
+        even_ranges(32, 2, 32)
+
+
+def test_heads_follow_their_kv_heads_and_kv_heads_are_copied_when_too_few():
+    assert head_ranges(9, 3, 2) == [((0, 6), (0, 2)), ((6, 9), (2, 3))]  # SmolLM2-135M
+    assert head_ranges(4, 1, 2) == [((0, 2), (0, 1)), ((2, 4), (0, 1))]
+    assert head_ranges(8, 2, 4) == [((0, 2), (0, 1)), ((2, 4), (0, 1)), ((4, 6), (1, 2)), ((6, 8), (1, 2))]
+    with pytest.raises(ModelConfigError, match="cannot be split over 4 ranks"):
+        head_ranges(6, 2, 4)
+
+
+def test_a_step_plan_comes_back_as_the_same_attention_metadata():
+    meta = AttentionMetadata.build([[3, 1], [0]], [5, 1], [20, 7], 16)
+    ids = np.arange(6, dtype=np.int32)
+    plan = StepPlan.decode(StepPlan.forward(FORWARD, ids, meta, 7).encode())
+    assert (plan.op, plan.cache_id, plan.input_ids.tolist()) == (FORWARD, 7, ids.tolist())
+    again = plan.metadata(16)
+    for name in ("positions", "slot_mapping", "block_tables", "context_lens", "query_pos", "token_rows"):
+        assert np.array_equal(np.array(getattr(again, name)), np.array(getattr(meta, name))), name
+    cache = StepPlan.decode(StepPlan(CACHE, cache_id=2, cache_shape=(100, 16, 8)).encode())
+    assert (cache.op, cache.cache_id, cache.cache_shape) == (CACHE, 2, (100, 16, 8))

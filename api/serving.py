@@ -34,7 +34,6 @@ from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
 from baselm.api.schemas import Common
 from baselm.async_engine import AsyncEngine
-from baselm.dist.group import RankFailedError
 from baselm.engine import QueueFullError
 from baselm.request import RequestOutput
 from baselm.sampling import SamplingParams, SamplingParamsError
@@ -262,8 +261,6 @@ async def outputs(
     try:
         while len(done) < len(started):
             item = await queue.get()
-            if isinstance(item, RankFailedError):  # a process of a --pd group died with this request
-                raise APIError(503, f"{item}; the request was stopped, retry it") from None
             if isinstance(item, BaseException):
                 raise item
             job, out = item

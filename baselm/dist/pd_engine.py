@@ -153,7 +153,7 @@ class PDEngine:
             self._fail()
             cause = exc.__cause__ or exc
             raise RankFailedError(
-                f"a process of the prefill/decode group failed ({cause}); the server goes on in one process"
+                f"a process of the prefill/decode group failed ({cause}); retry: the server goes on in one process"
             ) from exc
         self.rank_stats = [report.stats for report in reports]
         for report in reports:

@@ -3,8 +3,10 @@ process dies mid-request, then answers from rank 0 alone, and a clean exit on SI
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -63,3 +65,19 @@ def test_pd_server_answers_like_one_process_then_503_on_a_dead_rank_then_serves_
         assert served.proc.wait(30) == 0
     finally:
         served.close()
+
+
+def test_ranks_joined_from_a_hostfile_check_their_role_and_fail_without_hanging(model_folder, tmp_path):
+    from tests.dist.pd_group import free_ports
+
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
+    base = [sys.executable, "-m", "baselm.cli", "serve", str(model_folder), "--pd", "1:1", "--hostfile", str(hostfile)]
+    ranks = [
+        subprocess.Popen([*base, "--rank", str(rank), "--role", "prefill", "--port", str(port)], stderr=subprocess.PIPE)
+        for rank, port in ((0, free_ports(1)[0]), (1, 0))
+    ]
+    errors = [rank.communicate(timeout=120)[1].decode() for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [1, 1]
+    assert "rank 1 is a decode rank under --pd 1:1" in " ".join(errors[1].split())
+    assert "rank of the group is gone" in " ".join(errors[0].split())  # rank 0 is told, it does not hang

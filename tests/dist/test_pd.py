@@ -68,13 +68,14 @@ def test_two_prefill_ranks_with_quantized_kv_and_speculative_decoding_equal_one_
     assert result["exit_codes"] == [0, 0, 0]
     assert_all_blocks_free(result["stats"])
     assert result["stats"][1]["kv_blocks_sent"] > 0  # rank 1's packed q4 blocks reached rank 2
+    assert result["stats"][0]["kv_blocks_sent"] > 0  # and rank 0's, relayed by rank 1 (route 0 -> 1 -> 2)
     assert result["stats"][2]["spec_num_draft_tokens"] > 0  # the decode rank verified drafts
 
 
-def test_two_prefill_ranks_relay_blocks_and_aborts_free_both_sides() -> None:
+def test_two_decode_ranks_share_the_requests_and_aborts_free_both_sides() -> None:
     requests = workload(seed=2) + [[2, list(range(1, 121)), 8]]  # r8: 120 prompt tokens, 48 a step
     aborts = {"8": 3, "4": 5}  # r8 while its prompt is half computed, r4 while it decodes
-    result = run_group({"layout": "2:1", "model": "fixture", "config": CONFIG, "requests": requests, "abort": aborts})
+    result = run_group({"layout": "1:2", "model": "fixture", "config": CONFIG, "requests": requests, "abort": aborts})
     alone = single_process(requests)
     for i in range(len(requests)):
         if str(i) in aborts:

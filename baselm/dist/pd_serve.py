@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from baselm.cli_errors import fail
 from baselm.config import ConfigError, EngineConfig
@@ -21,6 +22,9 @@ from baselm.dist import group as dist_group
 from baselm.dist.pd_node import Layout, serve
 from baselm.dist.watchdog import Watchdog
 from baselm.loader import LoadedModel
+
+if TYPE_CHECKING:
+    from baselm.dist.pd_engine import PDEngine
 
 STEP_TIMEOUT_S = 120.0  # longer than any step (a full token budget of prefill on a slow CPU)
 
@@ -60,7 +64,9 @@ def form_group(options: PDOptions) -> dist_group.DistGroup:
     return group
 
 
-def start(loaded: LoadedModel, config: EngineConfig, options: PDOptions, group: dist_group.DistGroup):
+def start(
+    loaded: LoadedModel, config: EngineConfig, options: PDOptions, group: dist_group.DistGroup
+) -> PDEngine | None:
     """Rank 0: its PDEngine, for the server. Any other rank: follows rank 0's steps until told to
     stop, then returns None (a failed group raises RankFailedError)."""
     from baselm.dist.pd_engine import PDEngine

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from baselm import signing_commands, store_commands
+from baselm.cli_dist import HOSTFILE, RANK, TENSOR_PARALLEL, bench_pd, dist_options, prefix_cache_file, serve_pd
 from baselm.cli_errors import fail as _fail
 from baselm.cli_errors import user_errors as _user_errors
 from baselm.config import (
@@ -59,7 +60,6 @@ SPEC_K_HELP = "Most speculative tokens a request verifies per step (with --specu
 SPEC_FIXED_HELP = "Always verify --num-speculative-tokens drafts (no adaptive rule)."
 PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g. 1:1 (see README)."
 ROLE_HELP = "With --pd over machines: this rank's role, prefill or decode (checked against --rank)."
-HOSTFILE_HELP = "With --pd over machines: MLX's ring hostfile, one address per rank (rank 0 serves HTTP)."
 WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
 
 
@@ -112,11 +112,14 @@ def _models_table(models: list[StoredModel], console: Console) -> Table:
 
 
 @app.command()
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
-    """Check this machine: Python, MLX, backend, memory, BLAS, store location."""
+def doctor(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    links: bool = typer.Option(False, "--links", help="Also time a 2-process ring all_sum over loopback."),
+) -> None:
+    """Check this machine: Python, MLX, backend, memory, BLAS, store location, distributed backends."""
     from baselm.doctor import collect, render
 
-    report = collect()
+    report = collect(links)
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -145,6 +148,9 @@ def run(
     speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
     fixed_speculation: bool = typer.Option(False, "--fixed-speculation", help=SPEC_FIXED_HELP),
+    tensor_parallel: int = TENSOR_PARALLEL,
+    hostfile: str | None = HOSTFILE,
+    rank: int | None = RANK,
 ) -> None:
     """Generate once from a prompt and print the answer with its speed."""
     from baselm.run import RunOptions, run_once
@@ -166,6 +172,7 @@ def run(
                 device=device,
                 require_signature=require_signature,
                 speculative=spec,
+                dist=dist_options(tensor_parallel, hostfile, rank),
             )
         )
     except _user_errors() as exc:
@@ -189,7 +196,7 @@ def chat(
     host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
     require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
     resume: bool = typer.Option(False, "--resume", help="Reopen the last conversation (its prompt comes cached)."),
-    prefix_cache_file: str = typer.Option(
+    prefix_cache_file_choice: str = typer.Option(
         "auto", "--prefix-cache-file", help="Keep the prefix cache here across runs (auto: per model; none: off)."
     ),
     prefix_cache_max_size: str | None = typer.Option(
@@ -197,17 +204,22 @@ def chat(
     ),
     speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
+    tensor_parallel: int = TENSOR_PARALLEL,
+    hostfile: str | None = HOSTFILE,
+    rank: int | None = RANK,
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
     from baselm.chat.settings import ChatOptions, ChatSettings, chat_prefix_cache_file
 
     try:
+        dist = dist_options(tensor_parallel, hostfile, rank)
+        prefix_file = chat_prefix_cache_file(prefix_cache_file_choice, model)
         options = ChatOptions(
             model,
             ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed),
             EngineConfig(
                 kv_memory=parse_optional_size(kv_memory),
-                prefix_cache_file=chat_prefix_cache_file(prefix_cache_file, model),
+                prefix_cache_file=prefix_cache_file(dist, prefix_file, prefix_cache_file_choice != "auto"),
                 prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
                 speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
             ),
@@ -215,6 +227,7 @@ def chat(
             device=device,
             require_signature=require_signature,
             resume=resume,
+            dist=dist,
         )
         _chat(options, _chat_serve_options(host, port) if serve else None)
     except _user_errors() + (ServeError,) as exc:
@@ -302,14 +315,15 @@ def bench(
     synthetic: str = typer.Option("", "--synthetic", help=SYNTHETIC_HELP),
     synthetic_bits: int = typer.Option(4, "--synthetic-bits", help="4 or 8 (affine, groups of 32), 32: float32."),
     pd: str | None = typer.Option(None, "--pd", help="Also run the batch (the last --concurrency) on a P:D group."),
+    tensor_parallel: int = TENSOR_PARALLEL,
+    hostfile: str | None = HOSTFILE,
+    rank: int | None = RANK,
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model.
 
     With --speculative, also each workload with and without speculative decoding, side by side."""
-    from baselm.backend import select_backend
     from baselm.bench import BenchOptions, render, run_all
-    from baselm.dist.pd_bench import bench_pd
-    from baselm.loader import load_model
+    from baselm.dist.launch import describe, load_model_for
 
     if synthetic or model is None:
         _bench_synthetic(model, synthetic, synthetic_bits, gen_tokens, seed, device, as_json)
@@ -332,13 +346,20 @@ def bench(
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
             workloads=tuple(w.strip() for w in workload.split(",") if w.strip()),
         )
-        report = run_all(load_model(model, select_backend(device)), config, options)
+        loaded = load_model_for(model, device, False, dist_options(tensor_parallel, hostfile, rank))
+        report = run_all(loaded, config, options)
+        report["distributed"] = describe(loaded)
     except _user_errors() as exc:
         _fail(str(exc))
+    _print_bench(report, as_json, render)
+
+
+def _print_bench(report: dict, as_json: bool, render) -> None:
     if as_json:
         print(json.dumps(report, indent=2))
     else:
         render(report)
+        print(f"distributed: {json.dumps(report['distributed'])}" if report["distributed"] else "", end="")
 
 
 def _bench_synthetic(
@@ -379,7 +400,7 @@ def serve(
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Turn prefix caching off."),
     max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
     max_body: str = typer.Option("8MiB", "--max-body", help="Largest request body accepted (413 past it)."),
-    prefix_cache_file: str | None = typer.Option(None, "--prefix-cache-file", help=PREFIX_FILE_HELP),
+    prefix_cache_file_path: str | None = typer.Option(None, "--prefix-cache-file", help=PREFIX_FILE_HELP),
     prefix_cache_save_interval: float = typer.Option(300.0, "--prefix-cache-save-interval", help=PREFIX_SAVE_HELP),
     prefix_cache_max_size: str | None = typer.Option(None, "--prefix-cache-max-size", help=PREFIX_MAX_HELP),
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help=SHUTDOWN_HELP),
@@ -390,16 +411,16 @@ def serve(
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
     pd: str | None = typer.Option(None, "--pd", help=PD_HELP),
     role: str | None = typer.Option(None, "--role", help=ROLE_HELP),
-    hostfile: str | None = typer.Option(None, "--hostfile", help=HOSTFILE_HELP),
-    rank: int | None = typer.Option(None, "--rank", help="With --hostfile: this process's rank in it."),
+    tensor_parallel: int = TENSOR_PARALLEL,
+    hostfile: str | None = HOSTFILE,
+    rank: int | None = RANK,
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions, exit_process, run_server
-    from baselm.backend import select_backend
-    from baselm.dist.pd_serve import serve_pd
-    from baselm.loader import load_model
+    from baselm.dist.launch import load_model_for
 
     try:
+        dist = dist_options(tensor_parallel, hostfile, rank)
         config = EngineConfig(
             kv_memory=parse_optional_size(kv_memory),
             kv_bits=kv_bits,
@@ -408,7 +429,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=not no_prefix_caching,
             max_waiting=max_waiting,
-            prefix_cache_file=prefix_cache_file,
+            prefix_cache_file=prefix_cache_file(dist, prefix_cache_file_path, True),
             prefix_cache_save_interval=prefix_cache_save_interval,
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
@@ -419,7 +440,7 @@ def serve(
             host, port, api_key or None, served_model_name, body, shutdown_timeout, cors_origins=origins
         )
         serve_pd((pd, role, hostfile, rank), (model, device, require_signature), config, options, run_server)
-        loaded = load_model(model, select_backend(device), require_signature=require_signature)
+        loaded = load_model_for(model, device, require_signature, dist)
     except _user_errors() as exc:
         _fail(str(exc))
     exit_process(run_server(loaded, config, options))

@@ -17,6 +17,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     """The exceptions that mean a bad input or setting, not a bug."""
     from baselm.backend import BackendError
     from baselm.config import ConfigError
+    from baselm.dist.group import DistError
     from baselm.models.base import ModelConfigError
     from baselm.request import InvalidRequestError
     from baselm.sampling import SamplingParamsError
@@ -27,6 +28,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     return (
         BackendError,
         ConfigError,
+        DistError,
         InvalidRequestError,
         ModelConfigError,
         RequestTooLongError,

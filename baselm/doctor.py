@@ -18,13 +18,15 @@ from baselm.backend import device_memory_bytes, gpu_kind, system_memory_bytes
 from baselm.config import format_size
 from baselm.cpu.attention import attention_kernel_status
 from baselm.cpu.fused import fused_kernel_status
+from baselm.dist import doctor as dist_doctor
 from baselm.dist import pd_doctor
 from baselm.metal import kernel_status
 from baselm.store.default_model import base_home
 
 
-def collect() -> dict[str, Any]:
-    """Everything doctor reports, as plain data (the --json output)."""
+def collect(links: bool = False) -> dict[str, Any]:
+    """Everything doctor reports, as plain data (the --json output); `links` also measures a
+    2-rank group on loopback."""
     kind = gpu_kind()
     backend = kind or "cpu"
     home = base_home()
@@ -50,7 +52,7 @@ def collect() -> dict[str, Any]:
         "kernels": {**kernel_status(), **attention_kernel_status(), **fused_kernel_status()},
         "store": str(home),
         "store_free_bytes": disk.free,
-        "distributed": pd_doctor.status(),
+        "distributed": {**dist_doctor.collect(links), "prefill_decode": pd_doctor.status()},
         "warnings": [],
     }
     report["warnings"] = _warnings(report)
@@ -108,7 +110,7 @@ def render(report: dict[str, Any]) -> None:
         ("Compute", report["compute"]),
         ("Kernels", ", ".join(f"{name}: {state}" for name, state in report["kernels"].items())),
         ("Store", f"{report['store']} ({_gib(report['store_free_bytes'])} free)"),
-        ("Distributed", pd_doctor.describe(report["distributed"])),
+        ("Distributed", f"{dist_doctor.summary(report['distributed'])}; {pd_doctor.describe(report['distributed'])}"),
     ]
     for key, value in rows:
         table.add_row(key, Text(value))

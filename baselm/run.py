@@ -8,12 +8,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from baselm.backend import select_backend
 from baselm.chat.answer import Answer
 from baselm.chat.stats import TurnStats
 from baselm.config import EngineConfig, SpeculativeConfig
+from baselm.dist.launch import DistOptions, load_model_for
 from baselm.engine import LLMEngine
-from baselm.loader import LoadedModel, load_model
+from baselm.loader import LoadedModel
 from baselm.sampling import SamplingParams, TokenLogprobs
 from baselm.spec.speculator import SpecStats
 from baselm.tokenizer.tokenizer import Tokenizer
@@ -32,12 +32,13 @@ class RunOptions:
     device: str = "auto"
     require_signature: bool = False  # refuse a model without a good signature by a trusted key
     speculative: SpeculativeConfig | None = None
+    dist: DistOptions | None = None  # the model over several processes
 
 
 def run_once(options: RunOptions) -> None:
     """Loads the model, generates one answer to the prompt and prints it with its speed."""
     start = time.perf_counter()
-    loaded = load_model(options.model, select_backend(options.device), require_signature=options.require_signature)
+    loaded = load_model_for(options.model, options.device, options.require_signature, options.dist)
     ids = prompt_ids(loaded.tokenizer, options.prompt, options.raw)
     engine = LLMEngine(loaded, one_request_config(len(ids), options.sampling.max_tokens, options.speculative))
     load_s = time.perf_counter() - start

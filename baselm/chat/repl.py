@@ -16,7 +16,6 @@ from pathlib import Path
 from rich.console import Console
 
 from baselm.async_engine import AsyncEngine
-from baselm.backend import select_backend
 from baselm.chat.answer import Answer
 from baselm.chat.chat_file import load_chat, save_chat
 from baselm.chat.conversation import Conversation, Prompt
@@ -24,8 +23,8 @@ from baselm.chat.line_reader import LineReader, join_continued
 from baselm.chat.settings import ChatCommandError, ChatOptions, ChatSettings
 from baselm.chat.stats import SessionStats, stats_report, turn_line
 from baselm.chat.view import AnswerView
+from baselm.dist.launch import load_model_for
 from baselm.engine import LLMEngine, QueueFullError
-from baselm.loader import load_model
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
 from baselm.sampling import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
@@ -55,7 +54,7 @@ COMMAND_HINT = "commands: /help /clear /system /set /save /load /stats /quit"
 def open_chat_engine(options: ChatOptions) -> Iterator[AsyncEngine]:
     """Loads the model and runs its engine thread while the block runs; refuses a model without a chat template."""
     with Console(stderr=True).status(f"loading {options.model}"):
-        loaded = load_model(options.model, select_backend(options.device), options.require_signature)
+        loaded = load_model_for(options.model, options.device, options.require_signature, options.dist)
         engine = LLMEngine(loaded, options.engine)
     if not loaded.tokenizer.has_chat_template:
         raise ChatTemplateError(f"{loaded.name} has no chat template, so it cannot chat; use `base run --raw`")

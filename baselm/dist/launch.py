@@ -15,12 +15,14 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from baselm.backend import select_backend
 from baselm.dist import group as groups
+from baselm.dist.comm import traffic
 from baselm.dist.group import DistError, DistGroup
 from baselm.dist.tp import Sharding
 from baselm.dist.tp_engine import STEP_TIMEOUT_S, TensorParallelModel, follow
@@ -75,11 +77,22 @@ def load_model_for(ref: str, device: str, require_signature: bool, dist: DistOpt
     else:
         spec = WorkerSpec(ref, device, require_signature, dist.tensor_parallel, dist.backend, dist.step_timeout)
         argv = [sys.executable, "-m", "baselm.dist.worker", json.dumps(asdict(spec))]
-        group = groups.start_local(argv, dist.tensor_parallel, dist.backend)
+        group = groups.start_local(argv, dist.tensor_parallel, dist.backend, env=share_cores(dist.tensor_parallel))
     loaded = load_shard(ref, device, require_signature, group)
     if group.rank != 0:
         follow_and_exit(loaded, group, dist.step_timeout)
     return lead(loaded, group, dist.step_timeout)
+
+
+def share_cores(size: int) -> dict[str, str]:
+    """Thread counts for `size` ranks on this machine: each takes its share of the cores for the
+    CPU kernels and BLAS (set here for rank 0 too, before its kernels start), unless already set.
+    Without this every rank would run a thread per core, and spinning workers of one rank would
+    take the cores the others need."""
+    threads = str(max(1, (os.cpu_count() or 1) // size))
+    env = {name: os.environ.get(name, threads) for name in ("BASE_CPU_THREADS", "OPENBLAS_NUM_THREADS")}
+    os.environ.setdefault("BASE_CPU_THREADS", threads)
+    return env
 
 
 def load_shard(ref: str, device: str, require_signature: bool, group: DistGroup) -> LoadedModel:
@@ -116,8 +129,20 @@ def follow_and_exit(loaded: LoadedModel, group: DistGroup, step_timeout: float =
 
 
 def describe(loaded: LoadedModel) -> dict[str, Any] | None:
-    """The group and the split of a loaded model, for logs and doctor (None when it is not distributed)."""
+    """The group, the split of a loaded model and what rank 0 moved so far (None when it is not
+    distributed). Bytes are those rank 0 handed to collectives; a ring all-reduce of B bytes over
+    N ranks puts 2(N-1)/N * B on each rank's link."""
     model = loaded.model
     if not isinstance(model, TensorParallelModel):
         return None
-    return {**model.dist_group.describe(), "sharding": model.inner.sharding.describe()}
+    tokens, forwards = max(model.num_tokens, 1), max(model.num_forwards, 1)
+    return {
+        **model.dist_group.describe(),
+        "sharding": model.inner.sharding.describe(),
+        "forwards": model.num_forwards,
+        "tokens": model.num_tokens,
+        "all_reduce_calls_per_forward": round(traffic.all_reduce_calls / forwards, 1),
+        "all_reduce_bytes_per_token": round(traffic.all_reduce_bytes / tokens),
+        "broadcast_bytes_per_forward": round(traffic.broadcast_bytes / forwards),
+        "broadcast_calls_per_forward": round(traffic.broadcast_calls / forwards, 2),
+    }

@@ -1,4 +1,4 @@
-"""What `base doctor` says about more than one process: MLX's distributed backends and the --pd modes."""
+"""`base doctor`'s line on prefill/decode disaggregation, in its distributed section (doctor.py there)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,17 @@ from typing import Any
 
 import mlx.core as mx
 
-from baselm.dist.group import BACKENDS
 
-
-def status() -> dict[str, Any]:
-    """Which of MLX's backends this build has, and how prefill/decode disaggregation would run here."""
-    available = {name: bool(mx.distributed.is_available(name)) for name in BACKENDS}
-    return {
-        "backends": available,
-        "prefill_decode": (
-            "base serve MODEL --pd P:D (local ranks on loopback, ring backend) or --hostfile/--rank "
-            "(ranks on several machines); KV blocks move with send/recv"
-            if available.get("ring")
-            else "unavailable: this MLX build has no ring backend"
-        ),
-    }
+def status() -> str:
+    """How `--pd` would run here: it needs the ring backend (or another one MLX has)."""
+    if not mx.distributed.is_available("ring"):
+        return "unavailable: this MLX build has no ring backend"
+    return (
+        "base serve MODEL --pd P:D (ranks on this machine over loopback) or with --hostfile/--rank "
+        "(ranks on several machines); KV blocks move with send/recv"
+    )
 
 
 def describe(report: dict[str, Any]) -> str:
-    """One line for doctor's table."""
-    backends = ", ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in report["backends"].items())
-    return f"{backends}; prefill/decode: {report['prefill_decode']}"
+    """The doctor table's words for the distributed section's `prefill_decode` entry."""
+    return f"prefill/decode: {report['prefill_decode']}"

@@ -72,7 +72,7 @@ class Sharding:
         split_in(attn.o_proj, weights, f"{path}.o_proj", q0 * d, q1 * d, self.rank)
         if attn.has_sinks:
             attn.sinks = attn.sinks[q0:q1]
-            weights[f"{path}.sinks"] = weights[f"{path}.sinks"][q0:q1]
+            weights[f"{path}.sinks"] = _own(weights[f"{path}.sinks"][q0:q1])
         attn.num_heads, attn.num_kv_heads = q1 - q0, k1 - k0
 
     # ---- MLPs and experts ----------------------------------------------------------------
@@ -172,10 +172,16 @@ def split_out(layer: nn.Module, weights: dict[str, mx.array], prefix: str, a: in
     """Keeps output rows [a, b) of a linear (or stacked experts) layer and of its tensors."""
     for suffix in ("weight", "scales", "biases"):
         if f"{prefix}.{suffix}" in weights:
-            weights[f"{prefix}.{suffix}"] = weights[f"{prefix}.{suffix}"][..., a:b, :]
+            weights[f"{prefix}.{suffix}"] = _own(weights[f"{prefix}.{suffix}"][..., a:b, :])
     if f"{prefix}.bias" in weights:
-        weights[f"{prefix}.bias"] = weights[f"{prefix}.bias"][..., a:b]
+        weights[f"{prefix}.bias"] = _own(weights[f"{prefix}.bias"][..., a:b])
     _resize(layer, -2, b - a)
+
+
+def _own(view: mx.array) -> mx.array:
+    """A slice in a buffer of its own: a view would keep the whole tensor alive (every rank would
+    hold the whole model)."""
+    return mx.contiguous(view)
 
 
 def split_in(layer: nn.Module, weights: dict[str, mx.array], prefix: str, a: int, b: int, rank: int) -> None:
@@ -191,12 +197,12 @@ def split_in(layer: nn.Module, weights: dict[str, mx.array], prefix: str, a: int
                 "this model cannot be split over this many ranks"
             )
         bits = codes.shape[-1] * 32 // in_features
-        weights[f"{prefix}.weight"] = codes[..., a * bits // 32 : b * bits // 32]
+        weights[f"{prefix}.weight"] = _own(codes[..., a * bits // 32 : b * bits // 32])
         for suffix in ("scales", "biases"):
             if f"{prefix}.{suffix}" in weights:
-                weights[f"{prefix}.{suffix}"] = weights[f"{prefix}.{suffix}"][..., a // group : b // group]
+                weights[f"{prefix}.{suffix}"] = _own(weights[f"{prefix}.{suffix}"][..., a // group : b // group])
     else:
-        weights[f"{prefix}.weight"] = codes[..., a:b]
+        weights[f"{prefix}.weight"] = _own(codes[..., a:b])
     if f"{prefix}.bias" in weights and rank != 0:
         weights[f"{prefix}.bias"] = mx.zeros_like(weights[f"{prefix}.bias"])
     _resize(layer, -1, b - a)

@@ -58,6 +58,8 @@ class TensorParallelModel:
         self._next_cache_id = itertools.count(1)
         self._freed: list[int] = []  # caches gone on rank 0 whose pools the other ranks still hold
         self._stopped = False
+        self.num_forwards = 0  # forwards run over the group
+        self.num_tokens = 0  # tokens those forwards fed
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -71,6 +73,8 @@ class TensorParallelModel:
     def _run(self, op: int, fn, input_ids, positions, meta, cache) -> mx.array:
         if self.failed is not None:
             raise self.failed
+        self.num_forwards += 1
+        self.num_tokens += input_ids.size
         try:
             return self._wait(self._pool.submit(self._step, op, fn, input_ids, positions, meta, cache))
         except RankFailedError as e:

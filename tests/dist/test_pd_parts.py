@@ -99,10 +99,11 @@ def test_what_a_handoff_cannot_carry_is_refused_clearly() -> None:
             _check_handoff(params)
 
 
-def test_doctor_names_the_backends_and_the_pd_mode() -> None:
-    report = status()
-    assert report["backends"]["ring"] is True
-    assert "--pd P:D" in report["prefill_decode"]
+def test_doctor_names_the_pd_mode() -> None:
+    from baselm.doctor import collect
+
+    assert "--pd P:D" in status()
+    assert collect()["distributed"]["prefill_decode"] == status()
 
 
 def test_serve_pd_refuses_a_prefix_cache_file() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from baselm.dist.group import free_ports, write_hostfile
 from baselm.dist.plan import CACHE, FORWARD, StepPlan
 from baselm.dist.tp import even_ranges, head_ranges
 from baselm.kv import AttentionMetadata
@@ -101,3 +102,69 @@ def test_a_step_plan_comes_back_as_the_same_attention_metadata():
         assert np.array_equal(np.array(getattr(again, name)), np.array(getattr(meta, name))), name
     cache = StepPlan.decode(StepPlan(CACHE, cache_id=2, cache_shape=(100, 16, 8)).encode())
     assert (cache.op, cache.cache_id, cache.cache_shape) == (CACHE, 2, (100, 16, 8))
+
+
+def test_base_run_over_two_processes_prints_what_one_process_prints(tmp_path: Path):
+    folder = write_model_folder(tmp_path / "tiny")
+
+    def run(*extra: str) -> dict:
+        args = [sys.executable, "-m", "baselm.cli", "run", str(folder), "Hello there", "-n", "12", "--raw"]
+        proc = subprocess.run(
+            [*args, "--device", "cpu", "--json", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)
+
+    one, two = run(), run("--tensor-parallel", "2")
+    assert two["token_ids"] == one["token_ids"] and len(one["token_ids"]) == 12
+
+
+def test_base_run_joins_ranks_from_a_hostfile(tmp_path: Path):
+    folder = write_model_folder(tmp_path / "tiny")
+    hostfile = write_hostfile(tmp_path, [f"127.0.0.1:{p}" for p in free_ports(2)])
+    args = [
+        sys.executable,
+        "-m",
+        "baselm.cli",
+        "run",
+        str(folder),
+        "Hello there",
+        "-n",
+        "12",
+        "--raw",
+        "--device",
+        "cpu",
+    ]
+    rank1 = subprocess.Popen([*args, "--hostfile", str(hostfile), "--rank", "1"], cwd=ROOT, stdout=subprocess.PIPE)
+    rank0 = subprocess.run(
+        [*args, "--json", "--hostfile", str(hostfile), "--rank", "0"], cwd=ROOT, capture_output=True, timeout=120
+    )
+    assert rank0.returncode == 0, rank0.stderr[-2000:]
+    assert rank1.wait(60) == 0 and rank1.stdout.read() == b""  # it followed rank 0, then left quietly
+    alone = subprocess.run([*args, "--json"], cwd=ROOT, capture_output=True, timeout=120)
+    assert json.loads(rank0.stdout)["token_ids"] == json.loads(alone.stdout)["token_ids"]
+
+
+def test_a_prefix_cache_file_is_refused_across_processes(tmp_path: Path):
+    args = [sys.executable, "-m", "baselm.cli", "serve", str(tmp_path), "--tensor-parallel", "2"]
+    proc = subprocess.run(
+        [*args, "--prefix-cache-file", str(tmp_path / "p.kvc")], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1
+    assert "prefix cache file cannot be used with --tensor-parallel" in proc.stderr
+
+
+@pytest.mark.slow
+def test_smollm2_over_two_ranks_gives_the_reference_tokens_to_the_end(smollm2_gguf):
+    from tests.conftest import LOCAL_REFERENCE, REFERENCE
+
+    reference = REFERENCE if REFERENCE.exists() else LOCAL_REFERENCE
+    seen = _ranks("smollm2", str(smollm2_gguf), str(reference), timeout=300)
+    assert len(seen["cases"]) == 8
+    for case in seen["cases"]:
+        expected = case["expected"]  # a reference may end early, at its eos
+        assert case["token_ids"][: len(expected)] == expected
+    reference_top5 = json.loads(reference.read_text())["cases"][0]["top5_logprobs_first4"][0]
+    got = dict(map(tuple, seen["cases"][0]["first_top5"]))
+    for token_id, logprob in reference_top5:
+        assert abs(got[token_id] - logprob) < 1e-3

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -17,7 +18,7 @@ import baselm  # noqa: F401  first: the BLAS before mlx.core
 from baselm import cpu, dist
 from baselm.backend import select_backend
 from baselm.config import EngineConfig, SpeculativeConfig
-from baselm.dist.launch import DistOptions, lead, load_model_for
+from baselm.dist.launch import DistOptions, describe, lead, load_model_for
 from baselm.dist.tp import Sharding
 from baselm.dist.tp_engine import follow
 from baselm.engine import LLMEngine
@@ -153,10 +154,26 @@ def rank_dies(folder: str) -> dict:
     return seen
 
 
+def smollm2(gguf: str, reference: str) -> dict:
+    """SmolLM2-135M (Q4_1) split over 2 ranks as `base run --tensor-parallel 2` splits it: the
+    reference's 8 prompts batched, greedy, 32 tokens."""
+    loaded = load_model_for(gguf, "cpu", False, DistOptions(tensor_parallel=2))
+    cases = json.loads(Path(reference).read_text())["cases"]
+    engine = LLMEngine(loaded, EngineConfig(kv_memory=64 * 2**20))
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=5)
+    results = engine.generate([c["prompt_token_ids"] for c in cases], params)
+    seen = []
+    for case, result in zip(cases, results):
+        out = result.completions[0]
+        first = [[t, lp] for t, lp in out.logprobs[0].top]
+        seen.append({"expected": case["generated_token_ids"], "token_ids": out.token_ids, "first_top5": first})
+    return {"cases": seen, "sharding": describe(loaded)}
+
+
 def main() -> None:
     name = sys.argv[1]
-    if name == "rank_dies":
-        print(json.dumps(rank_dies(sys.argv[2])), flush=True)
+    if name in ("rank_dies", "smollm2"):
+        print(json.dumps((rank_dies if name == "rank_dies" else smollm2)(*sys.argv[2:])), flush=True)
         return
     group = dist.form([sys.executable, "-m", "tests.dist.tp_ranks", name], 2)
     result = TESTS[name](group)

@@ -1,0 +1,59 @@
+"""The options of `base run/chat/serve/bench` that spread a model over several processes.
+
+Declared once here and shared by the commands; parsed into `baselm.dist.launch.DistOptions`
+(imported lazily: MLX stays out of `base --help`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from baselm.dist.launch import DistOptions
+
+TENSOR_PARALLEL = typer.Option(
+    1,
+    "--tensor-parallel",
+    help="Split the model over N processes (tensor parallelism); without --hostfile, all on this machine.",
+)
+HOSTFILE = typer.Option(
+    None, "--hostfile", help="MLX hostfile (JSON) of the processes' addresses, one per rank; with --rank."
+)
+RANK = typer.Option(None, "--rank", help="This process's rank in --hostfile (rank 0 serves; the others follow).")
+
+
+def dist_options(tensor_parallel: int, hostfile: str | None, rank: int | None) -> DistOptions | None:
+    """The parsed options, None when the model runs in this process alone."""
+    if tensor_parallel == 1 and hostfile is None and rank is None:
+        return None
+    from baselm.dist.launch import DistOptions
+
+    return DistOptions(tensor_parallel=tensor_parallel, hostfile=hostfile, rank=rank)
+
+
+def prefix_cache_file(dist: DistOptions | None, path: str | None, chosen: bool) -> str | None:
+    """The prefix cache file to use: none across processes, where the file would hold rank 0's
+    KV heads only (refused when `chosen` by the user, dropped when it was a default)."""
+    if dist is None or path is None:
+        return path
+    if chosen:
+        from baselm.dist.group import DistError
+
+        raise DistError("a prefix cache file cannot be used with --tensor-parallel (each rank holds part of the KV)")
+    return None
+
+
+def serve_pd(*args: object) -> None:
+    """`base serve --pd`: `baselm.dist.pd_serve.serve_pd` (returns at once without --pd), imported when called."""
+    from baselm.dist.pd_serve import serve_pd as run
+
+    run(*args)
+
+
+def bench_pd(*args: object) -> None:
+    """`base bench --pd`: `baselm.dist.pd_bench.bench_pd`, imported when called."""
+    from baselm.dist.pd_bench import bench_pd as run
+
+    run(*args)

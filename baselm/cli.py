@@ -439,7 +439,7 @@ def serve(
         options = ServeOptions(
             host, port, api_key or None, served_model_name, body, shutdown_timeout, cors_origins=origins
         )
-        serve_pd((pd, role, hostfile, rank), (model, device, require_signature), config, options, run_server)
+        serve_pd((pd, role, dist), (model, device, require_signature), config, options, run_server)
         loaded = load_model_for(model, device, require_signature, dist)
     except _user_errors() as exc:
         _fail(str(exc))

@@ -24,6 +24,7 @@ from baselm.dist.watchdog import Watchdog
 from baselm.loader import LoadedModel
 
 if TYPE_CHECKING:
+    from baselm.dist.launch import DistOptions
     from baselm.dist.pd_engine import PDEngine
 
 STEP_TIMEOUT_S = 120.0  # longer than any step (a full token budget of prefill on a slow CPU)
@@ -39,11 +40,13 @@ class PDOptions:
     rank: int | None = None
 
     @classmethod
-    def parse(cls, pd: str, role: str | None, hostfile: str | None, rank: int | None) -> PDOptions:
+    def parse(cls, pd: str, role: str | None, dist: DistOptions | None = None) -> PDOptions:
+        """From --pd, --role and the parsed --hostfile/--rank/--tensor-parallel (cli_dist, None: none)."""
+        hostfile, rank = (dist.hostfile, dist.rank) if dist is not None else (None, None)
+        if dist is not None and dist.tensor_parallel > 1:
+            raise ConfigError("--pd and --tensor-parallel cannot be combined yet: choose one")
         if role not in (None, "prefill", "decode"):
             raise ConfigError(f"--role {role!r}: choose prefill or decode")
-        if (hostfile is None) != (rank is None):
-            raise ConfigError("--hostfile and --rank go together: give both to join a group spread over machines")
         return cls(Layout.parse(pd), role, hostfile, rank)
 
 
@@ -86,8 +89,8 @@ def start(
 
 def serve_pd(pd_args: tuple, model_args: tuple, config: EngineConfig, serve_options, run_server) -> None:
     """`base serve` with --pd: serves as a rank of the group, then ends the process; returns at once
-    without --pd. `pd_args`: --pd, --role, --hostfile, --rank; `model_args`: the model, --device and
-    --require-signature (the model is loaded once the group is formed, on every rank)."""
+    without --pd. `pd_args`: --pd, --role and the parsed --hostfile/--rank (cli_dist); `model_args`:
+    the model, --device and --require-signature (loaded once the group is formed, on every rank)."""
     from baselm.backend import select_backend
     from baselm.loader import load_model
 

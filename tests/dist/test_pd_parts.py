@@ -29,11 +29,15 @@ def test_layout_parses_p_colon_d_and_names_roles() -> None:
             Layout.parse(bad)
 
 
-def test_rank_options_need_hostfile_and_rank_together_and_a_known_role() -> None:
-    with pytest.raises(ConfigError, match="go together"):
-        PDOptions.parse("1:1", None, "hosts.json", None)
+def test_rank_options_need_a_known_role_and_no_tensor_parallelism() -> None:
+    from baselm.dist.launch import DistOptions
+
     with pytest.raises(ConfigError, match="prefill or decode"):
-        PDOptions.parse("1:1", "both", None, None)
+        PDOptions.parse("1:1", "both")
+    with pytest.raises(ConfigError, match="cannot be combined"):
+        PDOptions.parse("1:1", None, DistOptions(tensor_parallel=2))
+    joined = PDOptions.parse("1:1", "decode", DistOptions(hostfile="hosts.json", rank=1))
+    assert (joined.hostfile, joined.rank, joined.role) == ("hosts.json", 1, "decode")
 
 
 def _report(rank: int, running: int, handoffs: list[str]) -> Report:
@@ -112,5 +116,5 @@ def test_serve_pd_refuses_a_prefix_cache_file() -> None:
 
     config = EngineConfig(prefix_cache_file="/tmp/never-written.kvc")
     with pytest.raises(ConfigError, match="prefix-cache-file"):
-        serve_pd(("1:1", None, None, None), ("model", "cpu", False), config, None, None)
-    assert serve_pd((None, None, None, None), ("model", "cpu", False), config, None, None) is None  # no --pd
+        serve_pd(("1:1", None, None), ("model", "cpu", False), config, None, None)
+    assert serve_pd((None, None, None), ("model", "cpu", False), config, None, None) is None  # no --pd

@@ -347,8 +347,7 @@ def bench(
             workloads=tuple(w.strip() for w in workload.split(",") if w.strip()),
         )
         loaded = load_model_for(model, device, False, dist_options(tensor_parallel, hostfile, rank))
-        report = run_all(loaded, config, options)
-        report["distributed"] = describe(loaded)
+        report = {**run_all(loaded, config, options), "distributed": describe(loaded)}
     except _user_errors() as exc:
         _fail(str(exc))
     _print_bench(report, as_json, render)

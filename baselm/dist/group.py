@@ -10,9 +10,10 @@ Either way `init` forms the group and returns a `DistGroup`: the MLX group with 
 for `base doctor`.
 
 Failures are for people: a rank that fails to start or dies later gives the others a
-`RankFailedError`, never a hang. MLX's ring backend raises when a peer's socket closes (a
-process that exits or is killed); a rank that stops answering without exiting is caught by
-`Watchdog` (dist/watchdog.py) around each step.
+`RankFailedError` or `DistError`, never a hang. MLX's ring backend raises when a peer's
+socket closes (a process that exits or is killed), though not always; so rank 0 also watches
+the ranks it started and a step deadline (dist/tp_engine.py), and the other ranks end
+themselves when a step outlasts theirs (dist/watchdog.py).
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ class DistOptions:
             raise DistError(f"--tensor-parallel must be 1 or more, not {self.tensor_parallel}")
         if (self.hostfile is None) != (self.rank is None):
             raise DistError("--hostfile and --rank go together: each process says which rank of the file it is")
-        groups.check_backend(self.backend) if self.is_distributed else None
+        if self.is_distributed:
+            groups.check_backend(self.backend)
 
     @property
     def is_distributed(self) -> bool:

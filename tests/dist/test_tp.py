@@ -52,6 +52,8 @@ def test_the_engine_over_two_ranks_answers_as_one_process_for_every_architecture
     assert sorted(k.split("/")[0] for k in result) == FIXTURES
     for key, seen in result.items():
         assert seen["pair"]["token_ids"] == seen["whole"]["token_ids"], key
+        pair, whole = np.array(seen["pair"]["embeddings"]), np.array(seen["whole"]["embeddings"])
+        assert np.abs(pair - whole).max() < TOLERANCE, key
 
 
 def test_quantized_kv_speculation_and_chunked_prefill_work_over_two_ranks():
@@ -104,22 +106,7 @@ def test_a_step_plan_comes_back_as_the_same_attention_metadata():
     assert (cache.op, cache.cache_id, cache.cache_shape) == (CACHE, 2, (100, 16, 8))
 
 
-def test_base_run_over_two_processes_prints_what_one_process_prints(tmp_path: Path):
-    folder = write_model_folder(tmp_path / "tiny")
-
-    def run(*extra: str) -> dict:
-        args = [sys.executable, "-m", "baselm.cli", "run", str(folder), "Hello there", "-n", "12", "--raw"]
-        proc = subprocess.run(
-            [*args, "--device", "cpu", "--json", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return json.loads(proc.stdout)
-
-    one, two = run(), run("--tensor-parallel", "2")
-    assert two["token_ids"] == one["token_ids"] and len(one["token_ids"]) == 12
-
-
-def test_base_run_joins_ranks_from_a_hostfile(tmp_path: Path):
+def test_base_run_over_two_processes_started_or_joined_prints_what_one_process_prints(tmp_path: Path):
     folder = write_model_folder(tmp_path / "tiny")
     hostfile = write_hostfile(tmp_path, [f"127.0.0.1:{p}" for p in free_ports(2)])
     args = [
@@ -135,14 +122,18 @@ def test_base_run_joins_ranks_from_a_hostfile(tmp_path: Path):
         "--device",
         "cpu",
     ]
+
+    def run(*extra: str) -> list[int]:
+        proc = subprocess.run([*args, "--json", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)["token_ids"]
+
+    alone = run()
+    assert len(alone) == 12
+    assert run("--tensor-parallel", "2") == alone  # rank 0 starts rank 1 itself
     rank1 = subprocess.Popen([*args, "--hostfile", str(hostfile), "--rank", "1"], cwd=ROOT, stdout=subprocess.PIPE)
-    rank0 = subprocess.run(
-        [*args, "--json", "--hostfile", str(hostfile), "--rank", "0"], cwd=ROOT, capture_output=True, timeout=120
-    )
-    assert rank0.returncode == 0, rank0.stderr[-2000:]
+    assert run("--hostfile", str(hostfile), "--rank", "0") == alone
     assert rank1.wait(60) == 0 and rank1.stdout.read() == b""  # it followed rank 0, then left quietly
-    alone = subprocess.run([*args, "--json"], cwd=ROOT, capture_output=True, timeout=120)
-    assert json.loads(rank0.stdout)["token_ids"] == json.loads(alone.stdout)["token_ids"]
 
 
 def test_a_prefix_cache_file_is_refused_across_processes(tmp_path: Path):

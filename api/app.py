@@ -37,7 +37,6 @@ from baselm.api.schemas import Body, array_field
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
 from baselm.api.tools import tool_format
 from baselm.async_engine import AsyncEngine
-from baselm.engine import LLMEngine
 from baselm.reasoning import template_thinks
 from baselm.tokenizer.errors import ChatTemplateError
 
@@ -70,7 +69,7 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.base
-    stats = await state.client.run_on_engine(LLMEngine.stats)
+    stats = await state.client.run_on_engine(lambda engine: engine.stats())
     return PlainTextResponse(state.metrics.render(stats, state.model_name), media_type="text/plain; version=0.0.4")
 
 

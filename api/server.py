@@ -105,15 +105,16 @@ def banner(model_name: str, options: ServeOptions) -> str:
     )
 
 
-def run_server(loaded: LoadedModel, config: EngineConfig, options: ServeOptions) -> int:
-    """Serves `loaded` until SIGINT/SIGTERM; returns the exit status."""
+def run_server(loaded: LoadedModel, config: EngineConfig, options: ServeOptions, engine=None) -> int:
+    """Serves `loaded` until SIGINT/SIGTERM; returns the exit status. `engine`: one already built
+    (a prefill/decode group's PDEngine); by default an LLMEngine of `loaded` and `config`."""
     if not options.api_key and not is_loopback(options.host):
         print(
             f"WARNING: serving on {options.host} without an API key: anyone who can reach this port can use the "
             "model. Set --api-key or BASE_API_KEY.",
             file=sys.stderr,
         )
-    engine = LLMEngine(loaded, config)
+    engine = engine if engine is not None else LLMEngine(loaded, config)
     client = AsyncEngine(engine).start()
     model_name = options.served_model_name or loaded.name
     server = make_server(client, model_name, options)

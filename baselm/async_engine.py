@@ -34,6 +34,14 @@ def _wait_native_exit(native_id: int | None, deadline: float) -> None:
         time.sleep(0.005)
 
 
+def _add_request(engine: LLMEngine, *args: Any) -> str:
+    return engine.add_request(*args)  # NOTE: looked up on the engine, which may be LLMEngine's look-alike (PDEngine)
+
+
+def _abort(engine: LLMEngine, request_id: str) -> None:
+    engine.abort(request_id)
+
+
 class AsyncEngine:
     """Runs an LLMEngine on a thread of its own, which does all MLX work; asyncio code talks to it.
 
@@ -84,7 +92,7 @@ class AsyncEngine:
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         try:
-            await self.run_on_engine(LLMEngine.add_request, prompt, params, request_id)
+            await self.run_on_engine(_add_request, prompt, params, request_id)
         except BaseException:
             self._streams.pop(request_id, None)
             self.abort(request_id)  # cancelled after the engine took it: nobody would read it
@@ -106,7 +114,7 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        self.call(LLMEngine.abort, request_id)
+        self.call(_abort, request_id)
 
     # ---- the engine thread ---------------------------------------------------------------
 

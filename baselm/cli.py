@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from baselm import signing_commands, store_commands
-from baselm.cli_dist import HOSTFILE, RANK, TENSOR_PARALLEL, dist_options, prefix_cache_file
+from baselm.cli_dist import HOSTFILE, RANK, TENSOR_PARALLEL, bench_pd, dist_options, prefix_cache_file, serve_pd
 from baselm.cli_errors import fail as _fail
 from baselm.cli_errors import user_errors as _user_errors
 from baselm.config import (
@@ -58,6 +58,8 @@ CORS_HELP = (
 SPEC_HELP = "Speculative decoding: ngram (prompt lookup) or a draft model with the same tokenizer."
 SPEC_K_HELP = "Most speculative tokens a request verifies per step (with --speculative)."
 SPEC_FIXED_HELP = "Always verify --num-speculative-tokens drafts (no adaptive rule)."
+PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g. 1:1 (see README)."
+ROLE_HELP = "With --pd over machines: this rank's role, prefill or decode (checked against --rank)."
 WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
 
 
@@ -315,6 +317,7 @@ def bench(
     workload: str = typer.Option("grounded,free", "--workload", help=WORKLOAD_HELP),
     synthetic: str = typer.Option("", "--synthetic", help=SYNTHETIC_HELP),
     synthetic_bits: int = typer.Option(4, "--synthetic-bits", help="4 or 8 (affine, groups of 32), 32: float32."),
+    pd: str | None = typer.Option(None, "--pd", help="Also run the batch (the last --concurrency) on a P:D group."),
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
@@ -331,6 +334,8 @@ def bench(
     try:
         size = parse_optional_size(kv_memory)
         config = EngineConfig(kv_memory=size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        if pd is not None:  # one process, then a prefill/decode group, on the same batch
+            return bench_pd(model, device, pd, config, (prompt_tokens, gen_tokens, concurrency, seed), as_json)
         options = BenchOptions(
             prompt_tokens=prompt_tokens,
             gen_tokens=gen_tokens,
@@ -349,6 +354,10 @@ def bench(
         report = {**run_all(loaded, config, options), "distributed": describe(loaded)}
     except _user_errors() as exc:
         _fail(str(exc))
+    _print_bench(report, as_json, render)
+
+
+def _print_bench(report: dict, as_json: bool, render) -> None:
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -403,6 +412,8 @@ def serve(
     require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
     speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
+    pd: str | None = typer.Option(None, "--pd", help=PD_HELP),
+    role: str | None = typer.Option(None, "--role", help=ROLE_HELP),
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
@@ -431,6 +442,7 @@ def serve(
         options = ServeOptions(
             host, port, api_key or None, served_model_name, body, shutdown_timeout, cors_origins=origins
         )
+        serve_pd((pd, role, dist), (model, device, require_signature), config, options, run_server)
         loaded = load_model_for(model, device, require_signature, dist)
     except _user_errors() as exc:
         _fail(str(exc))

@@ -43,3 +43,17 @@ def prefix_cache_file(dist: DistOptions | None, path: str | None, chosen: bool) 
 
         raise DistError("a prefix cache file cannot be used with --tensor-parallel (each rank holds part of the KV)")
     return None
+
+
+def serve_pd(*args: object) -> None:
+    """`base serve --pd`: `baselm.dist.pd_serve.serve_pd` (returns at once without --pd), imported when called."""
+    from baselm.dist.pd_serve import serve_pd as run
+
+    run(*args)
+
+
+def bench_pd(*args: object) -> None:
+    """`base bench --pd`: `baselm.dist.pd_bench.bench_pd`, imported when called."""
+    from baselm.dist.pd_bench import bench_pd as run
+
+    run(*args)

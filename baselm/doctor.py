@@ -19,6 +19,7 @@ from baselm.config import format_size
 from baselm.cpu.attention import attention_kernel_status
 from baselm.cpu.fused import fused_kernel_status
 from baselm.dist import doctor as dist_doctor
+from baselm.dist import pd_doctor
 from baselm.metal import kernel_status
 from baselm.store.default_model import base_home
 
@@ -51,7 +52,7 @@ def collect(links: bool = False) -> dict[str, Any]:
         "kernels": {**kernel_status(), **attention_kernel_status(), **fused_kernel_status()},
         "store": str(home),
         "store_free_bytes": disk.free,
-        "distributed": dist_doctor.collect(links),
+        "distributed": {**dist_doctor.collect(links), "prefill_decode": pd_doctor.status()},
         "warnings": [],
     }
     report["warnings"] = _warnings(report)
@@ -109,7 +110,7 @@ def render(report: dict[str, Any]) -> None:
         ("Compute", report["compute"]),
         ("Kernels", ", ".join(f"{name}: {state}" for name, state in report["kernels"].items())),
         ("Store", f"{report['store']} ({_gib(report['store_free_bytes'])} free)"),
-        ("Distributed", dist_doctor.summary(report["distributed"])),
+        ("Distributed", f"{dist_doctor.summary(report['distributed'])}; {pd_doctor.describe(report['distributed'])}"),
     ]
     for key, value in rows:
         table.add_row(key, Text(value))

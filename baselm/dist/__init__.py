@@ -2,6 +2,7 @@
 
 `group.py` forms groups (local ranks on loopback, or a user's hostfile), `comm.py` carries
 rank 0's data to every rank over collectives, `watchdog.py` ends a rank stuck on a peer.
+`pd_*.py` split prefill and decode over processes (`base serve --pd P:D`; see pd_node.py).
 """
 
 from baselm.dist.comm import Traffic, all_sum, broadcast_bytes, broadcast_object, run_collective, traffic

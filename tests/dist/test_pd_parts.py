@@ -1,0 +1,120 @@
+"""The parts of prefill/decode disaggregation that need no second process: layouts, assignment,
+messages, KV block packing, routes, refusals."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from baselm.config import ConfigError
+from baselm.dist import pd_blocks, pd_codec
+from baselm.dist.pd_doctor import status
+from baselm.dist.pd_engine import _check_handoff
+from baselm.dist.pd_node import Layout, Plan, RankStats, Report, assign
+from baselm.dist.pd_prefill import Handoff
+from baselm.dist.pd_serve import PDOptions
+from baselm.dist.pd_wire import route
+from baselm.kv import PagedKVCache
+from baselm.request import InvalidRequestError, RequestOutput
+from baselm.sampling import SamplingParams, TokenLogprobs
+
+
+def test_layout_parses_p_colon_d_and_names_roles() -> None:
+    layout = Layout.parse("2:3")
+    assert (layout.size, list(layout.decode_ranks)) == (5, [2, 3, 4])
+    assert [layout.role(r) for r in range(5)] == ["prefill", "prefill", "decode", "decode", "decode"]
+    for bad in ("1", "1:0", "a:b", "0:1", "1:2:3"):
+        with pytest.raises(ConfigError, match="--pd"):
+            Layout.parse(bad)
+
+
+def test_rank_options_need_a_known_role_and_no_tensor_parallelism() -> None:
+    from baselm.dist.launch import DistOptions
+
+    with pytest.raises(ConfigError, match="prefill or decode"):
+        PDOptions.parse("1:1", "both")
+    with pytest.raises(ConfigError, match="cannot be combined"):
+        PDOptions.parse("1:1", None, DistOptions(tensor_parallel=2))
+    joined = PDOptions.parse("1:1", "decode", DistOptions(hostfile="hosts.json", rank=1))
+    assert (joined.hostfile, joined.rank, joined.role) == ("hosts.json", 1, "decode")
+
+
+def _report(rank: int, running: int, handoffs: list[str]) -> Report:
+    stats = RankStats(rank, "decode" if rank >= 2 else "prefill", num_running=running)
+    return Report(rank, [Handoff(h, [1], SamplingParams(), 2, None, 0, 1, rank) for h in handoffs], [], stats)
+
+
+def test_finished_prompts_go_to_the_least_loaded_decode_rank_ties_to_the_lowest() -> None:
+    reports = [_report(0, 0, ["a", "b"]), _report(1, 0, ["c"]), _report(2, 1, []), _report(3, 0, [])]
+    moves = assign(reports, Layout(2, 2))
+    assert [(h.request_id, dst) for h, dst in moves] == [("a", 3), ("b", 2), ("c", 3)]
+
+
+def test_routes_go_up_the_ring_through_the_ranks_between() -> None:
+    assert route(0, 1, 2) == [0, 1]
+    assert route(0, 3, 4) == [0, 1, 2, 3]
+    assert route(3, 1, 4) == [3, 0, 1]
+
+
+def test_messages_round_trip_as_json_with_their_types() -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=5, logit_bias={7: 1.5}, stop=["x"])
+    plan = Plan(add=[(0, "r1", [1, 2], params)], abort=["r0"])
+    out = RequestOutput("r1", token_ids=[3], logprobs=[TokenLogprobs(3, -0.5, [(3, -0.5)])], finished=True)
+    back = pd_codec.decode(pd_codec.encode([plan, out]))
+    assert back[0].add[0][3] == params and back[0].abort == ["r0"]
+    assert back[1].logprobs[0].token_id == 3 and back[1].finished
+    with pytest.raises(ValueError, match="unknown message type"):
+        pd_codec.decode(b'{"__pd": "Popen", "args": "sh"}')
+    with pytest.raises(TypeError, match="cannot be sent"):
+        pd_codec.encode(object())
+
+
+@pytest.mark.parametrize("kv_bits", [16, 8, 4])
+def test_packed_blocks_land_bit_exact_in_other_block_ids(kv_bits: int) -> None:
+    source = PagedKVCache(2, 6, 4, 2, 32, mx.float32, kv_bits)
+    rng = np.random.default_rng(kv_bits)
+    for layer in source.layers:
+        for kind in ("keys", "values"):
+            pool = getattr(layer, kind)
+            arrays = pd_blocks._arrays(pool)
+            filled = [mx.array(rng.integers(0, 2**16, a.shape).astype(np.float32)).astype(a.dtype) for a in arrays]
+            setattr(
+                layer,
+                kind,
+                filled[0]
+                if isinstance(pool, mx.array)
+                else pool._replace(**dict(zip(("codes", "scales", "biases"), filled))),
+            )
+    target = PagedKVCache(2, 6, 4, 2, 32, mx.float32, kv_bits)
+    data = pd_blocks.pack(source, [1, 4])
+    assert data.size == 2 * pd_blocks.block_nbytes(source)
+    pd_blocks.unpack(target, [5, 0], data)
+    assert np.array_equal(np.array(pd_blocks.pack(target, [5, 0])), np.array(data))
+    assert pd_blocks.layout(source) == pd_blocks.layout(target)
+    with pytest.raises(ValueError, match="cannot fill"):
+        pd_blocks.unpack(target, [0], data)
+
+
+def test_what_a_handoff_cannot_carry_is_refused_clearly() -> None:
+    _check_handoff(SamplingParams())
+    for params, what in ((SamplingParams(n=2), "n > 1"), (SamplingParams(prompt_logprobs=1), "prompt_logprobs")):
+        with pytest.raises(InvalidRequestError, match=what):
+            _check_handoff(params)
+
+
+def test_doctor_names_the_pd_mode() -> None:
+    from baselm.doctor import collect
+
+    assert "--pd P:D" in status()
+    assert collect()["distributed"]["prefill_decode"] == status()
+
+
+def test_serve_pd_refuses_a_prefix_cache_file() -> None:
+    from baselm.config import EngineConfig
+    from baselm.dist.pd_serve import serve_pd
+
+    config = EngineConfig(prefix_cache_file="/tmp/never-written.kvc")
+    with pytest.raises(ConfigError, match="prefix-cache-file"):
+        serve_pd(("1:1", None, None), ("model", "cpu", False), config, None, None)
+    assert serve_pd((None, None, None), ("model", "cpu", False), config, None, None) is None  # no --pd

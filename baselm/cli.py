@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from baselm import signing_commands, store_commands
+from baselm import perplexity_command, signing_commands, store_commands
 from baselm.cli_dist import HOSTFILE, RANK, TENSOR_PARALLEL, bench_pd, dist_options, prefix_cache_file, serve_pd
+from baselm.cli_errors import DEVICE_HELP, MODEL_HELP
 from baselm.cli_errors import fail as _fail
 from baselm.cli_errors import user_errors as _user_errors
 from baselm.config import (
@@ -46,7 +47,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-DEVICE_HELP = "Where to run: auto (GPU when MLX has one), gpu or cpu."
 PREFIX_FILE_HELP = "Save the prefix cache here (periodically, at exit) and load it at start."
 PREFIX_SAVE_HELP = "Seconds between saves of a changed prefix cache."
 PREFIX_MAX_HELP = "Most K/V the prefix cache file holds, e.g. 1GiB (default: the pool)."
@@ -61,9 +61,6 @@ SPEC_FIXED_HELP = "Always verify --num-speculative-tokens drafts (no adaptive ru
 PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g. 1:1 (see README)."
 ROLE_HELP = "With --pd over machines: this rank's role, prefill or decode (checked against --rank)."
 WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
-
-
-MODEL_HELP = "Model: a store name (org/name[:variant] or an alias), a .base or .gguf file, or an HF folder."
 
 
 @app.command("list")
@@ -291,6 +288,9 @@ SYNTHETIC_HELP = (
 )
 
 
+CPU_LAYER_HELP = "Also decode one stream with the CPU decoder-layer kernel on and off."
+
+
 @app.command()
 def bench(
     model: str | None = typer.Argument(None, help=MODEL_HELP + " Not with --synthetic."),
@@ -302,9 +302,7 @@ def bench(
     chunk: int = typer.Option(64, "--chunk", help="Token budget per step in the --long-prompt scenario."),
     pool_sizes: str = typer.Option("", "--pool-sizes", help="Also compare decode steps for KV pools: 256MiB,4GiB."),
     compare_mlx_lm: bool = typer.Option(False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop."),
-    compare_cpu_layer: bool = typer.Option(
-        False, "--compare-cpu-layer", help="Also decode one stream with the CPU decoder-layer kernel on and off."
-    ),
+    compare_cpu_layer: bool = typer.Option(False, "--compare-cpu-layer", help=CPU_LAYER_HELP),
     kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Token budget per step."),
@@ -322,9 +320,8 @@ def bench(
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
 ) -> None:
-    """Measure prefill and decode speed, latency and memory of the engine on a model.
-
-    With --speculative, also each workload with and without speculative decoding, side by side."""
+    """Measure prefill and decode speed, latency and memory of the engine on a model (with
+    --speculative, also each workload with and without speculative decoding, side by side)."""
     from baselm.bench import BenchOptions, render, run_all
     from baselm.dist.launch import describe, load_model_for
 
@@ -449,48 +446,9 @@ def serve(
     exit_process(run_server(loaded, config, options))
 
 
-@app.command()
-def perplexity(
-    model: str = typer.Argument(..., help=MODEL_HELP),
-    text_file: str = typer.Argument(..., help="A UTF-8 plain-text file (no chat template is applied)."),
-    context: int = typer.Option(512, "--context", help="Tokens per window."),
-    stride: int | None = typer.Option(
-        None, "--stride", help="Tokens between window starts, less than --context (default: half)."
-    ),
-    kv_bits: int = typer.Option(16, "--kv-bits", help="KV cache precision: 16 (model dtype), 8 or 4."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-) -> None:
-    """Measure a model's perplexity on a text: sliding windows, every token scored once."""
-    from baselm import perplexity as ppl
-    from baselm.backend import select_backend
-    from baselm.loader import load_model
-
-    try:
-        stride = ppl.default_stride(context) if stride is None else stride
-        ppl.check_window(context, stride)
-        ppl.check_kv_bits(kv_bits)
-        text = ppl.read_text(text_file)
-        loaded = load_model(model, select_backend(device))
-        token_ids = ppl.encode_text(loaded.tokenizer, text)
-        result = ppl.perplexity(loaded.model, token_ids, context, stride, kv_bits, loaded.max_model_len)
-    except (ppl.PerplexityError, *_user_errors()) as exc:
-        _fail(str(exc))
-    if as_json:
-        print(json.dumps({"model": loaded.name, "text": text_file, **result.to_dict()}, indent=2))
-        return
-    print(
-        f"perplexity {result.perplexity:.4f}  (mean NLL {result.mean_nll:.4f} over {result.num_scored} tokens; "
-        f"context {result.context}, stride {result.stride}, KV {kv_bits}-bit)"
-    )
-    print(
-        f"{result.num_evaluated} tokens in {result.num_windows} windows, {result.seconds:.1f} s: "
-        f"{result.tokens_per_second:.1f} tokens/s"
-    )
-
-
 app.registered_commands[:0] = store_commands.commands.registered_commands  # pull, rm, inspect: listed first
 app.registered_commands += signing_commands.commands.registered_commands  # keygen, sign, verify
+app.registered_commands += perplexity_command.commands.registered_commands
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""How every `base` command reports a user's mistake: one clear line on stderr and exit status 1."""
+"""How every `base` command reports a user's mistake (one clear line on stderr, exit status 1),
+and the help texts the command modules share."""
 
 from __future__ import annotations
 
@@ -36,3 +37,7 @@ def user_errors() -> tuple[type[Exception], ...]:
         StoreError,
         TokenizerError,
     )
+
+
+DEVICE_HELP = "Where to run: auto (GPU when MLX has one), gpu or cpu."
+MODEL_HELP = "Model: a store name (org/name[:variant] or an alias), a .base or .gguf file, or an HF folder."

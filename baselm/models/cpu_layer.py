@@ -27,6 +27,7 @@ from baselm.cpu.attention import query_starts
 from baselm.cpu.fused import GATED_ACTIVATIONS
 from baselm.kv.cache import LayerKV
 from baselm.metal import AttentionMetadata
+from baselm.models.attention import Attention
 from baselm.models.linear import DENSE_KERNEL_MAX_ROWS, KernelLinear, KernelQuantizedLinear
 from baselm.models.mlp import MLP
 from baselm.models.norm import RMSNorm
@@ -51,6 +52,8 @@ def _linear_parts(layer: nn.Module) -> tuple[list[mx.array], int, int] | None:
 def _plan(layer: nn.Module) -> dict[str, Any] | None:
     """The kernel's fixed arguments for `layer`, or None when its shape is not the kernel's."""
     attn, mlp = layer.self_attn, layer.mlp
+    if not isinstance(attn, Attention):  # a tensor-parallel slice: its partial sums meet between the two halves
+        return None
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if any(type(n) is not RMSNorm or n.weight.dtype != mx.float32 for n in norms):
         return None

@@ -8,8 +8,11 @@ drafts each is worth and the proposer for them, and leaves them on each request
 The runner verifies them in the step's one forward and the sampler decides acceptance.
 `observe` then records the step's cost and each request's acceptance.
 
-Who does not speculate: requests with `speculative=False`, with logits processors (their
-state follows the tokens one at a time), and requests that ask for logprobs.
+Who does not speculate: requests with `speculative=False`, and requests with a logits processor
+that cannot check drafts (`num_allowed`, see sampling.py). A grammar's processor can: proposals
+are cut at the first token it refuses, its mask is applied at each verified row, and it goes
+back to the tokens kept. Requests that ask for logprobs speculate; each emitted token's
+logprobs come from the row that emitted it.
 """
 
 from __future__ import annotations
@@ -71,9 +74,17 @@ def can_speculate(request: Request) -> bool:
         and request.num_computed_tokens == request.num_tokens - 1
         and request.max_tokens - request.num_output_tokens > 1
         and getattr(params, "speculative", True)
-        and not params.logits_processors
-        and params.logprobs is None
+        and all(hasattr(proc, "num_allowed") for proc in params.logits_processors)
     )
+
+
+def num_allowed(request: Request, draft_ids: list[int]) -> int:
+    """How many of `draft_ids` the request's logits processors allow in a row after its output."""
+    allowed = len(draft_ids)
+    for proc in request.sampling_params.logits_processors:
+        if allowed:
+            allowed = min(allowed, proc.num_allowed(list(request.output_token_ids), draft_ids[:allowed]))
+    return allowed
 
 
 class Speculator:
@@ -119,6 +130,12 @@ class Speculator:
         else:
             counts = max_drafts
         self.draft.propose(candidates, counts)
+        for request in candidates:
+            if request.draft_token_ids and request.sampling_params.logits_processors:
+                keep = num_allowed(request, request.draft_token_ids)
+                request.draft_token_ids = request.draft_token_ids[:keep]
+                if request.draft_probs is not None:
+                    request.draft_probs = request.draft_probs[:keep]
 
     def observe(self, plan: SchedulerOutput, result: RunnerOutput, seconds: float, scheduler: Scheduler) -> None:
         """After a step: its cost, each speculating request's acceptance, the counters."""
@@ -144,7 +161,10 @@ class Speculator:
             self.draft.after_step(scheduler.requests)
 
     def _ngram(self, request: Request, max_drafts: int) -> list[int]:
-        return propose_ngram(request.all_token_ids, self.config.ngram_min, self.config.ngram_max, max_drafts)
+        proposal = propose_ngram(request.all_token_ids, self.config.ngram_min, self.config.ngram_max, max_drafts)
+        if proposal and request.sampling_params.logits_processors:
+            return proposal[: num_allowed(request, proposal)]
+        return proposal
 
     def _acceptance_of(self, request: Request) -> Acceptance:
         acceptance = self._acceptance.get(request.request_id)

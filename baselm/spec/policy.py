@@ -28,6 +28,7 @@ PRIOR_ACCEPTANCE = 0.6  # what a request is assumed to accept before it has veri
 PRIOR_WEIGHT = 2.0  # in verified drafts
 DECAY = 0.8  # per verification: recent drafts count most
 IDLE_DECAY = 0.97  # per step without drafts: evidence fades slowly, so a request that stopped tries again later
+MAX_BACKOFF = 64  # steps: after m verifications in a row that accepted nothing, a request waits min(2^m, this)
 
 
 class StepCost:
@@ -50,8 +51,11 @@ class StepCost:
         samples = self._samples.get(num_tokens)
         if samples is None:
             samples = self._samples[num_tokens] = deque(maxlen=self.window)
+        fastest = min(samples, default=float("inf"))
+        dropped = samples[0] if len(samples) == self.window else None
         samples.append(seconds)
-        self._line = None
+        if seconds < fastest or dropped == fastest:  # the line moves only when a size's fastest does
+            self._line = None
 
     @property
     def is_known(self) -> bool:
@@ -80,17 +84,33 @@ class StepCost:
 
 
 class Acceptance:
-    """A request's acceptance rate: accepted over verified drafts, decaying, with a prior."""
+    """A request's acceptance rate: accepted over verified drafts, decaying, with a prior.
 
-    __slots__ = ("accepted", "verified")
+    NOTE: probing backs off. After m verifications in a row that accepted nothing the request
+    proposes nothing for min(2^m, MAX_BACKOFF) steps, then tries one draft (a cheap probe);
+    one accepted draft ends the back-off. Free text thus costs a few one-draft probes in a
+    long answer, not a probe whenever the decaying rate drifts back to the prior.
+    """
+
+    __slots__ = ("accepted", "verified", "num_misses", "wait")
 
     def __init__(self) -> None:
         self.accepted = 0.0
         self.verified = 0.0
+        self.num_misses = 0  # verifications in a row that accepted nothing
+        self.wait = 0  # steps left before the next probe
 
     @property
     def rate(self) -> float:
         return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (self.verified + PRIOR_WEIGHT)
+
+    @property
+    def is_waiting(self) -> bool:
+        return self.wait > 0
+
+    def max_drafts(self, k: int) -> int:
+        """At most k drafts, one while probing after a miss."""
+        return 1 if self.num_misses else k
 
     def observe(self, num_drafts: int, num_accepted: int) -> None:
         """One step: `num_drafts` proposed and `num_accepted` accepted (0 and 0 when none were verified).
@@ -100,6 +120,13 @@ class Acceptance:
         decay = DECAY if num_drafts else IDLE_DECAY
         self.accepted = self.accepted * decay + num_accepted
         self.verified = self.verified * decay + min(num_drafts, num_accepted + 1)
+        if not num_drafts:
+            self.wait = max(0, self.wait - 1)
+        elif num_accepted:
+            self.num_misses = self.wait = 0
+        else:
+            self.num_misses += 1
+            self.wait = min(2**self.num_misses, MAX_BACKOFF)
 
 
 def expected_tokens(rate: float, num_drafts: int) -> float:

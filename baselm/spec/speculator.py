@@ -109,22 +109,33 @@ class Speculator:
         """Leaves drafts on the running requests that are worth speculating this step."""
         for request in scheduler.running:
             request.draft_token_ids, request.draft_probs = [], None
-        candidates = [r for r in scheduler.running if can_speculate(r)]
+        adaptive = self.config.adaptive
+        candidates = [
+            r for r in scheduler.running if can_speculate(r) and not (adaptive and self._acceptance_of(r).is_waiting)
+        ]
         if not candidates:
-            return
+            return  # NOTE: no drafts anywhere: the step is the plain one
         k = self.config.num_speculative_tokens
         max_drafts = [min(k, r.max_tokens - r.num_output_tokens - 1) for r in candidates]
+        if adaptive:
+            max_drafts = [self._acceptance_of(r).max_drafts(m) for r, m in zip(candidates, max_drafts)]
         base_tokens = min(
             sum(r.num_tokens - r.num_computed_tokens for r in scheduler.running), self.max_num_batched_tokens
         )
         rates = [self._acceptance_of(r).rate for r in candidates]
         if self.draft is None:
-            proposals = [self._ngram(r, m) for r, m in zip(candidates, max_drafts)]
-            lengths = [len(p) for p in proposals]
-            counts = plan_drafts(rates, lengths, base_tokens, self.cost) if self.config.adaptive else lengths
-            for request, proposal, count in zip(candidates, proposals, counts):
-                request.draft_token_ids = proposal[:count]
-            return
+            self._propose_ngram(candidates, rates, max_drafts, base_tokens)
+        else:
+            self._propose_draft(candidates, rates, max_drafts, base_tokens)
+
+    def _propose_ngram(self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int) -> None:
+        proposals = [self._ngram(r, m) for r, m in zip(candidates, max_drafts)]
+        lengths = [len(p) for p in proposals]
+        counts = plan_drafts(rates, lengths, base_tokens, self.cost) if self.config.adaptive else lengths
+        for request, proposal, count in zip(candidates, proposals, counts):
+            request.draft_token_ids = proposal[:count]
+
+    def _propose_draft(self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int) -> None:
         if self.config.adaptive:
             counts = plan_uniform(rates, max_drafts, base_tokens, self.cost, self.draft.draft_seconds)
         else:

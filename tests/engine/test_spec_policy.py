@@ -81,3 +81,29 @@ def test_acceptance_counts_only_tested_drafts_and_returns_to_the_prior():
         a.observe(0, 0)
     assert abs(a.rate - prior) < 1e-6
     assert expected_tokens(0.5, 2) == 1.75
+
+
+def test_a_request_that_accepts_nothing_backs_off_geometrically():
+    a = Acceptance()
+    assert not a.is_waiting and a.max_drafts(8) == 8
+    waits = []
+    for _ in range(8):
+        a.observe(3, 0)  # a probe: nothing accepted
+        steps = 0
+        while a.is_waiting:
+            a.observe(0, 0)
+            steps += 1
+        waits.append(steps)
+        assert a.max_drafts(8) == 1  # then one cheap draft
+    assert waits == [2, 4, 8, 16, 32, 64, 64, 64]
+    a.observe(1, 1)  # one accepted draft ends the back-off
+    assert not a.is_waiting and a.max_drafts(8) == 8
+
+
+def test_the_line_is_refitted_only_when_a_sizes_fastest_changes():
+    cost = linear_cost()
+    line = cost.line()
+    cost.observe(8, 1.0)  # slower than the fastest at 8: same line object
+    assert cost.line() is line
+    cost.observe(8, 0.15)
+    assert cost.line() is not line  # refitted (Theil-Sen: one faster size barely moves it)

@@ -128,14 +128,18 @@ class Speculator:
         else:
             self._propose_draft(candidates, rates, max_drafts, base_tokens)
 
-    def _propose_ngram(self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int) -> None:
+    def _propose_ngram(
+        self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int
+    ) -> None:
         proposals = [self._ngram(r, m) for r, m in zip(candidates, max_drafts)]
         lengths = [len(p) for p in proposals]
         counts = plan_drafts(rates, lengths, base_tokens, self.cost) if self.config.adaptive else lengths
         for request, proposal, count in zip(candidates, proposals, counts):
             request.draft_token_ids = proposal[:count]
 
-    def _propose_draft(self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int) -> None:
+    def _propose_draft(
+        self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int
+    ) -> None:
         if self.config.adaptive:
             counts = plan_uniform(rates, max_drafts, base_tokens, self.cost, self.draft.draft_seconds)
         else:

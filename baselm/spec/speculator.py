@@ -153,8 +153,12 @@ class Speculator:
                     request.draft_probs = request.draft_probs[:keep]
 
     def observe(self, plan: SchedulerOutput, result: RunnerOutput, seconds: float, scheduler: Scheduler) -> None:
-        """After a step: its cost, each speculating request's acceptance, the counters."""
-        self.cost.observe(plan.num_scheduled_tokens, seconds)
+        """After a step: its cost, each speculating request's acceptance, the counters.
+
+        Only decode steps (every token fed is a sampling row, as in `calibrate`) measure the
+        step cost: a prompt chunk of the same size computes one row of logits, not all."""
+        if all(s.is_sampling and s.num_scheduled_tokens == s.num_draft_tokens + 1 for s in plan.requests):
+            self.cost.observe(plan.num_scheduled_tokens, seconds)
         verified = False
         for scheduled in plan.requests:
             request = scheduled.request
@@ -214,7 +218,7 @@ def measure_forward(
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            mx.eval(model(ids, meta.positions, meta, cache))
+            mx.eval(mx.argmax(model(ids, meta.positions, meta, cache), axis=-1))  # with a greedy draw per row
             best = min(best, time.perf_counter() - t0)
         return best
     finally:

@@ -107,3 +107,38 @@ def test_the_line_is_refitted_only_when_a_sizes_fastest_changes():
     assert cost.line() is line
     cost.observe(8, 0.15)
     assert cost.line() is not line  # refitted (Theil-Sen: one faster size barely moves it)
+
+
+def stepped_cost() -> StepCost:
+    """Up to 4 rows in one pass over the weights (5 ms each), a jump of 50 ms past it."""
+    cost = StepCost()
+    for size in range(1, 17):
+        cost.observe(size, 0.1 + 0.005 * size + (0.05 if size > 4 else 0.0))
+    return cost
+
+
+def test_the_step_cost_follows_the_measured_curve_not_a_line():
+    cost = stepped_cost()
+    assert cost.seconds(4) == pytest.approx(0.12) and cost.seconds(5) == pytest.approx(0.175)
+    cost.observe(3, 0.5)  # slower than the fastest at 3: nothing moves
+    cost.observe(20, 1.0)  # a slow size is capped by none larger; it stands
+    cost.observe(24, 0.3)  # ... until a larger size is measured faster
+    assert cost.seconds(20) == pytest.approx(0.3)
+    assert cost.seconds(18) == pytest.approx(0.23 + 0.5 * (0.3 - 0.23))  # between 16 and 20, interpolated
+    assert cost.seconds(30) == pytest.approx(0.3 + 6 * cost.line()[1])  # past the sizes measured: the line
+
+
+def test_drafts_past_a_jump_in_cost_are_taken_when_the_whole_run_pays():
+    cost = stepped_cost()
+    # 8 drafts at 95%: 7.3 tokens in 0.195 s beat 3 drafts' 3.7 tokens in 0.12 s.
+    assert plan_drafts([0.95], [8], 1, cost) == [8]
+    # At 60% the jump is not worth it: 3 drafts, 2.2 tokens in 0.12 s.
+    assert plan_drafts([0.6], [8], 1, cost) == [3]
+
+
+def test_a_near_tie_verifies_nothing():
+    cost = linear_cost(a=0.1, b=0.01)
+    # One draft at 12%: 1.12 tokens in 0.12 s vs 1 in 0.11 s, 2.7% better: taken.
+    assert plan_drafts([0.12], [1], 1, cost) == [1]
+    # At 11%: 1.11 / 0.12 is 1.7% better than 1 / 0.11: below MIN_GAIN, not taken.
+    assert plan_drafts([0.11], [1], 1, cost) == [0]

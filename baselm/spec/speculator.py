@@ -30,7 +30,7 @@ from baselm.request import Request, RequestStatus
 from baselm.runner import RunnerOutput
 from baselm.scheduler import Scheduler, SchedulerOutput
 from baselm.spec.draft import DraftModelProposer
-from baselm.spec.ngram import propose_ngram
+from baselm.spec.ngram import NgramIndex
 from baselm.spec.policy import Acceptance, StepCost, plan_drafts, plan_uniform
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -97,6 +97,7 @@ class Speculator:
         self.cost = StepCost()  # seconds of a target step by tokens fed
         self.stats = SpecStats()
         self._acceptance: dict[str, Acceptance] = {}
+        self._ngram_indexes: dict[str, NgramIndex] = {}  # n-gram proposer state by request
 
     def calibrate(self, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:
         """Measures the target's step time (and the draft model's) at a range of sizes now, so the
@@ -176,11 +177,15 @@ class Speculator:
         self.stats.num_steps += verified
         if len(self._acceptance) > 2 * len(scheduler.requests) + 16:  # forget finished requests now and then
             self._acceptance = {rid: a for rid, a in self._acceptance.items() if rid in scheduler.requests}
+            self._ngram_indexes = {rid: i for rid, i in self._ngram_indexes.items() if rid in scheduler.requests}
         if self.draft is not None:
             self.draft.after_step(scheduler.requests)
 
     def _ngram(self, request: Request, max_drafts: int) -> list[int]:
-        proposal = propose_ngram(request.all_token_ids, self.config.ngram_min, self.config.ngram_max, max_drafts)
+        index = self._ngram_indexes.get(request.request_id)
+        if index is None:
+            index = self._ngram_indexes[request.request_id] = NgramIndex(self.config.ngram_min, self.config.ngram_max)
+        proposal = index.propose(request.all_token_ids, max_drafts)
         if proposal and request.sampling_params.logits_processors:
             return proposal[: num_allowed(request, proposal)]
         return proposal

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from baselm.spec.ngram import propose_ngram
+from baselm.spec.ngram import NgramIndex, propose_ngram
 from baselm.spec.policy import Acceptance, StepCost, expected_tokens, plan_drafts, plan_uniform
 
 
@@ -142,3 +143,14 @@ def test_a_near_tie_verifies_nothing():
     assert plan_drafts([0.12], [1], 1, cost) == [1]
     # At 11%: 1.11 / 0.12 is 1.7% better than 1 / 0.11: below MIN_GAIN, not taken.
     assert plan_drafts([0.11], [1], 1, cost) == [0]
+
+
+@pytest.mark.parametrize("vocab", [3, 8, 50])
+def test_the_incremental_ngram_index_proposes_what_the_rule_does(vocab):
+    rng = np.random.default_rng(vocab)
+    for min_n, max_n, k in ((1, 3, 3), (2, 5, 8), (2, 2, 1)):
+        index = NgramIndex(min_n, max_n)
+        tokens = rng.integers(0, vocab, 5).tolist()
+        for _ in range(150):
+            assert index.propose(tokens, k) == propose_ngram(tokens, min_n, max_n, k), tokens
+            tokens += rng.integers(0, vocab, int(rng.integers(1, 4))).tolist()  # one token, or a run of accepted ones

@@ -7,7 +7,9 @@ Two measurements drive it:
   free (a GPU, or CPU matmuls that stream each weight once for a few rows) it rises slowly;
   where they are not it does not, and it may jump where a kernel changes its path.
 - `Acceptance`: each request's rate of accepted drafts, a decaying average that drifts back to
-  a prior, so a request that stopped speculating tries again later; a request whose
+  a prior (the engine's rate over all requests, measured the same way: free text with n-gram
+  drafts starts low, copying starts high), so a request that stopped speculating tries again
+  later; a request whose
   verifications accept nothing backs off geometrically and probes with one draft.
 
 A draft is worth verifying when it raises the step's expected tokens per second: the j-th
@@ -27,9 +29,10 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 
-PRIOR_ACCEPTANCE = 0.6  # what a request is assumed to accept before it has verified anything
+PRIOR_ACCEPTANCE = 0.6  # what a request is assumed to accept before anything has been verified
 PRIOR_WEIGHT = 2.0  # in verified drafts
 DECAY = 0.8  # per verification: recent drafts count most
+OVERALL_DECAY = 0.98  # per verification, for the engine-wide rate that is each request's prior
 IDLE_DECAY = 0.97  # per step without drafts: evidence fades slowly, so a request that stopped tries again later
 MIN_GAIN = 1.02  # the expected tokens per second a plan must beat verifying nothing by
 MAX_BACKOFF = 64  # steps: after m verifications in a row that accepted nothing, a request waits min(2^m, this)
@@ -38,17 +41,18 @@ MAX_BACKOFF = 64  # steps: after m verifications in a row that accepted nothing,
 class StepCost:
     """Seconds per step by tokens fed, from the fastest recent measurement at each size.
 
-    Each size keeps the fastest of its recent measurements (the machine may be shared: noise
-    only adds, so the minimum is the step's own cost). `seconds(T)` reads the curve those
-    minima draw, made non-decreasing from above (a step of T tokens costs no more than the
-    fastest measured step of T or more tokens: a slow size does not raise it) and interpolated
-    between sizes; it is not a line because the kernels are not: up to a few rows share one
-    pass over the weights, and past that each row costs more. Beyond the largest size measured
-    it follows the Theil-Sen line through the minima (median of the pairwise slopes), which
-    `line()` also reports as a + b * T.
+    Each size keeps the fastest of its last `window` measurements (the machine may be shared:
+    noise only adds, so the minimum is the step's own cost; a long window keeps a size that is
+    measured every step from looking slower, in a burst of load, than sizes measured earlier).
+    `seconds(T)` reads the curve those minima draw, made non-decreasing from above (a step of
+    T tokens costs no more than the fastest measured step of T or more tokens: a slow size does
+    not raise it) and interpolated between sizes; it is not a line because the kernels are
+    not: up to a few rows share one pass over the weights, and past that each row costs more.
+    Beyond the largest size measured it follows the Theil-Sen line through the minima (median
+    of the pairwise slopes), which `line()` also reports as a + b * T.
     """
 
-    def __init__(self, window: int = 16) -> None:
+    def __init__(self, window: int = 128) -> None:
         self.window = window
         self._samples: dict[int, deque[float]] = {}
         self._line: tuple[float, float] | None = None  # (a, b), rebuilt lazily
@@ -116,17 +120,21 @@ class Acceptance:
     long answer, not a probe whenever the decaying rate drifts back to the prior.
     """
 
-    __slots__ = ("accepted", "verified", "num_misses", "wait")
+    __slots__ = ("accepted", "verified", "num_misses", "wait", "prior")
 
-    def __init__(self) -> None:
+    def __init__(self, prior: Acceptance | None = None) -> None:
+        """`prior`: the rate this one starts from and drifts back to (the engine's over all
+        requests, measured); None: PRIOR_ACCEPTANCE."""
         self.accepted = 0.0
         self.verified = 0.0
         self.num_misses = 0  # verifications in a row that accepted nothing
         self.wait = 0  # steps left before the next probe
+        self.prior = prior
 
     @property
     def rate(self) -> float:
-        return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (self.verified + PRIOR_WEIGHT)
+        prior = PRIOR_ACCEPTANCE if self.prior is None else self.prior.rate
+        return (self.accepted + prior * PRIOR_WEIGHT) / (self.verified + PRIOR_WEIGHT)
 
     @property
     def is_waiting(self) -> bool:
@@ -136,12 +144,12 @@ class Acceptance:
         """At most k drafts, one while probing after a miss."""
         return 1 if self.num_misses else k
 
-    def observe(self, num_drafts: int, num_accepted: int) -> None:
+    def observe(self, num_drafts: int, num_accepted: int, decay: float | None = None) -> None:
         """One step: `num_drafts` proposed and `num_accepted` accepted (0 and 0 when none were verified).
 
         Drafts after the first rejection were never tested, so they do not count as verified.
         """
-        decay = DECAY if num_drafts else IDLE_DECAY
+        decay = decay or (DECAY if num_drafts else IDLE_DECAY)
         self.accepted = self.accepted * decay + num_accepted
         self.verified = self.verified * decay + min(num_drafts, num_accepted + 1)
         if not num_drafts:

@@ -31,9 +31,10 @@ from baselm.runner import RunnerOutput
 from baselm.scheduler import Scheduler, SchedulerOutput
 from baselm.spec.draft import DraftModelProposer
 from baselm.spec.ngram import NgramIndex
-from baselm.spec.policy import Acceptance, StepCost, plan_drafts, plan_uniform
+from baselm.spec.policy import OVERALL_DECAY, Acceptance, StepCost, plan_drafts, plan_uniform
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+CALIBRATION_PASSES = 3
 
 
 @dataclass(slots=True)
@@ -97,6 +98,7 @@ class Speculator:
         self.cost = StepCost()  # seconds of a target step by tokens fed
         self.stats = SpecStats()
         self._acceptance: dict[str, Acceptance] = {}
+        self._overall = Acceptance()  # over every verification: each request's prior
         self._ngram_indexes: dict[str, NgramIndex] = {}  # n-gram proposer state by request
 
     def calibrate(self, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:
@@ -170,6 +172,7 @@ class Speculator:
             num_accepted = result.num_accepted.get(scheduled.request_id, 0)
             self._acceptance_of(request).observe(num_drafts, num_accepted)
             if num_drafts:
+                self._overall.observe(num_drafts, num_accepted, decay=OVERALL_DECAY)
                 verified = True
                 self.stats.num_verifications += 1
                 self.stats.num_draft_tokens += num_drafts
@@ -193,19 +196,22 @@ class Speculator:
     def _acceptance_of(self, request: Request) -> Acceptance:
         acceptance = self._acceptance.get(request.request_id)
         if acceptance is None:
-            acceptance = self._acceptance[request.request_id] = Acceptance()
+            acceptance = self._acceptance[request.request_id] = Acceptance(self._overall)
         return acceptance
 
 
 def _calibrate(cost: StepCost, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:
+    """Passes over all sizes, each size once a pass (the curve keeps each size's fastest): on a
+    shared machine a burst of load then slows one pass of every size, not every pass of a few."""
     measure_forward(model, cache, kv, 1, repeats=1)  # warm-up: first-call allocations
-    for size in CALIBRATION_SIZES:
-        if size > max_tokens:
-            break
-        seconds = measure_forward(model, cache, kv, size)
-        if seconds is None:
-            break
-        cost.observe(size, seconds)
+    sizes = [size for size in CALIBRATION_SIZES if size <= max_tokens]
+    for _ in range(CALIBRATION_PASSES):
+        for size in sizes:
+            seconds = measure_forward(model, cache, kv, size, repeats=1)
+            if seconds is None:  # the pool is too small for this size and the larger ones
+                sizes = sizes[: sizes.index(size)]
+                break
+            cost.observe(size, seconds)
 
 
 def measure_forward(

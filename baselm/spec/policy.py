@@ -7,9 +7,7 @@ Two measurements drive it:
   free (a GPU, or CPU matmuls that stream each weight once for a few rows) it rises slowly;
   where they are not it does not, and it may jump where a kernel changes its path.
 - `Acceptance`: each request's rate of accepted drafts, a decaying average that drifts back to
-  a prior (the engine's rate over all requests, measured the same way: free text with n-gram
-  drafts starts low, copying starts high), so a request that stopped speculating tries again
-  later; a request whose
+  a prior, so a request that stopped speculating tries again later; a request whose
   verifications accept nothing backs off geometrically and probes with one draft.
 
 A draft is worth verifying when it raises the step's expected tokens per second: the j-th
@@ -29,10 +27,9 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 
-PRIOR_ACCEPTANCE = 0.6  # what a request is assumed to accept before anything has been verified
+PRIOR_ACCEPTANCE = 0.6  # what a request is assumed to accept before it has verified anything
 PRIOR_WEIGHT = 2.0  # in verified drafts
 DECAY = 0.8  # per verification: recent drafts count most
-OVERALL_DECAY = 0.98  # per verification, for the engine-wide rate that is each request's prior
 IDLE_DECAY = 0.97  # per step without drafts: evidence fades slowly, so a request that stopped tries again later
 MIN_GAIN = 1.02  # the expected tokens per second a plan must beat verifying nothing by
 MAX_BACKOFF = 64  # steps: after m verifications in a row that accepted nothing, a request waits min(2^m, this)
@@ -120,21 +117,17 @@ class Acceptance:
     long answer, not a probe whenever the decaying rate drifts back to the prior.
     """
 
-    __slots__ = ("accepted", "verified", "num_misses", "wait", "prior")
+    __slots__ = ("accepted", "verified", "num_misses", "wait")
 
-    def __init__(self, prior: Acceptance | None = None) -> None:
-        """`prior`: the rate this one starts from and drifts back to (the engine's over all
-        requests, measured); None: PRIOR_ACCEPTANCE."""
+    def __init__(self) -> None:
         self.accepted = 0.0
         self.verified = 0.0
         self.num_misses = 0  # verifications in a row that accepted nothing
         self.wait = 0  # steps left before the next probe
-        self.prior = prior
 
     @property
     def rate(self) -> float:
-        prior = PRIOR_ACCEPTANCE if self.prior is None else self.prior.rate
-        return (self.accepted + prior * PRIOR_WEIGHT) / (self.verified + PRIOR_WEIGHT)
+        return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (self.verified + PRIOR_WEIGHT)
 
     @property
     def is_waiting(self) -> bool:
@@ -144,12 +137,12 @@ class Acceptance:
         """At most k drafts, one while probing after a miss."""
         return 1 if self.num_misses else k
 
-    def observe(self, num_drafts: int, num_accepted: int, decay: float | None = None) -> None:
+    def observe(self, num_drafts: int, num_accepted: int) -> None:
         """One step: `num_drafts` proposed and `num_accepted` accepted (0 and 0 when none were verified).
 
         Drafts after the first rejection were never tested, so they do not count as verified.
         """
-        decay = decay or (DECAY if num_drafts else IDLE_DECAY)
+        decay = DECAY if num_drafts else IDLE_DECAY
         self.accepted = self.accepted * decay + num_accepted
         self.verified = self.verified * decay + min(num_drafts, num_accepted + 1)
         if not num_drafts:

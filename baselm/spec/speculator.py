@@ -31,7 +31,7 @@ from baselm.runner import RunnerOutput
 from baselm.scheduler import Scheduler, SchedulerOutput
 from baselm.spec.draft import DraftModelProposer
 from baselm.spec.ngram import NgramIndex
-from baselm.spec.policy import OVERALL_DECAY, Acceptance, StepCost, plan_drafts, plan_uniform
+from baselm.spec.policy import Acceptance, StepCost, plan_drafts, plan_uniform
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_PASSES = 3
@@ -98,7 +98,6 @@ class Speculator:
         self.cost = StepCost()  # seconds of a target step by tokens fed
         self.stats = SpecStats()
         self._acceptance: dict[str, Acceptance] = {}
-        self._overall = Acceptance()  # over every verification: each request's prior
         self._ngram_indexes: dict[str, NgramIndex] = {}  # n-gram proposer state by request
 
     def calibrate(self, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:
@@ -172,7 +171,6 @@ class Speculator:
             num_accepted = result.num_accepted.get(scheduled.request_id, 0)
             self._acceptance_of(request).observe(num_drafts, num_accepted)
             if num_drafts:
-                self._overall.observe(num_drafts, num_accepted, decay=OVERALL_DECAY)
                 verified = True
                 self.stats.num_verifications += 1
                 self.stats.num_draft_tokens += num_drafts
@@ -196,7 +194,7 @@ class Speculator:
     def _acceptance_of(self, request: Request) -> Acceptance:
         acceptance = self._acceptance.get(request.request_id)
         if acceptance is None:
-            acceptance = self._acceptance[request.request_id] = Acceptance(self._overall)
+            acceptance = self._acceptance[request.request_id] = Acceptance()
         return acceptance
 
 

@@ -154,18 +154,3 @@ def test_the_incremental_ngram_index_proposes_what_the_rule_does(vocab):
         for _ in range(150):
             assert index.propose(tokens, k) == propose_ngram(tokens, min_n, max_n, k), tokens
             tokens += rng.integers(0, vocab, int(rng.integers(1, 4))).tolist()  # one token, or a run of accepted ones
-
-
-def test_a_new_request_starts_from_the_engines_measured_rate():
-    overall = Acceptance()
-    for _ in range(200):
-        overall.observe(4, 0, decay=0.98)  # free text: the first draft is rejected every time
-        overall.observe(4, 1, decay=0.98)  # or the first accepted and the second rejected
-    assert overall.rate == pytest.approx(1 / 3, abs=0.01)  # 1 accepted of 3 tested each round
-    request = Acceptance(overall)
-    assert request.rate == pytest.approx(overall.rate)
-    request.observe(4, 4)
-    assert request.rate > overall.rate
-    for _ in range(2000):
-        request.observe(0, 0)
-    assert request.rate == pytest.approx(overall.rate, abs=1e-6)  # back to the engine's rate

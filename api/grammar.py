@@ -1,7 +1,8 @@
 """Grammar-constrained decoding with llguidance: JSON objects, JSON Schemas and tool calls.
 
-A `GrammarProcessor` is a logits processor (see baselm/sampling.py): each step it feeds the
-matcher the tokens sampled since its last call, asks for the set of tokens the grammar
+A `GrammarProcessor` is a logits processor (see baselm/sampling.py): each call it brings the
+matcher to the tokens generated so far (forward, or back by llguidance's rollback when a
+speculative step kept fewer than it verified), asks for the set of tokens the grammar
 allows next, and sets every other logit to -inf. Each request gets its own processor, so
 this works under batching. When the grammar is complete only end-of-sequence is allowed.
 
@@ -117,7 +118,8 @@ class GrammarProcessor:
     def __init__(self, lltokenizer: llg.LLTokenizer, grammar: str, eos_token_ids: Sequence[int]) -> None:
         self.matcher = llg.LLMatcher(lltokenizer, grammar, log_level=0, limits=_LIMITS)
         self.eos_token_ids = list(eos_token_ids)
-        self.num_consumed = 0
+        self.consumed: list[int] = []  # the tokens the matcher holds, in order
+        self.is_past_refused = False  # the last ids asked for hold a token the grammar refuses
 
     @property
     def is_accepting(self) -> bool:
@@ -132,17 +134,42 @@ class GrammarProcessor:
             allowed[[i for i in self.eos_token_ids if i < vocab]] = True
         return mx.where(mx.array(allowed), logits, -mx.inf)
 
+    def num_allowed(self, output_ids: list[int], draft_ids: list[int]) -> int:
+        """How many of `draft_ids`, after `output_ids`, the grammar allows in a row (speculative
+        proposals are cut there)."""
+        self._advance(output_ids)
+        if self.is_past_refused or self.matcher.is_error():
+            return 0
+        return self.matcher.validate_tokens(list(draft_ids))
+
     def _advance(self, output_ids: list[int]) -> None:
-        if len(output_ids) < self.num_consumed:  # recomputed from fewer tokens: go back
-            self.matcher.rollback(self.num_consumed - len(output_ids))
-            self.num_consumed = len(output_ids)
-        for token_id in output_ids[self.num_consumed :]:
-            if not self.matcher.consume_token(token_id):
-                logger.warning("grammar refused token %d: %s", token_id, self.matcher.get_error())
-        self.num_consumed = len(output_ids)
+        """Brings the matcher to `output_ids`: back to what they share with the tokens it holds,
+        then forward. Rows that verify speculative tokens walk it forward through the drafts,
+        and the next call takes it back to the tokens that were kept (or to fewer, after a
+        preemption).
+
+        NOTE: a token the grammar refuses is never consumed (llguidance's matcher would stay in
+        error for good, rollback or not); the matcher stops before it and `is_past_refused` is
+        set. Drafts past an end (a draft model's) get there; decoding one token at a time does
+        not, as its tokens come from the mask."""
+        held = len(self.consumed)
+        if output_ids[:held] != self.consumed:
+            same = 0
+            while same < min(held, len(output_ids)) and self.consumed[same] == output_ids[same]:
+                same += 1
+            self.matcher.rollback(held - same)
+            del self.consumed[same:]
+        new_ids = list(output_ids[len(self.consumed) :])
+        num_valid = self.matcher.validate_tokens(new_ids) if new_ids and not self.matcher.is_error() else 0
+        if num_valid:
+            self.matcher.consume_tokens(new_ids[:num_valid])
+            self.consumed += new_ids[:num_valid]
+        self.is_past_refused = num_valid < len(new_ids)
+        if self.is_past_refused:
+            logger.debug("grammar refused token %d after %d tokens", new_ids[num_valid], len(self.consumed))
 
     def _allowed(self, vocab: int) -> np.ndarray:
-        if self.matcher.is_error():
+        if self.is_past_refused or self.matcher.is_error():
             return np.zeros(vocab, dtype=bool)
         words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         bits = np.unpackbits(words, bitorder="little").astype(bool)  # (32 * num_words,)

@@ -76,6 +76,8 @@ class BenchOptions:
                 raise ConfigError(f"{name} must be 0 (off) or positive, got {getattr(self, name)}")
         if any(size < 1 for size in self.pool_sizes):
             raise ConfigError("pool sizes must be positive")
+        if self.spec_repeats < 1:
+            raise ConfigError(f"spec_repeats must be at least 1, got {self.spec_repeats}")
         unknown = [w for w in self.workloads if w not in bench_spec.WORKLOADS]
         if unknown or not self.workloads:
             raise ConfigError(f"workloads must be among {', '.join(bench_spec.WORKLOADS)}, got {list(self.workloads)}")

@@ -1,5 +1,6 @@
 """`base bench --speculative`: each workload decoded with and without speculative decoding,
-side by side in one process, on the same prompts, alternating runs and keeping each one's best.
+side by side in one process, on the same prompts, alternating runs (in ABBA order) and keeping
+each one's best.
 
 Workloads:
 - grounded: answers that copy from the prompt (repeat, reformat or quote a passage), where
@@ -125,11 +126,24 @@ def compare(loaded: LoadedModel, config: EngineConfig, spec: SpeculativeConfig, 
         for concurrency in options.concurrency:
             prompts = workload_prompts(loaded, workload, concurrency, options.prompt_tokens, options.seed)
             plain_runs, spec_runs = [], []
-            for _ in range(options.spec_repeats):
-                plain_runs.append(decode_run(plain, prompts, options.gen_tokens))
+            for i in range(
+                options.spec_repeats
+            ):  # plain first, then speculative first: a drift in load favours neither
+                if i % 2 == 0:
+                    plain_runs.append(decode_run(plain, prompts, options.gen_tokens))
                 spec_runs.append(decode_run(fast, prompts, options.gen_tokens))
+                if i % 2 == 1:
+                    plain_runs.append(decode_run(plain, prompts, options.gen_tokens))
             off, on = _best(plain_runs), _best(spec_runs)
-            rows.append(_row(workload, concurrency, off, on))
+            row = _row(workload, concurrency, off, on)
+            # Each speculative run over the plain run beside it: the spread on a shared machine.
+            row["speedup_aggregate_pairs"] = [
+                round(b["decode_tok_s_aggregate"] / a["decode_tok_s_aggregate"], 3)
+                if a["decode_tok_s_aggregate"]
+                else 0.0
+                for a, b in zip(plain_runs, spec_runs)
+            ]
+            rows.append(row)
     report = {"speculative": spec.to_json(), "runs": rows}
     if fast.speculator is not None:
         cost = fast.speculator.cost

@@ -313,6 +313,7 @@ def bench(
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
     fixed_speculation: bool = typer.Option(False, "--fixed-speculation", help=SPEC_FIXED_HELP),
     workload: str = typer.Option("grounded,free", "--workload", help=WORKLOAD_HELP),
+    spec_repeats: int = typer.Option(2, "--spec-repeats", help="Speculative: alternating runs of each, best kept."),
     synthetic: str = typer.Option("", "--synthetic", help=SYNTHETIC_HELP),
     synthetic_bits: int = typer.Option(4, "--synthetic-bits", help="4 or 8 (affine, groups of 32), 32: float32."),
     pd: str | None = typer.Option(None, "--pd", help="Also run the batch (the last --concurrency) on a P:D group."),
@@ -346,6 +347,7 @@ def bench(
             seed=seed,
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
             workloads=tuple(w.strip() for w in workload.split(",") if w.strip()),
+            spec_repeats=spec_repeats,
         )
         loaded = load_model_for(model, device, False, dist_options(tensor_parallel, hostfile, rank))
         report = {**run_all(loaded, config, options), "distributed": describe(loaded)}

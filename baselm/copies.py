@@ -109,9 +109,12 @@ class Copies:
         copy.stop_reason = update.stop_reason
         return update.finish_reason
 
-    def add_logprobs(self, logprobs: dict[str, TokenLogprobs]) -> None:
-        for internal_id, entry in logprobs.items():
-            self._copies[internal_id].logprobs.append(entry)
+    def add_logprobs(self, logprobs: dict[str, list[TokenLogprobs]], updates: list[RequestOutput]) -> None:
+        """The logprobs of the ids each update appended (a speculative run may be cut by a stop)."""
+        for out in updates:
+            entries = logprobs.get(out.request_id)
+            if entries:
+                self._copies[out.request_id].logprobs += entries[: len(out.token_ids)]
 
     def add_prompt_logprobs(self, scored: dict[str, list[tuple[int, TokenLogprobs]]]) -> None:
         """Prompt tokens scored this step (position 1 is the second prompt token); each position is kept once."""

@@ -192,9 +192,9 @@ class LLMEngine:
         ahead = self._launch_ahead(plan, launched) if self._pipeline else None
         result = self.runner.collect(launched)
         t0 = time.perf_counter()
-        self.copies.add_logprobs(result.logprobs)
         self.copies.add_prompt_logprobs(result.prompt_logprobs)
         updates = self.scheduler.update(plan, result.sampled_token_ids)
+        self.copies.add_logprobs(result.logprobs, updates)
         outputs += [self.copies.complete(out) for out in updates]
         self.copies.start_forks(self.scheduler)
         if self.speculator is not None:

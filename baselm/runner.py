@@ -49,7 +49,7 @@ class RunnerOutput:
     """A finished step's sampled ids and logprobs, by request id."""
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one per new id, when asked for
     num_accepted: dict[str, int] = field(default_factory=dict)  # drafts accepted, for requests that verified some
     prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] = field(default_factory=dict)  # by prompt position
 
@@ -101,6 +101,7 @@ class ModelRunner:
                         sampled.top_logprobs,
                         sampled.accepted,
                         sampled.residual_ids,
+                        sampled.emitted_ids,
                     )
                     if a is not None
                 ]
@@ -125,7 +126,7 @@ class ModelRunner:
             for request_id, token_id, logprobs in zip(launched.request_ids, token_ids, launched.sampled.row_logprobs()):
                 result.sampled_token_ids[request_id] = [token_id]
                 if logprobs is not None:
-                    result.logprobs[request_id] = logprobs
+                    result.logprobs[request_id] = [logprobs]
         else:
             t1 = time.perf_counter()
         if launched.prompt_rows is not None:
@@ -191,7 +192,7 @@ def _collect_verified(launched: Launched, result: RunnerOutput) -> None:
     token_ids = sampled.token_ids.tolist()
     accepted = sampled.accepted.tolist()
     residual = sampled.residual_ids.tolist()
-    logprobs = sampled.row_logprobs()  # NOTE: requests that ask for logprobs do not speculate
+    logprobs = sampled.row_logprobs()
     row = 0
     for request_id, drafts in zip(launched.request_ids, launched.drafts):
         k = len(drafts)
@@ -201,6 +202,6 @@ def _collect_verified(launched: Launched, result: RunnerOutput) -> None:
         result.sampled_token_ids[request_id] = new_ids
         if k:
             result.num_accepted[request_id] = num_accepted
-        elif logprobs[row] is not None:
-            result.logprobs[request_id] = logprobs[row]
+        if logprobs[row] is not None:  # row j emitted the j-th new id
+            result.logprobs[request_id] = logprobs[row : row + len(new_ids)]
         row += k + 1

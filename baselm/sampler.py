@@ -89,12 +89,14 @@ class SamplerOutput:
     num_logprobs: list[int | None]  # per row: the request's `logprobs`
     accepted: mx.array | None = None  # (num_seqs,) bool: the row's draft token is accepted
     residual_ids: mx.array | None = None  # (num_seqs,) int32: the token emitted if it is rejected
+    emitted_ids: mx.array | None = None  # (num_seqs,) int32: verifying steps, the token each row's logprobs are of
 
     def row_logprobs(self) -> list[TokenLogprobs | None]:
-        """Per row: None when the request asked for no logprobs, else its TokenLogprobs."""
+        """Per row: None when the request asked for no logprobs, else its TokenLogprobs (of the
+        token the row emits: its draw, or on a verified row its draft or residual)."""
         if self.logprobs is None:
             return [None] * len(self.num_logprobs)
-        ids = self.token_ids.tolist()
+        ids = (self.token_ids if self.emitted_ids is None else self.emitted_ids).tolist()
         chosen = self.logprobs.tolist()
         top_ids = self.top_token_ids.tolist() if self.top_token_ids is not None else None
         top_lps = self.top_logprobs.tolist() if self.top_logprobs is not None else None
@@ -145,9 +147,17 @@ class Sampler:
         else:
             token_ids = mx.argmax(x, axis=-1)
         token_ids = token_ids.astype(mx.int32)  # (num_seqs,)
-        out = _with_logprobs(x, token_ids, [p.logprobs for p in params])
-        if draft_ids is not None and any(d >= 0 for d in draft_ids):
-            out.accepted, out.residual_ids = self._verify(scaled, token_ids, seqs, draft_ids, draft_probs)
+        num_logprobs = [p.logprobs for p in params]
+        if draft_ids is None or all(d < 0 for d in draft_ids):
+            return _with_logprobs(x, token_ids, num_logprobs)
+        accepted, residual_ids = self._verify(scaled, token_ids, seqs, draft_ids, draft_probs)
+        drafts = mx.array(list(draft_ids), dtype=mx.int32)  # (num_seqs,)
+        # What each row emits if the run reaches it: its draft when accepted, else the residual;
+        # rows without a draft their own draw. Logprobs are of those tokens.
+        emitted_ids = mx.where(drafts >= 0, mx.where(accepted, drafts, residual_ids), token_ids)
+        out = _with_logprobs(x, emitted_ids, num_logprobs)
+        out.token_ids, out.accepted, out.residual_ids = token_ids, accepted, residual_ids
+        out.emitted_ids = emitted_ids if out.logprobs is not None else None
         return out
 
     def _verify(

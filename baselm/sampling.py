@@ -27,7 +27,10 @@ MAX_OPENAI_PENALTY = 2.0
 MAX_STOPS = 16
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # any signed or unsigned 64-bit integer
 
-# (generated token ids so far, logits (vocab,)) -> logits (vocab,)
+# (generated token ids so far, logits (vocab,)) -> logits (vocab,). It may be called with ids
+# that go back (a speculative step verifies drafts, then keeps fewer). One that keeps state (a
+# grammar's) may also offer `num_allowed(output_ids, draft_ids) -> int`, how many of the drafts
+# it allows in a row after `output_ids`; a request speculates only when all its processors do.
 LogitsProcessor = Callable[[list[int], mx.array], mx.array]
 
 

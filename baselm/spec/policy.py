@@ -2,23 +2,26 @@
 
 Two measurements drive it:
 - `StepCost`: the seconds a step takes by the number of tokens it feeds, measured on this
-  machine at start (`calibrate`) and kept up to date from real steps, as a line a + b * T:
-  a is what any step costs (reading the weights once), b what each token adds. Where extra
-  query rows are nearly free (a GPU, or CPU matmuls that stream each weight once for a few
-  rows) b is small next to a; where they are not it is not.
+  machine at start (`calibrate`) and kept up to date from real decode steps: the fastest
+  recent step at each size, as a non-decreasing curve t(T). Where extra query rows are nearly
+  free (a GPU, or CPU matmuls that stream each weight once for a few rows) it rises slowly;
+  where they are not it does not, and it may jump where a kernel changes its path.
 - `Acceptance`: each request's rate of accepted drafts, a decaying average that drifts back to
-  a prior, so a request that stopped speculating tries again later.
+  a prior, so a request that stopped speculating tries again later; a request whose
+  verifications accept nothing backs off geometrically and probes with one draft.
 
-A draft is worth verifying when it raises the step's expected tokens per second: adding the
-j-th draft of a request with acceptance a adds a^j expected tokens and makes the step
-t(T + 1) - t(T) slower, so it pays when a^j * t(T) > (t(T + 1) - t(T)) * E, with E the step's
-expected tokens so far. Drafts are added best first while that holds (`plan_drafts`). With
-many requests E grows and the rule switches speculation off by itself; where that happens
-follows from the measured t(T). A draft model adds its own forwards to the cost (`plan_uniform`).
+A draft is worth verifying when it raises the step's expected tokens per second: the j-th
+draft of a request with acceptance a adds a^j expected tokens, and T drafts and decodes make
+the step take t(T). Drafts are ranked best first and the step verifies the run of them with
+the most expected tokens per second, E(T) / t(T), if that beats verifying none by MIN_GAIN
+(`plan_drafts`). With many requests E is large next to what a draft adds and the rule
+switches speculation off by itself; where that happens follows from the measured t(T). A
+draft model adds its own forwards to the cost (`plan_uniform`).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import statistics
 from collections import deque
@@ -28,21 +31,29 @@ PRIOR_ACCEPTANCE = 0.6  # what a request is assumed to accept before it has veri
 PRIOR_WEIGHT = 2.0  # in verified drafts
 DECAY = 0.8  # per verification: recent drafts count most
 IDLE_DECAY = 0.97  # per step without drafts: evidence fades slowly, so a request that stopped tries again later
+MIN_GAIN = 1.02  # the expected tokens per second a plan must beat verifying nothing by
+MAX_BACKOFF = 64  # steps: after m verifications in a row that accepted nothing, a request waits min(2^m, this)
 
 
 class StepCost:
-    """Seconds per step by tokens fed, as a line t(T) = a + b * T through the measurements.
+    """Seconds per step by tokens fed, from the fastest recent measurement at each size.
 
-    Each size keeps the fastest of its recent measurements (the machine may be shared: the
-    minimum is the step's own cost), and the line is the Theil-Sen fit through those minima
-    (median of the pairwise slopes), so one slow or lucky size does not bend it. b is what one
-    more token costs; on hardware where a few extra rows are free it comes out small.
+    Each size keeps the fastest of its last `window` measurements (the machine may be shared:
+    noise only adds, so the minimum is the step's own cost; a long window keeps a size that is
+    measured every step from looking slower, in a burst of load, than sizes measured earlier).
+    `seconds(T)` reads the curve those minima draw, made non-decreasing from above (a step of
+    T tokens costs no more than the fastest measured step of T or more tokens: a slow size does
+    not raise it) and interpolated between sizes; it is not a line because the kernels are
+    not: up to a few rows share one pass over the weights, and past that each row costs more.
+    Beyond the largest size measured it follows the Theil-Sen line through the minima (median
+    of the pairwise slopes), which `line()` also reports as a + b * T.
     """
 
-    def __init__(self, window: int = 16) -> None:
+    def __init__(self, window: int = 128) -> None:
         self.window = window
         self._samples: dict[int, deque[float]] = {}
         self._line: tuple[float, float] | None = None  # (a, b), rebuilt lazily
+        self._curve: tuple[list[int], list[float]] | None = None  # sizes and their envelope, rebuilt lazily
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         if num_tokens < 1 or seconds <= 0:
@@ -50,8 +61,11 @@ class StepCost:
         samples = self._samples.get(num_tokens)
         if samples is None:
             samples = self._samples[num_tokens] = deque(maxlen=self.window)
+        fastest = min(samples, default=float("inf"))
+        dropped = samples[0] if len(samples) == self.window else None
         samples.append(seconds)
-        self._line = None
+        if seconds < fastest or dropped == fastest:  # the curve moves only when a size's fastest does
+            self._line = self._curve = None
 
     @property
     def is_known(self) -> bool:
@@ -61,8 +75,23 @@ class StepCost:
         """Estimated seconds of a step of `num_tokens` tokens (0 when nothing is measured yet)."""
         if not self._samples:
             return 0.0
-        intercept, slope = self.line()
-        return intercept + slope * num_tokens
+        sizes, envelope = self._envelope()
+        i = bisect.bisect_left(sizes, num_tokens)
+        if i == len(sizes):
+            return envelope[-1] + self.line()[1] * (num_tokens - sizes[-1])
+        if sizes[i] == num_tokens or i == 0:
+            return envelope[i]
+        share = (num_tokens - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
+        return envelope[i - 1] + share * (envelope[i] - envelope[i - 1])
+
+    def _envelope(self) -> tuple[list[int], list[float]]:
+        if self._curve is None:
+            sizes = sorted(self._samples)
+            envelope = [min(self._samples[size]) for size in sizes]
+            for i in range(len(sizes) - 2, -1, -1):
+                envelope[i] = min(envelope[i], envelope[i + 1])
+            self._curve = (sizes, envelope)
+        return self._curve
 
     def line(self) -> tuple[float, float]:
         """(a, b) of t(T) = a + b * T; with one size measured, b = 0."""
@@ -80,17 +109,33 @@ class StepCost:
 
 
 class Acceptance:
-    """A request's acceptance rate: accepted over verified drafts, decaying, with a prior."""
+    """A request's acceptance rate: accepted over verified drafts, decaying, with a prior.
 
-    __slots__ = ("accepted", "verified")
+    NOTE: probing backs off. After m verifications in a row that accepted nothing the request
+    proposes nothing for min(2^m, MAX_BACKOFF) steps, then tries one draft (a cheap probe);
+    one accepted draft ends the back-off. Free text thus costs a few one-draft probes in a
+    long answer, not a probe whenever the decaying rate drifts back to the prior.
+    """
+
+    __slots__ = ("accepted", "verified", "num_misses", "wait")
 
     def __init__(self) -> None:
         self.accepted = 0.0
         self.verified = 0.0
+        self.num_misses = 0  # verifications in a row that accepted nothing
+        self.wait = 0  # steps left before the next probe
 
     @property
     def rate(self) -> float:
         return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (self.verified + PRIOR_WEIGHT)
+
+    @property
+    def is_waiting(self) -> bool:
+        return self.wait > 0
+
+    def max_drafts(self, k: int) -> int:
+        """At most k drafts, one while probing after a miss."""
+        return 1 if self.num_misses else k
 
     def observe(self, num_drafts: int, num_accepted: int) -> None:
         """One step: `num_drafts` proposed and `num_accepted` accepted (0 and 0 when none were verified).
@@ -100,6 +145,13 @@ class Acceptance:
         decay = DECAY if num_drafts else IDLE_DECAY
         self.accepted = self.accepted * decay + num_accepted
         self.verified = self.verified * decay + min(num_drafts, num_accepted + 1)
+        if not num_drafts:
+            self.wait = max(0, self.wait - 1)
+        elif num_accepted:
+            self.num_misses = self.wait = 0
+        else:
+            self.num_misses += 1
+            self.wait = min(2**self.num_misses, MAX_BACKOFF)
 
 
 def expected_tokens(rate: float, num_drafts: int) -> float:
@@ -109,24 +161,32 @@ def expected_tokens(rate: float, num_drafts: int) -> float:
 
 def plan_drafts(rates: Sequence[float], max_drafts: Sequence[int], base_tokens: int, cost: StepCost) -> list[int]:
     """Drafts per request (0 to max_drafts[i]) for a step that already feeds `base_tokens`, one
-    emitted token per request: added best first while each raises expected tokens per second."""
+    emitted token per request: drafts are taken best first (request i's j-th adds rates[i]^j
+    expected tokens), and of those runs the one with the most expected tokens per second wins,
+    by at least MIN_GAIN over verifying none (else none: a near tie is not worth the risk of
+    a wrong estimate). Every run is looked at, not only while each draft pays for itself,
+    because the step cost is not convex: a row past the kernels' few-row pass costs more than
+    the rows after it."""
     counts = [0] * len(rates)
     if not cost.is_known:
         return counts
-    num_tokens = base_tokens
-    expected = float(len(rates))
     heap = [(-rate, i, 1) for i, rate in enumerate(rates) if max_drafts[i] > 0 and rate > 0]
     heapq.heapify(heap)
+    expected = float(len(rates))
+    best_rate = MIN_GAIN * expected / cost.seconds(base_tokens)
+    best: list[int] = []
+    taken: list[int] = []
     while heap:
         neg_gain, i, j = heapq.heappop(heap)
-        step = cost.seconds(num_tokens)
-        if -neg_gain * step <= (cost.seconds(num_tokens + 1) - step) * expected:
-            break
-        counts[i] = j
-        num_tokens += 1
+        taken.append(i)
         expected -= neg_gain
+        rate = expected / cost.seconds(base_tokens + len(taken))
+        if rate > best_rate:
+            best_rate, best = rate, list(taken)
         if j < max_drafts[i]:
             heapq.heappush(heap, (neg_gain * rates[i], i, j + 1))
+    for i in best:
+        counts[i] += 1
     return counts
 
 
@@ -145,6 +205,6 @@ def plan_uniform(
         counts = [min(k, m) for m in max_drafts]
         seconds = cost.seconds(base_tokens + sum(counts)) + (draft_seconds(k, len(rates)) if k else 0.0)
         tokens = sum(expected_tokens(rate, c) for rate, c in zip(rates, counts))
-        if seconds > 0 and tokens / seconds > best * 1.0001:
+        if seconds > 0 and tokens / seconds > best * (MIN_GAIN if not best_k else 1.0001):
             best_k, best = k, tokens / seconds
     return [min(best_k, m) for m in max_drafts]

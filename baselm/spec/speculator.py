@@ -8,8 +8,11 @@ drafts each is worth and the proposer for them, and leaves them on each request
 The runner verifies them in the step's one forward and the sampler decides acceptance.
 `observe` then records the step's cost and each request's acceptance.
 
-Who does not speculate: requests with `speculative=False`, with logits processors (their
-state follows the tokens one at a time), and requests that ask for logprobs.
+Who does not speculate: requests with `speculative=False`, and requests with a logits processor
+that cannot check drafts (`num_allowed`, see sampling.py). A grammar's processor can: proposals
+are cut at the first token it refuses, its mask is applied at each verified row, and it goes
+back to the tokens kept. Requests that ask for logprobs speculate; each emitted token's
+logprobs come from the row that emitted it.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from baselm.request import Request, RequestStatus
 from baselm.runner import RunnerOutput
 from baselm.scheduler import Scheduler, SchedulerOutput
 from baselm.spec.draft import DraftModelProposer
-from baselm.spec.ngram import propose_ngram
+from baselm.spec.ngram import NgramIndex
 from baselm.spec.policy import Acceptance, StepCost, plan_drafts, plan_uniform
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+CALIBRATION_PASSES = 3
 
 
 @dataclass(slots=True)
@@ -71,9 +75,17 @@ def can_speculate(request: Request) -> bool:
         and request.num_computed_tokens == request.num_tokens - 1
         and request.max_tokens - request.num_output_tokens > 1
         and getattr(params, "speculative", True)
-        and not params.logits_processors
-        and params.logprobs is None
+        and all(hasattr(proc, "num_allowed") for proc in params.logits_processors)
     )
+
+
+def num_allowed(request: Request, draft_ids: list[int]) -> int:
+    """How many of `draft_ids` the request's logits processors allow in a row after its output."""
+    allowed = len(draft_ids)
+    for proc in request.sampling_params.logits_processors:
+        if allowed:
+            allowed = min(allowed, proc.num_allowed(list(request.output_token_ids), draft_ids[:allowed]))
+    return allowed
 
 
 class Speculator:
@@ -86,6 +98,7 @@ class Speculator:
         self.cost = StepCost()  # seconds of a target step by tokens fed
         self.stats = SpecStats()
         self._acceptance: dict[str, Acceptance] = {}
+        self._ngram_indexes: dict[str, NgramIndex] = {}  # n-gram proposer state by request
 
     def calibrate(self, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:
         """Measures the target's step time (and the draft model's) at a range of sizes now, so the
@@ -98,31 +111,56 @@ class Speculator:
         """Leaves drafts on the running requests that are worth speculating this step."""
         for request in scheduler.running:
             request.draft_token_ids, request.draft_probs = [], None
-        candidates = [r for r in scheduler.running if can_speculate(r)]
+        adaptive = self.config.adaptive
+        candidates = [
+            r for r in scheduler.running if can_speculate(r) and not (adaptive and self._acceptance_of(r).is_waiting)
+        ]
         if not candidates:
-            return
+            return  # NOTE: no drafts anywhere: the step is the plain one
         k = self.config.num_speculative_tokens
         max_drafts = [min(k, r.max_tokens - r.num_output_tokens - 1) for r in candidates]
+        if adaptive:
+            max_drafts = [self._acceptance_of(r).max_drafts(m) for r, m in zip(candidates, max_drafts)]
         base_tokens = min(
             sum(r.num_tokens - r.num_computed_tokens for r in scheduler.running), self.max_num_batched_tokens
         )
         rates = [self._acceptance_of(r).rate for r in candidates]
         if self.draft is None:
-            proposals = [self._ngram(r, m) for r, m in zip(candidates, max_drafts)]
-            lengths = [len(p) for p in proposals]
-            counts = plan_drafts(rates, lengths, base_tokens, self.cost) if self.config.adaptive else lengths
-            for request, proposal, count in zip(candidates, proposals, counts):
-                request.draft_token_ids = proposal[:count]
-            return
+            self._propose_ngram(candidates, rates, max_drafts, base_tokens)
+        else:
+            self._propose_draft(candidates, rates, max_drafts, base_tokens)
+
+    def _propose_ngram(
+        self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int
+    ) -> None:
+        proposals = [self._ngram(r, m) for r, m in zip(candidates, max_drafts)]
+        lengths = [len(p) for p in proposals]
+        counts = plan_drafts(rates, lengths, base_tokens, self.cost) if self.config.adaptive else lengths
+        for request, proposal, count in zip(candidates, proposals, counts):
+            request.draft_token_ids = proposal[:count]
+
+    def _propose_draft(
+        self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int
+    ) -> None:
         if self.config.adaptive:
             counts = plan_uniform(rates, max_drafts, base_tokens, self.cost, self.draft.draft_seconds)
         else:
             counts = max_drafts
         self.draft.propose(candidates, counts)
+        for request in candidates:
+            if request.draft_token_ids and request.sampling_params.logits_processors:
+                keep = num_allowed(request, request.draft_token_ids)
+                request.draft_token_ids = request.draft_token_ids[:keep]
+                if request.draft_probs is not None:
+                    request.draft_probs = request.draft_probs[:keep]
 
     def observe(self, plan: SchedulerOutput, result: RunnerOutput, seconds: float, scheduler: Scheduler) -> None:
-        """After a step: its cost, each speculating request's acceptance, the counters."""
-        self.cost.observe(plan.num_scheduled_tokens, seconds)
+        """After a step: its cost, each speculating request's acceptance, the counters.
+
+        Only decode steps (every token fed is a sampling row, as in `calibrate`) measure the
+        step cost: a prompt chunk of the same size computes one row of logits, not all."""
+        if all(s.is_sampling and s.num_scheduled_tokens == s.num_draft_tokens + 1 for s in plan.requests):
+            self.cost.observe(plan.num_scheduled_tokens, seconds)
         verified = False
         for scheduled in plan.requests:
             request = scheduled.request
@@ -140,11 +178,18 @@ class Speculator:
         self.stats.num_steps += verified
         if len(self._acceptance) > 2 * len(scheduler.requests) + 16:  # forget finished requests now and then
             self._acceptance = {rid: a for rid, a in self._acceptance.items() if rid in scheduler.requests}
+            self._ngram_indexes = {rid: i for rid, i in self._ngram_indexes.items() if rid in scheduler.requests}
         if self.draft is not None:
             self.draft.after_step(scheduler.requests)
 
     def _ngram(self, request: Request, max_drafts: int) -> list[int]:
-        return propose_ngram(request.all_token_ids, self.config.ngram_min, self.config.ngram_max, max_drafts)
+        index = self._ngram_indexes.get(request.request_id)
+        if index is None:
+            index = self._ngram_indexes[request.request_id] = NgramIndex(self.config.ngram_min, self.config.ngram_max)
+        proposal = index.propose(request.all_token_ids, max_drafts)
+        if proposal and request.sampling_params.logits_processors:
+            return proposal[: num_allowed(request, proposal)]
+        return proposal
 
     def _acceptance_of(self, request: Request) -> Acceptance:
         acceptance = self._acceptance.get(request.request_id)
@@ -154,14 +199,17 @@ class Speculator:
 
 
 def _calibrate(cost: StepCost, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:
+    """Passes over all sizes, each size once a pass (the curve keeps each size's fastest): on a
+    shared machine a burst of load then slows one pass of every size, not every pass of a few."""
     measure_forward(model, cache, kv, 1, repeats=1)  # warm-up: first-call allocations
-    for size in CALIBRATION_SIZES:
-        if size > max_tokens:
-            break
-        seconds = measure_forward(model, cache, kv, size)
-        if seconds is None:
-            break
-        cost.observe(size, seconds)
+    sizes = [size for size in CALIBRATION_SIZES if size <= max_tokens]
+    for _ in range(CALIBRATION_PASSES):
+        for size in sizes:
+            seconds = measure_forward(model, cache, kv, size, repeats=1)
+            if seconds is None:  # the pool is too small for this size and the larger ones
+                sizes = sizes[: sizes.index(size)]
+                break
+            cost.observe(size, seconds)
 
 
 def measure_forward(
@@ -179,7 +227,7 @@ def measure_forward(
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            mx.eval(model(ids, meta.positions, meta, cache))
+            mx.eval(mx.argmax(model(ids, meta.positions, meta, cache), axis=-1))  # with a greedy draw per row
             best = min(best, time.perf_counter() - t0)
         return best
     finally:

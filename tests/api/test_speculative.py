@@ -44,3 +44,36 @@ def test_a_non_boolean_speculative_field_is_refused(server):
     response = server.http().post("/v1/completions", json=body)
     assert response.status_code == 400
     assert "speculative" in response.text
+
+
+# A long, repetitive answer, so that the n-gram proposer finds drafts in it.
+WORDS = {"type": "string", "enum": ["one two", "three four"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"words": {"type": "array", "items": WORDS, "minItems": 6, "maxItems": 6}},
+    "required": ["words"],
+    "additionalProperties": False,
+}
+
+
+def chat(server: RunningServer, speculative: bool):
+    return server.openai().chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=80,
+        temperature=0,
+        logprobs=True,  # NOTE: no top_logprobs: under a grammar the alternatives may be -inf, which JSON cannot carry
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
+        extra_body={"speculative": speculative},
+    )
+
+
+def test_a_json_schema_request_with_logprobs_speculates_and_answers_the_same(server):
+    plain = chat(server, speculative=False)
+    before = server.metrics()["base_spec_draft_tokens_total"]
+    speculated = chat(server, speculative=True)
+    assert server.metrics()["base_spec_draft_tokens_total"] > before
+    assert speculated.choices[0].message.content == plain.choices[0].message.content
+    got, want = speculated.choices[0].logprobs.content, plain.choices[0].logprobs.content
+    assert [e.token for e in got] == [e.token for e in want]
+    assert [e.logprob for e in got] == pytest.approx([e.logprob for e in want], abs=1e-4)

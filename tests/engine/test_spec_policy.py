@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from baselm.spec.ngram import propose_ngram
+from baselm.spec.ngram import NgramIndex, propose_ngram
 from baselm.spec.policy import Acceptance, StepCost, expected_tokens, plan_drafts, plan_uniform
 
 
@@ -81,3 +82,75 @@ def test_acceptance_counts_only_tested_drafts_and_returns_to_the_prior():
         a.observe(0, 0)
     assert abs(a.rate - prior) < 1e-6
     assert expected_tokens(0.5, 2) == 1.75
+
+
+def test_a_request_that_accepts_nothing_backs_off_geometrically():
+    a = Acceptance()
+    assert not a.is_waiting and a.max_drafts(8) == 8
+    waits = []
+    for _ in range(8):
+        a.observe(3, 0)  # a probe: nothing accepted
+        steps = 0
+        while a.is_waiting:
+            a.observe(0, 0)
+            steps += 1
+        waits.append(steps)
+        assert a.max_drafts(8) == 1  # then one cheap draft
+    assert waits == [2, 4, 8, 16, 32, 64, 64, 64]
+    a.observe(1, 1)  # one accepted draft ends the back-off
+    assert not a.is_waiting and a.max_drafts(8) == 8
+
+
+def test_the_line_is_refitted_only_when_a_sizes_fastest_changes():
+    cost = linear_cost()
+    line = cost.line()
+    cost.observe(8, 1.0)  # slower than the fastest at 8: same line object
+    assert cost.line() is line
+    cost.observe(8, 0.15)
+    assert cost.line() is not line  # refitted (Theil-Sen: one faster size barely moves it)
+
+
+def stepped_cost() -> StepCost:
+    """Up to 4 rows in one pass over the weights (5 ms each), a jump of 50 ms past it."""
+    cost = StepCost()
+    for size in range(1, 17):
+        cost.observe(size, 0.1 + 0.005 * size + (0.05 if size > 4 else 0.0))
+    return cost
+
+
+def test_the_step_cost_follows_the_measured_curve_not_a_line():
+    cost = stepped_cost()
+    assert cost.seconds(4) == pytest.approx(0.12) and cost.seconds(5) == pytest.approx(0.175)
+    cost.observe(3, 0.5)  # slower than the fastest at 3: nothing moves
+    cost.observe(20, 1.0)  # a slow size is capped by none larger; it stands
+    cost.observe(24, 0.3)  # ... until a larger size is measured faster
+    assert cost.seconds(20) == pytest.approx(0.3)
+    assert cost.seconds(18) == pytest.approx(0.23 + 0.5 * (0.3 - 0.23))  # between 16 and 20, interpolated
+    assert cost.seconds(30) == pytest.approx(0.3 + 6 * cost.line()[1])  # past the sizes measured: the line
+
+
+def test_drafts_past_a_jump_in_cost_are_taken_when_the_whole_run_pays():
+    cost = stepped_cost()
+    # 8 drafts at 95%: 7.3 tokens in 0.195 s beat 3 drafts' 3.7 tokens in 0.12 s.
+    assert plan_drafts([0.95], [8], 1, cost) == [8]
+    # At 60% the jump is not worth it: 3 drafts, 2.2 tokens in 0.12 s.
+    assert plan_drafts([0.6], [8], 1, cost) == [3]
+
+
+def test_a_near_tie_verifies_nothing():
+    cost = linear_cost(a=0.1, b=0.01)
+    # One draft at 12%: 1.12 tokens in 0.12 s vs 1 in 0.11 s, 2.7% better: taken.
+    assert plan_drafts([0.12], [1], 1, cost) == [1]
+    # At 11%: 1.11 / 0.12 is 1.7% better than 1 / 0.11: below MIN_GAIN, not taken.
+    assert plan_drafts([0.11], [1], 1, cost) == [0]
+
+
+@pytest.mark.parametrize("vocab", [3, 8, 50])
+def test_the_incremental_ngram_index_proposes_what_the_rule_does(vocab):
+    rng = np.random.default_rng(vocab)
+    for min_n, max_n, k in ((1, 3, 3), (2, 5, 8), (2, 2, 1)):
+        index = NgramIndex(min_n, max_n)
+        tokens = rng.integers(0, vocab, 5).tolist()
+        for _ in range(150):
+            assert index.propose(tokens, k) == propose_ngram(tokens, min_n, max_n, k), tokens
+            tokens += rng.integers(0, vocab, int(rng.integers(1, 4))).tolist()  # one token, or a run of accepted ones

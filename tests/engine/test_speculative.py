@@ -132,14 +132,6 @@ def test_a_request_can_opt_out():
     assert engine.spec_stats().num_draft_tokens == 0
 
 
-def test_requests_that_ask_for_logprobs_do_not_speculate():
-    engine = engine_for("ngram-fixed")
-    prompt = repeating_prompts()[1][1]
-    result = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=12, logprobs=2))
-    assert len(result[0].completions[0].logprobs) == 12
-    assert engine.spec_stats().num_draft_tokens == 0
-
-
 def test_max_tokens_and_stop_ids_are_checked_token_by_token():
     prompt = repeating_prompts()[1][1]
     plain = engine_for(None).generate([prompt], GREEDY)[0].completions[0]

@@ -38,6 +38,7 @@ def test_bench_json_compares_with_and_without_speculation(model_folder):
     result = base(
         "bench", str(model_folder), "--json", "--device", "cpu", "--concurrency", "1,2", "--prompt-tokens", "16",
         "--gen-tokens", "8", "--speculative", "ngram", "--workload", "grounded,free", "--kv-memory", "8MiB",
+        "--spec-repeats", "3",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     spec = json.loads(result.stdout)["speculative"]
@@ -51,6 +52,7 @@ def test_bench_json_compares_with_and_without_speculation(model_folder):
     for row in spec["runs"]:
         assert row["same_tokens"] is True
         assert 0 <= row["acceptance_rate"] <= 1
+        assert len(row["speedup_aggregate_pairs"]) == 3
     assert spec["step_ms_by_tokens"] and spec["step_line_ms"]["a"] > 0
     assert set(spec["auto_off_at_batch"]) == {"0.5", "0.7", "0.9"}
 

@@ -36,25 +36,28 @@ NUM_RUNS = 3000
 PROMPT = [10, 20, 30, 40, 5] * 4
 # Strong biases put both models' top 4 on the same tokens, with different weights (p != q).
 PARAMS = dict(temperature=1.0, top_k=4, logit_bias={10: 7.0, 20: 6.5, 30: 6.0, 40: 6.0}, max_tokens=3)
+# Penalties change p at row j by the drafts before it: a row that did not count them would
+# draw token 3 from the wrong distribution.
+PENALIZED = dict(PARAMS, frequency_penalty=1.5, presence_penalty=0.5, repetition_penalty=1.3)
 
 
-def next_distribution(model, output: tuple[int, ...]) -> np.ndarray:
+def next_distribution(model, output: tuple[int, ...], params_dict: dict = PARAMS) -> np.ndarray:
     """p(. | prompt + output) after the request's sampling parameters, (vocab,)."""
-    params = SamplingParams(**PARAMS)
+    params = SamplingParams(**params_dict)
     logits = mx.array(prefill_logits(model, PROMPT + list(output))[-1:])
     sampler = Sampler()
     rows = [SamplingRow(params, PROMPT, list(output))]
     return np.array(mx.softmax(sampler.truncate(sampler.process(logits, rows), [params]), axis=-1))[0]
 
 
-def exact_joint(first, rest) -> dict[tuple[int, ...], float]:
+def exact_joint(first, rest, params_dict: dict = PARAMS) -> dict[tuple[int, ...], float]:
     """The distribution of the first 3 tokens: token 1 from `first`'s model, tokens 2 and 3 from `rest`'s."""
     joint: dict[tuple[int, ...], float] = {(): 1.0}
     for position in range(3):
         model = first if position == 0 else rest
         grown = {}
         for prefix, mass in joint.items():
-            p = next_distribution(model, prefix)
+            p = next_distribution(model, prefix, params_dict)
             for token_id in np.flatnonzero(p > 0):
                 grown[(*prefix, int(token_id))] = mass * float(p[token_id])
         joint = grown
@@ -70,12 +73,14 @@ def total_variation(a: dict, b: dict) -> float:
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
 
 
-def empirical(spec: SpeculativeConfig, draft) -> tuple[dict[tuple[int, ...], float], LLMEngine]:
+def empirical(
+    spec: SpeculativeConfig, draft, params_dict: dict = PARAMS
+) -> tuple[dict[tuple[int, ...], float], LLMEngine]:
     config = EngineConfig(
         kv_memory=32 * 2**20, max_num_seqs=256, max_num_batched_tokens=4096, max_waiting=NUM_RUNS, speculative=spec
     )
     engine = LLMEngine(loaded_fixture(), config, draft)
-    params = [SamplingParams(seed=seed, **PARAMS) for seed in range(NUM_RUNS)]
+    params = [SamplingParams(seed=seed, **params_dict) for seed in range(NUM_RUNS)]
     results = engine.generate([PROMPT] * NUM_RUNS, params)
     counts: dict[tuple[int, ...], float] = {}
     for result in results:
@@ -110,3 +115,19 @@ def test_accepting_every_draft_would_fail_the_bound(target_joint):
     target, draft = loaded_fixture().model, loaded_fixture("qwen2").model
     wrong = exact_joint(target, draft)
     assert total_variation(wrong, target_joint) > 3 * tv_bound(target_joint, NUM_RUNS)
+
+
+@pytest.mark.parametrize("proposer", ["draft", "ngram"])
+def test_with_penalties_the_first_three_tokens_follow_the_target(proposer):
+    model = loaded_fixture().model
+    exact = exact_joint(model, model, PENALIZED)
+    spec = SpeculativeConfig(
+        proposer, "qwen2" if proposer == "draft" else None, num_speculative_tokens=2, adaptive=False
+    )
+    counts, engine = empirical(spec, loaded_fixture("qwen2") if proposer == "draft" else None, PENALIZED)
+    tv = total_variation(counts, exact)
+    print(f"TV {tv:.4f} within {tv_bound(exact, NUM_RUNS):.4f}")
+    assert tv < tv_bound(exact, NUM_RUNS)
+    assert total_variation(exact, exact_joint(model, model)) > 3 * tv_bound(exact, NUM_RUNS)  # penalties matter here
+    stats = engine.spec_stats()
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens

@@ -105,7 +105,8 @@ class SamplerOutput:
             if k is None:
                 rows.append(None)
                 continue
-            top = list(zip(top_ids[i][:k], top_lps[i][:k])) if k else []
+            # Alternatives a grammar or logit bias forbids (-inf) cannot be drawn: they are left out.
+            top = [(t, lp) for t, lp in zip(top_ids[i][:k], top_lps[i][:k]) if lp != -math.inf] if k else []
             rows.append(TokenLogprobs(ids[i], chosen[i], top))
         return rows
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from baselm.config import SpeculativeConfig
@@ -62,7 +64,8 @@ def chat(server: RunningServer, speculative: bool):
         messages=[{"role": "user", "content": PROMPT}],
         max_tokens=80,
         temperature=0,
-        logprobs=True,  # NOTE: no top_logprobs: under a grammar the alternatives may be -inf, which JSON cannot carry
+        logprobs=True,
+        top_logprobs=5,  # under the grammar most alternatives are forbidden: only allowed ones are listed
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
         extra_body={"speculative": speculative},
     )
@@ -77,3 +80,7 @@ def test_a_json_schema_request_with_logprobs_speculates_and_answers_the_same(ser
     got, want = speculated.choices[0].logprobs.content, plain.choices[0].logprobs.content
     assert [e.token for e in got] == [e.token for e in want]
     assert [e.logprob for e in got] == pytest.approx([e.logprob for e in want], abs=1e-4)
+    for entry, other in zip(got, want):
+        assert [t.token for t in entry.top_logprobs] == [t.token for t in other.top_logprobs]
+        assert all(math.isfinite(t.logprob) for t in entry.top_logprobs)
+    assert any(len(e.top_logprobs) < 5 for e in got)  # the grammar left fewer than 5 choices somewhere

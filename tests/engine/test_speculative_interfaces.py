@@ -53,7 +53,7 @@ def test_bench_json_compares_with_and_without_speculation(model_folder):
         assert row["same_tokens"] is True
         assert 0 <= row["acceptance_rate"] <= 1
         assert len(row["speedup_aggregate_pairs"]) == 3
-    assert spec["step_ms_by_tokens"] and spec["step_line_ms"]["a"] > 0
+    assert spec["step_ms_by_tokens"] and set(spec["step_line_ms"]) == {"a", "b_per_token"}  # a fit of timings
     assert set(spec["auto_off_at_batch"]) == {"0.5", "0.7", "0.9"}
 
 

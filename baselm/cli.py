@@ -323,37 +323,47 @@ def bench(
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model (with
     --speculative, also each workload with and without speculative decoding, side by side)."""
-    from baselm.bench import BenchOptions, render, run_all
+    from baselm.bench import render, run_all
     from baselm.dist.launch import describe, load_model_for
 
     if synthetic or model is None:
         _bench_synthetic(model, synthetic, synthetic_bits, gen_tokens, seed, device, as_json)
         return
     try:
-        size = parse_optional_size(kv_memory)
+        size, dist = parse_optional_size(kv_memory), dist_options(tensor_parallel, hostfile, rank)
         config = EngineConfig(kv_memory=size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         if pd is not None:  # one process, then a prefill/decode group, on the same batch
-            return bench_pd(model, device, pd, config, (prompt_tokens, gen_tokens, concurrency, seed), as_json)
-        options = BenchOptions(
-            prompt_tokens=prompt_tokens,
-            gen_tokens=gen_tokens,
-            concurrency=parse_int_list(concurrency),
-            shared_prefix=shared_prefix,
-            long_prompt=long_prompt,
-            chunk=chunk,
-            pool_sizes=parse_size_list(pool_sizes),
-            compare_mlx_lm=compare_mlx_lm,
-            compare_cpu_layer=compare_cpu_layer,
-            seed=seed,
-            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
-            workloads=tuple(w.strip() for w in workload.split(",") if w.strip()),
-            spec_repeats=spec_repeats,
-        )
-        loaded = load_model_for(model, device, False, dist_options(tensor_parallel, hostfile, rank))
+            return bench_pd(model, device, pd, config, (prompt_tokens, gen_tokens, concurrency, seed), as_json, dist)
+        options = _bench_options(locals())
+        loaded = load_model_for(model, device, False, dist)
         report = {**run_all(loaded, config, options), "distributed": describe(loaded)}
     except _user_errors() as exc:
         _fail(str(exc))
     _print_bench(report, as_json, render)
+
+
+def _bench_options(o: dict):
+    """`bench`'s parameters (its `locals()`) as the engine benchmark's options."""
+    from baselm.bench import BenchOptions
+
+    speculative = SpeculativeConfig.parse(
+        o["speculative"], o["num_speculative_tokens"], adaptive=not o["fixed_speculation"]
+    )
+    return BenchOptions(
+        prompt_tokens=o["prompt_tokens"],
+        gen_tokens=o["gen_tokens"],
+        concurrency=parse_int_list(o["concurrency"]),
+        shared_prefix=o["shared_prefix"],
+        long_prompt=o["long_prompt"],
+        chunk=o["chunk"],
+        pool_sizes=parse_size_list(o["pool_sizes"]),
+        compare_mlx_lm=o["compare_mlx_lm"],
+        compare_cpu_layer=o["compare_cpu_layer"],
+        seed=o["seed"],
+        speculative=speculative,
+        workloads=tuple(w.strip() for w in o["workload"].split(",") if w.strip()),
+        spec_repeats=o["spec_repeats"],
+    )
 
 
 def _print_bench(report: dict, as_json: bool, render) -> None:

@@ -53,7 +53,15 @@ def serve_pd(*args: object) -> None:
 
 
 def bench_pd(*args: object) -> None:
-    """`base bench --pd`: `baselm.dist.pd_bench.bench_pd`, imported when called."""
+    """`base bench --pd`: `baselm.dist.pd_bench.bench_pd` (imported when called) with its arguments, then the
+    parsed distributed options. Its group is
+    started on this machine: --tensor-parallel, --hostfile and --rank are refused beside it."""
+    from baselm.dist.group import DistError
     from baselm.dist.pd_bench import bench_pd as run
 
+    *args, dist = args
+    if dist is not None:
+        raise DistError(
+            "base bench --pd starts its own group on this machine: drop --tensor-parallel/--hostfile/--rank"
+        )
     run(*args)

@@ -118,3 +118,16 @@ def test_serve_pd_refuses_a_prefix_cache_file() -> None:
     with pytest.raises(ConfigError, match="prefix-cache-file"):
         serve_pd(("1:1", None, None), ("model", "cpu", False), config, None, None)
     assert serve_pd((None, None, None), ("model", "cpu", False), config, None, None) is None  # no --pd
+
+
+def test_bench_pd_refuses_tensor_parallel_options_beside_it(monkeypatch) -> None:
+    from baselm import cli_dist
+    from baselm.dist.group import DistError
+    from baselm.dist.launch import DistOptions
+
+    started = []
+    monkeypatch.setattr("baselm.dist.pd_bench.bench_pd", lambda *args: started.append(args))
+    with pytest.raises(DistError, match="--tensor-parallel"):
+        cli_dist.bench_pd("m", "cpu", "1:1", None, (8, 4, "1", 0), False, DistOptions(tensor_parallel=2))
+    cli_dist.bench_pd("m", "cpu", "1:1", None, (8, 4, "1", 0), False, None)
+    assert started == [("m", "cpu", "1:1", None, (8, 4, "1", 0), False)]

@@ -144,14 +144,15 @@ def build_model(
     if consume:
         given.clear()
     del given
-    if shard is not None and keep_quantized:  # codes are sliced on group boundaries
+    # Codes are sliced on group boundaries; weights read already cut resize the layers first.
+    if shard is not None and (keep_quantized or getattr(shard, "presliced", None)):
         weights = shard(model, weights)
     params = _quantization(model, weights, group_size)
     if params and keep_quantized:
         nn.quantize(model, class_predicate=lambda path, _: params.get(path, False))
     elif params:
         _dequantize_triplets(weights, params, dtype)
-    if shard is not None and not keep_quantized:  # dense now: any split goes
+    if shard is not None and not keep_quantized and not getattr(shard, "presliced", None):  # dense: any split
         weights = shard(model, weights)
     weights = {k: _cast_float(k, v, dtype, lift_scales=not cpu_kernels) for k, v in weights.items()}
     _check_shapes(model, weights)

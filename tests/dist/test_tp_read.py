@@ -1,0 +1,102 @@
+"""A tensor-parallel rank reads only its slices of a `.base` file, and builds the same weights as
+loading the whole file and slicing it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from baselm.backend import Backend
+from baselm.dist.tp import Sharding
+from baselm.loader import _load_base_file, model_from_checkpoint
+from baselm.store.base_reader import BaseFile, model_weights
+from baselm.store.convert import convert
+from tests.paths import BPE_TOKENIZER, MODEL_FIXTURES
+
+BACKENDS = {
+    "quantized": Backend("cpu", mx.float32, keep_quantized=True),
+    "dense": Backend("cpu", mx.float32, keep_quantized=False),
+}
+
+
+def _base(tmp_path: Path, fixture: str, quant: str) -> Path:
+    """The fixture converted to a `.base` file (q4/q8 in groups of 32, or f16)."""
+    folder = tmp_path / fixture
+    shutil.copytree(MODEL_FIXTURES / fixture, folder)
+    shutil.copy(BPE_TOKENIZER / "tokenizer.json", folder / "tokenizer.json")
+    target = tmp_path / f"{fixture}-{quant}.base"
+    convert(folder, target, quant, 32 if quant != "f16" else None, "default")
+    return target
+
+
+def _load_then_slice(path: Path, backend: Backend, rank: int) -> nn.Module:
+    base = BaseFile.open(path)
+    weights, _ = model_weights(base.load())
+    return model_from_checkpoint(base.header["config"], weights, backend, shard=Sharding(rank, 2))
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("quant", ["q4", "q8", "f16"])
+@pytest.mark.parametrize("fixture", ["llama", "qwen2", "llama_rope3_mqa", "gemma3"])
+def test_a_rank_reading_its_slices_builds_the_weights_load_then_slice_builds(tmp_path, fixture, quant, backend):
+    path = _base(tmp_path, fixture, quant)
+    for rank in (0, 1):
+        sharding = Sharding(rank, 2)
+        sliced = _load_base_file(path, BACKENDS[backend], shard=sharding)[0]
+        assert sharding.presliced, "the file was read whole"
+        whole = _load_then_slice(path, BACKENDS[backend], rank)
+        got, want = dict(nn.utils.tree_flatten(sliced.parameters())), dict(nn.utils.tree_flatten(whole.parameters()))
+        assert sorted(got) == sorted(want)
+        for name, value in want.items():
+            assert got[name].dtype == value.dtype, name
+            assert mx.array_equal(got[name], value).item(), (rank, name)
+
+
+def _split_bytes(base: BaseFile, cuts: dict) -> int:
+    """Bytes a rank's cuts take of each cut tensor: its share of rows, or of each row's codes,
+    scales and biases (the same fraction of every sub-region, as cuts fall on groups)."""
+    total = 0
+    for name, cut in cuts.items():
+        entry = base.tensors[name]
+        total += entry.length * (cut.stop - cut.start) // entry.shape[cut.axis]
+    return total
+
+
+def test_each_rank_reads_its_share_of_the_split_tensors_and_all_of_the_rest(tmp_path):
+    path = _base(tmp_path, "llama", "q4")
+    whole = BaseFile.open(path)
+    whole.load()
+    seen = 0
+    for rank in (0, 1):
+        base = BaseFile.open(path)
+        cuts = Sharding(rank, 2).read_plan(base)
+        base.load(cuts=cuts)
+        rest = sum(e.length for name, e in base.tensors.items() if name not in cuts)
+        assert base.bytes_read == rest + _split_bytes(base, cuts)
+        split_total = sum(base.tensors[name].length for name in cuts)
+        assert _split_bytes(base, cuts) == split_total // 2  # the fixture splits evenly over two ranks
+        seen += base.bytes_read - rest
+    assert whole.bytes_read == sum(e.length for e in whole.tensors.values())
+    assert seen == sum(whole.tensors[name].length for name in cuts)  # together the ranks read each split byte once
+
+
+def test_a_signed_load_and_a_checked_load_read_whole_regions(tmp_path):
+    path = _base(tmp_path, "llama", "q4")
+    base = BaseFile.open(path)
+    cuts = Sharding(0, 2).read_plan(base)
+    with pytest.raises(ValueError, match="sliced reads cannot be checked"):
+        base.load(verify=True, cuts=cuts)
+    with pytest.raises(ValueError, match="sliced reads cannot be checked"):
+        base.load(digests={}, cuts=cuts)
+
+
+def test_a_file_whose_experts_are_stacked_at_load_is_read_whole(tmp_path):
+    path = _base(tmp_path, "mixtral", "q4")
+    base = BaseFile.open(path)
+    sharding = Sharding(0, 2)
+    assert sharding.read_plan(base) == {}
+    assert sharding.presliced == {}

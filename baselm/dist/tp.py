@@ -61,28 +61,25 @@ class Sharding:
     def plan(self, model: nn.Module, group_sizes: dict[str, int]) -> dict[str, Cut]:
         """The cut the hook makes of each split projection of `model`, by module path, before
         any weight is read; `group_sizes`: the quantization group of each quantized projection.
-        A module that cannot be split on its groups is left out (the hook then says why)."""
+        Raises `ModelConfigError` where the hook would (a split off its groups)."""
         cuts: dict[str, Cut] = {}
         for path, module in model.named_modules():
-            try:
-                if isinstance(module, Attention):
-                    (q0, q1), (k0, k1) = head_ranges(module.num_heads, module.num_kv_heads, self.size)[self.rank]
-                    d = module.head_dim
-                    rows = {"q_proj": (q0, q1), "k_proj": (k0, k1), "v_proj": (k0, k1)}
-                    cuts |= {f"{path}.{n}": Cut(-2, a * d, b * d) for n, (a, b) in rows.items()}
-                    cuts[f"{path}.o_proj"] = Cut(-1, q0 * d, q1 * d)
-                elif isinstance(module, (MLP, SwitchGLU)):
-                    inter = module.gate_proj.weight.shape[-2]
-                    a, b = even_ranges(inter, self.size, group_sizes.get(f"{path}.down_proj", 1))[self.rank]
-                    cuts |= {f"{path}.gate_proj": Cut(-2, a, b), f"{path}.up_proj": Cut(-2, a, b)}
-                    cuts[f"{path}.down_proj"] = Cut(-1, a, b)
-                elif type(module).__name__ == "ClampedSwiGLUExperts":
-                    inter = module.down_proj.weight.shape[-1]
-                    a, b = even_ranges(inter, self.size, group_sizes.get(f"{path}.down_proj", 1))[self.rank]
-                    cuts[f"{path}.gate_up_proj"] = Cut(-2, 2 * a, 2 * b)
-                    cuts[f"{path}.down_proj"] = Cut(-1, a, b)
-            except ModelConfigError:
-                continue
+            if isinstance(module, Attention):
+                (q0, q1), (k0, k1) = head_ranges(module.num_heads, module.num_kv_heads, self.size)[self.rank]
+                d = module.head_dim
+                rows = {"q_proj": (q0, q1), "k_proj": (k0, k1), "v_proj": (k0, k1)}
+                cuts |= {f"{path}.{n}": Cut(-2, a * d, b * d) for n, (a, b) in rows.items()}
+                cuts[f"{path}.o_proj"] = Cut(-1, q0 * d, q1 * d)
+            elif isinstance(module, (MLP, SwitchGLU)):
+                inter = module.gate_proj.weight.shape[-2]
+                a, b = even_ranges(inter, self.size, group_sizes.get(f"{path}.down_proj", 1))[self.rank]
+                cuts |= {f"{path}.gate_proj": Cut(-2, a, b), f"{path}.up_proj": Cut(-2, a, b)}
+                cuts[f"{path}.down_proj"] = Cut(-1, a, b)
+            elif type(module).__name__ == "ClampedSwiGLUExperts":
+                inter = module.down_proj.weight.shape[-1]
+                a, b = even_ranges(inter, self.size, group_sizes.get(f"{path}.down_proj", 1))[self.rank]
+                cuts[f"{path}.gate_up_proj"] = Cut(-2, 2 * a, 2 * b)
+                cuts[f"{path}.down_proj"] = Cut(-1, a, b)
         return cuts
 
     def __call__(self, model: nn.Module, weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -23,13 +23,13 @@ BACKENDS = {
 }
 
 
-def _base(tmp_path: Path, fixture: str, quant: str) -> Path:
-    """The fixture converted to a `.base` file (q4/q8 in groups of 32, or f16)."""
+def _base(tmp_path: Path, fixture: str, quant: str, group_size: int = 32) -> Path:
+    """The fixture converted to a `.base` file (q4/q8 in groups of `group_size`, or f16)."""
     folder = tmp_path / fixture
-    shutil.copytree(MODEL_FIXTURES / fixture, folder)
+    shutil.copytree(MODEL_FIXTURES / fixture, folder, dirs_exist_ok=True)
     shutil.copy(BPE_TOKENIZER / "tokenizer.json", folder / "tokenizer.json")
-    target = tmp_path / f"{fixture}-{quant}.base"
-    convert(folder, target, quant, 32 if quant != "f16" else None, "default")
+    target = tmp_path / f"{fixture}-{quant}-{group_size}.base"
+    convert(folder, target, quant, group_size if quant != "f16" else None, "default")
     return target
 
 
@@ -100,3 +100,13 @@ def test_a_file_whose_experts_are_stacked_at_load_is_read_whole(tmp_path):
     sharding = Sharding(0, 2)
     assert sharding.read_plan(base) == {}
     assert sharding.presliced == {}
+
+
+def test_a_split_off_the_groups_reads_the_file_whole_and_slices_dense_weights_after(tmp_path):
+    path = _base(tmp_path, "llama", "q4", group_size=64)  # 64 intermediate features: one group, two ranks
+    sharding = Sharding(1, 2)
+    assert sharding.read_plan(BaseFile.open(path)) == {}
+    sliced = _load_base_file(path, BACKENDS["dense"], shard=Sharding(1, 2))[0]
+    whole = _load_then_slice(path, BACKENDS["dense"], 1)
+    got, want = dict(nn.utils.tree_flatten(sliced.parameters())), dict(nn.utils.tree_flatten(whole.parameters()))
+    assert all(mx.array_equal(got[name], value).item() for name, value in want.items())

@@ -154,7 +154,13 @@ class Sharding:
         model.sharding = self
 
     def describe(self) -> dict[str, Any]:
-        return {"rank": self.rank, "size": self.size, "kv_replicated": self.kv_replicated, "notes": list(self.notes)}
+        return {
+            "rank": self.rank,
+            "size": self.size,
+            "kv_replicated": self.kv_replicated,
+            "read_cut": bool(self.presliced),  # this rank read only its slices of a `.base` file
+            "notes": list(self.notes),
+        }
 
 
 class Summed(nn.Module):

@@ -3,7 +3,10 @@ loading the whole file and slicing it."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,10 +15,16 @@ import pytest
 
 from baselm.backend import Backend
 from baselm.dist.tp import Sharding
-from baselm.loader import _load_base_file, model_from_checkpoint
+from baselm.loader import _load_base_file, load_model, model_from_checkpoint
 from baselm.store.base_reader import BaseFile, model_weights
 from baselm.store.convert import convert
+from baselm.store.errors import SignatureError
+from baselm.store.signed_file import sign_file
+from baselm.store.signing import keygen
 from tests.paths import BPE_TOKENIZER, MODEL_FIXTURES
+from tests.tiny_model import write_model_folder
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BACKENDS = {
     "quantized": Backend("cpu", mx.float32, keep_quantized=True),
@@ -47,7 +56,7 @@ def test_a_rank_reading_its_slices_builds_the_weights_load_then_slice_builds(tmp
     for rank in (0, 1):
         sharding = Sharding(rank, 2)
         sliced = _load_base_file(path, BACKENDS[backend], shard=sharding)[0]
-        assert sharding.presliced, "the file was read whole"
+        assert sharding.describe()["read_cut"], "the file was read whole"
         whole = _load_then_slice(path, BACKENDS[backend], rank)
         got, want = dict(nn.utils.tree_flatten(sliced.parameters())), dict(nn.utils.tree_flatten(whole.parameters()))
         assert sorted(got) == sorted(want)
@@ -100,6 +109,7 @@ def test_a_file_whose_experts_are_stacked_at_load_is_read_whole(tmp_path):
     sharding = Sharding(0, 2)
     assert sharding.read_plan(base) == {}
     assert sharding.presliced == {}
+    assert not sharding.describe()["read_cut"]
 
 
 def test_a_split_off_the_groups_reads_the_file_whole_and_slices_dense_weights_after(tmp_path):
@@ -110,3 +120,44 @@ def test_a_split_off_the_groups_reads_the_file_whole_and_slices_dense_weights_af
     whole = _load_then_slice(path, BACKENDS["dense"], 1)
     got, want = dict(nn.utils.tree_flatten(sliced.parameters())), dict(nn.utils.tree_flatten(whole.parameters()))
     assert all(mx.array_equal(got[name], value).item() for name, value in want.items())
+
+
+def test_base_run_of_a_base_file_over_two_processes_prints_what_one_process_prints(tmp_path):
+    folder = write_model_folder(tmp_path / "tiny")
+    path = tmp_path / "tiny.base"
+    convert(folder, path, "q4", 32, "default")
+    assert Sharding(1, 2).read_plan(BaseFile.open(path))  # the ranks read it cut
+    args = [sys.executable, "-m", "baselm.cli", "run", str(path), "Hello there", "-n", "12", "--raw", "--json"]
+
+    def run(*extra: str) -> list[int]:
+        proc = subprocess.run([*args, "--device", "cpu", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)["token_ids"]
+
+    alone = run()
+    assert len(alone) >= 4  # the quantized tiny model ends its answer after a few tokens
+    assert run("--tensor-parallel", "2") == alone
+
+
+def test_a_signed_sharded_load_reads_and_checks_whole_regions(tmp_path, monkeypatch):
+    monkeypatch.setenv("BASE_HOME", str(tmp_path / "home"))
+    key, pub = keygen(tmp_path / "keys", "alice")
+    (tmp_path / "home" / "trusted_keys").mkdir(parents=True)
+    shutil.copy(pub, tmp_path / "home" / "trusted_keys" / pub.name)
+    path = _base(tmp_path, "llama", "q4")
+    sign_file(path, key, embed=True)
+    backend = BACKENDS["quantized"]
+    signed = load_model(path, backend, require_signature=True, shard=Sharding(0, 2)).model
+    unsigned = load_model(path, backend, shard=Sharding(0, 2)).model
+    want = dict(nn.utils.tree_flatten(unsigned.parameters()))
+    assert all(mx.array_equal(v, want[k]).item() for k, v in nn.utils.tree_flatten(signed.parameters()))
+    base = BaseFile.open(path)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    entry = base.tensors[name]
+    last_row = base.blob_start + entry.scale_offset - 1  # a byte of rank 1's rows, outside rank 0's slice
+    data = bytearray(path.read_bytes())
+    data[last_row] ^= 0x01
+    path.write_bytes(bytes(data))
+    load_model(path, backend, shard=Sharding(0, 2))  # rank 0's cut reads never see the byte
+    with pytest.raises(SignatureError, match=name):
+        load_model(path, backend, require_signature=True, shard=Sharding(0, 2))

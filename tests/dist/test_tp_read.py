@@ -11,11 +11,13 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 
 from baselm.backend import Backend
 from baselm.dist.tp import Sharding
 from baselm.loader import _load_base_file, load_model, model_from_checkpoint
+from baselm.store import hf
 from baselm.store.base_reader import BaseFile, model_weights
 from baselm.store.convert import convert
 from baselm.store.errors import SignatureError
@@ -32,10 +34,30 @@ BACKENDS = {
 }
 
 
+# MoE fixtures whose 32 expert features are one quantization group widened to 64, so that
+# quantized experts split over two ranks: config key of the expert intermediate size.
+WIDENED_EXPERTS = {"mixtral": "intermediate_size", "qwen3_moe_sparse": "moe_intermediate_size"}
+
+
+def _widen_experts(folder: Path, key: str) -> None:
+    """Rewrites the folder's expert tensors with 64 intermediate features (seeded random values)."""
+    rng = np.random.default_rng(0)
+    weights = hf.read_weights(folder)
+    for name, value in weights.items():
+        if ".experts." in name:
+            shape = tuple(64 if n == 32 else n for n in value.shape)
+            weights[name] = mx.array(rng.standard_normal(shape).astype(np.float32) * 0.05)
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: 64}))
+
+
 def _base(tmp_path: Path, fixture: str, quant: str, group_size: int = 32) -> Path:
     """The fixture converted to a `.base` file (q4/q8 in groups of `group_size`, or f16)."""
     folder = tmp_path / fixture
     shutil.copytree(MODEL_FIXTURES / fixture, folder, dirs_exist_ok=True)
+    if fixture in WIDENED_EXPERTS:
+        _widen_experts(folder, WIDENED_EXPERTS[fixture])
     shutil.copy(BPE_TOKENIZER / "tokenizer.json", folder / "tokenizer.json")
     target = tmp_path / f"{fixture}-{quant}-{group_size}.base"
     convert(folder, target, quant, group_size if quant != "f16" else None, "default")
@@ -50,7 +72,7 @@ def _load_then_slice(path: Path, backend: Backend, rank: int) -> nn.Module:
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 @pytest.mark.parametrize("quant", ["q4", "q8", "f16"])
-@pytest.mark.parametrize("fixture", ["llama", "qwen2", "llama_rope3_mqa", "gemma3"])
+@pytest.mark.parametrize("fixture", ["llama", "qwen2", "llama_rope3_mqa", "gemma3", "mixtral", "qwen3_moe_sparse"])
 def test_a_rank_reading_its_slices_builds_the_weights_load_then_slice_builds(tmp_path, fixture, quant, backend):
     path = _base(tmp_path, fixture, quant)
     for rank in (0, 1):
@@ -75,8 +97,9 @@ def _split_bytes(base: BaseFile, cuts: dict) -> int:
     return total
 
 
-def test_each_rank_reads_its_share_of_the_split_tensors_and_all_of_the_rest(tmp_path):
-    path = _base(tmp_path, "llama", "q4")
+@pytest.mark.parametrize("fixture", ["llama", "mixtral"])
+def test_each_rank_reads_its_share_of_the_split_tensors_and_all_of_the_rest(tmp_path, fixture):
+    path = _base(tmp_path, fixture, "q4")
     whole = BaseFile.open(path)
     whole.load()
     seen = 0
@@ -103,8 +126,9 @@ def test_a_signed_load_and_a_checked_load_read_whole_regions(tmp_path):
         base.load(digests={}, cuts=cuts)
 
 
-def test_a_file_whose_experts_are_stacked_at_load_is_read_whole(tmp_path):
-    path = _base(tmp_path, "mixtral", "q4")
+@pytest.mark.parametrize("fixture", ["gpt_oss", "phi3"])
+def test_a_file_whose_split_layers_are_transposed_or_split_at_load_is_read_whole(tmp_path, fixture):
+    path = _base(tmp_path, fixture, "q4")
     base = BaseFile.open(path)
     sharding = Sharding(0, 2)
     assert sharding.read_plan(base) == {}

@@ -10,6 +10,9 @@ NOTE: all or nothing. The file is read cut only when every split layer maps to i
 that way (not: fused qkv split at load as phi3's, gpt-oss experts transposed at load) and every
 cut falls inside its tensor and on its quantization groups. Otherwise every tensor is read whole
 and sliced after loading, as GGUF files and HF folders always are.
+Ranges are planned on the quantization groups also when the weights are widened to float after
+loading (the CPU without kernels), where load-then-slice splits an MLP on any feature: an uneven
+split (features not a multiple of ranks x group) may then differ from load-then-slice's, both valid.
 """
 
 from __future__ import annotations

@@ -100,7 +100,10 @@ def _load_base_file(
     header = base.header
     # A signed file: signature and header checked now, each tensor's SHA-256 as it is read.
     digests = signed_statement(base)[0]["tensors_sha256"] if require_signature else None
-    tensors = base.load(digests=digests)
+    # NOTE: a rank of a group reads only its slices; a signed load reads every region whole,
+    # because a tensor's SHA-256 covers its whole region, and is sliced after.
+    cuts = shard.read_plan(base) if shard is not None and digests is None else None
+    tensors = base.load(digests=digests, cuts=cuts)
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
     del tensors
     config = header["config"]

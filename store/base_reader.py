@@ -23,6 +23,7 @@ from baselm.store.base_header import (
     parse_header,
     read_preamble,
 )
+from baselm.store.base_slices import Cut, cut_fits, read_cut
 from baselm.store.errors import BaseFileError, SignatureError
 
 
@@ -52,6 +53,7 @@ class BaseFile:
         self.header = header
         self.tensors = tensors
         self.blob_start = blob_start
+        self.bytes_read = 0  # tensor bytes read from the file so far (header and checksums aside)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> BaseFile:
@@ -86,17 +88,27 @@ class BaseFile:
         with self.file() as f:
             return self._read_entry(f, self.tensors[name], verify)
 
-    def load(self, verify: bool = False, digests: dict[str, str] | None = None) -> dict[str, mx.array | QuantizedArray]:
+    def load(
+        self, verify: bool = False, digests: dict[str, str] | None = None, cuts: dict[str, Cut] | None = None
+    ) -> dict[str, mx.array | QuantizedArray]:
         """All tensors, in file order. Each region is read once, hashed if asked, then copied into MLX.
 
         `digests` (tensor name -> SHA-256 hex, a checked signature's): each region's SHA-256 is
-        compared as it is read; a mismatch raises before the tensor is used."""
+        compared as it is read; a mismatch raises before the tensor is used.
+        `cuts` (tensor name -> `Cut`): those tensors are read as that slice alone, and only its
+        bytes are read. A checksum or digest covers a whole region, so a cut goes with neither."""
+        cuts = cuts or {}
+        if cuts and (verify or digests is not None):
+            raise ValueError("checksums and signatures cover whole regions: sliced reads cannot be checked")
         if verify:
             check_header_checksum(self.path, self.header)
         with self.file() as f:
             tensors = {}
             for name, entry in self.tensors.items():
-                tensors[name] = self._read_entry(f, entry, verify, None if digests is None else digests[name])
+                if name in cuts:
+                    tensors[name] = self._read_cut(f, entry, cuts[name])
+                else:
+                    tensors[name] = self._read_entry(f, entry, verify, None if digests is None else digests[name])
             return tensors
 
     def file(self) -> Any:
@@ -113,16 +125,43 @@ class BaseFile:
             check_digest(self.path, entry, xxhash.xxh64(raw).hexdigest())
         if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
             raise SignatureError(f"{self.path}: tensor {entry.name!r} differs from the one that was signed")
+        self.bytes_read += entry.length
         if entry.bits is None:
             return _mx_float(raw, entry.dtype, entry.shape)
         out_features, in_features = entry.shape
         codes_len = entry.scale_offset - entry.offset
         scales_len = entry.bias_offset - entry.scale_offset
         groups = (out_features, in_features // entry.group_size)
-        codes = mx.array(raw[:codes_len].view("<u4").reshape(out_features, -1))  # (out, in * bits / 32)
-        scales = _mx_float(raw[codes_len : codes_len + scales_len], entry.scale_dtype, groups)
-        biases = _mx_float(raw[codes_len + scales_len :], entry.scale_dtype, groups)
-        return QuantizedArray(codes, scales, biases, entry.bits, entry.group_size, (out_features, in_features))
+        codes = raw[:codes_len].view("<u4").reshape(out_features, -1)  # (out, in * bits / 32)
+        scales = raw[codes_len : codes_len + scales_len].reshape(groups[0], -1)
+        biases = raw[codes_len + scales_len :].reshape(groups[0], -1)
+        return _quantized(entry, codes, scales, biases, (out_features, in_features))
+
+    def _read_cut(self, f: Any, entry: TensorEntry, cut: Cut) -> mx.array | QuantizedArray:
+        if not cut_fits(entry, cut):
+            raise ValueError(f"{entry.name}: {cut} does not fit its shape {entry.shape} and groups")
+        arrays = read_cut(self.path, f, self.blob_start, entry, cut)
+        self.bytes_read += sum(a.nbytes for a in arrays)
+        shape = list(entry.shape)
+        shape[cut.axis] = cut.stop - cut.start
+        if entry.bits is None:
+            return _mx_float(arrays[0], entry.dtype, tuple(shape))
+        return _quantized(entry, *arrays, tuple(shape))
+
+
+def _quantized(
+    entry: TensorEntry, codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, shape: tuple[int, int]
+) -> QuantizedArray:
+    """MLX's triplet from the file's arrays: codes (out, words) uint32, scales and biases (out, groups) as stored."""
+    groups = (shape[0], shape[1] // entry.group_size)
+    return QuantizedArray(
+        mx.array(codes),
+        _mx_float(scales, entry.scale_dtype, groups),
+        _mx_float(biases, entry.scale_dtype, groups),
+        entry.bits,
+        entry.group_size,
+        shape,
+    )
 
 
 def read_base_file(

@@ -14,6 +14,10 @@ The split (Megatron-style, as mlx-lm and vLLM do it):
 Splits fall on quantization group boundaries so quantized codes are sliced without repacking;
 a split that cannot (a head range not a multiple of the group size) is a clear error.
 Row-split biases stay on rank 0 only, so the sum adds them once.
+
+From a `.base` file a rank reads only its slices (`read_plan`, baselm/dist/tp_read.py): the
+plan names each split tensor's cut before anything is read, the reader reads those bytes alone,
+and the hook then only resizes the layers. Other formats load whole and are sliced here.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from baselm.models.attention import Attention
 from baselm.models.base import ModelConfigError
 from baselm.models.mlp import MLP
 from baselm.models.moe import SwitchGLU
+from baselm.store.base_slices import Cut
 
 
 @dataclass(slots=True)
@@ -41,6 +46,41 @@ class Sharding:
     group: Any = None  # mx.distributed.Group; None only when nothing is summed (tests of the slicing)
     kv_replicated: bool = False  # fewer KV heads than ranks: some KV heads are held by several ranks
     notes: list[str] = field(default_factory=list)
+    # NOTE: module path -> Cut of every split projection, set when the loader read them already
+    # cut (`read_plan`); then the hook takes its ranges from here and leaves those tensors alone.
+    presliced: dict[str, Cut] = field(default_factory=dict)
+
+    def read_plan(self, base: Any) -> dict[str, Cut]:
+        """The cuts this rank reads from the `.base` file `base`, by tensor name (empty: read all
+        whole). Records them, so the hook knows those tensors arrive cut."""
+        from baselm.dist.tp_read import plan_reads
+
+        self.presliced, cuts = plan_reads(base, self)
+        return cuts
+
+    def plan(self, model: nn.Module, group_sizes: dict[str, int]) -> dict[str, Cut]:
+        """The cut the hook makes of each split projection of `model`, by module path, before
+        any weight is read; `group_sizes`: the quantization group of each quantized projection.
+        Raises `ModelConfigError` where the hook would (a split off its groups)."""
+        cuts: dict[str, Cut] = {}
+        for path, module in model.named_modules():
+            if isinstance(module, Attention):
+                (q0, q1), (k0, k1) = head_ranges(module.num_heads, module.num_kv_heads, self.size)[self.rank]
+                d = module.head_dim
+                rows = {"q_proj": (q0, q1), "k_proj": (k0, k1), "v_proj": (k0, k1)}
+                cuts |= {f"{path}.{n}": Cut(-2, a * d, b * d) for n, (a, b) in rows.items()}
+                cuts[f"{path}.o_proj"] = Cut(-1, q0 * d, q1 * d)
+            elif isinstance(module, (MLP, SwitchGLU)):
+                inter = module.gate_proj.weight.shape[-2]
+                a, b = even_ranges(inter, self.size, group_sizes.get(f"{path}.down_proj", 1))[self.rank]
+                cuts |= {f"{path}.gate_proj": Cut(-2, a, b), f"{path}.up_proj": Cut(-2, a, b)}
+                cuts[f"{path}.down_proj"] = Cut(-1, a, b)
+            elif type(module).__name__ == "ClampedSwiGLUExperts":
+                inter = module.down_proj.weight.shape[-1]
+                a, b = even_ranges(inter, self.size, group_sizes.get(f"{path}.down_proj", 1))[self.rank]
+                cuts[f"{path}.gate_up_proj"] = Cut(-2, 2 * a, 2 * b)
+                cuts[f"{path}.down_proj"] = Cut(-1, a, b)
+        return cuts
 
     def __call__(self, model: nn.Module, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """`build_model`'s shard hook: resizes `model`'s layers to this rank's slice and slices
@@ -65,11 +105,11 @@ class Sharding:
                 f"{attn.num_kv_heads} KV heads for {self.size} ranks: each KV head is held by "
                 f"{self.size // attn.num_kv_heads} ranks"
             )
-        d = attn.head_dim
-        split_out(attn.q_proj, weights, f"{path}.q_proj", q0 * d, q1 * d)
-        split_out(attn.k_proj, weights, f"{path}.k_proj", k0 * d, k1 * d)
-        split_out(attn.v_proj, weights, f"{path}.v_proj", k0 * d, k1 * d)
-        split_in(attn.o_proj, weights, f"{path}.o_proj", q0 * d, q1 * d, self.rank)
+        d, cut = attn.head_dim, bool(self.presliced)
+        split_out(attn.q_proj, weights, f"{path}.q_proj", q0 * d, q1 * d, cut)
+        split_out(attn.k_proj, weights, f"{path}.k_proj", k0 * d, k1 * d, cut)
+        split_out(attn.v_proj, weights, f"{path}.v_proj", k0 * d, k1 * d, cut)
+        split_in(attn.o_proj, weights, f"{path}.o_proj", q0 * d, q1 * d, self.rank, cut)
         if attn.has_sinks:
             attn.sinks = attn.sinks[q0:q1]
             weights[f"{path}.sinks"] = _own(weights[f"{path}.sinks"][q0:q1])
@@ -78,20 +118,27 @@ class Sharding:
     # ---- MLPs and experts ----------------------------------------------------------------
 
     def _shard_mlp(self, path: str, mlp: nn.Module, weights: dict[str, mx.array]) -> None:
-        inter = mlp.gate_proj.weight.shape[-2]
-        unit = group_size_of(weights, f"{path}.down_proj", inter)
-        a, b = even_ranges(inter, self.size, unit)[self.rank]
-        split_out(mlp.gate_proj, weights, f"{path}.gate_proj", a, b)
-        split_out(mlp.up_proj, weights, f"{path}.up_proj", a, b)
-        split_in(mlp.down_proj, weights, f"{path}.down_proj", a, b, self.rank)
+        a, b = self._inner_range(path, mlp.gate_proj.weight.shape[-2], weights)
+        cut = bool(self.presliced)
+        split_out(mlp.gate_proj, weights, f"{path}.gate_proj", a, b, cut)
+        split_out(mlp.up_proj, weights, f"{path}.up_proj", a, b, cut)
+        split_in(mlp.down_proj, weights, f"{path}.down_proj", a, b, self.rank, cut)
 
     def _shard_interleaved_experts(self, path: str, experts: nn.Module, weights: dict[str, mx.array]) -> None:
         """gpt-oss: gate and up rows interleaved in one projection, so rows move in pairs."""
-        inter = experts.down_proj.weight.shape[-1]
+        a, b = self._inner_range(path, experts.down_proj.weight.shape[-1], weights)
+        cut = bool(self.presliced)
+        split_out(experts.gate_up_proj, weights, f"{path}.gate_up_proj", 2 * a, 2 * b, cut)
+        split_in(experts.down_proj, weights, f"{path}.down_proj", a, b, self.rank, cut)
+
+    def _inner_range(self, path: str, inter: int, weights: dict[str, mx.array]) -> tuple[int, int]:
+        """This rank's range of an MLP's (or each expert's) `inter` intermediate features: the
+        planned one when the file was read cut, else on the down projection's groups."""
+        if self.presliced:
+            cut = self.presliced[f"{path}.down_proj"]
+            return cut.start, cut.stop
         unit = group_size_of(weights, f"{path}.down_proj", inter)
-        a, b = even_ranges(inter, self.size, unit)[self.rank]
-        split_out(experts.gate_up_proj, weights, f"{path}.gate_up_proj", 2 * a, 2 * b)
-        split_in(experts.down_proj, weights, f"{path}.down_proj", a, b, self.rank)
+        return even_ranges(inter, self.size, unit)[self.rank]
 
     # ---- after loading -------------------------------------------------------------------
 
@@ -107,7 +154,13 @@ class Sharding:
         model.sharding = self
 
     def describe(self) -> dict[str, Any]:
-        return {"rank": self.rank, "size": self.size, "kv_replicated": self.kv_replicated, "notes": list(self.notes)}
+        return {
+            "rank": self.rank,
+            "size": self.size,
+            "kv_replicated": self.kv_replicated,
+            "read_cut": bool(self.presliced),  # this rank read only its slices of a `.base` file
+            "notes": list(self.notes),
+        }
 
 
 class Summed(nn.Module):
@@ -168,10 +221,13 @@ def group_size_of(weights: dict[str, mx.array], prefix: str, in_features: int) -
     return 1 if scales is None else in_features // scales.shape[-1]
 
 
-def split_out(layer: nn.Module, weights: dict[str, mx.array], prefix: str, a: int, b: int) -> None:
-    """Keeps output rows [a, b) of a linear (or stacked experts) layer and of its tensors."""
+def split_out(
+    layer: nn.Module, weights: dict[str, mx.array], prefix: str, a: int, b: int, is_cut: bool = False
+) -> None:
+    """Keeps output rows [a, b) of a linear (or stacked experts) layer and of its tensors
+    (`is_cut`: its weight tensors were read as those rows already; its bias is cut here)."""
     for suffix in ("weight", "scales", "biases"):
-        if f"{prefix}.{suffix}" in weights:
+        if f"{prefix}.{suffix}" in weights and not is_cut:
             weights[f"{prefix}.{suffix}"] = _own(weights[f"{prefix}.{suffix}"][..., a:b, :])
     if f"{prefix}.bias" in weights:
         weights[f"{prefix}.bias"] = _own(weights[f"{prefix}.bias"][..., a:b])
@@ -184,12 +240,17 @@ def _own(view: mx.array) -> mx.array:
     return mx.contiguous(view)
 
 
-def split_in(layer: nn.Module, weights: dict[str, mx.array], prefix: str, a: int, b: int, rank: int) -> None:
-    """Keeps input columns [a, b) of a linear (or stacked experts) layer and of its tensors; the
-    layer's bias stays on rank 0 only (the ranks' outputs are summed)."""
+def split_in(
+    layer: nn.Module, weights: dict[str, mx.array], prefix: str, a: int, b: int, rank: int, is_cut: bool = False
+) -> None:
+    """Keeps input columns [a, b) of a linear (or stacked experts) layer and of its tensors (`is_cut`:
+    they were read as those columns already); the layer's bias stays on rank 0 only (the ranks'
+    outputs are summed)."""
     in_features = layer.weight.shape[-1]
     codes = weights[f"{prefix}.weight"]
-    if f"{prefix}.scales" in weights:
+    if is_cut:
+        pass
+    elif f"{prefix}.scales" in weights:
         group = group_size_of(weights, prefix, in_features)
         if a % group or b % group:
             raise ModelConfigError(

@@ -134,6 +134,8 @@ def build_model(
     loading replaces (dequantized, unpermuted or fused ones) are freed at once.
     `shard` (tensor parallelism, baselm/dist/tp.py): `shard(model, weights)` resizes the layers to
     one rank's slice and returns the sliced weights; `shard.finish(model)` runs once they are loaded.
+    A shard whose `presliced` is set got its split tensors already cut from the file: its hook runs
+    before any dequantization, so the layers have their sliced shapes when the codes are read.
     """
     args_cls, model_cls = model_class(config.get("model_type", ""))
     args = args_cls.from_dict(config)
@@ -144,14 +146,15 @@ def build_model(
     if consume:
         given.clear()
     del given
-    if shard is not None and keep_quantized:  # codes are sliced on group boundaries
+    # Codes are sliced on group boundaries; weights read already cut resize the layers first.
+    if shard is not None and (keep_quantized or getattr(shard, "presliced", None)):
         weights = shard(model, weights)
     params = _quantization(model, weights, group_size)
     if params and keep_quantized:
         nn.quantize(model, class_predicate=lambda path, _: params.get(path, False))
     elif params:
         _dequantize_triplets(weights, params, dtype)
-    if shard is not None and not keep_quantized:  # dense now: any split goes
+    if shard is not None and not keep_quantized and not getattr(shard, "presliced", None):  # dense: any split
         weights = shard(model, weights)
     weights = {k: _cast_float(k, v, dtype, lift_scales=not cpu_kernels) for k, v in weights.items()}
     _check_shapes(model, weights)

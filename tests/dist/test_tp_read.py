@@ -1,0 +1,187 @@
+"""A tensor-parallel rank reads only its slices of a `.base` file, and builds the same weights as
+loading the whole file and slicing it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from baselm.backend import Backend
+from baselm.dist.tp import Sharding
+from baselm.loader import _load_base_file, load_model, model_from_checkpoint
+from baselm.store import hf
+from baselm.store.base_reader import BaseFile, model_weights
+from baselm.store.convert import convert
+from baselm.store.errors import SignatureError
+from baselm.store.signed_file import sign_file
+from baselm.store.signing import keygen
+from tests.paths import BPE_TOKENIZER, MODEL_FIXTURES
+from tests.tiny_model import write_model_folder
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BACKENDS = {
+    "quantized": Backend("cpu", mx.float32, keep_quantized=True),
+    "dense": Backend("cpu", mx.float32, keep_quantized=False),
+}
+
+
+# MoE fixtures whose 32 expert features are one quantization group widened to 64, so that
+# quantized experts split over two ranks: config key of the expert intermediate size.
+WIDENED_EXPERTS = {"mixtral": "intermediate_size", "qwen3_moe_sparse": "moe_intermediate_size"}
+
+
+def _widen_experts(folder: Path, key: str) -> None:
+    """Rewrites the folder's expert tensors with 64 intermediate features (seeded random values)."""
+    rng = np.random.default_rng(0)
+    weights = hf.read_weights(folder)
+    for name, value in weights.items():
+        if ".experts." in name:
+            shape = tuple(64 if n == 32 else n for n in value.shape)
+            weights[name] = mx.array(rng.standard_normal(shape).astype(np.float32) * 0.05)
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: 64}))
+
+
+def _base(tmp_path: Path, fixture: str, quant: str, group_size: int = 32) -> Path:
+    """The fixture converted to a `.base` file (q4/q8 in groups of `group_size`, or f16)."""
+    folder = tmp_path / fixture
+    shutil.copytree(MODEL_FIXTURES / fixture, folder, dirs_exist_ok=True)
+    if fixture in WIDENED_EXPERTS:
+        _widen_experts(folder, WIDENED_EXPERTS[fixture])
+    shutil.copy(BPE_TOKENIZER / "tokenizer.json", folder / "tokenizer.json")
+    target = tmp_path / f"{fixture}-{quant}-{group_size}.base"
+    convert(folder, target, quant, group_size if quant != "f16" else None, "default")
+    return target
+
+
+def _load_then_slice(path: Path, backend: Backend, rank: int) -> nn.Module:
+    base = BaseFile.open(path)
+    weights, _ = model_weights(base.load())
+    return model_from_checkpoint(base.header["config"], weights, backend, shard=Sharding(rank, 2))
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("quant", ["q4", "q8", "f16"])
+@pytest.mark.parametrize("fixture", ["llama", "qwen2", "llama_rope3_mqa", "gemma3", "mixtral", "qwen3_moe_sparse"])
+def test_a_rank_reading_its_slices_builds_the_weights_load_then_slice_builds(tmp_path, fixture, quant, backend):
+    path = _base(tmp_path, fixture, quant)
+    for rank in (0, 1):
+        sharding = Sharding(rank, 2)
+        sliced = _load_base_file(path, BACKENDS[backend], shard=sharding)[0]
+        assert sharding.describe()["read_cut"], "the file was read whole"
+        whole = _load_then_slice(path, BACKENDS[backend], rank)
+        got, want = dict(nn.utils.tree_flatten(sliced.parameters())), dict(nn.utils.tree_flatten(whole.parameters()))
+        assert sorted(got) == sorted(want)
+        for name, value in want.items():
+            assert got[name].dtype == value.dtype, name
+            assert mx.array_equal(got[name], value).item(), (rank, name)
+
+
+def _split_bytes(base: BaseFile, cuts: dict) -> int:
+    """Bytes a rank's cuts take of each cut tensor: its share of rows, or of each row's codes,
+    scales and biases (the same fraction of every sub-region, as cuts fall on groups)."""
+    total = 0
+    for name, cut in cuts.items():
+        entry = base.tensors[name]
+        total += entry.length * (cut.stop - cut.start) // entry.shape[cut.axis]
+    return total
+
+
+@pytest.mark.parametrize("fixture", ["llama", "mixtral"])
+def test_each_rank_reads_its_share_of_the_split_tensors_and_all_of_the_rest(tmp_path, fixture):
+    path = _base(tmp_path, fixture, "q4")
+    whole = BaseFile.open(path)
+    whole.load()
+    seen = 0
+    for rank in (0, 1):
+        base = BaseFile.open(path)
+        cuts = Sharding(rank, 2).read_plan(base)
+        base.load(cuts=cuts)
+        rest = sum(e.length for name, e in base.tensors.items() if name not in cuts)
+        assert base.bytes_read == rest + _split_bytes(base, cuts)
+        split_total = sum(base.tensors[name].length for name in cuts)
+        assert _split_bytes(base, cuts) == split_total // 2  # the fixture splits evenly over two ranks
+        seen += base.bytes_read - rest
+    assert whole.bytes_read == sum(e.length for e in whole.tensors.values())
+    assert seen == sum(whole.tensors[name].length for name in cuts)  # together the ranks read each split byte once
+
+
+def test_a_signed_load_and_a_checked_load_read_whole_regions(tmp_path):
+    path = _base(tmp_path, "llama", "q4")
+    base = BaseFile.open(path)
+    cuts = Sharding(0, 2).read_plan(base)
+    with pytest.raises(ValueError, match="sliced reads cannot be checked"):
+        base.load(verify=True, cuts=cuts)
+    with pytest.raises(ValueError, match="sliced reads cannot be checked"):
+        base.load(digests={}, cuts=cuts)
+
+
+@pytest.mark.parametrize("fixture", ["gpt_oss", "phi3"])
+def test_a_file_whose_split_layers_are_transposed_or_split_at_load_is_read_whole(tmp_path, fixture):
+    path = _base(tmp_path, fixture, "q4")
+    base = BaseFile.open(path)
+    sharding = Sharding(0, 2)
+    assert sharding.read_plan(base) == {}
+    assert sharding.presliced == {}
+    assert not sharding.describe()["read_cut"]
+
+
+def test_a_split_off_the_groups_reads_the_file_whole_and_slices_dense_weights_after(tmp_path):
+    path = _base(tmp_path, "llama", "q4", group_size=64)  # 64 intermediate features: one group, two ranks
+    sharding = Sharding(1, 2)
+    assert sharding.read_plan(BaseFile.open(path)) == {}
+    sliced = _load_base_file(path, BACKENDS["dense"], shard=Sharding(1, 2))[0]
+    whole = _load_then_slice(path, BACKENDS["dense"], 1)
+    got, want = dict(nn.utils.tree_flatten(sliced.parameters())), dict(nn.utils.tree_flatten(whole.parameters()))
+    assert all(mx.array_equal(got[name], value).item() for name, value in want.items())
+
+
+def test_base_run_of_a_base_file_over_two_processes_prints_what_one_process_prints(tmp_path):
+    folder = write_model_folder(tmp_path / "tiny")
+    path = tmp_path / "tiny.base"
+    convert(folder, path, "q4", 32, "default")
+    assert Sharding(1, 2).read_plan(BaseFile.open(path))  # the ranks read it cut
+    args = [sys.executable, "-m", "baselm.cli", "run", str(path), "Hello there", "-n", "12", "--raw", "--json"]
+
+    def run(*extra: str) -> list[int]:
+        proc = subprocess.run([*args, "--device", "cpu", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)["token_ids"]
+
+    alone = run()
+    assert len(alone) >= 4  # the quantized tiny model ends its answer after a few tokens
+    assert run("--tensor-parallel", "2") == alone
+
+
+def test_a_signed_sharded_load_reads_and_checks_whole_regions(tmp_path, monkeypatch):
+    monkeypatch.setenv("BASE_HOME", str(tmp_path / "home"))
+    key, pub = keygen(tmp_path / "keys", "alice")
+    (tmp_path / "home" / "trusted_keys").mkdir(parents=True)
+    shutil.copy(pub, tmp_path / "home" / "trusted_keys" / pub.name)
+    path = _base(tmp_path, "llama", "q4")
+    sign_file(path, key, embed=True)
+    backend = BACKENDS["quantized"]
+    signed = load_model(path, backend, require_signature=True, shard=Sharding(0, 2)).model
+    unsigned = load_model(path, backend, shard=Sharding(0, 2)).model
+    want = dict(nn.utils.tree_flatten(unsigned.parameters()))
+    assert all(mx.array_equal(v, want[k]).item() for k, v in nn.utils.tree_flatten(signed.parameters()))
+    base = BaseFile.open(path)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    entry = base.tensors[name]
+    last_row = base.blob_start + entry.scale_offset - 1  # a byte of rank 1's rows, outside rank 0's slice
+    data = bytearray(path.read_bytes())
+    data[last_row] ^= 0x01
+    path.write_bytes(bytes(data))
+    load_model(path, backend, shard=Sharding(0, 2))  # rank 0's cut reads never see the byte
+    with pytest.raises(SignatureError, match=name):
+        load_model(path, backend, require_signature=True, shard=Sharding(0, 2))

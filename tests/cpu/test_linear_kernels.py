@@ -136,6 +136,10 @@ def test_weights_large_enough_to_split_across_threads(kernels) -> None:
     w = mx.random.normal((1100, 130))  # 572 KB of float32
     x = mx.random.normal((3, 130))
     _close(kernels.dense_linear(x, w), x @ w.T, x, w)
+    tall = mx.random.normal((5003, 40))  # 800 KB: rows go out in runs of many rows, the last one short
+    for rows in (1, 3):
+        xt = mx.random.normal((rows, 40))
+        _close(kernels.dense_linear(xt, tall), xt @ tall.T, xt, tall)
     wq = mx.random.normal((4200, 128))
     codes, scales, biases = mx.quantize(wq, 32, 8)  # 538 KB of codes
     dense = _reference_weight(codes, scales, biases, 32, 8)

@@ -42,7 +42,8 @@ int num_chunks(int n) { return (n + kChunkRows - 1) / kChunkRows; }
 // and each chunk boundary a run of rows the hardware and software read-ahead fetch for nothing.
 constexpr int kClaimsPerThread = 32;
 
-int dense_chunk_rows(int n) {
+int dense_chunk_rows(int n, size_t bytes) {
+  if (bytes < kMinParallelBytes) return kChunkRows;  // one thread: no pool to size for
   int rows = n / (num_threads() * kClaimsPerThread) / kChunkRows * kChunkRows;
   return rows > kChunkRows ? rows : kChunkRows;
 }
@@ -208,7 +209,7 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
   const size_t bytes = static_cast<size_t>(w.bytes);
   if (w.bits == 0) {
     DenseArgs args{x, k, M, static_cast<const float*>(w.w), k, k, w.bias, y, n};
-    const int chunk = dense_chunk_rows(n);
+    const int chunk = dense_chunk_rows(n, bytes);
     parallel_for((n + chunk - 1) / chunk, bytes,
                  [&](int begin, int end, int) { kern.dense(args, begin * chunk, end * chunk < n ? end * chunk : n); });
     return;

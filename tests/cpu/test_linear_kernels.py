@@ -55,6 +55,18 @@ def test_dense_takes_transposed_and_sliced_inputs(kernels) -> None:
     _close(kernels.dense_linear(x, part), x @ part.T, x, part)
 
 
+@pytest.mark.parametrize("k", [513, 1537, 2048])
+def test_dense_rows_longer_than_the_prefetch_distance(kernels, k: int) -> None:
+    """Rows read ahead of the loads: odd tails, and weights ending where their buffer ends."""
+    mx.random.seed(k)
+    w = mx.random.normal((23, k))
+    for rows in (1, 2, 5):
+        x = mx.random.normal((rows, k))
+        _close(kernels.dense_linear(x, w), x @ w.T, x, w)
+        last = w[-6:]  # the buffer's final rows: the read-ahead runs past its end
+        _close(kernels.dense_linear(x, last), x @ last.T, x, last)
+
+
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
@@ -124,6 +136,10 @@ def test_weights_large_enough_to_split_across_threads(kernels) -> None:
     w = mx.random.normal((1100, 130))  # 572 KB of float32
     x = mx.random.normal((3, 130))
     _close(kernels.dense_linear(x, w), x @ w.T, x, w)
+    tall = mx.random.normal((5003, 40))  # 800 KB: rows go out in runs of many rows, the last one short
+    for rows in (1, 3):
+        xt = mx.random.normal((rows, 40))
+        _close(kernels.dense_linear(xt, tall), xt @ tall.T, xt, tall)
     wq = mx.random.normal((4200, 128))
     codes, scales, biases = mx.quantize(wq, 32, 8)  # 538 KB of codes
     dense = _reference_weight(codes, scales, biases, 32, 8)

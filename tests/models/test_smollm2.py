@@ -101,14 +101,15 @@ def test_q8_kv_cache_keeps_the_first_16_greedy_tokens(smollm2_widened, smollm2_r
 
 
 def test_q8_kv_cache_on_the_served_path_departs_only_at_a_near_tie(smollm2, smollm2_reference):
-    """8-bit keys and values move logits by up to ~0.05, so rounding that flips one key code
-    can flip a near-tie (the fibonacci prompt's step 13 has a q8 margin of 0.018): tokens
-    follow the reference until the first step where the two candidates are that close."""
+    """8-bit keys and values move a top-2 margin by a tenth or more (the fibonacci prompt's
+    step 13: 0.139 with 16-bit K/V, 0.01 with q8), and float32 rounding upstream (the order a
+    kernel sums in) decides which way a key code rounds, so that near-tie can flip either way:
+    tokens follow the reference until the first step where the winner leads by under 0.1."""
     for case in smollm2_reference["cases"]:
         expected = case["generated_token_ids"][:16]
         tokens, logits = greedy(smollm2.model, case["prompt_token_ids"], len(expected), kv_bits=8)
         for step, (token, want) in enumerate(zip(tokens, expected)):
             if token != want:
                 gap = (logits[step][token] - logits[step][want]).item()
-                assert gap < 0.05, f"{case['prompt']!r} step {step}: {token} beats {want} by {gap}"
+                assert gap < 0.1, f"{case['prompt']!r} step {step}: {token} beats {want} by {gap}"
                 break

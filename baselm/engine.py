@@ -47,6 +47,18 @@ class GenerationResult:
     num_cached_tokens: int = 0
 
 
+def make_scheduler(kv: KVCacheManager, config: EngineConfig, max_model_len: int, check_stop=None) -> Scheduler:
+    """The scheduler an engine's config asks for, over `kv`'s blocks."""
+    return Scheduler(
+        kv,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        check_stop=check_stop,
+    )
+
+
 def kv_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_token: int) -> int:
     """Blocks for the pools: `kv_memory` when given, else enough for max_num_seqs full contexts
     up to a ceiling of min(2 GiB, a fifth of system memory)."""
@@ -75,14 +87,7 @@ class LLMEngine:
         self.kv_manager = KVCacheManager(self.cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.prefix_file = self._open_prefix_file(loaded, config)
         self.copies = Copies(self.tokenizer, self.eos_token_ids)
-        self.scheduler = Scheduler(
-            self.kv_manager,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            long_prefill_token_threshold=config.long_prefill_token_threshold,
-            check_stop=self.copies.check_stop,
-        )
+        self.scheduler = make_scheduler(self.kv_manager, config, self.max_model_len, self.copies.check_stop)
         self.runner = ModelRunner(loaded.model, self.cache, Sampler(self.eos_token_ids, seed=config.seed))
         self.last_step = StepStats()
         self._ids = itertools.count()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from baselm.config import EngineConfig
-from baselm.engine import kv_num_blocks
+from baselm.engine import kv_num_blocks, make_scheduler
 from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
 from baselm.loader import LoadedModel
@@ -21,7 +21,6 @@ from baselm.request import Request
 from baselm.runner import ModelRunner
 from baselm.sampler import Sampler
 from baselm.sampling import SamplingParams, TokenLogprobs
-from baselm.scheduler import Scheduler
 
 
 @dataclass(slots=True)
@@ -54,13 +53,7 @@ class PrefillWorker:
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
         self.cache = make_cache(loaded, config, self.max_model_len)
         self.kv = KVCacheManager(self.cache.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            self.kv,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            long_prefill_token_threshold=config.long_prefill_token_threshold,
-        )
+        self.scheduler = make_scheduler(self.kv, config, self.max_model_len)
         self.runner = ModelRunner(loaded.model, self.cache, Sampler(loaded.eos_token_ids, seed=config.seed))
         self.ready: dict[str, Handoff] = {}  # parked requests by id, in the order they finished
 

@@ -395,14 +395,16 @@ def _bench_synthetic(
         render_synthetic(report)
 
 
+API_KEY_HELP = "Require 'Authorization: Bearer KEY' (env BASE_API_KEY)."
+SEED_HELP = "Seed of the sampling of requests that bring none (default: random), for reproducible runs."
+
+
 @app.command()
 def serve(
     model: str = typer.Argument(..., help=MODEL_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="Port to listen on."),
-    api_key: str | None = typer.Option(
-        None, "--api-key", envvar="BASE_API_KEY", help="Require 'Authorization: Bearer KEY' (env BASE_API_KEY)."
-    ),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="BASE_API_KEY", help=API_KEY_HELP),
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="Model name clients send."),
     kv_memory: str | None = typer.Option(None, "--kv-memory", help="Memory for the KV cache, e.g. 2GiB."),
     kv_bits: int = typer.Option(16, "--kv-bits", help="KV cache precision: 16 (model dtype), 8 or 4."),
@@ -421,6 +423,7 @@ def serve(
     require_signature: bool = typer.Option(False, "--require-signature", help=REQUIRE_SIGNATURE_HELP),
     speculative: str | None = typer.Option(None, "--speculative", help=SPEC_HELP),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help=SPEC_K_HELP),
+    seed: int | None = typer.Option(None, "--seed", help=SEED_HELP),
     pd: str | None = typer.Option(None, "--pd", help=PD_HELP),
     role: str | None = typer.Option(None, "--role", help=ROLE_HELP),
     tensor_parallel: int = TENSOR_PARALLEL,
@@ -445,6 +448,7 @@ def serve(
             prefix_cache_save_interval=prefix_cache_save_interval,
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
+            seed=seed,
         )
         origins = tuple(o.strip() for o in cors_origins.split(",") if o.strip())
         body = parse_size(max_body)

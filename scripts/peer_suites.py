@@ -82,6 +82,7 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "baselm.cli", "serve", model, "--port", str(self.port)]
         command += ["--served-model-name", name, "--max-model-len", str(max_model_len), *args]
+        command += ["--seed", "0"]  # their requests sample without a seed: the same answers every run
         self.log = log.open("w")
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 180

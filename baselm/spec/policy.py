@@ -52,12 +52,24 @@ class StepCost:
     def __init__(self, window: int = 128) -> None:
         self.window = window
         self._samples: dict[int, deque[float]] = {}
+        self._calibrated: set[int] = set()  # sizes measured only by calibration so far
         self._line: tuple[float, float] | None = None  # (a, b), rebuilt lazily
         self._curve: tuple[list[int], list[float]] | None = None  # sizes and their envelope, rebuilt lazily
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
+    def observe(self, num_tokens: int, seconds: float, calibration: bool = False) -> None:
+        """One step's seconds. `calibration`: a start-up step of one sequence, which can be cheaper
+        than a real step of as many tokens over several sequences; it stands for its size only
+        until a real step of that size is measured."""
         if num_tokens < 1 or seconds <= 0:
             return
+        if calibration:
+            if num_tokens in self._samples and num_tokens not in self._calibrated:
+                return  # real steps of this size are known
+            self._calibrated.add(num_tokens)
+        elif num_tokens in self._calibrated:  # the first real step of this size replaces the calibration's
+            self._calibrated.discard(num_tokens)
+            del self._samples[num_tokens]
+            self._line = self._curve = None
         samples = self._samples.get(num_tokens)
         if samples is None:
             samples = self._samples[num_tokens] = deque(maxlen=self.window)

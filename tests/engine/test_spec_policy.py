@@ -154,3 +154,17 @@ def test_the_incremental_ngram_index_proposes_what_the_rule_does(vocab):
         for _ in range(150):
             assert index.propose(tokens, k) == propose_ngram(tokens, min_n, max_n, k), tokens
             tokens += rng.integers(0, vocab, int(rng.integers(1, 4))).tolist()  # one token, or a run of accepted ones
+
+
+def test_a_real_step_replaces_the_calibration_of_its_size():
+    cost = StepCost()
+    cost.observe(8, 0.10, calibration=True)  # one sequence of 8 rows at start
+    cost.observe(12, 0.11, calibration=True)
+    assert cost.seconds(10) == pytest.approx(0.105)
+    cost.observe(12, 0.20)  # 8 decodes and 4 drafts: the real cost of 12 rows
+    cost.observe(12, 0.30)
+    assert cost.table() == {8: 0.10, 12: 0.20}
+    cost.observe(12, 0.05, calibration=True)  # a calibration never undercuts real steps
+    assert cost.seconds(12) == pytest.approx(0.20) and cost.seconds(10) == pytest.approx(0.15)
+    cost.observe(8, 0.18)
+    assert cost.table() == {8: 0.18, 12: 0.20}

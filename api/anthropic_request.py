@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from baselm.api.errors import bad_request
-from baselm.api.openai_chat import ChatRequest, check_function_name
+from baselm.api.openai_chat import ChatRequest, read_function
 from baselm.api.schemas import Body, Common, array_field
 
 _IGNORED = ("metadata", "service_tier", "cache_control", "inference_geo", "speed")
@@ -188,18 +188,8 @@ def _tool(data: Any, index: int) -> dict[str, Any]:
     kind = body.string("type", default="custom")
     if kind != "custom":
         raise bad_request(f"{where}.type {kind!r} is not supported; this server runs custom tools", f"{where}.type")
-    name = body.string("name", required=True)
-    check_function_name(name, f"{where}.name")
-    function: dict[str, Any] = {"name": name}
-    description = body.string("description")
-    if description is not None:
-        function["description"] = description
-    schema = body.raw("input_schema")
-    if not isinstance(schema, dict):
-        raise bad_request(f"{where}.input_schema must be a JSON Schema object", f"{where}.input_schema")
-    function["parameters"] = schema
+    function = read_function(body, where, schema_field="input_schema", schema_required=True)
     body.raw("cache_control")
-    body.boolean("strict")  # arguments follow the schema whenever a call is forced
     body.finish()
     return {"type": "function", "function": function}
 

@@ -368,20 +368,29 @@ def read_tool(data: Any, index: int) -> dict[str, Any]:
     if body.string("type", required=True) != "function":
         raise bad_request(f"{where}.type must be 'function'", f"{where}.type")
     fn = Body(body.raw("function"), f"{where}.function")
-    name = fn.string("name", required=True)
-    check_function_name(name, f"{where}.function.name")
-    function: dict[str, Any] = {"name": name}
-    description = fn.string("description")
-    if description is not None:
-        function["description"] = description
-    parameters = fn.raw("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise bad_request(f"{where}.function.parameters must be a JSON Schema object", f"{where}.function.parameters")
-    function["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
-    fn.boolean("strict")  # arguments follow the schema whenever a call is forced; see tools.py
+    function = read_function(fn, f"{where}.function")
     fn.finish()
     body.finish()
     return {"type": "function", "function": function}
+
+
+def read_function(body: Body, where: str, schema_field: str = "parameters", schema_required: bool = False) -> dict:
+    """A tool's function as the chat template takes it: `name`, `description` and its JSON Schema
+    (`body[schema_field]`; an empty object schema when it may be left out), with `strict` read and
+    left to the grammar (arguments follow the schema whenever a call is forced; see tools.py).
+    Every API's tools (chat, Responses, Messages, Ollama) come through here."""
+    name = body.string("name", required=True)
+    check_function_name(name, f"{where}.name")
+    function: dict[str, Any] = {"name": name}
+    description = body.string("description")
+    if description is not None:
+        function["description"] = description
+    schema = body.raw(schema_field)
+    if (schema is not None or schema_required) and not isinstance(schema, dict):
+        raise bad_request(f"{where}.{schema_field} must be a JSON Schema object", f"{where}.{schema_field}")
+    function["parameters"] = schema if schema is not None else {"type": "object", "properties": {}}
+    body.boolean("strict")
+    return function
 
 
 def check_function_name(name: str, param: str) -> None:

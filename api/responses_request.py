@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baselm.api.errors import bad_request
-from baselm.api.openai_chat import ChatRequest, check_function_name
+from baselm.api.openai_chat import ChatRequest, read_function
 from baselm.api.schemas import Body, Common, array_field
 
 _IGNORED = ("include", "metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier")
@@ -226,17 +226,7 @@ def _tool(data: Any, index: int) -> dict[str, Any]:
     kind = body.string("type", required=True)
     if kind != "function":
         raise bad_request(f"{where}.type {kind!r} is not supported; this server runs function tools", f"{where}.type")
-    name = body.string("name", required=True)
-    check_function_name(name, f"{where}.name")
-    function: dict[str, Any] = {"name": name}
-    description = body.string("description")
-    if description is not None:
-        function["description"] = description
-    parameters = body.raw("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise bad_request(f"{where}.parameters must be a JSON Schema object", f"{where}.parameters")
-    function["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
-    body.boolean("strict")  # arguments follow the schema whenever a call is forced
+    function = read_function(body, where)
     body.finish()
     return function
 

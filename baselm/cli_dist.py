@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
+    from baselm.config import EngineConfig
     from baselm.dist.launch import DistOptions
 
 TENSOR_PARALLEL = typer.Option(
@@ -52,16 +53,16 @@ def serve_pd(*args: object) -> None:
     run(*args)
 
 
-def bench_pd(*args: object) -> None:
-    """`base bench --pd`: `baselm.dist.pd_bench.bench_pd` (imported when called) with its arguments, then the
-    parsed distributed options. Its group is
-    started on this machine: --tensor-parallel, --hostfile and --rank are refused beside it."""
+def bench_pd(
+    model: str, device: str, pd: str, config: EngineConfig, sizes: tuple, as_json: bool, dist: DistOptions | None
+) -> None:
+    """`base bench --pd`: `baselm.dist.pd_bench.bench_pd` (imported when called). Its group is
+    started on this machine: `dist` (--tensor-parallel, --hostfile, --rank) is refused beside it."""
     from baselm.dist.group import DistError
     from baselm.dist.pd_bench import bench_pd as run
 
-    *args, dist = args
     if dist is not None:
         raise DistError(
             "base bench --pd starts its own group on this machine: drop --tensor-parallel/--hostfile/--rank"
         )
-    run(*args)
+    run(model, device, pd, config, sizes, as_json)

@@ -46,41 +46,51 @@ def propose_ngram(token_ids: Sequence[int], min_n: int, max_n: int, k: int) -> l
 class NgramIndex:
     """`propose_ngram` for one request whose tokens only grow, kept up to date token by token.
 
-    For each n in [min_n, max_n] a map from every n-gram that ended before the newest token to
-    the positions where it ended; a proposal is then a few lookups of the newest suffix, not
-    a pass over all the tokens. Proposes exactly what `propose_ngram` does.
+    One map from each `min_n`-gram that ended before the newest token to the positions where it
+    ended. A step adds one n-gram and looks up one: free text, whose newest `min_n` tokens have
+    not occurred before, costs those two lookups and nothing else. When they have, each earlier
+    place is extended backwards up to `max_n` tokens, which finds the longest suffix that
+    occurred. Proposes exactly what `propose_ngram` does.
     """
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
-        self._ends: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        self._ends: dict[tuple[int, ...], list[int]] = {}
         self._num_indexed = 0  # n-grams ending before this position are in `_ends`
-        self._reset()
-
-    def _reset(self) -> None:
-        self._ends = {n: {} for n in range(self.min_n, self.max_n + 1)}
-        self._num_indexed = 0
+        self.match_length = 0  # the length of the suffix the last proposal followed (0: none)
 
     def propose(self, token_ids: Sequence[int], k: int) -> list[int]:
         """Up to `k` tokens that followed the longest earlier suffix of `token_ids` (see `propose_ngram`)."""
-        num_tokens = len(token_ids)
+        num_tokens, min_n = len(token_ids), self.min_n
+        self.match_length = 0
         if num_tokens - 1 < self._num_indexed:  # fewer tokens than indexed: start over
-            self._reset()
-        self._index(token_ids, num_tokens - 1)
-        if k < 1 or num_tokens < self.min_n + 1:
+            self._ends, self._num_indexed = {}, 0
+        if self._num_indexed < num_tokens - 1:
+            self._index(token_ids, num_tokens - 1)
+        if k < 1 or num_tokens < min_n + 1:
             return []
-        for n in range(min(self.max_n, num_tokens - 1), self.min_n - 1, -1):
-            ends = self._ends[n].get(tuple(token_ids[num_tokens - n :]))
-            if ends:
-                # The latest occurrence followed by k whole tokens, else the earliest.
-                start = next((e + 1 for e in reversed(ends) if e + 1 + k <= num_tokens), ends[0] + 1)
-                return list(token_ids[start : start + k])
-        return []
+        ends = self._ends.get(tuple(token_ids[num_tokens - min_n :]))
+        if not ends:
+            return []
+        longest = min(self.max_n, num_tokens - 1)
+        lengths = [_match_length(token_ids, end, min_n, longest) for end in ends]
+        n = self.match_length = max(lengths)
+        starts = [end + 1 for end, length in zip(ends, lengths) if length == n]
+        # The latest occurrence followed by k whole tokens, else the earliest.
+        start = next((s for s in reversed(starts) if s + k <= num_tokens), starts[0])
+        return list(token_ids[start : start + k])
 
     def _index(self, token_ids: Sequence[int], end: int) -> None:
         """Adds the n-grams that end at positions `_num_indexed` .. end - 1."""
-        for position in range(self._num_indexed, end):
-            for n, ends in self._ends.items():
-                if position + 1 >= n:
-                    ends.setdefault(tuple(token_ids[position + 1 - n : position + 1]), []).append(position)
+        n, ends = self.min_n, self._ends
+        for position in range(max(self._num_indexed, n - 1), end):
+            ends.setdefault(tuple(token_ids[position + 1 - n : position + 1]), []).append(position)
         self._num_indexed = max(self._num_indexed, end)
+
+
+def _match_length(token_ids: Sequence[int], end: int, matched: int, longest: int) -> int:
+    """How many tokens ending at `end` equal the suffix of `token_ids` (`matched` known to), up to `longest`."""
+    last = len(token_ids) - 1
+    while matched < longest and end - matched >= 0 and token_ids[end - matched] == token_ids[last - matched]:
+        matched += 1
+    return matched

@@ -8,7 +8,10 @@ Two measurements drive it:
   where they are not it does not, and it may jump where a kernel changes its path.
 - `Acceptance`: each request's rate of accepted drafts, a decaying average that drifts back to
   a prior, so a request that stopped speculating tries again later; a request whose
-  verifications accept nothing backs off geometrically and probes with one draft.
+  verifications accept nothing backs off geometrically and probes with one draft. For n-gram
+  proposals the prior is itself measured: the engine keeps an `Acceptance` of all verifications
+  by the length of the suffix that matched, so where short matches are seldom right (free
+  text), a request's first probes are not taken on an optimistic guess.
 
 A draft is worth verifying when it raises the step's expected tokens per second: the j-th
 draft of a request with acceptance a adds a^j expected tokens, and T drafts and decodes make
@@ -32,6 +35,7 @@ PRIOR_WEIGHT = 2.0  # in verified drafts
 DECAY = 0.8  # per verification: recent drafts count most
 IDLE_DECAY = 0.97  # per step without drafts: evidence fades slowly, so a request that stopped tries again later
 MIN_GAIN = 1.02  # the expected tokens per second a plan must beat verifying nothing by
+SHARED_IDLE_DECAY = 0.995  # per step, for what all requests' verifications showed: it is slower to go stale
 MAX_BACKOFF = 64  # steps: after m verifications in a row that accepted nothing, a request waits min(2^m, this)
 
 
@@ -52,6 +56,7 @@ class StepCost:
     def __init__(self, window: int = 128) -> None:
         self.window = window
         self._samples: dict[int, deque[float]] = {}
+        self._fastest: dict[int, float] = {}  # the fastest of each size's samples
         self._calibrated: set[int] = set()  # sizes measured only by calibration so far
         self._line: tuple[float, float] | None = None  # (a, b), rebuilt lazily
         self._curve: tuple[list[int], list[float]] | None = None  # sizes and their envelope, rebuilt lazily
@@ -68,15 +73,19 @@ class StepCost:
             self._calibrated.add(num_tokens)
         elif num_tokens in self._calibrated:  # the first real step of this size replaces the calibration's
             self._calibrated.discard(num_tokens)
-            del self._samples[num_tokens]
+            del self._samples[num_tokens], self._fastest[num_tokens]
             self._line = self._curve = None
         samples = self._samples.get(num_tokens)
         if samples is None:
             samples = self._samples[num_tokens] = deque(maxlen=self.window)
-        fastest = min(samples, default=float("inf"))
+        fastest = self._fastest.get(num_tokens, float("inf"))
         dropped = samples[0] if len(samples) == self.window else None
         samples.append(seconds)
-        if seconds < fastest or dropped == fastest:  # the curve moves only when a size's fastest does
+        if seconds < fastest:  # the curve moves only when a size's fastest does
+            self._fastest[num_tokens] = seconds
+            self._line = self._curve = None
+        elif dropped == fastest:
+            self._fastest[num_tokens] = min(samples)
             self._line = self._curve = None
 
     @property
@@ -99,7 +108,7 @@ class StepCost:
     def _envelope(self) -> tuple[list[int], list[float]]:
         if self._curve is None:
             sizes = sorted(self._samples)
-            envelope = [min(self._samples[size]) for size in sizes]
+            envelope = [self._fastest[size] for size in sizes]
             for i in range(len(sizes) - 2, -1, -1):
                 envelope[i] = min(envelope[i], envelope[i + 1])
             self._curve = (sizes, envelope)
@@ -108,7 +117,7 @@ class StepCost:
     def line(self) -> tuple[float, float]:
         """(a, b) of t(T) = a + b * T; with one size measured, b = 0."""
         if self._line is None:
-            points = sorted((size, min(samples)) for size, samples in self._samples.items())
+            points = sorted(self._fastest.items())
             slopes = [(tj - ti) / (sj - si) for i, (si, ti) in enumerate(points) for sj, tj in points[i + 1 :]]
             slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
             intercept = statistics.median(t - slope * size for size, t in points)
@@ -117,7 +126,7 @@ class StepCost:
 
     def table(self) -> dict[int, float]:
         """The fastest measurement at each size, for reports."""
-        return {size: min(samples) for size, samples in sorted(self._samples.items())}
+        return dict(sorted(self._fastest.items()))
 
 
 class Acceptance:
@@ -129,17 +138,22 @@ class Acceptance:
     long answer, not a probe whenever the decaying rate drifts back to the prior.
     """
 
-    __slots__ = ("accepted", "verified", "num_misses", "wait")
+    __slots__ = ("accepted", "verified", "num_misses", "wait", "step")
 
     def __init__(self) -> None:
         self.accepted = 0.0
         self.verified = 0.0
         self.num_misses = 0  # verifications in a row that accepted nothing
         self.wait = 0  # steps left before the next probe
+        self.step = 0  # the owner's step count this is up to date with (see `idle`)
 
     @property
     def rate(self) -> float:
-        return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (self.verified + PRIOR_WEIGHT)
+        return self.rate_with(PRIOR_ACCEPTANCE)
+
+    def rate_with(self, prior: float) -> float:
+        """The rate with `prior` in place of PRIOR_ACCEPTANCE (what is known of drafts like these)."""
+        return (self.accepted + prior * PRIOR_WEIGHT) / (self.verified + PRIOR_WEIGHT)
 
     @property
     def is_waiting(self) -> bool:
@@ -164,6 +178,14 @@ class Acceptance:
         else:
             self.num_misses += 1
             self.wait = min(2**self.num_misses, MAX_BACKOFF)
+
+    def idle(self, num_steps: int, decay: float = IDLE_DECAY) -> None:
+        """`num_steps` steps without drafts at once: as many `observe(0, 0)` (with `decay` per step)."""
+        if num_steps > 0:
+            decay = decay**num_steps
+            self.accepted *= decay
+            self.verified *= decay
+            self.wait = max(0, self.wait - num_steps)
 
 
 def expected_tokens(rate: float, num_drafts: int) -> float:

@@ -31,7 +31,7 @@ from baselm.runner import RunnerOutput
 from baselm.scheduler import Scheduler, SchedulerOutput
 from baselm.spec.draft import DraftModelProposer
 from baselm.spec.ngram import NgramIndex
-from baselm.spec.policy import Acceptance, StepCost, plan_drafts, plan_uniform
+from baselm.spec.policy import IDLE_DECAY, SHARED_IDLE_DECAY, Acceptance, StepCost, plan_drafts, plan_uniform
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_PASSES = 3
@@ -99,6 +99,10 @@ class Speculator:
         self.stats = SpecStats()
         self._acceptance: dict[str, Acceptance] = {}
         self._ngram_indexes: dict[str, NgramIndex] = {}  # n-gram proposer state by request
+        self._drafted: list[Request] = []  # requests given drafts for this step
+        self._step = 0  # steps observed
+        self._by_length: dict[int, Acceptance] = {}  # all n-gram verifications, by the length that matched
+        self._matched: dict[str, int] = {}  # request id -> the length its proposal this step matched
 
     def calibrate(self, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:
         """Measures the target's step time (and the draft model's) at a range of sizes now, so the
@@ -108,38 +112,69 @@ class Speculator:
             _calibrate(self.draft.cost, self.draft.model, self.draft.cache, self.draft.kv, max_tokens)
 
     def propose(self, scheduler: Scheduler) -> None:
-        """Leaves drafts on the running requests that are worth speculating this step."""
-        for request in scheduler.running:
-            request.draft_token_ids, request.draft_probs = [], None
-        adaptive = self.config.adaptive
-        candidates = [
-            r for r in scheduler.running if can_speculate(r) and not (adaptive and self._acceptance_of(r).is_waiting)
-        ]
-        if not candidates:
-            return  # NOTE: no drafts anywhere: the step is the plain one
-        k = self.config.num_speculative_tokens
-        max_drafts = [min(k, r.max_tokens - r.num_output_tokens - 1) for r in candidates]
-        if adaptive:
-            max_drafts = [self._acceptance_of(r).max_drafts(m) for r, m in zip(candidates, max_drafts)]
-        base_tokens = min(
-            sum(r.num_tokens - r.num_computed_tokens for r in scheduler.running), self.max_num_batched_tokens
-        )
-        rates = [self._acceptance_of(r).rate for r in candidates]
-        if self.draft is None:
-            self._propose_ngram(candidates, rates, max_drafts, base_tokens)
-        else:
-            self._propose_draft(candidates, rates, max_drafts, base_tokens)
+        """Leaves drafts on the running requests that are worth speculating this step.
 
-    def _propose_ngram(
-        self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int
-    ) -> None:
-        proposals = [self._ngram(r, m) for r, m in zip(candidates, max_drafts)]
+        NOTE: this and `observe` run every step, between forwards, so they do little when nothing
+        is proposed (free text): the n-gram lookup comes first and is two map operations, the
+        rest runs only for requests it found something for, and requests that verified nothing
+        are not visited after the step (`Acceptance.idle` catches them up when next asked)."""
+        if self._drafted:
+            self._clear_drafts()
+        if self.draft is None:
+            self._propose_ngram(scheduler)
+            return
+        adaptive = self.config.adaptive
+        candidates = [r for r in scheduler.running if can_speculate(r)]
+        acceptances = [self._acceptance_of(r) for r in candidates]
+        if adaptive:
+            candidates = [r for r, a in zip(candidates, acceptances) if not a.is_waiting]
+            acceptances = [a for a in acceptances if not a.is_waiting]
+        if candidates:
+            max_drafts = self._max_drafts(candidates, acceptances)
+            rates = [a.rate for a in acceptances]
+            self._propose_draft(candidates, rates, max_drafts, _base_tokens(scheduler, self.max_num_batched_tokens))
+            self._drafted = candidates
+
+    def _propose_ngram(self, scheduler: Scheduler) -> None:
+        k, adaptive = self.config.num_speculative_tokens, self.config.adaptive
+        found = []
+        for request in scheduler.running:
+            if request.num_computed_tokens == request.num_tokens - 1:  # decodes this step
+                proposal = self._ngram(request, k)
+                if proposal and can_speculate(request):
+                    acceptance = self._acceptance_of(request)
+                    if not (adaptive and acceptance.is_waiting):
+                        found.append((request, proposal, acceptance))
+        if not found:
+            return  # NOTE: nothing proposed: the step is the plain one
+        candidates = [r for r, _, _ in found]
+        acceptances = [a for _, _, a in found]
+        max_drafts = self._max_drafts(candidates, acceptances)
+        proposals = [self._allowed(r, p[:m]) for (r, p, _), m in zip(found, max_drafts)]
         lengths = [len(p) for p in proposals]
-        if not any(lengths):
-            return  # nothing proposed: no plan to weigh
-        counts = plan_drafts(rates, lengths, base_tokens, self.cost) if self.config.adaptive else lengths
+        matched = [self._ngram_indexes[r.request_id].match_length for r in candidates]
+        if adaptive:
+            rates = [a.rate_with(self._by_match_length(n).rate) for a, n in zip(acceptances, matched)]
+            counts = plan_drafts(rates, lengths, _base_tokens(scheduler, self.max_num_batched_tokens), self.cost)
+        else:
+            counts = lengths
         for request, proposal, count in zip(candidates, proposals, counts):
             request.draft_token_ids = proposal[:count]
+        self._matched = dict(zip((r.request_id for r in candidates), matched))
+        self._drafted = candidates
+
+    def _max_drafts(self, candidates: list[Request], acceptances: list[Acceptance]) -> list[int]:
+        """Per candidate: k, capped by its room left and, when adaptive, by its probing."""
+        k = self.config.num_speculative_tokens
+        max_drafts = [min(k, r.max_tokens - r.num_output_tokens - 1) for r in candidates]
+        if self.config.adaptive:
+            max_drafts = [a.max_drafts(m) for a, m in zip(acceptances, max_drafts)]
+        return max_drafts
+
+    def _clear_drafts(self) -> None:
+        for request in self._drafted:
+            request.draft_token_ids, request.draft_probs = [], None
+        self._drafted = []
 
     def _propose_draft(
         self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int
@@ -157,47 +192,84 @@ class Speculator:
                     request.draft_probs = request.draft_probs[:keep]
 
     def observe(self, plan: SchedulerOutput, result: RunnerOutput, seconds: float, scheduler: Scheduler) -> None:
-        """After a step: its cost, each speculating request's acceptance, the counters.
+        """After a step: its cost, each verifying request's acceptance, the counters.
 
         Only decode steps (every token fed is a sampling row, as in `calibrate`) measure the
         step cost: a prompt chunk of the same size computes one row of logits, not all."""
         if all(s.is_sampling and s.num_scheduled_tokens == s.num_draft_tokens + 1 for s in plan.requests):
             self.cost.observe(plan.num_scheduled_tokens, seconds)
-        verified = False
-        for scheduled in plan.requests:
-            request = scheduled.request
-            request.draft_token_ids, request.draft_probs = [], None
-            if not scheduled.is_sampling:
-                continue
-            num_drafts = scheduled.num_draft_tokens
-            num_accepted = result.num_accepted.get(scheduled.request_id, 0)
-            self._acceptance_of(request).observe(num_drafts, num_accepted)
-            if num_drafts:
-                verified = True
-                self.stats.num_verifications += 1
-                self.stats.num_draft_tokens += num_drafts
-                self.stats.num_accepted_tokens += num_accepted
-        self.stats.num_steps += verified
-        if len(self._acceptance) > 2 * len(scheduler.requests) + 16:  # forget finished requests now and then
+        if self._drafted:
+            self._observe_verified(plan, result)
+            self._clear_drafts()
+            self._matched = {}
+        self._step += 1
+        most = 2 * len(scheduler.requests) + 16
+        if len(self._acceptance) > most or len(self._ngram_indexes) > most:  # forget finished requests now and then
             self._acceptance = {rid: a for rid, a in self._acceptance.items() if rid in scheduler.requests}
             self._ngram_indexes = {rid: i for rid, i in self._ngram_indexes.items() if rid in scheduler.requests}
         if self.draft is not None:
             self.draft.after_step(scheduler.requests)
 
+    def _observe_verified(self, plan: SchedulerOutput, result: RunnerOutput) -> None:
+        verified = False
+        for scheduled in plan.requests:
+            num_drafts = scheduled.num_draft_tokens
+            if not num_drafts:
+                continue  # caught up as idle when next asked (`_acceptance_of`)
+            num_accepted = result.num_accepted.get(scheduled.request_id, 0)
+            acceptance = self._acceptance_of(scheduled.request)
+            acceptance.observe(num_drafts, num_accepted)
+            acceptance.step = self._step + 1
+            if scheduled.request_id in self._matched:
+                by_length = self._by_match_length(self._matched[scheduled.request_id])
+                by_length.observe(num_drafts, num_accepted)
+                by_length.step = self._step + 1
+            verified = True
+            self.stats.num_verifications += 1
+            self.stats.num_draft_tokens += num_drafts
+            self.stats.num_accepted_tokens += num_accepted
+        self.stats.num_steps += verified
+
     def _ngram(self, request: Request, max_drafts: int) -> list[int]:
         index = self._ngram_indexes.get(request.request_id)
         if index is None:
             index = self._ngram_indexes[request.request_id] = NgramIndex(self.config.ngram_min, self.config.ngram_max)
-        proposal = index.propose(request.all_token_ids, max_drafts)
+        return index.propose(request.all_token_ids, max_drafts)
+
+    @staticmethod
+    def _allowed(request: Request, proposal: list[int]) -> list[int]:
+        """The proposal up to the first token the request's logits processors (a grammar) refuse."""
         if proposal and request.sampling_params.logits_processors:
             return proposal[: num_allowed(request, proposal)]
         return proposal
 
+    def _by_match_length(self, n: int) -> Acceptance:
+        """What verifications of proposals that followed an n-token suffix accepted, in all requests."""
+        acceptance = self._by_length.get(n)
+        if acceptance is None:
+            acceptance = self._by_length[n] = Acceptance()
+            acceptance.step = self._step
+        return self._caught_up(acceptance, SHARED_IDLE_DECAY)
+
     def _acceptance_of(self, request: Request) -> Acceptance:
+        """The request's acceptance as of this step: steps since it last verified count as idle."""
         acceptance = self._acceptance.get(request.request_id)
         if acceptance is None:
             acceptance = self._acceptance[request.request_id] = Acceptance()
+            acceptance.step = self._step
+        return self._caught_up(acceptance)
+
+    def _caught_up(self, acceptance: Acceptance, decay: float = IDLE_DECAY) -> Acceptance:
+        """NOTE: steps since it last verified count as idle: its evidence fades towards the prior."""
+        if acceptance.step < self._step:
+            acceptance.idle(self._step - acceptance.step, decay)
+            acceptance.step = self._step
         return acceptance
+
+
+def _base_tokens(scheduler: Scheduler, budget: int) -> int:
+    """The tokens the step feeds without drafts (each decoding request's one, prompt chunks)."""
+    return min(sum(r.num_tokens - r.num_computed_tokens for r in scheduler.running), budget)
 
 
 def _calibrate(cost: StepCost, model: DecoderModel, cache: PagedKVCache, kv: KVCacheManager, max_tokens: int) -> None:

@@ -168,3 +168,29 @@ def test_a_real_step_replaces_the_calibration_of_its_size():
     assert cost.seconds(12) == pytest.approx(0.20) and cost.seconds(10) == pytest.approx(0.15)
     cost.observe(8, 0.18)
     assert cost.table() == {8: 0.18, 12: 0.20}
+
+
+def test_idle_steps_at_once_are_as_many_steps_without_drafts():
+    stepped, at_once = Acceptance(), Acceptance()
+    for a in (stepped, at_once):
+        a.observe(3, 2)
+        a.observe(2, 0)  # a miss: a back-off wait starts
+    for _ in range(5):
+        stepped.observe(0, 0)
+    at_once.idle(5)
+    assert stepped.rate == pytest.approx(at_once.rate)
+    assert (stepped.wait, stepped.num_misses) == (at_once.wait, at_once.num_misses)
+    at_once.idle(0)
+    assert stepped.rate == pytest.approx(at_once.rate)
+
+
+def test_a_sizes_fastest_is_the_fastest_still_in_its_window():
+    cost = StepCost(window=3)
+    for seconds in (0.5, 0.2, 0.4, 0.3):  # 0.5 drops out: 0.2 stays the fastest
+        cost.observe(1, seconds)
+    assert cost.table() == {1: 0.2}
+    cost.observe(1, 0.35)  # 0.2 drops out
+    assert cost.table() == {1: 0.3}
+    assert cost.seconds(1) == pytest.approx(0.3)
+    cost.observe(1, 0.1)
+    assert cost.table() == {1: 0.1}

@@ -94,9 +94,11 @@ def test_ngram_proposals_are_cut_at_the_first_token_the_grammar_refuses():
     speculator = Speculator(SpeculativeConfig("ngram", num_speculative_tokens=4), None, 64)
     assert num_allowed(request, chars(" ab")) == 3
     assert num_allowed(request, chars(" ax ")) == 2
-    assert speculator._ngram(request, 4) == chars(" ")  # cut before x
+    proposal = speculator._ngram(request, 4)
+    assert proposal == chars(" xy ")
+    assert speculator._allowed(request, proposal) == chars(" ")  # cut before x
     free = _running(SamplingParams(temperature=0), prompt)
-    assert speculator._ngram(free, 4) == chars(" xy ")
+    assert speculator._allowed(free, speculator._ngram(free, 4)) == chars(" xy ")
 
 
 def test_grammar_processor_goes_back_to_the_tokens_kept():

@@ -140,7 +140,7 @@ class Speculator:
         found = []
         for request in scheduler.running:
             if request.num_computed_tokens == request.num_tokens - 1:  # decodes this step
-                proposal = self._ngram(request, k)
+                proposal = self._ngram(request, min(k, request.max_tokens - request.num_output_tokens - 1))
                 if proposal and can_speculate(request):
                     acceptance = self._acceptance_of(request)
                     if not (adaptive and acceptance.is_waiting):

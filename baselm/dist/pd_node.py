@@ -30,7 +30,7 @@ from baselm.dist import pd_blocks, pd_codec, pd_decode, pd_wire
 from baselm.dist.pd_prefill import Handoff, PrefillWorker
 from baselm.engine import LLMEngine
 from baselm.request import RequestOutput
-from baselm.sampling import SamplingParams, TokenLogprobs
+from baselm.sampling import Constraint, ConstraintFactory, SamplingParams, TokenLogprobs
 
 
 @dataclass(slots=True, frozen=True)
@@ -106,7 +106,7 @@ class Report:
     stats: RankStats
 
 
-pd_codec.register(Plan, Report, RankStats, Handoff, RequestOutput, SamplingParams, TokenLogprobs)
+pd_codec.register(Plan, Report, RankStats, Handoff, RequestOutput, SamplingParams, TokenLogprobs, Constraint)
 
 
 def assign(reports: list[Report], layout: Layout) -> list[tuple[Handoff, int]]:
@@ -123,10 +123,21 @@ def assign(reports: list[Report], layout: Layout) -> list[tuple[Handoff, int]]:
 
 
 class Node:
-    """This process's rank of the group: its worker (prefill) or engine (decode), and the step."""
+    """This process's rank of the group: its worker (prefill) or engine (decode), and the step.
 
-    def __init__(self, group, layout: Layout, worker: PrefillWorker | None = None, engine: LLMEngine | None = None):
+    `constraints` makes a constrained request's processors from its constraint, on the rank that
+    samples it (None: this group refuses constrained requests)."""
+
+    def __init__(
+        self,
+        group,
+        layout: Layout,
+        worker: PrefillWorker | None = None,
+        engine: LLMEngine | None = None,
+        constraints: ConstraintFactory | None = None,
+    ):
         self.group = group
+        self.constraints = constraints
         self.rank = group.rank()
         self.layout = layout
         self.worker = worker
@@ -174,7 +185,7 @@ class Node:
         if self.worker is not None:
             for rank, request_id, prompt_ids, params in plan.add:
                 if rank == self.rank:
-                    self.worker.add(request_id, prompt_ids, params)
+                    self.worker.add(request_id, prompt_ids, params.with_processors(self.constraints))
 
     def _report(self) -> Report:
         outputs, self._outbox = self._outbox, []
@@ -208,7 +219,7 @@ class Node:
         if self.engine is not None:
             for handoff, dst in moves:
                 if dst == self.rank:
-                    first = pd_decode.admit(self.engine, handoff)
+                    first = pd_decode.admit(self.engine, handoff, self.constraints)
                     if first is not None:
                         mine[handoff.request_id] = first
                         self.stats.kv_blocks_hit += first

@@ -8,8 +8,8 @@ in the step's plan, and the outputs the decode ranks made come back in their rep
 Requests are checked here exactly as a single engine checks them (vocabulary, room, queue).
 What one engine serves, a group serves too:
 
-- n > 1: copy i of request R runs as its own request "R#i" (copy 0 as R) with the params one
-  engine gives that copy (`SamplingParams.for_copy`: seed + i), all on one prefill rank, whose
+- n > 1: copy i of request R runs as its own request "R#i" (copy 0 as R) with the id and params
+  one engine gives that copy (`copy_requests`; `for_copy`: seed + i), all on one prefill rank, whose
   prefix cache shares their prompt; their outputs come back under R with the copy's index.
 - prompt logprobs: scored on the prefill rank as it computes the prompt, carried with the handoff.
 - constrained output (grammars, JSON schemas, forced tool calls): processors cannot cross a
@@ -33,6 +33,7 @@ from contextlib import nullcontext
 from dataclasses import replace
 
 from baselm.config import EngineConfig
+from baselm.copies import copy_requests
 from baselm.dist.group import RankFailedError
 from baselm.dist.pd_node import Node, Plan, RankStats
 from baselm.dist.watchdog import Watchdog
@@ -110,19 +111,18 @@ class PDEngine:
         if len(self._live) >= self.config.max_waiting + self.config.max_num_seqs * self.node.layout.num_decode:
             raise QueueFullError(f"{len(self._live)} requests are already in flight; try again shortly")
         request_id = request_id or self.new_request_id()
-        copy_ids = [request_id] + [f"{request_id}#{i}" for i in range(1, params.n)]
-        if request_id in self._groups or any(c in self._copies for c in copy_ids):
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
         prompt_ids = self._prompt_ids(request_id, prompt)
         self._check_fits(len(prompt_ids), params.max_tokens)
+        copies = copy_requests(request_id, prompt_ids, params.without_processors())  # each copy's id and params
+        if request_id in self._groups or any(c.request_id in self._copies for c in copies):
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
         rank = self._least_busy_prefill_rank()
-        portable = params.without_processors()
-        for index, copy_id in enumerate(copy_ids):
-            self._plan.add.append((rank, copy_id, prompt_ids, replace(portable.for_copy(index), n=1)))
-            self._live.add(copy_id)
-            self._where[copy_id] = rank
-            self._copies[copy_id] = (request_id, index)
-        self._groups[request_id] = copy_ids
+        for index, copy in enumerate(copies):
+            self._plan.add.append((rank, copy.request_id, prompt_ids, replace(copy.sampling_params, n=1)))
+            self._live.add(copy.request_id)
+            self._where[copy.request_id] = rank
+            self._copies[copy.request_id] = (request_id, index)
+        self._groups[request_id] = [c.request_id for c in copies]
         return request_id
 
     def _prompt_ids(self, request_id: str, prompt: str | Sequence[int]) -> list[int]:

@@ -269,7 +269,7 @@ def check_handoff(params: SamplingParams, constraints: ConstraintFactory | None)
     if params.constraint is None and (params.logits_processors or params.make_logits_processors is not None):
         raise InvalidRequestError(
             "custom logits processors cannot reach the processes of a --pd group; "
-            "describe the output's shape with a constraint instead"
+            "give the params a Constraint to make them from instead"
         )
     if params.constraint is not None and constraints is None:
         raise InvalidRequestError(

@@ -174,7 +174,22 @@ class Node:
             outboxes, self._outbox = pd_wire.gather(self.group, self._outbox), []
             for report, outputs in zip(reports, outboxes):
                 report.outputs += outputs
+            self._count_shipped(reports, moves, answers)
         return reports
+
+    def _count_shipped(self, reports: list[Report], moves: list[tuple[Handoff, int]], answers: dict[str, int]) -> None:
+        """Adds this step's handoffs to the counters of the reports (every rank counts the same), so
+        rank 0's view is current when the step ends; this rank goes on from its counted copy."""
+        for handoff, dst in moves:
+            first = answers.get(handoff.request_id)
+            if first is None:
+                continue
+            src = reports[handoff.src].stats
+            src.kv_bytes_sent += (handoff.num_blocks - first) * self.block_nbytes
+            src.kv_blocks_sent += handoff.num_blocks - first
+            src.prompt_tokens_handed += len(handoff.prompt_token_ids)
+            reports[dst].stats.kv_blocks_hit += first
+        self.stats = reports[self.rank].stats
 
     def _apply(self, plan: Plan) -> None:
         for request_id in plan.abort:
@@ -222,7 +237,6 @@ class Node:
                     first = pd_decode.admit(self.engine, handoff, self.constraints)
                     if first is not None:
                         mine[handoff.request_id] = first
-                        self.stats.kv_blocks_hit += first
         if not moves:
             return {}
         answers: dict[str, int] = {}
@@ -244,9 +258,6 @@ class Node:
                 data = pd_wire.transfer(self.group, handoff.src, dst, nbytes, data)
             if self.rank == handoff.src:
                 self.worker.release(handoff.request_id)
-                self.stats.kv_bytes_sent += nbytes
-                self.stats.kv_blocks_sent += num_blocks
-                self.stats.prompt_tokens_handed += len(handoff.prompt_token_ids)
             if self.rank == dst:
                 if num_blocks:
                     table = pd_decode.block_ids(self.engine, handoff.request_id)

@@ -105,7 +105,8 @@ def serve_pd(
 ) -> None:
     """`base serve` with --pd: serves as a rank of the group, then ends the process; returns at once
     without --pd. `pd_args`: --pd, --role and the parsed --hostfile/--rank (cli_dist); `model_args`:
-    the model, --device and --require-signature (loaded once the group is formed, on every rank)."""
+    the model, --device and --require-signature (loaded once the group is formed, on every rank);
+    `make_constraints`: see serve_command."""
     from baselm.backend import select_backend
     from baselm.loader import load_model
 

@@ -113,4 +113,24 @@ class Metrics:
         ]
         for name, value in counters:
             lines += [f"# TYPE {name} counter", f"{name}{{{label}}} {value}"]
+        lines += _pd_lines(stats, label)
         return "\n".join(lines) + "\n"
+
+
+def _pd_lines(stats: Any, label: str) -> list[str]:
+    """A prefill/decode group's KV handoff counters (none in one process)."""
+    if getattr(stats, "kv_bytes_shipped", None) is None:
+        return []
+    counters = [
+        ("base_pd_kv_bytes_shipped_total", "KV bytes prefill ranks sent to decode ranks.", stats.kv_bytes_shipped),
+        ("base_pd_kv_blocks_shipped_total", "KV blocks prefill ranks sent to decode ranks.", stats.kv_blocks_shipped),
+        (
+            "base_pd_kv_blocks_skipped_total",
+            "Prompt KV blocks not sent: the decode rank held them already.",
+            stats.kv_blocks_skipped,
+        ),
+    ]
+    lines = []
+    for name, help_text, value in counters:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name}{{{label}}} {value}"]
+    return lines

@@ -103,16 +103,11 @@ def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
     text, param = constrained
     check_endable(sampling, param)
     lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
-    make_processor = grammar.GrammarProcessor
     if param == "tools":  # name the tool whose schema cannot be enforced
         for i, tool in enumerate(chat.tools):
             where, function = f"tools[{i}].function.parameters", tool["function"]
             what = f"invalid 'parameters' schema in {where} ({function['name']})"
             grammar.check_grammar(grammar.json_schema_grammar(function["parameters"], where), lltokenizer, where, what)
-
-        def make_processor(lltokenizer, text, eos):
-            return tools.RepeatStop(lltokenizer, text, eos, state.tokenizer, state.tool_format)
-
     return constrained_params(
         state,
         sampling,
@@ -120,7 +115,7 @@ def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
         text,
         param,
         lltokenizer=lltokenizer,
-        make_processor=make_processor,
+        tool_format=state.tool_format if param == "tools" else None,
         logprobs_field="top_logprobs",
         logprobs=logprobs,
     )

@@ -431,6 +431,7 @@ def serve(
     rank: int | None = RANK,
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
+    from baselm.api.constrained import model_processor_factory as constraints
     from baselm.api.server import ServeOptions, exit_process, run_server
     from baselm.dist.launch import load_model_for
 
@@ -451,11 +452,10 @@ def serve(
             seed=seed,
         )
         origins = tuple(o.strip() for o in cors_origins.split(",") if o.strip())
-        body = parse_size(max_body)
         options = ServeOptions(
-            host, port, api_key or None, served_model_name, body, shutdown_timeout, cors_origins=origins
+            host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout, cors_origins=origins
         )
-        serve_pd((pd, role, dist), (model, device, require_signature), config, options, run_server)
+        serve_pd((pd, role, dist), (model, device, require_signature), config, options, run_server, constraints)
         loaded = load_model_for(model, device, require_signature, dist)
     except _user_errors() as exc:
         _fail(str(exc))

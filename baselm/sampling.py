@@ -34,6 +34,24 @@ MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # any signed or unsigned 64-bit intege
 LogitsProcessor = Callable[[list[int], mx.array], mx.array]
 
 
+@dataclass(slots=True)
+class Constraint:
+    """A grammar an answer follows, as plain data: what its logits processors are made from.
+
+    Processors hold a matcher's state and cannot leave their process; a constraint can, so a
+    process that receives one makes its own processors from it (`SamplingParams.with_processors`,
+    given the API's maker, which compiles it for the model's tokenizer).
+    """
+
+    grammar: str  # llguidance grammar text
+    eos_token_ids: list[int]  # the tokens that may end the answer once the grammar is complete
+    tool_format: str | None = None  # forced tool calls: also end the answer when a call repeats
+
+
+# Makes one request copy's processors from its constraint, in the process that samples.
+ConstraintFactory = Callable[[Constraint], list[LogitsProcessor]]
+
+
 class SamplingParamsError(ValueError):
     """A sampling parameter holds a value we cannot sample with; `field` names it."""
 
@@ -55,6 +73,7 @@ class SamplingParams:
     the first (see prompt_logprobs.py). `stop` may be given as one string. `n` > 1 asks for
     that many copies (see `for_copy`); `make_logits_processors`, when given, makes each
     copy's own `logits_processors` (stateful ones, like a grammar, must not be shared).
+    `constraint`, when given, is what those processors were made from (see `Constraint`).
     """
 
     n: int = 1
@@ -78,6 +97,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
     make_logits_processors: Callable[[], list[LogitsProcessor]] | None = None
+    constraint: Constraint | None = None
     speculative: bool = True  # False: never verify speculative tokens for this request
 
     def __post_init__(self) -> None:
@@ -107,6 +127,23 @@ class SamplingParams:
             seed -= 1 << 64
         processors = self.make_logits_processors() if self.make_logits_processors else self.logits_processors
         return replace(self, seed=seed, logits_processors=processors, prompt_logprobs=None)
+
+    def without_processors(self) -> SamplingParams:
+        """These params as another process can receive them: no processors (a receiver makes its
+        own from `constraint` with `with_processors`)."""
+        if not self.logits_processors and self.make_logits_processors is None:
+            return self
+        return replace(self, logits_processors=[], make_logits_processors=None)
+
+    def with_processors(self, make: ConstraintFactory | None) -> SamplingParams:
+        """These params with processors of their own made from `constraint` by `make`; themselves
+        when there is no constraint."""
+        constraint = self.constraint
+        if constraint is None:
+            return self
+        if make is None:
+            raise SamplingParamsError("constraint", "this process cannot make a constraint's processors.")
+        return replace(self, logits_processors=[], make_logits_processors=lambda: make(constraint))
 
     @property
     def greedy(self) -> bool:
@@ -158,6 +195,8 @@ class SamplingParams:
                 raise SamplingParamsError("logits_processors", f"logits_processors holds {proc!r}, not a callable.")
         if self.make_logits_processors is not None and not callable(self.make_logits_processors):
             raise SamplingParamsError("make_logits_processors", "make_logits_processors must be a callable.")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise SamplingParamsError("constraint", f"constraint must be a Constraint, got {self.constraint!r}.")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raises SamplingParamsError when a token id in the params lies outside the vocabulary."""

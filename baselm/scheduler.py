@@ -123,6 +123,10 @@ class SchedulerStats:
     spec_num_accepted_tokens: int = 0  # of which accepted
     spec_acceptance_rate: float = 0.0
     spec_accepted_tokens_per_step: float = 0.0  # tokens a verifying request emits per step
+    # Prefill/decode disaggregation (--pd) since start; None in one process.
+    kv_bytes_shipped: int | None = None  # KV bytes the prefill ranks sent to decode ranks
+    kv_blocks_shipped: int | None = None
+    kv_blocks_skipped: int | None = None  # prompt blocks not sent: the decode rank held them already
 
     @property
     def prefix_cache_hit_rate(self) -> float:

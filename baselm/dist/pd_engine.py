@@ -5,9 +5,18 @@ the tokenizer and limits), so `AsyncEngine` and the HTTP layer drive it unchange
 each `step` is one lockstep step of the group (pd_node.py): requests go to the prefill ranks
 in the step's plan, and the outputs the decode ranks made come back in their reports.
 
-Requests are checked here exactly as a single engine checks them (vocabulary, room, queue),
-plus what a handoff cannot carry: n > 1 copies, prompt logprobs and custom logits
-processors are refused with a clear error.
+Requests are checked here exactly as a single engine checks them (vocabulary, room, queue).
+What one engine serves, a group serves too:
+
+- n > 1: copy i of request R runs as its own request "R#i" (copy 0 as R) with the id and params
+  one engine gives that copy (`copy_requests`; `for_copy`: seed + i), all on one prefill rank, whose
+  prefix cache shares their prompt; their outputs come back under R with the copy's index.
+- prompt logprobs: scored on the prefill rank as it computes the prompt, carried with the handoff.
+- constrained output (grammars, JSON schemas, forced tool calls): processors cannot cross a
+  process, so requests travel without them and with their `Constraint`, from which the rank
+  that samples makes its own (the node's `constraints`, the API's maker): the prefill rank for
+  the first token, the decode rank for the rest (its matcher walks over the first token first).
+Only logits processors given without a constraint are refused: nothing could rebuild them.
 
 When a rank dies, the group cannot run another collective. The requests in flight fail with
 RankFailedError (the API answers 503), and rank 0 goes on serving on its own: it builds a
@@ -21,15 +30,17 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import replace
 
 from baselm.config import EngineConfig
+from baselm.copies import copy_requests
 from baselm.dist.group import RankFailedError
 from baselm.dist.pd_node import Node, Plan, RankStats
 from baselm.dist.watchdog import Watchdog
 from baselm.engine import LLMEngine, QueueFullError
 from baselm.loader import LoadedModel
 from baselm.request import InvalidRequestError, RequestOutput
-from baselm.sampling import SamplingParams
+from baselm.sampling import ConstraintFactory, SamplingParams
 from baselm.scheduler import RequestTooLongError, SchedulerStats, effective_max_tokens
 
 log = logging.getLogger("baselm.dist")
@@ -63,10 +74,12 @@ class PDEngine:
         self.rank_stats: list[RankStats] = []  # every rank's, from the last step
         self._on_failure = on_failure
         self._ids = itertools.count()
-        self._live: set[str] = set()  # requests not finished yet
+        self._live: set[str] = set()  # copies (requests, when n = 1) not finished yet
         self._plan = Plan()
         self._aborted: list[RequestOutput] = []  # abort outputs for the next step
-        self._where: dict[str, int] = {}  # request id -> its prefill rank, until a decode rank reports it
+        self._where: dict[str, int] = {}  # copy id -> its prefill rank, until a decode rank reports it
+        self._copies: dict[str, tuple[str, int]] = {}  # copy id -> (request id, index), until it finishes
+        self._groups: dict[str, list[str]] = {}  # request id -> its copies' ids
 
     # ---- the prefill side's model and pool, for embeddings between steps -------------
 
@@ -94,12 +107,25 @@ class PDEngine:
             return self.fallback.add_request(prompt, params, request_id)
         params = params or SamplingParams()
         params.check_vocab(self.vocab_size)
-        _check_handoff(params)
+        check_handoff(params, self.node.constraints)
         if len(self._live) >= self.config.max_waiting + self.config.max_num_seqs * self.node.layout.num_decode:
             raise QueueFullError(f"{len(self._live)} requests are already in flight; try again shortly")
         request_id = request_id or self.new_request_id()
-        if request_id in self._live:
+        prompt_ids = self._prompt_ids(request_id, prompt)
+        self._check_fits(len(prompt_ids), params.max_tokens)
+        copies = copy_requests(request_id, prompt_ids, params.without_processors())  # each copy's id and params
+        if request_id in self._groups or any(c.request_id in self._copies for c in copies):
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        rank = self._least_busy_prefill_rank()
+        for index, copy in enumerate(copies):
+            self._plan.add.append((rank, copy.request_id, prompt_ids, replace(copy.sampling_params, n=1)))
+            self._live.add(copy.request_id)
+            self._where[copy.request_id] = rank
+            self._copies[copy.request_id] = (request_id, index)
+        self._groups[request_id] = [c.request_id for c in copies]
+        return request_id
+
+    def _prompt_ids(self, request_id: str, prompt: str | Sequence[int]) -> list[int]:
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
             raise InvalidRequestError(f"request {request_id} has an empty prompt; give it at least one token")
@@ -108,12 +134,7 @@ class PDEngine:
             raise InvalidRequestError(
                 f"prompt token id {bad} is outside the model's vocabulary of {self.vocab_size} tokens"
             )
-        self._check_fits(len(prompt_ids), params.max_tokens)
-        rank = self._least_busy_prefill_rank()
-        self._plan.add.append((rank, request_id, prompt_ids, params))
-        self._live.add(request_id)
-        self._where[request_id] = rank
-        return request_id
+        return prompt_ids
 
     def _least_busy_prefill_rank(self) -> int:
         load = [0] * self.node.layout.num_prefill
@@ -157,14 +178,23 @@ class PDEngine:
             ) from exc
         self.rank_stats = [report.stats for report in reports]
         for report in reports:
-            for out in report.outputs:
-                if out.request_id not in self._live:
-                    continue  # aborted here already
-                self._where.pop(out.request_id, None)  # on a decode rank now: no load on its prefill rank
-                if out.finished:
-                    self._live.discard(out.request_id)
-                outputs.append(out)
+            outputs += [self._as_copy(out) for out in report.outputs if out.request_id in self._live]
         return outputs
+
+    def _as_copy(self, out: RequestOutput) -> RequestOutput:
+        """A decode rank's output of one copy, under the request id the user gave and the copy's index."""
+        copy_id = out.request_id
+        self._where.pop(copy_id, None)  # on a decode rank now: no load on its prefill rank
+        out.request_id, out.index = self._copies[copy_id]
+        if out.finished:
+            self._live.discard(copy_id)
+            self._forget(copy_id)
+        return out
+
+    def _forget(self, copy_id: str) -> None:
+        request_id, _ = self._copies.pop(copy_id)
+        if not any(c in self._copies for c in self._groups.get(request_id, [])):
+            self._groups.pop(request_id, None)
 
     def sync(self) -> list[RankStats]:
         """Runs one step with nothing new, so `rank_stats` is current (tests, `base bench`)."""
@@ -176,6 +206,8 @@ class PDEngine:
         log.error("a rank of the prefill/decode group failed; serving from this process alone")
         self._live.clear()
         self._where.clear()
+        self._copies.clear()
+        self._groups.clear()
         self.node = None
         if self._on_failure is not None:
             self._on_failure()
@@ -184,17 +216,20 @@ class PDEngine:
     # ---- requests out ------------------------------------------------------------------
 
     def abort(self, request_id: str) -> None:
-        """Stops a request on every rank; this step reports it finished with "abort"."""
+        """Stops every copy of a request on every rank; this step reports each finished with "abort"."""
         if self.fallback is not None:
             self.fallback.abort(request_id)
             return
-        if request_id not in self._live:
-            return
-        self._live.discard(request_id)
-        self._where.pop(request_id, None)
-        self._plan.add = [a for a in self._plan.add if a[1] != request_id]
-        self._plan.abort.append(request_id)
-        self._aborted.append(RequestOutput(request_id, finished=True, finish_reason="abort"))
+        for copy_id in self._groups.get(request_id, []):
+            if copy_id not in self._live:
+                continue
+            self._live.discard(copy_id)
+            self._where.pop(copy_id, None)
+            self._plan.add = [a for a in self._plan.add if a[1] != copy_id]
+            self._plan.abort.append(copy_id)
+            index = self._copies[copy_id][1]
+            self._aborted.append(RequestOutput(request_id, index, finished=True, finish_reason="abort"))
+            self._forget(copy_id)
 
     def stop(self) -> None:
         """Tells every other rank to exit its loop (the group's last collective)."""
@@ -222,16 +257,21 @@ class PDEngine:
         )
         stats.spec_num_draft_tokens = sum(s.spec_num_draft_tokens for s in ranks)
         stats.spec_num_accepted_tokens = sum(s.spec_num_accepted_tokens for s in ranks)
+        stats.kv_bytes_shipped = sum(s.kv_bytes_sent for s in ranks)
+        stats.kv_blocks_shipped = sum(s.kv_blocks_sent for s in ranks)
+        stats.kv_blocks_skipped = sum(s.kv_blocks_hit for s in ranks)
         return stats
 
 
-def _check_handoff(params: SamplingParams) -> None:
-    """What a prefill rank cannot hand to a decode rank: refused with a clear error."""
-    if params.n != 1:
-        raise InvalidRequestError("n > 1 is not supported when serving with --pd; ask for one choice per request")
-    if params.prompt_logprobs is not None:
-        raise InvalidRequestError("prompt_logprobs is not supported when serving with --pd")
-    if params.logits_processors or params.make_logits_processors is not None:
+def check_handoff(params: SamplingParams, constraints: ConstraintFactory | None) -> None:
+    """What a prefill rank cannot hand to a decode rank (`constraints`: the group's maker of
+    constrained requests' processors): refused with a clear error."""
+    if params.constraint is None and (params.logits_processors or params.make_logits_processors is not None):
         raise InvalidRequestError(
-            "constrained output (grammars, JSON schemas, forced tool calls) is not supported when serving with --pd"
+            "custom logits processors cannot reach the processes of a --pd group; "
+            "give the params a Constraint to make them from instead"
+        )
+    if params.constraint is not None and constraints is None:
+        raise InvalidRequestError(
+            "this --pd group cannot make constrained output's processors; start it with `base serve --pd`"
         )

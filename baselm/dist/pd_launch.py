@@ -18,6 +18,7 @@ from baselm.dist.pd_node import Layout, Node
 from baselm.dist.pd_prefill import PrefillWorker
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
+from baselm.sampling import ConstraintFactory
 
 
 def share_cores(num_local_ranks: int) -> int:
@@ -32,15 +33,19 @@ def share_cores(num_local_ranks: int) -> int:
     return threads
 
 
-def make_node(loaded: LoadedModel, config: EngineConfig, layout: Layout, group) -> Node:
-    """This process's rank of a formed group (`group`: an mx.distributed Group of layout.size ranks)."""
+def make_node(
+    loaded: LoadedModel, config: EngineConfig, layout: Layout, group, constraints: ConstraintFactory | None = None
+) -> Node:
+    """This process's rank of a formed group (`group`: an mx.distributed Group of layout.size ranks);
+    `constraints` makes constrained requests' processors (the API's, for this model; None: refused)."""
     if group.size() != layout.size:
         raise ConfigError(f"--pd {layout} needs {layout.size} ranks, but the group has {group.size()}")
     rank = group.rank()
     if layout.role(rank) == "prefill":
-        node = Node(group, layout, worker=PrefillWorker(loaded, config, rank))
+        node = Node(group, layout, worker=PrefillWorker(loaded, config, rank), constraints=constraints)
     else:
         # NOTE: a decode rank's prefix cache holds what was shipped to it; the file belongs to rank 0's side.
-        node = Node(group, layout, engine=LLMEngine(loaded, replace(config, prefix_cache_file=None)))
+        engine = LLMEngine(loaded, replace(config, prefix_cache_file=None))
+        node = Node(group, layout, engine=engine, constraints=constraints)
     node.check_layouts()
     return node

@@ -30,7 +30,7 @@ from baselm.dist import pd_blocks, pd_codec, pd_decode, pd_wire
 from baselm.dist.pd_prefill import Handoff, PrefillWorker
 from baselm.engine import LLMEngine
 from baselm.request import RequestOutput
-from baselm.sampling import SamplingParams, TokenLogprobs
+from baselm.sampling import Constraint, ConstraintFactory, SamplingParams, TokenLogprobs
 
 
 @dataclass(slots=True, frozen=True)
@@ -106,7 +106,7 @@ class Report:
     stats: RankStats
 
 
-pd_codec.register(Plan, Report, RankStats, Handoff, RequestOutput, SamplingParams, TokenLogprobs)
+pd_codec.register(Plan, Report, RankStats, Handoff, RequestOutput, SamplingParams, TokenLogprobs, Constraint)
 
 
 def assign(reports: list[Report], layout: Layout) -> list[tuple[Handoff, int]]:
@@ -123,10 +123,21 @@ def assign(reports: list[Report], layout: Layout) -> list[tuple[Handoff, int]]:
 
 
 class Node:
-    """This process's rank of the group: its worker (prefill) or engine (decode), and the step."""
+    """This process's rank of the group: its worker (prefill) or engine (decode), and the step.
 
-    def __init__(self, group, layout: Layout, worker: PrefillWorker | None = None, engine: LLMEngine | None = None):
+    `constraints` makes a constrained request's processors from its constraint, on the rank that
+    samples it (None: this group refuses constrained requests)."""
+
+    def __init__(
+        self,
+        group,
+        layout: Layout,
+        worker: PrefillWorker | None = None,
+        engine: LLMEngine | None = None,
+        constraints: ConstraintFactory | None = None,
+    ):
         self.group = group
+        self.constraints = constraints
         self.rank = group.rank()
         self.layout = layout
         self.worker = worker
@@ -163,7 +174,22 @@ class Node:
             outboxes, self._outbox = pd_wire.gather(self.group, self._outbox), []
             for report, outputs in zip(reports, outboxes):
                 report.outputs += outputs
+            self._count_shipped(reports, moves, answers)
         return reports
+
+    def _count_shipped(self, reports: list[Report], moves: list[tuple[Handoff, int]], answers: dict[str, int]) -> None:
+        """Adds this step's handoffs to the counters of the reports (every rank counts the same), so
+        rank 0's view is current when the step ends; this rank goes on from its counted copy."""
+        for handoff, dst in moves:
+            first = answers.get(handoff.request_id)
+            if first is None:
+                continue
+            src = reports[handoff.src].stats
+            src.kv_bytes_sent += (handoff.num_blocks - first) * self.block_nbytes
+            src.kv_blocks_sent += handoff.num_blocks - first
+            src.prompt_tokens_handed += len(handoff.prompt_token_ids)
+            reports[dst].stats.kv_blocks_hit += first
+        self.stats = reports[self.rank].stats
 
     def _apply(self, plan: Plan) -> None:
         for request_id in plan.abort:
@@ -174,7 +200,7 @@ class Node:
         if self.worker is not None:
             for rank, request_id, prompt_ids, params in plan.add:
                 if rank == self.rank:
-                    self.worker.add(request_id, prompt_ids, params)
+                    self.worker.add(request_id, prompt_ids, params.with_processors(self.constraints))
 
     def _report(self) -> Report:
         outputs, self._outbox = self._outbox, []
@@ -208,10 +234,9 @@ class Node:
         if self.engine is not None:
             for handoff, dst in moves:
                 if dst == self.rank:
-                    first = pd_decode.admit(self.engine, handoff)
+                    first = pd_decode.admit(self.engine, handoff, self.constraints)
                     if first is not None:
                         mine[handoff.request_id] = first
-                        self.stats.kv_blocks_hit += first
         if not moves:
             return {}
         answers: dict[str, int] = {}
@@ -233,9 +258,6 @@ class Node:
                 data = pd_wire.transfer(self.group, handoff.src, dst, nbytes, data)
             if self.rank == handoff.src:
                 self.worker.release(handoff.request_id)
-                self.stats.kv_bytes_sent += nbytes
-                self.stats.kv_blocks_sent += num_blocks
-                self.stats.prompt_tokens_handed += len(handoff.prompt_token_ids)
             if self.rank == dst:
                 if num_blocks:
                     table = pd_decode.block_ids(self.engine, handoff.request_id)

@@ -6,11 +6,16 @@ preemption all work as in one process); the step that computes a prompt's last t
 the first output token, and the request is then *parked*: out of the running list, so it is
 never scheduled again here, but holding its blocks until they are shipped to a decode rank.
 `release` then frees them; the full ones stay named in the prefix cache for later prompts.
+
+A request that asks for prompt logprobs is scored here, as its prompt is computed (chunk by
+chunk, each position once), and its scores travel with the handoff. Processors do not travel:
+a handoff carries the request's params without them (a decode rank makes its own from the
+params' constraint).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from baselm.config import EngineConfig
 from baselm.engine import kv_num_blocks, make_scheduler
@@ -31,10 +36,11 @@ class Handoff:
     prompt_token_ids: list[int]
     params: SamplingParams
     first_token_id: int  # sampled from the prompt's last position
-    logprobs: TokenLogprobs | None  # of the first token, when the request asks for logprobs
+    logprobs: list[TokenLogprobs] | None  # [the first token's], when the request asks for logprobs
     num_cached_tokens: int  # prompt tokens the prefill side's prefix cache served
     num_blocks: int  # blocks holding the prompt's K/V: ceil(num prompt tokens / block_size)
     src: int = 0  # the prefill rank that holds them
+    prompt_logprobs: list[tuple[int, TokenLogprobs]] = field(default_factory=list)  # (position, scored), when asked
 
 
 def make_cache(loaded: LoadedModel, config: EngineConfig, max_model_len: int) -> PagedKVCache:
@@ -56,6 +62,7 @@ class PrefillWorker:
         self.scheduler = make_scheduler(self.kv, config, self.max_model_len)
         self.runner = ModelRunner(loaded.model, self.cache, Sampler(loaded.eos_token_ids, seed=config.seed))
         self.ready: dict[str, Handoff] = {}  # parked requests by id, in the order they finished
+        self._prompt_scores: dict[str, list[tuple[int, TokenLogprobs]]] = {}  # prompt logprobs so far, by id
 
     @property
     def is_busy(self) -> bool:
@@ -78,22 +85,35 @@ class PrefillWorker:
         if plan.is_empty:
             return
         result = self.runner.collect(self.runner.launch(plan))
+        self._keep_prompt_scores(result.prompt_logprobs)
         self.scheduler.update(plan, result.sampled_token_ids)
         for scheduled in plan.requests:
             request = scheduled.request
             if request.request_id in result.sampled_token_ids:
-                self.ready[request.request_id] = Handoff(
-                    request.request_id,
-                    request.prompt_token_ids,
-                    request.sampling_params,
-                    request.output_token_ids[0],
-                    result.logprobs.get(request.request_id),
-                    request.num_cached_tokens,
-                    len(self.kv.block_table(request)),
-                    self.rank,
-                )
+                self.ready[request.request_id] = self._handoff(request, result.logprobs.get(request.request_id))
         if self.ready:
             self.scheduler.running = [r for r in self.scheduler.running if r.request_id not in self.ready]
+
+    def _keep_prompt_scores(self, scored: dict[str, list[tuple[int, TokenLogprobs]]]) -> None:
+        """Keeps each prompt position's logprobs once (a prompt recomputed after preemption scores them again)."""
+        for request_id, entries in scored.items():
+            kept = self._prompt_scores.setdefault(request_id, [])
+            for position, entry in entries:
+                if position == len(kept) + 1:
+                    kept.append((position, entry))
+
+    def _handoff(self, request: Request, logprobs: list[TokenLogprobs] | None) -> Handoff:
+        return Handoff(
+            request.request_id,
+            request.prompt_token_ids,
+            request.sampling_params.without_processors(),
+            request.output_token_ids[0],
+            logprobs,
+            request.num_cached_tokens,
+            len(self.kv.block_table(request)),
+            self.rank,
+            self._prompt_scores.pop(request.request_id, []),
+        )
 
     def block_ids(self, request_id: str) -> list[int]:
         return self.kv.block_table(self.scheduler.requests[request_id])
@@ -105,6 +125,7 @@ class PrefillWorker:
 
     def abort(self, request_id: str) -> None:
         """Stops a prompt wherever it is here (queued, computing or parked) and frees its blocks."""
+        self._prompt_scores.pop(request_id, None)
         if request_id in self.ready:
             self.release(request_id)
         else:

@@ -22,10 +22,14 @@ from baselm.dist import group as dist_group
 from baselm.dist.pd_node import Layout, serve
 from baselm.dist.watchdog import Watchdog
 from baselm.loader import LoadedModel
+from baselm.sampling import ConstraintFactory
 
 if TYPE_CHECKING:
     from baselm.dist.launch import DistOptions
     from baselm.dist.pd_engine import PDEngine
+
+# A model's maker of constrained requests' processors (the API's; baselm does not import the API).
+MakeConstraints = Callable[[LoadedModel], ConstraintFactory]
 
 STEP_TIMEOUT_S = 120.0  # longer than any step (a full token budget of prefill on a slow CPU)
 
@@ -68,16 +72,20 @@ def form_group(options: PDOptions) -> dist_group.DistGroup:
 
 
 def start(
-    loaded: LoadedModel, config: EngineConfig, options: PDOptions, group: dist_group.DistGroup
+    loaded: LoadedModel,
+    config: EngineConfig,
+    options: PDOptions,
+    group: dist_group.DistGroup,
+    constraints: ConstraintFactory | None = None,
 ) -> PDEngine | None:
     """Rank 0: its PDEngine, for the server. Any other rank: follows rank 0's steps until told to
-    stop, then returns None (a failed group raises RankFailedError)."""
+    stop, then returns None (a failed group raises RankFailedError). `constraints`: see make_node."""
     from baselm.dist.pd_engine import PDEngine
     from baselm.dist.pd_launch import make_node, share_cores
 
     if options.hostfile is None:  # every rank on this machine
         share_cores(options.layout.size)
-    node = make_node(loaded, config, options.layout, group.group)
+    node = make_node(loaded, config, options.layout, group.group, constraints)
     if group.rank != 0:
         serve(node)
         return None
@@ -87,10 +95,18 @@ def start(
     return PDEngine(node, loaded, config, on_failure=group.stop, watchdog=watchdog)
 
 
-def serve_pd(pd_args: tuple, model_args: tuple, config: EngineConfig, serve_options, run_server) -> None:
+def serve_pd(
+    pd_args: tuple,
+    model_args: tuple,
+    config: EngineConfig,
+    serve_options,
+    run_server,
+    make_constraints: MakeConstraints | None = None,
+) -> None:
     """`base serve` with --pd: serves as a rank of the group, then ends the process; returns at once
     without --pd. `pd_args`: --pd, --role and the parsed --hostfile/--rank (cli_dist); `model_args`:
-    the model, --device and --require-signature (loaded once the group is formed, on every rank)."""
+    the model, --device and --require-signature (loaded once the group is formed, on every rank);
+    `make_constraints`: see serve_command."""
     from baselm.backend import select_backend
     from baselm.loader import load_model
 
@@ -101,21 +117,28 @@ def serve_pd(pd_args: tuple, model_args: tuple, config: EngineConfig, serve_opti
     if config.prefix_cache_file:
         raise ConfigError("--prefix-cache-file is not supported with --pd: the prefix cache lives on the prefill ranks")
     load = lambda: load_model(model, select_backend(device), require_signature=require_signature)  # noqa: E731
-    code = serve_command(options, load, config, serve_options, run_server)
+    code = serve_command(options, load, config, serve_options, run_server, make_constraints)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # NOTE: as `base serve` ends: MLX's teardown after other threads ran it can abort
 
 
 def serve_command(
-    options: PDOptions, load: Callable[[], LoadedModel], config: EngineConfig, serve_options, run_server
+    options: PDOptions,
+    load: Callable[[], LoadedModel],
+    config: EngineConfig,
+    serve_options,
+    run_server,
+    make_constraints: MakeConstraints | None = None,
 ) -> int:
     """`base serve --pd`: forms the group, loads the model (`load`) on every rank, and on rank 0
-    serves HTTP with `run_server` (the API's, passed in: baselm does not import the API)."""
+    serves HTTP with `run_server` (the API's, passed in: baselm does not import the API); every
+    rank makes constrained requests' processors with `make_constraints(loaded)` (also the API's)."""
     try:
         group = form_group(options)
         loaded = load()
-        engine = start(loaded, config, options, group)
+        constraints = make_constraints(loaded) if make_constraints is not None else None
+        engine = start(loaded, config, options, group, constraints)
     except dist_group.DistError as exc:
         fail(str(exc))
     if engine is None:  # a rank other than 0, told to stop

@@ -2,8 +2,9 @@
 MLX_HOSTFILE set. Rank 0 runs the spec's workload through a PDEngine and prints one JSON line of
 results; the other ranks serve until rank 0 stops them.
 
-The spec: {"layout": "1:1", "model": "fixture" | path, "config": {EngineConfig fields},
-"requests": [[arrival step, prompt ids, max_tokens], ...], "abort": {index: step},
+The spec: {"layout": "1:1", "model": "fixture" | "widened" | path, "config": {EngineConfig fields},
+"requests": [[arrival step, prompt ids, max_tokens, {SamplingParams fields, "schema": a JSON
+Schema the answer follows} (optional; greedy without)], ...], "abort": {index: step},
 "kill_rank": [rank, step] (rank 0 kills that rank's process at that step), "pids": {rank: pid}}.
 """
 
@@ -17,13 +18,14 @@ import sys
 import mlx.core as mx
 
 import baselm  # noqa: F401  the optimized BLAS first
+from baselm.api.constrained import model_processor_factory
 from baselm.config import EngineConfig, SpeculativeConfig
 from baselm.dist.group import RankFailedError
 from baselm.dist.pd_engine import PDEngine
 from baselm.dist.pd_launch import make_node, share_cores
 from baselm.dist.pd_node import Layout, serve
 from baselm.dist.watchdog import Watchdog
-from baselm.sampling import SamplingParams
+from baselm.sampling import Constraint, SamplingParams
 
 
 def load(spec: dict):
@@ -31,6 +33,10 @@ def load(spec: dict):
         from tests.tiny_model import loaded_fixture
 
         return loaded_fixture("llama")
+    if spec["model"] == "widened":  # a tokenizer-sized vocabulary and end-of-sequence ids, for grammars
+        from tests.tiny_model import loaded_widened_llama
+
+        return loaded_widened_llama("tiny")
     from baselm.backend import select_backend
     from baselm.loader import load_model
 
@@ -46,20 +52,40 @@ def make_config(spec: dict) -> EngineConfig:
     return config
 
 
+def make_params(engine, max_tokens: int, fields: dict | None) -> SamplingParams:
+    """A request's params: greedy, or `fields`; a "schema" becomes the constraint the API would make."""
+    fields = {"temperature": 0.0, **(fields or {})}
+    schema = fields.pop("schema", None)
+    if schema is None:
+        return SamplingParams(max_tokens=max_tokens, **fields)
+    from baselm.api.constrained import processor_factory
+    from baselm.api.grammar import json_schema_grammar
+
+    eos = list(engine.eos_token_ids)
+    constraint = Constraint(json_schema_grammar(schema), eos)
+    make = processor_factory(engine.tokenizer, engine.vocab_size)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        constraint=constraint,
+        make_logits_processors=lambda: make(constraint),
+        stop_token_ids=eos,
+        **fields,
+    )
+
+
 def run_workload(engine: PDEngine, spec: dict) -> dict:
-    """Feeds requests at their arrival steps; aborts and kills on schedule; returns ids, finish reasons, errors."""
+    """Feeds requests at their arrival steps; aborts and kills on schedule; returns each copy's
+    tokens ("r3" is copy 0 of request 3, "r3/1" copy 1), logprobs and prompt logprobs (as
+    [token id, logprob]), finish reasons, errors."""
     requests = spec["requests"]
     aborts = {int(i): step for i, step in spec.get("abort", {}).items()}
     kill = spec.get("kill_rank")
-    tokens: dict[str, list[int]] = {}
-    reasons: dict[str, str] = {}
-    errors: list[str] = []
+    result = {"tokens": {}, "logprobs": {}, "prompt_logprobs": {}, "reasons": {}, "errors": []}
     step = 0
     while step <= max(r[0] for r in requests) or engine.has_unfinished:
-        for i, (arrival, prompt, max_tokens) in enumerate(requests):
+        for i, (arrival, prompt, max_tokens, *fields) in enumerate(requests):
             if arrival == step:
-                engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens), f"r{i}")
-                tokens[f"r{i}"] = []
+                engine.add_request(prompt, make_params(engine, max_tokens, fields[0] if fields else None), f"r{i}")
             if aborts.get(i) == step:
                 engine.abort(f"r{i}")
         if kill is not None and kill[1] == step:  # [rank, step, signal name]: SIGKILL dies, SIGSTOP hangs
@@ -67,14 +93,22 @@ def run_workload(engine: PDEngine, spec: dict) -> dict:
         try:
             outputs = engine.step()
         except RankFailedError as exc:
-            errors.append(str(exc))
+            result["errors"].append(str(exc))
             outputs = []
         for out in outputs:
-            tokens[out.request_id] += out.token_ids
-            if out.finished:
-                reasons[out.request_id] = out.finish_reason
+            record(result, out)
         step += 1
-    return {"tokens": tokens, "reasons": reasons, "errors": errors, "steps": step}
+    return {**result, "steps": step}
+
+
+def record(result: dict, out) -> None:
+    key = out.request_id if out.index == 0 else f"{out.request_id}/{out.index}"
+    result["tokens"].setdefault(key, []).extend(out.token_ids)
+    result["logprobs"].setdefault(key, []).extend([e.token_id, e.logprob] for e in out.logprobs)
+    if out.prompt_logprobs:
+        result["prompt_logprobs"].setdefault(key, []).extend([e.token_id, e.logprob] for e in out.prompt_logprobs)
+    if out.finished:
+        result["reasons"][key] = out.finish_reason
 
 
 def main() -> None:
@@ -83,7 +117,7 @@ def main() -> None:
     group = mx.distributed.init(backend="ring", strict=True)
     share_cores(layout.size)
     loaded = load(spec)
-    node = make_node(loaded, make_config(spec), layout, group)
+    node = make_node(loaded, make_config(spec), layout, group, model_processor_factory(loaded))
     if group.rank() != 0:
         try:
             serve(node)

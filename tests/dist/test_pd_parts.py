@@ -10,14 +10,14 @@ import pytest
 from baselm.config import ConfigError
 from baselm.dist import pd_blocks, pd_codec
 from baselm.dist.pd_doctor import status
-from baselm.dist.pd_engine import _check_handoff
+from baselm.dist.pd_engine import check_handoff
 from baselm.dist.pd_node import Layout, Plan, RankStats, Report, assign
 from baselm.dist.pd_prefill import Handoff
 from baselm.dist.pd_serve import PDOptions
 from baselm.dist.pd_wire import route
 from baselm.kv import PagedKVCache
 from baselm.request import InvalidRequestError, RequestOutput
-from baselm.sampling import SamplingParams, TokenLogprobs
+from baselm.sampling import Constraint, SamplingParams, SamplingParamsError, TokenLogprobs
 
 
 def test_layout_parses_p_colon_d_and_names_roles() -> None:
@@ -96,11 +96,40 @@ def test_packed_blocks_land_bit_exact_in_other_block_ids(kv_bits: int) -> None:
         pd_blocks.unpack(target, [0], data)
 
 
-def test_what_a_handoff_cannot_carry_is_refused_clearly() -> None:
-    _check_handoff(SamplingParams())
-    for params, what in ((SamplingParams(n=2), "n > 1"), (SamplingParams(prompt_logprobs=1), "prompt_logprobs")):
-        with pytest.raises(InvalidRequestError, match=what):
-            _check_handoff(params)
+def _counting_factory(made: list):
+    def make(constraint: Constraint) -> list:
+        processor = lambda ids, logits: logits  # noqa: E731
+        made.append((constraint.grammar, processor))
+        return [processor]
+
+    return make
+
+
+def test_a_constraint_travels_without_its_processors_and_is_remade_where_received() -> None:
+    made: list = []
+    make = _counting_factory(made)
+    constraint = Constraint("start: /[0-9]+/", [2], "hermes")
+    params = SamplingParams(n=2, seed=5, constraint=constraint, make_logits_processors=lambda: make(constraint))
+    portable = params.without_processors()
+    assert portable.logits_processors == [] and portable.make_logits_processors is None
+    back = pd_codec.decode(pd_codec.encode(Plan(add=[(0, "r", [1], portable)]))).add[0][3]
+    assert back.constraint == constraint and back == portable
+    received = back.with_processors(make)
+    assert received.logits_processors == [made[-1][1]]  # its own, made from the constraint
+    assert received.for_copy(1).logits_processors == [made[-1][1]] and len(made) == 3  # a copy gets fresh ones
+    with pytest.raises(SamplingParamsError, match="constraint"):
+        back.with_processors(None)
+    assert SamplingParams().with_processors(None).logits_processors == []
+
+
+def test_only_processors_nothing_can_rebuild_are_refused_clearly() -> None:
+    constraint = Constraint("start: /[0-9]+/", [2])
+    check_handoff(SamplingParams(n=2, prompt_logprobs=1), None)
+    check_handoff(SamplingParams(constraint=constraint), _counting_factory([]))
+    with pytest.raises(InvalidRequestError, match="custom logits processors"):
+        check_handoff(SamplingParams(logits_processors=[lambda ids, logits: logits]), _counting_factory([]))
+    with pytest.raises(InvalidRequestError, match="cannot make constrained output"):
+        check_handoff(SamplingParams(constraint=constraint), None)
 
 
 def test_doctor_names_the_pd_mode() -> None:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.api.test_serve import ServeProcess
@@ -77,3 +78,65 @@ def test_ranks_joined_from_a_hostfile_check_their_role_and_fail_without_hanging(
     assert [rank.returncode for rank in ranks] == [1, 1]
     assert "rank 1 is a decode rank under --pd 1:1" in " ".join(errors[1].split())
     assert "rank of the group is gone" in " ".join(errors[0].split())  # rank 0 is told, it does not hang
+
+
+def test_pd_server_answers_schemas_forced_calls_copies_and_prompt_logprobs_as_one_process(tmp_path):
+    """The requests a single engine serves and --pd once refused, through the HTTP API, against the
+    same model served by one process; /metrics shows what the handoffs shipped."""
+    from baselm.backend import select_backend
+    from baselm.loader import load_model
+    from tests.api.conftest import RunningServer
+    from tests.api.test_structured import ASK, PERSON, TIME, WEATHER
+
+    folder = write_model_folder(tmp_path / "tiny-eos")  # with end-of-sequence ids: a grammar's answer ends
+    served = ServeProcess(folder, "--served-model-name", "m", "--kv-memory", "8MiB", "--pd", "1:1")
+    alone = RunningServer(loaded=load_model(str(folder), select_backend("cpu")), model_name="m", kv_memory=8 * 2**20)
+    person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    chats = [
+        {"response_format": person, "max_tokens": 80},
+        {"tools": [WEATHER, TIME], "tool_choice": "required", "max_tokens": 120},
+        {"n": 2, "seed": 4, "temperature": 1.0, "max_tokens": 12, "logprobs": True, "top_logprobs": 2},
+    ]
+    echo = {**BODY, "prompt": "Score every token of this", "echo": True, "logprobs": 2, "max_tokens": 3}
+    try:
+        answers, alone_answers = [], []
+        for changes in chats:
+            body = {"model": "m", "messages": ASK, "temperature": 0, **changes}
+            pd, one = (httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=120) for s in (served, alone))
+            assert (pd.status_code, one.status_code) == (200, 200), pd.text
+            pd, one = pd.json()["choices"], one.json()["choices"]
+            assert [_choice(c) for c in pd] == [_choice(c) for c in one] and len(pd) == body.get("n", 1)
+            answers.append(pd)
+            alone_answers.append(one)
+        json.loads(answers[0][0]["message"]["content"])  # the schema's object
+        assert answers[1][0]["finish_reason"] == "tool_calls"
+        assert answers[2][0]["message"]["content"] != answers[2][1]["message"]["content"]  # a seed each
+        assert np.allclose(_logprobs(answers[2]), _logprobs(alone_answers[2]), atol=1e-4)
+        pd, one = (httpx.post(f"{s.url}/v1/completions", json=echo, timeout=120) for s in (served, alone))
+        pd, one = pd.json()["choices"][0]["logprobs"], one.json()["choices"][0]["logprobs"]
+        assert pd["tokens"] == one["tokens"] and pd["token_logprobs"][0] is None
+        assert np.allclose(pd["token_logprobs"][1:], one["token_logprobs"][1:], atol=1e-4)
+        metrics = httpx.get(f"{served.url}/metrics", timeout=30).text
+        shipped = _metric(metrics, "base_pd_kv_blocks_shipped_total")
+        assert shipped > 0 and _metric(metrics, "base_pd_kv_bytes_shipped_total") % shipped == 0
+        assert "base_pd_kv_blocks_skipped_total{" in metrics
+        assert "base_pd_" not in httpx.get(f"{alone.url}/metrics", timeout=30).text
+    finally:
+        served.close()
+        alone.stop()
+
+
+def _choice(choice: dict) -> dict:
+    """What a chat choice says: its text, its calls (without their ids, new each answer), tokens and finish."""
+    message = choice["message"]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+    tokens = [t["token"] for t in (choice["logprobs"] or {}).get("content") or []]
+    return {"content": message.get("content"), "calls": calls, "tokens": tokens, "finish": choice["finish_reason"]}
+
+
+def _logprobs(choices: list[dict]) -> list[float]:
+    return [t["logprob"] for c in choices for t in c["logprobs"]["content"]]
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))

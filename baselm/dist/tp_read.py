@@ -230,5 +230,8 @@ def _stack(parts: list[Tensor], lead: tuple[int, ...]) -> Tensor:
     if not isinstance(parts[0], QuantizedArray):
         return mx.stack(parts).reshape(*lead, *parts[0].shape)
     first = parts[0]
-    arrays = (mx.stack([getattr(p, f) for p in parts]).reshape(*lead, *getattr(first, f).shape) for f in ("codes", "scales", "biases"))
+    arrays = (
+        mx.stack([getattr(p, f) for p in parts]).reshape(*lead, *getattr(first, f).shape)
+        for f in ("codes", "scales", "biases")
+    )
     return QuantizedArray(*arrays, first.bits, first.group_size, (*lead, *first.shape))

@@ -185,7 +185,7 @@ def _assemble(layer: LayerRead, tensors: dict[str, Tensor], reads: dict[str, lis
             for name, start, stop in pieces
         ]
         part = taken[0] if len(taken) == 1 else _join(taken, layer.file_axis)
-        parts.append(part.swapaxes(-1, -2) if layer.transposed else part)  # float only (see `_layer_read`)
+        parts.append(mx.contiguous(part.swapaxes(-1, -2)) if layer.transposed else part)  # float only
     return _stack(parts, layer.lead) if layer.lead else parts[0]
 
 
@@ -200,19 +200,23 @@ def _position(ranges: list[Cut], index: int) -> int:
 
 
 def _take(value: Tensor, axis: int, start: int, length: int) -> Tensor:
-    """`length` rows (axis -2) or columns (-1) of `value` from `start`; quantized columns on groups."""
+    """`length` rows (axis -2) or columns (-1) of `value` from `start`, each array in a buffer of its
+    own (as the hook's slices); quantized columns on groups."""
     if start == 0 and length == value.shape[axis]:
         return value
     if not isinstance(value, QuantizedArray):
-        return value[..., start : start + length, :] if axis == -2 else value[..., start : start + length]
+        view = value[..., start : start + length, :] if axis == -2 else value[..., start : start + length]
+        return mx.contiguous(view)
     shape = list(value.shape)
     shape[axis] = length
     if axis == -2:
-        rows = [a[..., start : start + length, :] for a in (value.codes, value.scales, value.biases)]
+        rows = [mx.contiguous(a[..., start : start + length, :]) for a in (value.codes, value.scales, value.biases)]
         return QuantizedArray(*rows, value.bits, value.group_size, tuple(shape))
     words, group = value.bits * start // 32, value.group_size
-    codes = value.codes[..., words : words + value.bits * length // 32]
-    scales, biases = (a[..., start // group : (start + length) // group] for a in (value.scales, value.biases))
+    codes = mx.contiguous(value.codes[..., words : words + value.bits * length // 32])
+    scales, biases = (
+        mx.contiguous(a[..., start // group : (start + length) // group]) for a in (value.scales, value.biases)
+    )
     return QuantizedArray(codes, scales, biases, value.bits, group, tuple(shape))
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np

@@ -15,6 +15,8 @@ other axis, whole and in order, when their sizes agree: `sanitize` moves rows an
 (a split, a stack, a transpose); it does not reorder the values inside a row or compute on them.
 A weight whose numbers are not all from one file tensor per leading position (gate and up rows
 interleaved from two tensors), or change dtype, or whose pass raises, is not traced.
+Where `sanitize` splits the untraced axis in two (fused gate and up experts in the columns
+pass), the pass runs again with that axis 2 wide; a weight's line is then read at its first.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def trace_sources(model: nn.Module, entries: dict[str, TensorEntry]) -> Trace:
     names, shapes = list(entries), skeleton_shapes(model)
     trace = Trace()
     for file_axis in (-2, -1):
-        out = sanitized(model, {name: _tag(i, entries[name].shape, file_axis) for i, name in enumerate(names)})
+        out, width = _traced_pass(model, entries, file_axis)
         for key, value in (out or {}).items():
             ids = np.unique(value >> TAG_SHIFT) if value.size else []
             for i in ids:
@@ -77,7 +79,7 @@ def trace_sources(model: nn.Module, entries: dict[str, TensorEntry]) -> Trace:
             if key.endswith(".weight") and key in shapes and value.ndim >= 2:
                 path = key.removesuffix(".weight")
                 for axis in (-2, -1):
-                    source = _resolve(value, shapes[key], axis, file_axis, names, entries)
+                    source = _resolve(value, shapes[key], (axis, file_axis, width), names, entries)
                     if source is not None:
                         trace.sources[(path, axis)] = source
     return trace
@@ -92,34 +94,55 @@ def sanitized(model: nn.Module, tags: dict[str, mx.array]) -> dict[str, np.ndarr
     return {k: np.array(v) for k, v in out.items() if isinstance(v, mx.array) and v.dtype == mx.int64}
 
 
-def _tag(index: int, shape: tuple[int, ...], file_axis: int) -> mx.array:
-    """File tensor `index`'s tag for the pass over `file_axis` (a vector's only axis in both)."""
+def _traced_pass(
+    model: nn.Module, entries: dict[str, TensorEntry], file_axis: int
+) -> tuple[dict[str, np.ndarray] | None, int]:
+    """(`sanitize`'s outputs, width of the untraced trailing axis) of the pass over `file_axis`.
+    The untraced axis is 1 wide, or 2 when `sanitize` raises on that (fused gate and up experts
+    split in two along it); None when it raises on both."""
+    for width in (1, 2):
+        out = sanitized(
+            model, {name: _tag(i, e.shape, file_axis, width) for i, (name, e) in enumerate(entries.items())}
+        )
+        if out is not None:
+            return out, width
+    return None, 1
+
+
+def _tag(index: int, shape: tuple[int, ...], file_axis: int, width: int = 1) -> mx.array:
+    """File tensor `index`'s tag for the pass over `file_axis` (a vector's only axis in both), its
+    other trailing axis `width` wide (the numbers repeated)."""
     if not shape:
         return mx.array(index << TAG_SHIFT, dtype=mx.int64)
     axis = file_axis if len(shape) >= 2 else -1
     tag_shape = [1] * len(shape)
     tag_shape[axis] = shape[axis]
-    return (mx.arange(shape[axis], dtype=mx.int64) + (index << TAG_SHIFT)).reshape(tag_shape)
+    tag = (mx.arange(shape[axis], dtype=mx.int64) + (index << TAG_SHIFT)).reshape(tag_shape)
+    if len(shape) < 2:
+        return tag
+    tag_shape[-3 - axis] = min(width, shape[-3 - axis])
+    return mx.broadcast_to(tag, tag_shape)
 
 
 def _resolve(
     value: np.ndarray,
     shape: tuple[int, ...],
-    axis: int,
-    file_axis: int,
+    axes: tuple[int, int, int],
     names: list[str],
     entries: dict[str, TensorEntry],
 ) -> AxisSource | None:
-    """The source of trailing `axis` of a weight of `shape` that came out of a pass as `value`, or
-    None when that pass does not trace it (see the module doc)."""
+    """The source of trailing `axis` of a weight of `shape` that came out of the pass over
+    `file_axis` as `value` (`axes`: axis, file_axis, width of the untraced axis), or None when
+    that pass does not trace it (see the module doc)."""
+    axis, file_axis, width = axes
     other, other_file = -3 - axis, -3 - file_axis  # the other trailing axis (-2 <-> -1)
     lead, value_lead = shape[:-2], value.shape[:-2]
-    if value.ndim != len(shape) or value.shape[axis] != shape[axis] or value.shape[other] != 1:
+    if value.ndim != len(shape) or value.shape[axis] != shape[axis] or value.shape[other] not in (1, width):
         return None
     stacked = value_lead == lead and bool(lead)
     if not stacked and any(n != 1 for n in value_lead):
         return None
-    lines = np.moveaxis(value, axis, -1).reshape(-1, shape[axis])  # (positions, size)
+    lines = np.take(value, 0, axis=other).reshape(-1, shape[axis])  # (positions, size)
     ids, indices = lines >> TAG_SHIFT, lines & ((1 << TAG_SHIFT) - 1)
     if (ids != ids[:, :1]).any() or not ((ids[:, 0] >= 0) & (ids[:, 0] < len(names))).all():
         return None  # a position made of several tensors, or numbers that are not tags
@@ -138,12 +161,12 @@ def passes_through(model: nn.Module, kept: dict[str, TensorEntry], keys: dict[st
     names them (`keys`: name -> shape), hands those weights on unchanged: then weights put
     together outside `sanitize` can go in beside the file's other tensors."""
     names = list(kept)
-    tags = {name: _tag(i, kept[name].shape, -2) for i, name in enumerate(names)}
     given = {key: _tag(len(names) + i, shape, -2) for i, (key, shape) in enumerate(keys.items())}
-    out = sanitized(model, tags | given)
-    if out is None:
-        return False
-    return all(key in out and np.array_equal(out[key], np.array(tag)) for key, tag in given.items())
+    for width in (1, 2):  # as `_traced_pass`
+        out = sanitized(model, {name: _tag(i, kept[name].shape, -2, width) for i, name in enumerate(names)} | given)
+        if out is not None:
+            return all(key in out and np.array_equal(out[key], np.array(tag)) for key, tag in given.items())
+    return False
 
 
 def skeleton_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:

@@ -56,11 +56,14 @@ def _widen_experts(folder: Path, key: str) -> None:
 def _base(tmp_path: Path, fixture: str, quant: str, group_size: int = 32) -> Path:
     """The fixture converted to a `.base` file (q4/q8 in groups of `group_size`, or f16)."""
     folder = tmp_path / fixture
-    shutil.copytree(MODEL_FIXTURES / fixture.removesuffix("_split"), folder, dirs_exist_ok=True)
-    if fixture in WIDENED_EXPERTS:
-        _widen_experts(folder, WIDENED_EXPERTS[fixture])
-    if fixture == "gpt_oss_split":
+    source = fixture.removesuffix("_split").removesuffix("_fused")  # the same weights stored otherwise
+    shutil.copytree(MODEL_FIXTURES / source, folder, dirs_exist_ok=True)
+    if source in WIDENED_EXPERTS:
+        _widen_experts(folder, WIDENED_EXPERTS[source])
+    if fixture.endswith("_split"):
         _split_gpt_oss_experts(folder)
+    if fixture.endswith("_fused"):
+        _fuse_experts(folder)
     shutil.copy(BPE_TOKENIZER / "tokenizer.json", folder / "tokenizer.json")
     target = tmp_path / f"{fixture}-{quant}-{group_size}.base"
     convert(folder, target, quant, group_size if quant != "f16" else None, "default")
@@ -86,13 +89,41 @@ def _split_gpt_oss_experts(folder: Path) -> None:
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
 
 
+def _fuse_experts(folder: Path) -> None:
+    """Rewrites a MoE folder's per-expert tensors as some checkpoints store them: `gate_up_proj`
+    (experts, 2 * inter, hidden), gate rows then up rows, and `down_proj` (experts, hidden, inter)."""
+    weights = hf.read_weights(folder)
+    for prefix in sorted({n.rsplit(".experts.", 1)[0] for n in weights if ".experts." in n}):
+        experts = [n.removeprefix(f"{prefix}.experts.") for n in weights if n.startswith(f"{prefix}.experts.")]
+        num_experts = 1 + max(int(n.split(".")[0]) for n in experts)
+
+        def stacked(proj: str, prefix: str = prefix, num_experts: int = num_experts) -> mx.array:
+            return mx.stack([weights.pop(f"{prefix}.experts.{e}.{proj}.weight") for e in range(num_experts)])
+
+        gate, up = stacked("gate_proj"), stacked("up_proj")
+        weights[f"{prefix}.experts.gate_up_proj"] = mx.concatenate([gate, up], axis=1)
+        weights[f"{prefix}.experts.down_proj"] = stacked("down_proj")
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+
+
 def _load_then_slice(path: Path, backend: Backend, rank: int) -> nn.Module:
     base = BaseFile.open(path)
     weights, _ = model_weights(base.load())
     return model_from_checkpoint(base.header["config"], weights, backend, shard=Sharding(rank, 2))
 
 
-CUT_FIXTURES = ["llama", "qwen2", "llama_rope3_mqa", "gemma3", "mixtral", "qwen3_moe_sparse", "phi3", "gpt_oss"]
+# qwen3_moe_sparse_fused: its experts fused as some checkpoints store them (gate and up split at load).
+CUT_FIXTURES = [
+    "llama",
+    "qwen2",
+    "llama_rope3_mqa",
+    "gemma3",
+    "mixtral",
+    "qwen3_moe_sparse",
+    "qwen3_moe_sparse_fused",
+    "phi3",
+    "gpt_oss",
+]
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

@@ -5,7 +5,7 @@ tensors, once per traced axis. In the rows pass file tensor i becomes its row nu
 (1, ..., rows, 1); in the columns pass its column numbers, (1, ..., 1, columns); each number
 carries i in its high 32 bits. Renaming, stacking, splitting rows apart and transposing move the
 numbers with the rows or columns they stand for, so a weight that comes out of a pass with one
-trailing axis full (its size in the model) and the other 1 says, for each of its rows (or
+trailing axis full (its size in the model) and the other as narrow as the tag says, for each of its rows (or
 columns), the file tensor and the file row or column it is: phi3's q/k/v rows are row ranges of
 `qkv_proj`, gpt-oss's expert rows are columns of its stacked, transposed file tensor. Tags are
 small (one axis of each tensor): no tensor is read to trace this.
@@ -16,7 +16,8 @@ other axis, whole and in order, when their sizes agree: `sanitize` moves rows an
 A weight whose numbers are not all from one file tensor per leading position (gate and up rows
 interleaved from two tensors), or change dtype, or whose pass raises, is not traced.
 Where `sanitize` splits the untraced axis in two (fused gate and up experts in the columns
-pass), the pass runs again with that axis 2 wide; a weight's line is then read at its first.
+pass), the pass runs again with that axis 2 wide, and a weight's numbers are read from its first
+row or column.
 """
 
 from __future__ import annotations

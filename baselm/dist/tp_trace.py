@@ -87,12 +87,14 @@ def trace_sources(model: nn.Module, entries: dict[str, TensorEntry]) -> Trace:
 
 
 def sanitized(model: nn.Module, tags: dict[str, mx.array]) -> dict[str, np.ndarray] | None:
-    """`model.sanitize(tags)`, its int64 outputs as numpy; None when it raises."""
-    try:
-        out = model.sanitize(dict(tags))
-    except SANITIZE_ERRORS:
-        return None
-    return {k: np.array(v) for k, v in out.items() if isinstance(v, mx.array) and v.dtype == mx.int64}
+    """`model.sanitize(tags)`, its int64 outputs as numpy; None when it raises. Tags are tiny: the
+    CPU traces them whatever the device."""
+    with mx.stream(mx.cpu):
+        try:
+            out = model.sanitize(dict(tags))
+        except SANITIZE_ERRORS:
+            return None
+        return {k: np.array(v) for k, v in out.items() if isinstance(v, mx.array) and v.dtype == mx.int64}
 
 
 def _traced_pass(

@@ -102,8 +102,10 @@ def _load_base_file(
     digests = signed_statement(base)[0]["tensors_sha256"] if require_signature else None
     # NOTE: a rank of a group reads only its slices; a signed load reads every region whole,
     # because a tensor's SHA-256 covers its whole region, and is sliced after.
-    cuts = shard.read_plan(base) if shard is not None and digests is None else None
-    tensors = base.load(digests=digests, cuts=cuts)
+    plan = shard.read_plan(base) if shard is not None and digests is None else None
+    tensors = base.load(digests=digests, cuts=plan.reads if plan is not None else None)
+    if plan is not None:
+        tensors = plan.assemble(tensors)  # the split weights put together from their slices
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
     del tensors
     config = header["config"]

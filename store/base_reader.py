@@ -89,14 +89,15 @@ class BaseFile:
             return self._read_entry(f, self.tensors[name], verify)
 
     def load(
-        self, verify: bool = False, digests: dict[str, str] | None = None, cuts: dict[str, Cut] | None = None
+        self, verify: bool = False, digests: dict[str, str] | None = None, cuts: dict[str, list[Cut]] | None = None
     ) -> dict[str, mx.array | QuantizedArray]:
         """All tensors, in file order. Each region is read once, hashed if asked, then copied into MLX.
 
         `digests` (tensor name -> SHA-256 hex, a checked signature's): each region's SHA-256 is
         compared as it is read; a mismatch raises before the tensor is used.
-        `cuts` (tensor name -> `Cut`): those tensors are read as that slice alone, and only its
-        bytes are read. A checksum or digest covers a whole region, so a cut goes with neither."""
+        `cuts` (tensor name -> `Cut`s on one axis, in order): those tensors are read as those
+        slices alone, joined along the axis, and only their bytes are read. A checksum or digest
+        covers a whole region, so a cut goes with neither."""
         cuts = cuts or {}
         if cuts and (verify or digests is not None):
             raise ValueError("checksums and signatures cover whole regions: sliced reads cannot be checked")
@@ -137,13 +138,15 @@ class BaseFile:
         biases = raw[codes_len + scales_len :].reshape(groups[0], -1)
         return _quantized(entry, codes, scales, biases, (out_features, in_features))
 
-    def _read_cut(self, f: Any, entry: TensorEntry, cut: Cut) -> mx.array | QuantizedArray:
-        if not cut_fits(entry, cut):
-            raise ValueError(f"{entry.name}: {cut} does not fit its shape {entry.shape} and groups")
-        arrays = read_cut(self.path, f, self.blob_start, entry, cut)
+    def _read_cut(self, f: Any, entry: TensorEntry, cuts: list[Cut]) -> mx.array | QuantizedArray:
+        if not cuts or any(not cut_fits(entry, cut) or cut.axis != cuts[0].axis for cut in cuts):
+            raise ValueError(f"{entry.name}: {cuts} do not fit its shape {entry.shape} and groups on one axis")
+        axis = cuts[0].axis
+        parts = [read_cut(self.path, f, self.blob_start, entry, cut) for cut in cuts]
+        arrays = parts[0] if len(parts) == 1 else [np.concatenate(same, axis=axis) for same in zip(*parts)]
         self.bytes_read += sum(a.nbytes for a in arrays)
         shape = list(entry.shape)
-        shape[cut.axis] = cut.stop - cut.start
+        shape[axis] = sum(cut.stop - cut.start for cut in cuts)
         if entry.bits is None:
             return _mx_float(arrays[0], entry.dtype, tuple(shape))
         return _quantized(entry, *arrays, tuple(shape))

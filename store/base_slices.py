@@ -1,7 +1,8 @@
 """Reading one slice of a `.base` tensor without reading the rest of its region.
 
 A `Cut` keeps output rows [start, stop) (axis -2) or input columns [start, stop) (axis -1) of a
-tensor's logical shape. Regions are row-major, so:
+tensor's logical shape (`BaseFile.load` reads several on one axis and joins them: a fused
+tensor's parts). Regions are row-major, so:
 - a row cut of a 2-D tensor is one contiguous range of each sub-region (codes, scales, biases);
 - a column cut is one range per row of each sub-region.
 Each sub-region is mapped (`mmap`), the window copied out, and the mapping closed before the next,

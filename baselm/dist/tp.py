@@ -16,8 +16,9 @@ a split that cannot (a head range not a multiple of the group size) is a clear e
 Row-split biases stay on rank 0 only, so the sum adds them once.
 
 From a `.base` file a rank reads only its slices (`read_plan`, baselm/dist/tp_read.py): the
-plan names each split tensor's cut before anything is read, the reader reads those bytes alone,
-and the hook then only resizes the layers. Other formats load whole and are sliced here.
+plan names each split weight's cut before anything is read, the reader reads those bytes alone,
+and the hook then only resizes those layers. Other formats, and weights the plan cannot cut, load
+whole and are sliced here.
 """
 
 from __future__ import annotations
@@ -46,17 +47,18 @@ class Sharding:
     group: Any = None  # mx.distributed.Group; None only when nothing is summed (tests of the slicing)
     kv_replicated: bool = False  # fewer KV heads than ranks: some KV heads are held by several ranks
     notes: list[str] = field(default_factory=list)
-    # NOTE: module path -> Cut of every split projection, set when the loader read them already
-    # cut (`read_plan`); then the hook takes its ranges from here and leaves those tensors alone.
+    # NOTE: module path -> Cut of each split projection the loader read already cut (`read_plan`);
+    # the hook takes those layers' ranges from here and leaves their weights alone.
     presliced: dict[str, Cut] = field(default_factory=dict)
 
-    def read_plan(self, base: Any) -> dict[str, Cut]:
-        """The cuts this rank reads from the `.base` file `base`, by tensor name (empty: read all
-        whole). Records them, so the hook knows those tensors arrive cut."""
+    def read_plan(self, base: Any) -> Any:
+        """This rank's `ReadPlan` of the `.base` file `base` (baselm/dist/tp_read.py; empty: read
+        all whole). Records its cuts, so the hook knows which weights arrive cut."""
         from baselm.dist.tp_read import plan_reads
 
-        self.presliced, cuts = plan_reads(base, self)
-        return cuts
+        plan = plan_reads(base, self)
+        self.presliced = plan.cuts
+        return plan
 
     def plan(self, model: nn.Module, group_sizes: dict[str, int]) -> dict[str, Cut]:
         """The cut the hook makes of each split projection of `model`, by module path, before
@@ -105,11 +107,11 @@ class Sharding:
                 f"{attn.num_kv_heads} KV heads for {self.size} ranks: each KV head is held by "
                 f"{self.size // attn.num_kv_heads} ranks"
             )
-        d, cut = attn.head_dim, bool(self.presliced)
-        split_out(attn.q_proj, weights, f"{path}.q_proj", q0 * d, q1 * d, cut)
-        split_out(attn.k_proj, weights, f"{path}.k_proj", k0 * d, k1 * d, cut)
-        split_out(attn.v_proj, weights, f"{path}.v_proj", k0 * d, k1 * d, cut)
-        split_in(attn.o_proj, weights, f"{path}.o_proj", q0 * d, q1 * d, self.rank, cut)
+        d, cut = attn.head_dim, self.presliced
+        split_out(attn.q_proj, weights, f"{path}.q_proj", q0 * d, q1 * d, f"{path}.q_proj" in cut)
+        split_out(attn.k_proj, weights, f"{path}.k_proj", k0 * d, k1 * d, f"{path}.k_proj" in cut)
+        split_out(attn.v_proj, weights, f"{path}.v_proj", k0 * d, k1 * d, f"{path}.v_proj" in cut)
+        split_in(attn.o_proj, weights, f"{path}.o_proj", q0 * d, q1 * d, self.rank, f"{path}.o_proj" in cut)
         if attn.has_sinks:
             attn.sinks = attn.sinks[q0:q1]
             weights[f"{path}.sinks"] = _own(weights[f"{path}.sinks"][q0:q1])
@@ -119,23 +121,23 @@ class Sharding:
 
     def _shard_mlp(self, path: str, mlp: nn.Module, weights: dict[str, mx.array]) -> None:
         a, b = self._inner_range(path, mlp.gate_proj.weight.shape[-2], weights)
-        cut = bool(self.presliced)
-        split_out(mlp.gate_proj, weights, f"{path}.gate_proj", a, b, cut)
-        split_out(mlp.up_proj, weights, f"{path}.up_proj", a, b, cut)
-        split_in(mlp.down_proj, weights, f"{path}.down_proj", a, b, self.rank, cut)
+        cut = self.presliced
+        split_out(mlp.gate_proj, weights, f"{path}.gate_proj", a, b, f"{path}.gate_proj" in cut)
+        split_out(mlp.up_proj, weights, f"{path}.up_proj", a, b, f"{path}.up_proj" in cut)
+        split_in(mlp.down_proj, weights, f"{path}.down_proj", a, b, self.rank, f"{path}.down_proj" in cut)
 
     def _shard_interleaved_experts(self, path: str, experts: nn.Module, weights: dict[str, mx.array]) -> None:
         """gpt-oss: gate and up rows interleaved in one projection, so rows move in pairs."""
         a, b = self._inner_range(path, experts.down_proj.weight.shape[-1], weights)
-        cut = bool(self.presliced)
-        split_out(experts.gate_up_proj, weights, f"{path}.gate_up_proj", 2 * a, 2 * b, cut)
-        split_in(experts.down_proj, weights, f"{path}.down_proj", a, b, self.rank, cut)
+        gate_up, down = f"{path}.gate_up_proj", f"{path}.down_proj"
+        split_out(experts.gate_up_proj, weights, gate_up, 2 * a, 2 * b, gate_up in self.presliced)
+        split_in(experts.down_proj, weights, down, a, b, self.rank, down in self.presliced)
 
     def _inner_range(self, path: str, inter: int, weights: dict[str, mx.array]) -> tuple[int, int]:
         """This rank's range of an MLP's (or each expert's) `inter` intermediate features: the
         planned one when the file was read cut, else on the down projection's groups."""
-        if self.presliced:
-            cut = self.presliced[f"{path}.down_proj"]
+        cut = self.presliced.get(f"{path}.down_proj")
+        if cut is not None:
             return cut.start, cut.stop
         unit = group_size_of(weights, f"{path}.down_proj", inter)
         return even_ranges(inter, self.size, unit)[self.rank]
@@ -158,7 +160,7 @@ class Sharding:
             "rank": self.rank,
             "size": self.size,
             "kv_replicated": self.kv_replicated,
-            "read_cut": bool(self.presliced),  # this rank read only its slices of a `.base` file
+            "read_cut": bool(self.presliced),  # this rank read only its slices of some split weights of a `.base` file
             "notes": list(self.notes),
         }
 

@@ -134,7 +134,7 @@ def build_model(
     loading replaces (dequantized, unpermuted or fused ones) are freed at once.
     `shard` (tensor parallelism, baselm/dist/tp.py): `shard(model, weights)` resizes the layers to
     one rank's slice and returns the sliced weights; `shard.finish(model)` runs once they are loaded.
-    A shard whose `presliced` is set got its split tensors already cut from the file: its hook runs
+    A shard whose `presliced` is set got those split weights already cut from the file: its hook runs
     before any dequantization, so the layers have their sliced shapes when the codes are read.
     """
     args_cls, model_cls = model_class(config.get("model_type", ""))

@@ -17,6 +17,7 @@ import pytest
 from baselm.backend import Backend
 from baselm.dist.tp import Sharding
 from baselm.loader import _load_base_file, load_model, model_from_checkpoint
+from baselm.models import model_class
 from baselm.store import hf
 from baselm.store.base_reader import BaseFile, model_weights
 from baselm.store.convert import convert
@@ -55,13 +56,54 @@ def _widen_experts(folder: Path, key: str) -> None:
 def _base(tmp_path: Path, fixture: str, quant: str, group_size: int = 32) -> Path:
     """The fixture converted to a `.base` file (q4/q8 in groups of `group_size`, or f16)."""
     folder = tmp_path / fixture
-    shutil.copytree(MODEL_FIXTURES / fixture, folder, dirs_exist_ok=True)
-    if fixture in WIDENED_EXPERTS:
-        _widen_experts(folder, WIDENED_EXPERTS[fixture])
+    source = fixture.removesuffix("_split").removesuffix("_fused")  # the same weights stored otherwise
+    shutil.copytree(MODEL_FIXTURES / source, folder, dirs_exist_ok=True)
+    if source in WIDENED_EXPERTS:
+        _widen_experts(folder, WIDENED_EXPERTS[source])
+    if fixture.endswith("_split"):
+        _split_gpt_oss_experts(folder)
+    if fixture.endswith("_fused"):
+        _fuse_experts(folder)
     shutil.copy(BPE_TOKENIZER / "tokenizer.json", folder / "tokenizer.json")
     target = tmp_path / f"{fixture}-{quant}-{group_size}.base"
     convert(folder, target, quant, group_size if quant != "f16" else None, "default")
     return target
+
+
+def _split_gpt_oss_experts(folder: Path) -> None:
+    """Rewrites a gpt-oss folder's experts as mlx-lm splits them: `gate_proj`/`up_proj`/`down_proj`
+    (experts, out, in) with `.weight` and `.bias`, which `sanitize` interleaves back."""
+    weights = hf.read_weights(folder)
+    for name in [n for n in weights if n.endswith("experts.gate_up_proj")]:
+        prefix = name.removesuffix(".gate_up_proj")
+        fused, bias = (
+            weights.pop(name),
+            weights.pop(name + "_bias"),
+        )  # (experts, hidden, 2 * inter), (experts, 2 * inter)
+        for half, part in enumerate(("gate_proj", "up_proj")):
+            weights[f"{prefix}.{part}.weight"] = mx.contiguous(fused[..., half::2].swapaxes(-1, -2))
+            weights[f"{prefix}.{part}.bias"] = mx.contiguous(bias[..., half::2])
+        down = weights.pop(f"{prefix}.down_proj")  # (experts, inter, hidden)
+        weights[f"{prefix}.down_proj.weight"] = mx.contiguous(down.swapaxes(-1, -2))
+        weights[f"{prefix}.down_proj.bias"] = weights.pop(f"{prefix}.down_proj_bias")
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+
+
+def _fuse_experts(folder: Path) -> None:
+    """Rewrites a MoE folder's per-expert tensors as some checkpoints store them: `gate_up_proj`
+    (experts, 2 * inter, hidden), gate rows then up rows, and `down_proj` (experts, hidden, inter)."""
+    weights = hf.read_weights(folder)
+    for prefix in sorted({n.rsplit(".experts.", 1)[0] for n in weights if ".experts." in n}):
+        experts = [n.removeprefix(f"{prefix}.experts.") for n in weights if n.startswith(f"{prefix}.experts.")]
+        num_experts = 1 + max(int(n.split(".")[0]) for n in experts)
+
+        def stacked(proj: str, prefix: str = prefix, num_experts: int = num_experts) -> mx.array:
+            return mx.stack([weights.pop(f"{prefix}.experts.{e}.{proj}.weight") for e in range(num_experts)])
+
+        gate, up = stacked("gate_proj"), stacked("up_proj")
+        weights[f"{prefix}.experts.gate_up_proj"] = mx.concatenate([gate, up], axis=1)
+        weights[f"{prefix}.experts.down_proj"] = stacked("down_proj")
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
 
 
 def _load_then_slice(path: Path, backend: Backend, rank: int) -> nn.Module:
@@ -70,42 +112,90 @@ def _load_then_slice(path: Path, backend: Backend, rank: int) -> nn.Module:
     return model_from_checkpoint(base.header["config"], weights, backend, shard=Sharding(rank, 2))
 
 
+# qwen3_moe_sparse_fused: its experts fused as some checkpoints store them (gate and up split at load).
+CUT_FIXTURES = [
+    "llama",
+    "qwen2",
+    "llama_rope3_mqa",
+    "gemma3",
+    "mixtral",
+    "qwen3_moe_sparse",
+    "qwen3_moe_sparse_fused",
+    "phi3",
+    "gpt_oss",
+]
+
+
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-@pytest.mark.parametrize("quant", ["q4", "q8", "f16"])
-@pytest.mark.parametrize("fixture", ["llama", "qwen2", "llama_rope3_mqa", "gemma3", "mixtral", "qwen3_moe_sparse"])
+@pytest.mark.parametrize("quant", ["q4", "q8", "f16", "f32"])
+@pytest.mark.parametrize("fixture", CUT_FIXTURES)
 def test_a_rank_reading_its_slices_builds_the_weights_load_then_slice_builds(tmp_path, fixture, quant, backend):
     path = _base(tmp_path, fixture, quant)
     for rank in (0, 1):
         sharding = Sharding(rank, 2)
         sliced = _load_base_file(path, BACKENDS[backend], shard=sharding)[0]
         assert sharding.describe()["read_cut"], "the file was read whole"
-        whole = _load_then_slice(path, BACKENDS[backend], rank)
-        got, want = dict(nn.utils.tree_flatten(sliced.parameters())), dict(nn.utils.tree_flatten(whole.parameters()))
-        assert sorted(got) == sorted(want)
-        for name, value in want.items():
-            assert got[name].dtype == value.dtype, name
-            assert mx.array_equal(got[name], value).item(), (rank, name)
+        _same_parameters(sliced, _load_then_slice(path, BACKENDS[backend], rank), rank)
+
+
+def _same_parameters(got: nn.Module, want: nn.Module, rank: int) -> None:
+    got, want = dict(nn.utils.tree_flatten(got.parameters())), dict(nn.utils.tree_flatten(want.parameters()))
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        assert got[name].dtype == value.dtype, name
+        assert mx.array_equal(got[name], value).item(), (rank, name)
+
+
+def _split_weights(path: Path) -> set[str]:
+    """Module paths of every weight a rank of two splits (the hook's plan of the whole model)."""
+    config = BaseFile.open(path).header["config"]
+    args_cls, model_cls = model_class(config["model_type"])
+    return set(Sharding(0, 2).plan(model_cls(args_cls.from_dict(config)), {}))
+
+
+@pytest.mark.parametrize("quant", ["q4", "f32"])
+@pytest.mark.parametrize("fixture", CUT_FIXTURES)
+def test_every_split_weight_is_read_cut(tmp_path, fixture, quant):
+    path = _base(tmp_path, fixture, quant)
+    for rank in (0, 1):
+        plan = Sharding(rank, 2).read_plan(BaseFile.open(path))
+        assert set(plan.cuts) == _split_weights(path)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_weights_that_cannot_be_traced_are_read_whole_and_the_others_cut(tmp_path, backend):
+    path = _base(tmp_path, "gpt_oss_split", "q4")  # gate and up experts interleaved at load from two tensors
+    split = _split_weights(path)
+    fused = {p for p in split if p.endswith("experts.gate_up_proj")}
+    for rank in (0, 1):
+        sharding = Sharding(rank, 2)
+        plan = sharding.read_plan(BaseFile.open(path))
+        assert fused and set(plan.cuts) == split - fused
+        assert not any(".gate_proj." in name or ".up_proj." in name for name in plan.reads)
+        sliced = _load_base_file(path, BACKENDS[backend], shard=sharding)[0]
+        _same_parameters(sliced, _load_then_slice(path, BACKENDS[backend], rank), rank)
 
 
 def _split_bytes(base: BaseFile, cuts: dict) -> int:
     """Bytes a rank's cuts take of each cut tensor: its share of rows, or of each row's codes,
     scales and biases (the same fraction of every sub-region, as cuts fall on groups)."""
     total = 0
-    for name, cut in cuts.items():
+    for name, ranges in cuts.items():
         entry = base.tensors[name]
-        total += entry.length * (cut.stop - cut.start) // entry.shape[cut.axis]
+        total += sum(entry.length * (cut.stop - cut.start) // entry.shape[cut.axis] for cut in ranges)
     return total
 
 
-@pytest.mark.parametrize("fixture", ["llama", "mixtral"])
-def test_each_rank_reads_its_share_of_the_split_tensors_and_all_of_the_rest(tmp_path, fixture):
-    path = _base(tmp_path, fixture, "q4")
+@pytest.mark.parametrize("quant", ["q4", "q8", "f32"])
+@pytest.mark.parametrize("fixture", ["llama", "mixtral", "phi3", "gpt_oss"])
+def test_each_rank_reads_its_share_of_the_split_tensors_and_all_of_the_rest(tmp_path, fixture, quant):
+    path = _base(tmp_path, fixture, quant)
     whole = BaseFile.open(path)
     whole.load()
     seen = 0
     for rank in (0, 1):
         base = BaseFile.open(path)
-        cuts = Sharding(rank, 2).read_plan(base)
+        cuts = Sharding(rank, 2).read_plan(base).reads
         base.load(cuts=cuts)
         rest = sum(e.length for name, e in base.tensors.items() if name not in cuts)
         assert base.bytes_read == rest + _split_bytes(base, cuts)
@@ -119,39 +209,32 @@ def test_each_rank_reads_its_share_of_the_split_tensors_and_all_of_the_rest(tmp_
 def test_a_signed_load_and_a_checked_load_read_whole_regions(tmp_path):
     path = _base(tmp_path, "llama", "q4")
     base = BaseFile.open(path)
-    cuts = Sharding(0, 2).read_plan(base)
+    cuts = Sharding(0, 2).read_plan(base).reads
     with pytest.raises(ValueError, match="sliced reads cannot be checked"):
         base.load(verify=True, cuts=cuts)
     with pytest.raises(ValueError, match="sliced reads cannot be checked"):
         base.load(digests={}, cuts=cuts)
 
 
-@pytest.mark.parametrize("fixture", ["gpt_oss", "phi3"])
-def test_a_file_whose_split_layers_are_transposed_or_split_at_load_is_read_whole(tmp_path, fixture):
-    path = _base(tmp_path, fixture, "q4")
-    base = BaseFile.open(path)
-    sharding = Sharding(0, 2)
-    assert sharding.read_plan(base) == {}
-    assert sharding.presliced == {}
-    assert not sharding.describe()["read_cut"]
-
-
 def test_a_split_off_the_groups_reads_the_file_whole_and_slices_dense_weights_after(tmp_path):
     path = _base(tmp_path, "llama", "q4", group_size=64)  # 64 intermediate features: one group, two ranks
     sharding = Sharding(1, 2)
-    assert sharding.read_plan(BaseFile.open(path)) == {}
+    assert sharding.read_plan(BaseFile.open(path)).reads == {}
     sliced = _load_base_file(path, BACKENDS["dense"], shard=Sharding(1, 2))[0]
     whole = _load_then_slice(path, BACKENDS["dense"], 1)
     got, want = dict(nn.utils.tree_flatten(sliced.parameters())), dict(nn.utils.tree_flatten(whole.parameters()))
     assert all(mx.array_equal(got[name], value).item() for name, value in want.items())
 
 
-def test_base_run_of_a_base_file_over_two_processes_prints_what_one_process_prints(tmp_path):
-    folder = write_model_folder(tmp_path / "tiny")
-    path = tmp_path / "tiny.base"
-    convert(folder, path, "q4", 32, "default")
-    assert Sharding(1, 2).read_plan(BaseFile.open(path))  # the ranks read it cut
-    args = [sys.executable, "-m", "baselm.cli", "run", str(path), "Hello there", "-n", "12", "--raw", "--json"]
+@pytest.mark.parametrize("fixture", ["tiny", "phi3", "gpt_oss"])
+def test_base_run_of_a_base_file_over_two_processes_prints_what_one_process_prints(tmp_path, fixture):
+    if fixture == "tiny":
+        path, prompt = tmp_path / "tiny.base", "Hello there"
+        convert(write_model_folder(tmp_path / "tiny"), path, "q4", 32, "default")
+    else:  # 256-token fixtures: a prompt of ids below 256
+        path, prompt = _base(tmp_path, fixture, "q4"), "x y z"
+    assert set(Sharding(1, 2).read_plan(BaseFile.open(path)).cuts) == _split_weights(path)  # the ranks read it cut
+    args = [sys.executable, "-m", "baselm.cli", "run", str(path), prompt, "-n", "12", "--raw", "--json"]
 
     def run(*extra: str) -> list[int]:
         proc = subprocess.run([*args, "--device", "cpu", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -159,7 +242,7 @@ def test_base_run_of_a_base_file_over_two_processes_prints_what_one_process_prin
         return json.loads(proc.stdout)["token_ids"]
 
     alone = run()
-    assert len(alone) >= 4  # the quantized tiny model ends its answer after a few tokens
+    assert len(alone) >= 4  # the quantized tiny model ends its answer after a few tokens, the others run to 12
     assert run("--tensor-parallel", "2") == alone
 
 

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL_NAME ?= HuggingFaceTB/SmolLM2-135M-Instruct
 
-.PHONY: install blas cpu-kernels chat test test-fast peer lint format model clean
+.PHONY: install blas cpu-kernels chat test test-fast peer peer-pd lint format model clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ test-fast: install
 # when a test fails for a reason scripts/peer/triage.py does not explain, or a suite runs past 5 minutes.
 peer: install
 	$(BIN)/python scripts/peer_suites.py --limit 300 --suite llamacpp-chat --suite llamacpp-tools --suite llamacpp-security
+
+# The same suites against `base serve --pd 1:1` (a prefill and a decode process behind one server).
+peer-pd: install
+	$(BIN)/python scripts/peer_suites.py --limit 300 --pd 1:1 --suite llamacpp-chat --suite llamacpp-tools --suite llamacpp-security
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info baselm/cpu/_build

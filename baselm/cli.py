@@ -47,9 +47,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-PREFIX_FILE_HELP = "Save the prefix cache here (periodically, at exit) and load it at start."
+PREFIX_FILE_HELP = (
+    "Save the prefix cache here (periodically, at exit) and load it at start "
+    "(with --pd: prefill rank R keeps FILE.prefillR)."
+)
 PREFIX_SAVE_HELP = "Seconds between saves of a changed prefix cache."
-PREFIX_MAX_HELP = "Most K/V the prefix cache file holds, e.g. 1GiB (default: the pool)."
+PREFIX_MAX_HELP = "Most K/V the prefix cache file holds (with --pd: each), e.g. 1GiB (default: the pool)."
 SHUTDOWN_HELP = "Seconds in-flight requests get to finish on SIGINT/SIGTERM."
 CORS_HELP = (
     "Web origins allowed to call from a browser, comma-separated ('*': any; 'localhost': this machine's "
@@ -445,7 +448,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=not no_prefix_caching,
             max_waiting=max_waiting,
-            prefix_cache_file=prefix_cache_file(dist, prefix_cache_file_path, True),
+            prefix_cache_file=prefix_cache_file(None if pd else dist, prefix_cache_file_path, True),  # --pd: per rank
             prefix_cache_save_interval=prefix_cache_save_interval,
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),

@@ -13,14 +13,13 @@ import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from baselm.backend import system_memory_bytes
 from baselm.config import EngineConfig
 from baselm.copies import Copies, copy_requests
 from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
-from baselm.kv.persist import PersistentPrefixCache, fingerprint, weights_fingerprint
+from baselm.kv.persist import PersistentPrefixCache
 from baselm.loader import LoadedModel, load_model
 from baselm.request import InvalidRequestError, RequestOutput
 from baselm.runner import Launched, ModelRunner, StepStats
@@ -124,13 +123,9 @@ class LLMEngine:
         """The prefix cache file, its blocks loaded into the pool; None without one."""
         if not config.prefix_cache_file:
             return None
-        stamp = fingerprint(weights_fingerprint(loaded.path), self.cache)
-        max_bytes = self.cache.nbytes if config.prefix_cache_max_size is None else config.prefix_cache_max_size
-        persistent = PersistentPrefixCache(
-            Path(config.prefix_cache_file).expanduser(), self.kv_manager, self.cache, stamp, max_bytes
+        return PersistentPrefixCache.open(
+            config.prefix_cache_file, loaded.path, self.kv_manager, self.cache, config.prefix_cache_max_size
         )
-        persistent.load()
-        return persistent
 
     def save_prefix_cache(self) -> int | None:
         """Writes the prefix cache file if there is one and the cache changed; returns blocks written."""

@@ -1,6 +1,6 @@
 """Other projects' test suites against `base serve`: how well the OpenAI API holds up to real clients.
 
-    python scripts/peer_suites.py [MODEL] [--suite NAME ...] [--sglang DIR] [--limit S] [--json] [--keep DIR]
+    python scripts/peer_suites.py [MODEL] [--suite NAME ...] [--sglang DIR] [--pd P:D] [--limit S] [--json] [--keep DIR]
 
 Suites (each runs under pytest in a subprocess; counts come from its JUnit report):
 
@@ -25,6 +25,10 @@ Each suite's failures are sorted by scripts/peer/triage.py into not applicable (
 endpoints, fields and launch flags) and model-limited (a 135M model answering wrongly, in a
 well-formed response); what is left is counted as failed and printed. A suite still running after
 `--limit` seconds is stopped and counted by the tests it finished.
+
+`--pd P:D` serves with `base serve MODEL --pd P:D` (P prefill and D decode processes behind the
+one server) instead of one process; everything else (seed, context, keys) stays the same, so the
+counts of the two compare suite by suite.
 
 MODEL defaults to SmolLM2-135M-Instruct (fetched once). README.md ("Peer suites") lists what
 fails and why.
@@ -168,14 +172,16 @@ def read_report(suite: str, report: Path) -> dict:
     return {**counts, "failures": failures}
 
 
-def run_suite(name: str, model: str, work: Path, cache: Path, sglang: Path | None, limit_s: float) -> dict:
+def run_suite(
+    name: str, model: str, work: Path, cache: Path, sglang: Path | None, limit_s: float, pd: str | None = None
+) -> dict:
     kind, target = SUITES[name]
     served_name = "smollm2"
-    args: list[str] = []
+    args: list[str] = ["--pd", pd] if pd else []
     if name == "llamacpp-security":
-        args = ["--api-key", SECURITY_KEY, "--cors-origins", "localhost"]
+        args += ["--api-key", SECURITY_KEY, "--cors-origins", "localhost"]
     elif kind == "sglang":
-        args = ["--api-key", SGLANG_KEY]
+        args += ["--api-key", SGLANG_KEY]
     # llama.cpp's tests leave max_tokens unset where their server stops at 64 tokens or a small
     # context: a 1024-token context keeps those answers short (and long prompts over it).
     max_model_len = 1024 if kind == "llamacpp" else 4096
@@ -207,6 +213,7 @@ def main() -> None:
     parser.add_argument("model", nargs="?")
     parser.add_argument("--suite", action="append", choices=sorted(SUITES), help="Run only these (repeatable).")
     parser.add_argument("--sglang", type=Path, help="A checkout of SGLang, for the sglang-* suites.")
+    parser.add_argument("--pd", metavar="P:D", help="Serve with --pd P:D (prefill and decode processes), e.g. 1:1.")
     parser.add_argument("--json", action="store_true", help="Print one JSON object, failures included.")
     parser.add_argument("--limit", type=float, default=3600, help="Seconds a suite may run (default 3600).")
     parser.add_argument("--keep", type=Path, help="Keep reports and server logs in this folder.")
@@ -224,7 +231,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in names:
-        results[name] = run_suite(name, model, work, home / "peer", args.sglang, args.limit)
+        results[name] = run_suite(name, model, work, home / "peer", args.sglang, args.limit, args.pd)
         if not args.json:
             print(summary(name, results[name]), flush=True)
             for test, failure in results[name]["failures"].items():

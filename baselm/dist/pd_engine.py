@@ -36,6 +36,7 @@ from baselm.config import EngineConfig
 from baselm.copies import copy_requests
 from baselm.dist.group import RankFailedError
 from baselm.dist.pd_node import Node, Plan, RankStats
+from baselm.dist.pd_prefill import rank_prefix_file
 from baselm.dist.watchdog import Watchdog
 from baselm.engine import LLMEngine, QueueFullError
 from baselm.loader import LoadedModel
@@ -69,7 +70,7 @@ class PDEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.max_model_len = node.worker.max_model_len
         self.vocab_size = loaded.model.args.vocab_size
-        self.prefix_file = None
+        self.prefix_file = node.worker.prefix_file  # rank 0's; every prefill rank has one or none
         self.fallback: LLMEngine | None = None  # the single-process engine after a rank failed
         self.rank_stats: list[RankStats] = []  # every rank's, from the last step
         self._on_failure = on_failure
@@ -159,7 +160,7 @@ class PDEngine:
     def has_unfinished(self) -> bool:
         if self.fallback is not None:
             return self.fallback.has_unfinished
-        return bool(self._live or self._plan.abort or self._aborted)
+        return bool(self._live or self._plan.abort or self._aborted or self._plan.save)
 
     def step(self) -> list[RequestOutput]:
         """One lockstep step of the group; returns the outputs the decode ranks reported."""
@@ -208,10 +209,21 @@ class PDEngine:
         self._where.clear()
         self._copies.clear()
         self._groups.clear()
+        config = self.config
+        if self.prefix_file is not None:  # rank 0 goes on with its own file, saved as it stands
+            self._save_own_prefix_cache()
+            config = replace(config, prefix_cache_file=rank_prefix_file(config.prefix_cache_file, 0))
         self.node = None
         if self._on_failure is not None:
             self._on_failure()
-        self.fallback = LLMEngine(self.loaded, self.config)
+        self.fallback = LLMEngine(self.loaded, config)
+        self.prefix_file = self.fallback.prefix_file
+
+    def _save_own_prefix_cache(self) -> None:
+        try:
+            self.node.worker.save_prefix_cache()
+        except Exception as exc:  # as a failed save in one process: logged, the server goes on
+            log.warning("could not save the prefix cache file: %s", exc)
 
     # ---- requests out ------------------------------------------------------------------
 
@@ -237,6 +249,12 @@ class PDEngine:
             self.node.step(Plan(stop=True))
 
     def save_prefix_cache(self) -> int | None:
+        """Asks every prefill rank to save its prefix cache file in the next step (and `stop` saves
+        them too); returns None: the ranks write their files then, not now."""
+        if self.fallback is not None:
+            return self.fallback.save_prefix_cache()
+        if self.prefix_file is not None:
+            self._plan.save = True
         return None
 
     def stats(self) -> SchedulerStats:

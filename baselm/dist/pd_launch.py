@@ -44,7 +44,7 @@ def make_node(
     if layout.role(rank) == "prefill":
         node = Node(group, layout, worker=PrefillWorker(loaded, config, rank), constraints=constraints)
     else:
-        # NOTE: a decode rank's prefix cache holds what was shipped to it; the file belongs to rank 0's side.
+        # NOTE: a decode rank's prefix cache holds what was shipped to it; the files belong to the prefill ranks.
         engine = LLMEngine(loaded, replace(config, prefix_cache_file=None))
         node = Node(group, layout, engine=engine, constraints=constraints)
     node.check_layouts()

@@ -23,6 +23,7 @@ is the same five moves on every rank:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from baselm.config import ConfigError
@@ -31,6 +32,8 @@ from baselm.dist.pd_prefill import Handoff, PrefillWorker
 from baselm.engine import LLMEngine
 from baselm.request import RequestOutput
 from baselm.sampling import Constraint, ConstraintFactory, SamplingParams, TokenLogprobs
+
+log = logging.getLogger("baselm.dist")
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,6 +76,7 @@ class Plan:
 
     add: list[tuple[int, str, list[int], SamplingParams]] = field(default_factory=list)  # (prefill rank, id, ...)
     abort: list[str] = field(default_factory=list)
+    save: bool = False  # prefill ranks save their prefix cache files (as they also do on stop)
     stop: bool = False
 
 
@@ -159,6 +163,8 @@ class Node:
         """One lockstep step (see the module docstring); rank 0 passes the plan. Returns every rank's
         report, or None when the plan says stop."""
         plan = pd_wire.broadcast(self.group, plan)
+        if plan.save or plan.stop:
+            self._save_prefix_cache()
         if plan.stop:
             return None
         self._apply(plan)
@@ -190,6 +196,16 @@ class Node:
             src.prompt_tokens_handed += len(handoff.prompt_token_ids)
             reports[dst].stats.kv_blocks_hit += first
         self.stats = reports[self.rank].stats
+
+    def _save_prefix_cache(self) -> None:
+        """A prefill rank writes its prefix cache file; a failure is logged, never raised: the group
+        must go on in lockstep (as one process's server goes on after a failed save)."""
+        if self.worker is None:
+            return
+        try:
+            self.worker.save_prefix_cache()
+        except Exception as exc:  # a full disk must not take the group down
+            log.warning("rank %d could not save its prefix cache file: %s", self.rank, exc)
 
     def _apply(self, plan: Plan) -> None:
         for request_id in plan.abort:

@@ -7,6 +7,11 @@ the first output token, and the request is then *parked*: out of the running lis
 never scheduled again here, but holding its blocks until they are shipped to a decode rank.
 `release` then frees them; the full ones stay named in the prefix cache for later prompts.
 
+With a prefix cache file (`--prefix-cache-file FILE`), each prefill rank R keeps its own cache in
+`FILE.prefillR` (`rank_prefix_file`): loaded when the worker starts, saved when rank 0's plan
+says so (its save interval, and as the group stops), as one process keeps FILE. Decode ranks
+keep none: their cache holds what was shipped to them, which a prefill rank computes again.
+
 A request that asks for prompt logprobs is scored here, as its prompt is computed (chunk by
 chunk, each position once), and its scores travel with the handoff. Processors do not travel:
 a handoff carries the request's params without them (a decode rank makes its own from the
@@ -21,6 +26,7 @@ from baselm.config import EngineConfig
 from baselm.engine import kv_num_blocks, make_scheduler
 from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
+from baselm.kv.persist import PersistentPrefixCache
 from baselm.loader import LoadedModel
 from baselm.request import Request
 from baselm.runner import ModelRunner
@@ -43,6 +49,11 @@ class Handoff:
     prompt_logprobs: list[tuple[int, TokenLogprobs]] = field(default_factory=list)  # (position, scored), when asked
 
 
+def rank_prefix_file(path: str, rank: int) -> str:
+    """The prefix cache file of prefill rank `rank` of a group started with `--prefix-cache-file path`."""
+    return f"{path}.prefill{rank}"
+
+
 def make_cache(loaded: LoadedModel, config: EngineConfig, max_model_len: int) -> PagedKVCache:
     """A pool sized as LLMEngine sizes its own (`kv_num_blocks`), so every rank of a group has the same."""
     num_layers, num_kv_heads, head_dim = loaded.model.kv_shape()
@@ -63,6 +74,12 @@ class PrefillWorker:
         self.runner = ModelRunner(loaded.model, self.cache, Sampler(loaded.eos_token_ids, seed=config.seed))
         self.ready: dict[str, Handoff] = {}  # parked requests by id, in the order they finished
         self._prompt_scores: dict[str, list[tuple[int, TokenLogprobs]]] = {}  # prompt logprobs so far, by id
+        self.prefix_file: PersistentPrefixCache | None = None
+        if config.prefix_cache_file:
+            path = rank_prefix_file(config.prefix_cache_file, rank)
+            self.prefix_file = PersistentPrefixCache.open(
+                path, loaded.path, self.kv, self.cache, config.prefix_cache_max_size
+            )
 
     @property
     def is_busy(self) -> bool:
@@ -114,6 +131,10 @@ class PrefillWorker:
             self.rank,
             self._prompt_scores.pop(request.request_id, []),
         )
+
+    def save_prefix_cache(self) -> int | None:
+        """Writes this rank's prefix cache file if it has one and the cache changed; returns blocks written."""
+        return self.prefix_file.save() if self.prefix_file is not None else None
 
     def block_ids(self, request_id: str) -> list[int]:
         return self.kv.block_table(self.scheduler.requests[request_id])

@@ -6,6 +6,8 @@ rank 0 serves HTTP while the others follow its steps. Over machines, each rank i
 hand (or by mlx.launch) with `--hostfile H --rank R` and the same model and options; rank 0
 is the one with HTTP. `--role` states what a rank is meant to be and is checked against the
 layout (ranks 0..P-1 prefill, P..P+D-1 decode), so a mistyped rank fails at start.
+With `--prefix-cache-file FILE`, prefill rank R keeps its prefix cache in `FILE.prefillR`
+(pd_prefill.rank_prefix_file); decode ranks keep none.
 """
 
 from __future__ import annotations
@@ -114,8 +116,6 @@ def serve_pd(
         return
     model, device, require_signature = model_args
     options = PDOptions.parse(*pd_args)
-    if config.prefix_cache_file:
-        raise ConfigError("--prefix-cache-file is not supported with --pd: the prefix cache lives on the prefill ranks")
     load = lambda: load_model(model, select_backend(device), require_signature=require_signature)  # noqa: E731
     code = serve_command(options, load, config, serve_options, run_server, make_constraints)
     sys.stdout.flush()

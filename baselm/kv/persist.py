@@ -218,6 +218,18 @@ class PersistentPrefixCache:
         self.path, self.kv, self.cache, self.stamp, self.max_bytes = path, kv, cache, stamp, max_bytes
         self.saved_version = -1  # the pool's cache version last written
 
+    @classmethod
+    def open(
+        cls, path: str, weights: Path, kv: KVCacheManager, cache: PagedKVCache, max_size: int | None
+    ) -> PersistentPrefixCache:
+        """The file at `path` for the model at `weights`, its blocks loaded into the pool; it keeps at
+        most `max_size` bytes of K/V (None: the pool's size)."""
+        stamp = fingerprint(weights_fingerprint(weights), cache)
+        max_bytes = cache.nbytes if max_size is None else max_size
+        persistent = cls(Path(path).expanduser(), kv, cache, stamp, max_bytes)
+        persistent.load()
+        return persistent
+
     def load(self) -> int:
         num = load(self.path, self.kv, self.cache, self.stamp)
         self.saved_version = self.kv.pool.version

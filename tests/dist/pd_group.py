@@ -58,4 +58,5 @@ def run_group(spec: dict, timeout: float = 120.0) -> dict:
     assert lines, f"rank 0 exited with {first.returncode} and no result:\n{first.stderr[-3000:]}"
     result = json.loads(lines[-1][len("RESULT ") :])
     result["exit_codes"] = [first.returncode, *codes]
+    result["stderr"] = first.stderr  # rank 0's
     return result

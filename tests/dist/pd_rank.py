@@ -5,7 +5,9 @@ results; the other ranks serve until rank 0 stops them.
 The spec: {"layout": "1:1", "model": "fixture" | "widened" | path, "config": {EngineConfig fields},
 "requests": [[arrival step, prompt ids, max_tokens, {SamplingParams fields, "schema": a JSON
 Schema the answer follows} (optional; greedy without)], ...], "abort": {index: step},
-"kill_rank": [rank, step] (rank 0 kills that rank's process at that step), "pids": {rank: pid}}.
+"kill_rank": [rank, step] (rank 0 kills that rank's process at that step), "save_steps": [step, ...]
+(rank 0 asks for the prefix cache files to be saved then), "pids": {rank: pid}}. With a prefix cache file,
+the result lists the files in its folder before the group stops ("files_before_stop").
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -88,6 +91,8 @@ def run_workload(engine: PDEngine, spec: dict) -> dict:
                 engine.add_request(prompt, make_params(engine, max_tokens, fields[0] if fields else None), f"r{i}")
             if aborts.get(i) == step:
                 engine.abort(f"r{i}")
+        if step in spec.get("save_steps", ()):
+            engine.save_prefix_cache()
         if kill is not None and kill[1] == step:  # [rank, step, signal name]: SIGKILL dies, SIGSTOP hangs
             os.kill(spec["pids"][str(kill[0])], getattr(signal, kill[2] if len(kill) > 2 else "SIGKILL"))
         try:
@@ -133,6 +138,8 @@ def main() -> None:
     if engine.fallback is None:
         result["stats"] = [vars_of(s) for s in engine.sync()]
         result["stats"] = [vars_of(s) for s in engine.sync()]
+        if engine.config.prefix_cache_file:
+            result["files_before_stop"] = sorted(p.name for p in Path(engine.config.prefix_cache_file).parent.iterdir())
         engine.stop()
     else:
         stats = engine.fallback.stats()

@@ -139,14 +139,12 @@ def test_doctor_names_the_pd_mode() -> None:
     assert collect()["distributed"]["prefill_decode"] == status()
 
 
-def test_serve_pd_refuses_a_prefix_cache_file() -> None:
+def test_serve_pd_returns_at_once_without_pd() -> None:
     from baselm.config import EngineConfig
     from baselm.dist.pd_serve import serve_pd
 
     config = EngineConfig(prefix_cache_file="/tmp/never-written.kvc")
-    with pytest.raises(ConfigError, match="prefix-cache-file"):
-        serve_pd(("1:1", None, None), ("model", "cpu", False), config, None, None)
-    assert serve_pd((None, None, None), ("model", "cpu", False), config, None, None) is None  # no --pd
+    assert serve_pd((None, None, None), ("model", "cpu", False), config, None, None) is None
 
 
 def test_bench_pd_refuses_tensor_parallel_options_beside_it(monkeypatch) -> None:

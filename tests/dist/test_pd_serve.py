@@ -126,6 +126,46 @@ def test_pd_server_answers_schemas_forced_calls_copies_and_prompt_logprobs_as_on
         alone.stop()
 
 
+def test_pd_server_restarted_on_its_prefix_cache_file_serves_a_repeated_prompt_from_it(model_folder, tmp_path):
+    """`--prefix-cache-file F` with --pd: the prefill rank saves F.prefill0 as the server stops; a new
+    group loads it and serves the same prompt from it, with one process's answer."""
+    from baselm.backend import select_backend
+    from baselm.loader import load_model
+    from tests.api.conftest import RunningServer
+
+    args = (
+        "--served-model-name",
+        "m",
+        "--kv-memory",
+        "8MiB",
+        "--pd",
+        "1:1",
+        "--prefix-cache-file",
+        str(tmp_path / "p"),
+    )
+    prompt = " ".join(f"word{i % 37}" for i in range(120))
+    answers = []
+    for _ in range(2):
+        served = ServeProcess(model_folder, *args)
+        try:
+            answers.append(complete(served, prompt=prompt).json())
+            metrics = httpx.get(f"{served.url}/metrics", timeout=30).text
+            served.proc.send_signal(signal.SIGTERM)  # the prefill rank saves as the group stops
+            assert served.proc.wait(60) == 0
+        finally:
+            served.close()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["p.prefill0"]
+    cached = [answer["usage"]["prompt_tokens_details"]["cached_tokens"] for answer in answers]
+    assert cached[0] == 0 and cached[1] >= 112  # the prompt's full blocks, served from the file
+    assert _metric(metrics, "base_prefix_cache_hits_total") == cached[1]
+    alone = RunningServer(loaded=load_model(str(model_folder), select_backend("cpu")), model_name="m")
+    try:
+        one = httpx.post(f"{alone.url}/v1/completions", json={**BODY, "prompt": prompt}, timeout=60).json()
+    finally:
+        alone.stop()
+    assert [a["choices"][0]["text"] for a in answers] == [one["choices"][0]["text"]] * 2
+
+
 def _choice(choice: dict) -> dict:
     """What a chat choice says: its text, its calls (without their ids, new each answer), tokens and finish."""
     message = choice["message"]

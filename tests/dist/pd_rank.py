@@ -144,6 +144,7 @@ def main() -> None:
     else:
         stats = engine.fallback.stats()
         result["fallback_free_blocks"] = [stats.num_free_blocks, engine.fallback.kv_manager.num_blocks]
+        result["fallback_prefix_cache_hits"] = stats.prefix_cache_hits
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -58,6 +58,16 @@ def test_two_prefill_ranks_save_their_own_files_when_asked_and_hit_them_after_a_
     assert first["tokens"] == second["tokens"] == single_process(requests)["tokens"]
 
 
+def test_when_the_decode_rank_dies_rank_0_saves_its_file_and_serves_on_alone_from_it(tmp_path) -> None:
+    late = [[12, PROMPT, 4]]  # arrives after the decode rank died: the fallback engine serves it
+    spec = group_spec(tmp_path / "p.kvc", [[0, PROMPT, 8], *late], kill_rank=[1, 4])
+    result = run_group(spec, timeout=60)
+    assert len(result["errors"]) == 1 and "prefill/decode group failed" in result["errors"][0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.kvc.prefill0"]
+    assert result["fallback_prefix_cache_hits"] == 64  # the prompt's blocks, from the file saved as the group failed
+    assert result["tokens"]["r1"] == single_process(late)["tokens"]["r0"]
+
+
 def saved_by_one_process(path: Path, **config) -> None:
     engine = LLMEngine(loaded_fixture("llama"), EngineConfig(**{**CONFIG, **config}, prefix_cache_file=str(path)))
     engine.generate([PROMPT], SamplingParams(max_tokens=2, temperature=0.0))

@@ -10,7 +10,8 @@ never scheduled again here, but holding its blocks until they are shipped to a d
 With a prefix cache file (`--prefix-cache-file FILE`), each prefill rank R keeps its own cache in
 `FILE.prefillR` (`rank_prefix_file`): loaded when the worker starts, saved when rank 0's plan
 says so (its save interval, and as the group stops), as one process keeps FILE. Decode ranks
-keep none: their cache holds what was shipped to them, which a prefill rank computes again.
+keep none: their cache holds blocks shipped to them, which a restarted group ships again from
+the prefill ranks' files. Over machines, each prefill rank's file is on its own machine.
 
 A request that asks for prompt logprobs is scored here, as its prompt is computed (chunk by
 chunk, each position once), and its scores travel with the handoff. Processors do not travel:

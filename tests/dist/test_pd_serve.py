@@ -70,6 +70,7 @@ def test_ranks_joined_from_a_hostfile_check_their_role_and_fail_without_hanging(
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
     base = [sys.executable, "-m", "baselm.cli", "serve", str(model_folder), "--pd", "1:1", "--hostfile", str(hostfile)]
+    base += ["--prefix-cache-file", str(tmp_path / "p")]  # taken beside a hostfile with --pd (refused for TP)
     ranks = [
         subprocess.Popen([*base, "--rank", str(rank), "--role", "prefill", "--port", str(port)], stderr=subprocess.PIPE)
         for rank, port in ((0, free_ports(1)[0]), (1, 0))

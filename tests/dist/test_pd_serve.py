@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ from tests.api.test_serve import ServeProcess
 from tests.tiny_model import write_model_folder
 
 BODY = {"model": "m", "prompt": "Hello there, how are you", "max_tokens": 12, "temperature": 0}
+LONG = " ".join(f"word{i % 37}" for i in range(120))  # a prompt of several full KV blocks
 
 
 @pytest.fixture(scope="module")
@@ -144,12 +146,11 @@ def test_pd_server_restarted_on_its_prefix_cache_file_serves_a_repeated_prompt_f
         "--prefix-cache-file",
         str(tmp_path / "p"),
     )
-    prompt = " ".join(f"word{i % 37}" for i in range(120))
     answers = []
     for _ in range(2):
         served = ServeProcess(model_folder, *args)
         try:
-            answers.append(complete(served, prompt=prompt).json())
+            answers.append(complete(served, prompt=LONG).json())
             metrics = httpx.get(f"{served.url}/metrics", timeout=30).text
             served.proc.send_signal(signal.SIGTERM)  # the prefill rank saves as the group stops
             assert served.proc.wait(60) == 0
@@ -161,10 +162,25 @@ def test_pd_server_restarted_on_its_prefix_cache_file_serves_a_repeated_prompt_f
     assert _metric(metrics, "base_prefix_cache_hits_total") == cached[1]
     alone = RunningServer(loaded=load_model(str(model_folder), select_backend("cpu")), model_name="m")
     try:
-        one = httpx.post(f"{alone.url}/v1/completions", json={**BODY, "prompt": prompt}, timeout=60).json()
+        one = httpx.post(f"{alone.url}/v1/completions", json={**BODY, "prompt": LONG}, timeout=60).json()
     finally:
         alone.stop()
     assert [a["choices"][0]["text"] for a in answers] == [one["choices"][0]["text"]] * 2
+
+
+def test_pd_server_saves_its_prefix_cache_file_at_the_save_interval_while_it_serves(model_folder, tmp_path):
+    file = tmp_path / "p.prefill0"
+    args = ("--served-model-name", "m", "--pd", "1:1", "--prefix-cache-file", str(tmp_path / "p"))
+    served = ServeProcess(model_folder, *args, "--prefix-cache-save-interval", "0.2")
+    try:
+        assert complete(served, prompt=LONG).status_code == 200  # full blocks: the cache changed
+        deadline = time.monotonic() + 60
+        while not file.exists():  # written by the prefill rank when the interval comes due, not at shutdown
+            assert time.monotonic() < deadline, "no prefix cache file while the server runs"
+            time.sleep(0.1)
+        assert served.proc.poll() is None and complete(served).status_code == 200
+    finally:
+        served.close()
 
 
 def _choice(choice: dict) -> dict:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from baselm import perplexity_command, signing_commands, store_commands
+from baselm import cli_dist, perplexity_command, signing_commands, store_commands
 from baselm.cli_dist import HOSTFILE, RANK, TENSOR_PARALLEL, bench_pd, dist_options, prefix_cache_file, serve_pd
 from baselm.cli_errors import DEVICE_HELP, MODEL_HELP
 from baselm.cli_errors import fail as _fail
@@ -148,6 +148,7 @@ def run(
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
+    moe_split: str | None = cli_dist.MOE_SPLIT,
 ) -> None:
     """Generate once from a prompt and print the answer with its speed."""
     from baselm.run import RunOptions, run_once
@@ -169,7 +170,7 @@ def run(
                 device=device,
                 require_signature=require_signature,
                 speculative=spec,
-                dist=dist_options(tensor_parallel, hostfile, rank),
+                dist=dist_options(tensor_parallel, hostfile, rank, moe_split),
             )
         )
     except _user_errors() as exc:
@@ -204,12 +205,13 @@ def chat(
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
+    moe_split: str | None = cli_dist.MOE_SPLIT,
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
     from baselm.chat.settings import ChatOptions, ChatSettings, chat_prefix_cache_file
 
     try:
-        dist = dist_options(tensor_parallel, hostfile, rank)
+        dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
         prefix_file = chat_prefix_cache_file(prefix_cache_file_choice, model)
         options = ChatOptions(
             model,
@@ -320,6 +322,7 @@ def bench(
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
+    moe_split: str | None = cli_dist.MOE_SPLIT,
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model (with
     --speculative, also each workload with and without speculative decoding, side by side)."""
@@ -330,7 +333,7 @@ def bench(
         _bench_synthetic(model, synthetic, synthetic_bits, gen_tokens, seed, device, as_json)
         return
     try:
-        size, dist = parse_optional_size(kv_memory), dist_options(tensor_parallel, hostfile, rank)
+        size, dist = parse_optional_size(kv_memory), dist_options(tensor_parallel, hostfile, rank, moe_split)
         config = EngineConfig(kv_memory=size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         if pd is not None:  # one process, then a prefill/decode group, on the same batch
             return bench_pd(model, device, pd, config, (prompt_tokens, gen_tokens, concurrency, seed), as_json, dist)
@@ -429,13 +432,14 @@ def serve(
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
+    moe_split: str | None = cli_dist.MOE_SPLIT,
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions, exit_process, run_server
     from baselm.dist.launch import load_model_for
 
     try:
-        dist = dist_options(tensor_parallel, hostfile, rank)
+        dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
         config = EngineConfig(
             kv_memory=parse_optional_size(kv_memory),
             kv_bits=kv_bits,
@@ -451,9 +455,8 @@ def serve(
             seed=seed,
         )
         origins = tuple(o.strip() for o in cors_origins.split(",") if o.strip())
-        body = parse_size(max_body)
         options = ServeOptions(
-            host, port, api_key or None, served_model_name, body, shutdown_timeout, cors_origins=origins
+            host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout, cors_origins=origins
         )
         serve_pd((pd, role, dist), (model, device, require_signature), config, options, run_server)
         loaded = load_model_for(model, device, require_signature, dist)

@@ -30,11 +30,23 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from baselm.dist.comm import all_sum
+from baselm.dist.tp_moe import (
+    MOE_SPLITS,
+    RankExperts,
+    expert_range,
+    is_experts,
+    num_experts_of,
+    projections,
+    shard_experts,
+    stand_ins,
+)
 from baselm.models.attention import Attention
 from baselm.models.base import ModelConfigError
 from baselm.models.mlp import MLP
 from baselm.models.moe import SwitchGLU
 from baselm.store.base_slices import Cut
+
+DEFAULT_MOE_SPLIT = "intermediate"
 
 
 @dataclass(slots=True)
@@ -49,6 +61,12 @@ class Sharding:
     # NOTE: module path -> Cut of every split projection, set when the loader read them already
     # cut (`read_plan`); then the hook takes its ranges from here and leaves those tensors alone.
     presliced: dict[str, Cut] = field(default_factory=dict)
+    moe_split: str = DEFAULT_MOE_SPLIT  # "experts": whole experts per rank (tp_moe.py); "intermediate"
+    first_experts: dict[str, int] = field(default_factory=dict)  # MoE module path -> its first local expert
+
+    def __post_init__(self) -> None:
+        if self.moe_split not in MOE_SPLITS:
+            raise ModelConfigError(f"--moe-split must be one of {', '.join(MOE_SPLITS)}, not {self.moe_split!r}")
 
     def read_plan(self, base: Any) -> dict[str, Cut]:
         """The cuts this rank reads from the `.base` file `base`, by tensor name (empty: read all
@@ -58,13 +76,28 @@ class Sharding:
         self.presliced, cuts = plan_reads(base, self)
         return cuts
 
+    def read(self, base: Any) -> dict[str, Any]:
+        """This rank's tensors of the `.base` file `base`: its slices (`read_plan`) and whole
+        tensors, less other ranks' experts (`tp_moe.stand_ins`), which one of its own stands in for."""
+        from baselm.dist.tp_read import checkpoint_sources, skeleton
+
+        cuts = self.read_plan(base)
+        model = skeleton(base)
+        skipped = stand_ins(self, model, checkpoint_sources(model, list(base.tensors)))
+        tensors = base.load(cuts=cuts, skip=set(skipped))
+        return tensors | {name: tensors[other] for name, other in skipped.items()}
+
     def plan(self, model: nn.Module, group_sizes: dict[str, int]) -> dict[str, Cut]:
         """The cut the hook makes of each split projection of `model`, by module path, before
         any weight is read; `group_sizes`: the quantization group of each quantized projection.
-        Raises `ModelConfigError` where the hook would (a split off its groups)."""
+        Raises `ModelConfigError` where the hook would (a split off its groups). Whole experts per
+        rank are `Cut(0, first, stop)`: experts [first, stop) of each stacked projection."""
         cuts: dict[str, Cut] = {}
         for path, module in model.named_modules():
-            if isinstance(module, Attention):
+            if self.moe_split == "experts" and is_experts(module):
+                first, stop = expert_range(num_experts_of(module), self.rank, self.size)
+                cuts |= {f"{path}.{name}": Cut(0, first, stop) for name in projections(module)}
+            elif isinstance(module, Attention):
                 (q0, q1), (k0, k1) = head_ranges(module.num_heads, module.num_kv_heads, self.size)[self.rank]
                 d = module.head_dim
                 rows = {"q_proj": (q0, q1), "k_proj": (k0, k1), "v_proj": (k0, k1)}
@@ -87,7 +120,11 @@ class Sharding:
         `weights` (HF names after `sanitize`) to match; returns the sliced weights."""
         modules = dict(model.named_modules())
         for path, module in modules.items():
-            if isinstance(module, Attention):
+            if self.moe_split == "experts" and is_experts(module):
+                first, stop = expert_range(num_experts_of(module), self.rank, self.size)
+                shard_experts(path, module, weights, first, stop)
+                self.first_experts[path.rpartition(".")[0]] = first
+            elif isinstance(module, Attention):
                 self._shard_attention(path, module, weights)
             elif isinstance(module, (MLP, SwitchGLU)):
                 self._shard_mlp(path, module, weights)
@@ -145,9 +182,10 @@ class Sharding:
     def finish(self, model: nn.Module) -> None:
         """Sums each layer's attention and MLP partial outputs over the group, and gives the model
         its local head counts (its KV cache is sized from them)."""
-        for layer in model.layers:
+        for i, layer in enumerate(model.layers):
             layer.self_attn = Summed(layer.self_attn, self.group)
-            layer.mlp = Summed(layer.mlp, self.group)
+            first = self.first_experts.get(f"layers.{i}.mlp")
+            layer.mlp = Summed(layer.mlp if first is None else RankExperts(layer.mlp, first), self.group)
         attn = model.layers[0].self_attn.inner
         model.args = copy.copy(model.args)
         model.args.num_attention_heads, model.args.num_key_value_heads = attn.num_heads, attn.num_kv_heads
@@ -158,6 +196,7 @@ class Sharding:
             "rank": self.rank,
             "size": self.size,
             "kv_replicated": self.kv_replicated,
+            "moe_split": self.moe_split,
             "read_cut": bool(self.presliced),  # this rank read only its slices of a `.base` file
             "notes": list(self.notes),
         }

@@ -31,21 +31,27 @@ from baselm.store.base_slices import Cut, cut_fits
 def plan_reads(base: BaseFile, sharding: Any) -> tuple[dict[str, Cut], dict[str, Cut]]:
     """(cut of each split layer by module path, the same cuts by file tensor name); both empty
     when the file must be read whole (see the module doc)."""
-    config = base.header["config"]
-    args_cls, model_cls = model_class(config.get("model_type", ""))
-    model = model_cls(args_cls.from_dict(config))
+    model = skeleton(base)
     sources = checkpoint_sources(model, list(base.tensors))
     group_sizes = {path: base.tensors[names[0]].group_size or 1 for path, names in sources.items()}
     try:
         planned = sharding.plan(model, group_sizes)
     except ModelConfigError:  # a split off the groups: loading whole lets the hook say so, or split dense weights
         return {}, {}
+    planned = {path: cut for path, cut in planned.items() if cut.axis != 0}  # whole experts: see tp_moe.py
     if not planned or any(path not in sources for path in planned):
         return {}, {}
     cuts = {name: cut for path, cut in planned.items() for name in sources[path]}
     if not all(cut_fits(base.tensors[name], cut) for name, cut in cuts.items()):
         return {}, {}
     return planned, cuts
+
+
+def skeleton(base: BaseFile) -> Any:
+    """The model of `base`'s config with lazy parameters that are never evaluated (no memory)."""
+    config = base.header["config"]
+    args_cls, model_cls = model_class(config.get("model_type", ""))
+    return model_cls(args_cls.from_dict(config))
 
 
 def checkpoint_sources(model: Any, names: list[str]) -> dict[str, list[str]]:

@@ -63,6 +63,24 @@ def test_quantized_kv_speculation_and_chunked_prefill_work_over_two_ranks():
     assert result["llama/ngram"]["pair"]["num_draft_tokens"] > 0  # the pair verified drafts
 
 
+def test_moe_layers_split_either_way_give_the_same_logits_float_and_quantized():
+    result = _ranks("moe_logits", timeout=300)
+    assert len(result) == 2 * (4 + 2 * 2)  # two ways, four fixtures in float32, two of them in q4 and q8
+    for key, seen in result.items():
+        assert seen["max_abs_diff"] < TOLERANCE, key
+        assert seen["same_argmax"], key
+        assert seen["sharding"]["moe_split"] == key.split("/")[0]
+
+
+def test_the_engine_over_two_ranks_answers_as_one_process_with_moe_split_either_way():
+    result = _ranks("moe_engine", timeout=300)
+    assert sorted(result) == ["experts", "intermediate"]
+    for split, seen_by_key in result.items():
+        assert len(seen_by_key) == 4 * 2  # four MoE fixtures, plain and with a q8 KV cache
+        for key, seen in seen_by_key.items():
+            assert seen["pair"]["token_ids"] == seen["whole"]["token_ids"], (split, key)
+
+
 def test_a_killed_rank_fails_the_stream_and_later_requests_with_503(tmp_path: Path):
     folder = write_model_folder(tmp_path / "tiny")
     seen = _ranks("rank_dies", str(folder))

@@ -7,9 +7,12 @@ The split (Megatron-style, as mlx-lm and vLLM do it):
   When there are fewer KV heads than ranks, ranks that share a KV head each hold a copy
   (`Sharding.kv_replicated`), and each takes a share of the query heads reading it.
 - gated MLP: gate/up split by output rows, down by input columns, one `all_sum`.
-- MoE (Mixtral, Qwen3-MoE, gpt-oss): every expert is split the same way along its
-  intermediate size (not whole experts per rank), so every rank works on every token whatever
-  the router picks, and the router stays whole on each rank.
+- MoE (Mixtral, Qwen3-MoE, gpt-oss), two ways (`moe_split`), the router whole on each rank:
+  "experts": rank r of N holds experts [r*E/N, (r+1)*E/N) whole and computes only the
+  (token, expert) pairs routed to them (baselm/dist/tp_moe.py); the ranks' weighted sums meet
+  in the MLP's one `all_sum`. "intermediate": every expert is split as a gated MLP along its
+  intermediate size, so every rank computes every routed pair on its slice.
+  The default (DEFAULT_MOE_SPLIT) is the one measured faster (README, "More than one process").
 - embedding, norms, router and LM head stay whole on every rank.
 Splits fall on quantization group boundaries so quantized codes are sliced without repacking;
 a split that cannot (a head range not a multiple of the group size) is a clear error.
@@ -63,6 +66,7 @@ class Sharding:
     presliced: dict[str, Cut] = field(default_factory=dict)
     moe_split: str = DEFAULT_MOE_SPLIT  # "experts": whole experts per rank (tp_moe.py); "intermediate"
     first_experts: dict[str, int] = field(default_factory=dict)  # MoE module path -> its first local expert
+    weight_bytes: int = 0  # this rank's parameters, once loaded
 
     def __post_init__(self) -> None:
         if self.moe_split not in MOE_SPLITS:
@@ -190,6 +194,7 @@ class Sharding:
         model.args = copy.copy(model.args)
         model.args.num_attention_heads, model.args.num_key_value_heads = attn.num_heads, attn.num_kv_heads
         model.sharding = self
+        self.weight_bytes = sum(v.nbytes for _, v in nn.utils.tree_flatten(model.parameters()))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -197,6 +202,7 @@ class Sharding:
             "size": self.size,
             "kv_replicated": self.kv_replicated,
             "moe_split": self.moe_split,
+            "weight_bytes": self.weight_bytes,
             "read_cut": bool(self.presliced),  # this rank read only its slices of a `.base` file
             "notes": list(self.notes),
         }

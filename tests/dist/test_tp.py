@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from baselm.dist.tp import even_ranges, head_ranges
 from baselm.kv import AttentionMetadata
 from baselm.models.base import ModelConfigError
 from tests.dist.tp_ranks import FIXTURES
+from tests.paths import BPE_TOKENIZER, MODEL_FIXTURES
 from tests.tiny_model import write_model_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,6 +154,29 @@ def test_base_run_over_two_processes_started_or_joined_prints_what_one_process_p
     rank1 = subprocess.Popen([*args, "--hostfile", str(hostfile), "--rank", "1"], cwd=ROOT, stdout=subprocess.PIPE)
     assert run("--hostfile", str(hostfile), "--rank", "0") == alone
     assert rank1.wait(60) == 0 and rank1.stdout.read() == b""  # it followed rank 0, then left quietly
+
+
+def test_base_run_with_whole_experts_per_rank_prints_what_one_process_prints(tmp_path: Path):
+    folder = tmp_path / "mixtral"
+    shutil.copytree(MODEL_FIXTURES / "mixtral", folder)
+    shutil.copy(BPE_TOKENIZER / "tokenizer.json", folder)
+    args = [sys.executable, "-m", "baselm.cli", "run", str(folder), "Hi", "-n", "12", "--raw", "--json"]
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*args, "--device", "cpu", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    alone = json.loads(run().stdout)["token_ids"]
+    assert len(alone) == 12
+    for split in ("experts", "intermediate"):
+        proc = run("--tensor-parallel", "2", "--moe-split", split)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout)["token_ids"] == alone, split
+    proc = run("--tensor-parallel", "2", "--moe-split", "rows")
+    assert proc.returncode == 1
+    assert "--moe-split must be one of experts, intermediate, not 'rows'" in proc.stderr
+    proc = run("--tensor-parallel", "3", "--moe-split", "experts")  # 4 experts
+    assert proc.returncode == 1
+    assert "4 experts cannot be split evenly over 3 ranks" in proc.stderr
 
 
 def test_a_prefix_cache_file_is_refused_across_processes(tmp_path: Path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 
 from baselm.dist.tp import Sharding
 from baselm.dist.tp_moe import RankExperts, expert_range
@@ -83,3 +84,17 @@ def test_experts_that_do_not_divide_by_the_ranks_are_refused():
 def test_an_unknown_moe_split_is_refused():
     with pytest.raises(ModelConfigError, match="--moe-split must be one of experts, intermediate"):
         Sharding(0, 2, moe_split="rows")
+
+
+def test_either_split_leaves_each_rank_the_same_share_of_the_expert_weights():
+    config, weights = _weights("mixtral", None)
+    whole = build_model(config, dict(weights))
+    whole_bytes = sum(v.nbytes for _, v in tree_flatten(whole.parameters()))
+    expert_bytes = sum(v.nbytes for k, v in tree_flatten(whole.parameters()) if ".experts." in k)
+    seen = {}
+    for split in ("experts", "intermediate"):
+        sharding = Sharding(0, 2, moe_split=split)
+        build_model(config, dict(weights), shard=sharding)
+        seen[split] = sharding.weight_bytes
+    assert seen["experts"] == seen["intermediate"]
+    assert seen["experts"] <= whole_bytes - expert_bytes // 2  # half the experts, and half of attention

@@ -85,9 +85,10 @@ class Sharding:
         tensors, less other ranks' experts (`tp_moe.stand_ins`), which one of its own stands in for."""
         from baselm.dist.tp_read import checkpoint_sources, skeleton
 
-        cuts = self.read_plan(base)
-        model = skeleton(base)
-        skipped = stand_ins(self, model, checkpoint_sources(model, list(base.tensors)))
+        cuts, skipped = self.read_plan(base), {}
+        if self.moe_split == "experts":
+            model = skeleton(base)
+            skipped = stand_ins(self, model, checkpoint_sources(model, list(base.tensors)))
         tensors = base.load(cuts=cuts, skip=set(skipped))
         return tensors | {name: tensors[other] for name, other in skipped.items()}
 

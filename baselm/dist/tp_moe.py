@@ -14,10 +14,9 @@ The expert count must divide by the ranks: uneven shares would leave one rank th
 every step. Dense layers (Qwen3-MoE's `mlp_only_layers`) and attention split as in `tp.py`.
 
 From a `.base` file a rank reads only its experts where the file stores one tensor per expert
-(Mixtral, Qwen3-MoE): the others are left unread and stand in for by one of its own (same shape)
-while `sanitize` stacks them, and the stack is cut to the rank's experts before use (one layer's
-stack exists at a time while loading). Experts stored stacked or transformed at load (gpt-oss)
-are read whole and cut after loading.
+(Mixtral, Qwen3-MoE): the others are left unread, one of its own (same shape) takes their place
+while `sanitize` stacks them, and the stack is cut to the rank's experts before use. Experts
+stored stacked or transformed at load (gpt-oss) are read whole and cut after loading.
 """
 
 from __future__ import annotations
@@ -107,8 +106,6 @@ def _evaluated(array: mx.array) -> mx.array:
 def stand_ins(sharding: Any, model: nn.Module, sources: dict[str, list[str]]) -> dict[str, str]:
     """File tensors this rank leaves unread: other ranks' experts where each expert is its own
     tensor, each mapped to a tensor of this rank's (same shape) that takes its place in the stack."""
-    if sharding.moe_split != "experts":
-        return {}
     skipped: dict[str, str] = {}
     for path, experts in model.named_modules():
         if not is_experts(experts):

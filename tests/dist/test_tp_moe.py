@@ -27,7 +27,7 @@ def _weights(name: str, bits: int | None) -> tuple[dict, dict]:
 def _build(name: str, bits: int | None, size: int) -> tuple[dict, object, list]:
     """(config, the whole model, each of `size` ranks' model with whole experts per rank)."""
     config, weights = _weights(name, bits)
-    is_quantized = bits is not None
+    is_quantized = bits is not None or name.endswith("mxfp4")  # MXFP4 experts come quantized
     whole = build_model(config, dict(weights), keep_quantized=is_quantized)
     ranks = [
         build_model(config, dict(weights), keep_quantized=is_quantized, shard=Sharding(r, size, moe_split="experts"))
@@ -37,10 +37,8 @@ def _build(name: str, bits: int | None, size: int) -> tuple[dict, object, list]:
 
 
 # Quantized in groups of 32, the fixtures' attention splits over two ranks, not four.
-CASES = [(name, None, size) for name in MOE_FIXTURES for size in (2, 4)] + [
-    ("mixtral", 4, 2),
-    ("qwen3_moe_sparse", 8, 2),
-]
+CASES = [(name, None, size) for name in MOE_FIXTURES for size in (2, 4)]
+CASES += [("mixtral", 4, 2), ("qwen3_moe_sparse", 8, 2), ("gpt_oss_mxfp4", None, 2)]
 
 
 @pytest.mark.parametrize(("name", "bits", "size"), CASES)
@@ -57,7 +55,7 @@ def test_the_ranks_parts_of_an_moe_layer_add_up_to_the_whole_layer(name, bits, s
         num_experts = layer.mlp.experts.down_proj.weight.shape[0]
         assert [p.first for p in parts] == [r * num_experts // size for r in range(size)]
         assert all(p.moe.experts.down_proj.weight.shape[0] == num_experts // size for p in parts)
-        if bits is not None:
+        if bits is not None or name.endswith("mxfp4"):
             assert all(isinstance(p.moe.experts.down_proj, QuantizedSwitchLinear) for p in parts)
         assert mx.allclose(sum(p(x) for p in parts), layer.mlp(x), atol=1e-5).item(), (name, i)
         num_checked += 1

@@ -86,13 +86,13 @@ class RankExperts(nn.Module):
         """x: (num_tokens, hidden) -> this rank's part of the output, (num_tokens, hidden)."""
         expert_ids, weights = self.moe.route(x)  # (num_tokens, k) each
         ids = np.array(run_collective(_evaluated, expert_ids))  # NOTE: waits for the router's answer
-        local = ids - self.first  # (num_tokens, k)
+        local = ids.astype(np.int64) - self.first  # (num_tokens, k); signed: other ranks' experts go negative
         tokens, slots = np.nonzero((local >= 0) & (local < num_experts_of(self.moe.experts)))
         out = mx.zeros_like(x)  # (num_tokens, hidden)
         if tokens.size == 0:
             return out
         rows, picks = mx.array(tokens), mx.array(slots)
-        pair_ids = mx.array(local[tokens, slots][:, None])  # (num_pairs, 1)
+        pair_ids = mx.array(local[tokens, slots][:, None], dtype=mx.uint32)  # (num_pairs, 1)
         pair_out = self.moe.experts(x[rows], pair_ids)[:, 0, :]  # (num_pairs, hidden)
         pair_weights = weights[rows, picks][:, None].astype(pair_out.dtype)  # (num_pairs, 1)
         return out.at[rows].add(pair_out * pair_weights)

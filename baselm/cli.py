@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from baselm import perplexity_command, signing_commands, store_commands
+from baselm import cli_dist, perplexity_command, signing_commands, store_commands
 from baselm.cli_dist import HOSTFILE, RANK, TENSOR_PARALLEL, bench_pd, dist_options, prefix_cache_file, serve_pd
 from baselm.cli_errors import DEVICE_HELP, MODEL_HELP
 from baselm.cli_errors import fail as _fail
@@ -151,6 +151,7 @@ def run(
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
+    moe_split: str | None = cli_dist.MOE_SPLIT,
 ) -> None:
     """Generate once from a prompt and print the answer with its speed."""
     from baselm.run import RunOptions, run_once
@@ -172,7 +173,7 @@ def run(
                 device=device,
                 require_signature=require_signature,
                 speculative=spec,
-                dist=dist_options(tensor_parallel, hostfile, rank),
+                dist=dist_options(tensor_parallel, hostfile, rank, moe_split),
             )
         )
     except _user_errors() as exc:
@@ -207,12 +208,13 @@ def chat(
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
+    moe_split: str | None = cli_dist.MOE_SPLIT,
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
     from baselm.chat.settings import ChatOptions, ChatSettings, chat_prefix_cache_file
 
     try:
-        dist = dist_options(tensor_parallel, hostfile, rank)
+        dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
         prefix_file = chat_prefix_cache_file(prefix_cache_file_choice, model)
         options = ChatOptions(
             model,
@@ -323,6 +325,7 @@ def bench(
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
+    moe_split: str | None = cli_dist.MOE_SPLIT,
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model (with
     --speculative, also each workload with and without speculative decoding, side by side)."""
@@ -333,7 +336,7 @@ def bench(
         _bench_synthetic(model, synthetic, synthetic_bits, gen_tokens, seed, device, as_json)
         return
     try:
-        size, dist = parse_optional_size(kv_memory), dist_options(tensor_parallel, hostfile, rank)
+        size, dist = parse_optional_size(kv_memory), dist_options(tensor_parallel, hostfile, rank, moe_split)
         config = EngineConfig(kv_memory=size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         if pd is not None:  # one process, then a prefill/decode group, on the same batch
             return bench_pd(model, device, pd, config, (prompt_tokens, gen_tokens, concurrency, seed), as_json, dist)
@@ -432,6 +435,7 @@ def serve(
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
+    moe_split: str | None = cli_dist.MOE_SPLIT,
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.constrained import model_processor_factory as constraints
@@ -439,7 +443,7 @@ def serve(
     from baselm.dist.launch import load_model_for
 
     try:
-        dist = dist_options(tensor_parallel, hostfile, rank)
+        dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
         config = EngineConfig(
             kv_memory=parse_optional_size(kv_memory),
             kv_bits=kv_bits,
@@ -454,10 +458,8 @@ def serve(
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
             seed=seed,
         )
-        origins = tuple(o.strip() for o in cors_origins.split(",") if o.strip())
-        options = ServeOptions(
-            host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout, cors_origins=origins
-        )
+        options = ServeOptions(host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout)
+        options.cors_origins = tuple(o.strip() for o in cors_origins.split(",") if o.strip())
         serve_pd((pd, role, dist), (model, device, require_signature), config, options, run_server, constraints)
         loaded = load_model_for(model, device, require_signature, dist)
     except _user_errors() as exc:

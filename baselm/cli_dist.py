@@ -23,15 +23,23 @@ HOSTFILE = typer.Option(
     None, "--hostfile", help="MLX hostfile (JSON) of the processes' addresses, one per rank; with --rank."
 )
 RANK = typer.Option(None, "--rank", help="This process's rank in --hostfile (rank 0 serves; the others follow).")
+MOE_SPLIT = typer.Option(
+    None,
+    "--moe-split",
+    help="How MoE experts split over the ranks: experts (whole experts per rank) or intermediate "
+    "(every expert sliced on every rank; the default, faster as measured: see README).",
+)
 
 
-def dist_options(tensor_parallel: int, hostfile: str | None, rank: int | None) -> DistOptions | None:
+def dist_options(
+    tensor_parallel: int, hostfile: str | None, rank: int | None, moe_split: str | None = None
+) -> DistOptions | None:
     """The parsed options, None when the model runs in this process alone."""
     if tensor_parallel == 1 and hostfile is None and rank is None:
         return None
     from baselm.dist.launch import DistOptions
 
-    return DistOptions(tensor_parallel=tensor_parallel, hostfile=hostfile, rank=rank)
+    return DistOptions(tensor_parallel=tensor_parallel, hostfile=hostfile, rank=rank, moe_split=moe_split)
 
 
 def prefix_cache_file(dist: DistOptions | None, path: str | None, chosen: bool) -> str | None:

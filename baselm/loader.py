@@ -102,10 +102,8 @@ def _load_base_file(
     digests = signed_statement(base)[0]["tensors_sha256"] if require_signature else None
     # NOTE: a rank of a group reads only its slices; a signed load reads every region whole,
     # because a tensor's SHA-256 covers its whole region, and is sliced after.
-    plan = shard.read_plan(base) if shard is not None and digests is None else None
-    tensors = base.load(digests=digests, cuts=plan.reads if plan is not None else None)
-    if plan is not None:
-        tensors = plan.assemble(tensors)  # the split weights put together from their slices
+    is_cut = shard is not None and digests is None
+    tensors = shard.read(base) if is_cut else base.load(digests=digests)
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
     del tensors
     config = header["config"]

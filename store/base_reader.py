@@ -89,7 +89,11 @@ class BaseFile:
             return self._read_entry(f, self.tensors[name], verify)
 
     def load(
-        self, verify: bool = False, digests: dict[str, str] | None = None, cuts: dict[str, list[Cut]] | None = None
+        self,
+        verify: bool = False,
+        digests: dict[str, str] | None = None,
+        cuts: dict[str, list[Cut]] | None = None,
+        skip: set[str] | None = None,
     ) -> dict[str, mx.array | QuantizedArray]:
         """All tensors, in file order. Each region is read once, hashed if asked, then copied into MLX.
 
@@ -97,7 +101,8 @@ class BaseFile:
         compared as it is read; a mismatch raises before the tensor is used.
         `cuts` (tensor name -> `Cut`s on one axis, in order): those tensors are read as those
         slices alone, joined along the axis, and only their bytes are read. A checksum or digest
-        covers a whole region, so a cut goes with neither."""
+        covers a whole region, so a cut goes with neither.
+        `skip`: tensors left unread and out of the result."""
         cuts = cuts or {}
         if cuts and (verify or digests is not None):
             raise ValueError("checksums and signatures cover whole regions: sliced reads cannot be checked")
@@ -106,6 +111,8 @@ class BaseFile:
         with self.file() as f:
             tensors = {}
             for name, entry in self.tensors.items():
+                if skip and name in skip:
+                    continue
                 if name in cuts:
                     tensors[name] = self._read_cut(f, entry, cuts[name])
                 else:

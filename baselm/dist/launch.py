@@ -24,8 +24,9 @@ from baselm.backend import select_backend
 from baselm.dist import group as groups
 from baselm.dist.comm import traffic
 from baselm.dist.group import DistError, DistGroup
-from baselm.dist.tp import Sharding
+from baselm.dist.tp import DEFAULT_MOE_SPLIT, Sharding
 from baselm.dist.tp_engine import STEP_TIMEOUT_S, TensorParallelModel, follow
+from baselm.dist.tp_moe import MOE_SPLITS
 from baselm.dist.watchdog import Watchdog
 from baselm.loader import LoadedModel, load_model
 
@@ -41,8 +42,11 @@ class DistOptions:
     rank: int | None = None  # this process's rank in the hostfile
     backend: str = "ring"
     step_timeout: float = STEP_TIMEOUT_S
+    moe_split: str | None = None  # how MoE experts split (tp_moe.MOE_SPLITS); None: the default
 
     def __post_init__(self) -> None:
+        if self.moe_split is not None and self.moe_split not in MOE_SPLITS:
+            raise DistError(f"--moe-split must be one of {', '.join(MOE_SPLITS)}, not {self.moe_split!r}")
         if self.tensor_parallel < 1:
             raise DistError(f"--tensor-parallel must be 1 or more, not {self.tensor_parallel}")
         if (self.hostfile is None) != (self.rank is None):
@@ -65,6 +69,7 @@ class WorkerSpec:
     size: int
     backend: str
     step_timeout: float
+    moe_split: str | None = None
 
 
 def load_model_for(ref: str, device: str, require_signature: bool, dist: DistOptions | None) -> LoadedModel:
@@ -76,10 +81,12 @@ def load_model_for(ref: str, device: str, require_signature: bool, dist: DistOpt
         if dist.tensor_parallel > 1 and dist.tensor_parallel != group.size:
             raise DistError(f"--tensor-parallel {dist.tensor_parallel} but the hostfile lists {group.size} ranks")
     else:
-        spec = WorkerSpec(ref, device, require_signature, dist.tensor_parallel, dist.backend, dist.step_timeout)
+        spec = WorkerSpec(
+            ref, device, require_signature, dist.tensor_parallel, dist.backend, dist.step_timeout, dist.moe_split
+        )
         argv = [sys.executable, "-m", "baselm.dist.worker", json.dumps(asdict(spec))]
         group = groups.start_local(argv, dist.tensor_parallel, dist.backend, env=share_cores(dist.tensor_parallel))
-    loaded = load_shard(ref, device, require_signature, group)
+    loaded = load_shard(ref, device, require_signature, group, dist.moe_split)
     if group.rank != 0:
         follow_and_exit(loaded, group, dist.step_timeout)
     return lead(loaded, group, dist.step_timeout)
@@ -96,9 +103,11 @@ def share_cores(size: int) -> dict[str, str]:
     return env
 
 
-def load_shard(ref: str, device: str, require_signature: bool, group: DistGroup) -> LoadedModel:
-    """This rank's slice of the model."""
-    sharding = Sharding(group.rank, group.size, group.group)
+def load_shard(
+    ref: str, device: str, require_signature: bool, group: DistGroup, moe_split: str | None = None
+) -> LoadedModel:
+    """This rank's slice of the model (`moe_split`: how MoE experts split; None: the default)."""
+    sharding = Sharding(group.rank, group.size, group.group, moe_split=moe_split or DEFAULT_MOE_SPLIT)
     loaded = load_model(ref, select_backend(device), require_signature=require_signature, shard=sharding)
     for note in sharding.notes:
         log.warning("tensor parallelism: %s", note)

@@ -7,9 +7,12 @@ The split (Megatron-style, as mlx-lm and vLLM do it):
   When there are fewer KV heads than ranks, ranks that share a KV head each hold a copy
   (`Sharding.kv_replicated`), and each takes a share of the query heads reading it.
 - gated MLP: gate/up split by output rows, down by input columns, one `all_sum`.
-- MoE (Mixtral, Qwen3-MoE, gpt-oss): every expert is split the same way along its
-  intermediate size (not whole experts per rank), so every rank works on every token whatever
-  the router picks, and the router stays whole on each rank.
+- MoE (Mixtral, Qwen3-MoE, gpt-oss), two ways (`moe_split`), the router whole on each rank:
+  "experts": rank r of N holds experts [r*E/N, (r+1)*E/N) whole and computes only the
+  (token, expert) pairs routed to them (baselm/dist/tp_moe.py); the ranks' weighted sums meet
+  in the MLP's one `all_sum`. "intermediate": every expert is split as a gated MLP along its
+  intermediate size, so every rank computes every routed pair on its slice.
+  The default (DEFAULT_MOE_SPLIT) is the one measured faster (README, "More than one process").
 - embedding, norms, router and LM head stay whole on every rank.
 Splits fall on quantization group boundaries so quantized codes are sliced without repacking;
 a split that cannot (a head range not a multiple of the group size) is a clear error.
@@ -31,11 +34,23 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from baselm.dist.comm import all_sum
+from baselm.dist.tp_moe import (
+    MOE_SPLITS,
+    RankExperts,
+    expert_range,
+    is_experts,
+    num_experts_of,
+    projections,
+    shard_experts,
+    stand_ins,
+)
 from baselm.models.attention import Attention
 from baselm.models.base import ModelConfigError
 from baselm.models.mlp import MLP
 from baselm.models.moe import SwitchGLU
 from baselm.store.base_slices import Cut
+
+DEFAULT_MOE_SPLIT = "intermediate"
 
 
 @dataclass(slots=True)
@@ -50,6 +65,13 @@ class Sharding:
     # NOTE: module path -> Cut of each split projection the loader read already cut (`read_plan`);
     # the hook takes those layers' ranges from here and leaves their weights alone.
     presliced: dict[str, Cut] = field(default_factory=dict)
+    moe_split: str = DEFAULT_MOE_SPLIT  # "experts": whole experts per rank (tp_moe.py); "intermediate"
+    first_experts: dict[str, int] = field(default_factory=dict)  # MoE module path -> its first local expert
+    weight_bytes: int = 0  # this rank's parameters, once loaded
+
+    def __post_init__(self) -> None:
+        if self.moe_split not in MOE_SPLITS:
+            raise ModelConfigError(f"--moe-split must be one of {', '.join(MOE_SPLITS)}, not {self.moe_split!r}")
 
     def read_plan(self, base: Any) -> Any:
         """This rank's `ReadPlan` of the `.base` file `base` (baselm/dist/tp_read.py; empty: read
@@ -60,13 +82,30 @@ class Sharding:
         self.presliced = plan.cuts
         return plan
 
+    def read(self, base: Any) -> dict[str, Any]:
+        """This rank's tensors of the `.base` file `base`: its slices (`read_plan`, the split weights
+        put together from them) and whole tensors, less other ranks' experts (`tp_moe.stand_ins`),
+        which one of its own stands in for."""
+        from baselm.dist.tp_read import skeleton
+
+        plan, skipped = self.read_plan(base), {}
+        if self.moe_split == "experts":
+            skipped = stand_ins(self, skeleton(base), plan.stacked)
+        tensors = base.load(cuts=plan.reads, skip=set(skipped))
+        tensors |= {name: tensors[other] for name, other in skipped.items()}
+        return plan.assemble(tensors)
+
     def plan(self, model: nn.Module, group_sizes: dict[str, int]) -> dict[str, Cut]:
         """The cut the hook makes of each split projection of `model`, by module path, before
         any weight is read; `group_sizes`: the quantization group of each quantized projection.
-        Raises `ModelConfigError` where the hook would (a split off its groups)."""
+        Raises `ModelConfigError` where the hook would (a split off its groups). Whole experts per
+        rank are `Cut(0, first, stop)`: experts [first, stop) of each stacked projection."""
         cuts: dict[str, Cut] = {}
         for path, module in model.named_modules():
-            if isinstance(module, Attention):
+            if self.moe_split == "experts" and is_experts(module):
+                first, stop = expert_range(num_experts_of(module), self.rank, self.size)
+                cuts |= {f"{path}.{name}": Cut(0, first, stop) for name in projections(module)}
+            elif isinstance(module, Attention):
                 (q0, q1), (k0, k1) = head_ranges(module.num_heads, module.num_kv_heads, self.size)[self.rank]
                 d = module.head_dim
                 rows = {"q_proj": (q0, q1), "k_proj": (k0, k1), "v_proj": (k0, k1)}
@@ -89,7 +128,11 @@ class Sharding:
         `weights` (HF names after `sanitize`) to match; returns the sliced weights."""
         modules = dict(model.named_modules())
         for path, module in modules.items():
-            if isinstance(module, Attention):
+            if self.moe_split == "experts" and is_experts(module):
+                first, stop = expert_range(num_experts_of(module), self.rank, self.size)
+                shard_experts(path, module, weights, first, stop)
+                self.first_experts[path.rpartition(".")[0]] = first
+            elif isinstance(module, Attention):
                 self._shard_attention(path, module, weights)
             elif isinstance(module, (MLP, SwitchGLU)):
                 self._shard_mlp(path, module, weights)
@@ -147,19 +190,23 @@ class Sharding:
     def finish(self, model: nn.Module) -> None:
         """Sums each layer's attention and MLP partial outputs over the group, and gives the model
         its local head counts (its KV cache is sized from them)."""
-        for layer in model.layers:
+        for i, layer in enumerate(model.layers):
             layer.self_attn = Summed(layer.self_attn, self.group)
-            layer.mlp = Summed(layer.mlp, self.group)
+            first = self.first_experts.get(f"layers.{i}.mlp")
+            layer.mlp = Summed(layer.mlp if first is None else RankExperts(layer.mlp, first), self.group)
         attn = model.layers[0].self_attn.inner
         model.args = copy.copy(model.args)
         model.args.num_attention_heads, model.args.num_key_value_heads = attn.num_heads, attn.num_kv_heads
         model.sharding = self
+        self.weight_bytes = sum(v.nbytes for _, v in nn.utils.tree_flatten(model.parameters()))
 
     def describe(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
             "size": self.size,
             "kv_replicated": self.kv_replicated,
+            "moe_split": self.moe_split,
+            "weight_bytes": self.weight_bytes,
             "read_cut": bool(self.presliced),  # this rank read only its slices of some split weights of a `.base` file
             "notes": list(self.notes),
         }

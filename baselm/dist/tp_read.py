@@ -60,6 +60,9 @@ class ReadPlan:
     cuts: dict[str, Cut] = field(default_factory=dict)  # module path -> cut of its weight (the hook's ranges)
     reads: dict[str, list[Cut]] = field(default_factory=dict)  # file tensor -> its ranges read, in order
     layers: dict[str, LayerRead] = field(default_factory=dict)  # module path -> how its weight is made
+    # module path -> the file tensors stacked into its weight, one per leading position (per-expert
+    # tensors), whether or not it is cut: what whole experts per rank may leave unread (tp_moe.py)
+    stacked: dict[str, list[str]] = field(default_factory=dict)
 
     def assemble(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
         """The loaded tensors with the cut file tensors replaced by the weights made of them."""
@@ -71,10 +74,22 @@ class ReadPlan:
 
 def plan_reads(base: BaseFile, sharding: Any) -> ReadPlan:
     """This rank's `ReadPlan` of `base` (see the module doc)."""
+    model = skeleton(base)
+    trace = trace_sources(model, base.tensors)
+    stacked = {path: list(source.names) for (path, _), source in trace.sources.items() if len(source.names) > 1}
+    plan = _plan(base, sharding, model, trace)
+    plan.stacked = stacked
+    return plan
+
+
+def skeleton(base: BaseFile) -> Any:
+    """The model of `base`'s config with lazy parameters that are never evaluated (no memory)."""
     config = base.header["config"]
     args_cls, model_cls = model_class(config.get("model_type", ""))
-    model = model_cls(args_cls.from_dict(config))
-    trace = trace_sources(model, base.tensors)
+    return model_cls(args_cls.from_dict(config))
+
+
+def _plan(base: BaseFile, sharding: Any, model: Any, trace: Trace) -> ReadPlan:
     feeds = trace.feeds()
     group_sizes = {path: base.tensors[names[0]].group_size or 1 for path, names in feeds.items()}
     try:

@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit("baselm.dist.worker is started by rank 0 (`base ... --tensor-parallel N`), not by hand")
     spec = WorkerSpec(**json.loads(argv[0]))
     group = groups.form([], spec.size, spec.backend)
-    loaded = load_shard(spec.model, spec.device, spec.require_signature, group)
+    loaded = load_shard(spec.model, spec.device, spec.require_signature, group, spec.moe_split)
     follow_and_exit(loaded, group, spec.step_timeout)
 
 

@@ -105,13 +105,17 @@ class TopKSoftmaxMoE(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         """x: (num_tokens, hidden) -> (num_tokens, hidden)."""
+        expert_ids, weights = self.route(x)
+        out = self.experts(x, expert_ids)  # (num_tokens, k, hidden)
+        return (out * weights[..., None].astype(out.dtype)).sum(axis=1)
+
+    def route(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        """x: (num_tokens, hidden) -> the picked experts, (num_tokens, k) unordered, and their weights (float32)."""
         k = self.num_experts_per_tok
         logits = self.router(x)  # (num_tokens, num_experts)
         expert_ids = mx.argpartition(-logits, kth=k - 1, axis=-1)[:, :k]  # (num_tokens, k), unordered
         top = mx.take_along_axis(logits, expert_ids, axis=-1).astype(mx.float32)  # (num_tokens, k)
-        weights = mx.softmax(top, axis=-1, precise=True)
-        out = self.experts(x, expert_ids)  # (num_tokens, k, hidden)
-        return (out * weights[..., None].astype(out.dtype)).sum(axis=1)
+        return expert_ids, mx.softmax(top, axis=-1, precise=True)
 
 
 class Model(llama.Model):

@@ -118,14 +118,20 @@ class SparseMoE(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         """x: (num_tokens, hidden) -> (num_tokens, hidden)."""
+        expert_ids, weights = self.route(x)
+        out = self.experts(x, expert_ids)  # (num_tokens, k, hidden)
+        return (out * weights[..., None].astype(out.dtype)).sum(axis=1)
+
+    def route(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        """x: (num_tokens, hidden) -> the experts each token picked, (num_tokens, k) unordered, and
+        their weights, (num_tokens, k) float32."""
         k = self.num_experts_per_tok
         probs = mx.softmax(self.gate(x).astype(mx.float32), axis=-1, precise=True)  # (num_tokens, num_experts)
         expert_ids = mx.argpartition(-probs, kth=k - 1, axis=-1)[:, :k]  # (num_tokens, k), unordered
         weights = mx.take_along_axis(probs, expert_ids, axis=-1)  # (num_tokens, k)
         if self.norm_topk_prob:
             weights = weights / weights.sum(axis=-1, keepdims=True)
-        out = self.experts(x, expert_ids)  # (num_tokens, k, hidden)
-        return (out * weights[..., None].astype(out.dtype)).sum(axis=1)
+        return expert_ids, weights
 
 
 def stack_experts(

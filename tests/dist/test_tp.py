@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from baselm.dist.tp import even_ranges, head_ranges
 from baselm.kv import AttentionMetadata
 from baselm.models.base import ModelConfigError
 from tests.dist.tp_ranks import FIXTURES
+from tests.paths import BPE_TOKENIZER, MODEL_FIXTURES
 from tests.tiny_model import write_model_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +63,24 @@ def test_quantized_kv_speculation_and_chunked_prefill_work_over_two_ranks():
     for key, seen in result.items():
         assert seen["pair"]["token_ids"] == seen["whole"]["token_ids"], key
     assert result["llama/ngram"]["pair"]["num_draft_tokens"] > 0  # the pair verified drafts
+
+
+def test_moe_layers_split_either_way_give_the_same_logits_float_and_quantized():
+    result = _ranks("moe_logits", timeout=300)
+    assert len(result) == 2 * (4 + 2 * 2)  # two ways, four fixtures in float32, two of them in q4 and q8
+    for key, seen in result.items():
+        assert seen["max_abs_diff"] < TOLERANCE, key
+        assert seen["same_argmax"], key
+        assert seen["sharding"]["moe_split"] == key.split("/")[0]
+
+
+def test_the_engine_over_two_ranks_answers_as_one_process_with_moe_split_either_way():
+    result = _ranks("moe_engine", timeout=300)
+    assert sorted(result) == ["experts", "intermediate"]
+    for split, seen_by_key in result.items():
+        assert len(seen_by_key) == 4 * 2  # four MoE fixtures, plain and with a q8 KV cache
+        for key, seen in seen_by_key.items():
+            assert seen["pair"]["token_ids"] == seen["whole"]["token_ids"], (split, key)
 
 
 def test_a_killed_rank_fails_the_stream_and_later_requests_with_503(tmp_path: Path):
@@ -134,6 +154,29 @@ def test_base_run_over_two_processes_started_or_joined_prints_what_one_process_p
     rank1 = subprocess.Popen([*args, "--hostfile", str(hostfile), "--rank", "1"], cwd=ROOT, stdout=subprocess.PIPE)
     assert run("--hostfile", str(hostfile), "--rank", "0") == alone
     assert rank1.wait(60) == 0 and rank1.stdout.read() == b""  # it followed rank 0, then left quietly
+
+
+def test_base_run_with_whole_experts_per_rank_prints_what_one_process_prints(tmp_path: Path):
+    folder = tmp_path / "mixtral"
+    shutil.copytree(MODEL_FIXTURES / "mixtral", folder)
+    shutil.copy(BPE_TOKENIZER / "tokenizer.json", folder)
+    args = [sys.executable, "-m", "baselm.cli", "run", str(folder), "Hi", "-n", "12", "--raw", "--json"]
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*args, "--device", "cpu", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    alone = json.loads(run().stdout)["token_ids"]
+    assert len(alone) == 12
+    for split in ("experts", "intermediate"):
+        proc = run("--tensor-parallel", "2", "--moe-split", split)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout)["token_ids"] == alone, split
+    proc = run("--tensor-parallel", "2", "--moe-split", "rows")
+    assert proc.returncode == 1
+    assert "--moe-split must be one of experts, intermediate, not 'rows'" in proc.stderr
+    proc = run("--tensor-parallel", "3", "--moe-split", "experts")  # 4 experts
+    assert proc.returncode == 1
+    assert "4 experts cannot be split evenly over 3 ranks" in proc.stderr
 
 
 def test_a_prefix_cache_file_is_refused_across_processes(tmp_path: Path):

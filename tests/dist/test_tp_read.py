@@ -11,11 +11,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 import pytest
 
 from baselm.backend import Backend
-from baselm.dist.tp import Sharding
+from baselm.dist.tp import DEFAULT_MOE_SPLIT, Sharding
 from baselm.loader import _load_base_file, load_model, model_from_checkpoint
 from baselm.models import model_class
 from baselm.store import hf
@@ -24,6 +23,7 @@ from baselm.store.convert import convert
 from baselm.store.errors import SignatureError
 from baselm.store.signed_file import sign_file
 from baselm.store.signing import keygen
+from tests.dist.moe_fixtures import WIDENED_EXPERTS, widened_experts
 from tests.paths import BPE_TOKENIZER, MODEL_FIXTURES
 from tests.tiny_model import write_model_folder
 
@@ -35,22 +35,11 @@ BACKENDS = {
 }
 
 
-# MoE fixtures whose 32 expert features are one quantization group widened to 64, so that
-# quantized experts split over two ranks: config key of the expert intermediate size.
-WIDENED_EXPERTS = {"mixtral": "intermediate_size", "qwen3_moe_sparse": "moe_intermediate_size"}
-
-
 def _widen_experts(folder: Path, key: str) -> None:
     """Rewrites the folder's expert tensors with 64 intermediate features (seeded random values)."""
-    rng = np.random.default_rng(0)
-    weights = hf.read_weights(folder)
-    for name, value in weights.items():
-        if ".experts." in name:
-            shape = tuple(64 if n == 32 else n for n in value.shape)
-            weights[name] = mx.array(rng.standard_normal(shape).astype(np.float32) * 0.05)
+    config, weights = widened_experts(folder, key)
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, key: 64}))
+    (folder / "config.json").write_text(json.dumps(config))
 
 
 def _base(tmp_path: Path, fixture: str, quant: str, group_size: int = 32) -> Path:
@@ -106,10 +95,10 @@ def _fuse_experts(folder: Path) -> None:
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
 
 
-def _load_then_slice(path: Path, backend: Backend, rank: int) -> nn.Module:
+def _load_then_slice(path: Path, backend: Backend, rank: int, moe_split: str = DEFAULT_MOE_SPLIT) -> nn.Module:
     base = BaseFile.open(path)
     weights, _ = model_weights(base.load())
-    return model_from_checkpoint(base.header["config"], weights, backend, shard=Sharding(rank, 2))
+    return model_from_checkpoint(base.header["config"], weights, backend, shard=Sharding(rank, 2, moe_split=moe_split))
 
 
 # qwen3_moe_sparse_fused: its experts fused as some checkpoints store them (gate and up split at load).
@@ -174,6 +163,40 @@ def test_weights_that_cannot_be_traced_are_read_whole_and_the_others_cut(tmp_pat
         assert not any(".gate_proj." in name or ".up_proj." in name for name in plan.reads)
         sliced = _load_base_file(path, BACKENDS[backend], shard=sharding)[0]
         _same_parameters(sliced, _load_then_slice(path, BACKENDS[backend], rank), rank)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("quant", ["q4", "q8", "f16"])
+@pytest.mark.parametrize("fixture", ["mixtral", "qwen3_moe_sparse", "gpt_oss"])
+def test_a_rank_with_whole_experts_builds_what_load_then_slice_builds(tmp_path, fixture, quant, backend):
+    path = _base(tmp_path, fixture, quant)
+    for rank in (0, 1):
+        sliced = _load_base_file(path, BACKENDS[backend], shard=Sharding(rank, 2, moe_split="experts"))[0]
+        whole = _load_then_slice(path, BACKENDS[backend], rank, "experts")
+        got, want = dict(nn.utils.tree_flatten(sliced.parameters())), dict(nn.utils.tree_flatten(whole.parameters()))
+        assert sorted(got) == sorted(want)
+        for name, value in want.items():
+            assert mx.array_equal(got[name], value).item(), (rank, name)
+        assert sliced.layers[0].mlp.inner.first == 2 * rank  # the fixtures have 4 experts
+
+
+@pytest.mark.parametrize("fixture", ["mixtral", "qwen3_moe_sparse"])
+def test_a_rank_with_whole_experts_reads_its_experts_and_none_of_the_others(tmp_path, fixture):
+    path = _base(tmp_path, fixture, "q4")
+    names = list(BaseFile.open(path).tensors)
+    experts = {name: int(name.split(".experts.")[1].split(".")[0]) for name in names if ".experts." in name}
+    assert experts and set(experts.values()) == {0, 1, 2, 3}
+    for rank in (0, 1):
+        base, sharding = BaseFile.open(path), Sharding(rank, 2, moe_split="experts")
+        tensors = sharding.read(base)
+        cuts = sharding.read_plan(BaseFile.open(path)).reads
+        assert cuts and not any(name in cuts for name in experts)  # attention and dense MLPs are cut
+        own = [name for name, e in experts.items() if 2 * rank <= e < 2 * rank + 2]
+        rest = sum(e.length for name, e in base.tensors.items() if name not in cuts and name not in experts)
+        own_bytes = sum(base.tensors[name].length for name in own)
+        assert base.bytes_read == rest + _split_bytes(base, cuts) + own_bytes
+        assert set(experts) <= set(tensors)  # the others' experts stand in, unread, for the stacking
+        assert not set(cuts) & set(tensors)  # cut file tensors come as the weights made of them
 
 
 def _split_bytes(base: BaseFile, cuts: dict) -> int:

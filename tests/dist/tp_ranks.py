@@ -19,8 +19,9 @@ from baselm import cpu, dist
 from baselm.backend import select_backend
 from baselm.config import EngineConfig, SpeculativeConfig
 from baselm.dist.launch import DistOptions, describe, lead, load_model_for
-from baselm.dist.tp import Sharding
+from baselm.dist.tp import DEFAULT_MOE_SPLIT, Sharding
 from baselm.dist.tp_engine import follow
+from baselm.dist.tp_moe import MOE_SPLITS
 from baselm.embedding import embed
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
@@ -28,6 +29,7 @@ from baselm.models import build_model
 from baselm.sampling import SamplingParams
 from baselm.store import hf
 from baselm.tokenizer.tokenizer import Tokenizer
+from tests.dist.moe_fixtures import WIDENED_EXPERTS, widened_experts
 from tests.forward import prefill_logits
 from tests.paths import BPE_TOKENIZER, MODEL_FIXTURES
 
@@ -36,10 +38,11 @@ PROMPT = [3, 17, 42, 99, 5, 200, 11, 64, 7, 128, 31]
 
 
 def quantized(weights: dict[str, mx.array], group_size: int = 32, bits: int = 4) -> dict[str, mx.array]:
-    """The fixture's projection weights as affine triplets (the layout `.base` and GGUF files load)."""
+    """The fixture's projection weights (experts' too) as affine triplets (the layout `.base` and GGUF files load)."""
     out = {}
     for name, value in weights.items():
-        if name.endswith("_proj.weight") and value.ndim == 2 and value.shape[-1] % group_size == 0:
+        is_projection = name.endswith("_proj.weight") or (".experts." in name and name.endswith(".weight"))
+        if is_projection and value.ndim == 2 and value.shape[-1] % group_size == 0:
             prefix = name.removesuffix(".weight")
             codes, scales, biases = mx.quantize(value, group_size, bits)
             out |= {f"{prefix}.weight": codes, f"{prefix}.scales": scales, f"{prefix}.biases": biases}
@@ -106,12 +109,12 @@ def _generate(loaded: LoadedModel, config: dict) -> dict:
     }
 
 
-def engine(group: dist.DistGroup, names: list[str], configs: list[str]) -> dict:
+def engine(group: dist.DistGroup, names: list[str], configs: list[str], moe_split: str = DEFAULT_MOE_SPLIT) -> dict:
     """Greedy answers of the engine over the pair against the engine on rank 0's whole model."""
     result = {}
     for name in names:
         for config in configs:
-            model = _build(name, Sharding(group.rank, group.size, group.group), None)
+            model = _build(name, Sharding(group.rank, group.size, group.group, moe_split=moe_split), None)
             if group.rank != 0:
                 follow(model, group.group)
                 continue
@@ -123,10 +126,46 @@ def engine(group: dist.DistGroup, names: list[str], configs: list[str]) -> dict:
     return result
 
 
+MOE_FIXTURES = ["gpt_oss", "mixtral", "qwen3_moe", "qwen3_moe_sparse"]
+
+
+def _moe_weights(name: str, bits: int | None) -> tuple[dict, dict]:
+    """(config, weights) of an MoE fixture: float, or with projections and experts quantized to
+    `bits` in groups of 32 (experts widened to split on groups both ways)."""
+    if bits is None:
+        return hf.read_config(MODEL_FIXTURES / name), hf.read_weights(MODEL_FIXTURES / name)
+    config, weights = widened_experts(MODEL_FIXTURES / name, WIDENED_EXPERTS[name])
+    return config, quantized(weights, bits=bits)
+
+
+def moe_logits(group: dist.DistGroup) -> dict:
+    """Prefill logits of the MoE fixtures split each way, in float32 and with q4 and q8 weights
+    kept quantized: the pair against rank 0's whole model."""
+    result = {}
+    for split in MOE_SPLITS:
+        for name in MOE_FIXTURES:
+            for bits in (None, 4, 8):
+                if bits is not None and name not in WIDENED_EXPERTS:
+                    continue
+                config, weights = _moe_weights(name, bits)
+                sharding = Sharding(group.rank, group.size, group.group, moe_split=split)
+                pair = prefill_logits(build_model(config, dict(weights), keep_quantized=True, shard=sharding), PROMPT)
+                if group.rank == 0:
+                    whole = prefill_logits(build_model(config, weights, keep_quantized=True), PROMPT)
+                    result[f"{split}/{name}/{bits or 32}"] = {
+                        "max_abs_diff": float(np.abs(pair - whole).max()),
+                        "same_argmax": bool((pair.argmax(-1) == whole.argmax(-1)).all()),
+                        "sharding": sharding.describe(),
+                    }
+    return result
+
+
 TESTS = {
     "engine": lambda g: engine(g, FIXTURES, ["plain"]),
     "engine_options": lambda g: engine(g, ["llama"], ["kv8", "ngram", "chunked"]),
     "logits": lambda g: logits(g, None),
+    "moe_logits": moe_logits,
+    "moe_engine": lambda g: {s: engine(g, MOE_FIXTURES, ["plain", "kv8"], s) for s in MOE_SPLITS},
     "quantized_logits": lambda g: {q: logits(g, q) for q in ("kernels", "reference")},
 }
 

@@ -332,7 +332,7 @@ def render(report: dict[str, Any]) -> None:
         )
     console.print(table)
     if "speculative" in report:
-        spec = Table("workload", "conc", "tok/s/stream off/on", "x", "tok/s total off/on", "x", "accepted", "same")
+        spec = Table(*bench_spec.COLUMNS)
         for row in bench_spec.render_rows(report["speculative"]):
             spec.add_row(*row)
         console.print(spec)

@@ -31,7 +31,7 @@ from baselm.runner import RunnerOutput
 from baselm.scheduler import Scheduler, SchedulerOutput
 from baselm.spec.draft import DraftModelProposer
 from baselm.spec.ngram import NgramIndex
-from baselm.spec.policy import IDLE_DECAY, SHARED_IDLE_DECAY, Acceptance, StepCost, plan_drafts, plan_uniform
+from baselm.spec.policy import SHARED_DECAY, SHARED_IDLE_DECAY, Acceptance, StepCost, plan_drafts, plan_uniform
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_PASSES = 3
@@ -130,16 +130,19 @@ class Speculator:
             candidates = [r for r, a in zip(candidates, acceptances) if not a.is_waiting]
             acceptances = [a for a in acceptances if not a.is_waiting]
         if candidates:
+            num_others = sum(r.num_computed_tokens == r.num_tokens - 1 for r in scheduler.running) - len(candidates)
             max_drafts = self._max_drafts(candidates, acceptances)
             rates = [a.rate for a in acceptances]
-            self._propose_draft(candidates, rates, max_drafts, _base_tokens(scheduler, self.max_num_batched_tokens))
+            base_tokens = _base_tokens(scheduler, self.max_num_batched_tokens)
+            self._propose_draft(candidates, rates, max_drafts, base_tokens, num_others)
             self._drafted = candidates
 
     def _propose_ngram(self, scheduler: Scheduler) -> None:
         k, adaptive = self.config.num_speculative_tokens, self.config.adaptive
-        found = []
+        found, num_decoding = [], 0
         for request in scheduler.running:
             if request.num_computed_tokens == request.num_tokens - 1:  # decodes this step
+                num_decoding += 1
                 proposal = self._ngram(request, min(k, request.max_tokens - request.num_output_tokens - 1))
                 if proposal and can_speculate(request):
                     acceptance = self._acceptance_of(request)
@@ -155,7 +158,8 @@ class Speculator:
         matched = [self._ngram_indexes[r.request_id].match_length for r in candidates]
         if adaptive:
             rates = [a.rate_with(self._by_match_length(n).rate) for a, n in zip(acceptances, matched)]
-            counts = plan_drafts(rates, lengths, _base_tokens(scheduler, self.max_num_batched_tokens), self.cost)
+            base_tokens = _base_tokens(scheduler, self.max_num_batched_tokens)
+            counts = plan_drafts(rates, lengths, base_tokens, self.cost, num_decoding - len(candidates))
         else:
             counts = lengths
         for request, proposal, count in zip(candidates, proposals, counts):
@@ -177,10 +181,10 @@ class Speculator:
         self._drafted = []
 
     def _propose_draft(
-        self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int
+        self, candidates: list[Request], rates: list[float], max_drafts: list[int], base_tokens: int, num_others: int
     ) -> None:
         if self.config.adaptive:
-            counts = plan_uniform(rates, max_drafts, base_tokens, self.cost, self.draft.draft_seconds)
+            counts = plan_uniform(rates, max_drafts, base_tokens, self.cost, self.draft.draft_seconds, num_others)
         else:
             counts = max_drafts
         self.draft.propose(candidates, counts)
@@ -247,9 +251,9 @@ class Speculator:
         """What verifications of proposals that followed an n-token suffix accepted, in all requests."""
         acceptance = self._by_length.get(n)
         if acceptance is None:
-            acceptance = self._by_length[n] = Acceptance()
+            acceptance = self._by_length[n] = Acceptance(SHARED_DECAY, SHARED_IDLE_DECAY)
             acceptance.step = self._step
-        return self._caught_up(acceptance, SHARED_IDLE_DECAY)
+        return self._caught_up(acceptance)
 
     def _acceptance_of(self, request: Request) -> Acceptance:
         """The request's acceptance as of this step: steps since it last verified count as idle."""
@@ -259,10 +263,10 @@ class Speculator:
             acceptance.step = self._step
         return self._caught_up(acceptance)
 
-    def _caught_up(self, acceptance: Acceptance, decay: float = IDLE_DECAY) -> Acceptance:
+    def _caught_up(self, acceptance: Acceptance) -> Acceptance:
         """NOTE: steps since it last verified count as idle: its evidence fades towards the prior."""
         if acceptance.step < self._step:
-            acceptance.idle(self._step - acceptance.step, decay)
+            acceptance.idle(self._step - acceptance.step)
             acceptance.step = self._step
         return acceptance
 

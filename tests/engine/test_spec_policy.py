@@ -194,3 +194,12 @@ def test_a_sizes_fastest_is_the_fastest_still_in_its_window():
     assert cost.seconds(1) == pytest.approx(0.3)
     cost.observe(1, 0.1)
     assert cost.table() == {1: 0.1}
+
+
+def test_other_decoding_requests_weigh_in_a_steps_yield():
+    # One request of eight has a draft: it adds 0.5 expected tokens to eight, not to one.
+    cost = linear_cost(a=0.1, b=0.01)
+    assert plan_drafts([0.5], [1], 8, cost) == [1]  # alone, 1.5 tokens for 0.19 s beats 1 for 0.18 s
+    assert plan_drafts([0.5], [1], 8, cost, num_others=7) == [0]  # 8.5 for 0.19 s is under 1.02 x 8 for 0.18 s
+    assert plan_uniform([0.5], [1], 8, cost, lambda k, n: 0.0) == [1]
+    assert plan_uniform([0.5], [1], 8, cost, lambda k, n: 0.0, num_others=7) == [0]

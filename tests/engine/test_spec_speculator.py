@@ -71,3 +71,10 @@ def test_accepted_short_matches_keep_being_verified():
     spec = speculator()
     for i in range(8):
         assert step(spec, [running(f"short{i}", SHORT)], accepted=4)[0] > 0
+
+
+def test_a_draft_is_weighed_against_the_whole_batchs_yield():
+    assert step(speculator(), [running("alone", SHORT)])[0] > 0
+    # Beside seven decoding requests that propose nothing, a quarter step for 0.6 tokens does not pay.
+    others = [running(f"other{i}", [10 + i, 20 + i, 30 + i]) for i in range(7)]
+    assert step(speculator(), [running("shared", SHORT), *others]) == [0] * 8

@@ -53,6 +53,9 @@ def test_bench_json_compares_with_and_without_speculation(model_folder):
         assert row["same_tokens"] is True
         assert 0 <= row["acceptance_rate"] <= 1
         assert len(row["speedup_aggregate_pairs"]) == 3
+        low, mean, high = row["speedup_pairs_mean_ci95"]
+        assert low <= mean <= high and mean == pytest.approx(sum(row["speedup_aggregate_pairs"]) / 3, abs=2e-3)
+        assert min(row["speedup_aggregate_pairs"]) <= row["speedup_pairs_median"] <= max(row["speedup_aggregate_pairs"])
     assert spec["step_ms_by_tokens"] and set(spec["step_line_ms"]) == {"a", "b_per_token"}  # a fit of timings
     assert set(spec["auto_off_at_batch"]) == {"0.5", "0.7", "0.9"}
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from baselm.spec.ngram import NgramIndex, propose_ngram
-from baselm.spec.policy import Acceptance, StepCost, expected_tokens, plan_drafts, plan_uniform
+from baselm.spec.policy import MIN_GAIN, Acceptance, StepCost, expected_tokens, plan_drafts, plan_uniform
 
 
 def test_ngram_proposes_what_followed_the_longest_earlier_suffix():
@@ -139,10 +139,10 @@ def test_drafts_past_a_jump_in_cost_are_taken_when_the_whole_run_pays():
 
 def test_a_near_tie_verifies_nothing():
     cost = linear_cost(a=0.1, b=0.01)
-    # One draft at 12%: 1.12 tokens in 0.12 s vs 1 in 0.11 s, 2.7% better: taken.
-    assert plan_drafts([0.12], [1], 1, cost) == [1]
-    # At 11%: 1.11 / 0.12 is 1.7% better than 1 / 0.11: below MIN_GAIN, not taken.
-    assert plan_drafts([0.11], [1], 1, cost) == [0]
+    # One draft at acceptance a: 1 + a tokens in 0.12 s against 1 in 0.11 s; it must beat that by MIN_GAIN.
+    tie = MIN_GAIN * 0.12 / 0.11 - 1  # 0.2 with MIN_GAIN 1.1
+    assert plan_drafts([tie + 0.01], [1], 1, cost) == [1]
+    assert plan_drafts([tie - 0.01], [1], 1, cost) == [0]  # better than nothing, but by less than MIN_GAIN
 
 
 @pytest.mark.parametrize("vocab", [3, 8, 50])

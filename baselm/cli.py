@@ -49,7 +49,8 @@ app = typer.Typer(
 
 PREFIX_FILE_HELP = (
     "Save the prefix cache here (periodically, at exit) and load it at start "
-    "(with --pd: prefill rank R keeps FILE.prefillR)."
+    "(with --pd: prefill rank R keeps FILE.prefillR; with --tensor-parallel N or --hostfile: rank R keeps "
+    "its KV heads in FILE.tpR, on its own machine)."
 )
 PREFIX_SAVE_HELP = "Seconds between saves of a changed prefix cache."
 PREFIX_MAX_HELP = "Most K/V the prefix cache file holds (with --pd: each), e.g. 1GiB (default: the pool)."
@@ -215,13 +216,13 @@ def chat(
 
     try:
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
-        prefix_file = chat_prefix_cache_file(prefix_cache_file_choice, model)
+        dist, prefix_file = prefix_cache_file(dist, chat_prefix_cache_file(prefix_cache_file_choice, model))
         options = ChatOptions(
             model,
             ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed),
             EngineConfig(
                 kv_memory=parse_optional_size(kv_memory),
-                prefix_cache_file=prefix_cache_file(dist, prefix_file, prefix_cache_file_choice != "auto"),
+                prefix_cache_file=prefix_file,
                 prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
                 speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
             ),
@@ -444,6 +445,7 @@ def serve(
 
     try:
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
+        dist, prefix_file = prefix_cache_file(dist, prefix_cache_file_path)  # --pd: per prefill rank; TP: per rank
         config = EngineConfig(
             kv_memory=parse_optional_size(kv_memory),
             kv_bits=kv_bits,
@@ -452,7 +454,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=not no_prefix_caching,
             max_waiting=max_waiting,
-            prefix_cache_file=prefix_cache_file(None if pd else dist, prefix_cache_file_path, True),  # --pd: per rank
+            prefix_cache_file=prefix_file,
             prefix_cache_save_interval=prefix_cache_save_interval,
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),

@@ -42,16 +42,14 @@ def dist_options(
     return DistOptions(tensor_parallel=tensor_parallel, hostfile=hostfile, rank=rank, moe_split=moe_split)
 
 
-def prefix_cache_file(dist: DistOptions | None, path: str | None, chosen: bool) -> str | None:
-    """The prefix cache file to use: none across processes, where the file would hold rank 0's
-    KV heads only (refused when `chosen` by the user, dropped when it was a default)."""
+def prefix_cache_file(dist: DistOptions | None, path: str | None) -> tuple[DistOptions | None, str | None]:
+    """(dist, path): across processes each rank R keeps its own KV heads in `path`.tpR
+    (dist/tp_persist.py), so the ranks this process starts are told the path too."""
     if dist is None or path is None:
-        return path
-    if chosen:
-        from baselm.dist.group import DistError
+        return dist, path
+    from dataclasses import replace
 
-        raise DistError("a prefix cache file cannot be used with --tensor-parallel (each rank holds part of the KV)")
-    return None
+    return replace(dist, prefix_cache_file=path), path
 
 
 def serve_pd(*args: object) -> None:

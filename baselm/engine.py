@@ -123,7 +123,8 @@ class LLMEngine:
         """The prefix cache file, its blocks loaded into the pool; None without one."""
         if not config.prefix_cache_file:
             return None
-        return PersistentPrefixCache.open(
+        open_file = getattr(loaded.model, "open_prefix_cache", PersistentPrefixCache.open)  # a group's: one per rank
+        return open_file(
             config.prefix_cache_file, loaded.path, self.kv_manager, self.cache, config.prefix_cache_max_size
         )
 

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from baselm.backend import select_backend
@@ -27,6 +27,7 @@ from baselm.dist.group import DistError, DistGroup
 from baselm.dist.tp import DEFAULT_MOE_SPLIT, Sharding
 from baselm.dist.tp_engine import STEP_TIMEOUT_S, TensorParallelModel, follow
 from baselm.dist.tp_moe import MOE_SPLITS
+from baselm.dist.tp_persist import RankFile
 from baselm.dist.watchdog import Watchdog
 from baselm.loader import LoadedModel, load_model
 
@@ -43,6 +44,7 @@ class DistOptions:
     backend: str = "ring"
     step_timeout: float = STEP_TIMEOUT_S
     moe_split: str | None = None  # how MoE experts split (tp_moe.MOE_SPLITS); None: the default
+    prefix_cache_file: str | None = None  # --prefix-cache-file: rank R keeps FILE.tpR (dist/tp_persist.py)
 
     def __post_init__(self) -> None:
         if self.moe_split is not None and self.moe_split not in MOE_SPLITS:
@@ -70,6 +72,7 @@ class WorkerSpec:
     backend: str
     step_timeout: float
     moe_split: str | None = None
+    prefix_cache_file: str | None = None
 
 
 def load_model_for(ref: str, device: str, require_signature: bool, dist: DistOptions | None) -> LoadedModel:
@@ -84,11 +87,12 @@ def load_model_for(ref: str, device: str, require_signature: bool, dist: DistOpt
         spec = WorkerSpec(
             ref, device, require_signature, dist.tensor_parallel, dist.backend, dist.step_timeout, dist.moe_split
         )
+        spec = replace(spec, prefix_cache_file=dist.prefix_cache_file)
         argv = [sys.executable, "-m", "baselm.dist.worker", json.dumps(asdict(spec))]
         group = groups.start_local(argv, dist.tensor_parallel, dist.backend, env=share_cores(dist.tensor_parallel))
     loaded = load_shard(ref, device, require_signature, group, dist.moe_split)
     if group.rank != 0:
-        follow_and_exit(loaded, group, dist.step_timeout)
+        follow_and_exit(loaded, group, dist.step_timeout, dist.prefix_cache_file)
     return lead(loaded, group, dist.step_timeout)
 
 
@@ -127,11 +131,15 @@ def lead(loaded: LoadedModel, group: DistGroup, step_timeout: float = STEP_TIMEO
     return loaded
 
 
-def follow_and_exit(loaded: LoadedModel, group: DistGroup, step_timeout: float = STEP_TIMEOUT_S) -> None:
+def follow_and_exit(
+    loaded: LoadedModel, group: DistGroup, step_timeout: float = STEP_TIMEOUT_S, prefix_cache_file: str | None = None
+) -> None:
     """A rank other than 0: follows rank 0 until it stops, then ends the process (status 0), or
-    with a clear message (status 1) when rank 0 is gone."""
+    with a clear message (status 1) when rank 0 is gone. With `prefix_cache_file` FILE it keeps
+    its prefix cache in FILE.tpR, saved and loaded as rank 0's plans say."""
+    files = RankFile(prefix_cache_file, loaded.path, group.rank, group.size)
     try:
-        follow(loaded.model, group.group, Watchdog(step_timeout))
+        follow(loaded.model, group.group, Watchdog(step_timeout), files)
     except groups.RankFailedError as e:
         print(f"base: rank {group.rank}: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None

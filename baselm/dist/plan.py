@@ -3,13 +3,15 @@
 A forward's inputs are the flattened token ids and the attention metadata's host-side lists
 (query and context lengths, block tables); every rank rebuilds the same `AttentionMetadata`
 from them. A plan also says which cache to run on (`CACHE`: allocate pools of a size) or to
-stop (`STOP`). Layout, all int32 little-endian:
+stop (`STOP`), or to save or load the prefix cache files (`SAVE`, `LOAD`: dist/tp_persist.py).
+Layout, all int32 little-endian:
 
     [op, num_seqs, num_tokens, max_blocks, cache_id, a, b, c]   header (a, b, c: op-specific)
     query_lens (num_seqs) | context_lens (num_seqs) | input_ids (num_tokens) | block_tables (num_seqs * max_blocks)
 
 `cache_id` names the KV cache a forward runs on: rank 0 announces each cache once (`CACHE`,
 with (a, b, c) = (num_blocks, block_size, kv_bits)) and frees it (`FREE`) when it is gone.
+`SAVE` and `LOAD` carry a payload of int32 words after the header (its length in num_tokens).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from baselm.dist.comm import broadcast_bytes
 from baselm.dist.group import DistError
 from baselm.kv import AttentionMetadata
 
-FORWARD, HIDDEN, CACHE, FREE, STOP = 1, 2, 3, 4, 5
+FORWARD, HIDDEN, CACHE, FREE, STOP, SAVE, LOAD = 1, 2, 3, 4, 5, 6, 7
+_PAYLOAD = (SAVE, LOAD)
 _HEADER = 8
 
 
@@ -38,6 +41,7 @@ class StepPlan:
     block_tables: np.ndarray | None = None  # (num_seqs, max_blocks) int32, padded
     cache_id: int = 0
     cache_shape: tuple[int, int, int] = (0, 0, 0)  # CACHE: (num_blocks, block_size, kv_bits)
+    payload: np.ndarray | None = None  # SAVE, LOAD: (n,) int32
 
     @classmethod
     def forward(cls, op: int, input_ids: mx.array, meta: AttentionMetadata, cache_id: int) -> StepPlan:
@@ -52,6 +56,9 @@ class StepPlan:
         )
 
     def encode(self) -> bytes:
+        if self.op in _PAYLOAD:
+            header = [self.op, 0, len(self.payload), 0, self.cache_id, 0, 0, 0]
+            return np.concatenate([np.asarray(header, dtype="<i4"), np.asarray(self.payload, dtype="<i4")]).tobytes()
         if self.op not in (FORWARD, HIDDEN):
             return np.array([self.op, 0, 0, 0, self.cache_id, *self.cache_shape], dtype="<i4").tobytes()
         num_seqs, max_blocks = self.block_tables.shape
@@ -65,8 +72,12 @@ class StepPlan:
         if len(values) < _HEADER or len(data) % 4:
             raise DistError(f"a step plan of {len(data)} bytes is not one")
         op, num_seqs, num_tokens, max_blocks, cache_id, *extra = (int(v) for v in values[:_HEADER])
-        if op not in (FORWARD, HIDDEN, CACHE, FREE, STOP):
+        if op not in (FORWARD, HIDDEN, CACHE, FREE, STOP, *_PAYLOAD):
             raise DistError(f"a step plan has the unknown op {op}")
+        if op in _PAYLOAD:
+            if len(values) != _HEADER + num_tokens:
+                raise DistError(f"a step plan holds {len(values)} values, its header describes {_HEADER + num_tokens}")
+            return cls(op, cache_id=cache_id, payload=values[_HEADER:].copy())
         if op not in (FORWARD, HIDDEN):
             return cls(op, cache_id=cache_id, cache_shape=tuple(extra))
         sizes = [num_seqs, num_seqs, num_tokens, num_seqs * max_blocks]

@@ -28,7 +28,8 @@ import mlx.core as mx
 
 from baselm.dist.comm import run_collective
 from baselm.dist.group import DistGroup, RankFailedError
-from baselm.dist.plan import CACHE, FORWARD, FREE, HIDDEN, STOP, StepPlan, receive_plan, send_plan
+from baselm.dist.plan import CACHE, FORWARD, FREE, HIDDEN, LOAD, SAVE, STOP, StepPlan, receive_plan, send_plan
+from baselm.dist.tp_persist import GroupPrefixCache, RankFile
 from baselm.dist.watchdog import Watchdog
 from baselm.kv import AttentionMetadata, PagedKVCache
 
@@ -71,20 +72,30 @@ class TensorParallelModel:
         return self._run(HIDDEN, self.inner.hidden_states, input_ids, positions, meta, cache)
 
     def _run(self, op: int, fn, input_ids, positions, meta, cache) -> mx.array:
-        if self.failed is not None:
-            raise self.failed
         self.num_forwards += 1
         self.num_tokens += input_ids.size
+        return self.on_group(self._step, op, fn, input_ids, positions, meta, cache)
+
+    def on_group(self, fn, *args: Any) -> Any:
+        """`fn(*args)` on the step thread, in order with the forwards (it may send plans), waited for."""
+        if self.failed is not None:
+            raise self.failed
         try:
-            return self._wait(self._pool.submit(self._step, op, fn, input_ids, positions, meta, cache))
+            return self._wait(self._pool.submit(fn, *args))
         except RankFailedError as e:
             self.failed = e
             log.error("tensor parallelism stopped: %s", e)
             raise
 
+    def open_prefix_cache(self, path: str, weights, kv, cache: PagedKVCache, max_size: int | None) -> GroupPrefixCache:
+        """The group's prefix cache files (rank R: `path`.tpR), loaded on every rank or on none."""
+        files = GroupPrefixCache(self, path, weights, kv, cache, max_size)
+        files.load()
+        return files
+
     def _step(self, op: int, fn, input_ids, positions, meta, cache) -> mx.array:
         """On the helper thread: the plan to every rank, then this rank's forward, evaluated."""
-        cache_id = self._announce(cache)
+        cache_id = self.announce(cache)
         send_plan(StepPlan.forward(op, input_ids, meta, cache_id), self.dist_group.group)
         out = fn(input_ids, positions, meta, cache)
         run_collective(mx.eval, out)
@@ -103,7 +114,7 @@ class TensorParallelModel:
             if time.monotonic() > deadline:
                 raise RankFailedError(f"a step took longer than {timeout:.0f} s: a rank is stuck; restart every rank")
 
-    def _announce(self, cache: PagedKVCache) -> int:
+    def announce(self, cache: PagedKVCache) -> int:
         """The id the other ranks know `cache` by; a new cache is announced (they allocate pools of
         its size for their KV heads) and gone ones are freed on them."""
         while self._freed:
@@ -150,10 +161,11 @@ class _StepThread:
                 future.set_exception(e)
 
 
-def follow(model: Any, group: Any, watchdog: Watchdog | None = None) -> int:
+def follow(model: Any, group: Any, watchdog: Watchdog | None = None, files: RankFile | None = None) -> int:
     """A rank other than 0: runs rank 0's forwards on this rank's shard until STOP; returns how
-    many it ran. Raises RankFailedError when rank 0 is gone."""
+    many it ran; `files`: its prefix cache file. Raises RankFailedError when rank 0 is gone."""
     watchdog = watchdog or Watchdog(STEP_TIMEOUT_S)
+    files = files or RankFile(None, None, group.rank(), group.size())
     caches: dict[int, PagedKVCache] = {}
     num_steps = 0
     while True:
@@ -166,6 +178,9 @@ def follow(model: Any, group: Any, watchdog: Watchdog | None = None) -> int:
             continue
         if plan.op == FREE:
             caches.pop(plan.cache_id, None)
+            continue
+        if plan.op in (SAVE, LOAD):
+            files.follow(plan, caches[plan.cache_id], group)
             continue
         cache = caches[plan.cache_id]
         meta = plan.metadata(cache.block_size)

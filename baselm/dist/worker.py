@@ -22,7 +22,7 @@ def main(argv: list[str]) -> None:
     spec = WorkerSpec(**json.loads(argv[0]))
     group = groups.form([], spec.size, spec.backend)
     loaded = load_shard(spec.model, spec.device, spec.require_signature, group, spec.moe_split)
-    follow_and_exit(loaded, group, spec.step_timeout)
+    follow_and_exit(loaded, group, spec.step_timeout, spec.prefix_cache_file)
 
 
 if __name__ == "__main__":

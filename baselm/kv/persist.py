@@ -38,6 +38,7 @@ log = logging.getLogger("baselm.kv")
 MAGIC = b"BASEKVC1"
 VERSION = 1
 _LEN = struct.Struct("<Q")
+GROUP_SUFFIX = ".tp"  # rank R of a tensor-parallel group keeps FILE.tpR (dist/tp_persist.py)
 
 
 _HEAD = 4 * 2**20  # the first bytes of each file: a GGUF's metadata and tensor table, a config, a safetensors header
@@ -109,28 +110,38 @@ def _recent_cached_blocks(kv: KVCacheManager) -> list[Any]:
     return in_use + [pool.blocks[b] for b in free]
 
 
+def chosen_blocks(kv: KVCacheManager, cache: PagedKVCache, max_bytes: int) -> list[Any]:
+    """The cached blocks a save keeps: the most recently used, at most `max_bytes` of K/V."""
+    per_block = cache.nbytes // cache.num_blocks
+    return _recent_cached_blocks(kv)[: max(max_bytes // max(per_block, 1), 0)]
+
+
 def save(path: Path, kv: KVCacheManager, cache: PagedKVCache, stamp: dict[str, Any], max_bytes: int) -> int:
     """Writes the most recently used cached blocks (at most `max_bytes` of K/V) to `path`; returns how many."""
-    per_block = cache.nbytes // cache.num_blocks
-    blocks = _recent_cached_blocks(kv)[: max(max_bytes // max(per_block, 1), 0)]
-    header = {**stamp, "hashes": [f"{b.block_hash:032x}" for b in blocks]}
-    ids = mx.array([b.block_id for b in blocks], dtype=mx.int32)
+    blocks = chosen_blocks(kv, cache, max_bytes)
+    write_file(path, cache, stamp, [b.block_hash for b in blocks], [b.block_id for b in blocks])
+    return len(blocks)
+
+
+def write_file(path: Path, cache: PagedKVCache, stamp: dict[str, Any], hashes: list[int], block_ids: list[int]) -> None:
+    """Writes the K/V of the pool's blocks `block_ids`, named by `hashes`, to `path`."""
+    header = {**stamp, "hashes": [f"{h:032x}" for h in hashes]}
+    ids = mx.array(block_ids, dtype=mx.int32)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as f:
         raw_header = json.dumps(header, separators=(",", ":")).encode()
         f.write(MAGIC + _LEN.pack(len(raw_header)) + raw_header)
         checksums = []
-        for layer, kind, index in _pool_arrays(cache) if blocks else []:
+        for layer, kind, index in _pool_arrays(cache) if block_ids else []:
             array = _arrays(getattr(cache[layer], kind))[index]
             data = np.array(mx.view(array[ids], mx.uint8)).tobytes()
             checksums.append(xxhash.xxh3_64_hexdigest(data))
             f.write(data)
         footer = json.dumps({"checksums": checksums}).encode()
         f.write(footer + _LEN.pack(len(footer)))
-    return len(blocks)
 
 
-class _Unusable(Exception):
+class Unusable(Exception):
     """Why a prefix cache file cannot be used."""
 
 
@@ -142,34 +153,60 @@ def load(path: Path, kv: KVCacheManager, cache: PagedKVCache, stamp: dict[str, A
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)
     if not path.exists():
+        group_file = path.with_name(path.name + GROUP_SUFFIX + "0")
+        if group_file.exists():
+            log.warning(
+                "no prefix cache file %s, but %s is there: a --tensor-parallel group saved it (each rank keeps "
+                "its own KV heads in FILE.tpR); starting with an empty cache",
+                path,
+                group_file,
+            )
         return 0
     try:
-        hashes, arrays = _read(path, cache, stamp)
-    except (_Unusable, OSError, ValueError, KeyError, TypeError) as exc:
+        hashes, arrays = read_file(path, cache, stamp)
+    except Unusable as exc:
         log.warning("ignoring the prefix cache file %s: %s; starting with an empty cache", path, exc)
         return 0
     num = min(len(hashes), kv.pool.num_free_blocks)
     if not num:
         return 0
     blocks = kv.pool.allocate(num)
-    ids = mx.array([b.block_id for b in blocks], dtype=mx.int32)
-    for (layer, kind, index), data in zip(_pool_arrays(cache), arrays):
-        _write_rows(cache[layer], kind, index, ids, data[:num])
-    mx.eval([(layer.keys, layer.values) for layer in cache.layers])
+    restore(kv, cache, blocks, hashes, arrays)
+    return num
+
+
+def restore(kv: KVCacheManager, cache: PagedKVCache, blocks: list[Any], hashes: list[int], arrays: list) -> None:
+    """Puts the first len(`blocks`) saved blocks into the allocated `blocks`, as free cached blocks."""
+    write_rows(cache, [b.block_id for b in blocks], arrays)
     for block, block_hash in zip(blocks, hashes):
         kv.pool.cache_block(block, block_hash)
     kv.pool.free(reversed(blocks))  # least recent first: it is evicted first
-    return num
+
+
+def write_rows(cache: PagedKVCache, block_ids: list[int], arrays: list[mx.array]) -> None:
+    """The pool's blocks `block_ids` take the first len(`block_ids`) rows of each saved array."""
+    ids = mx.array(block_ids, dtype=mx.int32)
+    for (layer, kind, index), data in zip(_pool_arrays(cache), arrays):
+        _write_rows(cache[layer], kind, index, ids, data[: len(block_ids)])
+    mx.eval([(layer.keys, layer.values) for layer in cache.layers])
+
+
+def read_file(path: Path, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list[int], list[mx.array]]:
+    """The block hashes and pool arrays saved in `path`; raises Unusable with the reason it cannot be used."""
+    try:
+        return _read(path, cache, stamp)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise Unusable(str(exc)) from None
 
 
 def _read(path: Path, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list[int], list[mx.array]]:
     raw = path.read_bytes()
     if raw[: len(MAGIC)] != MAGIC:
-        raise _Unusable("it is not a prefix cache file")
+        raise Unusable("it is not a prefix cache file")
     try:
         return _parse(raw, cache, stamp)
     except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:  # JSON and UTF-8 errors are ValueErrors
-        raise _Unusable(f"it is truncated or corrupt ({type(exc).__name__})") from None
+        raise Unusable(f"it is truncated or corrupt ({type(exc).__name__})") from None
 
 
 def _parse(raw: bytes, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list[int], list[mx.array]]:
@@ -178,7 +215,7 @@ def _parse(raw: bytes, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list
     header = json.loads(raw[start : start + header_len])
     mismatched = sorted(k for k in stamp if header.get(k) != stamp[k])
     if mismatched:
-        raise _Unusable(f"it was saved for another model or KV layout ({', '.join(mismatched)} differ)")
+        raise Unusable(f"it was saved for another model or KV layout ({', '.join(mismatched)} differ)")
     (footer_len,) = _LEN.unpack_from(raw, len(raw) - _LEN.size)
     footer = json.loads(raw[len(raw) - _LEN.size - footer_len : len(raw) - _LEN.size])
     hashes = [int(h, 16) for h in header["hashes"]]
@@ -190,13 +227,13 @@ def _parse(raw: bytes, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list
         size = len(hashes) * int(np.prod(shape)) * dtype.size
         data = raw[offset : offset + size]
         if len(data) != size or xxhash.xxh3_64_hexdigest(data) != checksum:
-            raise _Unusable("its data is truncated or corrupt")
+            raise Unusable("its data is truncated or corrupt")
         arrays.append(mx.view(mx.array(np.frombuffer(data, dtype=np.uint8)), dtype).reshape(len(hashes), *shape))
         offset += size
     if hashes and len(arrays) != len(_pool_arrays(cache)):
-        raise _Unusable("it holds fewer arrays than the layout needs")
+        raise Unusable("it holds fewer arrays than the layout needs")
     if offset + footer_len + _LEN.size != len(raw):
-        raise _Unusable("its length does not match its contents")
+        raise Unusable("its length does not match its contents")
     return hashes, arrays
 
 

@@ -179,15 +179,6 @@ def test_base_run_with_whole_experts_per_rank_prints_what_one_process_prints(tmp
     assert "4 experts cannot be split evenly over 3 ranks" in proc.stderr
 
 
-def test_a_prefix_cache_file_is_refused_across_processes(tmp_path: Path):
-    args = [sys.executable, "-m", "baselm.cli", "serve", str(tmp_path), "--tensor-parallel", "2"]
-    proc = subprocess.run(
-        [*args, "--prefix-cache-file", str(tmp_path / "p.kvc")], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 1
-    assert "prefix cache file cannot be used with --tensor-parallel" in proc.stderr
-
-
 @pytest.mark.slow
 def test_smollm2_over_two_ranks_gives_the_reference_tokens_to_the_end(smollm2_gguf):
     from tests.conftest import LOCAL_REFERENCE, REFERENCE

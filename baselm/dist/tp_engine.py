@@ -5,6 +5,8 @@ the model the runner calls, which sends every forward's plan (dist/plan.py) to t
 and then runs its own shard. The other ranks run `follow`: receive a plan, run the same forward
 on their shard (the layers' all_sums pair up with rank 0's), repeat until STOP. Only rank 0
 computes logits; the others stop at the last hidden state.
+With a prefix cache file, rank 0's plans also have every rank save or load its own file
+(dist/tp_persist.py).
 
 Each forward is evaluated before the call returns, so a rank that dies or hangs mid-step
 surfaces here as a RankFailedError instead of blocking the engine thread forever. On the CPU

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -142,3 +143,45 @@ def test_a_served_pair_restarted_on_its_files_reports_cached_prompt_tokens(folde
     assert cached[0] == 0 and cached[1] >= 16 * (answers[1]["usage"]["prompt_tokens"] // 16 - 1)
     assert answers[0]["choices"][0]["text"] == answers[1]["choices"][0]["text"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.kvc.tp0", "p.kvc.tp1"]
+
+
+def files_appear(paths: list[Path], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_ranks_joined_from_a_hostfile_each_keep_their_file_where_their_command_says(folder, tmp_path) -> None:
+    from baselm.dist.group import free_ports, write_hostfile
+
+    hostfile = write_hostfile(tmp_path, [f"127.0.0.1:{p}" for p in free_ports(2)])
+    common = ("--hostfile", str(hostfile), "--kv-memory", "8MiB", "--prefix-cache-save-interval", "0.2")
+    homes = [tmp_path / "host0", tmp_path / "host1"]  # each rank's machine
+    body = {"model": "m", "prompt": LONG, "max_tokens": 6, "temperature": 0}
+    cached = []
+    for _ in range(2):
+        rank1 = subprocess.Popen(
+            [sys.executable, "-m", "baselm.cli", "serve", str(folder), *common, "--rank", "1"]
+            + ["--prefix-cache-file", str(homes[1] / "p")],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+        )
+        served = ServeProcess(
+            folder, "--served-model-name", "m", *common, "--rank", "0", "--prefix-cache-file", str(homes[0] / "p")
+        )
+        try:
+            answer = httpx.post(f"{served.url}/v1/completions", json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+            cached.append(answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+            if not cached[1:]:  # rank 0's save interval has every rank write its file, before any stop
+                assert files_appear([homes[0] / "p.tp0", homes[1] / "p.tp1"]), list(tmp_path.rglob("*"))
+            served.proc.send_signal(signal.SIGTERM)
+            assert served.proc.wait(30) == 0
+        finally:
+            served.close()
+        rank1.communicate(timeout=60)
+        assert [sorted(p.name for p in home.iterdir()) for home in homes] == [["p.tp0"], ["p.tp1"]]
+    assert cached[0] == 0 and cached[1] > 0

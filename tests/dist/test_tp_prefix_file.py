@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 IGNORED = "every rank starts with an empty cache"
 
 
-def run(folder: Path, file: Path, size: int) -> tuple[dict, str]:
+def run(folder: Path, file: Path, size: int, shift: int = 0) -> tuple[dict, str]:
     """One life of a group of `size` ranks on `file` (tests/dist/tp_prefix_ranks.py): (result, stderr)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.dist.tp_prefix_ranks", str(folder), str(file), str(size)],
+        [sys.executable, "-m", "tests.dist.tp_prefix_ranks", str(folder), str(file), str(size), str(shift)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -106,6 +106,17 @@ def test_one_ranks_file_spoiled_or_missing_starts_every_rank_empty(folder, saved
     assert result["tokens"] == saved[1]["tokens"]
     again, _ = run(folder, file, 2)  # the stop wrote both files afresh
     assert again["hits"] == 64
+
+
+def test_a_rank_left_with_an_older_file_starts_every_rank_empty(folder, saved, tmp_path) -> None:
+    file = copied(saved, tmp_path)
+    older = rank_prefix_file(str(file), 1).read_bytes()
+    other, _ = run(folder, file, 2, shift=100)  # another prompt: both files now hold its blocks too
+    rank_prefix_file(str(file), 1).write_bytes(older)  # as if rank 1's last save had failed
+    result, errors = run(folder, file, 2)
+    assert result["hits"] == 0 and errors.count(IGNORED) == 1
+    assert "rank 0: usable; rank 1: holds other blocks than rank 0's" in errors
+    assert result["tokens"] == saved[1]["tokens"] != other["tokens"]
 
 
 def test_files_of_a_pair_are_refused_by_one_process_four_ranks_and_another_model(folder, saved, tmp_path) -> None:

@@ -1,7 +1,7 @@
-"""`python -m tests.dist.tp_prefix_ranks FOLDER FILE N`: one run of the model at FOLDER over N
-ranks (1: this process alone) with `--prefix-cache-file FILE`, as a server's life: load the
-files, answer PROMPT greedily, save and stop. Prints one JSON line: the tokens and the prefix
-cache counters of that first request; warnings go to stderr."""
+"""`python -m tests.dist.tp_prefix_ranks FOLDER FILE N [SHIFT]`: one run of the model at FOLDER
+over N ranks (1: this process alone) with `--prefix-cache-file FILE`, as a server's life: load
+the files, answer PROMPT (each token id + SHIFT) greedily, save and stop. Prints one JSON line:
+the tokens and the prefix cache counters of that first request; warnings go to stderr."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ PROMPT = list(range(1, 70))  # 69 tokens: 4 full blocks of 16 (64 tokens the cac
 CONFIG = {"kv_memory": 4_000_000, "max_num_batched_tokens": 48, "max_num_seqs": 8}
 
 
-def main(folder: str, file: str, size: str) -> dict:
+def main(folder: str, file: str, size: str, shift: str = "0") -> dict:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     dist = DistOptions(tensor_parallel=int(size), prefix_cache_file=file) if int(size) > 1 else None
     loaded = load_model_for(folder, "cpu", False, dist)
     engine = LLMEngine(loaded, EngineConfig(**CONFIG, prefix_cache_file=file))
-    result = engine.generate([PROMPT], SamplingParams(max_tokens=8, temperature=0.0))[0]
+    result = engine.generate([[t + int(shift) for t in PROMPT]], SamplingParams(max_tokens=8, temperature=0.0))[0]
     stats = engine.stats()
     engine.save_prefix_cache()
     if dist is not None:

@@ -53,7 +53,7 @@ PREFIX_FILE_HELP = (
     "its KV heads in FILE.tpR, on its own machine)."
 )
 PREFIX_SAVE_HELP = "Seconds between saves of a changed prefix cache."
-PREFIX_MAX_HELP = "Most K/V the prefix cache file holds (with --pd: each), e.g. 1GiB (default: the pool)."
+PREFIX_MAX_HELP = "Most K/V the prefix cache file holds (per rank of a group), e.g. 1GiB (default: the pool)."
 SHUTDOWN_HELP = "Seconds in-flight requests get to finish on SIGINT/SIGTERM."
 CORS_HELP = (
     "Web origins allowed to call from a browser, comma-separated ('*': any; 'localhost': this machine's "

@@ -10,31 +10,22 @@ bytes of an f16 one (plus its scales and biases).
 
 from __future__ import annotations
 
-from typing import Any
-
 import mlx.core as mx
 
-from baselm.kv.cache import LayerKV, PagedKVCache
-
-_QUANTIZED_PARTS = ("codes", "scales", "biases")
-
-
-def _arrays(pool: Any) -> list[mx.array]:
-    """A pool's arrays: itself, or a quantized pool's codes, scales and biases."""
-    return [pool] if isinstance(pool, mx.array) else [getattr(pool, part) for part in _QUANTIZED_PARTS]
+from baselm.kv.cache import LayerKV, PagedKVCache, pool_arrays, set_pool_rows
 
 
 def layout(cache: PagedKVCache) -> list[list]:
     """What a shipped block must fit: each pool array's dtype and per-block shape, and the layer count.
 
     Two ranks exchange blocks only when their layouts are equal (same model, block size, KV bits)."""
-    arrays = _arrays(cache[0].keys)
+    arrays = pool_arrays(cache[0].keys)
     return [[len(cache), cache.block_size, cache.kv_bits], *[[str(a.dtype), list(a.shape[1:])] for a in arrays]]
 
 
 def block_nbytes(cache: PagedKVCache) -> int:
     """Bytes one block takes across all layers, K and V (what `pack` sends per block)."""
-    per_pool = sum(a.nbytes // a.shape[0] for a in _arrays(cache[0].keys))
+    per_pool = sum(a.nbytes // a.shape[0] for a in pool_arrays(cache[0].keys))
     return 2 * len(cache) * per_pool
 
 
@@ -45,7 +36,7 @@ def pack(cache: PagedKVCache, block_ids: list[int]) -> mx.array:
         mx.view(array[ids], mx.uint8).reshape(-1)
         for layer in cache.layers
         for pool in (layer.keys, layer.values)
-        for array in _arrays(pool)
+        for array in pool_arrays(pool)
     ]
     return mx.concatenate(parts)  # (len(block_ids) * block_nbytes,)
 
@@ -64,15 +55,9 @@ def unpack(cache: PagedKVCache, block_ids: list[int], data: mx.array) -> None:
 
 
 def _unpack_pool(layer: LayerKV, kind: str, ids: mx.array, data: mx.array, offset: int) -> int:
-    pool = getattr(layer, kind)
-    arrays = _arrays(pool)
-    for array in arrays:
-        row_shape = array.shape[1:]
+    for index, array in enumerate(pool_arrays(getattr(layer, kind))):
         size = ids.size * (array.nbytes // array.shape[0])
-        array[ids] = mx.view(data[offset : offset + size], array.dtype).reshape(ids.size, *row_shape)
+        rows = mx.view(data[offset : offset + size], array.dtype).reshape(ids.size, *array.shape[1:])
+        set_pool_rows(layer, kind, index, ids, rows)
         offset += size
-    if isinstance(pool, mx.array):
-        setattr(layer, kind, arrays[0])
-    else:
-        setattr(layer, kind, pool._replace(**dict(zip(_QUANTIZED_PARTS, arrays))))
     return offset

@@ -10,6 +10,25 @@ from baselm.cpu.attention import write_kv
 from baselm.metal import AttentionMetadata, Pool, allocate_pool
 from baselm.metal.kv_quant import kv_group_size
 
+_QUANTIZED_PARTS = ("codes", "scales", "biases")
+
+
+def pool_arrays(pool: Pool) -> list[mx.array]:
+    """A pool's arrays: itself, or a quantized pool's codes, scales and biases."""
+    return [pool] if isinstance(pool, mx.array) else [getattr(pool, part) for part in _QUANTIZED_PARTS]
+
+
+def set_pool_rows(layer: LayerKV, kind: str, index: int, ids: mx.array, rows: mx.array) -> None:
+    """Rows `ids` (blocks) of array `index` (see `pool_arrays`) of `layer`'s "keys" or "values" pool take `rows`."""
+    pool = getattr(layer, kind)
+    if isinstance(pool, mx.array):
+        pool[ids] = rows
+        setattr(layer, kind, pool)
+        return
+    parts = pool_arrays(pool)
+    parts[index][ids] = rows
+    setattr(layer, kind, pool._replace(**dict(zip(_QUANTIZED_PARTS, parts))))
+
 
 class KVShaped(Protocol):
     """What sizes a cache for a model: its KV shape and dtype (models.base.DecoderModel has both)."""

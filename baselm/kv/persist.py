@@ -29,7 +29,7 @@ import mlx.core as mx
 import numpy as np
 import xxhash
 
-from baselm.kv.cache import PagedKVCache
+from baselm.kv.cache import PagedKVCache, pool_arrays, set_pool_rows
 from baselm.kv.manager import KVCacheManager
 from baselm.store.fs import atomic_write
 
@@ -87,18 +87,13 @@ def fingerprint(weights: str, cache: PagedKVCache) -> dict[str, Any]:
         "num_layers": len(cache),
         "block_size": cache.block_size,
         "kv_bits": cache.kv_bits,
-        "arrays": [[str(a.dtype), list(a.shape[1:])] for a in _arrays(layer.keys)],
+        "arrays": [[str(a.dtype), list(a.shape[1:])] for a in pool_arrays(layer.keys)],
     }
-
-
-def _arrays(pool: Any) -> list[mx.array]:
-    """A pool's arrays: itself, or a quantized pool's codes, scales and biases."""
-    return [pool] if isinstance(pool, mx.array) else [pool.codes, pool.scales, pool.biases]
 
 
 def _pool_arrays(cache: PagedKVCache) -> list[tuple[int, str, int]]:
     """(layer, "keys" or "values", array index) of every pool array, in file order."""
-    count = len(_arrays(cache[0].keys))
+    count = len(pool_arrays(cache[0].keys))
     return [(i, kv, j) for i in range(len(cache)) for kv in ("keys", "values") for j in range(count)]
 
 
@@ -133,7 +128,7 @@ def write_file(path: Path, cache: PagedKVCache, stamp: dict[str, Any], hashes: l
         f.write(MAGIC + _LEN.pack(len(raw_header)) + raw_header)
         checksums = []
         for layer, kind, index in _pool_arrays(cache) if block_ids else []:
-            array = _arrays(getattr(cache[layer], kind))[index]
+            array = pool_arrays(getattr(cache[layer], kind))[index]
             data = np.array(mx.view(array[ids], mx.uint8)).tobytes()
             checksums.append(xxhash.xxh3_64_hexdigest(data))
             f.write(data)
@@ -187,7 +182,7 @@ def write_rows(cache: PagedKVCache, block_ids: list[int], arrays: list[mx.array]
     """The pool's blocks `block_ids` take the first len(`block_ids`) rows of each saved array."""
     ids = mx.array(block_ids, dtype=mx.int32)
     for (layer, kind, index), data in zip(_pool_arrays(cache), arrays):
-        _write_rows(cache[layer], kind, index, ids, data[: len(block_ids)])
+        set_pool_rows(cache[layer], kind, index, ids, data[: len(block_ids)])
     mx.eval([(layer.keys, layer.values) for layer in cache.layers])
 
 
@@ -235,17 +230,6 @@ def _parse(raw: bytes, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list
     if offset + footer_len + _LEN.size != len(raw):
         raise Unusable("its length does not match its contents")
     return hashes, arrays
-
-
-def _write_rows(layer: Any, kind: str, index: int, ids: mx.array, rows: mx.array) -> None:
-    pool = getattr(layer, kind)
-    if isinstance(pool, mx.array):
-        pool[ids] = rows
-        setattr(layer, kind, pool)
-        return
-    parts = list(_arrays(pool))
-    parts[index][ids] = rows
-    setattr(layer, kind, pool._replace(**dict(zip(("codes", "scales", "biases"), parts))))
 
 
 class PersistentPrefixCache:

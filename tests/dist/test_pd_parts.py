@@ -16,6 +16,7 @@ from baselm.dist.pd_prefill import Handoff
 from baselm.dist.pd_serve import PDOptions
 from baselm.dist.pd_wire import route
 from baselm.kv import PagedKVCache
+from baselm.kv.cache import pool_arrays
 from baselm.request import InvalidRequestError, RequestOutput
 from baselm.sampling import Constraint, SamplingParams, SamplingParamsError, TokenLogprobs
 
@@ -77,7 +78,7 @@ def test_packed_blocks_land_bit_exact_in_other_block_ids(kv_bits: int) -> None:
     for layer in source.layers:
         for kind in ("keys", "values"):
             pool = getattr(layer, kind)
-            arrays = pd_blocks._arrays(pool)
+            arrays = pool_arrays(pool)
             filled = [mx.array(rng.integers(0, 2**16, a.shape).astype(np.float32)).astype(a.dtype) for a in arrays]
             setattr(
                 layer,

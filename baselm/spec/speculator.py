@@ -67,12 +67,17 @@ class SpecStats:
         }
 
 
+def decodes(request: Request) -> bool:
+    """Whether the request feeds only its newest token this step (its prompt is computed)."""
+    return request.num_computed_tokens == request.num_tokens - 1
+
+
 def can_speculate(request: Request) -> bool:
     """A running request that decodes one token this step, has room for more, and allows it."""
     params = request.sampling_params
     return (
         request.status == RequestStatus.RUNNING
-        and request.num_computed_tokens == request.num_tokens - 1
+        and decodes(request)
         and request.max_tokens - request.num_output_tokens > 1
         and getattr(params, "speculative", True)
         and all(hasattr(proc, "num_allowed") for proc in params.logits_processors)
@@ -130,7 +135,7 @@ class Speculator:
             candidates = [r for r, a in zip(candidates, acceptances) if not a.is_waiting]
             acceptances = [a for a in acceptances if not a.is_waiting]
         if candidates:
-            num_others = sum(r.num_computed_tokens == r.num_tokens - 1 for r in scheduler.running) - len(candidates)
+            num_others = sum(map(decodes, scheduler.running)) - len(candidates)
             max_drafts = self._max_drafts(candidates, acceptances)
             rates = [a.rate for a in acceptances]
             base_tokens = _base_tokens(scheduler, self.max_num_batched_tokens)
@@ -141,7 +146,7 @@ class Speculator:
         k, adaptive = self.config.num_speculative_tokens, self.config.adaptive
         found, num_decoding = [], 0
         for request in scheduler.running:
-            if request.num_computed_tokens == request.num_tokens - 1:  # decodes this step
+            if decodes(request):
                 num_decoding += 1
                 proposal = self._ngram(request, min(k, request.max_tokens - request.num_output_tokens - 1))
                 if proposal and can_speculate(request):
@@ -221,18 +226,19 @@ class Speculator:
             if not num_drafts:
                 continue  # caught up as idle when next asked (`_acceptance_of`)
             num_accepted = result.num_accepted.get(scheduled.request_id, 0)
-            acceptance = self._acceptance_of(scheduled.request)
-            acceptance.observe(num_drafts, num_accepted)
-            acceptance.step = self._step + 1
+            self._verified(self._acceptance_of(scheduled.request), num_drafts, num_accepted)
             if scheduled.request_id in self._matched:
-                by_length = self._by_match_length(self._matched[scheduled.request_id])
-                by_length.observe(num_drafts, num_accepted)
-                by_length.step = self._step + 1
+                self._verified(self._by_match_length(self._matched[scheduled.request_id]), num_drafts, num_accepted)
             verified = True
             self.stats.num_verifications += 1
             self.stats.num_draft_tokens += num_drafts
             self.stats.num_accepted_tokens += num_accepted
         self.stats.num_steps += verified
+
+    def _verified(self, acceptance: Acceptance, num_drafts: int, num_accepted: int) -> None:
+        """A verification in this step: it counts, and the step is not an idle one for `acceptance`."""
+        acceptance.observe(num_drafts, num_accepted)
+        acceptance.step = self._step + 1
 
     def _ngram(self, request: Request, max_drafts: int) -> list[int]:
         index = self._ngram_indexes.get(request.request_id)

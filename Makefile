@@ -47,13 +47,13 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # llama.cpp's server tests against `base serve` (about a minute; needs PyPI for their sdist): fails
-# when a test fails for a reason scripts/peer/triage.py does not explain, or a suite runs past 5 minutes.
+# when a test fails for a reason tests/tools/peer/triage.py does not explain, or a suite runs past 5 minutes.
 peer: install
-	$(BIN)/python scripts/peer_suites.py --limit 300 --suite llamacpp-chat --suite llamacpp-tools --suite llamacpp-security
+	$(BIN)/python tests/tools/peer_suites.py --limit 300 --suite llamacpp-chat --suite llamacpp-tools --suite llamacpp-security
 
 # The same suites against `base serve --pd 1:1` (a prefill and a decode process behind one server).
 peer-pd: install
-	$(BIN)/python scripts/peer_suites.py --limit 300 --pd 1:1 --suite llamacpp-chat --suite llamacpp-tools --suite llamacpp-security
+	$(BIN)/python tests/tools/peer_suites.py --limit 300 --pd 1:1 --suite llamacpp-chat --suite llamacpp-tools --suite llamacpp-security
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info baselm/cpu/_build

@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from baselm.api import tool_parsers, tools
 from baselm.api.serving import ServerState
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking
+from baselm.toolcalls import parsers as tool_parsers
+from baselm.toolcalls import tools
 
 # Enough prompt tokens to see the template's last `<think>` or `</think>` and what follows it.
 _PROMPT_TAIL_TOKENS = 32

@@ -14,14 +14,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from baselm.api.anthropic_messages import count_tokens, messages
+from baselm.api.anthropic.messages import count_tokens, messages
 from baselm.api.auth import Gate
 from baselm.api.cors import cors_middleware
 from baselm.api.embeddings import embeddings
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
 from baselm.api.metrics import Metrics
-from baselm.api.ollama import ollama_chat, ollama_embed, ollama_embeddings, ollama_generate
-from baselm.api.ollama_models import (
+from baselm.api.ollama.chat import ollama_chat, ollama_embed, ollama_embeddings, ollama_generate
+from baselm.api.ollama.models import (
     ollama_ps,
     ollama_pull,
     ollama_root,
@@ -29,16 +29,16 @@ from baselm.api.ollama_models import (
     ollama_tags,
     ollama_version,
 )
-from baselm.api.openai_chat import chat_completions, read_message
-from baselm.api.openai_completions import completions
-from baselm.api.openai_responses import create_response, delete_response, get_response
-from baselm.api.responses_store import ResponseStore
+from baselm.api.openai.chat import chat_completions, read_message
+from baselm.api.openai.completions import completions
+from baselm.api.openai.responses import create_response, delete_response, get_response
+from baselm.api.openai.responses_store import ResponseStore
 from baselm.api.schemas import Body, array_field
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
-from baselm.api.tools import tool_format
 from baselm.async_engine import AsyncEngine
 from baselm.reasoning import template_thinks
 from baselm.tokenizer.errors import ChatTemplateError
+from baselm.toolcalls.tools import tool_format
 
 
 def _model_card(state: ServerState) -> dict:

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from baselm.dist.group import RankFailedError
+from baselm.distributed.group import RankFailedError
 
 logger = logging.getLogger("baselm.api")
 

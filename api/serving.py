@@ -36,7 +36,7 @@ from baselm.api.schemas import Common
 from baselm.async_engine import AsyncEngine
 from baselm.engine import QueueFullError
 from baselm.request import RequestOutput
-from baselm.sampling import SamplingParams, SamplingParamsError
+from baselm.sampling.params import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer.tokenizer import Tokenizer
 

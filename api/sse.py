@@ -15,7 +15,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from baselm.api.errors import APIError, error_body, logger, rank_failed
-from baselm.dist.group import RankFailedError
+from baselm.distributed.group import RankFailedError
 
 DONE = "data: [DONE]\n\n"
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from baselm.engine import LLMEngine
 from baselm.request import RequestOutput
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 
 log = logging.getLogger("baselm.engine")
 

@@ -15,11 +15,22 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from baselm import cli_dist, perplexity_command, signing_commands, store_commands
-from baselm.cli_dist import HOSTFILE, RANK, TENSOR_PARALLEL, bench_pd, dist_options, prefix_cache_file, serve_pd
-from baselm.cli_errors import DEVICE_HELP, MODEL_HELP
-from baselm.cli_errors import fail as _fail
-from baselm.cli_errors import user_errors as _user_errors
+from baselm.commands import distributed as cli_dist
+from baselm.commands import perplexity as perplexity_command
+from baselm.commands import signing as signing_commands
+from baselm.commands import store as store_commands
+from baselm.commands.distributed import (
+    HOSTFILE,
+    RANK,
+    TENSOR_PARALLEL,
+    bench_pd,
+    dist_options,
+    prefix_cache_file,
+    serve_pd,
+)
+from baselm.commands.errors import DEVICE_HELP, MODEL_HELP
+from baselm.commands.errors import fail as _fail
+from baselm.commands.errors import user_errors as _user_errors
 from baselm.config import (
     EngineConfig,
     SpeculativeConfig,
@@ -118,7 +129,7 @@ def doctor(
     links: bool = typer.Option(False, "--links", help="Also time a 2-process ring all_sum over loopback."),
 ) -> None:
     """Check this machine: Python, MLX, backend, memory, BLAS, store location, distributed backends."""
-    from baselm.doctor import collect, render
+    from baselm.commands.doctor import collect, render
 
     report = collect(links)
     if as_json:
@@ -155,8 +166,8 @@ def run(
     moe_split: str | None = cli_dist.MOE_SPLIT,
 ) -> None:
     """Generate once from a prompt and print the answer with its speed."""
-    from baselm.run import RunOptions, run_once
-    from baselm.sampling import SamplingParams
+    from baselm.commands.run import RunOptions, run_once
+    from baselm.sampling.params import SamplingParams
 
     try:
         sampling = SamplingParams(
@@ -330,8 +341,8 @@ def bench(
 ) -> None:
     """Measure prefill and decode speed, latency and memory of the engine on a model (with
     --speculative, also each workload with and without speculative decoding, side by side)."""
-    from baselm.bench import render, run_all
-    from baselm.dist.launch import describe, load_model_for
+    from baselm.commands.bench import render, run_all
+    from baselm.distributed.launch import describe, load_model_for
 
     if synthetic or model is None:
         _bench_synthetic(model, synthetic, synthetic_bits, gen_tokens, seed, device, as_json)
@@ -351,7 +362,7 @@ def bench(
 
 def _bench_options(o: dict):
     """`bench`'s parameters (its `locals()`) as the engine benchmark's options."""
-    from baselm.bench import BenchOptions
+    from baselm.commands.bench import BenchOptions
 
     speculative = SpeculativeConfig.parse(
         o["speculative"], o["num_speculative_tokens"], adaptive=not o["fixed_speculation"]
@@ -385,7 +396,7 @@ def _bench_synthetic(
     model: str | None, sizes: str, bits: int, gen_tokens: int, seed: int, device: str, as_json: bool
 ) -> None:
     from baselm.backend import select_backend
-    from baselm.bench_synthetic import render_synthetic, run_synthetic
+    from baselm.commands.bench_synthetic import render_synthetic, run_synthetic
 
     if model is not None or not sizes:
         _fail("give either a model or --synthetic SIZES")
@@ -439,9 +450,9 @@ def serve(
     moe_split: str | None = cli_dist.MOE_SPLIT,
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
-    from baselm.api.constrained import model_processor_factory as constraints
     from baselm.api.server import ServeOptions, exit_process, run_server
-    from baselm.dist.launch import load_model_for
+    from baselm.distributed.launch import load_model_for
+    from baselm.structured.constrained import model_processor_factory as constraints
 
     try:
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)

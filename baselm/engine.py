@@ -4,7 +4,7 @@ The synchronous engine owns the model, the KV pools, the scheduler, the runner a
 request's copies with their output state (copies.py). `add_request` queues a request,
 `step` runs one batch and reports what changed, `abort` stops a request. `AsyncEngine`
 (async_engine.py) runs it on a thread of its own for the server and the REPL. With
-`config.speculative`, a `Speculator` (baselm/spec/) proposes tokens before each step.
+`config.speculative`, a `Speculator` (baselm/speculative/) proposes tokens before each step.
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ from dataclasses import dataclass, replace
 
 from baselm.backend import system_memory_bytes
 from baselm.config import EngineConfig
-from baselm.copies import Copies, copy_requests
 from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
 from baselm.kv.persist import PersistentPrefixCache
 from baselm.loader import LoadedModel, load_model
+from baselm.outputs import Copies, copy_requests
 from baselm.request import InvalidRequestError, RequestOutput
 from baselm.runner import Launched, ModelRunner, StepStats
-from baselm.sampler import Sampler
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
+from baselm.sampling.sampler import Sampler
 from baselm.scheduler import Scheduler, SchedulerOutput, SchedulerStats
-from baselm.spec.draft import DraftModelProposer, check_same_vocabulary
-from baselm.spec.speculator import SpecStats, Speculator
+from baselm.speculative.draft import DraftModelProposer, check_same_vocabulary
+from baselm.speculative.speculator import SpecStats, Speculator
 
 _DEFAULT_KV_CAP = 2 * 2**30  # bytes; a laptop-friendly ceiling when --kv-memory is not given
 

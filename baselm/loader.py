@@ -144,7 +144,7 @@ def load_model(ref: str | Path, backend: Backend, require_signature: bool = Fals
     """Loads a store name, a `.base` file, an HF model folder or a `.gguf` file.
 
     `require_signature`: only a `.base` file with a good signature by a trusted key loads.
-    `shard`: one rank's slice of the model (`baselm.dist.tp.Sharding`, see `build_model`)."""
+    `shard`: one rank's slice of the model (`baselm.distributed.tp.layers.Sharding`, see `build_model`)."""
     name, path = resolve(ref)
     if require_signature and path.suffix != ".base":
         raise SignatureError(f"{path}: only .base files carry signatures; `base pull` it, then `base sign` it")

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from baselm.sampler import SamplerOutput, _with_logprobs
-from baselm.sampling import TokenLogprobs
+from baselm.sampling.params import TokenLogprobs
+from baselm.sampling.sampler import SamplerOutput, _with_logprobs
 from baselm.scheduler import ScheduledRequest
 
 

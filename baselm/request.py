@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from baselm.sampling import TokenLogprobs
+from baselm.sampling.params import TokenLogprobs
 
 
 class InvalidRequestError(ValueError):

@@ -11,10 +11,10 @@ from baselm import prompt_logprobs
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.models.base import DecoderModel
 from baselm.prompt_logprobs import PromptRows
-from baselm.sampler import Sampler, SamplerOutput, SamplingRow, SamplingSequence
-from baselm.sampling import TokenLogprobs
+from baselm.sampling.acceptance import emitted_tokens
+from baselm.sampling.params import TokenLogprobs
+from baselm.sampling.sampler import Sampler, SamplerOutput, SamplingRow, SamplingSequence
 from baselm.scheduler import ScheduledRequest, SchedulerOutput
-from baselm.spec.accept import emitted_tokens
 
 
 @dataclass(slots=True)

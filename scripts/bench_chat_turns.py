@@ -20,7 +20,7 @@ from baselm.chat.conversation import Conversation
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import load_model
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?",

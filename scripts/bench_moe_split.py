@@ -122,7 +122,7 @@ def layer_times(folder: Path, num_tokens: list[int], repeats: int) -> dict[str, 
 
 def _rank_part(config: dict, weights: dict, rank: int, split: str):
     """Rank `rank`'s part of layer 0's MoE, as that rank builds it (before the all_sum)."""
-    from baselm.dist.tp import Sharding
+    from baselm.distributed.tp.layers import Sharding
     from baselm.models import build_model
 
     return build_model(config, dict(weights), shard=Sharding(rank, 2, moe_split=split)).layers[0].mlp.inner

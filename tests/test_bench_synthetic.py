@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from baselm.backend import select_backend
-from baselm.bench_synthetic import SHAPES, _matrix_shapes, run_synthetic, synthetic_config, synthetic_weights
+from baselm.commands.bench_synthetic import SHAPES, _matrix_shapes, run_synthetic, synthetic_config, synthetic_weights
 from baselm.config import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""scripts/peer_suites.py's counts: a JUnit report's failures sorted by scripts/peer/triage.py."""
+"""tests/tools/peer_suites.py's counts: a JUnit report's failures sorted by tests/tools/peer/triage.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "peer_suites.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "tools" / "peer_suites.py"
 
 REPORT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest">

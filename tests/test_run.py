@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from baselm.run import one_request_config
+from baselm.commands.run import one_request_config
 
 
 def test_kv_pool_holds_the_prompt_and_max_tokens_in_whole_blocks():

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from baselm.chat.stats import TurnStats
 from baselm.request import RequestOutput
-from baselm.sampling import TokenLogprobs
+from baselm.sampling.params import TokenLogprobs
 
 
 @dataclass(slots=True)

@@ -23,10 +23,10 @@ from baselm.chat.line_reader import LineReader, join_continued
 from baselm.chat.settings import ChatCommandError, ChatOptions, ChatSettings
 from baselm.chat.stats import SessionStats, stats_report, turn_line
 from baselm.chat.view import AnswerView
-from baselm.dist.launch import load_model_for
+from baselm.distributed.launch import load_model_for
 from baselm.engine import LLMEngine, QueueFullError
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
-from baselm.sampling import SamplingParams, SamplingParamsError
+from baselm.sampling.params import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer.errors import ChatTemplateError
 

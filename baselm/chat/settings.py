@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from baselm.config import EngineConfig
-from baselm.sampling import SamplingParams, SamplingParamsError
+from baselm.sampling.params import SamplingParams, SamplingParamsError
 
 
 class ChatCommandError(ValueError):
@@ -84,7 +84,7 @@ class ChatOptions:
     device: str = "auto"
     require_signature: bool = False  # refuse a model without a good signature by a trusted key
     resume: bool = False  # reopen the last conversation (kept under $BASE_HOME)
-    dist: Any = None  # baselm.dist.launch.DistOptions: the model over several processes
+    dist: Any = None  # baselm.distributed.launch.DistOptions: the model over several processes
 
 
 def chat_prefix_cache_file(choice: str, model: str) -> str | None:

@@ -6,9 +6,9 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from baselm.cpu.attention import write_kv
 from baselm.metal import AttentionMetadata, Pool, allocate_pool
 from baselm.metal.kv_quant import kv_group_size
+from baselm.paged_attention import write_kv
 
 _QUANTIZED_PARTS = ("codes", "scales", "biases")
 

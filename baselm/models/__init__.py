@@ -132,7 +132,7 @@ def build_model(
     `rope_freq_factors` (rotary_dims // 2,) divide the RoPE frequencies: llama 3 scaling kept outside the config.
     With `consume`, `weights` is emptied as the model takes the arrays over, so tensors that
     loading replaces (dequantized, unpermuted or fused ones) are freed at once.
-    `shard` (tensor parallelism, baselm/dist/tp.py): `shard(model, weights)` resizes the layers to
+    `shard` (tensor parallelism, baselm/distributed/tp/layers.py): `shard(model, weights)` resizes the layers to
     one rank's slice and returns the sliced weights; `shard.finish(model)` runs once they are loaded.
     A shard whose `presliced` is set got those split weights already cut from the file: its hook runs
     before any dequantization, so the layers have their sliced shapes when the codes are read.

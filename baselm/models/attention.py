@@ -5,13 +5,13 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from baselm.cpu.attention import paged_attention
 from baselm.kv.cache import LayerKV
 from baselm.metal import AttentionMetadata
 from baselm.models.base import ModelConfigError
 from baselm.models.linear import fuse_linears, fused_linear
 from baselm.models.norm import RMSNorm
 from baselm.models.rope import RoPE
+from baselm.paged_attention import paged_attention
 
 
 class Attention(nn.Module):

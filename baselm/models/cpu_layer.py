@@ -23,7 +23,6 @@ import mlx.nn as nn
 
 from baselm import cpu
 from baselm.cpu import fused
-from baselm.cpu.attention import query_starts
 from baselm.cpu.fused import GATED_ACTIVATIONS
 from baselm.kv.cache import LayerKV
 from baselm.metal import AttentionMetadata
@@ -31,6 +30,7 @@ from baselm.models.attention import Attention
 from baselm.models.linear import DENSE_KERNEL_MAX_ROWS, KernelLinear, KernelQuantizedLinear
 from baselm.models.mlp import MLP
 from baselm.models.norm import RMSNorm
+from baselm.paged_attention import query_starts
 
 # Steps up to this many tokens run as one node per layer (the float32 kernel's own row limit:
 # beyond it prefill's matmuls go to BLAS GEMM, and a node per op costs little beside them).

@@ -136,7 +136,7 @@ class ClientTarget:
 
 @pytest.fixture(scope="session")
 def client_target(request) -> ClientTarget:
-    """`$BASE_PEER_URL` serving `$BASE_PEER_MODEL` when scripts/peer_suites.py runs these tests against its own
+    """`$BASE_PEER_URL` serving `$BASE_PEER_MODEL` when tests/tools/peer_suites.py runs these tests against its own
     `base serve`; otherwise SmolLM2-135M served in this process."""
     url = os.environ.get("BASE_PEER_URL")
     if url:

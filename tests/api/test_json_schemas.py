@@ -7,10 +7,10 @@ import json
 import llguidance as llg
 import pytest
 
-from baselm.api.grammar import grammar_tokenizer, json_schema_grammar, lark_grammar
-from baselm.api.json_schemas import MAX_INTEGER, nest, prepare
-from baselm.api.tools import HERMES, forced_call_lark
+from baselm.structured.grammar import grammar_tokenizer, json_schema_grammar, lark_grammar
+from baselm.structured.json_schemas import MAX_INTEGER, nest, prepare
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.toolcalls.tools import HERMES, forced_call_lark
 from tests.paths import BPE_TOKENIZER
 
 _TOKENIZER = Tokenizer.from_folder(BPE_TOKENIZER)

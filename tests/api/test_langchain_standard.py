@@ -1,5 +1,5 @@
 """langchain-tests' standard chat-model integration tests (`ChatModelIntegrationTests`): langchain-openai's
-`ChatOpenAI` against SmolLM2-135M served on loopback, or the server scripts/peer_suites.py names.
+`ChatOpenAI` against SmolLM2-135M served on loopback, or the server tests/tools/peer_suites.py names.
 
 Inputs the server does not read (images, audio, PDF, video: it takes text) are declared through the suite's
 own `supports_*` properties, which skip those tests. Tests whose requests and responses are well formed
@@ -20,7 +20,7 @@ from langchain_tests.integration_tests.chat_models import magic_function
 
 pytestmark = pytest.mark.slow
 
-# With another model (scripts/peer_suites.py MODEL), what SmolLM2 answers says nothing about the outcome.
+# With another model (tests/tools/peer_suites.py MODEL), what SmolLM2 answers says nothing about the outcome.
 STRICT = "BASE_PEER_URL" not in os.environ
 BOTH_OUTPUT_VERSIONS = pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
 

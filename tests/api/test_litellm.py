@@ -1,5 +1,5 @@
 """litellm's OpenAI-compatible provider (`openai/NAME` with `api_base`) against SmolLM2-135M served on loopback,
-or the server scripts/peer_suites.py names: chat, streaming, async, text completion, a forced tool call
+or the server tests/tools/peer_suites.py names: chat, streaming, async, text completion, a forced tool call
 (whole, streamed) and its follow-up, embeddings, a JSON Schema answer."""
 
 from __future__ import annotations

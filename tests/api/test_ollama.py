@@ -166,7 +166,7 @@ def test_a_quantized_models_parameters_are_counted_as_values_not_packed_words() 
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
-    from baselm.api.ollama_models import num_params
+    from baselm.api.ollama.models import num_params
     from tests.tiny_model import loaded_fixture
 
     model = loaded_fixture("llama").model

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from tests.api.conftest import MODEL
 
 HELLO = [{"role": "user", "content": "Hello there"}]

@@ -94,7 +94,7 @@ def test_seeded_sampling_repeats(server):
 
 def _prompt_scores(server, ids: list[int], num_top: int) -> list:
     """The engine's own prompt logprobs for `ids` (on its thread, nothing else in flight)."""
-    from baselm.sampling import SamplingParams
+    from baselm.sampling.params import SamplingParams
 
     def score(engine, ids):
         params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=num_top)

@@ -10,7 +10,7 @@ import json
 import openai
 import pytest
 
-from baselm.api.responses_store import ResponseStore
+from baselm.api.openai.responses_store import ResponseStore
 from tests.api.conftest import MODEL
 from tests.api.test_errors import assert_error, assert_serving
 from tests.api.test_structured import PERSON, WEATHER, validate

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from baselm.api.anthropic_messages import MessageAnswer
-from baselm.api.anthropic_request import parse_messages
+from baselm.api.anthropic.messages import MessageAnswer
+from baselm.api.anthropic.request import parse_messages
 from baselm.api.errors import APIError
-from baselm.api.openai_responses import ResponseAnswer
-from baselm.api.responses_request import parse_responses
-from baselm.api.responses_store import ResponseStore
+from baselm.api.openai.responses import ResponseAnswer
+from baselm.api.openai.responses_request import parse_responses
+from baselm.api.openai.responses_store import ResponseStore
 from baselm.api.serving import ServerState
 from baselm.request import RequestOutput
 from tests.api.conftest import MODEL

@@ -9,9 +9,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar, lark_grammar
-from baselm.api.tools import HERMES, LLAMA3_JSON, RepeatStop, ToolCallParser, forced_call_lark, tool_format
+from baselm.structured.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar, lark_grammar
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.toolcalls.tools import HERMES, LLAMA3_JSON, RepeatStop, ToolCallParser, forced_call_lark, tool_format
 from tests.api.conftest import MODEL
 from tests.paths import BPE_TOKENIZER
 

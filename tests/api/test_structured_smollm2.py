@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from baselm.api import grammar
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
+from baselm.structured import grammar
 from tests.api.test_structured import validate
 
 pytestmark = pytest.mark.slow

@@ -10,10 +10,10 @@ import pytest
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
-from baselm.api.openai_chat import _params, parse_chat
-from baselm.api.tool_parsers import HARMONY, MISTRAL, needs_special_tokens
-from baselm.api.tools import HERMES
+from baselm.api.openai.chat import _params, parse_chat
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.toolcalls.parsers import HARMONY, MISTRAL, needs_special_tokens
+from baselm.toolcalls.tools import HERMES
 from tests.api.conftest import MODEL
 from tests.paths import BPE_TOKENIZER
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from baselm.api.errors import APIError
-from baselm.api.tool_parsers import (
+from baselm.toolcalls.parsers import (
     DEEPSEEK,
     GLM,
     HARMONY,
@@ -19,7 +19,7 @@ from baselm.api.tool_parsers import (
     detect_format,
     make_parser,
 )
-from baselm.api.tools import HERMES, LLAMA3_JSON
+from baselm.toolcalls.tools import HERMES, LLAMA3_JSON
 
 TOOLS = [
     {
@@ -313,7 +313,7 @@ def test_gemma4_notation_reads_nested_values_lists_and_none():
 
 def test_every_marker_starts_with_a_character_plain_text_is_checked_for():
     # Plain text without these characters streams without being read again (RereadingParser).
-    from baselm.api.tool_parsers import _MARKER_STARTS, _MARKERS
+    from baselm.toolcalls.parsers import _MARKER_STARTS, _MARKERS
 
     assert {m[0] for fmt in READERS for m in _MARKERS[fmt]} <= _MARKER_STARTS
 

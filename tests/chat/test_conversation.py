@@ -9,7 +9,7 @@ from baselm.chat.conversation import Conversation
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import load_model
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 
 
 def test_fixture_template_renders_append_only(tokenizer):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from baselm import cpu
-from baselm.cpu import attention
+from baselm import paged_attention as attention
 from baselm.metal.attention_metadata import AttentionMetadata
 from baselm.metal.kv_quant import allocate_pool
 from baselm.metal.reference import paged_attention_reference, write_kv_reference

@@ -9,7 +9,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from baselm.cpu import attention, fused
+from baselm import paged_attention as attention
+from baselm.cpu import fused
 from baselm.metal.kv_quant import allocate_pool
 from tests.cpu.conftest import requires_kernels
 from tests.models.test_smollm2 import engine_greedy, greedy

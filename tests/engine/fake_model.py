@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from baselm.kv.manager import KVCacheManager
 from baselm.request import Request
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from baselm.scheduler import Scheduler, SchedulerOutput
 
 EOS = 7

@@ -15,7 +15,7 @@ import pytest
 
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from tests.tiny_model import loaded_fixture
 
 TOL = 1e-4

@@ -9,7 +9,7 @@ import pytest
 from baselm.config import EngineConfig
 from baselm.embedding import EmbeddingError, default_pooling, embed
 from baselm.engine import LLMEngine
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from tests.forward import prefill_logits
 from tests.tiny_model import loaded_widened_llama
 

@@ -10,7 +10,7 @@ import pytest
 
 from baselm.async_engine import AsyncEngine
 from baselm.engine import LLMEngine
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from baselm.scheduler import RequestTooLongError
 
 PROMPTS = [[5, 17, 99, 3], list(range(10, 60)), [200] * 33, [1, 2]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from tests.tiny_model import loaded_widened_llama
 
 PROMPTS = [[5, 9, 13, 17], [40, 41, 42]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from tests.engine.fake_model import greedy, make, plan, request, run_to_end, step
 from tests.tiny_model import loaded_widened_llama
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from baselm.spec.ngram import propose_ngram
+from baselm.speculative.ngram import propose_ngram
 
 
 def reference(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from tests.engine.test_batch_equivalence import engine_bytes_per_token
 from tests.forward import prefill_logits
 

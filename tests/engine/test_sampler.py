@@ -8,8 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from baselm.sampler import Sampler, SamplingRow, _top_k_top_p, _top_k_top_p_sorted, min_tokens_banned_ids
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
+from baselm.sampling.sampler import Sampler, SamplingRow, _top_k_top_p, _top_k_top_p_sorted, min_tokens_banned_ids
 
 # A 5-token distribution with distinct probabilities; sorted: 1 (.4), 3 (.3), 4 (.15), 2 (.1), 0 (.05).
 PROBS = np.array([0.05, 0.4, 0.1, 0.3, 0.15])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from baselm.sampling import MAX_SEED, SamplingParams, SamplingParamsError
+from baselm.sampling.params import MAX_SEED, SamplingParams, SamplingParamsError
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from baselm.sampler import Sampler, SamplingRow
-from baselm.sampling import SamplingParams
-from baselm.spec.accept import emitted_tokens, point_masses, verify_sampled
+from baselm.sampling.acceptance import emitted_tokens, point_masses, verify_sampled
+from baselm.sampling.params import SamplingParams
+from baselm.sampling.sampler import Sampler, SamplingRow
 
 P = [0.5, 0.3, 0.2, 0.0]
 Q = [0.25, 0.25, 0.25, 0.25]

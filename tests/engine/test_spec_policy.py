@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from baselm.spec.ngram import NgramIndex, propose_ngram
-from baselm.spec.policy import MIN_GAIN, Acceptance, StepCost, expected_tokens, plan_drafts, plan_uniform
+from baselm.speculative.ngram import NgramIndex, propose_ngram
+from baselm.speculative.policy import MIN_GAIN, Acceptance, StepCost, expected_tokens, plan_drafts, plan_uniform
 
 
 def test_ngram_proposes_what_followed_the_longest_earlier_suffix():

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 from baselm.config import SpeculativeConfig
 from baselm.request import Request, RequestStatus
-from baselm.sampling import SamplingParams
-from baselm.spec.policy import StepCost
-from baselm.spec.speculator import Speculator
+from baselm.sampling.params import SamplingParams
+from baselm.speculative.policy import StepCost
+from baselm.speculative.speculator import Speculator
 
 SHORT = [7, 8, 1, 2, 3, 4, 5, 6, 7, 8]  # ends with a 2-token suffix that occurred before
 LONG = [1, 2, 3, 4, 5, 6, 9, 1, 2, 3, 4, 5]  # ends with a 5-token suffix that occurred before

@@ -15,7 +15,7 @@ import pytest
 
 from baselm.config import ConfigError, EngineConfig, SpeculativeConfig
 from baselm.engine import LLMEngine
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from tests.tiny_model import loaded_fixture, loaded_widened_llama
 
 KV_MEMORY = 2 * 2**20

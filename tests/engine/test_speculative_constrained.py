@@ -13,11 +13,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from baselm.api.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar, regex_grammar
 from baselm.config import SpeculativeConfig
 from baselm.request import Request
-from baselm.sampling import SamplingParams
-from baselm.spec.speculator import Speculator, can_speculate, num_allowed
+from baselm.sampling.params import SamplingParams
+from baselm.speculative.speculator import Speculator, can_speculate, num_allowed
+from baselm.structured.grammar import GrammarProcessor, grammar_tokenizer, json_schema_grammar, regex_grammar
 from tests.engine.test_speculative import all_free, engine_for, repeating_prompts
 from tests.tiny_model import loaded_fixture
 

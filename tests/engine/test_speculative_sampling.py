@@ -27,8 +27,8 @@ import pytest
 
 from baselm.config import EngineConfig, SpeculativeConfig
 from baselm.engine import LLMEngine
-from baselm.sampler import Sampler, SamplingRow
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
+from baselm.sampling.sampler import Sampler, SamplingRow
 from tests.forward import prefill_logits
 from tests.tiny_model import loaded_fixture
 

@@ -14,7 +14,7 @@ from baselm.backend import select_backend
 from baselm.config import EngineConfig, SpeculativeConfig
 from baselm.engine import LLMEngine
 from baselm.loader import load_model
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.slow
 

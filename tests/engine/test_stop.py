@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from baselm.sampling import SamplingParams
-from baselm.stop import StopChecker, StopUpdate
+from baselm.sampling.params import SamplingParams
+from baselm.sampling.stop import StopChecker, StopUpdate
 
 EOS = 0
 WORD = 7  # an ordinary token id

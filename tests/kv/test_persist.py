@@ -19,7 +19,7 @@ from baselm.async_engine import AsyncEngine
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.kv.persist import MAGIC
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from tests.paths import LLAMA_FIXTURE
 from tests.tiny_model import loaded_widened_llama
 

@@ -1,7 +1,7 @@
 """gpt-oss beyond the shared parity tests: attention sinks, and MXFP4 experts as released checkpoints store them.
 
 The `gpt_oss_mxfp4` fixture holds `*_blocks`/`*_scales` expert tensors (HF's layout) and the logits
-transformers computes after its own dequantization (scripts/make_model_fixtures.py).
+transformers computes after its own dequantization (tests/tools/make_model_fixtures.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Each architecture computes transformers' logits, through the paged KV cache, in every step shape.
 
-Fixtures (tests/fixtures/models/<name>/, made by scripts/make_model_fixtures.py) are tiny random
+Fixtures (tests/fixtures/models/<name>/, made by tests/tools/make_model_fixtures.py) are tiny random
 HF models with the float32 logits transformers (eager attention) computed for them.
 """
 

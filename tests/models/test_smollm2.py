@@ -16,7 +16,7 @@ from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import load_model
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.slow
 

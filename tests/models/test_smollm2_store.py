@@ -30,7 +30,7 @@ from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.kv import AttentionMetadata, PagedKVCache
 from baselm.loader import LoadedModel, load_model
-from baselm.sampling import SamplingParams
+from baselm.sampling.params import SamplingParams
 from baselm.store.import_local import import_local
 from baselm.store.registry import Store
 

@@ -3,7 +3,7 @@
 Each model fixture (tests/fixtures/models) is written to an F32 GGUF the way `convert_hf_to_gguf.py`
 writes it (tests/tiny_gguf.py: names, q/k permutation, Gemma's `1 + w` norms, stacked experts,
 Phi-3's fused projections and LongRoPE tensors). Three checks per architecture:
-- against transformers loading the same GGUF (`gguf_reference.npz`, scripts/make_gguf_fixtures.py);
+- against transformers loading the same GGUF (`gguf_reference.npz`, tests/tools/make_gguf_fixtures.py);
 - against the HF folder loaded by base with the config the GGUF implies (the tensor mapping alone);
 - the implied config against the HF config, with llama.cpp's own rules where the file is silent.
 """

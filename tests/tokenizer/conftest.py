@@ -1,7 +1,7 @@
 """Fixture tokenizers for the tokenizer tests, and the outputs transformers gives for them.
 
 Expected outputs come from transformers (tests/fixtures/tokenizers/expected.json, made by
-scripts/make_tokenizer_fixtures.py) and from the shared SmolLM2 reference file.
+tests/tools/make_tokenizer_fixtures.py) and from the shared SmolLM2 reference file.
 """
 
 from __future__ import annotations

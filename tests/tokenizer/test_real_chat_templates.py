@@ -1,6 +1,6 @@
 """The chat templates real models ship (llama.cpp's collection) render as transformers renders them.
 
-tests/fixtures/chat_templates/expected.json (made by scripts/make_chat_template_fixtures.py)
+tests/fixtures/chat_templates/expected.json (made by tests/tools/make_chat_template_fixtures.py)
 holds, for each template file and conversation, transformers' `apply_chat_template` text, or
 the error where transformers refuses it. The templates themselves are read from llama-cpp-python's
 sdist (tests/llama_cpp_files.py); each must still have the sha256 the texts were made from.

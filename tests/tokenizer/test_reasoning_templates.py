@@ -1,7 +1,7 @@
 """SmolLM3's and gpt-oss's real chat templates (llama.cpp's copies) render as transformers renders them,
 with their reasoning switches: SmolLM3's `enable_thinking` and `/think` `/no_think` system flags,
 gpt-oss's harmony format with `reasoning_effort`, analysis-channel thinking, tool calls,
-`builtin_tools` and `model_identity`. Expected texts: scripts/make_reasoning_template_fixtures.py."""
+`builtin_tools` and `model_identity`. Expected texts: tests/tools/make_reasoning_template_fixtures.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,323 @@
+"""Ollama's API on the same port: /api/chat, /api/generate, /api/embed and /api/embeddings.
+
+Answers stream as NDJSON (one JSON object a line) unless `stream` is false, then come whole;
+the last object has `done: true`, the counts and the durations (nanoseconds), as Ollama sends
+them. Errors are `{"error": "..."}` (see errors.py). The model listing, /api/show, /api/ps,
+/api/version and /api/pull are in ollama_models.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from baselm.api import serving
+from baselm.api.answer_text import AnswerText, Pieces
+from baselm.api.embeddings import EmbeddingJob, read_pooling, run_embeddings
+from baselm.api.errors import APIError, bad_request, logger
+from baselm.api.ollama.request import (
+    check_model_name,
+    read_format,
+    read_images,
+    read_messages,
+    read_tools,
+    sampling_from_options,
+)
+from baselm.api.schemas import Body, Common
+from baselm.request import RequestOutput
+from baselm.sampling.params import SamplingParams
+from baselm.structured import grammar
+from baselm.structured.constrained import constrained_params
+from baselm.tokenizer.errors import ChatTemplateError
+from baselm.toolcalls import parsers as tool_parsers
+from baselm.toolcalls import tools
+
+MAX_TOKENS_FIELD = "options.num_predict"
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _line(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+async def _read(request: Request) -> tuple[serving.ServerState, Body]:
+    state: serving.ServerState = request.app.state.base
+    body = Body(await serving.read_json(request, state.max_body_bytes))
+    check_model_name(state, body.string("model"))
+    return state, body
+
+
+def _params(state: serving.ServerState, sampling: dict[str, Any], fmt: dict[str, Any] | None) -> SamplingParams:
+    if fmt is None:
+        return serving.make_params(sampling, MAX_TOKENS_FIELD)
+    text = grammar.json_schema_grammar(fmt.get("schema"))
+    return constrained_params(state, sampling, MAX_TOKENS_FIELD, text, "format")
+
+
+class _OllamaAnswer(serving.Answer):
+    """One Ollama answer: NDJSON lines of text deltas, then a `done` line with counts and durations."""
+
+    id_prefix = "ollama-"
+    media_type = "application/x-ndjson"
+    text_field: ClassVar[str]  # "message" (chat) or "response" (generate)
+
+    def __init__(
+        self,
+        state: serving.ServerState,
+        common: Common,
+        prompt_ids: list[int],
+        tool_fmt: str | None,
+        split: bool,
+        tool_list: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(state, common, 1)
+        # A reasoning model's thinking goes apart (`thinking`), then tool calls; raw prompts stay raw.
+        texts = AnswerText.for_prompt(state, prompt_ids, tool_fmt, tool_list or ()) if split else AnswerText(None, None)
+        self.split = texts
+        self.prompt_ids = prompt_ids
+        self.whole_pieces = Pieces()
+        self.output_ids: list[int] = []
+        self.done_reason = "stop"
+        self.started = time.perf_counter_ns()
+        self.first_token: int | None = None
+
+    def _pieces(self, out: RequestOutput) -> Pieces:
+        if out.token_ids and self.first_token is None:
+            self.first_token = time.perf_counter_ns()
+        self.output_ids += out.token_ids
+        if out.finished:
+            if out.finish_reason == "abort":
+                raise APIError(503, "the server is shutting down; the request was stopped")
+            self.done_reason = out.finish_reason or "stop"
+        return self.split.feed(out.text, out.finished)
+
+    def _envelope(self, done: bool) -> dict[str, Any]:
+        return {"model": self.common.model, "created_at": now_rfc3339(), "done": done}
+
+    def _stats(self) -> dict[str, Any]:
+        end = time.perf_counter_ns()
+        first = self.first_token or end
+        return {
+            "done_reason": self.done_reason,
+            "total_duration": end - self.started,
+            "load_duration": 0,
+            "prompt_eval_count": sum(self.usage.prompt.values()),
+            "prompt_eval_duration": first - self.started,
+            "eval_count": sum(self.usage.completion.values()),
+            "eval_duration": end - first,
+        }
+
+    def payload(self, pieces: Pieces) -> dict[str, Any]:
+        """The text-carrying fields of one line."""
+        fields: dict[str, Any] = {self.text_field: pieces.content}
+        if pieces.reasoning:
+            fields["thinking"] = pieces.reasoning
+        return fields
+
+    def done_extra(self) -> dict[str, Any]:
+        return {}
+
+    def add(self, out: RequestOutput) -> None:
+        pieces = self._pieces(out)
+        whole = self.whole_pieces
+        whole.reasoning += pieces.reasoning
+        whole.content += pieces.content
+        whole.calls += pieces.calls
+
+    def whole(self) -> dict[str, Any]:
+        return {**self._envelope(True), **self.payload(self.whole_pieces), **self._stats(), **self.done_extra()}
+
+    def events(self, out: RequestOutput) -> list[str]:
+        pieces = self._pieces(out)
+        lines = []
+        if pieces.content or pieces.reasoning or pieces.calls:
+            lines.append(_line({**self._envelope(False), **self.payload(pieces)}))
+        if out.finished:
+            lines.append(
+                _line({**self._envelope(True), **self.payload(Pieces()), **self._stats(), **self.done_extra()})
+            )
+        return lines
+
+    def error_events(self, exc: Exception) -> list[str]:
+        if not isinstance(exc, APIError):
+            logger.exception("internal error while streaming", exc_info=exc)
+            exc = APIError(500, "the server hit an internal error while streaming")
+        return [_line({"error": exc.message})]
+
+
+class _ChatAnswer(_OllamaAnswer):
+    text_field = "message"
+
+    def payload(self, pieces: Pieces) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": pieces.content}
+        if pieces.reasoning:
+            message["thinking"] = pieces.reasoning
+        if pieces.calls:
+            message["tool_calls"] = [_ollama_call(c) for c in pieces.calls]
+        return {"message": message}
+
+
+class _GenerateAnswer(_OllamaAnswer):
+    text_field = "response"
+
+    def done_extra(self) -> dict[str, Any]:
+        return {"context": self.prompt_ids + self.output_ids}
+
+
+def _ollama_call(call: tools.ToolCall) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call.arguments)
+    except ValueError:
+        arguments = {}
+    return {"id": call.id, "function": {"index": call.index, "name": call.name, "arguments": arguments}}
+
+
+def _common(body: Body, state: serving.ServerState) -> tuple[Common, dict[str, Any] | None]:
+    stream = body.boolean("stream", default=True)
+    sampling = sampling_from_options(body)
+    fmt = read_format(body.raw("format"))
+    body.raw("keep_alive")  # the model stays loaded while the server runs
+    return Common(state.model_name, stream, False, 1, sampling, MAX_TOKENS_FIELD), fmt
+
+
+def _think(body: Body) -> dict[str, Any]:
+    """`think` as the template's `enable_thinking` switch (Qwen3 and the like); absent leaves the default."""
+    think = body.raw("think")
+    if think is None:
+        return {}
+    if not isinstance(think, (bool, str)):
+        raise bad_request("think must be true, false, or an effort level", "think")
+    return {"enable_thinking": think is not False}
+
+
+async def ollama_chat(request: Request) -> Response:
+    """POST /api/chat."""
+    state, body = await _read(request)
+    messages = read_messages(body)
+    tool_list = read_tools(body)
+    common, fmt = _common(body, state)
+    extra = _think(body)
+    body.finish()
+    if not messages:  # Ollama loads the model and answers at once
+        return JSONResponse({**_ChatAnswer(state, common, [], None, False).whole(), "done_reason": "load"})
+
+    def prepare() -> serving.Job:
+        try:
+            ids = state.tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tool_list or None, **extra)
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), "messages") from None
+        serving.check_prompt(state, ids, "messages", common.sampling["max_tokens"], MAX_TOKENS_FIELD)
+        sampling = dict(common.sampling)
+        if tool_list:
+            tool_parsers.check_supported(state.tool_format, forced=False)
+            if tool_parsers.needs_special_tokens(state.tool_format, state.tokenizer):
+                sampling["skip_special_tokens"] = False  # the call markers are special tokens
+        return serving.Job(ids, _params(state, sampling, fmt), 0)
+
+    job = await asyncio.to_thread(prepare)
+    answer = _ChatAnswer(state, common, job.prompt_ids, state.tool_format if tool_list else None, True, tool_list)
+    return await serving.respond(request, state, [job], "messages", answer)
+
+
+def _generate_ids(state: serving.ServerState, body: Body, extra: dict[str, Any]) -> list[int]:
+    """Prompt ids of /api/generate: the prompt through the chat template (unless `raw`), after `context`."""
+    prompt = body.string("prompt", default="")
+    system = body.string("system")
+    raw = body.boolean("raw")
+    context = body.raw("context") or []
+    if not isinstance(context, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
+        raise bad_request("context must be an array of token ids", "context")
+    for name in ("suffix", "template"):
+        if body.string(name):
+            raise bad_request(f"{name} is not supported; the model's own chat template is used", name)
+    if raw:
+        return context + state.tokenizer.encode(prompt, add_special_tokens=not context)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    try:
+        ids = state.tokenizer.encode_chat(messages, add_generation_prompt=True, **extra)
+    except ChatTemplateError as exc:
+        raise bad_request(str(exc), "prompt") from None
+    bos = state.tokenizer.bos_token_id
+    if context and ids and ids[0] == bos:
+        ids = ids[1:]
+    return context + ids
+
+
+async def ollama_generate(request: Request) -> Response:
+    """POST /api/generate."""
+    state, body = await _read(request)
+    common, fmt = _common(body, state)
+    read_images(body, "the request")
+    extra = _think(body)
+    if not body.string("prompt") and not body.raw("context"):  # a load request: no prompt at all
+        for name in ("system", "raw", "suffix", "template", "context"):
+            body.raw(name)
+        body.finish()
+        return JSONResponse({**_GenerateAnswer(state, common, [], None, False).whole(), "done_reason": "load"})
+    ids = await asyncio.to_thread(_generate_ids, state, body, extra)
+    body.finish()
+    serving.check_prompt(state, ids, "prompt", common.sampling["max_tokens"], MAX_TOKENS_FIELD)
+    job = serving.Job(ids, _params(state, common.sampling, fmt), 0)
+    answer = _GenerateAnswer(state, common, ids, None, not body.data.get("raw"))
+    return await serving.respond(request, state, [job], "prompt", answer)
+
+
+def _embed_inputs(state: serving.ServerState, value: Any, truncate: bool, name: str) -> list[list[int]]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(s, str) for s in items):
+        raise bad_request(f"{name} must be a string or a non-empty array of strings", name)
+    ids = [state.tokenizer.encode(s) or [state.tokenizer.bos_token_id or 0] for s in items]
+    limit = state.max_model_len
+    if any(len(i) > limit for i in ids):
+        if not truncate:
+            raise bad_request(f"an input is longer than the model's {limit} tokens and truncate is false", name)
+        ids = [i[:limit] for i in ids]
+    return ids
+
+
+async def ollama_embed(request: Request) -> Response:
+    """POST /api/embed: normalized vectors for one or more inputs."""
+    state, body = await _read(request)
+    started = time.perf_counter_ns()
+    raw_input, truncate = body.raw("input"), body.boolean("truncate", default=True)
+    pooling = read_pooling(body, state)
+    if body.raw("dimensions") is not None:
+        raise bad_request("dimensions is not supported: a decoder model's hidden size is fixed", "dimensions")
+    sampling_from_options(body)
+    body.raw("keep_alive")
+    body.finish()
+    inputs = await asyncio.to_thread(_embed_inputs, state, raw_input, truncate, "input")
+    vectors = await run_embeddings(state, EmbeddingJob(inputs, pooling, True), "input")
+    tokens = sum(map(len, inputs))
+    state.metrics.count_tokens(tokens, 0)
+    return JSONResponse(
+        {
+            "model": body.data["model"],
+            "embeddings": [v.tolist() for v in vectors],
+            "total_duration": time.perf_counter_ns() - started,
+            "load_duration": 0,
+            "prompt_eval_count": tokens,
+        }
+    )
+
+
+async def ollama_embeddings(request: Request) -> Response:
+    """POST /api/embeddings, the older form: one prompt, one vector, not normalized."""
+    state, body = await _read(request)
+    prompt = body.string("prompt", required=True)
+    pooling = read_pooling(body, state)
+    sampling_from_options(body)
+    body.raw("keep_alive")
+    body.finish()
+    inputs = await asyncio.to_thread(_embed_inputs, state, prompt, True, "prompt")
+    vectors = await run_embeddings(state, EmbeddingJob(inputs, pooling, False), "prompt")
+    return JSONResponse({"embedding": vectors[0].tolist()})

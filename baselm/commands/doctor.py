@@ -1,0 +1,121 @@
+"""`base doctor`: what this machine offers the runtime, and what will make it slow or fail."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+from typing import Any
+
+import mlx.core as mx
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from baselm import blas, cpu
+from baselm.backend import device_memory_bytes, gpu_kind, system_memory_bytes
+from baselm.commands import doctor_links as dist_doctor
+from baselm.commands import doctor_pd as pd_doctor
+from baselm.config import format_size
+from baselm.cpu.fused import fused_kernel_status
+from baselm.metal import kernel_status
+from baselm.paged_attention import attention_kernel_status
+from baselm.store.default_model import base_home
+
+
+def collect(links: bool = False) -> dict[str, Any]:
+    """Everything doctor reports, as plain data (the --json output); `links` also measures a
+    2-rank group on loopback."""
+    kind = gpu_kind()
+    backend = kind or "cpu"
+    home = base_home()
+    disk = shutil.disk_usage(home if home.exists() else home.parent if home.parent.exists() else "/")
+    report: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "mlx": mx.__version__,
+        "backend": backend,
+        "device": mx.device_info().get("device_name", "unknown") if hasattr(mx, "device_info") else "unknown",
+        "device_memory_bytes": device_memory_bytes() if kind else None,
+        "system_memory_bytes": system_memory_bytes(),
+        "cpu_count": os.cpu_count(),
+        "blas": (blas.status["library"] or "MLX's bundled reference BLAS") if backend == "cpu" else "not used (GPU)",
+        "blas_status": blas.status["reason"],
+        "compute": _cpu_compute() if backend == "cpu" else "quantized weights on the GPU",
+        "cpu_kernels": {
+            "loaded": cpu.available(),
+            "isa": cpu.kernels.isa() if cpu.available() else None,
+            "threads": cpu.kernels.num_threads() if cpu.available() else None,
+            "reason": cpu.status["reason"],
+        },
+        "kernels": {**kernel_status(), **attention_kernel_status(), **fused_kernel_status()},
+        "store": str(home),
+        "store_free_bytes": disk.free,
+        "distributed": {**dist_doctor.collect(links), "prefill_decode": pd_doctor.status()},
+        "warnings": [],
+    }
+    report["warnings"] = _warnings(report)
+    return report
+
+
+def _cpu_compute() -> str:
+    if cpu.available():
+        return f"{cpu.describe()}: quantized weights kept quantized, decoded inside the matmul"
+    return f"float32 (quantized weights dequantized at load): {cpu.describe()}"
+
+
+def _warnings(report: dict[str, Any]) -> list[str]:
+    warnings = []
+    if report["backend"] == "cpu":
+        warnings.append(
+            "No GPU: MLX runs on the CPU. Expect tens of tokens/s on small models; large models will be slow."
+        )
+        if not cpu.available() and cpu.status["reason"] != "disabled by BASE_CPU_KERNELS=0":
+            warnings.append(
+                f"CPU kernels not loaded ({cpu.status['reason']}): decode runs through BLAS GEMM on float32 "
+                "weights, several times slower and larger in memory. Build them: make install"
+            )
+        if blas.status["library"] is None and sys.platform.startswith("linux"):
+            warnings.append(
+                f"No optimized BLAS ({blas.status['reason']}): matmuls run on the reference BLAS, "
+                "about 40x slower. Install one: apt-get install libopenblas0-pthread"
+            )
+    memory = report["device_memory_bytes"] or report["system_memory_bytes"]
+    if memory is not None and memory < 8 * 2**30:
+        warnings.append(f"Only {format_size(memory)} of memory: models above ~1B parameters may not fit.")
+    if report["store_free_bytes"] < 5 * 2**30:
+        warnings.append(f"Only {format_size(report['store_free_bytes'])} free where models are stored.")
+    return warnings
+
+
+def _gib(n: int | None) -> str:
+    return "unknown" if n is None else format_size(n)
+
+
+def render(report: dict[str, Any]) -> None:
+    """The report as a table, then its warnings."""
+    console = Console()
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("Python", report["python"]),
+        ("Platform", report["platform"]),
+        ("MLX", report["mlx"]),
+        ("Backend", f"{report['backend']} ({report['device']})"),
+        ("Memory", f"device {_gib(report['device_memory_bytes'])}, system {_gib(report['system_memory_bytes'])}"),
+        ("CPU cores", str(report["cpu_count"])),
+        ("BLAS", f"{report['blas']} ({report['blas_status']})"),
+        ("Compute", report["compute"]),
+        ("Kernels", ", ".join(f"{name}: {state}" for name, state in report["kernels"].items())),
+        ("Store", f"{report['store']} ({_gib(report['store_free_bytes'])} free)"),
+        ("Distributed", f"{dist_doctor.summary(report['distributed'])}; {pd_doctor.describe(report['distributed'])}"),
+    ]
+    for key, value in rows:
+        table.add_row(key, Text(value))
+    console.print(table)
+    for warning in report["warnings"]:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    if not report["warnings"]:
+        console.print("[green]All good.[/]")

@@ -1,0 +1,43 @@
+"""How every `base` command reports a user's mistake (one clear line on stderr, exit status 1),
+and the help texts the command modules share."""
+
+from __future__ import annotations
+
+import typer
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Prints one clear error line and exits: user mistakes never show a traceback."""
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The exceptions that mean a bad input or setting, not a bug."""
+    from baselm.backend import BackendError
+    from baselm.config import ConfigError
+    from baselm.distributed.group import DistError
+    from baselm.models.base import ModelConfigError
+    from baselm.request import InvalidRequestError
+    from baselm.sampling.params import SamplingParamsError
+    from baselm.scheduler import RequestTooLongError
+    from baselm.store.errors import StoreError
+    from baselm.tokenizer.errors import TokenizerError
+
+    return (
+        BackendError,
+        ConfigError,
+        DistError,
+        InvalidRequestError,
+        ModelConfigError,
+        RequestTooLongError,
+        SamplingParamsError,
+        StoreError,
+        TokenizerError,
+    )
+
+
+DEVICE_HELP = "Where to run: auto (GPU when MLX has one), gpu or cpu."
+MODEL_HELP = "Model: a store name (org/name[:variant] or an alias), a .base or .gguf file, or an HF folder."

@@ -1,0 +1,136 @@
+"""`base run`: one prompt, one answer, through the engine, streamed or as one JSON object."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from baselm.chat.answer import Answer
+from baselm.chat.stats import TurnStats
+from baselm.config import EngineConfig, SpeculativeConfig
+from baselm.distributed.launch import DistOptions, load_model_for
+from baselm.engine import LLMEngine
+from baselm.loader import LoadedModel
+from baselm.sampling.params import SamplingParams, TokenLogprobs
+from baselm.speculative.speculator import SpecStats
+from baselm.tokenizer.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """What `base run` does: which model on which device, the prompt, how to sample and how to print.
+    Validated where it is made: `sampling` checks its own ranges."""
+
+    model: str
+    prompt: str
+    sampling: SamplingParams
+    raw: bool = False  # the prompt as plain text, not through the chat template
+    as_json: bool = False  # one JSON object at the end instead of streamed text
+    device: str = "auto"
+    require_signature: bool = False  # refuse a model without a good signature by a trusted key
+    speculative: SpeculativeConfig | None = None
+    dist: DistOptions | None = None  # the model over several processes
+
+
+def run_once(options: RunOptions) -> None:
+    """Loads the model, generates one answer to the prompt and prints it with its speed."""
+    start = time.perf_counter()
+    loaded = load_model_for(options.model, options.device, options.require_signature, options.dist)
+    ids = prompt_ids(loaded.tokenizer, options.prompt, options.raw)
+    engine = LLMEngine(loaded, one_request_config(len(ids), options.sampling.max_tokens, options.speculative))
+    load_s = time.perf_counter() - start
+    answer = _generate(engine, ids, options.sampling, echo=not options.as_json)
+    timings = _timings_json(load_s, answer.stats, engine.spec_stats() if engine.speculator is not None else None)
+    if options.as_json:
+        with_logprobs = options.sampling.logprobs is not None
+        print(json.dumps(_result_json(loaded, ids, answer, timings, with_logprobs), ensure_ascii=False))
+        return
+    sys.stdout.write("\n")
+    print(
+        f"\n[{len(ids)} prompt tokens at {timings['prefill_tokens_per_s']} tok/s, {len(answer.token_ids)} generated "
+        f"at {timings['decode_tokens_per_s']} tok/s, finish: {answer.stats.finish_reason}]",
+        file=sys.stderr,
+    )
+
+
+def one_request_config(
+    num_prompt_tokens: int, max_tokens: int | None, speculative: SpeculativeConfig | None = None
+) -> EngineConfig:
+    """An engine for this one request: its KV pool holds the prompt and `max_tokens` more (in
+    whole blocks), not a full context; with no `max_tokens`, the model's whole context."""
+    config = EngineConfig(max_num_seqs=1, speculative=speculative)
+    if max_tokens is None:
+        return config
+    config.max_model_len = -(-(num_prompt_tokens + max_tokens) // config.block_size) * config.block_size
+    return config
+
+
+def prompt_ids(tokenizer: Tokenizer, prompt: str, raw: bool) -> list[int]:
+    """The prompt as token ids: through the chat template unless `raw` or the model has none."""
+    if raw or not tokenizer.has_chat_template:
+        return tokenizer.encode(prompt)
+    return tokenizer.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
+
+
+def _generate(engine: LLMEngine, ids: list[int], params: SamplingParams, echo: bool) -> Answer:
+    """Runs the request to its end; with `echo` the text goes to stdout as it comes."""
+    answer = Answer(stats=TurnStats(num_prompt_tokens=len(ids)))
+    start = time.perf_counter()
+    for out in engine.stream(ids, params):
+        answer.add(out, time.perf_counter() - start)
+        if echo and out.text:
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+    answer.stats.total_s = time.perf_counter() - start
+    return answer
+
+
+def _result_json(
+    loaded: LoadedModel, ids: list[int], answer: Answer, timings: dict[str, float], with_logprobs: bool
+) -> dict[str, Any]:
+    """The object `base run --json` prints."""
+    return {
+        "model": loaded.name,
+        "text": answer.text,
+        "prompt_token_ids": ids,
+        "token_ids": answer.token_ids,
+        "finish_reason": answer.stats.finish_reason,
+        "logprobs": _logprobs_json(loaded.tokenizer, answer.logprobs) if with_logprobs else None,
+        "usage": {
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(answer.token_ids),
+            "total_tokens": len(ids) + len(answer.token_ids),
+        },
+        "timings": timings,
+    }
+
+
+def _timings_json(load_s: float, stats: TurnStats, spec: SpecStats | None = None) -> dict[str, float]:
+    """The `timings` object of `base run --json`, from the turn's numbers; with speculative
+    decoding also its acceptance and the tokens each verifying step emitted."""
+    timings = {
+        "load_s": round(load_s, 3),
+        "ttft_s": round(stats.ttft_s, 4),
+        "total_s": round(stats.total_s, 4),
+        "prefill_tokens_per_s": round(stats.prefill_tokens_per_s, 1),
+        "decode_tokens_per_s": round(stats.decode_tokens_per_s, 1),
+    }
+    if spec is not None:
+        timings["spec_draft_tokens"] = stats.num_draft_tokens
+        timings["spec_accepted_tokens"] = stats.num_accepted_tokens
+        timings["spec_acceptance_rate"] = round(stats.acceptance_rate, 4)
+        timings["spec_accepted_tokens_per_step"] = round(spec.accepted_tokens_per_step, 3)
+    return timings
+
+
+def _logprobs_json(tokenizer: Tokenizer, entries: list[TokenLogprobs]) -> list[dict[str, Any]]:
+    def token(i: int) -> dict[str, Any]:
+        return {"token_id": i, "token": tokenizer.decode([i])}
+
+    return [
+        {**token(e.token_id), "logprob": e.logprob, "top_logprobs": [{**token(i), "logprob": lp} for i, lp in e.top]}
+        for e in entries
+    ]

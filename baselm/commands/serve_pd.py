@@ -1,0 +1,157 @@
+"""`base serve MODEL --pd P:D`: one server over P prefill and D decode processes.
+
+On one machine, the command a person starts is rank 0: it starts ranks 1..P+D-1 as copies of
+its own command line on free loopback ports (group.form), every rank loads the model, and
+rank 0 serves HTTP while the others follow its steps. Over machines, each rank is started by
+hand (or by mlx.launch) with `--hostfile H --rank R` and the same model and options; rank 0
+is the one with HTTP. `--role` states what a rank is meant to be and is checked against the
+layout (ranks 0..P-1 prefill, P..P+D-1 decode), so a mistyped rank fails at start.
+With `--prefix-cache-file FILE`, prefill rank R keeps its prefix cache in `FILE.prefillR`
+(pd_prefill.rank_prefix_file); decode ranks keep none.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from baselm.commands.errors import fail
+from baselm.config import ConfigError, EngineConfig
+from baselm.distributed import group as dist_group
+from baselm.distributed.pd.node import Layout, serve
+from baselm.distributed.watchdog import Watchdog
+from baselm.loader import LoadedModel
+from baselm.sampling.params import ConstraintFactory
+
+if TYPE_CHECKING:
+    from baselm.distributed.launch import DistOptions
+    from baselm.distributed.pd.engine import PDEngine
+
+# A model's maker of constrained requests' processors (the API's; baselm does not import the API).
+MakeConstraints = Callable[[LoadedModel], ConstraintFactory]
+
+STEP_TIMEOUT_S = 120.0  # longer than any step (a full token budget of prefill on a slow CPU)
+
+
+@dataclass(slots=True)
+class PDOptions:
+    """How a rank joins: the layout, and for ranks spread over machines, the hostfile and rank."""
+
+    layout: Layout
+    role: str | None = None  # "prefill" or "decode": checked against the layout
+    hostfile: str | None = None
+    rank: int | None = None
+
+    @classmethod
+    def parse(cls, pd: str, role: str | None, dist: DistOptions | None = None) -> PDOptions:
+        """From --pd, --role and the parsed --hostfile/--rank/--tensor-parallel (cli_dist, None: none)."""
+        hostfile, rank = (dist.hostfile, dist.rank) if dist is not None else (None, None)
+        if dist is not None and dist.tensor_parallel > 1:
+            raise ConfigError("--pd and --tensor-parallel cannot be combined yet: choose one")
+        if role not in (None, "prefill", "decode"):
+            raise ConfigError(f"--role {role!r}: choose prefill or decode")
+        return cls(Layout.parse(pd), role, hostfile, rank)
+
+
+def form_group(options: PDOptions) -> dist_group.DistGroup:
+    """This process's group: joined from a hostfile, or formed on loopback (rank 0 starts the rest)."""
+    layout = options.layout
+    if options.hostfile is not None:
+        group = dist_group.join(options.hostfile, options.rank)
+    else:
+        group = dist_group.form([sys.executable, "-m", "baselm.cli", *sys.argv[1:]], layout.size)
+    if group.size != layout.size:
+        raise ConfigError(f"--pd {layout} needs {layout.size} ranks, but the hostfile lists {group.size}")
+    if options.role is not None and options.role != layout.role(group.rank):
+        raise ConfigError(
+            f"rank {group.rank} is a {layout.role(group.rank)} rank under --pd {layout} "
+            f"(ranks 0..{layout.num_prefill - 1} prefill, the rest decode), not {options.role}"
+        )
+    return group
+
+
+def start(
+    loaded: LoadedModel,
+    config: EngineConfig,
+    options: PDOptions,
+    group: dist_group.DistGroup,
+    constraints: ConstraintFactory | None = None,
+) -> PDEngine | None:
+    """Rank 0: its PDEngine, for the server. Any other rank: follows rank 0's steps until told to
+    stop, then returns None (a failed group raises RankFailedError). `constraints`: see make_node."""
+    from baselm.distributed.pd.engine import PDEngine
+    from baselm.distributed.pd.launch import make_node, share_cores
+
+    if options.hostfile is None:  # every rank on this machine
+        share_cores(options.layout.size)
+    node = make_node(loaded, config, options.layout, group.group, constraints)
+    if group.rank != 0:
+        serve(node)
+        return None
+    watchdog = None
+    if group.children:  # a rank that hangs is ended, so the step fails over instead of hanging
+        watchdog = Watchdog(STEP_TIMEOUT_S, on_expire=lambda what, seconds: group.stop(timeout=1.0))
+    return PDEngine(node, loaded, config, on_failure=group.stop, watchdog=watchdog)
+
+
+def serve_pd(
+    pd_args: tuple,
+    model_args: tuple,
+    config: EngineConfig,
+    serve_options,
+    run_server,
+    make_constraints: MakeConstraints | None = None,
+) -> None:
+    """`base serve` with --pd: serves as a rank of the group, then ends the process; returns at once
+    without --pd. `pd_args`: --pd, --role and the parsed --hostfile/--rank (cli_dist); `model_args`:
+    the model, --device and --require-signature (loaded once the group is formed, on every rank);
+    `make_constraints`: see serve_command."""
+    from baselm.backend import select_backend
+    from baselm.loader import load_model
+
+    if pd_args[0] is None:
+        return
+    model, device, require_signature = model_args
+    options = PDOptions.parse(*pd_args)
+    load = lambda: load_model(model, select_backend(device), require_signature=require_signature)  # noqa: E731
+    code = serve_command(options, load, config, serve_options, run_server, make_constraints)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # NOTE: as `base serve` ends: MLX's teardown after other threads ran it can abort
+
+
+def serve_command(
+    options: PDOptions,
+    load: Callable[[], LoadedModel],
+    config: EngineConfig,
+    serve_options,
+    run_server,
+    make_constraints: MakeConstraints | None = None,
+) -> int:
+    """`base serve --pd`: forms the group, loads the model (`load`) on every rank, and on rank 0
+    serves HTTP with `run_server` (the API's, passed in: baselm does not import the API); every
+    rank makes constrained requests' processors with `make_constraints(loaded)` (also the API's)."""
+    try:
+        group = form_group(options)
+        loaded = load()
+        constraints = make_constraints(loaded) if make_constraints is not None else None
+        engine = start(loaded, config, options, group, constraints)
+    except dist_group.DistError as exc:
+        fail(str(exc))
+    if engine is None:  # a rank other than 0, told to stop
+        return 0
+    code = run_server(loaded, config, serve_options, engine=engine)
+    stop(engine, group)
+    return code
+
+
+def stop(engine, group: dist_group.DistGroup) -> None:
+    """After the server stopped: tells the other ranks to exit, then stops the ones this process started."""
+    try:
+        engine.stop()
+    except dist_group.RankFailedError:
+        pass  # a rank already gone has nothing to stop
+    group.stop()

@@ -1,0 +1,95 @@
+"""`base pull`, `base rm`, `base inspect`: the commands that bring models into the store and look at them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from baselm.commands.errors import fail as _fail
+from baselm.commands.errors import user_errors as _user_errors
+
+commands = typer.Typer()  # merged into the `base` app by cli.py
+
+
+@commands.command()
+def pull(
+    source: str = typer.Argument(
+        ..., help="HF repo id (org/name[:variant]), an HF or MLX folder, a .gguf or .base file."
+    ),
+    quant: str | None = typer.Option(None, "--quant", "-q", help="q2, q3, q4, q5, q6, q8, f16, bf16 or f32."),
+    group_size: int | None = typer.Option(None, "--group-size", help="Quantization group size: 32, 64 or 128."),
+    profile: str | None = typer.Option(None, "--profile", help="Built-in profile name or a profile JSON file."),
+    name: str | None = typer.Option(None, "--name", help="Store the model as org/name (local sources)."),
+    revision: str = typer.Option("main", "--revision", help="Hub branch, tag or commit."),
+    force: bool = typer.Option(False, "--force", help="Pull and convert again even if already stored."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+) -> None:
+    """Bring a model into the local store as a .base file."""
+    from baselm.models import supported_model_types
+    from baselm.store import pull as pulling
+    from baselm.store.hub import default_progress
+    from baselm.store.import_local import import_local
+
+    supported = set(supported_model_types())
+    try:
+        if Path(source).expanduser().exists():
+            stored = import_local(
+                Path(source).expanduser(),
+                name=name,
+                quant=quant,
+                group_size=group_size,
+                profile=profile,
+                supported=supported,
+                force=force,
+            )
+        else:
+            stored = pulling.pull(
+                source,
+                quant=quant,
+                group_size=group_size,
+                profile=profile,
+                revision=revision,
+                supported=supported,
+                force=force,
+                progress=default_progress(quiet),
+            )
+    except _user_errors() as exc:
+        _fail(str(exc))
+    print(stored.ref)
+
+
+@commands.command()
+def rm(model: str = typer.Argument(..., help="Store name (org/name:variant or an alias).")) -> None:
+    """Remove a model from the local store."""
+    from baselm.store.registry import Store
+
+    try:
+        removed = Store().remove(model)
+    except _user_errors() as exc:
+        _fail(str(exc))
+    print(f"removed {removed.ref}")
+
+
+@commands.command()
+def inspect(
+    model: str = typer.Argument(..., help="A .base file or a store name."),
+    verify: bool = typer.Option(False, "--verify", help="Check every tensor's checksum."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show a .base file's header, tensor table and totals."""
+    from baselm.loader import resolve
+    from baselm.store.base_inspect import inspect_report, render_inspect
+
+    try:
+        _, path = resolve(model)
+        report = inspect_report(path, verify=verify)
+    except _user_errors() as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        from rich.console import Console
+
+        render_inspect(report, Console())

@@ -1,0 +1,102 @@
+"""The step plan rank 0 sends every rank: what one forward needs, as one int32 buffer.
+
+A forward's inputs are the flattened token ids and the attention metadata's host-side lists
+(query and context lengths, block tables); every rank rebuilds the same `AttentionMetadata`
+from them. A plan also says which cache to run on (`CACHE`: allocate pools of a size) or to
+stop (`STOP`), or to save or load the prefix cache files (`SAVE`, `LOAD`: dist/tp_persist.py).
+Layout, all int32 little-endian:
+
+    [op, num_seqs, num_tokens, max_blocks, cache_id, a, b, c]   header (a, b, c: op-specific)
+    query_lens (num_seqs) | context_lens (num_seqs) | input_ids (num_tokens) | block_tables (num_seqs * max_blocks)
+
+`cache_id` names the KV cache a forward runs on: rank 0 announces each cache once (`CACHE`,
+with (a, b, c) = (num_blocks, block_size, kv_bits)) and frees it (`FREE`) when it is gone.
+`SAVE` and `LOAD` carry a payload of int32 words after the header (its length in num_tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from baselm.distributed.comm import broadcast_bytes
+from baselm.distributed.group import DistError
+from baselm.kv import AttentionMetadata
+
+FORWARD, HIDDEN, CACHE, FREE, STOP, SAVE, LOAD = 1, 2, 3, 4, 5, 6, 7
+_PAYLOAD = (SAVE, LOAD)
+_HEADER = 8
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One message from rank 0: an op and, for FORWARD/HIDDEN, the forward's inputs."""
+
+    op: int
+    input_ids: np.ndarray | None = None  # (num_tokens,) int32
+    query_lens: np.ndarray | None = None  # (num_seqs,) int32
+    context_lens: np.ndarray | None = None  # (num_seqs,) int32
+    block_tables: np.ndarray | None = None  # (num_seqs, max_blocks) int32, padded
+    cache_id: int = 0
+    cache_shape: tuple[int, int, int] = (0, 0, 0)  # CACHE: (num_blocks, block_size, kv_bits)
+    payload: np.ndarray | None = None  # SAVE, LOAD: (n,) int32
+
+    @classmethod
+    def forward(cls, op: int, input_ids: mx.array, meta: AttentionMetadata, cache_id: int) -> StepPlan:
+        """The plan of a forward rank 0 is about to run on `input_ids` and `meta`, in cache `cache_id`."""
+        return cls(
+            op,
+            np.asarray(input_ids, dtype=np.int32),
+            np.asarray(meta.query_lens, dtype=np.int32),
+            np.asarray(meta.context_lens_host, dtype=np.int32),
+            np.asarray(meta.block_tables, dtype=np.int32),
+            cache_id,
+        )
+
+    def encode(self) -> bytes:
+        if self.op in _PAYLOAD:
+            header = [self.op, 0, len(self.payload), 0, self.cache_id, 0, 0, 0]
+            return np.concatenate([np.asarray(header, dtype="<i4"), np.asarray(self.payload, dtype="<i4")]).tobytes()
+        if self.op not in (FORWARD, HIDDEN):
+            return np.array([self.op, 0, 0, 0, self.cache_id, *self.cache_shape], dtype="<i4").tobytes()
+        num_seqs, max_blocks = self.block_tables.shape
+        header = [self.op, num_seqs, len(self.input_ids), max_blocks, self.cache_id, 0, 0, 0]
+        parts = [header, self.query_lens, self.context_lens, self.input_ids, self.block_tables.reshape(-1)]
+        return np.concatenate([np.asarray(p, dtype="<i4") for p in parts]).tobytes()
+
+    @classmethod
+    def decode(cls, data: bytes) -> StepPlan:
+        values = np.frombuffer(data, dtype="<i4")  # (8 + 2 * num_seqs + num_tokens + num_seqs * max_blocks,)
+        if len(values) < _HEADER or len(data) % 4:
+            raise DistError(f"a step plan of {len(data)} bytes is not one")
+        op, num_seqs, num_tokens, max_blocks, cache_id, *extra = (int(v) for v in values[:_HEADER])
+        if op not in (FORWARD, HIDDEN, CACHE, FREE, STOP, *_PAYLOAD):
+            raise DistError(f"a step plan has the unknown op {op}")
+        if op in _PAYLOAD:
+            if len(values) != _HEADER + num_tokens:
+                raise DistError(f"a step plan holds {len(values)} values, its header describes {_HEADER + num_tokens}")
+            return cls(op, cache_id=cache_id, payload=values[_HEADER:].copy())
+        if op not in (FORWARD, HIDDEN):
+            return cls(op, cache_id=cache_id, cache_shape=tuple(extra))
+        sizes = [num_seqs, num_seqs, num_tokens, num_seqs * max_blocks]
+        if len(values) != _HEADER + sum(sizes):
+            raise DistError(f"a step plan holds {len(values)} values, its header describes {_HEADER + sum(sizes)}")
+        q, c, ids, tables = np.split(values[_HEADER:], np.cumsum(sizes)[:-1])
+        return cls(op, ids, q, c, tables.reshape(num_seqs, max_blocks), cache_id)
+
+    def metadata(self, block_size: int) -> AttentionMetadata:
+        """The attention metadata rank 0 built for this forward (logits rows aside)."""
+        tables = [list(row) for row in self.block_tables]
+        return AttentionMetadata.build(tables, self.query_lens.tolist(), self.context_lens.tolist(), block_size)
+
+
+def send_plan(plan: StepPlan, group) -> None:
+    """Rank 0: the plan to every rank."""
+    broadcast_bytes(plan.encode(), group)
+
+
+def receive_plan(group) -> StepPlan:
+    """Ranks other than 0: the next plan (blocks until rank 0 sends one)."""
+    return StepPlan.decode(broadcast_bytes(None, group))

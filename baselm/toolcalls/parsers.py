@@ -1,0 +1,232 @@
+"""Which tool-call format a chat template teaches its model, and the parser that reads it.
+
+`detect_format(chat_template)` looks for the markers each format's template writes:
+
+| format        | models (templates)                            | marker                              |
+| ------------- | --------------------------------------------- | ----------------------------------- |
+| `harmony`     | gpt-oss                                       | `<|channel|>` with `<|call|>`       |
+| `deepseek`    | DeepSeek V3, R1 (and distills), V3.1          | `<｜tool▁calls▁begin｜>`            |
+| `deepseek_v3_2`, `deepseek_v4` | DeepSeek V3.2, V4            | `｜DSML｜` with `function_calls` / `tool_calls` |
+| `mistral`     | Mistral Nemo, Small 3.x, Devstral, Ministral  | `[TOOL_CALLS]`                      |
+| `granite_3`   | Granite 3.x                                   | `<|tool_call|>`                     |
+| `kimi_k2`     | Kimi K2                                       | `<|tool_calls_section_begin|>`      |
+| `minimax_m2`  | MiniMax M2                                    | `<minimax:tool_call>`               |
+| `seed_oss`    | Seed-OSS                                      | `<seed:tool_call>`                  |
+| `functionary_v3_1` | Functionary v3.1                         | `<function=` with `<|python_tag|>`  |
+| `qwen3_xml`   | Qwen3-Coder, Qwen3.5, Nemotron 3, Step 3.5    | `<tool_call>` with `<function=`     |
+| `glm`         | GLM 4.5+, Ling, Laguna, Spark                 | `<tool_call>` with `<arg_key>`      |
+| `tool_calls_json` | Apriel, MiniMax-M1                        | `<tool_calls>`                      |
+| `nemotron_json` | Nemotron Nano 2                             | `<TOOLCALL>`                        |
+| `cohere`      | Command R7B, Command A                         | `<|START_ACTION|>`                  |
+| `lfm2`        | LFM2, LFM2.5                                  | `<|tool_call_start|>` or `<|tool_list_start|>` |
+| `gemma4`      | Gemma 4                                       | `<|tool_call>`                      |
+| `minicpm5`    | MiniCPM 5                                     | `<function name="`                  |
+| `hunyuan_3`   | Hunyuan 3                                     | `HYTK` (its `:opensource` tags)     |
+| `apertus`     | Apertus                                       | `<|tools_prefix|>`                  |
+| `hermes`      | Hermes, Qwen 2.5/3, Granite 4, ...            | `<tool_call>`                       |
+| `llama3_json` | Llama 3.1-3.3                                 | `<|python_tag|>`, or ipython with parameters |
+
+Templates with another known call syntax (`UNSUPPORTED`) get that family's name, and a request
+with tools for such a model is refused with a clear error (`check_supported`); a template with
+no tool markers at all is taken as `hermes`, the common default.
+
+`make_parser` gives the streaming parser for a format: `feed(delta)` and `finish()` return
+`(content, calls)`, like `tools.ToolCallParser`, which reads `hermes` and `llama3_json`. The
+other formats re-read the whole answer on each delta with their reader (`tool_formats`,
+`tool_blocks`) and hand out the difference, so a stream reassembles exactly to the whole
+answer's result. Where the model's tokenizer holds a format's markers as special tokens,
+the answer is decoded with its special tokens (`needs_special_tokens`).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from baselm.api.errors import bad_request
+from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.toolcalls import formats as tool_formats
+from baselm.toolcalls.blocks import BLOCK_FORMATS, block_markers, block_reader
+from baselm.toolcalls.tools import HERMES, LLAMA3_JSON, ToolCall, ToolCallParser
+
+HARMONY, DEEPSEEK, MISTRAL, QWEN3_XML, GLM = "harmony", "deepseek", "mistral", "qwen3_xml", "glm"
+READERS = {**tool_formats.READERS, **{fmt: block_reader(fmt) for fmt in BLOCK_FORMATS}}
+_PYTHON_TAG = "<|python_tag|>"
+# The markers each format writes (Llama 3's tag is read whether it is kept or not).
+_MARKERS = {
+    HERMES: ("<tool_call>", "</tool_call>"),
+    LLAMA3_JSON: (),
+    **tool_formats.MARKERS,
+    **{fmt: block_markers(fmt) for fmt in BLOCK_FORMATS},
+}
+
+# Every marker of a reread format starts with one of these (checked by the tests).
+_MARKER_STARTS = frozenset("<[")
+
+# Checked in order: the first format all of whose markers the template holds.
+_SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
+    (HARMONY, ("<|channel|>", "<|call|>")),
+    ("deepseek_v3_2", ("｜DSML｜", "'function_calls")),
+    ("deepseek_v4", ("｜DSML｜", "'tool_calls")),
+    (DEEPSEEK, ("<｜tool▁calls▁begin｜>",)),
+    (MISTRAL, ("[TOOL_CALLS]",)),
+    ("granite_3", ("<|tool_call|>",)),
+    ("kimi_k2", ("<|tool_calls_section_begin|>",)),
+    ("minimax_m2", ("<minimax:tool_call>",)),
+    ("seed_oss", ("<seed:tool_call>",)),
+    ("functionary_v3_1", ("<function=", _PYTHON_TAG)),
+    (QWEN3_XML, ("<tool_call>", "<function=")),
+    (GLM, ("<tool_call>", "<arg_key>")),
+    ("tool_calls_json", ("<tool_calls>",)),
+    ("nemotron_json", ("<TOOLCALL>",)),
+    ("cohere", ("<|START_ACTION|>",)),
+    ("lfm2", ("<|tool_call_start|>",)),
+    ("lfm2", ("<|tool_list_start|>",)),
+    ("gemma4", ("<|tool_call>",)),
+    ("minicpm5", ('<function name="',)),
+    ("hunyuan_3", ("HYTK", "tool_calls")),
+    ("apertus", ("<|tools_prefix|>",)),
+]
+# Call syntaxes base does not read yet, by the family that writes them.
+UNSUPPORTED: dict[str, tuple[str, ...]] = {
+    "cohere_command_r": ("<|START_OF_TURN_TOKEN|>", "Action:"),
+    "functionary_v3_2": (">>>all",),
+    "firefunction_v2": ("functools",),
+    "gigachat_3": ("<|role_sep|>", "'function call'"),
+    "gigachat_3_1": ("<|function_call|>",),
+    "kimi_k3": ("open_tag('call'",),
+    "minimax_m3": ("]<]minimax[>[",),
+    "muse": ("<atem:function_calls>",),
+    "solar_open": ("<|tool_call:begin|>",),
+}
+
+
+def detect_format(chat_template: str | dict[str, str] | None) -> str:
+    """The call format `chat_template` teaches: a format `make_parser` reads, or a name in `UNSUPPORTED`."""
+    text = " ".join(chat_template.values()) if isinstance(chat_template, dict) else chat_template or ""
+    for fmt, markers in _SUPPORTED_MARKERS:
+        if all(m in text for m in markers):
+            return fmt
+    for family, markers in UNSUPPORTED.items():
+        if all(m in text for m in markers):
+            return family
+    if "<tool_call>" in text:
+        return HERMES
+    if _PYTHON_TAG in text or ("ipython" in text and "parameters" in text):
+        return LLAMA3_JSON
+    return HERMES
+
+
+def check_supported(fmt: str, *, forced: bool) -> None:
+    """A 400 error when requests with tools cannot be served for this format (or not with forcing)."""
+    if fmt in UNSUPPORTED:
+        marker = " ... ".join(UNSUPPORTED[fmt])
+        raise bad_request(
+            f"this model's chat template writes tool calls in the {fmt} format ({marker}), which base "
+            "does not parse yet; send the request without tools or with tool_choice 'none'",
+            "tools",
+        )
+    if forced and fmt not in (HERMES, LLAMA3_JSON):
+        raise bad_request(
+            f"tool_choice 'required' or a named tool is not supported yet for the {fmt} tool-call format; "
+            "use tool_choice 'auto'",
+            "tool_choice",
+        )
+
+
+def needs_special_tokens(fmt: str, tokenizer: Tokenizer) -> bool:
+    """Whether `tokenizer` holds a marker of `fmt` as a special token: then the answer must be
+    decoded with its special tokens for the calls to be read."""
+    special = tokenizer.special_token_ids
+    return any(tokenizer.token_to_id(marker) in special for marker in _MARKERS.get(fmt, ()))
+
+
+class Parser(Protocol):
+    calls: list[ToolCall]
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCall]]: ...
+
+    def finish(self) -> tuple[str, list[ToolCall]]: ...
+
+
+def make_parser(fmt: str, forced: bool = False, tools: Sequence[Mapping[str, Any]] = ()) -> Parser:
+    """A fresh parser for one answer in format `fmt`; `tools` types the XML formats' parameters."""
+    if fmt in (HERMES, LLAMA3_JSON):
+        # `forced` is passed only when set: forcing calls (a grammar) is what it tells the parser
+        parser = ToolCallParser(fmt, forced) if forced else ToolCallParser(fmt)
+        return _PythonTagParser(parser) if fmt == LLAMA3_JSON else parser
+    if fmt in READERS:
+        return RereadingParser(fmt, tools)
+    raise ValueError(f"no tool-call parser for format {fmt!r}")
+
+
+class RereadingParser:
+    """Streams what a `tool_formats` reader finds: each delta, the whole answer is read again.
+
+    NOTE: correct because a reader's result for a prefix is a prefix of its later results
+    (see tool_formats). When the last delta all became content and the next one holds no
+    character a marker starts with, every reader would add that one whole to the content too,
+    so it streams without the answer being read again (plain text stays linear in its length).
+    """
+
+    def __init__(self, fmt: str, tools: Sequence[Mapping[str, Any]] = ()) -> None:
+        self.fmt = fmt
+        self._read = READERS[fmt]
+        self._tools = tools
+        self.text = ""
+        self.calls: list[ToolCall] = []
+        self._num_sent = 0  # characters of content handed out
+        self._in_content = True  # the answer so far ends in content, none of it held back
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
+        self.text += delta
+        if self._in_content and delta and not _MARKER_STARTS.intersection(delta):
+            self._num_sent += len(delta)
+            return delta, []
+        content, calls = self._step(final=False)
+        self._in_content = bool(delta) and content == delta and not calls
+        return content, calls
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        return self._step(final=True)
+
+    def _step(self, final: bool) -> tuple[str, list[ToolCall]]:
+        parsed = self._read(self.text, final, self._tools)
+        content = parsed.content[self._num_sent :]
+        self._num_sent = max(self._num_sent, len(parsed.content))
+        new = [
+            _tool_call(len(self.calls) + i, name, args)
+            for i, (name, args) in enumerate(parsed.calls[len(self.calls) :])
+        ]
+        self.calls += new
+        return content, new
+
+
+class _PythonTagParser:
+    """Llama 3's JSON calls, also when the answer keeps the `<|python_tag|>` that may open them."""
+
+    def __init__(self, inner: ToolCallParser) -> None:
+        self._inner = inner
+        self._held = ""  # an end of the text that may be the start of the tag
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return self._inner.calls
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
+        text = (self._held + delta).replace(_PYTHON_TAG, "")
+        keep = tool_formats.held_back(text, [_PYTHON_TAG])
+        self._held = text[len(text) - keep :] if keep else ""
+        return self._inner.feed(text[: len(text) - keep])
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        content, calls = self._inner.feed(self._held)
+        self._held = ""
+        more, more_calls = self._inner.finish()
+        return content + more, calls + more_calls
+
+
+def _tool_call(index: int, name: str, arguments: dict[str, Any]) -> ToolCall:
+    return ToolCall(index, f"call_{secrets.token_hex(12)}", name, json.dumps(arguments, ensure_ascii=False))

@@ -26,7 +26,7 @@ import transformers.utils.chat_template_utils as chat_template_utils
 from chat_template_scenarios import NOW, SCENARIOS
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "chat_templates" / "expected.json"
 DEFAULT_MODELS = Path.home() / ".cache" / "base" / "downloads" / "llama-cpp-python-0.3.36" / "models"
 

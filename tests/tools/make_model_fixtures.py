@@ -33,7 +33,7 @@ import torch
 import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "models"
+OUT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "models"
 SEED = 1234
 NUM_TOKENS, NUM_TOKENS_B = 16, 9
 

@@ -24,7 +24,7 @@ import transformers
 import transformers.utils.chat_template_utils as chat_template_utils
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "chat_templates" / "reasoning_flags.json"
 DEFAULT_MODELS = Path.home() / ".cache" / "base" / "downloads" / "llama-cpp-python-0.3.36" / "models"
 NOW = "2026-01-15T12:00:00"

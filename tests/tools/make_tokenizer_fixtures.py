@@ -27,7 +27,7 @@ from tokenizer_fixture_cases import CHATML_TEMPLATE, CONVERSATIONS, CORPUS, INST
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, LlamaTokenizer, PreTrainedTokenizerFast
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tokenizers"
+OUT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tokenizers"
 SMOLLM2 = Path("/root/.cache/base/downloads/SmolLM2-135M-Instruct.Q4_1.gguf")
 
 README = """\

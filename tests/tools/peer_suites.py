@@ -58,7 +58,7 @@ PEER = Path(__file__).resolve().parent / "peer"
 sys.path.insert(0, str(PEER))
 from triage import MODEL_LIMITED, NOT_APPLICABLE, classify  # noqa: E402  (tests/tools/peer/triage.py)
 
-CLIENT_TESTS = PEER.parents[1] / "tests" / "api"  # the real-client tests that `make test` runs too
+CLIENT_TESTS = PEER.parents[2] / "tests" / "api"  # the real-client tests that `make test` runs too
 LLAMACPP_TESTS = "vendor/llama.cpp/tools/server/tests"
 SECURITY_KEY = "sk-this-is-the-secret-key"  # the key llama.cpp's security tests send
 SGLANG_KEY = "sk-123456"  # the key SGLang's tests send

@@ -1,8 +1,8 @@
 """One answer's text as every protocol shows it: thinking, content and tool calls, apart.
 
 The engine hands out plain text. A reasoning model's thinking is split off first
-(baselm/reasoning.py), then the rest is read for tool calls (tools.py), so a call written
-while thinking is never run. Chat completions, Responses and Messages all read their
+(baselm/reasoning.py), then the rest is read for tool calls (baselm/toolcalls), so a call written
+while thinking is never run. Chat completions, Responses, Messages and Ollama all read their
 answers through `AnswerText`, one per choice, streamed or whole.
 """
 
@@ -14,8 +14,7 @@ from typing import Any
 
 from baselm.api.serving import ServerState
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking
-from baselm.toolcalls import parsers as tool_parsers
-from baselm.toolcalls import tools
+from baselm.toolcalls import parsers, tools
 
 # Enough prompt tokens to see the template's last `<think>` or `</think>` and what follows it.
 _PROMPT_TAIL_TOKENS = 32
@@ -41,7 +40,7 @@ class AnswerText:
         forced: bool = False,
     ) -> None:
         self.splitter = splitter
-        self.parser = tool_parsers.make_parser(tool_format, forced, tool_list) if tool_format else None
+        self.parser = parsers.make_parser(tool_format, forced, tool_list) if tool_format else None
 
     @classmethod
     def for_prompt(

@@ -1,6 +1,6 @@
 """POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API), and its error shape.
 
-The body is read into a chat request (anthropic_request.py) and run as chat completions run.
+The body is read into a chat request (request.py) and run through the chat core (api/chat.py).
 The answer is content blocks in the order the model wrote them: `thinking` (a reasoning
 model's), `text`, one `tool_use` per call. A whole answer and a stream are built by the same
 code: each piece becomes stream events (content_block_start / _delta / _stop) and changes
@@ -25,10 +25,9 @@ from starlette.responses import JSONResponse, Response
 from baselm.api import serving, sse
 from baselm.api.answer_text import AnswerText
 from baselm.api.anthropic.request import parse_messages
+from baselm.api.chat import ChatRequest, encode_prompt, parses_tools, prepare
 from baselm.api.errors import APIError, anthropic_error_body, logger
-from baselm.api.openai.chat import ChatRequest, parses_tools, prepare
 from baselm.request import RequestOutput
-from baselm.tokenizer.errors import ChatTemplateError
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -62,17 +61,8 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: {"input_tokens": the prompt's length}."""
     state, chat = await serving.read_request(request, lambda data: parse_messages(data, counting=True))
-    tool_list = chat.tools if parses_tools(chat) else None
-
-    def count() -> int:
-        try:
-            return len(
-                state.tokenizer.encode_chat(chat.messages, tools=tool_list, **chat.chat_template_kwargs),
-            )
-        except ChatTemplateError as exc:
-            raise APIError(400, str(exc), "messages") from None
-
-    return JSONResponse({"input_tokens": await asyncio.to_thread(count)})
+    prompt_ids = await asyncio.to_thread(encode_prompt, state, chat)
+    return JSONResponse({"input_tokens": len(prompt_ids)})
 
 
 class MessageAnswer(serving.Answer):

@@ -1,4 +1,4 @@
-"""The body of POST /v1/messages (Anthropic's Messages API), read into the chat request the serving core runs.
+"""The body of POST /v1/messages (Anthropic's Messages API), read into the chat core's request (api/chat.py).
 
 `system` (a string or text blocks) becomes a leading system message; each message's content
 blocks become chat messages: text as content, `tool_use` blocks as the assistant's
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from baselm.api.chat import ChatRequest, read_function
 from baselm.api.errors import bad_request
-from baselm.api.openai.chat import ChatRequest, read_function
 from baselm.api.schemas import Body, Common, array_field
 
 _IGNORED = ("metadata", "service_tier", "cache_control", "inference_geo", "speed")

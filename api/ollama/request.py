@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from baselm.api.chat import read_tool
 from baselm.api.errors import APIError, bad_request
-from baselm.api.openai.chat import read_tool
 from baselm.api.schemas import Body, array_field
 from baselm.api.serving import ServerState
 

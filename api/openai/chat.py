@@ -1,15 +1,13 @@
-"""POST /v1/chat/completions: messages through the chat template, answers as OpenAI sends them.
+"""POST /v1/chat/completions: OpenAI's chat body read into the chat core's request, answers as OpenAI sends them.
 
-The route, then the three things this protocol does on top of the serving core: build the
-prompt ids and SamplingParams (grammar when the answer's shape is forced), format choices
-(content, tool calls, logprobs), and read its body (messages, tools, response_format).
+The route, then what this protocol adds to the chat core (chat.py) and the serving core
+(serving.py): its choices (content, tool calls, logprobs) whole and streamed, and its body
+(messages, tools, tool_choice, response_format, prefill) read into a ChatRequest.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -17,17 +15,13 @@ from starlette.responses import Response
 
 from baselm.api import serving
 from baselm.api.answer_text import AnswerText
+from baselm.api.chat import ChatRequest, forces_call, parses_tools, prepare, read_tool, template_kwargs
 from baselm.api.errors import bad_request
-from baselm.api.schemas import Body, Common, array_field, read_common
+from baselm.api.schemas import Body, array_field, read_common
 from baselm.request import RequestOutput
-from baselm.sampling.params import SamplingParams, TokenLogprobs
-from baselm.structured import grammar
-from baselm.structured.constrained import check_endable, constrained_params
-from baselm.tokenizer.errors import ChatTemplateError
-from baselm.toolcalls import parsers as tool_parsers
+from baselm.sampling.params import TokenLogprobs
 from baselm.toolcalls import tools
 
-_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -37,91 +31,6 @@ async def chat_completions(request: Request) -> Response:
     # Templates, tokenizing and grammar compiling can take a while: off the event loop.
     jobs = await asyncio.to_thread(prepare, state, chat)
     return await serving.respond(request, state, jobs, "messages", _ChatAnswer(state, chat, jobs[0].prompt_ids))
-
-
-# ---- prompt and SamplingParams ------------------------------------------------------------
-
-
-def prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
-    """The engine requests for a checked chat request: prompt ids and SamplingParams per job.
-
-    Responses and Messages build a ChatRequest from their own bodies and come here too."""
-    if parses_tools(chat):
-        forced = chat.tool_choice == "required" or chat.named_tool is not None
-        tool_parsers.check_supported(state.tool_format, forced=forced)
-    prompt_ids = _prompt_ids(state, chat)
-    serving.check_prompt(
-        state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field
-    )
-    return [serving.Job(prompt_ids, _params(state, chat), 0)]
-
-
-def parses_tools(chat: ChatRequest) -> bool:
-    """True when the tools go into the prompt and the answer is read for calls."""
-    return bool(chat.tools) and chat.tool_choice != "none"
-
-
-def _forces_call(chat: ChatRequest) -> bool:
-    return chat.tool_choice == "required" or chat.named_tool is not None
-
-
-def _prompt_ids(state: serving.ServerState, chat: ChatRequest) -> list[int]:
-    tool_list = chat.tools if parses_tools(chat) else None
-    try:
-        return state.tokenizer.encode_chat(
-            chat.messages,
-            add_generation_prompt=chat.add_generation_prompt,
-            tools=tool_list,
-            continue_final_message=chat.continue_final_message,
-            **chat.chat_template_kwargs,
-        )
-    except ChatTemplateError as exc:
-        raise bad_request(str(exc), "messages") from None
-
-
-def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] | None:
-    """(grammar, the field it enforces) when the answer's shape is constrained."""
-    if chat.regex is not None:
-        return grammar.regex_grammar(chat.regex), "regex"
-    if chat.response_format is not None:
-        schema = chat.response_format.get("schema") if chat.response_format["type"] == "json_schema" else None
-        return grammar.json_schema_grammar(schema), "response_format"
-    if _forces_call(chat):
-        # A named function is called once; "required" may call several when parallel_tool_calls allows.
-        parallel = chat.parallel_tool_calls and chat.named_tool is None
-        lark = tools.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, parallel)
-        return grammar.lark_grammar(lark), "tools"
-    return None
-
-
-def _params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
-    """The request's SamplingParams; with a grammar, each of its n copies makes its own processor."""
-    sampling = dict(chat.common.sampling)
-    if parses_tools(chat) and tool_parsers.needs_special_tokens(state.tool_format, state.tokenizer):
-        sampling["skip_special_tokens"] = False  # the call markers are special tokens
-    logprobs = chat.top_logprobs if chat.logprobs else None
-    constrained = _grammar(state, chat)
-    if constrained is None:
-        return serving.make_params(sampling, chat.common.max_tokens_field, "top_logprobs", logprobs=logprobs)
-    text, param = constrained
-    check_endable(sampling, param)
-    lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
-    if param == "tools":  # name the tool whose schema cannot be enforced
-        for i, tool in enumerate(chat.tools):
-            where, function = f"tools[{i}].function.parameters", tool["function"]
-            what = f"invalid 'parameters' schema in {where} ({function['name']})"
-            grammar.check_grammar(grammar.json_schema_grammar(function["parameters"], where), lltokenizer, where, what)
-    return constrained_params(
-        state,
-        sampling,
-        chat.common.max_tokens_field,
-        text,
-        param,
-        lltokenizer=lltokenizer,
-        tool_format=state.tool_format if param == "tools" else None,
-        logprobs_field="top_logprobs",
-        logprobs=logprobs,
-    )
 
 
 # ---- the answer ---------------------------------------------------------------------------
@@ -138,7 +47,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
         super().__init__(state, chat.common, chat.common.n)
         self.chat = chat
         fmt = state.tool_format if parses_tools(chat) else None
-        forced = _forces_call(chat)
+        forced = forces_call(chat)
         self.texts = [
             AnswerText.for_prompt(state, prompt_ids, fmt, chat.tools, forced) for _ in range(self.num_choices)
         ]
@@ -177,7 +86,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
 
     def choice(self, index: int) -> dict[str, Any]:
         calls = self.calls[index]
-        empty = None if calls or _forces_call(self.chat) else ""
+        empty = None if calls or forces_call(self.chat) else ""
         message: dict[str, Any] = {"role": "assistant", "content": self.content[index] or empty}
         if calls:
             message["tool_calls"] = [c.as_dict() for c in calls]
@@ -219,28 +128,6 @@ def _delta(index: int, delta: dict[str, Any], logprobs: Any = None, reason: str 
 # ---- the request body ---------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class ChatRequest:
-    """A checked chat request body."""
-
-    common: Common
-    messages: list[dict[str, Any]]
-    logprobs: bool = False
-    top_logprobs: int = 0
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_choice: str | dict[str, Any] = "auto"  # "none", "auto", "required" or {"type": "function", ...}
-    parallel_tool_calls: bool = True
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False  # prefill: the answer continues the final assistant message
-    regex: str | None = None  # SGLang's and vLLM's extension: the answer matches this regular expression
-
-    @property
-    def named_tool(self) -> str | None:
-        return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
-
-
 def parse_chat(data: Any) -> ChatRequest:
     """The checked chat body; a 400 naming the first field at fault."""
     body = Body(data)
@@ -262,22 +149,10 @@ def parse_chat(data: Any) -> ChatRequest:
     if request.response_format and request.tool_choice not in ("auto", "none"):
         raise bad_request("response_format cannot be combined with a tool_choice that forces a call", "response_format")
     request.regex = body.string("regex")
-    if request.regex is not None and (request.response_format or _forces_call(request)):
+    if request.regex is not None and (request.response_format or forces_call(request)):
         raise bad_request("regex cannot be combined with response_format or a forced tool call", "regex")
     body.finish()
     return request
-
-
-def template_kwargs(value: Any, name: str = "chat_template_kwargs") -> dict[str, Any]:
-    """Extra chat template variables (e.g. {"enable_thinking": false}): an object of names to JSON values."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
-        raise bad_request(f"{name} must be an object whose keys are template variable names", name)
-    reserved = sorted(set(value) & {"messages", "tools", "add_generation_prompt", "continue_final_message"})
-    if reserved:
-        raise bad_request(f"{name} cannot set {reserved[0]!r}; it comes from the request itself", name)
-    return dict(value)
 
 
 def _read_prefill(body: Body, request: ChatRequest) -> None:
@@ -357,43 +232,6 @@ def _history_call(data: Any, where: str) -> dict[str, Any]:
     function.finish()
     body.finish()
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def read_tool(data: Any, index: int) -> dict[str, Any]:
-    """tools[index], OpenAI's function tool (Ollama's tools are the same shape)."""
-    where = f"tools[{index}]"
-    body = Body(data, where)
-    if body.string("type", required=True) != "function":
-        raise bad_request(f"{where}.type must be 'function'", f"{where}.type")
-    fn = Body(body.raw("function"), f"{where}.function")
-    function = read_function(fn, f"{where}.function")
-    fn.finish()
-    body.finish()
-    return {"type": "function", "function": function}
-
-
-def read_function(body: Body, where: str, schema_field: str = "parameters", schema_required: bool = False) -> dict:
-    """A tool's function as the chat template takes it: `name`, `description` and its JSON Schema
-    (`body[schema_field]`; an empty object schema when it may be left out), with `strict` read and
-    left to the grammar (arguments follow the schema whenever a call is forced; see tools.py).
-    Every API's tools (chat, Responses, Messages, Ollama) come through here."""
-    name = body.string("name", required=True)
-    check_function_name(name, f"{where}.name")
-    function: dict[str, Any] = {"name": name}
-    description = body.string("description")
-    if description is not None:
-        function["description"] = description
-    schema = body.raw(schema_field)
-    if (schema is not None or schema_required) and not isinstance(schema, dict):
-        raise bad_request(f"{where}.{schema_field} must be a JSON Schema object", f"{where}.{schema_field}")
-    function["parameters"] = schema if schema is not None else {"type": "object", "properties": {}}
-    body.boolean("strict")
-    return function
-
-
-def check_function_name(name: str, param: str) -> None:
-    if not _FUNCTION_NAME.match(name):
-        raise bad_request(f"{param} {name!r} must be 1-64 letters, digits, _ . or -", param)
 
 
 def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:

@@ -1,6 +1,6 @@
 """POST /v1/responses (OpenAI's Responses API), GET and DELETE /v1/responses/{id}.
 
-The body is read into a chat request (responses_request.py), run as chat completions run, and
+The body is read into a chat request (responses_request.py), run through the chat core (api/chat.py), and
 answered as output items: a reasoning item (a reasoning model's thinking), a message item
 (the text), one function_call item per tool call, in the order the model wrote them. A whole
 answer and a stream are built by the same code: each piece of the answer becomes typed events
@@ -23,8 +23,8 @@ from starlette.responses import JSONResponse, Response
 
 from baselm.api import serving, sse
 from baselm.api.answer_text import AnswerText
+from baselm.api.chat import parses_tools, prepare
 from baselm.api.errors import APIError
-from baselm.api.openai.chat import parses_tools, prepare
 from baselm.api.openai.responses_request import ResponsesRequest, parse_responses, with_instructions
 from baselm.api.openai.responses_store import ResponseStore
 from baselm.request import RequestOutput

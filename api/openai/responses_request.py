@@ -1,9 +1,9 @@
-"""The body of POST /v1/responses, read into the chat request the serving core already runs.
+"""The body of POST /v1/responses, read into the chat core's request (api/chat.py).
 
 `input` (a string, or items: role messages, function calls, their outputs, reasoning) becomes
 chat messages; `instructions` a leading system message; function `tools`, `tool_choice` and
 `text.format` their chat equivalents, so prompt building, grammars and tool-call parsing are
-chat completions' own (openai_chat.py). Fields are honoured or refused by name, as in
+the chat core's own (api/chat.py). Fields are honoured or refused by name, as in
 schemas.py; a few that only steer OpenAI's hosted service are accepted and ignored
 (`include`, `metadata`, `prompt_cache_key`, `safety_identifier`, `service_tier`, `truncation`
 "disabled", `user`).
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from baselm.api.chat import ChatRequest, read_function
 from baselm.api.errors import bad_request
-from baselm.api.openai.chat import ChatRequest, read_function
 from baselm.api.schemas import Body, Common, array_field
 
 _IGNORED = ("include", "metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier")

@@ -10,7 +10,8 @@ import pytest
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
-from baselm.api.openai.chat import _params, parse_chat
+from baselm.api.chat import sampling_params
+from baselm.api.openai.chat import parse_chat
 from baselm.tokenizer.tokenizer import Tokenizer
 from baselm.toolcalls.parsers import HARMONY, MISTRAL, needs_special_tokens
 from baselm.toolcalls.tools import HERMES
@@ -70,8 +71,12 @@ def test_answers_are_decoded_with_special_tokens_where_call_markers_are_special(
     assert needs_special_tokens(MISTRAL, tok)
     assert not needs_special_tokens(HERMES, tok)  # <tool_call> is plain text in this vocabulary
     assert not needs_special_tokens(HARMONY, tok)
+    mistral, hermes = (
+        SimpleNamespace(tool_format=MISTRAL, tokenizer=tok),
+        SimpleNamespace(tool_format=HERMES, tokenizer=tok),
+    )
     chat = parse_chat({"model": MODEL, "messages": ASK, "tools": [WEATHER]})
-    assert _params(SimpleNamespace(tool_format=MISTRAL, tokenizer=tok), chat).skip_special_tokens is False
-    assert _params(SimpleNamespace(tool_format=HERMES, tokenizer=tok), chat).skip_special_tokens is True
+    assert sampling_params(mistral, chat).skip_special_tokens is False
+    assert sampling_params(hermes, chat).skip_special_tokens is True
     without_tools = parse_chat({"model": MODEL, "messages": ASK})
-    assert _params(SimpleNamespace(tool_format=MISTRAL, tokenizer=tok), without_tools).skip_special_tokens is True
+    assert sampling_params(mistral, without_tools).skip_special_tokens is True

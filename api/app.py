@@ -20,7 +20,8 @@ from baselm.api.cors import cors_middleware
 from baselm.api.embeddings import embeddings
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
 from baselm.api.metrics import Metrics
-from baselm.api.ollama.chat import ollama_chat, ollama_embed, ollama_embeddings, ollama_generate
+from baselm.api.ollama.chat import ollama_chat, ollama_generate
+from baselm.api.ollama.embed import ollama_embed, ollama_embeddings
 from baselm.api.ollama.models import (
     ollama_ps,
     ollama_pull,
@@ -133,7 +134,7 @@ ROUTES = [
     Route("/health", health, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
-    # Ollama's API (see ollama.py, ollama_models.py)
+    # Ollama's API (see ollama/)
     Route("/", ollama_root, methods=["GET", "HEAD"]),
     Route("/api/chat", ollama_chat, methods=["POST"]),
     Route("/api/generate", ollama_generate, methods=["POST"]),

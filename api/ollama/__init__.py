@@ -1,2 +1,3 @@
-"""Ollama's API on the same port: chat, generate and embeddings (chat.py), the model routes (models.py),
-and its request bodies (request.py)."""
+"""Ollama's API on the same port: chat and generate (chat.py, /api/chat through the chat core),
+embeddings (embed.py), the model routes (models.py), its request bodies (request.py) and its
+NDJSON lines (lines.py)."""

@@ -1,9 +1,10 @@
-"""Ollama's API on the same port: /api/chat, /api/generate, /api/embed and /api/embeddings.
+"""Ollama's chat and generate: POST /api/chat and POST /api/generate.
 
+/api/chat reads its body into the chat core's request (api/chat.py) and runs it there;
+/api/generate builds its prompt from `prompt`, `system` and `context` (or takes it `raw`).
 Answers stream as NDJSON (one JSON object a line) unless `stream` is false, then come whole;
 the last object has `done: true`, the counts and the durations (nanoseconds), as Ollama sends
-them. Errors are `{"error": "..."}` (see errors.py). The model listing, /api/show, /api/ps,
-/api/version and /api/pull are in ollama_models.py.
+them. Errors are `{"error": "..."}` (see errors.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from starlette.requests import Request
@@ -19,10 +19,11 @@ from starlette.responses import JSONResponse, Response
 
 from baselm.api import serving
 from baselm.api.answer_text import AnswerText, Pieces
-from baselm.api.embeddings import EmbeddingJob, read_pooling, run_embeddings
+from baselm.api.chat import ChatRequest, parses_tools, prepare
 from baselm.api.errors import APIError, bad_request, logger
+from baselm.api.ollama.lines import line, now_rfc3339
 from baselm.api.ollama.request import (
-    check_model_name,
+    read_body,
     read_format,
     read_images,
     read_messages,
@@ -35,28 +36,13 @@ from baselm.sampling.params import SamplingParams
 from baselm.structured import grammar
 from baselm.structured.constrained import constrained_params
 from baselm.tokenizer.errors import ChatTemplateError
-from baselm.toolcalls import parsers as tool_parsers
 from baselm.toolcalls import tools
 
 MAX_TOKENS_FIELD = "options.num_predict"
 
 
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _line(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n"
-
-
-async def _read(request: Request) -> tuple[serving.ServerState, Body]:
-    state: serving.ServerState = request.app.state.base
-    body = Body(await serving.read_json(request, state.max_body_bytes))
-    check_model_name(state, body.string("model"))
-    return state, body
-
-
 def _params(state: serving.ServerState, sampling: dict[str, Any], fmt: dict[str, Any] | None) -> SamplingParams:
+    """/api/generate's SamplingParams; `format` is enforced by a grammar."""
     if fmt is None:
         return serving.make_params(sampling, MAX_TOKENS_FIELD)
     text = grammar.json_schema_grammar(fmt.get("schema"))
@@ -140,18 +126,16 @@ class _OllamaAnswer(serving.Answer):
         pieces = self._pieces(out)
         lines = []
         if pieces.content or pieces.reasoning or pieces.calls:
-            lines.append(_line({**self._envelope(False), **self.payload(pieces)}))
+            lines.append(line({**self._envelope(False), **self.payload(pieces)}))
         if out.finished:
-            lines.append(
-                _line({**self._envelope(True), **self.payload(Pieces()), **self._stats(), **self.done_extra()})
-            )
+            lines.append(line({**self._envelope(True), **self.payload(Pieces()), **self._stats(), **self.done_extra()}))
         return lines
 
     def error_events(self, exc: Exception) -> list[str]:
         if not isinstance(exc, APIError):
             logger.exception("internal error while streaming", exc_info=exc)
             exc = APIError(500, "the server hit an internal error while streaming")
-        return [_line({"error": exc.message})]
+        return [line({"error": exc.message})]
 
 
 class _ChatAnswer(_OllamaAnswer):
@@ -201,7 +185,7 @@ def _think(body: Body) -> dict[str, Any]:
 
 async def ollama_chat(request: Request) -> Response:
     """POST /api/chat."""
-    state, body = await _read(request)
+    state, body = await read_body(request)
     messages = read_messages(body)
     tool_list = read_tools(body)
     common, fmt = _common(body, state)
@@ -209,23 +193,13 @@ async def ollama_chat(request: Request) -> Response:
     body.finish()
     if not messages:  # Ollama loads the model and answers at once
         return JSONResponse({**_ChatAnswer(state, common, [], None, False).whole(), "done_reason": "load"})
-
-    def prepare() -> serving.Job:
-        try:
-            ids = state.tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tool_list or None, **extra)
-        except ChatTemplateError as exc:
-            raise bad_request(str(exc), "messages") from None
-        serving.check_prompt(state, ids, "messages", common.sampling["max_tokens"], MAX_TOKENS_FIELD)
-        sampling = dict(common.sampling)
-        if tool_list:
-            tool_parsers.check_supported(state.tool_format, forced=False)
-            if tool_parsers.needs_special_tokens(state.tool_format, state.tokenizer):
-                sampling["skip_special_tokens"] = False  # the call markers are special tokens
-        return serving.Job(ids, _params(state, sampling, fmt), 0)
-
-    job = await asyncio.to_thread(prepare)
-    answer = _ChatAnswer(state, common, job.prompt_ids, state.tool_format if tool_list else None, True, tool_list)
-    return await serving.respond(request, state, [job], "messages", answer)
+    chat = ChatRequest(
+        common, messages, response_format=fmt, tools=tool_list, chat_template_kwargs=extra, format_field="format"
+    )
+    jobs = await asyncio.to_thread(prepare, state, chat)
+    tool_fmt = state.tool_format if parses_tools(chat) else None
+    answer = _ChatAnswer(state, common, jobs[0].prompt_ids, tool_fmt, True, tool_list)
+    return await serving.respond(request, state, jobs, "messages", answer)
 
 
 def _generate_ids(state: serving.ServerState, body: Body, extra: dict[str, Any]) -> list[int]:
@@ -254,7 +228,7 @@ def _generate_ids(state: serving.ServerState, body: Body, extra: dict[str, Any])
 
 async def ollama_generate(request: Request) -> Response:
     """POST /api/generate."""
-    state, body = await _read(request)
+    state, body = await read_body(request)
     common, fmt = _common(body, state)
     read_images(body, "the request")
     extra = _think(body)
@@ -269,55 +243,3 @@ async def ollama_generate(request: Request) -> Response:
     job = serving.Job(ids, _params(state, common.sampling, fmt), 0)
     answer = _GenerateAnswer(state, common, ids, None, not body.data.get("raw"))
     return await serving.respond(request, state, [job], "prompt", answer)
-
-
-def _embed_inputs(state: serving.ServerState, value: Any, truncate: bool, name: str) -> list[list[int]]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not items or not all(isinstance(s, str) for s in items):
-        raise bad_request(f"{name} must be a string or a non-empty array of strings", name)
-    ids = [state.tokenizer.encode(s) or [state.tokenizer.bos_token_id or 0] for s in items]
-    limit = state.max_model_len
-    if any(len(i) > limit for i in ids):
-        if not truncate:
-            raise bad_request(f"an input is longer than the model's {limit} tokens and truncate is false", name)
-        ids = [i[:limit] for i in ids]
-    return ids
-
-
-async def ollama_embed(request: Request) -> Response:
-    """POST /api/embed: normalized vectors for one or more inputs."""
-    state, body = await _read(request)
-    started = time.perf_counter_ns()
-    raw_input, truncate = body.raw("input"), body.boolean("truncate", default=True)
-    pooling = read_pooling(body, state)
-    if body.raw("dimensions") is not None:
-        raise bad_request("dimensions is not supported: a decoder model's hidden size is fixed", "dimensions")
-    sampling_from_options(body)
-    body.raw("keep_alive")
-    body.finish()
-    inputs = await asyncio.to_thread(_embed_inputs, state, raw_input, truncate, "input")
-    vectors = await run_embeddings(state, EmbeddingJob(inputs, pooling, True), "input")
-    tokens = sum(map(len, inputs))
-    state.metrics.count_tokens(tokens, 0)
-    return JSONResponse(
-        {
-            "model": body.data["model"],
-            "embeddings": [v.tolist() for v in vectors],
-            "total_duration": time.perf_counter_ns() - started,
-            "load_duration": 0,
-            "prompt_eval_count": tokens,
-        }
-    )
-
-
-async def ollama_embeddings(request: Request) -> Response:
-    """POST /api/embeddings, the older form: one prompt, one vector, not normalized."""
-    state, body = await _read(request)
-    prompt = body.string("prompt", required=True)
-    pooling = read_pooling(body, state)
-    sampling_from_options(body)
-    body.raw("keep_alive")
-    body.finish()
-    inputs = await asyncio.to_thread(_embed_inputs, state, prompt, True, "prompt")
-    vectors = await run_embeddings(state, EmbeddingJob(inputs, pooling, False), "prompt")
-    return JSONResponse({"embedding": vectors[0].tolist()})

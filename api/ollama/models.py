@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from baselm.api import serving, sse
 from baselm.api.errors import APIError, bad_request, logger
-from baselm.api.ollama.chat import _line, now_rfc3339
+from baselm.api.ollama.lines import line, now_rfc3339
 from baselm.api.ollama.request import check_model_name
 from baselm.api.schemas import Body
 
@@ -278,4 +278,4 @@ async def ollama_pull(request: Request) -> Response:
 async def _as_lines(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
     async for item in events:
         item.pop(_STATUS, None)
-        yield _line(item)
+        yield line(item)

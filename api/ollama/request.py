@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from starlette.requests import Request
+
 from baselm.api.chat import read_tool
 from baselm.api.errors import APIError, bad_request
 from baselm.api.schemas import Body, array_field
-from baselm.api.serving import ServerState
+from baselm.api.serving import ServerState, read_json
 
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1}
 # option -> SamplingParams field, for options read as numbers
@@ -36,6 +38,14 @@ _IGNORED_OPTIONS = frozenset(
     }
 )  # fmt: skip
 _ROLES = ("system", "user", "assistant", "tool")
+
+
+async def read_body(request: Request) -> tuple[ServerState, Body]:
+    """A route's opening: the server state and the body, its `model` checked (Ollama's names)."""
+    state: ServerState = request.app.state.base
+    body = Body(await read_json(request, state.max_body_bytes))
+    check_model_name(state, body.string("model"))
+    return state, body
 
 
 def check_model_name(state: ServerState, name: str | None) -> None:

@@ -1,15 +1,18 @@
-"""The OpenAI-compatible HTTP server (`base serve`), on starlette and uvicorn.
+"""The HTTP server (`base serve`) on starlette and uvicorn: OpenAI's, Anthropic's and Ollama's APIs.
 
-Request flow, one module per step: app.py (routes; auth.Gate checks the key and counts
-the request) -> openai_chat.py / openai_completions.py (the protocol: its body, prompt ids
-and SamplingParams, its choices) -> serving.py (the core: handler opening, engine
-submission, merged outputs, usage, the response envelope and stream skeleton) -> sse.py
-(the bytes). A new protocol is one more module on serving.py; schemas.py reads fields,
-errors.py words refusals, grammar.py and tools.py constrain and parse chat answers.
-OpenAI's Responses (openai_responses.py, responses_request.py, responses_store.py) and
-Anthropic's Messages (anthropic_messages.py, anthropic_request.py) read their bodies into a
-chat request and run chat's prompt and grammar path; answer_text.py splits every answer into
-thinking (baselm/reasoning.py), content and tool calls.
+Request flow, one module per step: app.py (routes; auth.py's Gate checks the key and counts
+the request, cors.py answers browsers) -> a protocol subpackage reads its body:
+openai/ (chat.py, completions.py, responses*.py), anthropic/ (messages.py, request.py),
+ollama/ (chat.py, embed.py, models.py, request.py) -> chat.py, the protocol-neutral chat core
+(a ChatRequest's prompt ids through the chat template, the prompt checked, SamplingParams with a
+grammar when the answer's shape is forced; every chat protocol calls its `prepare`) ->
+serving.py, the serving core (handler opening, engine submission, merged outputs, usage, the
+response envelope and stream skeleton) -> sse.py (SSE events and the stream that sends them,
+NDJSON lines too). answer_text.py
+splits every chat answer into thinking (baselm/reasoning.py), content and tool calls
+(baselm/toolcalls); schemas.py reads fields, errors.py words refusals, embeddings.py and
+metrics.py hold /v1/embeddings and /metrics, server.py runs uvicorn. A new protocol is one
+more subpackage on the two cores.
 
 Choices made where the OpenAI API leaves room:
 - Unknown fields are a 400 naming them; only `user` (informational) is accepted and ignored.

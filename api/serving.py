@@ -1,8 +1,8 @@
 """The serving core every protocol module stands on: read a request, submit it, stream or collect its answer.
 
-A protocol module (openai_chat.py, openai_completions.py) parses its body, builds its prompt
-ids and SamplingParams, and formats its choices; everything else lives here, in the order a
-request meets it:
+A protocol module parses its body, builds its prompt ids and SamplingParams (a chat protocol
+through the chat core, chat.py; completions itself), and formats its answer; everything else
+lives here, in the order a request meets it:
 
 1. `read_request`: the handler's opening: the body read as JSON (size-limited), parsed by the
    protocol, its model checked (auth and request counting happened before, in auth.Gate).

@@ -5,7 +5,9 @@ except under the routes of another protocol, which answer in its shape (`ERROR_S
 `{"error": "..."}` under /api/, Anthropic's `{"type": "error", "error": {"type", "message"}}` under
 /v1/messages.
 Validation mistakes are 400s (never a framework's 422), unknown routes 404, and only a real
-bug is a 500, whose body says so without a traceback.
+bug is a 500, whose body says so without a traceback. The engine refuses a request's field with
+its own errors (`FIELD_ERRORS`: a grammar that cannot be enforced, tools the model cannot serve),
+each answered as the 400 naming that field (`api_error`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from baselm.distributed.group import RankFailedError
+from baselm.structured.errors import StructuredOutputError
+from baselm.toolcalls.errors import ToolCallError
 
 logger = logging.getLogger("baselm.api")
 
@@ -56,6 +60,15 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param, code)
+
+
+# The engine's refusals of one field of a request; each carries the field as `param`.
+FIELD_ERRORS = (StructuredOutputError, ToolCallError)
+
+
+def api_error(exc: APIError | StructuredOutputError | ToolCallError) -> APIError:
+    """The refusal `exc` as the APIError it is answered with (an engine's: a 400 naming its field)."""
+    return exc if isinstance(exc, APIError) else bad_request(exc.message, exc.param)
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -114,6 +127,11 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc, path=request.url.path)
 
 
+async def _field_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FIELD_ERRORS)
+    return error_response(api_error(exc), path=request.url.path)
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
@@ -143,6 +161,8 @@ async def _server_error(request: Request, exc: Exception) -> JSONResponse:
 
 EXCEPTION_HANDLERS = {
     APIError: _api_error,
+    StructuredOutputError: _field_error,
+    ToolCallError: _field_error,
     HTTPException: _http_error,
     RankFailedError: _rank_failed,
     Exception: _server_error,

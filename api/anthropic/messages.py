@@ -26,7 +26,7 @@ from baselm.api import serving, sse
 from baselm.api.answer_text import AnswerText
 from baselm.api.anthropic.request import parse_messages
 from baselm.api.chat import ChatRequest, encode_prompt, parses_tools, prepare
-from baselm.api.errors import APIError, anthropic_error_body, logger
+from baselm.api.errors import FIELD_ERRORS, APIError, anthropic_error_body, api_error, logger
 from baselm.request import RequestOutput
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -38,7 +38,8 @@ def _with_anthropic_errors(handler: Handler) -> Handler:
     async def route(request: Request) -> Response:
         try:
             return await handler(request)
-        except APIError as exc:
+        except (APIError, *FIELD_ERRORS) as refusal:
+            exc = api_error(refusal)
             message = f"{exc.param}: {exc.message}" if exc.param and exc.param not in exc.message else exc.message
             return JSONResponse(anthropic_error_body(exc.status, message), exc.status, headers=exc.headers)
         except Exception as exc:  # a bug: logged, and told without a traceback

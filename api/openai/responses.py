@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from baselm.api import serving, sse
 from baselm.api.answer_text import AnswerText
 from baselm.api.chat import parses_tools, prepare
-from baselm.api.errors import APIError
+from baselm.api.errors import FIELD_ERRORS, APIError
 from baselm.api.openai.responses_request import ResponsesRequest, parse_responses, with_instructions
 from baselm.api.openai.responses_store import ResponseStore
 from baselm.request import RequestOutput
@@ -55,7 +55,7 @@ async def create_response(request: Request) -> Response:
 def _prepare(state: serving.ServerState, req: ResponsesRequest) -> list[serving.Job]:
     try:
         return prepare(state, req.chat)
-    except APIError as exc:  # chat's names for the fields, in this API's words
+    except (APIError, *FIELD_ERRORS) as exc:  # chat's names for the fields, in this API's words
         exc.param = {"messages": "input", "response_format": "text", "max_tokens": "max_output_tokens"}.get(
             exc.param or "", exc.param
         )

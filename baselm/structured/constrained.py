@@ -12,19 +12,19 @@ from typing import Any
 import llguidance as llg
 
 from baselm.api import serving
-from baselm.api.errors import bad_request
 from baselm.loader import LoadedModel
 from baselm.sampling.params import Constraint, ConstraintFactory, LogitsProcessor, SamplingParams
 from baselm.structured import grammar
+from baselm.structured.errors import StructuredOutputError
 from baselm.tokenizer.tokenizer import Tokenizer
 from baselm.toolcalls import tools
 
 
 def check_endable(sampling: dict[str, Any], param: str) -> None:
-    """A 400 when min_tokens or ignore_eos would keep a finished grammar from ending the answer."""
+    """A StructuredOutputError when min_tokens or ignore_eos would keep a finished grammar from ending the answer."""
     for name in ("min_tokens", "ignore_eos"):
         if sampling[name]:
-            raise bad_request(
+            raise StructuredOutputError(
                 f"{name} cannot be combined with {param} (the grammar decides where the answer ends)", name
             )
 

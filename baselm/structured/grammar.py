@@ -1,4 +1,5 @@
-"""Grammar-constrained decoding with llguidance: JSON objects, JSON Schemas and tool calls.
+"""Grammar-constrained decoding with llguidance: JSON objects, JSON Schemas, regexes and Lark
+grammars (the forced-call grammar of baselm/toolcalls is one).
 
 A `GrammarProcessor` is a logits processor (see baselm/sampling/params.py): each call it brings the
 matcher to the tokens generated so far (forward, or back by llguidance's rollback when a
@@ -9,6 +10,9 @@ this works under batching. When the grammar is complete only end-of-sequence is 
 llguidance's tokenizer is built from our Tokenizer's vocabulary, cut to the model's own
 vocabulary size: a model may have fewer output rows than its tokenizer has tokens, and the
 grammar must never need a token the model cannot produce.
+
+A grammar a request asks for that cannot be enforced raises `StructuredOutputError`, naming the
+request field at fault.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ import llguidance as llg
 import mlx.core as mx
 import numpy as np
 
-from baselm.api.errors import bad_request
 from baselm.structured import json_schemas
+from baselm.structured.errors import StructuredOutputError
 from baselm.tokenizer.tokenizer import Tokenizer
 
-logger = logging.getLogger("baselm.api")
+logger = logging.getLogger("baselm.structured")
 
 _LIMITS = llg.LLParserLimits(verbose_errors=False)
 
@@ -92,7 +96,7 @@ def json_schema_grammar(schema: dict[str, Any] | bool | None, param: str = "resp
     try:
         return llg.LLMatcher.grammar_from_json_schema(json.dumps(json_schemas.prepare(schema)))
     except (ValueError, RecursionError) as exc:
-        raise bad_request(f"{param}: the schema is not valid: {exc}", param) from None
+        raise StructuredOutputError(f"{param}: the schema is not valid: {exc}", param) from None
 
 
 def regex_grammar(regex: str) -> str:
@@ -105,11 +109,11 @@ def lark_grammar(lark: str) -> str:
 
 
 def check_grammar(grammar: str, lltokenizer: llg.LLTokenizer, param: str, what: str = "") -> None:
-    """Raises a 400 naming `param` when llguidance refuses the grammar (a bad or unsupported schema);
-    `what` says what the grammar came from (default: `param` cannot be enforced)."""
+    """Raises StructuredOutputError naming `param` when llguidance refuses the grammar (a bad or
+    unsupported schema); `what` says what the grammar came from (default: `param` cannot be enforced)."""
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, lltokenizer, limits=_LIMITS)
     if is_error:
-        raise bad_request(f"{what or param + ' cannot be enforced'}: {messages[0]}", param)
+        raise StructuredOutputError(f"{what or param + ' cannot be enforced'}: {messages[0]}", param)
 
 
 class GrammarProcessor:

@@ -27,7 +27,7 @@
 | `llama3_json` | Llama 3.1-3.3                                 | `<|python_tag|>`, or ipython with parameters |
 
 Templates with another known call syntax (`UNSUPPORTED`) get that family's name, and a request
-with tools for such a model is refused with a clear error (`check_supported`); a template with
+with tools for such a model is refused with a clear error (`check_supported`, a ToolCallError); a template with
 no tool markers at all is taken as `hermes`, the common default.
 
 `make_parser` gives the streaming parser for a format: `feed(delta)` and `finish()` return
@@ -45,10 +45,10 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from baselm.api.errors import bad_request
 from baselm.tokenizer.tokenizer import Tokenizer
 from baselm.toolcalls import formats as tool_formats
 from baselm.toolcalls.blocks import BLOCK_FORMATS, block_markers, block_reader
+from baselm.toolcalls.errors import ToolCallError
 from baselm.toolcalls.tools import HERMES, LLAMA3_JSON, ToolCall, ToolCallParser
 
 HARMONY, DEEPSEEK, MISTRAL, QWEN3_XML, GLM = "harmony", "deepseek", "mistral", "qwen3_xml", "glm"
@@ -120,16 +120,16 @@ def detect_format(chat_template: str | dict[str, str] | None) -> str:
 
 
 def check_supported(fmt: str, *, forced: bool) -> None:
-    """A 400 error when requests with tools cannot be served for this format (or not with forcing)."""
+    """Raises ToolCallError when requests with tools cannot be served for this format (or not with forcing)."""
     if fmt in UNSUPPORTED:
         marker = " ... ".join(UNSUPPORTED[fmt])
-        raise bad_request(
+        raise ToolCallError(
             f"this model's chat template writes tool calls in the {fmt} format ({marker}), which base "
             "does not parse yet; send the request without tools or with tool_choice 'none'",
             "tools",
         )
     if forced and fmt not in (HERMES, LLAMA3_JSON):
-        raise bad_request(
+        raise ToolCallError(
             f"tool_choice 'required' or a named tool is not supported yet for the {fmt} tool-call format; "
             "use tool_choice 'auto'",
             "tool_choice",

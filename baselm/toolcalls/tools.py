@@ -31,10 +31,10 @@ import llguidance as llg
 import mlx.core as mx
 import numpy as np
 
-from baselm.api.errors import bad_request
 from baselm.structured import json_schemas
 from baselm.structured.grammar import GrammarProcessor
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.toolcalls.errors import ToolCallError
 
 HERMES, LLAMA3_JSON = "hermes", "llama3_json"
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
@@ -219,7 +219,7 @@ def forced_call_lark(tools: list[dict[str, Any]], fmt: str, only: str | None, pa
     """
     chosen = [t for t in tools if only is None or t["function"]["name"] == only]
     if not chosen:
-        raise bad_request(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")
+        raise ToolCallError(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")
     schema = _calls_schema(chosen, fmt)
     separator, open_, close = ('";"', "", "") if fmt == LLAMA3_JSON else (r'"\n"', rf'"{_OPEN}\n" ', rf' "\n{_CLOSE}"')
     repeat = f" ({separator} call)*" if parallel else ""

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from baselm.api.errors import APIError
+from baselm.toolcalls.errors import ToolCallError
 from baselm.toolcalls.parsers import (
     DEEPSEEK,
     GLM,
@@ -298,10 +298,12 @@ def test_format_is_detected_from_the_template_markers(template, fmt):
 
 
 def test_unsupported_formats_and_forcing_are_refused_clearly():
-    with pytest.raises(APIError, match="solar_open format .* does not parse yet"):
+    with pytest.raises(ToolCallError, match="solar_open format .* does not parse yet") as caught:
         check_supported("solar_open", forced=False)
-    with pytest.raises(APIError, match="not supported yet for the mistral tool-call format"):
+    assert caught.value.param == "tools"
+    with pytest.raises(ToolCallError, match="not supported yet for the mistral tool-call format") as caught:
         check_supported(MISTRAL, forced=True)
+    assert caught.value.param == "tool_choice"
     check_supported(MISTRAL, forced=False)
     check_supported(HERMES, forced=True)
 

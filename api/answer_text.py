@@ -14,7 +14,7 @@ from typing import Any
 
 from baselm.api.serving import ServerState
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking
-from baselm.toolcalls import parsers, tools
+from baselm.toolcalls import parsers
 
 # Enough prompt tokens to see the template's last `<think>` or `</think>` and what follows it.
 _PROMPT_TAIL_TOKENS = 32
@@ -26,7 +26,7 @@ class Pieces:
 
     reasoning: str = ""
     content: str = ""
-    calls: list[tools.ToolCall] = field(default_factory=list)
+    calls: list[parsers.ToolCall] = field(default_factory=list)
 
 
 class AnswerText:

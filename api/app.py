@@ -39,7 +39,7 @@ from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model,
 from baselm.async_engine import AsyncEngine
 from baselm.reasoning import template_thinks
 from baselm.tokenizer.errors import ChatTemplateError
-from baselm.toolcalls.tools import tool_format
+from baselm.toolcalls.markers import detect_format
 
 
 def _model_card(state: ServerState) -> dict:
@@ -165,7 +165,7 @@ def create_app(
     """
     state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
     chat_template = state.tokenizer.to_hf_files()[1].get("chat_template")
-    state.tool_format = tool_format(chat_template)
+    state.tool_format = detect_format(chat_template)
     state.thinks = template_thinks(chat_template)
     middleware = [Middleware(Gate, api_key=state.api_key, metrics=state.metrics)]
     if cors_origins:

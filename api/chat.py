@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baselm.api import serving
+from baselm.api.constrained import constrained_params
 from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, Common
 from baselm.sampling.params import SamplingParams
 from baselm.structured import grammar
-from baselm.structured.constrained import check_endable, constrained_params
 from baselm.tokenizer.errors import ChatTemplateError
-from baselm.toolcalls import parsers, tools
+from baselm.toolcalls import forcing, markers
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 # The chat template's own arguments, which template variables cannot set.
@@ -68,7 +68,7 @@ def forces_call(chat: ChatRequest) -> bool:
 def prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
     """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
     if parses_tools(chat):
-        parsers.check_supported(state.tool_format, forced=forces_call(chat))
+        markers.check_supported(state.tool_format, forced=forces_call(chat))
     prompt_ids = encode_prompt(state, chat)
     serving.check_prompt(
         state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field
@@ -102,7 +102,7 @@ def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] |
     if forces_call(chat):
         # A named function is called once; "required" may call several when parallel_tool_calls allows.
         parallel = chat.parallel_tool_calls and chat.named_tool is None
-        lark = tools.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, parallel)
+        lark = forcing.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, parallel)
         return grammar.lark_grammar(lark), "tools"
     return None
 
@@ -110,14 +110,14 @@ def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] |
 def sampling_params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
     """The request's SamplingParams; with a grammar, each of its n copies makes its own processor."""
     sampling = dict(chat.common.sampling)
-    if parses_tools(chat) and parsers.needs_special_tokens(state.tool_format, state.tokenizer):
+    if parses_tools(chat) and markers.needs_special_tokens(state.tool_format, state.tokenizer):
         sampling["skip_special_tokens"] = False  # the call markers are special tokens
     logprobs = chat.top_logprobs if chat.logprobs else None
     constrained = _grammar(state, chat)
     if constrained is None:
         return serving.make_params(sampling, chat.common.max_tokens_field, "top_logprobs", logprobs=logprobs)
     text, param = constrained
-    check_endable(sampling, param)
+    grammar.check_endable(sampling, param)
     lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
     if param == "tools":  # name the tool whose schema cannot be enforced
         for i, tool in enumerate(chat.tools):
@@ -169,7 +169,7 @@ def read_function(body: Body, where: str, schema_field: str = "parameters", sche
     """A tool's function as the chat template takes it: `name`, `description` and its JSON Schema
     (`body[schema_field]`; an empty object schema when it may be left out), with `strict` read and
     left to the grammar (arguments follow the schema whenever a call is forced; see
-    baselm/toolcalls/tools.py). Every API's tools (chat, Responses, Messages, Ollama) come through here."""
+    baselm/toolcalls/forcing.py). Every API's tools (chat, Responses, Messages, Ollama) come through here."""
     name = body.string("name", required=True)
     _check_function_name(name, f"{where}.name")
     function: dict[str, Any] = {"name": name}

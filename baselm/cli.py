@@ -452,7 +452,7 @@ def serve(
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions, exit_process, run_server
     from baselm.distributed.launch import load_model_for
-    from baselm.structured.constrained import model_processor_factory as constraints
+    from baselm.toolcalls.forcing import model_processor_factory as constraints
 
     try:
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from baselm.api import serving
 from baselm.api.answer_text import AnswerText, Pieces
 from baselm.api.chat import ChatRequest, parses_tools, prepare
+from baselm.api.constrained import constrained_params
 from baselm.api.errors import APIError, bad_request, logger
 from baselm.api.ollama.lines import line, now_rfc3339
 from baselm.api.ollama.request import (
@@ -34,9 +35,8 @@ from baselm.api.schemas import Body, Common
 from baselm.request import RequestOutput
 from baselm.sampling.params import SamplingParams
 from baselm.structured import grammar
-from baselm.structured.constrained import constrained_params
 from baselm.tokenizer.errors import ChatTemplateError
-from baselm.toolcalls import tools
+from baselm.toolcalls import parsers
 
 MAX_TOKENS_FIELD = "options.num_predict"
 
@@ -157,7 +157,7 @@ class _GenerateAnswer(_OllamaAnswer):
         return {"context": self.prompt_ids + self.output_ids}
 
 
-def _ollama_call(call: tools.ToolCall) -> dict[str, Any]:
+def _ollama_call(call: parsers.ToolCall) -> dict[str, Any]:
     try:
         arguments = json.loads(call.arguments)
     except ValueError:

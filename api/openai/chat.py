@@ -20,7 +20,7 @@ from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, array_field, read_common
 from baselm.request import RequestOutput
 from baselm.sampling.params import TokenLogprobs
-from baselm.toolcalls import tools
+from baselm.toolcalls import parsers
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -54,7 +54,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
         n = self.num_choices  # the whole answer, per choice:
         self.reasoning = [""] * n
         self.content = [""] * n
-        self.calls: list[list[tools.ToolCall]] = [[] for _ in range(n)]
+        self.calls: list[list[parsers.ToolCall]] = [[] for _ in range(n)]
         self.logprobs_content: list[list[dict[str, Any]]] = [[] for _ in range(n)]
 
     def finish_reason(self, out: RequestOutput) -> str:

@@ -1,5 +1,5 @@
 """Grammar-constrained decoding with llguidance: JSON objects, JSON Schemas, regexes and Lark
-grammars (the forced-call grammar of baselm/toolcalls is one).
+grammars (the forced-call grammar of baselm/toolcalls/forcing.py is one).
 
 A `GrammarProcessor` is a logits processor (see baselm/sampling/params.py): each call it brings the
 matcher to the tokens generated so far (forward, or back by llguidance's rollback when a
@@ -114,6 +114,16 @@ def check_grammar(grammar: str, lltokenizer: llg.LLTokenizer, param: str, what: 
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, lltokenizer, limits=_LIMITS)
     if is_error:
         raise StructuredOutputError(f"{what or param + ' cannot be enforced'}: {messages[0]}", param)
+
+
+def check_endable(sampling: dict[str, Any], param: str) -> None:
+    """Raises StructuredOutputError when min_tokens or ignore_eos (of SamplingParams' fields in
+    `sampling`) would keep a finished grammar, which enforces the request's `param`, from ending the answer."""
+    for name in ("min_tokens", "ignore_eos"):
+        if sampling[name]:
+            raise StructuredOutputError(
+                f"{name} cannot be combined with {param} (the grammar decides where the answer ends)", name
+            )
 
 
 class GrammarProcessor:

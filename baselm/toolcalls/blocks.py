@@ -1,6 +1,6 @@
 """Tool-call formats that wrap calls in blocks between an opening and a closing marker.
 
-The same contract as `tool_formats.py` (a pure reader of the answer so far; results for a
+The same contract as `formats.py` (a pure reader of the answer so far; results for a
 prefix are a prefix of the whole's). A block is read once it closes; one left open when the
 answer ends is no call and its raw text becomes content. Spaces between blocks are no content.
 
@@ -296,7 +296,7 @@ def block_markers(fmt: str) -> tuple[str, ...]:
 
 
 def block_reader(fmt: str) -> Callable[[str, bool, Tools], Parsed]:
-    """The `tool_formats`-style reader of block format `fmt`."""
+    """The `formats.py`-style reader of block format `fmt`."""
     open_, close, read = BLOCK_FORMATS[fmt]
 
     def reader(text: str, final: bool, tools: Tools = ()) -> Parsed:

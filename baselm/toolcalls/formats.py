@@ -6,7 +6,7 @@ content and its complete calls, in order: `Parsed(content, [(name, arguments), .
 NOTE: a reader is a pure function of the text, and what it returns for a prefix of an answer
 is a prefix of what it returns for the whole answer: content only grows at its end (text that
 may still become a marker or a call is held back until the answer shows what it is), and a
-call, once complete, stays one. `tool_parsers.py` relies on this to stream the difference.
+call, once complete, stays one. `parsers.RereadingParser` relies on this to stream the difference.
 A call that is not complete when the answer finishes (cut off, or broken JSON) is no call:
 its raw text becomes content.
 
@@ -20,7 +20,7 @@ Formats:
 - `deepseek` (V3, R1, V3.1): `<｜tool▁calls▁begin｜>` then calls
   `<｜tool▁call▁begin｜>[function<｜tool▁sep｜>]NAME(<｜tool▁sep｜>|\\n```json\\n)ARGS[```]<｜tool▁call▁end｜>`.
 
-Formats that wrap calls in blocks (Qwen3-Coder XML, GLM, Kimi K2, ...) are in `tool_blocks.py`.
+Formats that wrap calls in blocks (Qwen3-Coder XML, GLM, Kimi K2, ...) are in `blocks.py`.
 """
 
 from __future__ import annotations

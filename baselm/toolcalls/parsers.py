@@ -1,172 +1,206 @@
-"""Which tool-call format a chat template teaches its model, and the parser that reads it.
+"""Reading tool calls out of an answer, whole or as it streams: one `ToolCallParser` per answer.
 
-`detect_format(chat_template)` looks for the markers each format's template writes:
+A parser's `feed(delta)` and `finish()` return `(content, calls)`: the text now safe to show as
+content, and the calls that closed. Text that may still become a call is held back, so a stream's
+deltas reassemble to exactly the whole answer's result; text parsed into a call is never content.
+`make_parser(fmt)` gives the parser for one of the formats `markers.detect_format` names:
 
-| format        | models (templates)                            | marker                              |
-| ------------- | --------------------------------------------- | ----------------------------------- |
-| `harmony`     | gpt-oss                                       | `<|channel|>` with `<|call|>`       |
-| `deepseek`    | DeepSeek V3, R1 (and distills), V3.1          | `<｜tool▁calls▁begin｜>`            |
-| `deepseek_v3_2`, `deepseek_v4` | DeepSeek V3.2, V4            | `｜DSML｜` with `function_calls` / `tool_calls` |
-| `mistral`     | Mistral Nemo, Small 3.x, Devstral, Ministral  | `[TOOL_CALLS]`                      |
-| `granite_3`   | Granite 3.x                                   | `<|tool_call|>`                     |
-| `kimi_k2`     | Kimi K2                                       | `<|tool_calls_section_begin|>`      |
-| `minimax_m2`  | MiniMax M2                                    | `<minimax:tool_call>`               |
-| `seed_oss`    | Seed-OSS                                      | `<seed:tool_call>`                  |
-| `functionary_v3_1` | Functionary v3.1                         | `<function=` with `<|python_tag|>`  |
-| `qwen3_xml`   | Qwen3-Coder, Qwen3.5, Nemotron 3, Step 3.5    | `<tool_call>` with `<function=`     |
-| `glm`         | GLM 4.5+, Ling, Laguna, Spark                 | `<tool_call>` with `<arg_key>`      |
-| `tool_calls_json` | Apriel, MiniMax-M1                        | `<tool_calls>`                      |
-| `nemotron_json` | Nemotron Nano 2                             | `<TOOLCALL>`                        |
-| `cohere`      | Command R7B, Command A                         | `<|START_ACTION|>`                  |
-| `lfm2`        | LFM2, LFM2.5                                  | `<|tool_call_start|>` or `<|tool_list_start|>` |
-| `gemma4`      | Gemma 4                                       | `<|tool_call>`                      |
-| `minicpm5`    | MiniCPM 5                                     | `<function name="`                  |
-| `hunyuan_3`   | Hunyuan 3                                     | `HYTK` (its `:opensource` tags)     |
-| `apertus`     | Apertus                                       | `<|tools_prefix|>`                  |
-| `hermes`      | Hermes, Qwen 2.5/3, Granite 4, ...            | `<tool_call>`                       |
-| `llama3_json` | Llama 3.1-3.3                                 | `<|python_tag|>`, or ipython with parameters |
+- `JsonCallParser` reads the two formats whose calls are JSON objects, the ones calls can be
+  forced in (forcing.py):
+  - `hermes` (Hermes, Qwen 2/2.5/3 and any template that mentions `<tool_call>`):
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call;
+  - `llama3_json` (Llama 3.1+): the whole answer is `{"name": ..., "parameters": {...}}`, several
+    calls separated by `;`, also when the answer keeps the `<|python_tag|>` that may open them.
+- `RereadingParser` reads every other format, with its reader (formats.py, blocks.py; the list
+  is `READERS`): the whole answer is read again on each delta and the difference handed out.
 
-Templates with another known call syntax (`UNSUPPORTED`) get that family's name, and a request
-with tools for such a model is refused with a clear error (`check_supported`, a ToolCallError); a template with
-no tool markers at all is taken as `hermes`, the common default.
-
-`make_parser` gives the streaming parser for a format: `feed(delta)` and `finish()` return
-`(content, calls)`, like `tools.ToolCallParser`, which reads `hermes` and `llama3_json`. The
-other formats re-read the whole answer on each delta with their reader (`tool_formats`,
-`tool_blocks`) and hand out the difference, so a stream reassembles exactly to the whole
-answer's result. Where the model's tokenizer holds a format's markers as special tokens,
-the answer is decoded with its special tokens (`needs_special_tokens`).
+Content outside calls streams as it comes; a call is handed out as soon as it closes. A call that
+never closes (the answer ran out of tokens, or its JSON is broken) is no call: its text is content.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
-from baselm.tokenizer.tokenizer import Tokenizer
-from baselm.toolcalls import formats as tool_formats
-from baselm.toolcalls.blocks import BLOCK_FORMATS, block_markers, block_reader
-from baselm.toolcalls.errors import ToolCallError
-from baselm.toolcalls.tools import HERMES, LLAMA3_JSON, ToolCall, ToolCallParser
+from baselm.toolcalls import formats
+from baselm.toolcalls.blocks import BLOCK_FORMATS, block_reader
 
-HARMONY, DEEPSEEK, MISTRAL, QWEN3_XML, GLM = "harmony", "deepseek", "mistral", "qwen3_xml", "glm"
-READERS = {**tool_formats.READERS, **{fmt: block_reader(fmt) for fmt in BLOCK_FORMATS}}
-_PYTHON_TAG = "<|python_tag|>"
-# The markers each format writes (Llama 3's tag is read whether it is kept or not).
-_MARKERS = {
-    HERMES: ("<tool_call>", "</tool_call>"),
-    LLAMA3_JSON: (),
-    **tool_formats.MARKERS,
-    **{fmt: block_markers(fmt) for fmt in BLOCK_FORMATS},
-}
-
+HERMES, LLAMA3_JSON = "hermes", "llama3_json"
+PYTHON_TAG = "<|python_tag|>"  # may open Llama 3's calls
+READERS = {**formats.READERS, **{fmt: block_reader(fmt) for fmt in BLOCK_FORMATS}}
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"  # around each hermes call
 # Every marker of a reread format starts with one of these (checked by the tests).
-_MARKER_STARTS = frozenset("<[")
-
-# Checked in order: the first format all of whose markers the template holds.
-_SUPPORTED_MARKERS: list[tuple[str, tuple[str, ...]]] = [
-    (HARMONY, ("<|channel|>", "<|call|>")),
-    ("deepseek_v3_2", ("｜DSML｜", "'function_calls")),
-    ("deepseek_v4", ("｜DSML｜", "'tool_calls")),
-    (DEEPSEEK, ("<｜tool▁calls▁begin｜>",)),
-    (MISTRAL, ("[TOOL_CALLS]",)),
-    ("granite_3", ("<|tool_call|>",)),
-    ("kimi_k2", ("<|tool_calls_section_begin|>",)),
-    ("minimax_m2", ("<minimax:tool_call>",)),
-    ("seed_oss", ("<seed:tool_call>",)),
-    ("functionary_v3_1", ("<function=", _PYTHON_TAG)),
-    (QWEN3_XML, ("<tool_call>", "<function=")),
-    (GLM, ("<tool_call>", "<arg_key>")),
-    ("tool_calls_json", ("<tool_calls>",)),
-    ("nemotron_json", ("<TOOLCALL>",)),
-    ("cohere", ("<|START_ACTION|>",)),
-    ("lfm2", ("<|tool_call_start|>",)),
-    ("lfm2", ("<|tool_list_start|>",)),
-    ("gemma4", ("<|tool_call>",)),
-    ("minicpm5", ('<function name="',)),
-    ("hunyuan_3", ("HYTK", "tool_calls")),
-    ("apertus", ("<|tools_prefix|>",)),
-]
-# Call syntaxes base does not read yet, by the family that writes them.
-UNSUPPORTED: dict[str, tuple[str, ...]] = {
-    "cohere_command_r": ("<|START_OF_TURN_TOKEN|>", "Action:"),
-    "functionary_v3_2": (">>>all",),
-    "firefunction_v2": ("functools",),
-    "gigachat_3": ("<|role_sep|>", "'function call'"),
-    "gigachat_3_1": ("<|function_call|>",),
-    "kimi_k3": ("open_tag('call'",),
-    "minimax_m3": ("]<]minimax[>[",),
-    "muse": ("<atem:function_calls>",),
-    "solar_open": ("<|tool_call:begin|>",),
-}
+MARKER_STARTS = frozenset("<[")
 
 
-def detect_format(chat_template: str | dict[str, str] | None) -> str:
-    """The call format `chat_template` teaches: a format `make_parser` reads, or a name in `UNSUPPORTED`."""
-    text = " ".join(chat_template.values()) if isinstance(chat_template, dict) else chat_template or ""
-    for fmt, markers in _SUPPORTED_MARKERS:
-        if all(m in text for m in markers):
-            return fmt
-    for family, markers in UNSUPPORTED.items():
-        if all(m in text for m in markers):
-            return family
-    if "<tool_call>" in text:
-        return HERMES
-    if _PYTHON_TAG in text or ("ipython" in text and "parameters" in text):
-        return LLAMA3_JSON
-    return HERMES
+@dataclass(slots=True)
+class ToolCall:
+    """One parsed call: its place among the answer's calls, an id for the tool result, name, arguments."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    def as_deltas(self) -> list[dict[str, Any]]:
+        """The call streamed in two deltas: its id, type and name, then its arguments."""
+        head = {
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": ""},
+        }
+        return [head, {"index": self.index, "function": {"arguments": self.arguments}}]
 
 
-def check_supported(fmt: str, *, forced: bool) -> None:
-    """Raises ToolCallError when requests with tools cannot be served for this format (or not with forcing)."""
-    if fmt in UNSUPPORTED:
-        marker = " ... ".join(UNSUPPORTED[fmt])
-        raise ToolCallError(
-            f"this model's chat template writes tool calls in the {fmt} format ({marker}), which base "
-            "does not parse yet; send the request without tools or with tool_choice 'none'",
-            "tools",
-        )
-    if forced and fmt not in (HERMES, LLAMA3_JSON):
-        raise ToolCallError(
-            f"tool_choice 'required' or a named tool is not supported yet for the {fmt} tool-call format; "
-            "use tool_choice 'auto'",
-            "tool_choice",
-        )
+class ToolCallParser(ABC):
+    """Splits one growing answer into content and complete tool calls; `calls` holds every call so far."""
 
-
-def needs_special_tokens(fmt: str, tokenizer: Tokenizer) -> bool:
-    """Whether `tokenizer` holds a marker of `fmt` as a special token: then the answer must be
-    decoded with its special tokens for the calls to be read."""
-    special = tokenizer.special_token_ids
-    return any(tokenizer.token_to_id(marker) in special for marker in _MARKERS.get(fmt, ()))
-
-
-class Parser(Protocol):
     calls: list[ToolCall]
 
-    def feed(self, delta: str) -> tuple[str, list[ToolCall]]: ...
+    @abstractmethod
+    def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
+        """(the content now safe to show, the calls that closed) after `delta`."""
 
-    def finish(self) -> tuple[str, list[ToolCall]]: ...
+    @abstractmethod
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """The rest, once the answer has ended: what was held back, as content or calls."""
 
 
-def make_parser(fmt: str, forced: bool = False, tools: Sequence[Mapping[str, Any]] = ()) -> Parser:
-    """A fresh parser for one answer in format `fmt`; `tools` types the XML formats' parameters."""
+def make_parser(fmt: str, forced: bool = False, tools: Sequence[Mapping[str, Any]] = ()) -> ToolCallParser:
+    """A fresh parser for one answer in format `fmt`; `forced`: a grammar forces calls (hermes,
+    llama3_json); `tools` types the XML formats' parameters."""
     if fmt in (HERMES, LLAMA3_JSON):
-        # `forced` is passed only when set: forcing calls (a grammar) is what it tells the parser
-        parser = ToolCallParser(fmt, forced) if forced else ToolCallParser(fmt)
+        parser = JsonCallParser(fmt, forced)
         return _PythonTagParser(parser) if fmt == LLAMA3_JSON else parser
     if fmt in READERS:
         return RereadingParser(fmt, tools)
     raise ValueError(f"no tool-call parser for format {fmt!r}")
 
 
-class RereadingParser:
-    """Streams what a `tool_formats` reader finds: each delta, the whole answer is read again.
+class JsonCallParser(ToolCallParser):
+    """`hermes` and `llama3_json` calls, read as the answer streams (llama3_json's whole at the end).
+
+    A call that repeats an earlier call exactly is dropped (a small model may call the same thing
+    again and again; `forcing.RepeatStop` ends such an answer when calls are forced). When calls are
+    forced (tool_choice required or named), the grammar allows nothing but calls, so a rest that is
+    no call is a call cut short and is dropped: the answer ends with the calls that closed and the
+    engine's finish reason ("length"). Otherwise it may be plain text that only looks like a call,
+    and is returned as content.
+    """
+
+    def __init__(self, fmt: str, forced: bool = False) -> None:
+        self.fmt = fmt
+        self.forced = forced  # the grammar forces calls: a rest that is no call is a call cut short
+        self.buffer = ""  # text not yet handed out
+        self.calls: list[ToolCall] = []
+        self.num_repeats = 0  # calls dropped because they repeated an earlier one
+        self._started = False  # llama3_json: has the answer shown its first non-space character
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
+        self.buffer += delta
+        return self._feed_hermes() if self.fmt == HERMES else self._feed_llama3()
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """The rest: held text becomes content unless it is a complete call (or calls are forced)."""
+        content, calls = self.feed("")
+        rest, self.buffer = self.buffer, ""
+        if self.fmt == LLAMA3_JSON and rest.strip():
+            parsed = [_call_from_json(part, len(self.calls) + i) for i, part in enumerate(rest.strip().split(";"))]
+            if self.forced:  # the calls before the first one cut short
+                parsed = list(itertools.takewhile(lambda call: call is not None, parsed))
+            if all(parsed):
+                kept = []
+                for call in parsed:
+                    if not self._repeats(call):
+                        call.index = len(self.calls)
+                        self.calls.append(call)
+                        kept.append(call)
+                return content, calls + kept
+        if self.forced or (self.calls and not rest.strip()):  # whitespace after the last call is not content
+            rest = ""
+        return content + rest, calls
+
+    def _feed_hermes(self) -> tuple[str, list[ToolCall]]:
+        content, calls = "", []
+        while True:
+            start = self.buffer.find(HERMES_OPEN)
+            if start < 0:
+                keep = len(self.buffer) - formats.held_back(self.buffer, [HERMES_OPEN])
+                if self.calls and not self.buffer[:keep].strip():
+                    return content, calls  # whitespace after a call: hold it until what follows shows
+                content += self.buffer[:keep]
+                self.buffer = self.buffer[keep:]
+                return content, calls
+            if not (self.calls and not self.buffer[:start].strip()):  # whitespace between calls is dropped
+                content += self.buffer[:start]
+            self.buffer = self.buffer[start:]
+            end = self.buffer.find(HERMES_CLOSE)
+            if end < 0:
+                return content, calls  # inside a call: hold it until it closes
+            block = self.buffer[: end + len(HERMES_CLOSE)]
+            self.buffer = self.buffer[end + len(HERMES_CLOSE) :]
+            call = _call_from_json(block[len(HERMES_OPEN) : -len(HERMES_CLOSE)].strip(), len(self.calls))
+            if call is None:
+                content += block
+            elif not self._repeats(call):
+                self.calls.append(call)
+                calls.append(call)
+
+    def _repeats(self, call: ToolCall) -> bool:
+        """Whether `call` repeats an earlier call of this answer exactly (then it is dropped: the
+        same call twice returns the same result twice; small models repeat themselves)."""
+        repeats = any((c.name, c.arguments) == (call.name, call.arguments) for c in self.calls)
+        self.num_repeats += repeats
+        return repeats
+
+    def _feed_llama3(self) -> tuple[str, list[ToolCall]]:
+        if not self._started:
+            stripped = self.buffer.lstrip()
+            if not stripped:
+                return "", []
+            self._started = True
+            if not stripped.startswith("{"):
+                self.fmt = "content"
+        if self.fmt == "content":
+            content, self.buffer = self.buffer, ""
+            return content, []
+        return "", []  # a JSON call: parsed whole at the end
+
+
+def _call_from_json(text: str, index: int) -> ToolCall | None:
+    """A call from one JSON object with a name and arguments (or parameters); None when it is not one."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return _tool_call(index, data["name"], arguments)
+
+
+class RereadingParser(ToolCallParser):
+    """Streams what a reader (formats.py, blocks.py) finds: each delta, the whole answer is read again.
 
     NOTE: correct because a reader's result for a prefix is a prefix of its later results
-    (see tool_formats). When the last delta all became content and the next one holds no
+    (see formats.py). When the last delta all became content and the next one holds no
     character a marker starts with, every reader would add that one whole to the content too,
     so it streams without the answer being read again (plain text stays linear in its length).
     """
@@ -182,7 +216,7 @@ class RereadingParser:
 
     def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
         self.text += delta
-        if self._in_content and delta and not _MARKER_STARTS.intersection(delta):
+        if self._in_content and delta and not MARKER_STARTS.intersection(delta):
             self._num_sent += len(delta)
             return delta, []
         content, calls = self._step(final=False)
@@ -204,10 +238,10 @@ class RereadingParser:
         return content, new
 
 
-class _PythonTagParser:
+class _PythonTagParser(ToolCallParser):
     """Llama 3's JSON calls, also when the answer keeps the `<|python_tag|>` that may open them."""
 
-    def __init__(self, inner: ToolCallParser) -> None:
+    def __init__(self, inner: JsonCallParser) -> None:
         self._inner = inner
         self._held = ""  # an end of the text that may be the start of the tag
 
@@ -216,8 +250,8 @@ class _PythonTagParser:
         return self._inner.calls
 
     def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
-        text = (self._held + delta).replace(_PYTHON_TAG, "")
-        keep = tool_formats.held_back(text, [_PYTHON_TAG])
+        text = (self._held + delta).replace(PYTHON_TAG, "")
+        keep = formats.held_back(text, [PYTHON_TAG])
         self._held = text[len(text) - keep :] if keep else ""
         return self._inner.feed(text[: len(text) - keep])
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.api.conftest import MODEL
 from tests.api.test_errors import assert_serving
-from tests.api.test_structured import PERSON, TIME, WEATHER, validate
+from tests.structured.schemas import PERSON, TIME, WEATHER, validate
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 GREEDY = {"temperature": 0}

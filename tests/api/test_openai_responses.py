@@ -13,7 +13,7 @@ import pytest
 from baselm.api.openai.responses_store import ResponseStore
 from tests.api.conftest import MODEL
 from tests.api.test_errors import assert_error, assert_serving
-from tests.api.test_structured import PERSON, WEATHER, validate
+from tests.structured.schemas import PERSON, WEATHER, validate
 
 ASK = "What's the weather in Paris for 3 days?"
 WEATHER_TOOL = {"type": "function", **WEATHER["function"]}  # the flat form Responses uses

@@ -8,7 +8,7 @@ import pytest
 
 from baselm.sampling.params import SamplingParams
 from baselm.structured import grammar
-from tests.api.test_structured import validate
+from tests.structured.schemas import validate
 
 pytestmark = pytest.mark.slow
 

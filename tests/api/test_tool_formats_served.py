@@ -13,8 +13,8 @@ from tokenizers import Tokenizer as Backend
 from baselm.api.chat import sampling_params
 from baselm.api.openai.chat import parse_chat
 from baselm.tokenizer.tokenizer import Tokenizer
-from baselm.toolcalls.parsers import HARMONY, MISTRAL, needs_special_tokens
-from baselm.toolcalls.tools import HERMES
+from baselm.toolcalls.markers import HARMONY, MISTRAL, needs_special_tokens
+from baselm.toolcalls.parsers import HERMES
 from tests.api.conftest import MODEL
 from tests.paths import BPE_TOKENIZER
 

@@ -28,7 +28,6 @@ from baselm.distributed.pd.launch import make_node, share_cores
 from baselm.distributed.pd.node import Layout, serve
 from baselm.distributed.watchdog import Watchdog
 from baselm.sampling.params import Constraint, SamplingParams
-from baselm.structured.constrained import model_processor_factory
 
 
 def load(spec: dict):
@@ -61,8 +60,8 @@ def make_params(engine, max_tokens: int, fields: dict | None) -> SamplingParams:
     schema = fields.pop("schema", None)
     if schema is None:
         return SamplingParams(max_tokens=max_tokens, **fields)
-    from baselm.structured.constrained import processor_factory
     from baselm.structured.grammar import json_schema_grammar
+    from baselm.toolcalls.forcing import processor_factory
 
     eos = list(engine.eos_token_ids)
     constraint = Constraint(json_schema_grammar(schema), eos)
@@ -122,7 +121,7 @@ def main() -> None:
     group = mx.distributed.init(backend="ring", strict=True)
     share_cores(layout.size)
     loaded = load(spec)
-    node = make_node(loaded, make_config(spec), layout, group, model_processor_factory(loaded))
+    node = make_node(loaded, make_config(spec), layout, group)
     if group.rank() != 0:
         try:
             serve(node)

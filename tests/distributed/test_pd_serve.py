@@ -89,7 +89,8 @@ def test_pd_server_answers_schemas_forced_calls_copies_and_prompt_logprobs_as_on
     from baselm.backend import select_backend
     from baselm.loader import load_model
     from tests.api.conftest import RunningServer
-    from tests.api.test_structured import ASK, PERSON, TIME, WEATHER
+    from tests.api.test_structured import ASK
+    from tests.structured.schemas import PERSON, TIME, WEATHER
 
     folder = write_model_folder(tmp_path / "tiny-eos")  # with end-of-sequence ids: a grammar's answer ends
     served = ServeProcess(folder, "--served-model-name", "m", "--kv-memory", "8MiB", "--pd", "1:1")

@@ -5,22 +5,20 @@ from __future__ import annotations
 import json
 
 import llguidance as llg
-import pytest
 
-from baselm.structured.grammar import grammar_tokenizer, json_schema_grammar, lark_grammar
+from baselm.structured.grammar import grammar_tokenizer, json_schema_grammar
 from baselm.structured.json_schemas import MAX_INTEGER, nest, prepare
 from baselm.tokenizer.tokenizer import Tokenizer
-from baselm.toolcalls.tools import HERMES, forced_call_lark
 from tests.paths import BPE_TOKENIZER
 
-_TOKENIZER = Tokenizer.from_folder(BPE_TOKENIZER)
-_LLTOKENIZER = grammar_tokenizer(_TOKENIZER, _TOKENIZER.vocab_size, [2])
+TOKENIZER = Tokenizer.from_folder(BPE_TOKENIZER)
+LLTOKENIZER = grammar_tokenizer(TOKENIZER, TOKENIZER.vocab_size, [2])
 
 
 def accepts(grammar: str, text: str) -> bool:
     """Whether the grammar takes `text` whole (fed as the tokenizer splits it)."""
-    matcher = llg.LLMatcher(_LLTOKENIZER, grammar, log_level=0)
-    ids = _TOKENIZER.encode(text, add_special_tokens=False)
+    matcher = llg.LLMatcher(LLTOKENIZER, grammar, log_level=0)
+    ids = TOKENIZER.encode(text, add_special_tokens=False)
     return all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()
 
 
@@ -126,19 +124,6 @@ OTHER_TOOL = {
         "parameters": {"$defs": {"Address": {"const": 1}}, "properties": {"a": {"$ref": "#/$defs/Address"}}},
     },
 }
-
-
-@pytest.mark.parametrize("only", [None, "add_person"])
-def test_forced_calls_of_tools_with_defs_compile_and_keep_each_tools_own_defs(only):
-    grammar = lark_grammar(forced_call_lark([PYDANTIC_TOOL, OTHER_TOOL], HERMES, only, parallel=False))
-    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, _LLTOKENIZER)
-    assert not is_error, messages
-    call = '<tool_call>\n{"name":"add_person","arguments":{"name":"Ann","address":{"city":"Rome"}}}\n</tool_call>'
-    assert accepts(grammar, call)
-    assert not accepts(grammar, call.replace("Rome", "Oslo"))
-    other = '<tool_call>\n{"name":"other","arguments":{"a":1}}\n</tool_call>'
-    assert accepts(grammar, other) == (only is None)
-    assert not accepts(grammar, other.replace(":1}", ":2}"))
 
 
 def test_prepared_schemas_stay_json():

@@ -16,7 +16,8 @@ import pytest
 from baselm.store.gguf import read_metadata
 from baselm.tokenizer.errors import ChatTemplateError
 from baselm.tokenizer.tokenizer import Tokenizer
-from baselm.toolcalls.parsers import UNSUPPORTED, detect_format, make_parser, needs_special_tokens
+from baselm.toolcalls.markers import UNSUPPORTED, detect_format, needs_special_tokens
+from baselm.toolcalls.parsers import make_parser
 from tests.paths import BPE_TOKENIZER, FIXTURES
 
 EXPECTED = json.loads((FIXTURES / "chat_templates" / "expected.json").read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""Tool-call formats beyond Hermes: detection from the template, parsing whole and streamed, cut-off calls."""
+"""Tool-call formats beyond Hermes (make_parser, RereadingParser): parsing whole and streamed, cut-off calls."""
 
 from __future__ import annotations
 
@@ -7,19 +7,8 @@ import random
 
 import pytest
 
-from baselm.toolcalls.errors import ToolCallError
-from baselm.toolcalls.parsers import (
-    DEEPSEEK,
-    GLM,
-    HARMONY,
-    MISTRAL,
-    QWEN3_XML,
-    READERS,
-    check_supported,
-    detect_format,
-    make_parser,
-)
-from baselm.toolcalls.tools import HERMES, LLAMA3_JSON
+from baselm.toolcalls.markers import DEEPSEEK, GLM, HARMONY, MARKERS, MISTRAL, QWEN3_XML
+from baselm.toolcalls.parsers import LLAMA3_JSON, MARKER_STARTS, READERS, make_parser
 
 TOOLS = [
     {
@@ -275,39 +264,6 @@ def test_llama3_python_tag_is_no_content():
     assert run(LLAMA3_JSON, ["Hello <|pyth", "on"]) == ("Hello <|python", [])
 
 
-@pytest.mark.parametrize(
-    ("template", "fmt"),
-    [
-        ("{{ '<|start|>assistant<|channel|>' }}...{{ '<|call|>' }}", HARMONY),
-        ("{{ '<｜tool▁calls▁begin｜>' }}", DEEPSEEK),
-        ("{{ '[TOOL_CALLS]' + name + '[ARGS]' }}", MISTRAL),
-        ("<tool_call>\n<function={{ name }}>", QWEN3_XML),
-        ("<tool_call>{{ name }}<arg_key>", GLM),
-        ("<tool_call>{{ call | tojson }}</tool_call>", HERMES),
-        ("{{ '<|python_tag|>' }}", LLAMA3_JSON),
-        ("{{ '<|tool_calls_section_begin|>' }}", "kimi_k2"),
-        ("{{ '<|tool_call>call:' + name }}", "gemma4"),
-        ("{{ '<|tool_call|>' + calls | tojson }}", "granite_3"),
-        ("{{ '<|tool_call:begin|>' }}", "solar_open"),
-        ("plain {{ messages }}", HERMES),
-        (None, HERMES),
-    ],
-)
-def test_format_is_detected_from_the_template_markers(template, fmt):
-    assert detect_format(template) == fmt
-
-
-def test_unsupported_formats_and_forcing_are_refused_clearly():
-    with pytest.raises(ToolCallError, match="solar_open format .* does not parse yet") as caught:
-        check_supported("solar_open", forced=False)
-    assert caught.value.param == "tools"
-    with pytest.raises(ToolCallError, match="not supported yet for the mistral tool-call format") as caught:
-        check_supported(MISTRAL, forced=True)
-    assert caught.value.param == "tool_choice"
-    check_supported(MISTRAL, forced=False)
-    check_supported(HERMES, forced=True)
-
-
 def test_gemma4_notation_reads_nested_values_lists_and_none():
     text = '<|tool_call>call:f{a:[1,<|"|>x, y:z<|"|>],b:{<|"|>k<|"|>:None},c:false,d:-2.5}<tool_call|>'
     assert run("gemma4", [text]) == ("", [("f", {"a": [1, "x, y:z"], "b": {"k": None}, "c": False, "d": -2.5})])
@@ -315,9 +271,7 @@ def test_gemma4_notation_reads_nested_values_lists_and_none():
 
 def test_every_marker_starts_with_a_character_plain_text_is_checked_for():
     # Plain text without these characters streams without being read again (RereadingParser).
-    from baselm.toolcalls.parsers import _MARKER_STARTS, _MARKERS
-
-    assert {m[0] for fmt in READERS for m in _MARKERS[fmt]} <= _MARKER_STARTS
+    assert {m[0] for fmt in READERS for m in MARKERS[fmt]} <= MARKER_STARTS
 
 
 def test_plain_text_before_a_call_streams_as_it_comes():

@@ -1,0 +1,116 @@
+"""Forcing tool calls by grammar (tool_choice required or a named tool), and the processors of
+every constrained answer.
+
+`forced_call_lark` is the grammar whose sentences are calls of the request's tools in the
+`hermes` or `llama3_json` format (the formats calls can be forced in; `markers.check_supported`
+refuses the others), each call's arguments following its tool's JSON Schema. `RepeatStop` is its
+processor: a GrammarProcessor that also ends the answer once a call repeats an earlier one.
+
+A request's SamplingParams carry its grammar as a `Constraint` (plain data) beside the processors
+made from it, and `processor_factory` makes them in any process that has the model's tokenizer,
+so a prefill or decode rank of another process makes the same processors from the same
+constraint. It lives here, above structured output, because a constraint may force tool calls.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance as llg
+import mlx.core as mx
+import numpy as np
+
+from baselm.loader import LoadedModel
+from baselm.sampling.params import Constraint, ConstraintFactory, LogitsProcessor
+from baselm.structured import json_schemas
+from baselm.structured.grammar import GrammarProcessor, grammar_tokenizer
+from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.toolcalls.errors import ToolCallError
+from baselm.toolcalls.parsers import HERMES_CLOSE, HERMES_OPEN, LLAMA3_JSON, JsonCallParser
+
+
+def _calls_schema(tools: list[dict[str, Any]], fmt: str) -> dict[str, Any]:
+    """One call of any of `tools`: an anyOf of {"name": const, "arguments": parameters}, each
+    tool's definitions hoisted to the root (its refs would not resolve where it is nested)."""
+    key = "parameters" if fmt == LLAMA3_JSON else "arguments"
+    calls, defs = [], {}
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        parameters, tool_defs = json_schemas.nest(function["parameters"], f"/anyOf/{i}/properties/{key}", f"{i}.")
+        defs.update(tool_defs)
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function["name"]}, key: parameters},
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+        )
+    schema: dict[str, Any] = {"anyOf": calls}
+    if defs:
+        schema["$defs"] = defs
+    return json_schemas.prepare(schema)
+
+
+def forced_call_lark(tools: list[dict[str, Any]], fmt: str, only: str | None, parallel: bool) -> str:
+    """A Lark grammar (llguidance dialect) whose sentences are calls of `tools` in format `fmt`.
+
+    `only` names the one tool allowed; `parallel` allows more than one call.
+    """
+    chosen = [t for t in tools if only is None or t["function"]["name"] == only]
+    if not chosen:
+        raise ToolCallError(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")
+    schema = _calls_schema(chosen, fmt)
+    separator, open_, close = (
+        ('";"', "", "") if fmt == LLAMA3_JSON else (r'"\n"', rf'"{HERMES_OPEN}\n" ', rf' "\n{HERMES_CLOSE}"')
+    )
+    repeat = f" ({separator} call)*" if parallel else ""
+    return f"start: call{repeat}\ncall: {open_}body{close}\nbody: %json {json.dumps(schema)}\n"
+
+
+class RepeatStop(GrammarProcessor):
+    """The forced-call grammar's processor that also ends the answer (only end-of-sequence is
+    allowed) once a call closes that repeats an earlier one: the grammar would let a model that
+    never stops call the same function until max_tokens."""
+
+    def __init__(
+        self, lltokenizer: llg.LLTokenizer, grammar: str, eos_token_ids: list[int], tokenizer: Tokenizer, fmt: str
+    ) -> None:
+        super().__init__(lltokenizer, grammar, eos_token_ids)
+        self.tokenizer = tokenizer
+        self.fmt = fmt
+
+    def __call__(self, output_ids: list[int], logits: mx.array) -> mx.array:
+        """logits: (vocab,) -> (vocab,), only end-of-sequence left once a call repeated."""
+        logits = super().__call__(output_ids, logits)
+        if self.is_accepting and self.eos_token_ids and self._has_repeated(output_ids):
+            only_eos = np.zeros(logits.shape[0], dtype=bool)
+            only_eos[[i for i in self.eos_token_ids if i < logits.shape[0]]] = True
+            logits = mx.where(mx.array(only_eos), logits, -mx.inf)
+        return logits
+
+    def _has_repeated(self, output_ids: list[int]) -> bool:
+        parser = JsonCallParser(self.fmt, forced=True)
+        parser.feed(self.tokenizer.decode(output_ids))
+        parser.finish()
+        return parser.num_repeats > 0
+
+
+def processor_factory(tokenizer: Tokenizer, vocab_size: int) -> ConstraintFactory:
+    """Makes a constraint's processors for a model with `tokenizer` and `vocab_size` output rows:
+    a GrammarProcessor, or for forced tool calls one that also ends a repeating answer (RepeatStop)."""
+
+    def make(constraint: Constraint) -> list[LogitsProcessor]:
+        eos = list(constraint.eos_token_ids)
+        lltokenizer = grammar_tokenizer(tokenizer, vocab_size, eos)
+        if constraint.tool_format is not None:
+            return [RepeatStop(lltokenizer, constraint.grammar, eos, tokenizer, constraint.tool_format)]
+        return [GrammarProcessor(lltokenizer, constraint.grammar, eos)]
+
+    return make
+
+
+def model_processor_factory(loaded: LoadedModel) -> ConstraintFactory:
+    """`processor_factory` for a loaded model (a prefill or decode rank's)."""
+    return processor_factory(loaded.tokenizer, loaded.model.args.vocab_size)

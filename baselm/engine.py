@@ -1,10 +1,11 @@
 """LLMEngine: requests in, tokens and text out, one scheduled batch per `step`.
 
-The synchronous engine owns the model, the KV pools, the scheduler, the runner and each
-request's copies with their output state (copies.py). `add_request` queues a request,
-`step` runs one batch and reports what changed, `abort` stops a request. `AsyncEngine`
-(async_engine.py) runs it on a thread of its own for the server and the REPL. With
-`config.speculative`, a `Speculator` (baselm/speculative/) proposes tokens before each step.
+The synchronous engine owns the model, the KV pools, the scheduler, the runner and the output
+processor (outputs.py: each request's text, stops and logprobs, and the copies of an n > 1
+request). `add_request` queues a request, `step` runs one batch and reports what changed
+(`update` applies its results), `abort` stops a request. `AsyncEngine` (async_engine.py)
+runs it on a thread of its own for the server and the REPL. With `config.speculative`, a
+`Speculator` (baselm/speculative/) proposes tokens before each step.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
 from baselm.kv.persist import PersistentPrefixCache
 from baselm.loader import LoadedModel, load_model
-from baselm.outputs import Copies, copy_requests
+from baselm.outputs import OutputProcessor, copy_requests
 from baselm.request import InvalidRequestError, RequestOutput
-from baselm.runner import Launched, ModelRunner, StepStats
+from baselm.runner import Launched, ModelRunner, RunnerOutput, StepStats
 from baselm.sampling.params import SamplingParams
 from baselm.sampling.sampler import Sampler
 from baselm.scheduler import Scheduler, SchedulerOutput, SchedulerStats
@@ -46,7 +47,7 @@ class GenerationResult:
     num_cached_tokens: int = 0
 
 
-def make_scheduler(kv: KVCacheManager, config: EngineConfig, max_model_len: int, check_stop=None) -> Scheduler:
+def make_scheduler(kv: KVCacheManager, config: EngineConfig, max_model_len: int) -> Scheduler:
     """The scheduler an engine's config asks for, over `kv`'s blocks."""
     return Scheduler(
         kv,
@@ -54,7 +55,6 @@ def make_scheduler(kv: KVCacheManager, config: EngineConfig, max_model_len: int,
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=max_model_len,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
-        check_stop=check_stop,
     )
 
 
@@ -85,8 +85,8 @@ class LLMEngine:
         self.cache = self._make_cache(loaded, config)
         self.kv_manager = KVCacheManager(self.cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.prefix_file = self._open_prefix_file(loaded, config)
-        self.copies = Copies(self.tokenizer, self.eos_token_ids)
-        self.scheduler = make_scheduler(self.kv_manager, config, self.max_model_len, self.copies.check_stop)
+        self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
+        self.scheduler = make_scheduler(self.kv_manager, config, self.max_model_len)
         self.runner = ModelRunner(loaded.model, self.cache, Sampler(self.eos_token_ids, seed=config.seed))
         self.last_step = StepStats()
         self._ids = itertools.count()
@@ -146,7 +146,7 @@ class LLMEngine:
         if self.scheduler.num_waiting >= self.config.max_waiting:
             raise QueueFullError(f"{self.scheduler.num_waiting} requests are already waiting; try again shortly")
         request_id = request_id or self.new_request_id()
-        if request_id in self.copies:
+        if request_id in self.output_processor:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         bad = next((i for i in prompt_ids if not 0 <= i < self.vocab_size), None)
@@ -156,7 +156,7 @@ class LLMEngine:
             )
         requests = copy_requests(request_id, prompt_ids, params)
         self.scheduler.add_request(requests[0])  # validates the length for all copies and fills in max_tokens
-        self.copies.add(requests)
+        self.output_processor.add(requests)
         return request_id
 
     # ---- one step ----------------------------------------------------------------------
@@ -164,7 +164,7 @@ class LLMEngine:
     @property
     def has_unfinished(self) -> bool:
         """NOTE: covers copies still waiting to fork: their parent is queued or running until
-        the step it finishes in, and that step adds them (`Copies.start_forks`)."""
+        the step it finishes in, and that step adds them (`OutputProcessor.start_forks`)."""
         return self.scheduler.has_unfinished
 
     def step(self) -> list[RequestOutput]:
@@ -185,7 +185,7 @@ class LLMEngine:
                 self.speculator.propose(self.scheduler)
             plan = self.scheduler.schedule()
             schedule_s = time.perf_counter() - t0
-            outputs += self.copies.collect_aborted(plan.finished_request_ids)
+            outputs += self.output_processor.collect_aborted(plan.finished_request_ids)
             if plan.is_empty:
                 self.last_step = StepStats(schedule=schedule_s)
                 return outputs
@@ -193,11 +193,8 @@ class LLMEngine:
         ahead = self._launch_ahead(plan, launched) if self._pipeline else None
         result = self.runner.collect(launched)
         t0 = time.perf_counter()
-        self.copies.add_prompt_logprobs(result.prompt_logprobs)
-        updates = self.scheduler.update(plan, result.sampled_token_ids)
-        self.copies.add_logprobs(result.logprobs, updates)
-        outputs += [self.copies.complete(out) for out in updates]
-        self.copies.start_forks(self.scheduler)
+        outputs += self.update(plan, result)
+        self.output_processor.start_forks(self.scheduler)
         if self.speculator is not None:
             step = self.runner.last_step
             self.speculator.observe(plan, result, step.forward + step.sample, self.scheduler)
@@ -213,11 +210,19 @@ class LLMEngine:
         )
         return outputs
 
+    def update(self, plan: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
+        """Applies a finished step's results: the output processor decides which requests stopped
+        and why, the scheduler appends the kept ids and frees the stopped requests, and each output
+        is completed for its user. NOTE: the stop decision goes one way, never back."""
+        stops = self.output_processor.process(plan, result)
+        updates = self.scheduler.update(plan, stops.token_ids, stops.finish_reasons)
+        return [self.output_processor.complete(out) for out in updates]
+
     def _launch_ahead(self, plan: SchedulerOutput, launched: Launched) -> tuple[SchedulerOutput, Launched] | None:
         """Launches the step the scheduler plans after `plan` (`Scheduler.schedule_ahead`) on the
         sampled ids still on the device, when no copy is about to fork and no request's sampling
         needs its newest id on the host. Returns that plan and its launch."""
-        if launched.sampled is None or self.copies.has_pending_forks:
+        if launched.sampled is None or self.output_processor.has_pending_forks:
             return None
         if any(s.request.sampling_params.needs_host_ids(self.vocab_size) for s in plan.requests):
             return None
@@ -234,7 +239,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         self._next_schedule_s = time.perf_counter() - t0
-        outputs = self.copies.collect_aborted(plan.finished_request_ids)
+        outputs = self.output_processor.collect_aborted(plan.finished_request_ids)
         if not plan.is_empty:
             same = self.scheduler.is_ahead_plan(plan, ahead)
             self._inflight = (plan, launched if same else self.runner.launch(plan))
@@ -245,7 +250,7 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         """Stops every copy of a request; its blocks are free before this returns, and the next
         step reports each copy finished with "abort"."""
-        self.scheduler.abort(self.copies.abort(request_id))
+        self.scheduler.abort(self.output_processor.abort(request_id))
 
     # ---- convenience -------------------------------------------------------------------
 
@@ -265,7 +270,7 @@ class LLMEngine:
         """Runs all prompts together (continuous batching) and returns them in order."""
         params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
-        results = {rid: GenerationResult(rid, self.copies.prompt_token_ids(rid), []) for rid in ids}
+        results = {rid: GenerationResult(rid, self.output_processor.prompt_token_ids(rid), []) for rid in ids}
         merged: dict[tuple[str, int], RequestOutput] = {}
         while self.has_unfinished:
             for out in self.step():

@@ -1,41 +1,59 @@
-"""Each request's copies (n > 1) and every copy's output state.
+"""The output processor: each request's answer as its user sees it, and when it stops.
 
-A request asks for `n` copies of an answer to one prompt. Copy 0 runs under the request's
-own id, copy i under "{id}#{i}" with `params.for_copy(i)` (its own seed and processors).
-Copies after the first wait until copy 0's prompt is in the KV cache, then fork from it and
-share its prompt blocks (`start_forks`).
+Every request has an `OutputState`: the streaming detokenizer, the stop checker (stop ids,
+eos, stop strings, max_tokens: sampling/stop.py), and the text and logprobs its next output
+reports. Once per step the engine hands the processor the step's sampled ids (`process`): it
+detokenizes them, decides which requests stopped and why, and cuts each run of ids after the
+id it stopped on; the engine hands that decision to the scheduler's `update`, which appends
+the ids and frees the stopped requests, and then `complete`s each output here.
 
-A copy's output state turns its appended token ids into text: the streaming detokenizer,
-the stop checker (stop strings, stop ids, eos, max_tokens), and the text and logprobs that
-the next output reports.
+NOTE: the stop decision is made here and nowhere else, because a stop string is found in text
+and only this module turns ids into text; the scheduler only applies it. So a step's results
+flow one way: runner -> output processor (stops) -> scheduler (blocks) -> outputs.
+
+n > 1: a request asks for `n` copies of an answer to one prompt (`copy_requests`). Copy 0
+runs under the request's own id, copy i under "{id}#{i}" with `params.for_copy(i)` (its own
+seed and processors), each with an output state of its own. Copies after the first wait until
+copy 0's prompt is in the KV cache, then fork from it and share its prompt blocks
+(`start_forks`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from baselm.request import Request, RequestOutput, RequestStatus
+from baselm.runner import RunnerOutput
 from baselm.sampling.params import SamplingParams, TokenLogprobs
-from baselm.sampling.stop import StopChecker
-from baselm.scheduler import Scheduler
+from baselm.sampling.stop import FINISH_LENGTH, StopChecker
+from baselm.scheduler import Scheduler, SchedulerOutput
 from baselm.tokenizer.detokenizer import StreamingDetokenizer
 from baselm.tokenizer.tokenizer import Tokenizer
 
 
-class Copy:
-    """One copy's output state: detokenizer, stop checker, text and logprobs not yet reported."""
+@dataclass(slots=True)
+class StopDecisions:
+    """What `OutputProcessor.process` decided over one step's sampled ids, for the scheduler's `update`."""
+
+    token_ids: dict[str, list[int]]  # each sampling request's new ids, cut after the one it stopped on
+    finish_reasons: dict[str, str]  # "stop" or "length", by request id, for the requests that stopped
+
+
+class OutputState:
+    """One request's output state: detokenizer, stop checker, text and logprobs not yet reported."""
 
     __slots__ = (
-        "request", "group_id", "index", "detokenizer", "stop", "text", "logprobs", "stop_reason",
+        "request", "user_request_id", "index", "detokenizer", "stop", "text", "logprobs", "stop_reason",
         "prompt_logprobs", "num_prompt_scored",
     )  # fmt: skip
 
     def __init__(
-        self, request: Request, group_id: str, index: int, detokenizer: StreamingDetokenizer, stop: StopChecker
+        self, request: Request, user_request_id: str, index: int, detokenizer: StreamingDetokenizer, stop: StopChecker
     ):
         self.request = request
-        self.group_id = group_id  # the request id the user knows
-        self.index = index
+        self.user_request_id = user_request_id  # the id the user gave (copy i > 0 runs as "{id}#{i}")
+        self.index = index  # which copy of an n > 1 request
         self.detokenizer = detokenizer
         self.stop = stop
         self.text = ""
@@ -43,6 +61,19 @@ class Copy:
         self.stop_reason: int | str | None = None
         self.prompt_logprobs: list[TokenLogprobs] = []  # scored prompt tokens not yet reported
         self.num_prompt_scored = 0  # prompt tokens scored so far (a recomputed prompt scores them again)
+
+    def add_tokens(self, token_ids: list[int]) -> tuple[list[int], str | None]:
+        """Detokenizes new ids one by one and checks each for a stop; returns the ids up to and
+        including the one the request stopped on, and "stop" or "length" if it did."""
+        for i, token_id in enumerate(token_ids):
+            update = self.stop.update(token_id, self.detokenizer.add(token_id))
+            self.text += update.text
+            if update.finish_reason == FINISH_LENGTH:
+                self.text += self.detokenizer.finish()
+            self.stop_reason = update.stop_reason
+            if update.finish_reason is not None:
+                return token_ids[: i + 1], update.finish_reason
+        return token_ids, None
 
 
 def copy_requests(request_id: str, prompt_ids: list[int], params: SamplingParams) -> list[Request]:
@@ -52,30 +83,30 @@ def copy_requests(request_id: str, prompt_ids: list[int], params: SamplingParams
     return requests
 
 
-class Copies:
-    """The engine's table of requests: each request's copies, their output state, and the copies
-    waiting to fork. Internal ids (a copy's scheduler request id) map to `Copy` objects."""
+class OutputProcessor:
+    """The engine's table of requests: each one's output state, the copies of each n > 1 request,
+    and the copies waiting to fork. States are keyed by scheduler request id (a copy's own id)."""
 
     def __init__(self, tokenizer: Tokenizer, eos_token_ids: Iterable[int]):
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
-        self._copies: dict[str, Copy] = {}  # internal id -> output state
-        self._groups: dict[str, list[str]] = {}  # request id -> internal ids of its copies
+        self._states: dict[str, OutputState] = {}  # scheduler request id -> output state
+        self._copy_ids: dict[str, list[str]] = {}  # user's request id -> scheduler ids of its copies
         self._pending_forks: dict[str, list[Request]] = {}  # copy 0's id -> copies waiting for its prompt
         self._aborted_forks: list[str] = []  # copies aborted before they forked, to report
 
     def __contains__(self, request_id: str) -> bool:
-        return request_id in self._groups
+        return request_id in self._copy_ids
 
     @property
     def has_pending_forks(self) -> bool:
         return bool(self._pending_forks)
 
     def prompt_token_ids(self, request_id: str) -> list[int]:
-        return list(self._copies[request_id].request.prompt_token_ids)
+        return list(self._states[request_id].request.prompt_token_ids)
 
     def add(self, requests: Sequence[Request]) -> None:
-        """Tracks a request's copies (from `copy_requests`) once the scheduler admitted the first.
+        """Tracks a request (its copies, from `copy_requests`) once the scheduler admitted the first.
 
         NOTE: the scheduler filled in the first's max_tokens; every copy gets the same.
         """
@@ -85,73 +116,76 @@ class Copies:
             params = request.sampling_params
             stop = StopChecker(params, self.eos_token_ids, max_tokens=request.max_tokens)
             detokenizer = self.tokenizer.detokenizer(skip_special_tokens=params.skip_special_tokens)
-            self._copies[request.request_id] = Copy(request, first.request_id, index, detokenizer, stop)
-        self._groups[first.request_id] = [r.request_id for r in requests]
+            self._states[request.request_id] = OutputState(request, first.request_id, index, detokenizer, stop)
+        self._copy_ids[first.request_id] = [r.request_id for r in requests]
         if len(requests) > 1:
             self._pending_forks[first.request_id] = list(requests[1:])
 
     def abort(self, request_id: str) -> list[str]:
         """Marks the copies still waiting to fork aborted (the next `collect_aborted` reports them);
-        returns the internal ids of all copies, for the scheduler to abort."""
+        returns the scheduler ids of all copies, for the scheduler to abort."""
         for child in self._pending_forks.pop(request_id, []):
             child.status = RequestStatus.FINISHED_ABORTED
             self._aborted_forks.append(child.request_id)
-        return list(self._groups.get(request_id, []))
+        return list(self._copy_ids.get(request_id, []))
 
-    def check_stop(self, request: Request) -> str | None:
-        """Scheduler callback after each appended token: detokenize, match stops, keep the text."""
-        copy = self._copies[request.request_id]
-        token_id = request.output_token_ids[-1]
-        update = copy.stop.update(token_id, copy.detokenizer.add(token_id))
-        copy.text += update.text
-        if update.finish_reason == "length":
-            copy.text += copy.detokenizer.finish()
-        copy.stop_reason = update.stop_reason
-        return update.finish_reason
-
-    def add_logprobs(self, logprobs: dict[str, list[TokenLogprobs]], updates: list[RequestOutput]) -> None:
-        """The logprobs of the ids each update appended (a speculative run may be cut by a stop)."""
-        for out in updates:
-            entries = logprobs.get(out.request_id)
+    def process(self, plan: SchedulerOutput, result: RunnerOutput) -> StopDecisions:
+        """Takes a finished step's results, once per step, before the scheduler's `update`: detokenizes
+        each request's new ids, decides which requests stopped and why (ids after a stop are cut, as
+        a speculative run may go past one), and keeps their logprobs and the scored prompt tokens."""
+        self._add_prompt_logprobs(result.prompt_logprobs)
+        decisions = StopDecisions(dict(result.sampled_token_ids), {})
+        for scheduled in plan.requests:
+            request_id = scheduled.request_id
+            token_ids = result.sampled_token_ids.get(request_id)
+            if not token_ids or scheduled.request.is_finished:  # a prompt chunk, or aborted while it ran
+                continue
+            state = self._states[request_id]
+            kept, reason = state.add_tokens(token_ids)
+            decisions.token_ids[request_id] = kept
+            if reason is not None:
+                decisions.finish_reasons[request_id] = reason
+            entries = result.logprobs.get(request_id)
             if entries:
-                self._copies[out.request_id].logprobs += entries[: len(out.token_ids)]
+                state.logprobs += entries[: len(kept)]
+        return decisions
 
-    def add_prompt_logprobs(self, scored: dict[str, list[tuple[int, TokenLogprobs]]]) -> None:
+    def _add_prompt_logprobs(self, scored: dict[str, list[tuple[int, TokenLogprobs]]]) -> None:
         """Prompt tokens scored this step (position 1 is the second prompt token); each position is kept once."""
-        for internal_id, entries in scored.items():
-            copy = self._copies.get(internal_id)  # None: aborted since the step was launched
-            for position, entry in entries if copy is not None else ():
-                if position == copy.num_prompt_scored + 1:
-                    copy.prompt_logprobs.append(entry)
-                    copy.num_prompt_scored = position
+        for request_id, entries in scored.items():
+            state = self._states.get(request_id)  # None: aborted since the step was launched
+            for position, entry in entries if state is not None else ():
+                if position == state.num_prompt_scored + 1:
+                    state.prompt_logprobs.append(entry)
+                    state.num_prompt_scored = position
 
     def complete(self, out: RequestOutput) -> RequestOutput:
-        """Completes the scheduler's output of one copy for the user: the request id the user gave,
+        """Completes the scheduler's output of one request for the user: the request id the user gave,
         the copy's index, and the text and logprobs gathered since its last output."""
-        internal_id = out.request_id
-        copy = self._copies[internal_id]
-        out.request_id, out.index = copy.group_id, copy.index
-        out.text, out.logprobs, out.prompt_logprobs = copy.text, copy.logprobs, copy.prompt_logprobs
-        out.stop_reason = copy.stop_reason if out.finished else None
-        copy.text, copy.logprobs, copy.prompt_logprobs = "", [], []
+        request_id = out.request_id
+        state = self._states[request_id]
+        out.request_id, out.index = state.user_request_id, state.index
+        out.text, out.logprobs, out.prompt_logprobs = state.text, state.logprobs, state.prompt_logprobs
+        out.stop_reason = state.stop_reason if out.finished else None
+        state.text, state.logprobs, state.prompt_logprobs = "", [], []
         if out.finished:
-            self._forget(internal_id)
+            self._forget(request_id)
         return out
 
     def collect_aborted(self, finished_request_ids: Iterable[str]) -> list[RequestOutput]:
-        """Final outputs of the copies aborted since the last schedule (the scheduler's finished ids)."""
+        """Final outputs of the requests aborted since the last schedule (the scheduler's finished ids)."""
         outputs = []
-        for internal_id in [*finished_request_ids, *self._aborted_forks]:
-            copy = self._copies.get(internal_id)
-            if copy is not None and copy.request.finish_reason == "abort":
-                outputs.append(self.complete(RequestOutput.of(copy.request, [])))
+        for request_id in [*finished_request_ids, *self._aborted_forks]:
+            state = self._states.get(request_id)
+            if state is not None and state.request.finish_reason == "abort":
+                outputs.append(self.complete(RequestOutput.of(state.request, [])))
         self._aborted_forks = []
         return outputs
 
     def start_forks(self, scheduler: Scheduler) -> None:
         """Copies of an n > 1 request start once the first's prompt is in the cache, sharing its blocks."""
         for parent_id in list(self._pending_forks):
-            parent = self._copies.get(parent_id)
+            parent = self._states.get(parent_id)
             if parent is not None and parent.request.num_output_tokens == 0 and not parent.request.is_finished:
                 continue  # prompt not computed yet
             for child in self._pending_forks.pop(parent_id):
@@ -160,8 +194,8 @@ class Copies:
                 else:  # the parent already finished: its freed blocks are still prefix-cache hits
                     scheduler.add_request(child)
 
-    def _forget(self, internal_id: str) -> None:
-        copy = self._copies.pop(internal_id)
-        group = self._groups.get(copy.group_id)
-        if group is not None and all(i not in self._copies for i in group):
-            del self._groups[copy.group_id]
+    def _forget(self, request_id: str) -> None:
+        state = self._states.pop(request_id)
+        copy_ids = self._copy_ids.get(state.user_request_id)
+        if copy_ids is not None and all(i not in self._states for i in copy_ids):
+            del self._copy_ids[state.user_request_id]

@@ -10,7 +10,7 @@ The scheduler needs no special case beyond one: such a request takes no prefix-c
 step, chunked or not. Each step, the runner adds a logits row for every fed prompt position
 whose next token is a prompt token (`rows`), and reads their logprobs back with the samples
 (`PromptRows.collect`). A prompt recomputed after preemption reports its positions again;
-`Copies` keeps each position once.
+the output processor keeps each position once.
 """
 
 from __future__ import annotations

@@ -146,9 +146,9 @@ class Request:
 class RequestOutput:
     """What one step produced for one request (one copy of it, when n > 1): the one output type.
 
-    The scheduler fills in the token fields under its own request id (`of`); the engine then
-    completes it for the user (copies.py): the request id the user gave, the copy's `index`,
-    the new text, logprobs and stop reason. `generate` merges a copy's outputs into one.
+    The scheduler fills in the token fields under its own request id (`of`); the output
+    processor (outputs.py) then completes it for the user: the request id the user gave, the
+    copy's `index`, the new text, logprobs and stop reason. `generate` merges a copy's outputs into one.
     """
 
     request_id: str

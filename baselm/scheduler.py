@@ -16,19 +16,20 @@ Speculative tokens follow the same rule: a decoding request with proposed tokens
 (`request.draft_token_ids`, set before `schedule`) feeds its newest token and as many of
 them as the budget leaves, so one forward verifies them all; `update` keeps the K/V of the
 accepted ones and gives the rejected positions back by lowering `num_computed_tokens`.
+
+The scheduler never decides that a request stopped: `update` is told which did and why (the
+engine's output processor decides, outputs.py) and finishes them, freeing their blocks.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from baselm.kv.inflight import InflightBlocks
 from baselm.kv.manager import KVCacheManager
 from baselm.request import FINISHED_STATUS_BY_REASON, Request, RequestOutput, RequestStatus
-
-StopCheck = Callable[[Request], "str | None"]
 
 
 class RequestTooLongError(ValueError):
@@ -134,13 +135,7 @@ class SchedulerStats:
 
 
 class Scheduler:
-    """Plans each step (`schedule`) and applies its results (`update`); owns the request queues.
-
-    `check_stop(request)` is called after each appended token and returns a finish reason
-    ("stop" or "length") or None; the engine supplies EOS and stop-string checks there.
-    max_tokens is always enforced here, after that callback, so a stop token that lands
-    exactly on the limit reports "stop".
-    """
+    """Plans each step (`schedule`) and applies its results (`update`); owns the request queues."""
 
     def __init__(
         self,
@@ -150,7 +145,6 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         long_prefill_token_threshold: int = 0,
-        check_stop: StopCheck | None = None,
     ):
         """`long_prefill_token_threshold` > 0 caps the tokens one request gets per step (its chunk size).
 
@@ -161,7 +155,6 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.long_prefill_token_threshold = long_prefill_token_threshold
-        self.check_stop = check_stop
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order; the last is the newest
@@ -248,12 +241,20 @@ class Scheduler:
         output.num_scheduled_tokens = self.max_num_batched_tokens - budget
         return output
 
-    def update(self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]) -> list[RequestOutput]:
-        """Applies a finished step: advances computed tokens, caches full blocks, appends samples, stops.
+    def update(
+        self,
+        output: SchedulerOutput,
+        new_token_ids: dict[str, list[int]],
+        finish_reasons: Mapping[str, str] | None = None,
+    ) -> list[RequestOutput]:
+        """Applies a finished step: advances computed tokens, appends new ids, caches full blocks,
+        finishes the requests that stopped.
 
-        `sampled_token_ids` holds the new ids of every sampling request of `output`. Returns
-        one RequestOutput per request that got tokens or finished.
+        `new_token_ids` holds the new ids of every sampling request of `output`, cut after a stop;
+        `finish_reasons` names the requests that stopped, with "stop" or "length". Returns one
+        RequestOutput per request that got tokens.
         """
+        finish_reasons = finish_reasons or {}
         outputs = []
         finished = False
         for scheduled in output.requests:
@@ -261,20 +262,20 @@ class Scheduler:
             if request.is_finished:  # aborted while the step ran
                 continue
             request.num_computed_tokens += scheduled.num_scheduled_tokens - scheduled.num_draft_tokens
-            new_token_ids = _sampled_for(scheduled, sampled_token_ids)
-            status = None
-            if new_token_ids:
-                new_token_ids, status = self._append_until_stop(request, new_token_ids)
+            token_ids = _sampled_for(scheduled, new_token_ids)
+            if token_ids:
+                request.append_output_token_ids(token_ids)
                 if scheduled.num_draft_tokens:
-                    self._keep_accepted(request, scheduled, len(new_token_ids))
+                    self._keep_accepted(request, scheduled, len(token_ids))
             # NOTE: num_computed_tokens <= num_tokens, and the request's blocks cover it.
             self.kv.cache_full_blocks(request)
-            if not new_token_ids:
+            if not token_ids:
                 continue
+            status = _finish_status(request, finish_reasons.get(request.request_id))
             if status is not None:
                 self._finish(request, status)
                 finished = True
-            outputs.append(RequestOutput.of(request, new_token_ids))
+            outputs.append(RequestOutput.of(request, token_ids))
         if finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
@@ -432,26 +433,6 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _append_until_stop(self, request: Request, token_ids: list[int]) -> tuple[list[int], RequestStatus | None]:
-        """Appends sampled ids one by one; ids after a stop are dropped."""
-        for i, token_id in enumerate(token_ids):
-            request.append_output_token_ids(token_id)
-            status = self._stop_status(request)
-            if status is not None:
-                return token_ids[: i + 1], status
-        return token_ids, None
-
-    def _stop_status(self, request: Request) -> RequestStatus | None:
-        reason = self.check_stop(request) if self.check_stop is not None else None
-        if reason is not None:
-            status = FINISHED_STATUS_BY_REASON.get(reason)
-            if status is None or status == RequestStatus.FINISHED_ABORTED:
-                raise ValueError(f"check_stop returned {reason!r}; it must return 'stop', 'length' or None")
-            return status
-        if request.num_output_tokens >= request.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        return None
-
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """Marks a request finished and frees its blocks; the caller removes it from `running`."""
         request.status = status
@@ -484,9 +465,28 @@ def _decode_shape(plan: SchedulerOutput, block_size: int) -> tuple:
     return tuple(shape)
 
 
-def _sampled_for(scheduled: ScheduledRequest, sampled_token_ids: dict[str, list[int]]) -> list[int]:
+def _finish_status(request: Request, reason: str | None) -> RequestStatus | None:
+    """The final status a step's finish reason gives a request; None while it runs on.
+
+    NOTE: a request at its max_tokens must have stopped: its blocks were reserved for no more.
+    """
+    if reason is None:
+        if request.num_output_tokens >= request.max_tokens:
+            raise ValueError(
+                f"request {request.request_id} reached its max_tokens ({request.max_tokens}) but was not stopped"
+            )
+        return None
+    status = FINISHED_STATUS_BY_REASON.get(reason)
+    if status is None or status == RequestStatus.FINISHED_ABORTED:
+        raise ValueError(
+            f"request {request.request_id} got finish reason {reason!r}; a step stops with 'stop' or 'length'"
+        )
+    return status
+
+
+def _sampled_for(scheduled: ScheduledRequest, new_token_ids: dict[str, list[int]]) -> list[int]:
     """The step's new ids for one request; a sampling request must have some, a chunk none."""
-    token_ids = sampled_token_ids.get(scheduled.request_id)
+    token_ids = new_token_ids.get(scheduled.request_id)
     if scheduled.is_sampling and not token_ids:
         raise ValueError(f"request {scheduled.request_id} sampled this step but no token ids came back for it")
     if not scheduled.is_sampling and token_ids:

@@ -44,7 +44,7 @@ def test_abort_frees_blocks_at_the_next_step(make_engine):
     while engine.has_unfinished:
         engine.step()
     assert all_free(engine)
-    assert keep not in engine.copies
+    assert keep not in engine.output_processor
 
 
 def test_aborting_before_the_copies_fork_reports_every_copy(make_engine):
@@ -57,7 +57,7 @@ def test_aborting_before_the_copies_fork_reports_every_copy(make_engine):
         (1, "abort"),
         (2, "abort"),
     ]
-    assert request_id not in engine.copies
+    assert request_id not in engine.output_processor
     assert all_free(engine)
 
 

@@ -116,15 +116,12 @@ def test_length_finish_after_max_tokens_and_all_blocks_freed():
     assert scheduler.kv.num_free_blocks == 16
 
 
-def test_check_stop_callback_finishes_with_stop_before_the_length_limit_applies():
-    def check_stop(req: Request) -> str | None:
-        return "stop" if req.output_token_ids[-1] == EOS else None
-
+def test_a_stop_finishes_with_stop_also_on_the_last_allowed_token():
     prompt, seed = [9, 9], 0
     expected = greedy(prompt, seed, 30, eos=EOS)
     assert expected[-1] == EOS and len(expected) < 30  # the fixture really stops on EOS
     for max_tokens in (30, len(expected)):
-        scheduler, model = make(check_stop=check_stop)
+        scheduler, model = make(eos_token_ids=[EOS])
         scheduler.add_request(request("a", prompt, max_tokens=max_tokens, seed=seed))
         finishes = []
         while scheduler.has_unfinished:
@@ -132,20 +129,29 @@ def test_check_stop_callback_finishes_with_stop_before_the_length_limit_applies(
         assert finishes == ["stop"]
 
 
-def test_tokens_after_a_stop_in_one_step_are_dropped():
-    scheduler, _ = make(check_stop=lambda r: "stop" if r.output_token_ids[-1] == EOS else None)
+def test_a_request_named_stopped_finishes_with_its_reason_and_frees_its_blocks():
+    scheduler, _ = make()
     scheduler.add_request(request("a", [1, 2, 3]))
     output = scheduler.schedule()
-    (out,) = scheduler.update(output, {"a": [5, EOS, 6, 8]})  # several ids, as speculative decoding gives
+    (out,) = scheduler.update(output, {"a": [5, EOS]}, {"a": "stop"})  # several ids, as speculative decoding gives
     assert (out.token_ids, out.finished, out.finish_reason) == ([5, EOS], True, "stop")
-    assert scheduler.kv.num_free_blocks == 16
+    assert scheduler.requests == {} and scheduler.kv.num_free_blocks == 16
 
 
-def test_check_stop_must_return_a_known_reason():
-    scheduler, model = make(check_stop=lambda r: "eos")
+def test_a_finish_reason_must_be_stop_or_length():
+    scheduler, model = make()
     scheduler.add_request(request("a", [1]))
-    with pytest.raises(ValueError, match="check_stop returned 'eos'"):
-        step(scheduler, model)
+    output = scheduler.schedule()
+    with pytest.raises(ValueError, match="request a got finish reason 'eos'; a step stops with 'stop' or 'length'"):
+        scheduler.update(output, model.step(output), {"a": "eos"})
+
+
+def test_a_request_at_its_max_tokens_must_be_stopped():
+    scheduler, model = make()
+    scheduler.add_request(request("a", [1], max_tokens=1))
+    output = scheduler.schedule()
+    with pytest.raises(ValueError, match=r"request a reached its max_tokens \(1\) but was not stopped"):
+        scheduler.update(output, model.step(output))
 
 
 def test_a_sampling_request_without_sampled_ids_is_an_error():
@@ -384,10 +390,9 @@ def test_only_running_requests_can_be_forked():
 
 def test_random_arrivals_aborts_and_forks_all_finish_correctly_and_free_every_block():
     rng = random.Random(1234)
-    check_stop = lambda r: "stop" if r.output_token_ids[-1] == EOS else None  # noqa: E731
     scheduler, model = make(
         num_blocks=14, block_size=4, max_num_seqs=5, budget=16, max_model_len=48,
-        long_prefill_token_threshold=10, check_stop=check_stop,
+        long_prefill_token_threshold=10, eos_token_ids=[EOS],
     )  # fmt: skip
     prefixes = [[], [11, 12, 13, 14, 15, 16, 17, 18], [21, 22, 23, 24, 25]]
     arrivals = sorted((rng.randrange(60), i) for i in range(40))

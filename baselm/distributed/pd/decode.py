@@ -8,9 +8,9 @@ A handed-off request joins the decode engine in two moves around the KV transfer
    request gets processors of its own here, made from its constraint: their first call walks
    the new matcher over the first token. Its prompt logprobs came scored with the handoff.
 2. `complete` (after the blocks arrived): the first token, sampled on the prefill side, goes
-   through the scheduler's `update` like any sampled token: it is appended, stop checks and
-   max_tokens apply, the full blocks are named in this rank's prefix cache, and its output
-   (text, logprobs) is made here, so every token of an answer is reported by one engine.
+   through the engine's `update` like any sampled token: stop checks and max_tokens apply, it
+   is appended, the full blocks are named in this rank's prefix cache, and its output (text,
+   logprobs) is made here, so every token of an answer is reported by one engine.
 
 From there the engine decodes the request as its own: continuous batching, speculative
 decoding (`--speculative`), preemption by recompute when its pool runs short.
@@ -23,6 +23,7 @@ from dataclasses import replace
 from baselm.distributed.pd.prefill import Handoff
 from baselm.engine import LLMEngine
 from baselm.request import Request, RequestOutput, RequestStatus
+from baselm.runner import RunnerOutput
 from baselm.sampling.params import ConstraintFactory
 from baselm.scheduler import ScheduledRequest, SchedulerOutput
 
@@ -45,7 +46,7 @@ def admit(engine: LLMEngine, handoff: Handoff, make_processors: ConstraintFactor
     if not kv.allocate_slots(request, num_prompt - num_hit, computed_blocks):
         del scheduler.requests[request.request_id]
         return None
-    engine.copies.add([request])
+    engine.output_processor.add([request])
     request.num_computed_tokens = num_prompt
     request.num_cached_tokens = handoff.num_cached_tokens
     request.status = RequestStatus.RUNNING
@@ -70,9 +71,9 @@ def complete(engine: LLMEngine, handoff: Handoff) -> list[RequestOutput]:
         is_sampling=True,
         is_new=True,
     )
-    if handoff.prompt_logprobs:
-        engine.copies.add_prompt_logprobs({handoff.request_id: handoff.prompt_logprobs})
-    updates = engine.scheduler.update(SchedulerOutput([scheduled]), {handoff.request_id: [handoff.first_token_id]})
-    if handoff.logprobs is not None:
-        engine.copies.add_logprobs({handoff.request_id: handoff.logprobs}, updates)
-    return [engine.copies.complete(out) for out in updates]
+    result = RunnerOutput(
+        sampled_token_ids={handoff.request_id: [handoff.first_token_id]},
+        logprobs={handoff.request_id: handoff.logprobs} if handoff.logprobs is not None else {},
+        prompt_logprobs={handoff.request_id: handoff.prompt_logprobs},
+    )
+    return engine.update(SchedulerOutput([scheduled]), result)

@@ -89,8 +89,8 @@ class PrefillWorker:
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Queues a prompt. NOTE: admitted for one output token (the scheduler's room check), then
-        allowed two, so the first sampled token never finishes it here: stop checks and max_tokens
-        belong to the decode side, which sees the first token too."""
+        allowed two, so the scheduler takes the first sampled token with no stop decision: stop
+        checks and max_tokens belong to the decode side, which sees the first token too."""
         request = Request(request_id, prompt_token_ids, params, max_tokens=1)
         self.scheduler.add_request(request)
         request.max_tokens = 2

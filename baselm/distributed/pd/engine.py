@@ -79,8 +79,8 @@ class PDEngine:
         self._plan = Plan()
         self._aborted: list[RequestOutput] = []  # abort outputs for the next step
         self._where: dict[str, int] = {}  # copy id -> its prefill rank, until a decode rank reports it
-        self._copies: dict[str, tuple[str, int]] = {}  # copy id -> (request id, index), until it finishes
-        self._groups: dict[str, list[str]] = {}  # request id -> its copies' ids
+        self._copy_of: dict[str, tuple[str, int]] = {}  # copy id -> (user's request id, index), until it finishes
+        self._copy_ids: dict[str, list[str]] = {}  # user's request id -> its copies' ids
 
     # ---- the prefill side's model and pool, for embeddings between steps -------------
 
@@ -115,15 +115,15 @@ class PDEngine:
         prompt_ids = self._prompt_ids(request_id, prompt)
         self._check_fits(len(prompt_ids), params.max_tokens)
         copies = copy_requests(request_id, prompt_ids, params.without_processors())  # each copy's id and params
-        if request_id in self._groups or any(c.request_id in self._copies for c in copies):
+        if request_id in self._copy_ids or any(c.request_id in self._copy_of for c in copies):
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         rank = self._least_busy_prefill_rank()
         for index, copy in enumerate(copies):
             self._plan.add.append((rank, copy.request_id, prompt_ids, replace(copy.sampling_params, n=1)))
             self._live.add(copy.request_id)
             self._where[copy.request_id] = rank
-            self._copies[copy.request_id] = (request_id, index)
-        self._groups[request_id] = [c.request_id for c in copies]
+            self._copy_of[copy.request_id] = (request_id, index)
+        self._copy_ids[request_id] = [c.request_id for c in copies]
         return request_id
 
     def _prompt_ids(self, request_id: str, prompt: str | Sequence[int]) -> list[int]:
@@ -186,16 +186,16 @@ class PDEngine:
         """A decode rank's output of one copy, under the request id the user gave and the copy's index."""
         copy_id = out.request_id
         self._where.pop(copy_id, None)  # on a decode rank now: no load on its prefill rank
-        out.request_id, out.index = self._copies[copy_id]
+        out.request_id, out.index = self._copy_of[copy_id]
         if out.finished:
             self._live.discard(copy_id)
             self._forget(copy_id)
         return out
 
     def _forget(self, copy_id: str) -> None:
-        request_id, _ = self._copies.pop(copy_id)
-        if not any(c in self._copies for c in self._groups.get(request_id, [])):
-            self._groups.pop(request_id, None)
+        request_id, _ = self._copy_of.pop(copy_id)
+        if not any(c in self._copy_of for c in self._copy_ids.get(request_id, [])):
+            self._copy_ids.pop(request_id, None)
 
     def sync(self) -> list[RankStats]:
         """Runs one step with nothing new, so `rank_stats` is current (tests, `base bench`)."""
@@ -207,8 +207,8 @@ class PDEngine:
         log.error("a rank of the prefill/decode group failed; serving from this process alone")
         self._live.clear()
         self._where.clear()
-        self._copies.clear()
-        self._groups.clear()
+        self._copy_of.clear()
+        self._copy_ids.clear()
         config = self.config
         if self.prefix_file is not None:  # rank 0 goes on with its own file, saved as it stands
             self._save_own_prefix_cache()
@@ -232,14 +232,14 @@ class PDEngine:
         if self.fallback is not None:
             self.fallback.abort(request_id)
             return
-        for copy_id in self._groups.get(request_id, []):
+        for copy_id in self._copy_ids.get(request_id, []):
             if copy_id not in self._live:
                 continue
             self._live.discard(copy_id)
             self._where.pop(copy_id, None)
             self._plan.add = [a for a in self._plan.add if a[1] != copy_id]
             self._plan.abort.append(copy_id)
-            index = self._copies[copy_id][1]
+            index = self._copy_of[copy_id][1]
             self._aborted.append(RequestOutput(request_id, index, finished=True, finish_reason="abort"))
             self._forget(copy_id)
 

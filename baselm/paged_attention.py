@@ -17,10 +17,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from baselm import cpu
-from baselm.metal import AttentionMetadata
-from baselm.metal import paged_attention as paged_attention_elsewhere
-from baselm.metal import write_kv as write_kv_elsewhere
+from baselm import cpu, metal
+from baselm.metal import AttentionCall, AttentionMetadata, KVWrite
 from baselm.metal.kv_quant import Pool, QuantizedPool
 
 _POOL_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
@@ -33,53 +31,41 @@ def kernel_applies(queries: mx.array, key_pool: Pool) -> bool:
     return queries.dtype == mx.float32 and queries.shape[-1] % 16 == 0 and key_pool.dtype in _POOL_DTYPES
 
 
-def paged_attention(
-    queries: mx.array,
-    key_pool: Pool,
-    value_pool: Pool,
-    meta: AttentionMetadata,
-    scale: float,
-    softcap: float | None = None,
-    window: int | None = None,
-    sinks: mx.array | None = None,
-) -> mx.array:
-    """Attention of the flattened `queries` (num_tokens, heads, head_dim) over the paged K/V of `meta`.
+def paged_attention(call: AttentionCall) -> mx.array:
+    """Attention of the flattened queries (num_tokens, heads, head_dim) over the paged K/V of `call.meta`.
 
     Returns (num_tokens, heads, head_dim): the CPU kernel's result where it applies, else the
     Metal kernel's or the reference's. Attention sinks (gpt-oss: one learned logit per head) are
     not in the CPU kernel: such layers take the other path.
     """
-    if sinks is not None or not kernel_applies(queries, key_pool):
-        return paged_attention_elsewhere(queries, key_pool, value_pool, meta, scale, softcap, window, sinks=sinks)
+    key_pool, meta = call.key_pool, call.meta
+    if call.sinks is not None or not kernel_applies(call.queries, key_pool):
+        return metal.paged_attention(call)
     bits, group_size = (key_pool.bits, key_pool.group_size) if isinstance(key_pool, QuantizedPool) else (0, 0)
     return cpu.kernels.paged_attention(
-        queries,
+        call.queries,
         _parts(key_pool),
-        _parts(value_pool),
+        _parts(call.value_pool),
         meta.block_tables,
         meta.context_lens,
         query_starts(meta),
         meta.block_size,
-        float(scale),
-        None if softcap is None else float(softcap),
-        window,
+        float(call.scale),
+        None if call.softcap is None else float(call.softcap),
+        call.window,
         bits,
         group_size,
     )
 
 
-def write_kv(
-    key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array
-) -> tuple[Pool, Pool]:
-    """The pools with `keys`/`values` (num_tokens, kv_heads, head_dim) at `slot_mapping`: one CPU kernel
-    call per float pool on the CPU (in place when the pool is donated), else `baselm.metal.write_kv`."""
-    plain = not isinstance(key_pool, QuantizedPool) and keys.dtype == key_pool.dtype == values.dtype
+def write_kv(write: KVWrite) -> tuple[Pool, Pool]:
+    """The pools with the new keys and values at their slots: one CPU kernel call per float pool on
+    the CPU (in place when the pool is donated), else `baselm.metal.write_kv`."""
+    key_pool, value_pool, slots = write.key_pool, write.value_pool, write.slot_mapping
+    plain = not isinstance(key_pool, QuantizedPool) and write.keys.dtype == key_pool.dtype == write.values.dtype
     if not plain or mx.default_device() != mx.cpu or cpu.kernels is None:
-        return write_kv_elsewhere(key_pool, value_pool, keys, values, slot_mapping)
-    return (
-        cpu.kernels.write_pool(key_pool, keys, slot_mapping),
-        cpu.kernels.write_pool(value_pool, values, slot_mapping),
-    )
+        return metal.write_kv(write)
+    return cpu.kernels.write_pool(key_pool, write.keys, slots), cpu.kernels.write_pool(value_pool, write.values, slots)
 
 
 def _parts(pool: Pool) -> list[mx.array]:

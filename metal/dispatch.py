@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 import mlx.core as mx
 
 from baselm.metal import self_check
-from baselm.metal.attention_metadata import AttentionMetadata
+from baselm.metal.calls import AttentionCall, KVWrite
 from baselm.metal.kernels import kernel_supports, paged_attention_kernel, write_kv_kernel
 from baselm.metal.kv_quant import Pool, QuantizedPool
 from baselm.metal.reference import paged_attention_reference, write_kv_reference
@@ -79,42 +79,30 @@ def kernel_status() -> dict[str, str]:
     return status
 
 
-def paged_attention(
-    queries: mx.array,
-    key_pool: Pool,
-    value_pool: Pool,
-    meta: AttentionMetadata,
-    scale: float,
-    softcap: float | None = None,
-    window: int | None = None,
-    sinks: mx.array | None = None,
-) -> mx.array:
-    """Paged attention: the Metal kernel where it is available and passed its self-check, else the reference.
-
-    queries: (num_tokens, heads, head_dim); pools: (num_blocks, block_size, kv_heads, head_dim);
-    sinks: (heads,) per-head sink logits (gpt-oss) or None. Returns (num_tokens, heads, head_dim).
-    """
-    if kernel_supports(queries, key_pool):
-        has_sinks = sinks is not None
-        variant = (*_attention_variant(queries, key_pool, softcap, window), has_sinks)
-        check = functools.partial(self_check.check_attention, queries, key_pool, softcap, window, has_sinks)
-        if use_kernel("paged_attention", variant, check):
-            return paged_attention_kernel(queries, key_pool, value_pool, meta, scale, softcap, window, sinks=sinks)
-    return paged_attention_reference(queries, key_pool, value_pool, meta, scale, softcap, window, sinks)
+def paged_attention(call: AttentionCall) -> mx.array:
+    """Paged attention: the Metal kernel where it is available and passed its self-check, else the
+    reference. Returns (num_tokens, heads, head_dim)."""
+    if kernel_supports(call.queries, call.key_pool):
+        check = functools.partial(self_check.check_attention, call)
+        if use_kernel("paged_attention", _attention_variant(call), check):
+            return paged_attention_kernel(call)
+    return paged_attention_reference(call)
 
 
-def write_kv(
-    key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array
-) -> tuple[Pool, Pool]:
+def write_kv(write: KVWrite) -> tuple[Pool, Pool]:
     """KV write: quantize-on-write by the Metal kernel where it is available and checked, else the reference."""
+    key_pool, keys = write.key_pool, write.keys
     if isinstance(key_pool, QuantizedPool):
         variant = (keys.dtype, keys.shape[1:], key_pool.bits, key_pool.dtype)
-        check = functools.partial(self_check.check_write_kv, keys, key_pool)
+        check = functools.partial(self_check.check_write_kv, write)
         if use_kernel("write_kv", variant, check):
-            return write_kv_kernel(key_pool, value_pool, keys, values, slot_mapping)
-    return write_kv_reference(key_pool, value_pool, keys, values, slot_mapping)
+            return write_kv_kernel(write)
+    return write_kv_reference(write)
 
 
-def _attention_variant(queries: mx.array, key_pool: Pool, softcap: float | None, window: int | None) -> tuple:
+def _attention_variant(call: AttentionCall) -> tuple:
+    """What a compiled attention kernel depends on: dtypes, shapes, quantization, soft-capping, window, sinks."""
+    queries, key_pool = call.queries, call.key_pool
     bits = key_pool.bits if isinstance(key_pool, QuantizedPool) else 16
-    return (queries.dtype, queries.shape[1:], key_pool.dtype, key_pool.shape[1:3], bits, softcap, window)
+    shapes = (queries.dtype, queries.shape[1:], key_pool.dtype, key_pool.shape[1:3], bits)
+    return (*shapes, call.softcap, call.window, call.sinks is not None)

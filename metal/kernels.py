@@ -12,7 +12,7 @@ import functools
 import mlx.core as mx
 import numpy as np
 
-from baselm.metal.attention_metadata import AttentionMetadata
+from baselm.metal.calls import AttentionCall, KVWrite
 from baselm.metal.kv_quant import Pool, QuantizedPool
 from baselm.metal.launch import KernelSource, Launch, Runner, run_on_metal
 from baselm.metal.reference import write_pool
@@ -98,18 +98,7 @@ def kernel_supports(queries: mx.array, key_pool: Pool) -> bool:
     return head_dim in HEAD_DIMS and num_heads % num_kv_heads == 0
 
 
-def paged_attention_kernel(
-    queries: mx.array,
-    key_pool: Pool,
-    value_pool: Pool,
-    meta: AttentionMetadata,
-    scale: float,
-    softcap: float | None = None,
-    window: int | None = None,
-    num_splits: int | None = None,
-    run: Runner = run_on_metal,
-    sinks: mx.array | None = None,
-) -> mx.array:
+def paged_attention_kernel(call: AttentionCall, num_splits: int | None = None, run: Runner = run_on_metal) -> mx.array:
     """`paged_attention_reference` as Metal kernels reading the pools through the block tables.
 
     One threadgroup per (tile of a sequence's query tokens, group of query heads sharing a KV
@@ -117,29 +106,21 @@ def paged_attention_kernel(
     split a reduce kernel merges the partial softmax states.
     Returns (num_tokens, heads, head_dim).
     """
-    num_heads, head_dim = queries.shape[1:]
-    gq = heads_per_threadgroup(num_heads, key_pool.shape[2])
+    meta = call.meta
+    num_heads, head_dim = call.queries.shape[1:]
+    gq = heads_per_threadgroup(num_heads, call.key_pool.shape[2])
     tiles = query_tiles(tuple(meta.query_lens), tokens_per_threadgroup(meta.max_query_len, gq, head_dim))
     splits = num_splits or num_key_splits(tiles.shape[0], num_heads // gq, meta.max_context_len)
-    launch = _attention_launch(queries, key_pool, value_pool, meta, scale, softcap, window, tiles, splits, sinks)
+    launch = _attention_launch(call, tiles, splits)
     if splits == 1:
         return run(launch)[0]
     part_o, part_ml = run(launch)
-    return run(_reduce_launch(part_o, part_ml, queries.dtype))[0]
+    return run(_reduce_launch(part_o, part_ml, call.queries.dtype))[0]
 
 
-def _attention_launch(
-    queries: mx.array,
-    key_pool: Pool,
-    value_pool: Pool,
-    meta: AttentionMetadata,
-    scale: float,
-    softcap: float | None,
-    window: int | None,
-    tiles: mx.array,
-    splits: int,
-    sinks: mx.array | None,
-) -> Launch:
+def _attention_launch(call: AttentionCall, tiles: mx.array, splits: int) -> Launch:
+    queries, key_pool, value_pool, meta = call.queries, call.key_pool, call.value_pool, call.meta
+    softcap, window, sinks = call.softcap, call.window, call.sinks
     num_tokens, num_heads, head_dim = queries.shape
     num_kv_heads = key_pool.shape[2]
     quantized = isinstance(key_pool, QuantizedPool)
@@ -147,7 +128,7 @@ def _attention_launch(
     qt = tokens_per_threadgroup(meta.max_query_len, gq, head_dim)
     nsg = num_simdgroups(meta.max_context_len)
     seq_ids = (meta.token_rows // meta.max_query_len).astype(mx.int32)  # (num_tokens,)
-    params = mx.array([scale, softcap or 0.0], dtype=mx.float32)
+    params = mx.array([call.scale, softcap or 0.0], dtype=mx.float32)
     window_arr = mx.array([window or 0], dtype=mx.int32)
     sinks_arr = mx.zeros((1,), mx.float32) if sinks is None else sinks.astype(mx.float32)  # (heads,) or unused
     pools = [*key_pool[:3], *value_pool[:3]] if quantized else [key_pool, value_pool]
@@ -216,14 +197,7 @@ def quantize_rows_kernel(
     return codes, scales, biases
 
 
-def write_kv_kernel(
-    key_pool: Pool,
-    value_pool: Pool,
-    keys: mx.array,
-    values: mx.array,
-    slot_mapping: mx.array,
-    run: Runner = run_on_metal,
-) -> tuple[Pool, Pool]:
+def write_kv_kernel(write: KVWrite, run: Runner = run_on_metal) -> tuple[Pool, Pool]:
     """`write_kv_reference` with the quantization of new rows done by the kernel.
 
     NOTE: `mx.fast.metal_kernel` always allocates its outputs, so a kernel that wrote into
@@ -232,4 +206,5 @@ def write_kv_kernel(
     the pool, in place when the caller holds the only reference to the pool (donation).
     """
     quantize = functools.partial(quantize_rows_kernel, run=run)
-    return write_pool(key_pool, keys, slot_mapping, quantize), write_pool(value_pool, values, slot_mapping, quantize)
+    key_pool = write_pool(write.key_pool, write.keys, write.slot_mapping, quantize)
+    return key_pool, write_pool(write.value_pool, write.values, write.slot_mapping, quantize)

@@ -9,26 +9,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
 
 from baselm.metal.attention_metadata import AttentionMetadata
+from baselm.metal.calls import AttentionCall, KVWrite
 from baselm.metal.kv_quant import Pool, QuantizedPool, dequantize_rows, quantize_rows
 
 # (rows (num_tokens, kv_heads, head_dim), bits, group_size, dtype) -> (codes, scales, biases)
 Quantizer = Callable[[mx.array, int, int, mx.Dtype], tuple[mx.array, mx.array, mx.array]]
 
 
-def write_kv_reference(
-    key_pool: Pool, value_pool: Pool, keys: mx.array, values: mx.array, slot_mapping: mx.array
-) -> tuple[Pool, Pool]:
-    """Scatters `keys`/`values` (num_tokens, kv_heads, head_dim) into the pools at `slot_mapping`.
+def write_kv_reference(write: KVWrite) -> tuple[Pool, Pool]:
+    """The pools with the new keys and values scattered into their slots.
 
     Quantized pools get the rows quantized first (kv_quant.quantize_rows).
     """
-    return write_pool(key_pool, keys, slot_mapping), write_pool(value_pool, values, slot_mapping)
+    key_pool = write_pool(write.key_pool, write.keys, write.slot_mapping)
+    return key_pool, write_pool(write.value_pool, write.values, write.slot_mapping)
 
 
 def write_pool(pool: Pool, rows: mx.array, slot_mapping: mx.array, quantize: Quantizer = quantize_rows) -> Pool:
@@ -54,17 +55,8 @@ def _scatter(pool: mx.array, rows: mx.array, slot_mapping: mx.array) -> mx.array
     return flat.reshape(shape)
 
 
-def paged_attention_reference(
-    queries: mx.array,
-    key_pool: Pool,
-    value_pool: Pool,
-    meta: AttentionMetadata,
-    scale: float,
-    softcap: float | None = None,
-    window: int | None = None,
-    sinks: mx.array | None = None,
-) -> mx.array:
-    """Attention of the flattened `queries` (num_tokens, heads, head_dim) over paged K/V.
+def paged_attention_reference(call: AttentionCall) -> mx.array:
+    """Attention of the flattened queries (num_tokens, heads, head_dim) over paged K/V.
 
     Gathers every sequence's blocks into a dense tensor (the copy the Metal kernel avoids),
     dequantizing quantized pools, pads queries to the longest query, and attends with a
@@ -76,12 +68,11 @@ def paged_attention_reference(
     together, each chunk alone), so a long prompt chunk does not pad every decode to its
     length and context. Returns (num_tokens, heads, head_dim).
     """
+    meta = call.meta
     if meta.max_query_len == 1 or meta.num_seqs == 1:
-        return _attend_padded(queries, key_pool, value_pool, meta, scale, softcap, window, sinks)
+        return _attend_padded(call)
     groups = _query_groups(meta)
-    outs = [
-        _attend_padded(queries[g.rows], key_pool, value_pool, g.meta, scale, softcap, window, sinks) for g in groups
-    ]
+    outs = [_attend_padded(replace(call, queries=call.queries[g.rows], meta=g.meta)) for g in groups]
     order = np.argsort(np.concatenate([g.rows_host for g in groups]), kind="stable")
     return mx.concatenate(outs)[mx.array(order.astype(np.int32))]  # back to the flattened order
 
@@ -109,20 +100,12 @@ def _query_groups(meta: AttentionMetadata) -> list[_QueryGroup]:
     return groups
 
 
-def _attend_padded(
-    queries: mx.array,
-    key_pool: Pool,
-    value_pool: Pool,
-    meta: AttentionMetadata,
-    scale: float,
-    softcap: float | None = None,
-    window: int | None = None,
-    sinks: mx.array | None = None,
-) -> mx.array:
-    """Attention of all sequences of `meta` at once, padded to its longest query and context."""
+def _attend_padded(call: AttentionCall) -> mx.array:
+    """Attention of all sequences of `call.meta` at once, padded to its longest query and context."""
+    queries, meta = call.queries, call.meta
     num_heads, head_dim = queries.shape[1], queries.shape[2]
-    keys = _gather_sequences(key_pool, meta)  # (S, kv_heads, L, head_dim)
-    values = _gather_sequences(value_pool, meta)
+    keys = _gather_sequences(call.key_pool, meta)  # (S, kv_heads, L, head_dim)
+    values = _gather_sequences(call.value_pool, meta)
     decode_only = meta.max_query_len == 1  # one query per sequence: no padding, no reordering
     if meta.num_seqs == 1 and decode_only:
         keys, values = keys[:, :, : meta.max_context_len], values[:, :, : meta.max_context_len]
@@ -131,11 +114,11 @@ def _attend_padded(
     else:
         q = queries[meta.query_rows].reshape(meta.num_seqs, meta.max_query_len, num_heads, head_dim)
         q = q.transpose(0, 2, 1, 3)  # (S, heads, max_query_len, head_dim)
-    mask = _attention_mask(meta, keys.shape[2], window)
-    if softcap is None and mx.default_device() != mx.cpu:
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask, sinks=sinks)
+    mask = _attention_mask(meta, keys.shape[2], call.window)
+    if call.softcap is None and mx.default_device() != mx.cpu:
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=call.scale, mask=mask, sinks=call.sinks)
     else:
-        out = _grouped_attention(q, keys, values, scale, mask, softcap, sinks)
+        out = _grouped_attention(q, keys, values, call.scale, mask, call.softcap, call.sinks)
     if decode_only:
         return out[:, :, 0, :]  # (S, heads, head_dim)
     out = out.transpose(0, 2, 1, 3).reshape(-1, num_heads, out.shape[-1])  # (S * max_query_len, heads, head_dim)

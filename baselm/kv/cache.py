@@ -6,7 +6,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from baselm.metal import AttentionMetadata, Pool, allocate_pool
+from baselm.metal import AttentionMetadata, KVWrite, Pool, allocate_pool
 from baselm.metal.kv_quant import kv_group_size
 from baselm.paged_attention import write_kv
 
@@ -62,7 +62,7 @@ class LayerKV:
         NOTE: the pools are rebound to the scatter's result; with no other reference alive
         MLX donates the old buffer, so the write happens in place.
         """
-        self.keys, self.values = write_kv(self.keys, self.values, keys, values, meta.slot_mapping)
+        self.keys, self.values = write_kv(KVWrite(self.keys, self.values, keys, values, meta.slot_mapping))
 
 
 class PagedKVCache:

@@ -6,7 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from baselm.kv.cache import LayerKV
-from baselm.metal import AttentionMetadata
+from baselm.metal import AttentionCall, AttentionMetadata
 from baselm.models.base import ModelConfigError
 from baselm.models.linear import fuse_linears, fused_linear
 from baselm.models.norm import RMSNorm
@@ -86,14 +86,7 @@ class Attention(nn.Module):
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
         layer_kv.write(k, v, meta)
-        out = paged_attention(
-            q,
-            layer_kv.keys,
-            layer_kv.values,
-            meta,
-            self.scale,
-            softcap=self.softcap,
-            window=self.window,
-            sinks=self.sinks if self.has_sinks else None,
-        )  # (num_tokens, heads, head_dim)
+        sinks = self.sinks if self.has_sinks else None
+        call = AttentionCall(q, layer_kv.keys, layer_kv.values, meta, self.scale, self.softcap, self.window, sinks)
+        out = paged_attention(call)  # (num_tokens, heads, head_dim)
         return self.o_proj(out.reshape(num_tokens, -1))

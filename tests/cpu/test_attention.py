@@ -14,9 +14,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from baselm import cpu
-from baselm import paged_attention as attention
+from baselm import cpu, paged_attention
 from baselm.metal.attention_metadata import AttentionMetadata
+from baselm.metal.calls import AttentionCall, KVWrite
 from baselm.metal.kv_quant import allocate_pool
 from baselm.metal.reference import paged_attention_reference, write_kv_reference
 from tests.cpu.conftest import requires_kernels
@@ -77,16 +77,15 @@ def build(case: Case, seed: int = 0) -> tuple[mx.array, object, object, Attentio
     keys = mx.array(2 * rng.standard_normal(shape).astype(np.float32)).astype(case.dtype)
     values = mx.array(rng.standard_normal(shape).astype(np.float32)).astype(case.dtype)
     pool = allocate_pool(num_blocks, case.block_size, case.num_kv_heads, case.head_dim, case.dtype, case.kv_bits)
-    key_pool, value_pool = write_kv_reference(pool, pool, keys, values, mx.arange(num_slots, dtype=mx.int32))
+    key_pool, value_pool = write_kv_reference(KVWrite(pool, pool, keys, values, mx.arange(num_slots, dtype=mx.int32)))
     queries = mx.array(rng.standard_normal((meta.num_tokens, case.num_heads, case.head_dim)).astype(np.float32))
     return queries, key_pool, value_pool, meta
 
 
 def max_error(case: Case) -> float:
-    queries, key_pool, value_pool, meta = build(case)
-    scale = case.head_dim**-0.5
-    expected = paged_attention_reference(queries, key_pool, value_pool, meta, scale, case.softcap, case.window)
-    got = attention.paged_attention(queries, key_pool, value_pool, meta, scale, case.softcap, case.window)
+    call = AttentionCall(*build(case), case.head_dim**-0.5, case.softcap, case.window)
+    expected = paged_attention_reference(call)
+    got = paged_attention.paged_attention(call)
     assert got.shape == expected.shape and got.dtype == mx.float32
     return float(mx.abs(got - expected.astype(mx.float32)).max())
 
@@ -94,7 +93,7 @@ def max_error(case: Case) -> float:
 @requires_kernels
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_kernel_matches_the_reference(case):
-    assert attention.kernel_applies(*build(case)[:2])
+    assert paged_attention.kernel_applies(*build(case)[:2])
     assert max_error(case) < TOLERANCE[case.dtype]
 
 
@@ -116,18 +115,18 @@ def test_a_long_step_split_over_threads_matches_one_tile_at_a_time():
 def test_head_dim_off_the_vector_width_goes_to_the_reference():
     case = Case("d72", 72, 4, 2, (1, 3), (20, 9))
     queries, key_pool, value_pool, meta = build(case)
-    assert not attention.kernel_applies(queries, key_pool)
-    got = attention.paged_attention(queries, key_pool, value_pool, meta, 0.1)
-    assert mx.array_equal(got, paged_attention_reference(queries, key_pool, value_pool, meta, 0.1))
+    assert not paged_attention.kernel_applies(queries, key_pool)
+    call = AttentionCall(queries, key_pool, value_pool, meta, 0.1)
+    assert mx.array_equal(paged_attention.paged_attention(call), paged_attention_reference(call))
 
 
 def test_without_the_module_every_call_goes_to_the_reference(monkeypatch):
     monkeypatch.setattr(cpu, "kernels", None)
     queries, key_pool, value_pool, meta = build(CASES[4])
-    assert not attention.kernel_applies(queries, key_pool)
-    got = attention.paged_attention(queries, key_pool, value_pool, meta, 0.125)
-    assert mx.array_equal(got, paged_attention_reference(queries, key_pool, value_pool, meta, 0.125))
-    assert attention.attention_kernel_status()["cpu paged_attention"] != "used"
+    assert not paged_attention.kernel_applies(queries, key_pool)
+    call = AttentionCall(queries, key_pool, value_pool, meta, 0.125)
+    assert mx.array_equal(paged_attention.paged_attention(call), paged_attention_reference(call))
+    assert paged_attention.attention_kernel_status()["cpu paged_attention"] != "used"
 
 
 @requires_kernels
@@ -145,7 +144,7 @@ def test_bad_inputs_are_refused_with_a_reason():
 
 @requires_kernels
 def test_status_names_the_instruction_set_in_use():
-    assert attention.attention_kernel_status() == {"cpu paged_attention": f"used ({cpu.kernels.isa()})"}
+    assert paged_attention.attention_kernel_status() == {"cpu paged_attention": f"used ({cpu.kernels.isa()})"}
 
 
 @requires_kernels
@@ -156,8 +155,8 @@ def test_kv_write_matches_the_reference_scatter(dtype):
     rows = [mx.array(rng.standard_normal((5, 3, 32)), dtype) for _ in "kv"]
     slots = mx.array([23, 0, 4, 3, 12], dtype=mx.int32)  # both ends of the pool, out of order
     before = [mx.array(np.array(p.astype(mx.float32))) for p in pools]
-    expected = write_kv_reference(*pools, *rows, slots)
-    written = attention.write_kv(*pools, *rows, slots)
+    expected = write_kv_reference(KVWrite(*pools, *rows, slots))
+    written = paged_attention.write_kv(KVWrite(*pools, *rows, slots))
     assert all(mx.array_equal(a, b).item() for a, b in zip(written, expected))
     # the pools were still referenced here, so they were copied, not written over
     assert all(mx.array_equal(p, b).item() for p, b in zip(pools, before))
@@ -167,6 +166,6 @@ def test_quantized_pools_are_written_by_the_reference():
     pools = [allocate_pool(2, 4, 1, 32, mx.float32, kv_bits=8) for _ in "kv"]
     rows = mx.ones((1, 1, 32))
     slots = mx.array([5], dtype=mx.int32)
-    written = attention.write_kv(*pools, rows, rows, slots)
-    expected = write_kv_reference(*pools, rows, rows, slots)
+    written = paged_attention.write_kv(KVWrite(*pools, rows, rows, slots))
+    expected = write_kv_reference(KVWrite(*pools, rows, rows, slots))
     assert all(mx.array_equal(a, b).item() for a, b in zip(written[0][:3], expected[0][:3]))

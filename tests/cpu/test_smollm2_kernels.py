@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from baselm import paged_attention as attention
+from baselm import paged_attention
 from baselm.cpu import fused
 from baselm.metal.kv_quant import allocate_pool
 from tests.cpu.conftest import requires_kernels
@@ -29,7 +29,7 @@ def smollm2(smollm2_gguf):
 def test_the_kernels_serve_this_model(smollm2):
     _, num_kv_heads, head_dim = smollm2.model.kv_shape()
     queries = mx.zeros((1, 9, head_dim))
-    assert attention.kernel_applies(queries, allocate_pool(1, 16, num_kv_heads, head_dim, mx.float32))
+    assert paged_attention.kernel_applies(queries, allocate_pool(1, 16, num_kv_heads, head_dim, mx.float32))
     assert fused.kernel_applies(queries)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from baselm.metal.attention_metadata import AttentionMetadata
+from baselm.metal.calls import AttentionCall, KVWrite
 from baselm.metal.kv_quant import allocate_pool
 from baselm.metal.reference import write_kv_reference
 
@@ -85,9 +86,18 @@ def build(case: Case) -> tuple[mx.array, object, object, AttentionMetadata]:
     values = mx.random.normal((num_slots, case.num_kv_heads, case.head_dim), key=mx.random.key(2))
     pool = allocate_pool(num_blocks, case.block_size, case.num_kv_heads, case.head_dim, case.dtype, case.kv_bits)
     slots = mx.arange(num_slots, dtype=mx.int32)
-    key_pool, value_pool = write_kv_reference(pool, pool, keys.astype(case.dtype), values.astype(case.dtype), slots)
+    key_pool, value_pool = write_kv_reference(
+        KVWrite(pool, pool, keys.astype(case.dtype), values.astype(case.dtype), slots)
+    )
     queries = mx.random.normal((meta.num_tokens, case.num_heads, case.head_dim), key=mx.random.key(3))
     return queries.astype(case.dtype), key_pool, value_pool, meta
+
+
+def call_of(case: Case) -> AttentionCall:
+    """The case's whole attention call: its step (`build`), scale 1/sqrt(head_dim), softcap, window and sinks."""
+    queries, key_pool, value_pool, meta = build(case)
+    scale = case.head_dim**-0.5
+    return AttentionCall(queries, key_pool, value_pool, meta, scale, case.softcap, case.window, case.sink_logits())
 
 
 def max_error(got: mx.array, expected: mx.array) -> float:

@@ -6,7 +6,15 @@ import mlx.core as mx
 import pytest
 from metal_cases import build, case_named
 
-from baselm.metal import kernel_status, paged_attention, paged_attention_reference, write_kv, write_kv_reference
+from baselm.metal import (
+    AttentionCall,
+    KVWrite,
+    kernel_status,
+    paged_attention,
+    paged_attention_reference,
+    write_kv,
+    write_kv_reference,
+)
 from baselm.metal.dispatch import on_metal
 from baselm.metal.kernels import (
     heads_per_threadgroup,
@@ -31,11 +39,11 @@ def test_kernels_are_reported_unavailable_off_metal():
 def test_public_functions_are_the_references_off_metal():
     queries, key_pool, value_pool, meta = build(case_named("q8_pool_gqa_d128"))
     rows = mx.ones((meta.num_tokens, 2, 128), dtype=mx.float16)
-    written = write_kv(key_pool, value_pool, rows, rows, meta.slot_mapping)
-    expected = write_kv_reference(key_pool, value_pool, rows, rows, meta.slot_mapping)
+    written = write_kv(KVWrite(key_pool, value_pool, rows, rows, meta.slot_mapping))
+    expected = write_kv_reference(KVWrite(key_pool, value_pool, rows, rows, meta.slot_mapping))
     assert all(mx.array_equal(a, b) for a, b in zip(written[0][:3], expected[0][:3]))
-    got = paged_attention(queries, *written, meta, 0.1)
-    assert mx.array_equal(got, paged_attention_reference(queries, *expected, meta, 0.1))
+    got = paged_attention(AttentionCall(queries, *written, meta, 0.1))
+    assert mx.array_equal(got, paged_attention_reference(AttentionCall(queries, *expected, meta, 0.1)))
     assert kernel_status()["paged_attention"] == "not available on this backend"
 
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 import pytest
-from metal_cases import CASES, TOLERANCE, Case, build, case_named, max_error
+from metal_cases import CASES, TOLERANCE, Case, call_of, case_named, max_error
 from metal_emulate import EmulatorError, kernel_source, run_launch
 
-from baselm.metal import dispatch, self_check
+from baselm.metal import AttentionCall, KVWrite, dispatch, self_check
+from baselm.metal.attention_metadata import AttentionMetadata
 from baselm.metal.kernels import ATTENTION_REDUCE, paged_attention_kernel, quantize_rows_kernel, write_kv_kernel
 from baselm.metal.kv_quant import allocate_pool, dequantize_rows, quantize_rows
 from baselm.metal.launch import KernelSource, Launch
@@ -26,12 +27,9 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the Metal e
 
 
 def attend(case: Case, run=run_launch) -> tuple[mx.array, mx.array]:
-    queries, key_pool, value_pool, meta = build(case)
-    scale = case.head_dim**-0.5
-    args = (queries, key_pool, value_pool, meta, scale, case.softcap, case.window)
-    sinks = case.sink_logits()
-    got = paged_attention_kernel(*args, num_splits=case.num_splits, run=run, sinks=sinks)
-    return got, paged_attention_reference(*args, sinks=sinks)
+    call = call_of(case)
+    got = paged_attention_kernel(call, num_splits=case.num_splits, run=run)
+    return got, paged_attention_reference(call)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -71,35 +69,40 @@ def test_write_kv_kernel_fills_the_slots_like_the_reference():
     keys = mx.random.normal((4, 2, 64), key=mx.random.key(8)).astype(mx.float16)
     values = mx.random.normal((4, 2, 64), key=mx.random.key(9)).astype(mx.float16)
     slots = mx.array([17, 3, 8, 23], dtype=mx.int32)
-    got = write_kv_kernel(key_pool, value_pool, keys, values, slots, run=run_launch)
-    expected = write_kv_reference(key_pool, value_pool, keys, values, slots)
+    got = write_kv_kernel(KVWrite(key_pool, value_pool, keys, values, slots), run=run_launch)
+    expected = write_kv_reference(KVWrite(key_pool, value_pool, keys, values, slots))
     for g, e in zip(got, expected):
         assert all(mx.array_equal(a, b).item() for a, b in zip(g[:3], e[:3]))
 
 
+def variant_call(queries: mx.array, key_pool, window: int | None = None, sinks: mx.array | None = None):
+    """An AttentionCall of one decode token: the self-check reads only its kernel variant."""
+    meta = AttentionMetadata.build([[0]], [1], [1], key_pool.shape[1])
+    return AttentionCall(queries, key_pool, key_pool, meta, 0.125, window=window, sinks=sinks)
+
+
 def test_self_check_passes_for_a_correct_kernel_and_fails_for_a_wrong_one():
-    queries = mx.zeros((1, 4, 64), dtype=mx.float16)
-    key_pool = allocate_pool(2, 16, 2, 64, mx.float16, 8)
-    self_check.check_attention(queries, key_pool, None, None, run=run_launch)
+    call = variant_call(mx.zeros((1, 4, 64), dtype=mx.float16), allocate_pool(2, 16, 2, 64, mx.float16, 8))
+    self_check.check_attention(call, run=run_launch)
 
     def off_by_a_little(launch: Launch) -> list[mx.array]:
         return [out * 1.05 for out in run_launch(launch)]
 
     with pytest.raises(AssertionError, match=r"paged_attention \(\[1, 1\] query tokens, 1 key split\(s\)\)"):
-        self_check.check_attention(queries, key_pool, None, None, run=off_by_a_little)
+        self_check.check_attention(call, run=off_by_a_little)
 
 
 def test_self_check_of_a_sinks_variant_catches_a_kernel_that_leaves_the_sinks_out():
-    queries = mx.zeros((1, 8, 64), dtype=mx.float32)
-    key_pool = allocate_pool(2, 16, 2, 64, mx.float32, 16)
-    self_check.check_attention(queries, key_pool, None, 6, True, run=run_launch)
+    queries, key_pool = mx.zeros((1, 8, 64), dtype=mx.float32), allocate_pool(2, 16, 2, 64, mx.float32, 16)
+    call = variant_call(queries, key_pool, window=6, sinks=mx.zeros((8,)))
+    self_check.check_attention(call, run=run_launch)
 
     def without_sinks(launch: Launch) -> list[mx.array]:
         template = [(name, False if name == "SINKS" else value) for name, value in launch.template]
         return run_launch(dataclasses.replace(launch, template=template))
 
     with pytest.raises(AssertionError, match=r"paged_attention \(\[1, 1\] query tokens, 1 key split\(s\)\)"):
-        self_check.check_attention(queries, key_pool, None, 6, True, run=without_sinks)
+        self_check.check_attention(call, run=without_sinks)
 
 
 def test_failed_self_check_turns_the_kernel_off_with_one_warning(monkeypatch, caplog):

@@ -6,6 +6,7 @@ import mlx.core as mx
 import pytest
 
 from baselm.metal.attention_metadata import AttentionMetadata
+from baselm.metal.calls import AttentionCall, KVWrite
 from baselm.metal.kv_quant import QuantizedPool, allocate_pool, dequantize_rows, kv_group_size, quantize_rows
 from baselm.metal.reference import paged_attention_reference, write_kv_reference
 
@@ -66,7 +67,7 @@ def test_constant_group_quantizes_exactly():
 def test_write_kv_reference_quantizes_into_the_given_slots_only():
     pool = allocate_pool(2, 4, 1, 64, mx.float32, 8)
     keys = mx.random.normal((2, 1, 64), key=mx.random.key(2))
-    key_pool, _ = write_kv_reference(pool, pool, keys, keys, mx.array([6, 1], dtype=mx.int32))
+    key_pool, _ = write_kv_reference(KVWrite(pool, pool, keys, keys, mx.array([6, 1], dtype=mx.int32)))
     flat = [a.reshape(8, 1, -1) for a in key_pool[:3]]
     stored = dequantize_rows(*(a[mx.array([6, 1])] for a in flat), 8, 32)
     assert mx.array_equal(stored, dequantize_rows(*quantize_rows(keys, 8, 32, mx.float32), 8, 32))
@@ -83,8 +84,8 @@ def quantized_attention_error(bits: int, head_dim: int, seed: int) -> float:
     outputs = []
     for kv_bits in (16, bits):
         pool = allocate_pool(4, 16, 2, head_dim, mx.float32, kv_bits)
-        key_pool, value_pool = write_kv_reference(pool, pool, keys, values, slots)
-        outputs.append(paged_attention_reference(queries, key_pool, value_pool, meta, head_dim**-0.5))
+        key_pool, value_pool = write_kv_reference(KVWrite(pool, pool, keys, values, slots))
+        outputs.append(paged_attention_reference(AttentionCall(queries, key_pool, value_pool, meta, head_dim**-0.5)))
     return mx.max(mx.abs(outputs[0] - outputs[1])).item()
 
 

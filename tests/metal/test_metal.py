@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from metal_cases import CASES, TOLERANCE, Case, build, case_named, max_error
+from metal_cases import CASES, TOLERANCE, Case, build, call_of, case_named, max_error
 
-from baselm.metal import dispatch, kernel_status, paged_attention, write_kv
+from baselm.metal import AttentionCall, KVWrite, dispatch, kernel_status, paged_attention, write_kv
 from baselm.metal.kernels import num_key_splits, paged_attention_kernel, quantize_rows_kernel, write_kv_kernel
 from baselm.metal.kv_quant import allocate_pool, dequantize_rows, quantize_rows
 from baselm.metal.reference import paged_attention_reference, write_kv_reference
@@ -19,20 +19,19 @@ pytestmark = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_paged_attention_matches_reference(case: Case):
-    queries, key_pool, value_pool, meta = build(case)
-    args = (queries, key_pool, value_pool, meta, case.head_dim**-0.5, case.softcap, case.window)
-    got = paged_attention_kernel(*args, num_splits=case.num_splits, sinks=case.sink_logits())
+    call = call_of(case)
+    got = paged_attention_kernel(call, num_splits=case.num_splits)
     with mx.stream(mx.cpu):
-        expected = paged_attention_reference(*args, sinks=case.sink_logits())
+        expected = paged_attention_reference(call)
     assert max_error(got, expected) <= TOLERANCE[case.dtype]
 
 
 def test_long_decode_takes_the_split_path_and_matches_reference():
     case = Case("long_decode", mx.float16, 128, 8, 2, (1, 1), (3000, 1500), num_splits=None)
-    queries, key_pool, value_pool, meta = build(case)
+    call = call_of(case)
+    meta = call.meta
     assert num_key_splits(meta.num_tokens, case.num_kv_heads, meta.max_context_len) > 1
-    args = (queries, key_pool, value_pool, meta, case.head_dim**-0.5)
-    assert max_error(paged_attention_kernel(*args), paged_attention_reference(*args)) <= TOLERANCE[mx.float16]
+    assert max_error(paged_attention_kernel(call), paged_attention_reference(call)) <= TOLERANCE[mx.float16]
 
 
 @pytest.mark.parametrize(("dtype", "head_dim", "bits"), [(mx.float16, 128, 8), (mx.bfloat16, 80, 4)])
@@ -50,8 +49,8 @@ def test_write_kv_kernel_matches_reference():
     pool = allocate_pool(3, 8, 2, 64, mx.float16, 8)
     keys = mx.random.normal((4, 2, 64), key=mx.random.key(8)).astype(mx.float16)
     slots = mx.array([17, 3, 8, 23], dtype=mx.int32)
-    got, _ = write_kv_kernel(pool, pool, keys, keys, slots)
-    expected, _ = write_kv_reference(pool, pool, keys, keys, slots)
+    got, _ = write_kv_kernel(KVWrite(pool, pool, keys, keys, slots))
+    expected, _ = write_kv_reference(KVWrite(pool, pool, keys, keys, slots))
     assert max_error(dequantize_rows(*got[:3], 8, 32), dequantize_rows(*expected[:3], 8, 32)) <= 0.02
 
 
@@ -59,14 +58,9 @@ def test_public_functions_use_the_kernels_after_their_self_check(monkeypatch):
     monkeypatch.delenv("BASE_KERNELS", raising=False)
     case = case_named("q8_pool_gqa_d128")
     queries, key_pool, value_pool, meta = build(case)
-    key_pool, value_pool = write_kv(
-        key_pool,
-        value_pool,
-        mx.zeros((meta.num_tokens, 2, 128), mx.float16),
-        mx.zeros((meta.num_tokens, 2, 128), mx.float16),
-        meta.slot_mapping,
-    )
-    paged_attention(queries, key_pool, value_pool, meta, case.head_dim**-0.5)
+    rows = mx.zeros((meta.num_tokens, 2, 128), mx.float16)
+    key_pool, value_pool = write_kv(KVWrite(key_pool, value_pool, rows, rows, meta.slot_mapping))
+    paged_attention(AttentionCall(queries, key_pool, value_pool, meta, case.head_dim**-0.5))
     assert kernel_status() == {"paged_attention": "used", "write_kv": "used"}
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from metal_cases import Case, build
 
-from baselm.metal import dispatch, paged_attention, paged_attention_reference
+from baselm.metal import AttentionCall, dispatch, paged_attention, paged_attention_reference
 from baselm.metal.attention_metadata import AttentionMetadata
 
 F32 = mx.float32
@@ -50,15 +50,16 @@ def expected_attention(
 def test_reference_with_sinks_follows_the_definition(case: Case):
     queries, key_pool, value_pool, meta = build(case)
     sinks = sinks_for(case.num_heads)
-    got = paged_attention_reference(queries, key_pool, value_pool, meta, SCALE, window=case.window, sinks=sinks)
+    call = AttentionCall(queries, key_pool, value_pool, meta, SCALE, window=case.window, sinks=sinks)
+    got = paged_attention_reference(call)
     expected = expected_attention(queries, key_pool, value_pool, meta, sinks, case.window)
     assert np.abs(np.array(got) - expected).max() < 2e-5
 
 
 def test_sinks_change_the_output():
     queries, key_pool, value_pool, meta = build(CASES[0])
-    plain = paged_attention_reference(queries, key_pool, value_pool, meta, SCALE)
-    sunk = paged_attention_reference(queries, key_pool, value_pool, meta, SCALE, sinks=sinks_for(6))
+    plain = paged_attention_reference(AttentionCall(queries, key_pool, value_pool, meta, SCALE))
+    sunk = paged_attention_reference(AttentionCall(queries, key_pool, value_pool, meta, SCALE, sinks=sinks_for(6)))
     assert mx.max(mx.abs(plain - sunk)).item() > 1e-2
 
 
@@ -82,8 +83,9 @@ def test_calls_with_sinks_are_their_own_kernel_variant(monkeypatch):
     monkeypatch.setattr(dispatch, "use_kernel", lambda name, variant, check: variants.append(variant) or False)
     queries, key_pool, value_pool, meta = build(CASES[2])
     sinks = sinks_for(4)
-    got = paged_attention(queries, key_pool, value_pool, meta, SCALE, window=6, sinks=sinks)
-    paged_attention(queries, key_pool, value_pool, meta, SCALE, window=6)
+    call = AttentionCall(queries, key_pool, value_pool, meta, SCALE, window=6, sinks=sinks)
+    got = paged_attention(call)
+    paged_attention(AttentionCall(queries, key_pool, value_pool, meta, SCALE, window=6))
     assert [v[-1] for v in variants] == [True, False]
-    expected = paged_attention_reference(queries, key_pool, value_pool, meta, SCALE, window=6, sinks=sinks)
+    expected = paged_attention_reference(call)
     assert mx.array_equal(got, expected)

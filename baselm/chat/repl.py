@@ -1,7 +1,7 @@
 """The REPL: reads messages and /commands, streams each answer from the shared AsyncEngine.
 
-`open_chat_engine` loads the model and runs the engine thread the REPL (and, with
-`base chat --serve`, the HTTP API the CLI starts beside it) talks to.
+`open_chat_engine` runs the engine thread on a loaded model that the REPL (and, with
+`base chat --serve`, the HTTP API the command starts beside it) talks to.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from baselm.chat.answer import Answer
 from baselm.chat.chat_file import load_chat, save_chat
 from baselm.chat.conversation import Conversation, Prompt
 from baselm.chat.line_reader import LineReader, join_continued
-from baselm.chat.settings import ChatCommandError, ChatOptions, ChatSettings
+from baselm.chat.settings import ChatCommandError, ChatSettings
 from baselm.chat.stats import SessionStats, stats_report, turn_line
 from baselm.chat.view import AnswerView
-from baselm.distributed.launch import load_model_for
+from baselm.config import EngineConfig
 from baselm.engine import LLMEngine, QueueFullError
+from baselm.loader import LoadedModel
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
 from baselm.sampling.params import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
@@ -51,11 +52,9 @@ COMMAND_HINT = "commands: /help /clear /system /set /save /load /stats /quit"
 
 
 @contextlib.contextmanager
-def open_chat_engine(options: ChatOptions) -> Iterator[AsyncEngine]:
-    """Loads the model and runs its engine thread while the block runs; refuses a model without a chat template."""
-    with Console(stderr=True).status(f"loading {options.model}"):
-        loaded = load_model_for(options.model, options.device, options.require_signature, options.dist)
-        engine = LLMEngine(loaded, options.engine)
+def open_chat_engine(loaded: LoadedModel, config: EngineConfig) -> Iterator[AsyncEngine]:
+    """Runs an engine thread on `loaded` while the block runs; refuses a model without a chat template."""
+    engine = LLMEngine(loaded, config)
     if not loaded.tokenizer.has_chat_template:
         raise ChatTemplateError(f"{loaded.name} has no chat template, so it cannot chat; use `base run --raw`")
     client = AsyncEngine(engine).start()

@@ -74,17 +74,13 @@ def _parse_setting(name: str, text: str) -> float | int | None:
 
 @dataclass(frozen=True, slots=True)
 class ChatOptions:
-    """What `base chat` starts with: the model and where it runs, the engine's settings, the first
-    sampling settings and system prompt. Its parts validate themselves where they are made."""
+    """What a chat starts with, once its model is loaded: the engine's settings, the first sampling
+    settings and system prompt. Its parts validate themselves where they are made."""
 
-    model: str
     settings: ChatSettings
     engine: EngineConfig
     system: str | None = None
-    device: str = "auto"
-    require_signature: bool = False  # refuse a model without a good signature by a trusted key
     resume: bool = False  # reopen the last conversation (kept under $BASE_HOME)
-    dist: Any = None  # baselm.distributed.launch.DistOptions: the model over several processes
 
 
 def chat_prefix_cache_file(choice: str, model: str) -> str | None:

@@ -16,6 +16,7 @@ Scenarios (each run in the same process, so ratios compare like with like):
 from __future__ import annotations
 
 import importlib
+import json
 import resource
 import statistics
 import sys
@@ -32,6 +33,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from baselm.commands import bench_spec
+from baselm.commands.errors import report_user_errors
+from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower
 from baselm.config import ConfigError, EngineConfig, SpeculativeConfig, format_size
 from baselm.cpu import fused
 from baselm.cpu.fused import fused_kernel_status
@@ -81,6 +84,35 @@ class BenchOptions:
         unknown = [w for w in self.workloads if w not in bench_spec.WORKLOADS]
         if unknown or not self.workloads:
             raise ConfigError(f"workloads must be among {', '.join(bench_spec.WORKLOADS)}, got {list(self.workloads)}")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchArgs:
+    """What `base bench MODEL` does: the model, its engine's settings, the scenarios, how to print."""
+
+    model: ModelArgs
+    engine: EngineConfig
+    options: BenchOptions
+    as_json: bool = False
+
+
+def bench(args: BenchArgs) -> None:
+    """Loads the model, runs the scenarios and prints the report. A rank other than 0 of a
+    tensor-parallel group follows rank 0 instead, and ends the process with it."""
+    with report_user_errors():
+        loaded, group = open_model(args.model)
+        if is_follower(group):
+            raise SystemExit(run_follower(loaded, group, args.model.dist))
+        report = {**run_all(loaded, args.engine, args.options), "distributed": None}
+        if group is not None:
+            from baselm.distributed.tp.launch import describe
+
+            report["distributed"] = describe(loaded)
+    if args.as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        render(report)
+        print(f"distributed: {json.dumps(report['distributed'])}" if report["distributed"] else "", end="")
 
 
 def peak_rss_mb() -> float:

@@ -16,6 +16,7 @@ Published figures the model uses (link speeds, not measured here):
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -23,8 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from baselm.commands.errors import report_user_errors
+from baselm.commands.model import ModelArgs, load_alone
 from baselm.config import EngineConfig
 from baselm.distributed import group as dist_group
+from baselm.distributed.pd.node import Layout
 from baselm.loader import LoadedModel
 from baselm.sampling.params import SamplingParams
 
@@ -91,7 +95,7 @@ def link_model(kv_bytes_per_prompt_token: float, prompt_tokens: int, num_steps: 
 
 
 def bench_command(
-    load: Callable[[], LoadedModel], config: EngineConfig, layout, options: PDBenchOptions
+    load: Callable[[], LoadedModel], config: EngineConfig, layout: Layout, options: PDBenchOptions
 ) -> dict | None:
     """Rank 0: the report; another rank (started by rank 0): None once the run is over."""
     from baselm.commands import serve_pd as pd_serve
@@ -118,7 +122,7 @@ def bench_command(
     return _report(layout, options, alone, together, stats)
 
 
-def _report(layout, options: PDBenchOptions, alone: dict, together: dict, stats) -> dict:
+def _report(layout: Layout, options: PDBenchOptions, alone: dict, together: dict, stats) -> dict:
     sent = sum(s.kv_bytes_sent for s in stats)
     handed = sum(s.prompt_tokens_handed for s in stats)
     per_token = sent / handed if handed else 0.0
@@ -156,23 +160,32 @@ def render(report: dict) -> None:
         )
 
 
-def bench_pd(model: str, device: str, pd: str, config: EngineConfig, sizes: tuple, as_json: bool) -> None:
-    """The `base bench --pd` command: prints the report on rank 0 (JSON with `as_json`). `sizes`: the
-    options --prompt-tokens, --gen-tokens, --concurrency (its last count is the batch) and --seed."""
-    import json
+@dataclass(frozen=True, slots=True)
+class PDBenchArgs:
+    """What `base bench MODEL --pd P:D` does. Its group is started on this machine: a model over
+    processes of its own (--tensor-parallel, --hostfile, --rank) is refused beside it."""
 
-    from baselm.backend import select_backend
-    from baselm.config import parse_int_list
-    from baselm.distributed.pd.node import Layout
-    from baselm.loader import load_model
+    model: ModelArgs
+    layout: Layout
+    engine: EngineConfig
+    options: PDBenchOptions
+    as_json: bool = False
 
-    prompt_tokens, gen_tokens, concurrency, seed = sizes
-    options = PDBenchOptions(prompt_tokens, gen_tokens, parse_int_list(concurrency)[-1], seed)
-    layout = Layout.parse(pd)
-    report = bench_command(lambda: load_model(model, select_backend(device)), config, layout, options)
+    def __post_init__(self) -> None:
+        if self.model.dist is not None:
+            raise dist_group.DistError(
+                "base bench --pd starts its own group on this machine: drop --tensor-parallel/--hostfile/--rank"
+            )
+
+
+def bench_pd(args: PDBenchArgs) -> None:
+    """The `base bench --pd` command: prints the report on rank 0 (JSON with `as_json`); the other
+    ranks return once the run is over."""
+    with report_user_errors():
+        report = bench_command(lambda: load_alone(args.model), args.engine, args.layout, args.options)
     if report is None:
         return
-    if as_json:
+    if args.as_json:
         print(json.dumps(report, indent=2))
     else:
         render(report)

@@ -9,7 +9,9 @@ models use (the CPU kernels, or MLX's matmul without them).
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
 from baselm.backend import Backend
+from baselm.commands.errors import report_user_errors
 from baselm.config import ConfigError, EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
@@ -37,6 +40,35 @@ SHAPES: dict[str, dict[str, int]] = {
 }  # fmt: skip
 GROUP_SIZE = 32
 CHUNK_ROWS = 4096  # rows generated at a time, so a float32 copy of a large table never exists whole
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticArgs:
+    """What `base bench --synthetic SIZES` does: which random-weight models, where, how to print."""
+
+    sizes: tuple[str, ...]  # names in SHAPES
+    bits: int = 4  # 4 or 8 (affine, groups of 32); 32: float32
+    device: str = "auto"
+    gen_tokens: int = 64
+    seed: int = 0
+    as_json: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8, 32):
+            raise ConfigError(f"--synthetic-bits must be 4, 8 or 32, got {self.bits}")
+
+
+def bench_synthetic(args: SyntheticArgs) -> None:
+    """Runs every size and prints the report (JSON with `as_json`)."""
+    from baselm.backend import select_backend
+
+    with report_user_errors():
+        bits = None if args.bits == 32 else args.bits
+        report = run_synthetic(list(args.sizes), bits, select_backend(args.device), args.gen_tokens, args.seed)
+    if args.as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        render_synthetic(report)
 
 
 def synthetic_config(size: str) -> dict[str, Any]:

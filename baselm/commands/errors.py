@@ -1,7 +1,9 @@
-"""How every `base` command reports a user's mistake (one clear line on stderr, exit status 1),
-and the help texts the command modules share."""
+"""How every `base` command reports a user's mistake: one clear line on stderr, exit status 1."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import typer
 
@@ -12,6 +14,15 @@ def fail(message: str, code: int = 1) -> None:
 
     Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def report_user_errors(*more: type[Exception]) -> Iterator[None]:
+    """A user error raised in the block (`user_errors`, and `more`) is one clear line and exit status 1."""
+    try:
+        yield
+    except (*user_errors(), *more) as exc:
+        fail(str(exc))
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -37,7 +48,3 @@ def user_errors() -> tuple[type[Exception], ...]:
         StoreError,
         TokenizerError,
     )
-
-
-DEVICE_HELP = "Where to run: auto (GPU when MLX has one), gpu or cpu."
-MODEL_HELP = "Model: a store name (org/name[:variant] or an alias), a .base or .gguf file, or an HF folder."

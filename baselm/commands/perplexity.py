@@ -6,9 +6,8 @@ import json
 
 import typer
 
-from baselm.commands.errors import DEVICE_HELP, MODEL_HELP
-from baselm.commands.errors import fail as _fail
-from baselm.commands.errors import user_errors as _user_errors
+from baselm.commands.errors import fail, user_errors
+from baselm.commands.options import DEVICE, KV_BITS, MODEL_HELP
 
 commands = typer.Typer()  # merged into the `base` app by cli.py
 
@@ -21,9 +20,9 @@ def perplexity(
     stride: int | None = typer.Option(
         None, "--stride", help="Tokens between window starts, less than --context (default: half)."
     ),
-    kv_bits: int = typer.Option(16, "--kv-bits", help="KV cache precision: 16 (model dtype), 8 or 4."),
+    kv_bits: int = KV_BITS,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    device: str = DEVICE,
 ) -> None:
     """Measure a model's perplexity on a text: sliding windows, every token scored once."""
     from baselm import perplexity as ppl
@@ -38,8 +37,8 @@ def perplexity(
         loaded = load_model(model, select_backend(device))
         token_ids = ppl.encode_text(loaded.tokenizer, text)
         result = ppl.perplexity(loaded.model, token_ids, context, stride, kv_bits, loaded.max_model_len)
-    except (ppl.PerplexityError, *_user_errors()) as exc:
-        _fail(str(exc))
+    except (ppl.PerplexityError, *user_errors()) as exc:
+        fail(str(exc))
     if as_json:
         print(json.dumps({"model": loaded.name, "text": text_file, **result.to_dict()}, indent=2))
         return

@@ -10,8 +10,8 @@ from typing import Any
 
 from baselm.chat.answer import Answer
 from baselm.chat.stats import TurnStats
+from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower
 from baselm.config import EngineConfig, SpeculativeConfig
-from baselm.distributed.launch import DistOptions, load_model_for
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 from baselm.sampling.params import SamplingParams, TokenLogprobs
@@ -20,25 +20,25 @@ from baselm.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
-class RunOptions:
-    """What `base run` does: which model on which device, the prompt, how to sample and how to print.
+class RunArgs:
+    """What `base run` does: which model where, the prompt, how to sample and how to print.
     Validated where it is made: `sampling` checks its own ranges."""
 
-    model: str
+    model: ModelArgs
     prompt: str
     sampling: SamplingParams
     raw: bool = False  # the prompt as plain text, not through the chat template
     as_json: bool = False  # one JSON object at the end instead of streamed text
-    device: str = "auto"
-    require_signature: bool = False  # refuse a model without a good signature by a trusted key
     speculative: SpeculativeConfig | None = None
-    dist: DistOptions | None = None  # the model over several processes
 
 
-def run_once(options: RunOptions) -> None:
-    """Loads the model, generates one answer to the prompt and prints it with its speed."""
+def run_once(options: RunArgs) -> None:
+    """Loads the model, generates one answer to the prompt and prints it with its speed. A rank
+    other than 0 of a tensor-parallel group follows rank 0 instead, and ends the process with it."""
     start = time.perf_counter()
-    loaded = load_model_for(options.model, options.device, options.require_signature, options.dist)
+    loaded, group = open_model(options.model)
+    if is_follower(group):
+        raise SystemExit(run_follower(loaded, group, options.model.dist))
     ids = prompt_ids(loaded.tokenizer, options.prompt, options.raw)
     engine = LLMEngine(loaded, one_request_config(len(ids), options.sampling.max_tokens, options.speculative))
     load_s = time.perf_counter() - start

@@ -7,31 +7,27 @@ hand (or by mlx.launch) with `--hostfile H --rank R` and the same model and opti
 is the one with HTTP. `--role` states what a rank is meant to be and is checked against the
 layout (ranks 0..P-1 prefill, P..P+D-1 decode), so a mistyped rank fails at start.
 With `--prefix-cache-file FILE`, prefill rank R keeps its prefix cache in `FILE.prefillR`
-(pd_prefill.rank_prefix_file); decode ranks keep none.
+(pd/prefill.py rank_prefix_file); decode ranks keep none.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from baselm.commands.errors import fail
+from baselm.api.server import run_server
+from baselm.commands.model import load_alone
 from baselm.config import ConfigError, EngineConfig
 from baselm.distributed import group as dist_group
 from baselm.distributed.pd.node import Layout, serve
 from baselm.distributed.watchdog import Watchdog
 from baselm.loader import LoadedModel
-from baselm.sampling.params import ConstraintFactory
 
 if TYPE_CHECKING:
-    from baselm.distributed.launch import DistOptions
+    from baselm.commands.serve import ServeArgs
     from baselm.distributed.pd.engine import PDEngine
-
-# A model's maker of constrained requests' processors (the API's; baselm does not import the API).
-MakeConstraints = Callable[[LoadedModel], ConstraintFactory]
+    from baselm.distributed.tp.launch import DistOptions
 
 STEP_TIMEOUT_S = 120.0  # longer than any step (a full token budget of prefill on a slow CPU)
 
@@ -47,7 +43,7 @@ class PDOptions:
 
     @classmethod
     def parse(cls, pd: str, role: str | None, dist: DistOptions | None = None) -> PDOptions:
-        """From --pd, --role and the parsed --hostfile/--rank/--tensor-parallel (cli_dist, None: none)."""
+        """From --pd, --role and the parsed --hostfile/--rank/--tensor-parallel (None: none given)."""
         hostfile, rank = (dist.hostfile, dist.rank) if dist is not None else (None, None)
         if dist is not None and dist.tensor_parallel > 1:
             raise ConfigError("--pd and --tensor-parallel cannot be combined yet: choose one")
@@ -74,20 +70,16 @@ def form_group(options: PDOptions) -> dist_group.DistGroup:
 
 
 def start(
-    loaded: LoadedModel,
-    config: EngineConfig,
-    options: PDOptions,
-    group: dist_group.DistGroup,
-    constraints: ConstraintFactory | None = None,
+    loaded: LoadedModel, config: EngineConfig, options: PDOptions, group: dist_group.DistGroup
 ) -> PDEngine | None:
     """Rank 0: its PDEngine, for the server. Any other rank: follows rank 0's steps until told to
-    stop, then returns None (a failed group raises RankFailedError). `constraints`: see make_node."""
+    stop, then returns None (a failed group raises RankFailedError)."""
     from baselm.distributed.pd.engine import PDEngine
     from baselm.distributed.pd.launch import make_node, share_cores
 
     if options.hostfile is None:  # every rank on this machine
         share_cores(options.layout.size)
-    node = make_node(loaded, config, options.layout, group.group, constraints)
+    node = make_node(loaded, config, options.layout, group.group)
     if group.rank != 0:
         serve(node)
         return None
@@ -97,58 +89,20 @@ def start(
     return PDEngine(node, loaded, config, on_failure=group.stop, watchdog=watchdog)
 
 
-def serve_pd(
-    pd_args: tuple,
-    model_args: tuple,
-    config: EngineConfig,
-    serve_options,
-    run_server,
-    make_constraints: MakeConstraints | None = None,
-) -> None:
-    """`base serve` with --pd: serves as a rank of the group, then ends the process; returns at once
-    without --pd. `pd_args`: --pd, --role and the parsed --hostfile/--rank (cli_dist); `model_args`:
-    the model, --device and --require-signature (loaded once the group is formed, on every rank);
-    `make_constraints`: see serve_command."""
-    from baselm.backend import select_backend
-    from baselm.loader import load_model
-
-    if pd_args[0] is None:
-        return
-    model, device, require_signature = model_args
-    options = PDOptions.parse(*pd_args)
-    load = lambda: load_model(model, select_backend(device), require_signature=require_signature)  # noqa: E731
-    code = serve_command(options, load, config, serve_options, run_server, make_constraints)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # NOTE: as `base serve` ends: MLX's teardown after other threads ran it can abort
-
-
-def serve_command(
-    options: PDOptions,
-    load: Callable[[], LoadedModel],
-    config: EngineConfig,
-    serve_options,
-    run_server,
-    make_constraints: MakeConstraints | None = None,
-) -> int:
-    """`base serve --pd`: forms the group, loads the model (`load`) on every rank, and on rank 0
-    serves HTTP with `run_server` (the API's, passed in: baselm does not import the API); every
-    rank makes constrained requests' processors with `make_constraints(loaded)` (also the API's)."""
-    try:
-        group = form_group(options)
-        loaded = load()
-        constraints = make_constraints(loaded) if make_constraints is not None else None
-        engine = start(loaded, config, options, group, constraints)
-    except dist_group.DistError as exc:
-        fail(str(exc))
+def serve_pd(args: ServeArgs) -> int:
+    """`base serve --pd`: forms the group, loads the model on every rank, and on rank 0 serves HTTP
+    until a signal; every other rank follows rank 0's steps. Returns this process's exit status."""
+    group = form_group(args.pd)
+    loaded = load_alone(args.model)
+    engine = start(loaded, args.engine, args.pd, group)
     if engine is None:  # a rank other than 0, told to stop
         return 0
-    code = run_server(loaded, config, serve_options, engine=engine)
+    code = run_server(loaded, args.engine, args.server, engine=engine)
     stop(engine, group)
     return code
 
 
-def stop(engine, group: dist_group.DistGroup) -> None:
+def stop(engine: PDEngine, group: dist_group.DistGroup) -> None:
     """After the server stopped: tells the other ranks to exit, then stops the ones this process started."""
     try:
         engine.stop()

@@ -32,7 +32,7 @@ def test_layout_parses_p_colon_d_and_names_roles() -> None:
 
 
 def test_rank_options_need_a_known_role_and_no_tensor_parallelism() -> None:
-    from baselm.distributed.launch import DistOptions
+    from baselm.distributed.tp.launch import DistOptions
 
     with pytest.raises(ConfigError, match="prefill or decode"):
         PDOptions.parse("1:1", "both")
@@ -141,22 +141,24 @@ def test_doctor_names_the_pd_mode() -> None:
     assert collect()["distributed"]["prefill_decode"] == status()
 
 
-def test_serve_pd_returns_at_once_without_pd() -> None:
-    from baselm.commands.serve_pd import serve_pd
+def test_serve_reads_no_pd_options_without_pd() -> None:
+    from baselm.commands.serve import pd_options
+    from baselm.distributed.tp.launch import DistOptions
+
+    assert pd_options(None, "both", None) is None  # --role is not looked at without --pd
+    joined = pd_options("1:1", "decode", DistOptions(hostfile="hosts.json", rank=1))
+    assert (joined.layout, joined.role, joined.hostfile, joined.rank) == (Layout(1, 1), "decode", "hosts.json", 1)
+
+
+def test_bench_pd_refuses_tensor_parallel_options_beside_it() -> None:
+    from baselm.commands.bench_pd import PDBenchArgs, PDBenchOptions
+    from baselm.commands.model import ModelArgs
     from baselm.config import EngineConfig
-
-    config = EngineConfig(prefix_cache_file="/tmp/never-written.kvc")
-    assert serve_pd((None, None, None), ("model", "cpu", False), config, None, None) is None
-
-
-def test_bench_pd_refuses_tensor_parallel_options_beside_it(monkeypatch) -> None:
-    from baselm.commands import distributed as cli_dist
     from baselm.distributed.group import DistError
-    from baselm.distributed.launch import DistOptions
+    from baselm.distributed.tp.launch import DistOptions
 
-    started = []
-    monkeypatch.setattr("baselm.commands.bench_pd.bench_pd", lambda *args: started.append(args))
+    config, batch = EngineConfig(), PDBenchOptions(8, 4, 1, 0)
     with pytest.raises(DistError, match="--tensor-parallel"):
-        cli_dist.bench_pd("m", "cpu", "1:1", None, (8, 4, "1", 0), False, DistOptions(tensor_parallel=2))
-    cli_dist.bench_pd("m", "cpu", "1:1", None, (8, 4, "1", 0), False, None)
-    assert started == [("m", "cpu", "1:1", None, (8, 4, "1", 0), False)]
+        PDBenchArgs(ModelArgs("m", "cpu", dist=DistOptions(tensor_parallel=2)), Layout(1, 1), config, batch)
+    args = PDBenchArgs(ModelArgs("m", "cpu"), Layout(1, 1), config, batch)
+    assert (args.model.ref, args.layout, args.options) == ("m", Layout(1, 1), PDBenchOptions(8, 4, 1, 0))

@@ -9,9 +9,11 @@ import json
 import logging
 import sys
 
+from baselm.backend import select_backend
 from baselm.config import EngineConfig
-from baselm.distributed.launch import DistOptions, load_model_for
+from baselm.distributed.tp.launch import DistOptions, load
 from baselm.engine import LLMEngine
+from baselm.loader import load_model
 from baselm.sampling.params import SamplingParams
 
 PROMPT = list(range(1, 70))  # 69 tokens: 4 full blocks of 16 (64 tokens the cache can serve) and 5 more
@@ -21,7 +23,7 @@ CONFIG = {"kv_memory": 4_000_000, "max_num_batched_tokens": 48, "max_num_seqs": 
 def main(folder: str, file: str, size: str, shift: str = "0") -> dict:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     dist = DistOptions(tensor_parallel=int(size), prefix_cache_file=file) if int(size) > 1 else None
-    loaded = load_model_for(folder, "cpu", False, dist)
+    loaded = load_model(folder, select_backend("cpu")) if dist is None else load(folder, "cpu", False, dist)[0]
     engine = LLMEngine(loaded, EngineConfig(**CONFIG, prefix_cache_file=file))
     result = engine.generate([[t + int(shift) for t in PROMPT]], SamplingParams(max_tokens=8, temperature=0.0))[0]
     stats = engine.stats()

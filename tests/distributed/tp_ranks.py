@@ -19,8 +19,8 @@ from baselm import cpu
 from baselm import distributed as dist
 from baselm.backend import select_backend
 from baselm.config import EngineConfig, SpeculativeConfig
-from baselm.distributed.launch import DistOptions, describe, lead, load_model_for
 from baselm.distributed.tp.engine import follow
+from baselm.distributed.tp.launch import DistOptions, describe, lead, load
 from baselm.distributed.tp.layers import DEFAULT_MOE_SPLIT, Sharding
 from baselm.distributed.tp.moe import MOE_SPLITS
 from baselm.embedding import embed
@@ -176,7 +176,7 @@ def rank_dies(folder: str) -> dict:
     stream runs. Returns what the clients saw."""
     from tests.api.conftest import RunningServer
 
-    loaded = load_model_for(folder, "cpu", False, DistOptions(tensor_parallel=2))
+    loaded, _ = load(folder, "cpu", False, DistOptions(tensor_parallel=2))
     server = RunningServer(loaded=loaded, model_name="tiny")
     client = server.openai()
     messages = [{"role": "user", "content": "Hello!"}]
@@ -204,7 +204,7 @@ def rank_dies(folder: str) -> dict:
 def smollm2(gguf: str, reference: str) -> dict:
     """SmolLM2-135M (Q4_1) split over 2 ranks as `base run --tensor-parallel 2` splits it: the
     reference's 8 prompts batched, greedy, 32 tokens."""
-    loaded = load_model_for(gguf, "cpu", False, DistOptions(tensor_parallel=2))
+    loaded, _ = load(gguf, "cpu", False, DistOptions(tensor_parallel=2))
     cases = json.loads(Path(reference).read_text())["cases"]
     engine = LLMEngine(loaded, EngineConfig(kv_memory=64 * 2**20))
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=5)

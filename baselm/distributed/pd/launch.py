@@ -18,7 +18,7 @@ from baselm.distributed.pd.node import Layout, Node
 from baselm.distributed.pd.prefill import PrefillWorker
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
-from baselm.sampling.params import ConstraintFactory
+from baselm.toolcalls.forcing import model_processor_factory
 
 
 def share_cores(num_local_ranks: int) -> int:
@@ -33,14 +33,13 @@ def share_cores(num_local_ranks: int) -> int:
     return threads
 
 
-def make_node(
-    loaded: LoadedModel, config: EngineConfig, layout: Layout, group, constraints: ConstraintFactory | None = None
-) -> Node:
-    """This process's rank of a formed group (`group`: an mx.distributed Group of layout.size ranks);
-    `constraints` makes constrained requests' processors (the API's, for this model; None: refused)."""
+def make_node(loaded: LoadedModel, config: EngineConfig, layout: Layout, group) -> Node:
+    """This process's rank of a formed group (`group`: an mx.distributed Group of layout.size ranks).
+    The rank makes constrained requests' processors for its own copy of the model."""
     if group.size() != layout.size:
         raise ConfigError(f"--pd {layout} needs {layout.size} ranks, but the group has {group.size()}")
     rank = group.rank()
+    constraints = model_processor_factory(loaded)
     if layout.role(rank) == "prefill":
         node = Node(group, layout, worker=PrefillWorker(loaded, config, rank), constraints=constraints)
     else:

@@ -1,13 +1,14 @@
-"""Loading a model over several processes, as the commands (`run`, `chat`, `serve`, `bench`) ask.
+"""Starting a model over a tensor-parallel group, as the commands (`run`, `chat`, `serve`, `bench`) ask.
 
-`load_model_for(ref, device, require_signature, dist)` is `load_model` when `dist` asks for one
-process; otherwise it forms the group, loads this rank's shard, and
-- on rank 0 returns the LoadedModel whose model is a `TensorParallelModel` (the command goes on
-  as usual, and the other ranks follow each forward);
-- on any other rank (a `--hostfile ... --rank R` process with R > 0) follows rank 0 until it
-  stops, then exits: that process never returns to its command.
+`load(ref, device, require_signature, dist)` forms the group `dist` describes, loads this rank's
+shard and returns it with the group:
+- on rank 0 the model is a `TensorParallelModel` (the command goes on as usual, and the other
+  ranks follow each forward);
+- on any other rank (a `--hostfile ... --rank R` process with R > 0) the caller runs
+  `run_follower` until rank 0 stops, then ends the process with the status it returns.
 With `--tensor-parallel N` and no hostfile, rank 0 starts ranks 1..N-1 itself on loopback
-(`python -m baselm.distributed.worker`), with the same model, device and checks.
+(`python -m baselm.distributed.tp.worker`), with the same model, device and checks.
+One process alone never comes here: the commands load it with `baselm.loader.load_model`.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ class DistOptions:
     rank: int | None = None  # this process's rank in the hostfile
     backend: str = "ring"
     step_timeout: float = STEP_TIMEOUT_S
-    moe_split: str | None = None  # how MoE experts split (tp_moe.MOE_SPLITS); None: the default
-    prefix_cache_file: str | None = None  # --prefix-cache-file: rank R keeps FILE.tpR (dist/tp_persist.py)
+    moe_split: str | None = None  # how MoE experts split (tp/moe.py MOE_SPLITS); None: the default
+    prefix_cache_file: str | None = None  # --prefix-cache-file: rank R keeps FILE.tpR (tp/persist.py)
 
     def __post_init__(self) -> None:
         if self.moe_split is not None and self.moe_split not in MOE_SPLITS:
@@ -63,7 +64,7 @@ class DistOptions:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What a started rank loads: passed to `python -m baselm.distributed.worker` as JSON."""
+    """What a started rank loads: passed to `python -m baselm.distributed.tp.worker` as JSON."""
 
     model: str
     device: str
@@ -75,25 +76,30 @@ class WorkerSpec:
     prefix_cache_file: str | None = None
 
 
-def load_model_for(ref: str, device: str, require_signature: bool, dist: DistOptions | None) -> LoadedModel:
-    """`load_model`, or this rank's shard of it over the group `dist` describes (see the module doc)."""
-    if dist is None or not dist.is_distributed:
-        return load_model(ref, select_backend(device), require_signature=require_signature)
+def load(ref: str, device: str, require_signature: bool, dist: DistOptions) -> tuple[LoadedModel, DistGroup]:
+    """This rank's shard of the model over the group `dist` describes, and the group (see the module
+    doc); on rank 0 the model leads the others' forwards."""
+    group = form_group(ref, device, require_signature, dist)
+    loaded = load_shard(ref, device, require_signature, group, dist.moe_split)
+    if group.rank == 0:
+        loaded = lead(loaded, group, dist.step_timeout)
+    return loaded, group
+
+
+def form_group(ref: str, device: str, require_signature: bool, dist: DistOptions) -> DistGroup:
+    """Joins the group of `dist.hostfile` as `dist.rank`, or (no hostfile) becomes rank 0 of a group on
+    this machine and starts ranks 1..N-1 as workers that load `ref` the same way."""
     if dist.hostfile is not None:
         group = groups.join(dist.hostfile, dist.rank, dist.backend)
         if dist.tensor_parallel > 1 and dist.tensor_parallel != group.size:
             raise DistError(f"--tensor-parallel {dist.tensor_parallel} but the hostfile lists {group.size} ranks")
-    else:
-        spec = WorkerSpec(
-            ref, device, require_signature, dist.tensor_parallel, dist.backend, dist.step_timeout, dist.moe_split
-        )
-        spec = replace(spec, prefix_cache_file=dist.prefix_cache_file)
-        argv = [sys.executable, "-m", "baselm.distributed.worker", json.dumps(asdict(spec))]
-        group = groups.start_local(argv, dist.tensor_parallel, dist.backend, env=share_cores(dist.tensor_parallel))
-    loaded = load_shard(ref, device, require_signature, group, dist.moe_split)
-    if group.rank != 0:
-        follow_and_exit(loaded, group, dist.step_timeout, dist.prefix_cache_file)
-    return lead(loaded, group, dist.step_timeout)
+        return group
+    spec = WorkerSpec(
+        ref, device, require_signature, dist.tensor_parallel, dist.backend, dist.step_timeout, dist.moe_split
+    )
+    spec = replace(spec, prefix_cache_file=dist.prefix_cache_file)
+    argv = [sys.executable, "-m", "baselm.distributed.tp.worker", json.dumps(asdict(spec))]
+    return groups.start_local(argv, dist.tensor_parallel, dist.backend, env=share_cores(dist.tensor_parallel))
 
 
 def share_cores(size: int) -> dict[str, str]:
@@ -131,19 +137,19 @@ def lead(loaded: LoadedModel, group: DistGroup, step_timeout: float = STEP_TIMEO
     return loaded
 
 
-def follow_and_exit(
+def run_follower(
     loaded: LoadedModel, group: DistGroup, step_timeout: float = STEP_TIMEOUT_S, prefix_cache_file: str | None = None
-) -> None:
-    """A rank other than 0: follows rank 0 until it stops, then ends the process (status 0), or
-    with a clear message (status 1) when rank 0 is gone. With `prefix_cache_file` FILE it keeps
-    its prefix cache in FILE.tpR, saved and loaded as rank 0's plans say."""
+) -> int:
+    """A rank other than 0: follows rank 0 until it stops; returns the process's exit status: 0, or
+    1 with a clear message when rank 0 is gone. With `prefix_cache_file` FILE it keeps its prefix
+    cache in FILE.tpR, saved and loaded as rank 0's plans say."""
     files = RankFile(prefix_cache_file, loaded.path, group.rank, group.size)
     try:
         follow(loaded.model, group.group, Watchdog(step_timeout), files)
     except groups.RankFailedError as e:
         print(f"base: rank {group.rank}: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
-    raise SystemExit(0)
+        return 1
+    return 0
 
 
 def describe(loaded: LoadedModel) -> dict[str, Any] | None:

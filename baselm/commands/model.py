@@ -1,0 +1,61 @@
+"""The model a command runs: which one, on which device, in this process alone or over a group.
+
+`open_model` loads it with `baselm.loader.load_model` when one process runs it, and only over
+several processes (--tensor-parallel, --hostfile) goes through `baselm.distributed.tp.launch`.
+On a rank other than 0 of such a group the command does not go on: it follows rank 0, and ends
+with the status `run_follower` returns, written where the command calls it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from baselm.distributed.group import DistGroup
+    from baselm.distributed.tp.launch import DistOptions
+    from baselm.loader import LoadedModel
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArgs:
+    """The model a command loads, where it runs, and over which processes."""
+
+    ref: str  # a store name, a .base or .gguf file, or an HF folder
+    device: str = "auto"
+    require_signature: bool = False  # refuse a model without a good signature by a trusted key
+    dist: DistOptions | None = None  # the model over several processes; None: this one alone
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.dist is not None and self.dist.is_distributed
+
+
+def load_alone(args: ModelArgs) -> LoadedModel:
+    """The whole model in this process."""
+    from baselm.backend import select_backend
+    from baselm.loader import load_model
+
+    return load_model(args.ref, select_backend(args.device), require_signature=args.require_signature)
+
+
+def open_model(args: ModelArgs) -> tuple[LoadedModel, DistGroup | None]:
+    """The model and, over several processes, this rank's group (None: this process alone). On rank 0
+    the model leads the group's forwards; on another rank the caller runs `run_follower`."""
+    if not args.is_distributed:
+        return load_alone(args), None
+    from baselm.distributed.tp.launch import load
+
+    return load(args.ref, args.device, args.require_signature, args.dist)
+
+
+def is_follower(group: DistGroup | None) -> bool:
+    """A rank other than 0 of a tensor-parallel group: it follows rank 0 instead of running the command."""
+    return group is not None and group.rank != 0
+
+
+def run_follower(loaded: LoadedModel, group: DistGroup, dist: DistOptions) -> int:
+    """Follows rank 0's forwards until it stops; returns the exit status (see tp.launch.run_follower)."""
+    from baselm.distributed.tp import launch
+
+    return launch.run_follower(loaded, group, dist.step_timeout, dist.prefix_cache_file)

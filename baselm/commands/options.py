@@ -1,0 +1,70 @@
+"""The options several `base` commands share, declared once here, and what they parse into.
+
+A command declares `device: str = DEVICE` and so on; `dist_options` turns the distributed ones
+into a `baselm.distributed.tp.launch.DistOptions` (imported lazily: MLX stays out of `base --help`),
+and `SpeculativeConfig.parse` the speculative ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from baselm.distributed.tp.launch import DistOptions
+
+DEVICE_HELP = "Where to run: auto (GPU when MLX has one), gpu or cpu."
+MODEL_HELP = "Model: a store name (org/name[:variant] or an alias), a .base or .gguf file, or an HF folder."
+
+DEVICE = typer.Option("auto", "--device", help=DEVICE_HELP)
+REQUIRE_SIGNATURE = typer.Option(
+    False, "--require-signature", help="Refuse a model without a good signature by a trusted key (see base verify)."
+)
+KV_BITS = typer.Option(16, "--kv-bits", help="KV cache precision: 16 (model dtype), 8 or 4.")
+
+SPECULATIVE = typer.Option(
+    None, "--speculative", help="Speculative decoding: ngram (prompt lookup) or a draft model with the same tokenizer."
+)
+NUM_SPECULATIVE_TOKENS = typer.Option(
+    4, "--num-speculative-tokens", help="Most speculative tokens a request verifies per step (with --speculative)."
+)
+FIXED_SPECULATION = typer.Option(
+    False, "--fixed-speculation", help="Always verify --num-speculative-tokens drafts (no adaptive rule)."
+)
+
+TENSOR_PARALLEL = typer.Option(
+    1,
+    "--tensor-parallel",
+    help="Split the model over N processes (tensor parallelism); without --hostfile, all on this machine.",
+)
+HOSTFILE = typer.Option(
+    None, "--hostfile", help="MLX hostfile (JSON) of the processes' addresses, one per rank; with --rank."
+)
+RANK = typer.Option(None, "--rank", help="This process's rank in --hostfile (rank 0 serves; the others follow).")
+MOE_SPLIT = typer.Option(
+    None,
+    "--moe-split",
+    help="How MoE experts split over the ranks: experts (whole experts per rank) or intermediate "
+    "(every expert sliced on every rank; the default, faster as measured: see README).",
+)
+
+
+def dist_options(
+    tensor_parallel: int, hostfile: str | None, rank: int | None, moe_split: str | None = None
+) -> DistOptions | None:
+    """The parsed options, None when the model runs in this process alone."""
+    if tensor_parallel == 1 and hostfile is None and rank is None:
+        return None
+    from baselm.distributed.tp.launch import DistOptions
+
+    return DistOptions(tensor_parallel=tensor_parallel, hostfile=hostfile, rank=rank, moe_split=moe_split)
+
+
+def with_prefix_cache_file(dist: DistOptions | None, path: str | None) -> DistOptions | None:
+    """`dist` telling the ranks this process starts the prefix cache file too: across processes each
+    rank R keeps its own KV heads in `path`.tpR (tp/persist.py)."""
+    if dist is None or path is None:
+        return dist
+    return replace(dist, prefix_cache_file=path)

@@ -252,3 +252,12 @@ def test_the_cycle_check_sees_a_cycle():
     assert _package_of("baselm.distributed.tp.engine") == "baselm.distributed.tp"
     assert _package_of("baselm.distributed.launch") == "baselm.distributed.launch"
     assert _package_of("baselm.api.openai.chat") == "baselm.api.openai"
+
+
+def test_every_package_is_installed():
+    """`pip install .` installs the packages pyproject.toml lists: each folder of code is there."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {_module_name(init) for init in _sources(PACKAGES) if init.name == "__init__.py"}
+    assert found - listed == set()

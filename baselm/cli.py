@@ -59,7 +59,7 @@ CORS_HELP = (
     "Web origins allowed to call from a browser, comma-separated ('*': any; 'localhost': this machine's "
     "pages; default none)."
 )
-PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g. 1:1 (see README)."
+PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g. 1:1 (see docs/distributed.md)."
 ROLE_HELP = "With --pd over machines: this rank's role, prefill or decode (checked against --rank)."
 WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
 KV_MEMORY_HELP = "Memory for the KV cache, e.g. 2GiB."

@@ -63,7 +63,7 @@ def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_n
         requantize_note(path.name, body, quant)
         # GGUF quants scale groups of 32 weights; new groups that match them cost far less than
         # wider ones, which straddle two source scales (SmolLM2 Q4_1 -> q4 perplexity:
-        # +0.14% with groups of 32, +33.7% with 64; see the README's table).
+        # +0.14% with groups of 32, +33.7% with 64; see docs/measurements.md).
         group_size = group_size or GROUP_SIZE
     profile = resolve_profile(profile_name, quant, group_size)
     return SourceModel(arch, config, tokenizer, _requantized_gguf(records, profile), quant, profile.to_json())

@@ -47,7 +47,7 @@ MOE_SPLIT = typer.Option(
     None,
     "--moe-split",
     help="How MoE experts split over the ranks: experts (whole experts per rank) or intermediate "
-    "(every expert sliced on every rank; the default, faster as measured: see README).",
+    "(every expert sliced on every rank; the default, faster as measured: see docs/distributed.md).",
 )
 
 

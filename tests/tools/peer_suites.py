@@ -31,7 +31,7 @@ well-formed response); what is left is counted as failed and printed. A suite st
 one server) instead of one process; everything else (seed, context, keys) stays the same, so the
 counts of the two compare suite by suite.
 
-MODEL defaults to SmolLM2-135M-Instruct (fetched once). README.md ("Peer suites") lists what
+MODEL defaults to SmolLM2-135M-Instruct (fetched once). docs/testing.md ("Peer suites") lists what
 fails and why.
 Needs the dev extra (langchain-openai, langchain-tests, litellm) and network access to PyPI for
 the sdist (kept in $BASE_HOME/peer after the first run).

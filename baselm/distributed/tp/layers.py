@@ -12,7 +12,7 @@ The split (Megatron-style, as mlx-lm and vLLM do it):
   (token, expert) pairs routed to them (baselm/distributed/tp/moe.py); the ranks' weighted sums meet
   in the MLP's one `all_sum`. "intermediate": every expert is split as a gated MLP along its
   intermediate size, so every rank computes every routed pair on its slice.
-  The default (DEFAULT_MOE_SPLIT) is the one measured faster (README, "More than one process").
+  The default (DEFAULT_MOE_SPLIT) is the one measured faster (docs/distributed.md).
 - embedding, norms, router and LM head stay whole on every rank.
 Splits fall on quantization group boundaries so quantized codes are sliced without repacking;
 a split that cannot (a head range not a multiple of the group size) is a clear error.

@@ -6,7 +6,7 @@ tests are named `Class::test`):
   where that server departs from OpenAI's API (which this server follows);
 - model-limited: the response is well-formed per the API, and only the 135M model's answer (or
   the exact text and token counts of the suite's own test model) is not what the test expects.
-A failing test not listed here is counted as failed: a defect to fix. README.md ("Peer suites")
+A failing test not listed here is counted as failed: a defect to fix. docs/testing.md ("Peer suites")
 gives the same list.
 """
 

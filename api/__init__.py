@@ -8,8 +8,7 @@ ollama/ (chat.py, embed.py, models.py, request.py) -> chat.py, the protocol-neut
 grammar when the answer's shape is forced; every chat protocol calls its `prepare`) ->
 serving.py, the serving core (handler opening, engine submission, merged outputs, usage, the
 response envelope and stream skeleton) -> sse.py (SSE events and the stream that sends them,
-NDJSON lines too). answer_text.py
-splits every chat answer into thinking (baselm/reasoning.py), content and tool calls
+NDJSON lines too). answer_text.py splits every chat answer into thinking (baselm/reasoning.py), content and tool calls
 (baselm/toolcalls); schemas.py reads fields, errors.py words refusals, embeddings.py and
 metrics.py hold /v1/embeddings and /metrics, server.py runs uvicorn. A new protocol is one
 more subpackage on the two cores.
@@ -27,6 +26,6 @@ Choices made where the OpenAI API leaves room:
   `min_tokens` and `ignore_eos` are refused with them: the grammar decides where the answer ends.
 - A full waiting queue is a 429 (code "queue_full"); a client that disconnects aborts its
   request, streamed or not (counted as status 499 in /metrics).
-- Completions `echo` with `logprobs` is refused (no prompt logprobs); `suffix` is refused;
-  `best_of` must equal `n`.
+- Completions `echo` with `logprobs` scores the prompt too (the engine's prompt logprobs);
+  `suffix` is refused; `best_of` must equal `n`.
 """

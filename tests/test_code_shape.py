@@ -26,13 +26,15 @@ def _sources(folders: tuple[str, ...]) -> list[Path]:
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module name an import statement in `path` names, at any depth of the file."""
+    """Every module name an import statement in `path` names, at any depth of the file, and for
+    `from X import y` also `X.y` (y may be a module: `from baselm import api`)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -193,22 +195,10 @@ def _package_graph() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {}
     for path in _sources(PACKAGES):
         node = _package_of(_module_name(path))
-        for name in _imports_with_names(path):
+        for name in _imports(path):
             if name.startswith("baselm.") and (target := _package_of(name)) not in (node, "baselm"):
                 edges.setdefault(node, set()).add(target)
     return edges
-
-
-def _imports_with_names(path: Path) -> set[str]:
-    """Every module an import statement names, and for `from X import y` also `X.y` (y may be a module)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:

@@ -146,8 +146,12 @@ def load_model(ref: str | Path, backend: Backend, require_signature: bool = Fals
     `require_signature`: only a `.base` file with a good signature by a trusted key loads.
     `shard`: one rank's slice of the model (`baselm.distributed.tp.layers.Sharding`, see `build_model`)."""
     name, path = resolve(ref)
-    if require_signature and path.suffix != ".base":
-        raise SignatureError(f"{path}: only .base files carry signatures; `base pull` it, then `base sign` it")
+    if require_signature and not (path.is_file() and path.suffix == ".base"):
+        # NOTE: the file, not its name: a folder called `x.base` would load unsigned as an HF folder.
+        what = "a folder" if path.is_dir() else "not a .base file"
+        raise SignatureError(
+            f"{path} is {what}; only .base files carry signatures: `base pull` it, then `base sign` it"
+        )
     if path.is_dir():
         model, tokenizer, config = _load_hf_folder(path, backend, shard)
     elif path.suffix == ".gguf":

@@ -217,6 +217,16 @@ def test_require_signature_loads_only_good_signed_base_files(tmp_path, home, key
         load_model(path, CPU, require_signature=True)
 
 
+def test_require_signature_refuses_a_folder_named_like_a_base_file(tmp_path, home, keys) -> None:
+    trust(home, keys[1])
+    folder = _hf_folder(tmp_path).rename(tmp_path / "Tiny-Llama.base")
+    with pytest.raises(SignatureError, match="only .base files"):
+        load_model(folder, CPU, require_signature=True)
+    result = CliRunner().invoke(app, ["run", str(folder), "hi", "--require-signature", "-n", "1"])
+    assert result.exit_code == 1 and "only .base files" in result.output
+    assert load_model(folder, CPU).path == folder  # without --require-signature it loads as the HF folder it is
+
+
 def test_pulling_a_signed_base_file_checks_and_keeps_its_signature(tmp_path, home, keys) -> None:
     key, pub = keys
     store = Store(home)

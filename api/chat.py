@@ -24,7 +24,7 @@ from baselm.structured import grammar
 from baselm.tokenizer.errors import ChatTemplateError
 from baselm.toolcalls import forcing, markers
 
-_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # fullmatch: `$` takes a trailing newline
 # The chat template's own arguments, which template variables cannot set.
 _TEMPLATE_ARGUMENTS = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message"})
 
@@ -186,5 +186,5 @@ def read_function(body: Body, where: str, schema_field: str = "parameters", sche
 
 def _check_function_name(name: str, param: str) -> None:
     """A 400 naming `param` unless `name` is a function name every client takes (OpenAI's rule)."""
-    if not _FUNCTION_NAME.match(name):
+    if not _FUNCTION_NAME.fullmatch(name):
         raise bad_request(f"{param} {name!r} must be 1-64 letters, digits, _ . or -", param)

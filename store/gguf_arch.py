@@ -64,7 +64,7 @@ GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm
 EXPERT_STEMS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # Layer tensors whose HF name has no `.weight` suffix.
 BARE_TENSORS = {"attn_sinks": "self_attn.sinks"}
-_NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)(?:\.(\d+))?\.(weight|bias)$")
+_NAME = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+)(?:\.(\d+))?\.(weight|bias)")  # fullmatched
 _GEMMA_NORMS = {
     "attn_norm": "input_layernorm",
     "post_attention_norm": "post_attention_layernorm",
@@ -336,7 +336,7 @@ def placement(name: str, spec: ArchSpec, config: dict[str, Any], meta: Meta) -> 
         return Placement(name)
     if name in ROPE_FACTORS:
         return None
-    match = _NAME.match(name)
+    match = _NAME.fullmatch(name)
     if not match:
         raise UnsupportedModelError(f"GGUF tensor {name!r} has no known place in a {config['model_type']} model")
     layer, stem, expert, kind = match.groups()
@@ -407,7 +407,7 @@ def check_shapes(config: dict[str, Any], meta: Meta) -> None:
     num_layers = config["num_hidden_layers"]
     _expect(meta, "token_embd.weight", 0, config["vocab_size"], "vocab_size")
     _expect(meta, "token_embd.weight", 1, hidden, "embedding_length")
-    layers = {int(m.group(1)) for n in meta.shapes if (m := _NAME.match(n)) and m.group(1) is not None}
+    layers = {int(m.group(1)) for n in meta.shapes if (m := _NAME.fullmatch(n)) and m.group(1) is not None}
     if layers and max(layers) >= num_layers:
         raise ModelFileError(
             f"GGUF metadata contradicts its tensors: block_count is {num_layers}, but blk.{max(layers)} exists"

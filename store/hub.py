@@ -57,7 +57,7 @@ HF_PATTERNS = (
 # for bit (MLX reads Q4_0/Q4_1/Q8_0 as its own affine groups), 4-bit before 8-bit, then floats,
 # then K-quants (which need re-quantizing).
 GGUF_DEFAULT_ORDER = ("Q4_0", "Q4_1", "Q8_0", "F16", "BF16", "F32", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K")
-_GGUF_TAG = re.compile(r"[-._]((?:I?Q\d[A-Z0-9_]*)|F16|BF16|F32)$", re.IGNORECASE)
+_GGUF_TAG = re.compile(r"[-._]((?:I?Q\d[A-Z0-9_]*)|F16|BF16|F32)\Z", re.IGNORECASE)
 
 
 class HubError(StoreError):
@@ -277,7 +277,7 @@ def gguf_tag(path: str) -> str:
 def _is_extra_gguf(path: str) -> bool:
     """Vision projectors and split shards are not whole language models."""
     name = Path(path).name.lower()
-    return name.startswith("mmproj") or re.search(r"-\d{5}-of-\d{5}\.gguf$", name) is not None
+    return name.startswith("mmproj") or re.search(r"-\d{5}-of-\d{5}\.gguf\Z", name) is not None
 
 
 def _choose_gguf(repo: str, ggufs: list[HubFile], tag: str | None) -> HubFile:

@@ -45,7 +45,7 @@ from baselm.store.signing import sidecar, write_sidecar
 MANIFEST = "manifest.json"
 LOCK = ".lock"
 MANIFEST_SCHEMA = 1
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # NOTE: fullmatch: `$` would take a trailing newline
 
 
 class UnknownModelError(StoreError):
@@ -94,13 +94,13 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 def check_model_name(name: str) -> tuple[str, str]:
     """(org, name) of an `org/name` reference, or a clear error."""
     parts = name.split("/")
-    if len(parts) != 2 or not all(_PART.match(p) and ".." not in p for p in parts):
+    if len(parts) != 2 or not all(_PART.fullmatch(p) and ".." not in p for p in parts):
         raise StoreError(f"{name!r} is not a model name; use org/name as on the Hugging Face hub")
     return parts[0], parts[1]
 
 
 def check_variant(variant: str) -> str:
-    if not _PART.match(variant) or ".." in variant:
+    if not _PART.fullmatch(variant) or ".." in variant:
         raise StoreError(f"{variant!r} is not a variant name; use letters, digits, '.', '_' or '-'")
     return variant
 

@@ -65,6 +65,13 @@ def test_unknown_fields_are_refused_by_name_but_user_is_accepted(server):
     assert ok.status_code == 200
 
 
+def test_a_function_name_with_a_trailing_newline_is_refused(server):
+    tools = [{"type": "function", "function": {"name": "get_weather\n", "parameters": {"type": "object"}}}]
+    response = server.http().post(CHAT, json={"model": MODEL, "messages": HELLO, "tools": tools})
+    error = assert_error(response, 400, "tools[0].function.name")
+    assert "must be 1-64 letters" in error["message"]
+
+
 def test_image_parts_and_unknown_roles_are_refused_clearly(server):
     http = server.http()
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]

@@ -197,10 +197,15 @@ def test_a_full_disk_is_a_clear_error(tmp_path: Path) -> None:
         store.check_free_space(2**50)
 
 
-@pytest.mark.parametrize("name", ["../etc/passwd", "noorg", "a/b/c", "org/.hidden"])
+@pytest.mark.parametrize("name", ["../etc/passwd", "noorg", "a/b/c", "org/.hidden", "org\n/name\n", "org/name\n"])
 def test_names_that_are_not_org_slash_name_are_refused(tmp_path: Path, name: str) -> None:
     with pytest.raises(StoreError, match="is not a model name; use org/name"):
         put(Store(tmp_path), name, "q4")
+
+
+def test_a_variant_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="is not a variant name"):
+        put(Store(tmp_path), "org/name", "q4\n")
 
 
 def test_the_default_root_is_base_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

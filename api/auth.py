@@ -1,7 +1,9 @@
 """API-key auth and per-request accounting, as one ASGI middleware around the app.
 
-The key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>`
-(Anthropic's). A refusal on the Anthropic routes has Anthropic's error body.
+The key comes as `Authorization: Bearer <key>` (OpenAI's clients; the scheme in any case, as
+RFC 7235 has it) or `x-api-key: <key>` (Anthropic's), compared as UTF-8 bytes in constant time.
+NOTE: every credential a request sends must be the key: one wrong credential beside a right one
+is refused, whichever header comes first. A refusal on the Anthropic routes has Anthropic's error body.
 """
 
 from __future__ import annotations
@@ -24,11 +26,25 @@ KNOWN_ENDPOINTS = frozenset(
 _PREFIXED = ("/v1/models/", "/v1/responses/")  # counted as "<prefix>{id}"
 
 
-def is_authorized(header: str | None, api_key: str) -> bool:
-    """True when `header` is `Bearer <api_key>`; compared in constant time."""
-    if not header or not header.startswith("Bearer "):
-        return False
-    return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), api_key.encode())
+def _credentials(headers: list[tuple[bytes, bytes]]) -> list[bytes | None]:
+    """Every credential among ASGI `headers`, as raw bytes: each `Authorization` header's bearer
+    token (None for another scheme, which no key matches) and each `x-api-key`."""
+    found: list[bytes | None] = []
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.strip().partition(b" ")
+            found.append(token.strip() if scheme.lower() == b"bearer" else None)
+        elif name == b"x-api-key":
+            found.append(value.strip())
+    return found
+
+
+def is_authorized(headers: list[tuple[bytes, bytes]], api_key: str) -> bool:
+    """True when the request sends at least one credential and every one is `api_key`."""
+    key = api_key.encode("utf-8")
+    sent = _credentials(headers)
+    matches = [token is not None and hmac.compare_digest(token, key) for token in sent]
+    return bool(matches) and all(matches)
 
 
 class Gate:
@@ -54,20 +70,12 @@ class Gate:
             await send(message)
 
         try:
-            if self.api_key and path not in OPEN_PATHS and not self._authorized(scope):
+            if self.api_key and path not in OPEN_PATHS and not is_authorized(scope["headers"], self.api_key):
                 await _unauthorized(counting_send, path)
             else:
                 await self.app(scope, receive, counting_send)
         finally:
             self.metrics.count_request(endpoint, status[0])
-
-    def _authorized(self, scope: Scope) -> bool:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                return is_authorized(value.decode("latin-1"), self.api_key)
-            if name == b"x-api-key":
-                return hmac.compare_digest(value.strip(), self.api_key.encode())
-        return False
 
 
 async def _unauthorized(send: Send, path: str) -> None:

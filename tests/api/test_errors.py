@@ -161,6 +161,31 @@ def test_api_key_is_required_and_compared(make_server_with):
     assert http.get("/health").status_code == 200  # probes need no key
 
 
+def test_the_bearer_scheme_is_case_insensitive(make_server_with):
+    http = make_server_with(api_key="s3cret").http()
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        assert http.get("/v1/models", headers={"Authorization": f"{scheme} s3cret"}).status_code == 200
+    assert_error(http.get("/v1/models", headers={"Authorization": "Basic s3cret"}), 401)
+
+
+def test_a_non_ascii_key_is_compared_as_utf8(make_server_with):
+    key = "clé-ключ"
+    http = make_server_with(api_key=key).http()
+    assert http.get("/v1/models", headers={"Authorization": b"Bearer " + key.encode()}).status_code == 200
+    assert http.get("/v1/models", headers={"x-api-key": key.encode()}).status_code == 200
+    assert_error(http.get("/v1/models", headers={"x-api-key": key.encode("latin-1", "replace")}), 401)
+
+
+def test_a_wrong_credential_beside_the_right_one_is_refused(make_server_with):
+    http = make_server_with(api_key="s3cret").http()
+    right_bearer, wrong_bearer = ("authorization", "Bearer s3cret"), ("authorization", "Bearer wrong")
+    right_key, wrong_key = ("x-api-key", "s3cret"), ("x-api-key", "wrong")
+    for headers in ([right_key, wrong_bearer], [wrong_bearer, right_key], [right_bearer, wrong_key],
+                    [wrong_key, right_bearer], [right_bearer, wrong_bearer]):  # fmt: skip
+        assert_error(http.get("/v1/models", headers=headers), 401)
+    assert http.get("/v1/models", headers=[right_bearer, right_key]).status_code == 200
+
+
 def test_full_queue_is_429_and_clears(make_server_with):
     server = make_server_with(max_num_seqs=1, max_waiting=1)
     client = server.openai()

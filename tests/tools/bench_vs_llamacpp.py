@@ -1,0 +1,430 @@
+"""llama.cpp and `base bench` side by side on the same GGUF files, on this machine's CPU.
+
+    .venv/bin/python -m tests.tools.bench_vs_llamacpp [--quick] [--files NAME,...|PATH.gguf,...]
+                                                      [--isa default,avx2,...] [--cache DIR] [--json]
+
+The first run builds llama.cpp (llama-bench, llama-batched-bench, llama-server, llama-quantize) from the
+`llama-cpp-python` sdist on PyPI (`pip download --no-binary`; nothing of it is copied here) with
+`-DGGML_NATIVE=ON`, about 11 minutes on 2 cores, into `~/.cache/base/llama.cpp/<version>-<hash>/`
+(the hash is of the CPU's flags and the compiler, so a build never runs on a machine it was not made
+for; `--cache DIR` puts it elsewhere). A failed build keeps its log there (`build.log`).
+
+Test files are made as users get them: random-weight Qwen2.5-0.5B- and 1.5B-shaped F16 GGUFs (the real
+shapes, tied embeddings, Qwen2's own 151936-token tokenizer from the sdist's `ggml-vocab-qwen2.gguf`),
+quantized by `llama-quantize` to Q4_0, Q4_K_M, Q5_K_M, Q6_K and Q8_0, cached in `<cache>/models/`,
+each made only when asked for. `--files` takes their names (`0.5b-q4_k_m`, `1.5b-q8_0`, ...), `smollm2`
+(base's default model) or any GGUF path; `--quick` is `0.5b-q4_k_m,smollm2`; the default is all of them.
+
+Per file, llama.cpp and base run one after the other, 2 threads each:
+`llama-bench -m F -p 128 -n 64 -t 2 -o json` (pp128, tg64), `llama-batched-bench -m F -c 4096 -npp 128
+-ntg 64 -npl 1,8 -t 2` (S_TG at 8 streams), then `base bench F --concurrency 1,8 --prompt-tokens 128
+--gen-tokens 64 --json` once per `--isa` (`BASE_CPU_ISA`; `default` leaves it unset). The ISA base
+reports it ran (its `matmuls` line) is the one printed. It prints one row per file and ISA: llama.cpp's
+tg64, base's 1-stream decode tok/s and their ratio; llama.cpp's S_TG at 8 streams, base's 8-stream
+aggregate decode and ratio; pp128 of each and ratio. A ratio is base / llama.cpp (above 1: base is
+faster). `--json` prints the whole report instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from baselm.store.default_model import base_home, default_gguf_path
+from tests.llama_cpp_files import SDIST_REQUIREMENT, fetch_models_dir
+
+VERSION = SDIST_REQUIREMENT.partition("==")[2]
+TARGETS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-quantize")
+CMAKE_FLAGS = (
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DCMAKE_BUILD_TYPE=Release",
+)
+QUANTS = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
+ISAS = ("default", "avx512", "avx2", "generic")
+QUICK = ("0.5b-q4_k_m", "smollm2")
+BUILD_TIMEOUT_S = 3600
+THREADS = 2
+
+
+class BenchError(Exception):
+    """A one-line reason the run cannot go on (no compiler, no network, a failed build)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A Qwen2.5 model's shape: what sets its weights' sizes and so its speed."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int = 151936
+
+
+SHAPES = {
+    "0.5b": Shape(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864),
+    "1.5b": Shape(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BenchFile:
+    name: str  # "0.5b-q4_k_m", "smollm2" or the file's stem
+    quant: str  # "Q4_K_M": from the file's general.file_type
+    path: Path
+
+
+# ---------------------------------------------------------------------------------------------
+# Subprocesses and the llama.cpp build
+
+
+def run_tool(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None, log: Path | None = None) -> str:
+    """`cmd`'s stdout; a BenchError naming the program when it is missing, runs past `timeout_s` or fails
+    (the failure's last stderr line, or the log `log` keeps the whole output in)."""
+    name = Path(cmd[0]).name
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except FileNotFoundError:
+        raise BenchError(f"{name} is not installed (looked for {cmd[0]})") from None
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{name} ran past its {timeout_s:.0f} s timeout: {' '.join(cmd)}") from None
+    if log is not None:
+        with log.open("a") as out:
+            out.write(f"$ {' '.join(cmd)}\n{result.stdout}{result.stderr}\n")
+    if result.returncode != 0:
+        where = f"; log: {log}" if log is not None else ""
+        tail = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+        raise BenchError(f"{name} failed: {tail}{where}")
+    return result.stdout
+
+
+def compiler() -> str:
+    for name in ("c++", "g++", "clang++"):
+        if path := shutil.which(name):
+            return path
+    raise BenchError("no C++ compiler found: install one (apt-get install g++) to build llama.cpp")
+
+
+def native_hash() -> str:
+    """What a `-DGGML_NATIVE=ON` build depends on: the CPU's flags and the compiler's version."""
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else os.uname().machine
+    flags = next((line for line in cpu.splitlines() if line.startswith(("flags", "Features"))), cpu)
+    version = subprocess.run([compiler(), "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    return hashlib.sha256((flags + "".join(version)).encode()).hexdigest()[:10]
+
+
+def bin_dir(cache: Path) -> Path:
+    return cache / "build" / "bin"
+
+
+def fetch_source(cache: Path) -> Path:
+    """llama.cpp's source, unpacked from the sdist into `<cache>/src` once."""
+    source = cache / "src" / "vendor" / "llama.cpp"
+    if (source / "CMakeLists.txt").exists():
+        return source
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp]
+        try:
+            run_tool([*pip, SDIST_REQUIREMENT], timeout_s=600)
+        except BenchError as exc:
+            raise BenchError(f"could not download {SDIST_REQUIREMENT} (no network to PyPI?): {exc}") from None
+        sdist = next(Path(tmp).glob("*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        unpacked = next(p for p in Path(tmp).iterdir() if p.is_dir())
+        shutil.rmtree(cache / "src", ignore_errors=True)
+        unpacked.rename(cache / "src")  # whole or not at all
+    return source
+
+
+def build_llama_cpp(cache: Path) -> Path:
+    """The folder of the llama.cpp programs, built into `cache` the first time."""
+    bins = bin_dir(cache)
+    if all((bins / t).exists() for t in TARGETS):
+        return bins
+    cxx = compiler()
+    cmake = shutil.which("cmake", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if cmake is None:
+        raise BenchError("cmake is not installed: pip install cmake (into the venv) to build llama.cpp")
+    source = fetch_source(cache)
+    log = cache / "build.log"
+    log.write_text("")
+    print(f"building llama.cpp {VERSION} into {cache} (about 11 minutes on 2 cores; log: {log})", file=sys.stderr)
+    configure = [cmake, "-S", str(source), "-B", str(cache / "build"), f"-DCMAKE_CXX_COMPILER={cxx}", *CMAKE_FLAGS]
+    run_tool(configure, timeout_s=600, log=log)
+    jobs = str(os.cpu_count() or 2)
+    run_tool([cmake, "--build", str(cache / "build"), "--target", *TARGETS, "-j", jobs], BUILD_TIMEOUT_S, log=log)
+    return bins
+
+
+# ---------------------------------------------------------------------------------------------
+# Test files: random-weight Qwen2.5-shaped GGUFs, quantized by llama-quantize
+
+
+def copy_tokenizer(writer: gguf.GGUFWriter, vocab: Path) -> None:
+    """Every `tokenizer.*` key of the vocabulary-only GGUF `vocab`, as it is there."""
+    for key, field in gguf.GGUFReader(str(vocab)).fields.items():
+        if key.startswith("tokenizer."):
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type)
+
+
+def add_hparams(writer: gguf.GGUFWriter, shape: Shape, name: str) -> None:
+    writer.add_name(name)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_block_count(shape.num_layers)
+    writer.add_context_length(32768)
+    writer.add_embedding_length(shape.hidden_size)
+    writer.add_feed_forward_length(shape.intermediate_size)
+    writer.add_head_count(shape.num_heads)
+    writer.add_head_count_kv(shape.num_kv_heads)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+
+
+def random_tensors(shape: Shape, seed: int) -> dict[str, np.ndarray]:
+    """Qwen2's tensors under llama.cpp's names: weights F16 (std 0.02), norms and biases F32; the
+    output layer is the embedding (tied), so no `output.weight`."""
+    rng = np.random.default_rng(seed)
+    hidden, kv = shape.hidden_size, shape.hidden_size // shape.num_heads * shape.num_kv_heads
+
+    def weight(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)  # (out, in)
+
+    tensors = {"token_embd.weight": weight(shape.vocab_size, hidden)}
+    for i in range(shape.num_layers):
+        b = f"blk.{i}"
+        tensors |= {f"{b}.attn_norm.weight": np.ones(hidden, np.float32)}
+        for proj, rows in (("attn_q", hidden), ("attn_k", kv), ("attn_v", kv)):
+            tensors[f"{b}.{proj}.weight"] = weight(rows, hidden)
+            tensors[f"{b}.{proj}.bias"] = rng.standard_normal(rows, dtype=np.float32) * 0.02
+        tensors[f"{b}.attn_output.weight"] = weight(hidden, hidden)
+        tensors[f"{b}.ffn_norm.weight"] = np.ones(hidden, np.float32)
+        tensors[f"{b}.ffn_gate.weight"] = weight(shape.intermediate_size, hidden)
+        tensors[f"{b}.ffn_up.weight"] = weight(shape.intermediate_size, hidden)
+        tensors[f"{b}.ffn_down.weight"] = weight(hidden, shape.intermediate_size)
+    tensors["output_norm.weight"] = np.ones(hidden, np.float32)
+    return tensors
+
+
+def write_f16(path: Path, size: str) -> Path:
+    """The random-weight Qwen2.5-`size`-shaped F16 GGUF at `path` (written once)."""
+    if path.exists():
+        return path
+    vocab_dir, why = fetch_models_dir()
+    if vocab_dir is None:
+        raise BenchError(f"no Qwen2 vocabulary for the test files: {why}")
+    print(f"writing {path.name}", file=sys.stderr)
+    partial = path.with_suffix(".partial")
+    writer = gguf.GGUFWriter(str(partial), "qwen2")
+    add_hparams(writer, SHAPES[size], f"Qwen2.5-{size.upper()}-shaped random weights")
+    copy_tokenizer(writer, vocab_dir / "ggml-vocab-qwen2.gguf")
+    for name, tensor in random_tensors(SHAPES[size], seed=0).items():
+        writer.add_tensor(name, tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    partial.rename(path)
+    return path
+
+
+def made_file(name: str, bins: Path, cache: Path) -> Path:
+    """The test file `name` ("0.5b-q4_k_m"), written and quantized the first time it is asked for."""
+    size, _, quant = name.partition("-")
+    path = cache / "models" / f"qwen2.5-{size}-shaped-{quant}.gguf"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f16 = write_f16(cache / "models" / f"qwen2.5-{size}-shaped-f16.gguf", size)
+    print(f"quantizing {path.name}", file=sys.stderr)
+    partial = path.with_suffix(".partial")
+    run_tool([str(bins / "llama-quantize"), str(f16), str(partial), quant.upper(), str(THREADS)], timeout_s=1800)
+    partial.rename(path)
+    return path
+
+
+def quant_of(path: Path) -> str:
+    """The quantization a GGUF names in general.file_type ("Q4_K_M"), or "?" where it names none."""
+    field = gguf.GGUFReader(str(path)).fields.get("general.file_type")
+    if field is None:
+        return "?"
+    return gguf.LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_")
+
+
+MADE = tuple(f"{size}-{q.lower()}" for size in SHAPES for q in QUANTS)
+
+
+def resolve_files(names: list[str], bins: Path, cache: Path) -> list[BenchFile]:
+    """Each name as a file: a made test file, `smollm2` (base's default model) or a GGUF path."""
+    files = []
+    for name in names:
+        if name in MADE:
+            path = made_file(name, bins, cache)
+        elif name == "smollm2":
+            path = default_gguf_path()
+            if not path.exists():
+                raise BenchError(f"SmolLM2 is not downloaded yet: run `base run` once (it fetches {path.name})")
+        elif (path := Path(name).expanduser()).is_file():
+            name = path.stem
+        else:
+            raise BenchError(f"unknown file {name!r}: give a GGUF path, smollm2 or one of {', '.join(MADE)}")
+        files.append(BenchFile(name, quant_of(path), path))
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmarks
+
+
+def llama_bench(bins: Path, path: Path, timeout_s: float) -> dict[str, float | str]:
+    """llama-bench's pp128 and tg64 (tok/s, mean of its repetitions) and which build ran."""
+    cmd = [str(bins / "llama-bench"), "-m", str(path), "-p", "128", "-n", "64", "-t", str(THREADS), "-o", "json"]
+    rows = json.loads(run_tool(cmd, timeout_s))
+    pp = next(r for r in rows if r["n_prompt"] == 128 and r["n_gen"] == 0)
+    tg = next(r for r in rows if r["n_prompt"] == 0 and r["n_gen"] == 64)
+    return {"pp128": pp["avg_ts"], "tg64": tg["avg_ts"], "build": f"{tg['build_commit']} ({tg['cpu_info']})"}
+
+
+def parse_batched_bench(table: str) -> dict[int, dict[str, float]]:
+    """llama-batched-bench's markdown table as {B: {column: value}}, e.g. {8: {"S_TG t/s": 41.2, ...}}."""
+    rows, header = {}, None
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if "S_TG t/s" in cells:
+            header = cells
+        elif header is not None and len(cells) == len(header) and all(re.fullmatch(r"[\d.]+", c) for c in cells):
+            row = dict(zip(header, map(float, cells)))
+            rows[int(row["B"])] = row
+    return rows
+
+
+def batched_bench(bins: Path, path: Path, timeout_s: float) -> dict[int, float]:
+    """llama-batched-bench's S_TG (aggregate decode tok/s) at 1 and 8 streams."""
+    cmd = [str(bins / "llama-batched-bench"), "-m", str(path), "-c", "4096", "-npp", "128", "-ntg", "64"]
+    rows = parse_batched_bench(run_tool([*cmd, "-npl", "1,8", "-t", str(THREADS)], timeout_s))
+    if 8 not in rows:
+        raise BenchError(f"llama-batched-bench printed no row for 8 streams on {path.name}")
+    return {b: row["S_TG t/s"] for b, row in rows.items()}
+
+
+def base_bench(path: Path, isa: str, timeout_s: float) -> dict[str, float | str]:
+    """`base bench`'s 1- and 8-stream decode and 1-stream prefill (tok/s) under BASE_CPU_ISA=`isa`, and
+    the ISA its kernels report they ran (an unknown ISA falls back to the widest)."""
+    env = {k: v for k, v in os.environ.items() if k != "BASE_CPU_ISA"}
+    if isa != "default":
+        env["BASE_CPU_ISA"] = isa
+    base = shutil.which("base", path=str(Path(sys.executable).parent)) or "base"
+    cmd = [base, "bench", str(path), "--concurrency", "1,8", "--prompt-tokens", "128", "--gen-tokens", "64"]
+    out = run_tool([*cmd, "--json"], timeout_s, env=env)
+    report = json.loads(out[out.index("{") :])
+    by_streams = {row["concurrency"]: row for row in report["throughput"]}
+    ran = re.search(r"\((\w+), \d+ threads\)", report["matmuls"])
+    return {
+        "isa": ran.group(1) if ran else report["matmuls"],
+        "tg1": by_streams[1]["decode_tok_s_aggregate"],
+        "tg8": by_streams[8]["decode_tok_s_aggregate"],
+        "pp128": by_streams[1]["prefill_tok_s"],
+        "matmuls": report["matmuls"],
+    }
+
+
+def bench_file(file: BenchFile, bins: Path, isas: list[str], timeout_s: float) -> dict:
+    """llama.cpp's two benchmarks, then base once per ISA, on one file."""
+    print(f"{file.name}: llama-bench, llama-batched-bench", file=sys.stderr)
+    llama = llama_bench(bins, file.path, timeout_s)
+    llama["tg8"] = batched_bench(bins, file.path, timeout_s)[8]
+    runs = []
+    for isa in isas:
+        print(f"{file.name}: base bench (BASE_CPU_ISA={isa})", file=sys.stderr)
+        runs.append({"requested_isa": isa, **base_bench(file.path, isa, timeout_s)})
+    return {**asdict(file), "path": str(file.path), "llama_cpp": llama, "base": runs}
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+def ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.2f}" if theirs else "-"
+
+
+def render(report: dict) -> str:
+    """One row per file and ISA: llama.cpp / base / ratio for tg64, 8-stream decode and pp128."""
+    head = ("file", "quant", "isa", "tg64 l.cpp", "base", "ratio", "8-str l.cpp", "base", "ratio")
+    head += ("pp128 l.cpp", "base", "ratio")
+    rows = [head]
+    for entry in report["files"]:
+        llama = entry["llama_cpp"]
+        for run in entry["base"]:
+            isa = run["isa"] if run["requested_isa"] in ("default", run["isa"]) else f"{run['isa']}(!)"
+            row = (entry["name"], entry["quant"], isa)
+            for key in ("tg1", "tg8", "pp128"):
+                theirs = llama["tg64" if key == "tg1" else key]
+                row += (f"{theirs:.1f}", f"{run[key]:.1f}", ratio(run[key], theirs))
+            rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.append(f"llama.cpp {report['llama_cpp']}, {THREADS} threads each; ratio = base / llama.cpp")
+    if any("(!)" in row[2] for row in rows):
+        lines.append("(!): base ran another ISA than asked for (BASE_CPU_ISA names one this CPU lacks)")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--files", help=f"comma-separated: {', '.join(MADE)}, smollm2 or GGUF paths (default: all)")
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    parser.add_argument("--isa", default="default", help=f"comma-separated BASE_CPU_ISA values: {', '.join(ISAS)}")
+    parser.add_argument("--cache", type=Path, help="where llama.cpp and the test files are kept")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds each benchmark may run")
+    parser.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    isas = args.isa.split(",")
+    if unknown := [isa for isa in isas if isa not in ISAS]:
+        raise BenchError(f"unknown --isa {', '.join(unknown)}: choose from {', '.join(ISAS)}")
+    names = list(QUICK) if args.quick else args.files.split(",") if args.files else [*MADE, "smollm2"]
+    cache = args.cache or base_home() / "llama.cpp" / f"{VERSION}-{native_hash()}"
+    bins = build_llama_cpp(cache)
+    files = resolve_files(names, bins, cache)
+    entries = [bench_file(f, bins, isas, args.timeout) for f in files]
+    build = entries[0]["llama_cpp"]["build"] if entries else "?"
+    return {"llama_cpp": f"{VERSION} {build}", "cache": str(cache), "threads": THREADS, "files": entries}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        report = run(args)
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    print(json.dumps(report, indent=2) if args.json else render(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -68,6 +68,7 @@ SYNTHETIC_HELP = (
 )
 CPU_LAYER_HELP = "Also decode one stream with the CPU decoder-layer kernel on and off."
 API_KEY_HELP = "Require 'Authorization: Bearer KEY' (env BASE_API_KEY)."
+API_KEY_FILE_HELP = "Read the key from this file (its one line), out of sight of ps; instead of --api-key."
 SEED_HELP = "Seed of the sampling of requests that bring none (default: random), for reproducible runs."
 
 
@@ -301,6 +302,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="Port to listen on."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="BASE_API_KEY", help=API_KEY_HELP),
+    api_key_file: str | None = typer.Option(None, "--api-key-file", help=API_KEY_FILE_HELP),
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="Model name clients send."),
     kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
     kv_bits: int = KV_BITS,
@@ -329,7 +331,7 @@ def serve(
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     from baselm.api.server import ServeOptions
-    from baselm.commands.serve import ServeArgs, pd_options
+    from baselm.commands.serve import ServeArgs, api_key_option, pd_options
     from baselm.commands.serve import serve as run_serve
 
     with report_user_errors():
@@ -348,7 +350,8 @@ def serve(
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
             seed=seed,
         )
-        server = ServeOptions(host, port, api_key or None, served_model_name, parse_size(max_body), shutdown_timeout)
+        api_key = api_key_option(api_key, api_key_file)
+        server = ServeOptions(host, port, api_key, served_model_name, parse_size(max_body), shutdown_timeout)
         server.cors_origins = tuple(o.strip() for o in cors_origins.split(",") if o.strip())
         model_args = ModelArgs(model, device, require_signature, with_prefix_cache_file(dist, prefix_cache_file))
         args = ServeArgs(model_args, config, server, pd_options(pd, role, dist))

@@ -5,12 +5,13 @@ server's exit status (see `baselm.api.server.exit_process`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from baselm.api.server import ServeOptions, exit_process, run_server
 from baselm.commands.errors import report_user_errors
 from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower
-from baselm.config import EngineConfig
+from baselm.config import ConfigError, EngineConfig
 
 if TYPE_CHECKING:
     from baselm.commands.serve_pd import PDOptions
@@ -26,6 +27,32 @@ class ServeArgs:
     engine: EngineConfig
     server: ServeOptions
     pd: PDOptions | None = None  # --pd (and --role): a prefill/decode group; None: one engine
+
+
+def read_api_key_file(path: str) -> str:
+    """The key `--api-key-file` names: the file's one line, less its trailing newline, so the key
+    stays out of `ps` and shell history. A missing, empty or many-line file is a ConfigError."""
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--api-key-file {path}: no such file; write the key into it") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--api-key-file {path} cannot be read as text ({exc})") from None
+    key = text.removesuffix("\n").removesuffix("\r")
+    if not key.strip():
+        raise ConfigError(f"--api-key-file {path} is empty; write the key into it")
+    if "\n" in key or "\r" in key:
+        raise ConfigError(f"--api-key-file {path} holds several lines; the key is one line")
+    return key
+
+
+def api_key_option(api_key: str | None, api_key_file: str | None) -> str | None:
+    """The key from --api-key (or BASE_API_KEY) or --api-key-file; giving both is a ConfigError."""
+    if api_key_file is None:
+        return api_key or None
+    if api_key:
+        raise ConfigError("give the API key one way: --api-key-file, or --api-key / BASE_API_KEY, not both")
+    return read_api_key_file(api_key_file)
 
 
 def pd_options(pd: str | None, role: str | None, dist: DistOptions | None) -> PDOptions | None:

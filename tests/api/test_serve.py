@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -134,6 +135,37 @@ def test_serve_refuses_a_missing_model_with_one_line(tmp_path):
     )
     assert result.returncode == 1
     assert result.stderr.startswith("error:") and "nothing" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_reads_the_api_key_from_a_file_kept_out_of_its_command_line(model_folder, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret\n")  # as `echo s3cret > key` writes it: the one trailing newline is not the key's
+    served = ServeProcess(model_folder, "--api-key-file", str(key_file), "--kv-memory", "4MiB")
+    try:
+        assert httpx.get(f"{served.url}/v1/models", timeout=30).status_code == 401
+        authorized = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(f"{served.url}/v1/models", headers=authorized, timeout=30).status_code == 200
+        assert "s3cret" not in " ".join(served.proc.args)
+    finally:
+        served.close()
+
+
+@pytest.mark.parametrize(("content", "says"), [(None, "no such file"), ("\n", "is empty"), ("a\nb\n", "one line")])
+def test_serve_refuses_a_missing_or_empty_key_file_with_one_line(model_folder, tmp_path, content, says):
+    key_file = tmp_path / "key"
+    if content is not None:
+        key_file.write_text(content)
+    env = {k: v for k, v in os.environ.items() if k != "BASE_API_KEY"}
+    result = subprocess.run(
+        [sys.executable, "-m", "baselm.cli", "serve", str(model_folder), "--api-key-file", str(key_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("error:") and says in result.stderr and "Traceback" not in result.stderr
+    assert str(key_file) in result.stderr
 
 
 @pytest.mark.slow

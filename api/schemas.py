@@ -9,12 +9,15 @@ ignored. Unknown fields are refused too, except `user`, which is purely informat
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from baselm.api.errors import bad_request
 
 INFORMATIONAL_FIELDS = frozenset({"user"})
+# A logit_bias key: ASCII digits only (str.isdigit takes "²" and "١٢", int() the second), ids < 10**10.
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
 
 class Body:
@@ -193,7 +196,7 @@ def _logit_bias(body: Body) -> dict[int, float] | None:
         raise bad_request("logit_bias must be an object mapping token ids to numbers", "logit_bias")
     out: dict[int, float] = {}
     for key, value in bias.items():
-        if not (isinstance(key, str) and key.isdigit()):
+        if not (isinstance(key, str) and _TOKEN_ID.fullmatch(key)):
             raise bad_request(f"logit_bias key {key!r} is not a token id", "logit_bias")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad_request(f"logit_bias value for token {key} must be a number", "logit_bias")

@@ -52,6 +52,15 @@ def test_bad_field_is_400_naming_it(server):
     assert_serving(server)
 
 
+@pytest.mark.parametrize(
+    "key", ["²", "١٢", "9" * 5000, "-1", " 5"], ids=["superscript", "arabic", "long", "neg", "space"]
+)
+def test_a_logit_bias_key_that_is_not_a_token_id_in_ascii_digits_is_400(server, key):
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 1, "logit_bias": {key: 1}}
+    error = assert_error(server.http().post(CHAT, json=body), 400, "logit_bias")
+    assert "is not a token id" in error["message"]
+
+
 def test_unknown_fields_are_refused_by_name_but_user_is_accepted(server):
     http = server.http()
     error = assert_error(

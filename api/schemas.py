@@ -4,18 +4,24 @@ every OpenAI-style protocol shares (`read_common`); each protocol module reads t
 Each field is either honoured or refused with a 400 that names it; nothing is silently
 ignored. Unknown fields are refused too, except `user`, which is purely informational
 (OpenAI uses it for abuse tracking) and is accepted and ignored.
+
+NOTE: JSON nests at most MAX_JSON_DEPTH levels, the body counted as one (`check_depth`, on every
+body as it is read, and `check_json_text` on JSON sent inside strings): the chat template, the
+grammar compiler and the schema code recurse, and a 400-level schema would be a RecursionError.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from baselm.api.errors import bad_request
+from baselm.api.errors import APIError, bad_request
 
 INFORMATIONAL_FIELDS = frozenset({"user"})
+MAX_JSON_DEPTH = 64  # levels of JSON in a request, its body counted as one
 # A logit_bias key: ASCII digits only (str.isdigit takes "²" and "١٢", int() the second), ids < 10**10.
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
@@ -87,6 +93,43 @@ class Body:
         if unknown:
             names = ", ".join(repr(k) for k in unknown)
             raise bad_request(f"unknown field{'s' if len(unknown) > 1 else ''} {names} in {self.where}", unknown[0])
+
+
+def check_depth(data: Any) -> None:
+    """A 400 naming the top-level field of `data` (a request body) that nests past MAX_JSON_DEPTH."""
+    fields = data.items() if isinstance(data, dict) else [("the request body", data)]
+    room = MAX_JSON_DEPTH - 1 if isinstance(data, dict) else MAX_JSON_DEPTH
+    for name, value in fields:
+        if _deeper_than(value, room):
+            raise _too_deep(str(name))
+
+
+def check_json_text(text: str, where: str) -> None:
+    """A 400 naming `where` when `text` is JSON nested past MAX_JSON_DEPTH (text that is not JSON passes)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise _too_deep(where) from None
+    except ValueError:
+        return
+    if _deeper_than(value, MAX_JSON_DEPTH):
+        raise _too_deep(where)
+
+
+def _deeper_than(value: Any, levels: int) -> bool:
+    """True when `value` nests more than `levels` arrays and objects; recurses at most `levels` + 1 deep."""
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+    if children is None:
+        return False
+    if levels == 0:
+        return True
+    return any(isinstance(c, (dict, list)) and _deeper_than(c, levels - 1) for c in children)
+
+
+def _too_deep(where: str) -> APIError:
+    return bad_request(
+        f"{where} nests JSON deeper than {MAX_JSON_DEPTH} levels (counting the request body); flatten it", where
+    )
 
 
 def _kind(value: Any) -> str:

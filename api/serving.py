@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from baselm.api import sse
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
-from baselm.api.schemas import Common
+from baselm.api.schemas import Common, check_depth
 from baselm.async_engine import AsyncEngine
 from baselm.engine import QueueFullError
 from baselm.request import RequestOutput
@@ -95,7 +95,7 @@ async def read_request(request: Request, parse: Callable[[Any], ParsedT]) -> tup
 
 
 async def read_json(request: Request, limit: int) -> Any:
-    """The body parsed as JSON; 413 past `limit` bytes, 400 when it is not JSON."""
+    """The body parsed as JSON; 413 past `limit` bytes, 400 when it is not JSON or nests too deep."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise APIError(413, f"the request body is {length} bytes; the limit is {limit}")
@@ -112,9 +112,11 @@ async def read_json(request: Request, limit: int) -> Any:
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object")
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise bad_request(f"the request body is not valid JSON ({str(exc)[:200]})") from None
+    check_depth(data)
+    return data
 
 
 def check_model(state: ServerState, name: str) -> None:

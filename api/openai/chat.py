@@ -17,7 +17,7 @@ from baselm.api import serving
 from baselm.api.answer_text import AnswerText
 from baselm.api.chat import ChatRequest, forces_call, parses_tools, prepare, read_tool, template_kwargs
 from baselm.api.errors import bad_request
-from baselm.api.schemas import Body, array_field, read_common
+from baselm.api.schemas import Body, array_field, check_json_text, read_common
 from baselm.request import RequestOutput
 from baselm.sampling.params import TokenLogprobs
 from baselm.toolcalls import parsers
@@ -229,6 +229,7 @@ def _history_call(data: Any, where: str) -> dict[str, Any]:
     function = Body(body.raw("function"), f"{where}.function")
     name = function.string("name", required=True)
     arguments = function.string("arguments", required=True)
+    check_json_text(arguments, f"{where}.function.arguments")  # the chat template parses it
     function.finish()
     body.finish()
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}

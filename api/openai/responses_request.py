@@ -16,7 +16,7 @@ from typing import Any
 
 from baselm.api.chat import ChatRequest, read_function
 from baselm.api.errors import bad_request
-from baselm.api.schemas import Body, Common, array_field
+from baselm.api.schemas import Body, Common, array_field, check_json_text
 
 _IGNORED = ("include", "metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier")
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -178,11 +178,10 @@ def _message(body: Body, where: str) -> dict[str, Any]:
 
 
 def _append_call(messages: list[dict[str, Any]], body: Body, where: str) -> None:
-    call = {
-        "id": body.string("call_id", required=True),
-        "type": "function",
-        "function": {"name": body.string("name", required=True), "arguments": body.string("arguments", required=True)},
-    }
+    call_id, name = body.string("call_id", required=True), body.string("name", required=True)
+    arguments = body.string("arguments", required=True)
+    check_json_text(arguments, f"{where}.arguments")  # the chat template parses it
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     last = messages[-1] if messages else None
     if last is None or last["role"] != "assistant":
         last = {"role": "assistant", "content": ""}

@@ -23,6 +23,8 @@ from baselm.api.schemas import Body, Common, read_common
 from baselm.request import RequestOutput
 from baselm.sampling.params import TokenLogprobs
 
+MAX_CHOICES = 256  # prompts × n in one request
+
 
 async def completions(request: Request) -> Response:
     """POST /v1/completions."""
@@ -217,7 +219,7 @@ def parse_completion(data: Any) -> CompletionRequest:
     """The checked completions body; a 400 naming the first field at fault."""
     body = Body(data)
     common = read_common(body, default_max_tokens=16)  # OpenAI's default for completions
-    prompts = _prompts(body.raw("prompt"))
+    prompts = _prompts(body.raw("prompt"), common.n)
     logprobs = body.integer("logprobs")
     echo = body.boolean("echo")
     score_only = common.sampling["max_tokens"] == 0
@@ -234,13 +236,14 @@ def parse_completion(data: Any) -> CompletionRequest:
     return CompletionRequest(common, prompts, logprobs, echo, score_only)
 
 
-def _prompts(value: Any) -> list[str | list[int]]:
+def _prompts(value: Any, n: int) -> list[str | list[int]]:
     if value is None:
         raise bad_request("prompt is required", "prompt")
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list) or not value:
         raise bad_request("prompt must be a string, an array of strings, token ids, or arrays of token ids", "prompt")
+    _check_num_choices(len(value) if isinstance(value[0], (str, list)) else 1, n)
     if all(isinstance(p, str) for p in value):
         return list(value)
     if _is_token_ids(value):
@@ -248,6 +251,17 @@ def _prompts(value: Any) -> list[str | list[int]]:
     if all(isinstance(p, list) and p and _is_token_ids(p) for p in value):
         return [list(p) for p in value]
     raise bad_request("prompt must be a string, an array of strings, token ids, or arrays of token ids", "prompt")
+
+
+def _check_num_choices(num_prompts: int, n: int) -> None:
+    """A 400 when prompts × n passes MAX_CHOICES: checked before any prompt is copied or tokenized,
+    since each choice holds its own text, logprobs and engine request."""
+    if num_prompts * n > MAX_CHOICES:
+        raise bad_request(
+            f"{num_prompts} prompts with n {n} ask for {num_prompts * n} choices; a request asks for at most "
+            f"{MAX_CHOICES} (prompts × n)",
+            "prompt" if num_prompts > MAX_CHOICES else "n",
+        )
 
 
 def _is_token_ids(value: list[Any]) -> bool:

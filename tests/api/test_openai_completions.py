@@ -154,3 +154,20 @@ def test_echo_with_logprobs_scores_the_prompt_then_the_answer_whole_and_streamed
 def test_max_tokens_0_needs_echo(server):
     response = server.http().post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0})
     assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
+
+
+def test_a_request_asks_for_at_most_256_choices_counted_before_any_prompt_is_read(server):
+    http = server.http()
+
+    def refused(body: dict, param: str) -> str:
+        response = http.post("/v1/completions", json={"model": MODEL, "max_tokens": 1, **body})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+        return response.json()["error"]["message"]
+
+    message = refused({"prompt": [[1]] * 100_000, "n": 16}, "prompt")
+    assert message == "100000 prompts with n 16 ask for 1600000 choices; a request asks for at most 256 (prompts × n)"
+    assert refused({"prompt": ["x"] * 257}, "prompt").startswith("257 prompts with n 1 ask for 257 choices")
+    assert refused({"prompt": ["x"] * 17, "n": 16}, "n").startswith("17 prompts with n 16 ask for 272 choices")
+    served = _complete(server, prompt=[[1]] * 16, n=16, max_tokens=1, extra_body={"ignore_eos": True})
+    assert [c.index for c in served.choices] == list(range(256))

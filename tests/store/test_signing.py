@@ -26,6 +26,7 @@ from baselm.store.signing import PublicKey, keygen, sidecar
 from tests.forward import prefill_logits
 from tests.paths import BPE_TOKENIZER, LLAMA_FIXTURE
 from tests.store.base_helpers import entry, rewrite_header, write_small
+from tests.tiny_gguf import tiny_llama_gguf
 
 CPU = Backend("cpu", mx.float32, keep_quantized=False)
 IDS = np.array([1, 17, 42, 99, 7, 200, 3, 64])
@@ -225,6 +226,12 @@ def test_require_signature_refuses_a_folder_named_like_a_base_file(tmp_path, hom
     result = CliRunner().invoke(app, ["run", str(folder), "hi", "--require-signature", "-n", "1"])
     assert result.exit_code == 1 and "only .base files" in result.output
     assert load_model(folder, CPU).path == folder  # without --require-signature it loads as the HF folder it is
+
+
+def test_require_signature_refuses_a_gguf_file(tmp_path, home) -> None:
+    path, _ = tiny_llama_gguf(tmp_path / "m.gguf", "F32")
+    with pytest.raises(SignatureError, match=r"is not a \.base file; only \.base files carry signatures"):
+        load_model(path, CPU, require_signature=True)
 
 
 def test_pulling_a_signed_base_file_checks_and_keeps_its_signature(tmp_path, home, keys) -> None:

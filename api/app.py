@@ -19,6 +19,7 @@ from baselm.api.auth import Gate
 from baselm.api.cors import cors_middleware
 from baselm.api.embeddings import embeddings
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
+from baselm.api.guard import BrowserGuard, allowed_host_names
 from baselm.api.metrics import Metrics
 from baselm.api.ollama.chat import ollama_chat, ollama_generate
 from baselm.api.ollama.embed import ollama_embed, ollama_embeddings
@@ -155,19 +156,25 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     cors_origins: Sequence[str] = (),
+    host: str = "127.0.0.1",
+    allowed_hosts: Sequence[str] = (),
 ) -> Starlette:
     """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth.
 
     `cors_origins`: the web origins whose pages may call the API from a browser ("*": any;
     "localhost": any page served from this machine, on any port); none by default. CORS sits
     outside auth: a browser's preflight carries no API key, and an error answer must carry the
-    CORS headers for the page to read it.
+    CORS headers for the page to read it. `host` (the bound address) and `allowed_hosts` say
+    which Host names are answered; guard.py refuses the rest, foreign origins and non-JSON bodies.
     """
     state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
     chat_template = state.tokenizer.to_hf_files()[1].get("chat_template")
     state.tool_format = detect_format(chat_template)
     state.thinks = template_thinks(chat_template)
-    middleware = [Middleware(Gate, api_key=state.api_key, metrics=state.metrics)]
+    middleware = [
+        Middleware(Gate, api_key=state.api_key, metrics=state.metrics),
+        Middleware(BrowserGuard, host_names=allowed_host_names(host, allowed_hosts), cors_origins=cors_origins),
+    ]
     if cors_origins:
         middleware.insert(0, cors_middleware(cors_origins))
     app = Starlette(routes=ROUTES, exception_handlers=EXCEPTION_HANDLERS, middleware=middleware)

@@ -9,11 +9,10 @@ is refused, whichever header comes first. A refusal on the Anthropic routes has 
 from __future__ import annotations
 
 import hmac
-import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from baselm.api.errors import body_for_path
+from baselm.api.errors import APIError, send_error
 from baselm.api.metrics import Metrics
 
 OPEN_PATHS = frozenset({"/health"})  # load balancers probe this without a key
@@ -80,11 +79,4 @@ class Gate:
 
 async def _unauthorized(send: Send, path: str) -> None:
     message = "missing or invalid API key; send the header 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
-    body = json.dumps(body_for_path(path)(401, message, code="invalid_api_key")).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"www-authenticate", b"Bearer"),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": 401, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_error(send, path, APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from starlette.datastructures import Headers
@@ -11,6 +12,13 @@ from starlette.responses import Response
 
 # "localhost" in --cors-origins: any page served from this machine, on any port.
 LOOPBACK_ORIGIN = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+
+
+def is_allowed_origin(origin: str, origins: Sequence[str]) -> bool:
+    """True when `--cors-origins` (`origins`) lets the page at `origin` call the API."""
+    if "*" in origins or origin in origins:
+        return True
+    return "localhost" in origins and re.fullmatch(LOOPBACK_ORIGIN, origin) is not None
 
 
 class OriginCORS(CORSMiddleware):

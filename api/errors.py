@@ -12,6 +12,7 @@ each answered as the 400 naming that field (`api_error`).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.types import Send
 
 from baselm.distributed.group import RankFailedError
 from baselm.structured.errors import StructuredOutputError
@@ -114,6 +116,15 @@ ERROR_SHAPES: tuple[tuple[str, Callable[..., dict[str, Any]]], ...] = (
 def body_for_path(path: str) -> Callable[..., dict[str, Any]]:
     """The error body builder of the protocol that owns `path`."""
     return next((shape for prefix, shape in ERROR_SHAPES if path.startswith(prefix)), error_body)
+
+
+async def send_error(send: Send, path: str, error: APIError) -> None:
+    """Answers `error` straight from an ASGI middleware, in the body of the protocol that owns `path`."""
+    body = json.dumps(body_for_path(path)(error.status, error.message, error.param, error.code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(name.lower().encode(), value.encode()) for name, value in (error.headers or {}).items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def error_response(error: APIError, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:

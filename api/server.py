@@ -8,7 +8,6 @@ exit 0. A second SIGINT quits at once.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from typing import NoReturn
 import uvicorn
 
 from baselm.api.app import create_app
+from baselm.api.guard import is_loopback
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES
 from baselm.async_engine import AsyncEngine
 from baselm.config import EngineConfig
@@ -33,7 +33,7 @@ logger = logging.getLogger("baselm.api")
 
 @dataclass(slots=True)
 class ServeOptions:
-    """How `base serve` listens and answers: address, key, body limit, shutdown grace, log level, CORS."""
+    """How `base serve` listens and answers: address, key, body limit, shutdown grace, log level, CORS, Host names."""
 
     host: str = "127.0.0.1"
     port: int = 8080
@@ -43,6 +43,7 @@ class ServeOptions:
     shutdown_timeout: float = 30.0
     log_level: str = "info"
     cors_origins: tuple[str, ...] = ()  # web origins allowed to call from a browser; none by default
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted beside the bound address and loopback's ("*": any)
 
 
 class Server(uvicorn.Server):
@@ -61,15 +62,6 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> Server:
     app = create_app(
         client,
@@ -77,6 +69,8 @@ def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> 
         api_key=options.api_key,
         max_body_bytes=options.max_body_bytes,
         cors_origins=options.cors_origins,
+        host=options.host,
+        allowed_hosts=options.allowed_hosts,
     )
     config = uvicorn.Config(
         app,

@@ -59,6 +59,10 @@ CORS_HELP = (
     "Web origins allowed to call from a browser, comma-separated ('*': any; 'localhost': this machine's "
     "pages; default none)."
 )
+ALLOWED_HOSTS_HELP = (
+    "Host names answered beside the bound address and localhost, comma-separated ('*': any); others get a 403 "
+    "(DNS rebinding). Default: loopback's names when bound to loopback, any name otherwise."
+)
 PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g. 1:1 (see docs/distributed.md)."
 ROLE_HELP = "With --pd over machines: this rank's role, prefill or decode (checked against --rank)."
 WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
@@ -248,7 +252,7 @@ def bench(
             compare_cpu_layer=compare_cpu_layer,
             seed=seed,
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
-            workloads=tuple(w.strip() for w in workload.split(",") if w.strip()),
+            workloads=comma_list(workload),
             spec_repeats=spec_repeats,
         )
     command.bench(command.BenchArgs(loaded, engine, options, as_json))
@@ -272,7 +276,7 @@ def _bench_synthetic(
 
     if model is not None or not sizes:
         fail("give either a model or --synthetic SIZES")
-    names = tuple(s.strip() for s in sizes.split(",") if s.strip())
+    names = comma_list(sizes)
     with report_user_errors():
         args = SyntheticArgs(names, bits, device, gen_tokens, seed, as_json)
     bench_synthetic(args)
@@ -296,6 +300,11 @@ def _bench_pd(
     bench_pd(PDBenchArgs(model, Layout.parse(pd), engine, batch, as_json))
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    """The items of a comma-separated option, stripped, empty ones dropped."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
 @app.command()
 def serve(
     model: str = typer.Argument(..., help=MODEL_HELP),
@@ -317,6 +326,7 @@ def serve(
     prefix_cache_max_size: str | None = typer.Option(None, "--prefix-cache-max-size", help=PREFIX_MAX_HELP),
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help=SHUTDOWN_HELP),
     cors_origins: str = typer.Option("", "--cors-origins", help=CORS_HELP),
+    allowed_hosts: str = typer.Option("", "--allowed-hosts", help=ALLOWED_HOSTS_HELP),
     device: str = DEVICE,
     require_signature: bool = REQUIRE_SIGNATURE,
     speculative: str | None = SPECULATIVE,
@@ -352,7 +362,7 @@ def serve(
         )
         api_key = api_key_option(api_key, api_key_file)
         server = ServeOptions(host, port, api_key, served_model_name, parse_size(max_body), shutdown_timeout)
-        server.cors_origins = tuple(o.strip() for o in cors_origins.split(",") if o.strip())
+        server.cors_origins, server.allowed_hosts = comma_list(cors_origins), comma_list(allowed_hosts)
         model_args = ModelArgs(model, device, require_signature, with_prefix_cache_file(dist, prefix_cache_file))
         args = ServeArgs(model_args, config, server, pd_options(pd, role, dist))
     run_serve(args)

@@ -176,7 +176,7 @@ async def ollama_show(request: Request) -> Response:
     return JSONResponse(
         {
             "license": "",
-            "modelfile": f"# served by base\nFROM {state.client.engine.loaded.path}\n",
+            "modelfile": f"# served by base\nFROM {state.model_name}\n",  # never a path on this machine
             "parameters": "",
             "template": template if isinstance(template, str) else "",
             "details": entry["details"],
@@ -221,6 +221,16 @@ class _QueueProgress:
         )
 
 
+def _without_store_path(message: str) -> str:
+    """A store error as the API says it: the store's folder named `$BASE_HOME`, never its place on this machine."""
+    from baselm.store.default_model import base_home
+
+    home = base_home()
+    for place in sorted({str(home.resolve()), str(home)}, key=len, reverse=True):
+        message = message.replace(place, "$BASE_HOME")
+    return message
+
+
 def _pull_worker(ref: str, out: queue.SimpleQueue) -> None:
     from baselm.models import supported_model_types
     from baselm.store import pull as pulling
@@ -232,7 +242,7 @@ def _pull_worker(ref: str, out: queue.SimpleQueue) -> None:
         out.put({"status": "writing manifest"})
         out.put({"status": "success", "model": stored.ref})
     except (StoreError, OSError, ValueError) as exc:
-        out.put({"error": str(exc), _STATUS: 400})
+        out.put({"error": _without_store_path(str(exc)), _STATUS: 400})
     except Exception as exc:  # a bug: say so without a traceback on the wire
         logger.exception("pull of %s failed", ref, exc_info=exc)
         out.put({"error": "the pull failed with an internal error; see the server log", _STATUS: 500})

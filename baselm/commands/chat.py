@@ -36,7 +36,8 @@ class ChatArgs:
 
 def chat_serve_options(host: str, port: int) -> ServeOptions:
     """How `base chat --serve` serves: quietly, with the API key from $BASE_API_KEY."""
-    from baselm.api.server import ServeOptions, is_loopback
+    from baselm.api.guard import is_loopback
+    from baselm.api.server import ServeOptions
 
     api_key = os.environ.get("BASE_API_KEY") or None
     if not api_key and not is_loopback(host):

@@ -34,6 +34,8 @@ class RunningServer:
         loaded: LoadedModel | None = None,
         model_name: str = MODEL,
         cors_origins: tuple[str, ...] = (),
+        allowed_hosts: tuple[str, ...] = (),
+        host: str = "127.0.0.1",
         **config,
     ) -> None:
         config.setdefault("kv_memory", 4 * 2**20)
@@ -45,8 +47,15 @@ class RunningServer:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        # `host`: the address the server believes it is bound to (its Host check follows it); it listens on loopback.
         options = ServeOptions(
-            port=self.port, api_key=api_key, max_body_bytes=max_body_bytes, log_level="error", cors_origins=cors_origins
+            host=host,
+            port=self.port,
+            api_key=api_key,
+            max_body_bytes=max_body_bytes,
+            log_level="error",
+            cors_origins=cors_origins,
+            allowed_hosts=allowed_hosts,
         )
         self.server = make_server(self.client, model_name, options)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

@@ -13,11 +13,12 @@ PREFLIGHT = {
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
 
-def test_without_cors_origins_no_cors_headers_are_sent(server):
+def test_without_cors_origins_a_page_is_refused_without_cors_headers(server):
     http = server.http()
-    assert http.options("/v1/chat/completions", headers=PREFLIGHT).status_code == 405
+    preflight = http.options("/v1/chat/completions", headers=PREFLIGHT)
+    assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
     answer = http.post("/v1/chat/completions", json=BODY, headers={"Origin": PAGE})
-    assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+    assert answer.status_code == 403 and "access-control-allow-origin" not in answer.headers
 
 
 def test_allowed_origins_get_preflights_answered_without_a_key_and_headers_on_answers(make_server_with):

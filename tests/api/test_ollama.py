@@ -162,6 +162,23 @@ def test_pull_streams_progress_into_the_store_and_tags_then_list_it(server, clie
     assert refused.status_code == 400 and "org/name" in refused.json()["error"]
 
 
+def test_a_failed_pull_says_why_without_the_path_of_the_store(server, client, tmp_path, monkeypatch) -> None:
+    from tests.paths import LLAMA_FIXTURE
+    from tests.store.hub_server import HubServer, tiny_llama_files
+
+    home = tmp_path / "home"
+    home.write_text("a file where the store's folder should be")
+    monkeypatch.setenv("BASE_HOME", str(home))
+    with HubServer() as hub:
+        hub.add_repo("org/Tiny-Llama", tiny_llama_files(LLAMA_FIXTURE))
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_none")
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.pull("org/Tiny-Llama:q8", stream=False)
+    assert caught.value.status_code == 400
+    assert str(tmp_path) not in caught.value.error and "$BASE_HOME" in caught.value.error
+
+
 def test_a_quantized_models_parameters_are_counted_as_values_not_packed_words() -> None:
     import mlx.nn as nn
     from mlx.utils import tree_flatten

@@ -6,7 +6,9 @@ one from a model path and runs it under uvicorn.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -85,9 +87,8 @@ async def _read_body(request: Request) -> tuple[ServerState, Body]:
     return state, body
 
 
-async def tokenize(request: Request) -> Response:
-    """{"prompt": text} (llama.cpp: "content") or {"messages": [...]} -> {"tokens", "count", "max_model_len"}."""
-    state, body = await _read_body(request)
+def _tokens(state: ServerState, body: Body) -> list[int]:
+    """The ids of a /tokenize body: its prompt (llama.cpp: content) or its messages through the chat template."""
     add_special = body.boolean("add_special_tokens", default=True)
     text_field = "content" if body.has("content") and not body.has("prompt") else "prompt"
     if body.has("messages") == body.has(text_field):
@@ -97,14 +98,29 @@ async def tokenize(request: Request) -> Response:
         add_generation_prompt = body.boolean("add_generation_prompt", default=True)
         body.finish()
         try:
-            tokens = state.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt)
+            return state.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt)
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
-    else:
-        prompt = body.string(text_field, required=True)
-        body.finish()
-        tokens = state.tokenizer.encode(prompt, add_special_tokens=add_special)
+    prompt = body.string(text_field, required=True)
+    body.finish()
+    return state.tokenizer.encode(prompt, add_special_tokens=add_special)
+
+
+async def tokenize(request: Request) -> Response:
+    """{"prompt": text} (llama.cpp: "content") or {"messages": [...]} -> {"tokens", "count", "max_model_len"}."""
+    state, body = await _read_body(request)
+    tokens = await asyncio.to_thread(_tokens, state, body)  # NOTE: megabytes of text take seconds, off the loop
     return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len})
+
+
+def _text(state: ServerState, tokens: Any) -> str:
+    """The text of a /detokenize body's `tokens`."""
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise bad_request("tokens must be an array of token ids", "tokens")
+    bad = [t for t in tokens if not 0 <= t < state.tokenizer.vocab_size]
+    if bad:
+        raise bad_request(f"token {bad[0]} is outside the vocabulary of {state.tokenizer.vocab_size}", "tokens")
+    return state.tokenizer.decode(tokens)
 
 
 async def detokenize(request: Request) -> Response:
@@ -112,12 +128,7 @@ async def detokenize(request: Request) -> Response:
     state, body = await _read_body(request)
     tokens = body.raw("tokens")
     body.finish()
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-        raise bad_request("tokens must be an array of token ids", "tokens")
-    bad = [t for t in tokens if not 0 <= t < state.tokenizer.vocab_size]
-    if bad:
-        raise bad_request(f"token {bad[0]} is outside the vocabulary of {state.tokenizer.vocab_size}", "tokens")
-    return JSONResponse({"prompt": state.tokenizer.decode(tokens)})
+    return JSONResponse({"prompt": await asyncio.to_thread(_text, state, tokens)})
 
 
 ROUTES = [

@@ -226,6 +226,16 @@ def _generate_ids(state: serving.ServerState, body: Body, extra: dict[str, Any])
     return context + ids
 
 
+def _generate_job(
+    state: serving.ServerState, body: Body, common: Common, fmt: dict[str, Any] | None, extra: dict[str, Any]
+) -> serving.Job:
+    """/api/generate's one engine job: its prompt ids, checked, and its params (`format`'s grammar compiled)."""
+    ids = _generate_ids(state, body, extra)
+    body.finish()
+    serving.check_prompt(state, ids, "prompt", common.sampling["max_tokens"], MAX_TOKENS_FIELD)
+    return serving.Job(ids, _params(state, common.sampling, fmt), 0)
+
+
 async def ollama_generate(request: Request) -> Response:
     """POST /api/generate."""
     state, body = await read_body(request)
@@ -237,9 +247,6 @@ async def ollama_generate(request: Request) -> Response:
             body.raw(name)
         body.finish()
         return JSONResponse({**_GenerateAnswer(state, common, [], None, False).whole(), "done_reason": "load"})
-    ids = await asyncio.to_thread(_generate_ids, state, body, extra)
-    body.finish()
-    serving.check_prompt(state, ids, "prompt", common.sampling["max_tokens"], MAX_TOKENS_FIELD)
-    job = serving.Job(ids, _params(state, common.sampling, fmt), 0)
-    answer = _GenerateAnswer(state, common, ids, None, not body.data.get("raw"))
+    job = await asyncio.to_thread(_generate_job, state, body, common, fmt, extra)  # a format grammar compiles
+    answer = _GenerateAnswer(state, common, job.prompt_ids, None, not body.data.get("raw"))
     return await serving.respond(request, state, [job], "prompt", answer)

@@ -47,12 +47,13 @@ def effective_max_tokens(num_prompt_tokens: int, max_tokens: int | None, max_mod
     """The max_tokens a request gets: `max_tokens`, or all the room its prompt leaves when None.
 
     NOTE: the one rule for context room; raises RequestTooLongError when the prompt leaves no
-    room to generate or prompt + max_tokens exceed `max_model_len`.
+    room to generate or prompt + max_tokens exceed `max_model_len`. Its message says "maximum
+    context length is N tokens" as OpenAI's does: litellm and langchain recognize it by that text.
     """
     if num_prompt_tokens >= max_model_len:
         raise RequestTooLongError(
-            f"the request has a prompt of {num_prompt_tokens} tokens but the model takes at most {max_model_len} "
-            "in all, leaving no room to generate; shorten the prompt",
+            f"this model's maximum context length is {max_model_len} tokens, but the prompt has {num_prompt_tokens}, "
+            "leaving no room to generate; shorten the prompt",
             field="prompt",
         )
     if max_tokens is None:
@@ -60,8 +61,8 @@ def effective_max_tokens(num_prompt_tokens: int, max_tokens: int | None, max_mod
     total = num_prompt_tokens + max_tokens
     if total > max_model_len:
         raise RequestTooLongError(
-            f"the request needs {total} tokens ({num_prompt_tokens} prompt + {max_tokens} max_tokens) but the model "
-            f"takes at most {max_model_len}; shorten the prompt or lower max_tokens",
+            f"this model's maximum context length is {max_model_len} tokens, but the request needs {total} "
+            f"({num_prompt_tokens} prompt + {max_tokens} max_tokens); shorten the prompt or lower max_tokens",
             field="max_tokens",
         )
     return max_tokens

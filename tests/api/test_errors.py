@@ -91,6 +91,17 @@ def test_image_parts_and_unknown_roles_are_refused_clearly(server):
     )
 
 
+def test_context_length_exceeded_says_so_in_openais_words(server):
+    """litellm and langchain tell a context-window error from other 400s by OpenAI's text."""
+    http = server.http()
+    max_model_len = http.get(f"/v1/models/{MODEL}").json()["max_model_len"]
+    long_chat = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 3000}]}
+    too_many = {"model": MODEL, "prompt": "hi", "max_tokens": max_model_len}
+    for path, body in ((CHAT, long_chat), ("/v1/completions", too_many)):
+        message = http.post(path, json=body).json()["error"]["message"]
+        assert message.startswith(f"this model's maximum context length is {max_model_len} tokens")
+
+
 def test_context_length_exceeded(server):
     http = server.http()
     long_prompt = "word " * 3000

@@ -277,12 +277,12 @@ def test_nothing_is_planned_ahead_while_a_request_waits_or_one_is_about_to_finis
 
 def test_too_long_requests_are_rejected_when_added():
     scheduler, _ = make(num_blocks=4, block_size=4, max_model_len=32)
-    too_long = r"needs 33 tokens \(30 prompt \+ 3 max_tokens\) but the model takes at most 32"
+    too_long = r"maximum context length is 32 tokens, but the request needs 33 \(30 prompt \+ 3 max_tokens\)"
     with pytest.raises(RequestTooLongError, match=too_long):
         scheduler.add_request(request("a", list(range(30)), max_tokens=3))
     with pytest.raises(RequestTooLongError, match="needs up to 5 KV blocks of 4 tokens but the cache has only 4"):
         scheduler.add_request(request("b", list(range(10)), max_tokens=8))
-    with pytest.raises(RequestTooLongError, match="prompt of 32 tokens but the model takes at most 32"):
+    with pytest.raises(RequestTooLongError, match="maximum context length is 32 tokens, but the prompt has 32,"):
         scheduler.add_request(Request("c", list(range(32))))
     assert not scheduler.has_unfinished
 

@@ -57,6 +57,7 @@ HF_PATTERNS = (
 # for bit (MLX reads Q4_0/Q4_1/Q8_0 as its own affine groups), 4-bit before 8-bit, then floats,
 # then K-quants (which need re-quantizing).
 GGUF_DEFAULT_ORDER = ("Q4_0", "Q4_1", "Q8_0", "F16", "BF16", "F32", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K")
+_COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit id, as the hub writes it
 _GGUF_TAG = re.compile(r"[-._]((?:I?Q\d[A-Z0-9_]*)|F16|BF16|F32)\Z", re.IGNORECASE)
 
 
@@ -188,13 +189,30 @@ class HubClient:
         with _hub_errors(repo, revision, self.endpoint):
             info = api.model_info(repo, revision=revision, files_metadata=True)
         files = tuple(
-            HubFile(s.rfilename, int(s.size or 0), s.lfs.sha256 if s.lfs else None, s.blob_id)
+            HubFile(self._checked_name(s.rfilename, repo), int(s.size or 0), s.lfs.sha256 if s.lfs else None, s.blob_id)
             for s in info.siblings or []
         )
         if not info.sha:
             raise HubError(f"{self.endpoint} did not say which commit {repo}@{revision} is; is HF_ENDPOINT a hub?")
+        if not _COMMIT.fullmatch(info.sha):  # it names a folder of the downloads, removed with the others
+            raise HubError(
+                f"{self.endpoint} gave {info.sha!r} as the commit of {repo}@{revision}, which is not a commit id "
+                "(40 hex digits); is HF_ENDPOINT a hub?"
+            )
         # The hub matches repo ids in any case and answers with the canonical spelling: store by that.
+        if info.id and info.id.lower() != repo.lower():
+            raise HubError(f"{self.endpoint} answered for {info.id!r} when asked for {repo!r}; is HF_ENDPOINT a hub?")
         return RepoSnapshot(info.id or repo, revision, info.sha, files)
+
+    def _checked_name(self, name: str, repo: str) -> str:
+        """`name`, a listed file's path, unless it could reach outside the folder it is downloaded into."""
+        parts = name.split("/")
+        if name.startswith("/") or "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts):
+            raise HubError(
+                f"{self.endpoint} lists a file named {name!r} in {repo}, which is not a path inside the repo; "
+                "refused (is HF_ENDPOINT a hub you trust?)"
+            )
+        return name
 
     def download(self, snapshot: RepoSnapshot, file: HubFile, folder: Path, progress: Progress | None = None) -> Path:
         """`file` under `folder`, fetched (or resumed from its `.part`) and verified; a verified copy is reused."""

@@ -206,3 +206,42 @@ def test_a_connection_that_keeps_dropping_gives_up_with_a_resumable_error(
         del hub.cut_always["config.json"]
     assert len(hub.downloads_of("config.json")) >= 5
     assert client.download(snapshot, snapshot.file("config.json"), tmp_path).read_bytes() == FILES["config.json"]
+
+
+@pytest.mark.parametrize(
+    "name", ["/etc/passwd", "../outside.json", "weights/../../outside.json", "dir\\file.json", "nul\0.json", "a//b"]
+)
+def test_a_listed_file_name_that_would_land_outside_the_folder_is_refused(
+    hub: HubServer, client: HubClient, name: str
+) -> None:
+    hub.add_repo("org/hostile-names", {**FILES, name: b"x"})
+    with pytest.raises(HubError) as refused:
+        client.snapshot("org/hostile-names")
+    assert str(refused.value) == (
+        f"{hub.url} lists a file named {name!r} in org/hostile-names, which is not a path inside the repo; "
+        "refused (is HF_ENDPOINT a hub you trust?)"
+    )
+
+
+@pytest.mark.parametrize("commit", ["../../elsewhere", "abc123", "A" * 40, "0" * 39 + "/"])
+def test_a_commit_that_is_not_40_hex_digits_is_refused(hub: HubServer, client: HubClient, commit: str) -> None:
+    hub.add_repo("org/hostile-commit", FILES)
+    hub.repos["org/hostile-commit"].commit = commit
+    with pytest.raises(HubError) as refused:
+        client.snapshot("org/hostile-commit")
+    assert str(refused.value) == (
+        f"{hub.url} gave {commit!r} as the commit of org/hostile-commit@main, which is not a commit id "
+        "(40 hex digits); is HF_ENDPOINT a hub?"
+    )
+
+
+def test_an_answer_for_another_repo_is_refused(hub: HubServer, client: HubClient) -> None:
+    """The hub may change a repo id's letter case, never the id."""
+    hub.add_repo("org/asked", FILES)
+    hub.repos["org/asked"].name = "../../elsewhere"
+    with pytest.raises(HubError) as refused:
+        client.snapshot("org/asked")
+    assert (
+        str(refused.value)
+        == f"{hub.url} answered for '../../elsewhere' when asked for 'org/asked'; is HF_ENDPOINT a hub?"
+    )

@@ -34,6 +34,7 @@ from baselm.config import (
     EngineConfig,
     SpeculativeConfig,
     parse_int_list,
+    parse_name_list,
     parse_optional_size,
     parse_size,
     parse_size_list,
@@ -252,7 +253,7 @@ def bench(
             compare_cpu_layer=compare_cpu_layer,
             seed=seed,
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
-            workloads=comma_list(workload),
+            workloads=parse_name_list(workload),
             spec_repeats=spec_repeats,
         )
     command.bench(command.BenchArgs(loaded, engine, options, as_json))
@@ -276,7 +277,7 @@ def _bench_synthetic(
 
     if model is not None or not sizes:
         fail("give either a model or --synthetic SIZES")
-    names = comma_list(sizes)
+    names = parse_name_list(sizes)
     with report_user_errors():
         args = SyntheticArgs(names, bits, device, gen_tokens, seed, as_json)
     bench_synthetic(args)
@@ -298,11 +299,6 @@ def _bench_pd(
 
     batch = PDBenchOptions(prompt_tokens, gen_tokens, parse_int_list(concurrency)[-1], seed)
     bench_pd(PDBenchArgs(model, Layout.parse(pd), engine, batch, as_json))
-
-
-def comma_list(text: str) -> tuple[str, ...]:
-    """The items of a comma-separated option, stripped, empty ones dropped."""
-    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 @app.command()
@@ -362,7 +358,7 @@ def serve(
         )
         api_key = api_key_option(api_key, api_key_file)
         server = ServeOptions(host, port, api_key, served_model_name, parse_size(max_body), shutdown_timeout)
-        server.cors_origins, server.allowed_hosts = comma_list(cors_origins), comma_list(allowed_hosts)
+        server.cors_origins, server.allowed_hosts = parse_name_list(cors_origins), parse_name_list(allowed_hosts)
         model_args = ModelArgs(model, device, require_signature, with_prefix_cache_file(dist, prefix_cache_file))
         args = ServeArgs(model_args, config, server, pd_options(pd, role, dist))
     run_serve(args)

@@ -42,6 +42,11 @@ def parse_size_list(text: str) -> tuple[int, ...]:
     return tuple(parse_size(s) for s in text.split(",") if s.strip())
 
 
+def parse_name_list(text: str) -> tuple[str, ...]:
+    """Names from a comma-separated list, stripped, empty ones dropped: 'a, b,' -> ('a', 'b')."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def parse_int_list(text: str) -> tuple[int, ...]:
     """Integers from a comma-separated list: '1,4,8'."""
     try:

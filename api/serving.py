@@ -33,7 +33,7 @@ from baselm.api import sse
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
 from baselm.api.schemas import Common, check_depth
-from baselm.async_engine import AsyncEngine
+from baselm.async_engine import AsyncEngine, RequestStream
 from baselm.engine import QueueFullError
 from baselm.request import RequestOutput
 from baselm.sampling.params import SamplingParams, SamplingParamsError
@@ -222,18 +222,15 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def submit(
-    state: ServerState, jobs: list[Job], prompt_field: str
-) -> list[tuple[Job, AsyncIterator[RequestOutput]]]:
+async def submit(state: ServerState, jobs: list[Job], prompt_field: str) -> list[tuple[Job, RequestStream]]:
     """Queues every job on the engine; on a refusal, aborts those already queued and raises an APIError."""
-    started: list[tuple[Job, AsyncIterator[RequestOutput]]] = []
+    started: list[tuple[Job, RequestStream]] = []
     try:
         for job in jobs:
             started.append((job, await state.client.submit(job.prompt_ids, job.params, job.request_id)))
     except BaseException as exc:
-        for job, iterator in started:
-            state.client.abort(job.request_id)
-            await iterator.aclose()
+        for _, stream in started:
+            await stream.aclose()  # aborts it
         if isinstance(exc, QueueFullError):
             raise APIError(
                 429, f"the server is busy ({exc}); retry shortly", code="queue_full", headers={"Retry-After": "1"}
@@ -249,7 +246,7 @@ async def submit(
 
 
 async def outputs(
-    state: ServerState, started: list[tuple[Job, AsyncIterator[RequestOutput]]], usage: Usage
+    state: ServerState, started: list[tuple[Job, RequestStream]], usage: Usage
 ) -> AsyncIterator[RequestOutput]:
     """The outputs of all jobs as they come, `index` set to the choice index; counts usage and latency.
 
@@ -276,16 +273,15 @@ async def outputs(
     finally:
         for task in pumps:
             task.cancel()
-        for job, _ in started:
-            if job.request_id not in done:  # a pump cancelled before it began cannot abort by itself
-                state.client.abort(job.request_id)
         await asyncio.gather(*pumps, return_exceptions=True)
+        for _, stream in started:  # a pump cancelled before it began never closed its stream
+            await stream.aclose()  # aborts it unless it finished
         state.metrics.count_tokens(sum(usage.prompt.values()), sum(usage.completion.values()))
 
 
-async def _pump(job: Job, iterator: AsyncIterator[RequestOutput], queue: asyncio.Queue) -> None:
+async def _pump(job: Job, stream: RequestStream, queue: asyncio.Queue) -> None:
     try:
-        async for out in iterator:
+        async for out in stream:
             queue.put_nowait((job, out))
         queue.put_nowait((job, None))
     except asyncio.CancelledError:
@@ -293,7 +289,7 @@ async def _pump(job: Job, iterator: AsyncIterator[RequestOutput], queue: asyncio
     except BaseException as exc:  # the engine failed this request: hand the error to the reader
         queue.put_nowait(exc)
     finally:
-        await iterator.aclose()
+        await stream.aclose()
 
 
 def _observe_latency(metrics: Metrics, out: RequestOutput, arrival: float, last_seen: dict[int, float]) -> None:

@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -85,33 +85,22 @@ class AsyncEngine:
 
     async def submit(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> RequestStream:
         """Async iterator over a request's outputs; raises at once if the engine refuses it."""
         params = params or SamplingParams()
         request_id = request_id or self.engine.new_request_id()
-        stream: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        stream = RequestStream(self, request_id, params.n)
+        self._streams[request_id] = (asyncio.get_running_loop(), stream.queue)
         try:
             await self.run_on_engine(_add_request, prompt, params, request_id)
         except BaseException:
             self._streams.pop(request_id, None)
             self.abort(request_id)  # cancelled after the engine took it: nobody would read it
             raise
-        return self._iterate(request_id, stream, params.n)
+        return stream
 
-    async def _iterate(self, request_id: str, stream: asyncio.Queue, num_copies: int) -> AsyncIterator[RequestOutput]:
-        remaining = num_copies
-        try:
-            while remaining:
-                item = await stream.get()
-                if isinstance(item, BaseException):
-                    raise item
-                remaining -= item.finished
-                yield item
-        finally:
-            self._streams.pop(request_id, None)
-            if remaining:
-                self.abort(request_id)
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
 
     def abort(self, request_id: str) -> None:
         self.call(_abort, request_id)
@@ -137,8 +126,10 @@ class AsyncEngine:
                 continue
             for out in outputs:
                 self._deliver(out.request_id, out)
-        self._fail_all(RuntimeError("the engine is shutting down"))
-        self._save_prefix_cache()
+        try:
+            self._fail_all(RuntimeError("the engine is shutting down"))
+        finally:
+            self._save_prefix_cache()
 
     def _save_prefix_cache(self) -> None:
         """Saves the prefix cache file when there is one; a failure is logged, never fatal."""
@@ -162,11 +153,54 @@ class AsyncEngine:
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         target = self._streams.get(request_id)
-        if target is not None:
-            loop, stream = target
+        if target is None:
+            return
+        loop, stream = target
+        try:
             loop.call_soon_threadsafe(stream.put_nowait, item)
+        except RuntimeError:  # its event loop has closed (a server shutting down): nobody is left to read it
+            self._streams.pop(request_id, None)
 
     def _fail_all(self, exc: Exception) -> None:
         for request_id in list(self._streams):
             self.engine.abort(request_id)
             self._deliver(request_id, exc)
+
+
+class RequestStream:
+    """One request's outputs, as `AsyncEngine.submit` returns them: an async iterator that ends
+    once each of the request's n copies has finished.
+
+    NOTE: `aclose` removes the request from the engine's stream table and aborts it unless it
+    finished, whether or not iteration ever began (an async generator closed before its first
+    step never runs its cleanup, which left a refused multi-prompt request's streams behind).
+    """
+
+    def __init__(self, client: AsyncEngine, request_id: str, num_copies: int) -> None:
+        self.client = client
+        self.request_id = request_id
+        self.queue: asyncio.Queue = asyncio.Queue()  # RequestOutputs, or the exception that failed the request
+        self.num_unfinished = num_copies
+        self.is_closed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.is_closed or not self.num_unfinished:
+            await self.aclose()
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            await self.aclose()
+            raise item
+        self.num_unfinished -= item.finished
+        return item
+
+    async def aclose(self) -> None:
+        if self.is_closed:
+            return
+        self.is_closed = True
+        self.client._forget(self.request_id)
+        if self.num_unfinished:
+            self.client.abort(self.request_id)

@@ -67,6 +67,12 @@ class ServeProcess:
             pytest.fail(f"base serve did not print {text!r}; it printed:\n{output}")
         return output
 
+    def output(self, timeout: float = 60.0) -> str:
+        """All the output, once the process has closed it."""
+        with self._output:
+            self._output.wait_for(lambda: self._output_ended, timeout)
+            return "".join(self.lines)
+
     def _healthy(self) -> bool:
         try:
             return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
@@ -209,5 +215,30 @@ def test_smollm2_served_from_its_gguf_knows_the_capital_of_france(smollm2_gguf):
         assert json.loads(structured.choices[0].message.content) == {"city": "Paris"}
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(60) == 0
+    finally:
+        served.close()
+
+
+def test_serve_saves_its_prefix_cache_and_exits_0_after_a_multi_prompt_request_got_429(model_folder, tmp_path):
+    cache_file = tmp_path / "prefix.kvc"
+    served = ServeProcess(
+        model_folder, "--kv-memory", "4MiB", "--max-num-seqs", "1", "--max-waiting", "1",
+        "--prefix-cache-file", str(cache_file),
+    )  # fmt: skip
+    try:
+        client = served.openai()
+        model = client.models.list().data[0].id
+        assert client.completions.create(model=model, prompt="two " * 40, max_tokens=1).usage.prompt_tokens > 32
+        # One request runs, one waits: the third prompt finds the queue full (the first two were queued, then aborted).
+        response = httpx.post(
+            f"{served.url}/v1/completions",
+            json={"model": model, "prompt": ["one " * 40] * 3, "max_tokens": 1000, "ignore_eos": True},
+            timeout=60,
+        )
+        assert response.status_code == 429
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(60) == 0
+        assert "Traceback" not in served.output()  # the engine thread stopped on its own, not with an error
+        assert cache_file.stat().st_size > 0  # and saved the cached blocks of the first prompt
     finally:
         served.close()

@@ -162,7 +162,7 @@ def test_n_copies_each_run_their_own_processors(make_engine):
 
 def test_a_request_longer_than_the_model_is_refused(make_engine):
     engine = make_engine()
-    with pytest.raises(RequestTooLongError, match="at most 512"):
+    with pytest.raises(RequestTooLongError, match="maximum context length is 512 tokens"):
         engine.add_request([7] * 500, SamplingParams(max_tokens=50))
     assert not engine.has_unfinished
 

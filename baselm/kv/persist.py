@@ -9,8 +9,10 @@ header checksum, else an xxh3 sampled over the model's files; the KV layout: lay
 dim, block size, dtype, kv bits) and the block hashes, most recently used first. The data is
 array-major: for each layer, K then V, each pool array (one, or codes/scales/biases for a
 quantized pool) holds the saved blocks' rows back to back. The footer holds an xxh3-64 of each
-array's bytes. A file whose fingerprint differs, that is truncated or whose bytes fail their
-checksums is ignored with one warning line: the engine starts with an empty cache.
+group of 64 rows of each array, so a pool smaller than the file reads only the groups it keeps;
+the header is checked before any data is read. A file whose fingerprint differs, that is
+truncated or whose bytes fail their checksums is ignored with one warning line: the engine
+starts with an empty cache.
 
 Writes go to a temporary file that is fsynced and renamed over the old one (store.fs), so a
 kill at any point leaves the previous file whole. Loading puts the blocks back as free cached
@@ -21,9 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import mlx.core as mx
 import numpy as np
@@ -36,7 +40,8 @@ from baselm.store.fs import atomic_write
 log = logging.getLogger("baselm.kv")
 
 MAGIC = b"BASEKVC1"
-VERSION = 1
+VERSION = 2  # 2: a checksum for each group of _GROUP blocks of an array, not one for the whole array
+_GROUP = 64  # blocks an array's checksum covers: a load reads whole groups, no more than the pool keeps
 _LEN = struct.Struct("<Q")
 GROUP_SUFFIX = ".tp"  # rank R of a tensor-parallel group keeps FILE.tpR (dist/tp_persist.py)
 
@@ -130,7 +135,8 @@ def write_file(path: Path, cache: PagedKVCache, stamp: dict[str, Any], hashes: l
         for layer, kind, index in _pool_arrays(cache) if block_ids else []:
             array = pool_arrays(getattr(cache[layer], kind))[index]
             data = np.array(mx.view(array[ids], mx.uint8)).tobytes()
-            checksums.append(xxhash.xxh3_64_hexdigest(data))
+            group = len(data) // len(block_ids) * _GROUP
+            checksums.append([xxhash.xxh3_64_hexdigest(data[i : i + group]) for i in range(0, len(data), group)])
             f.write(data)
         footer = json.dumps({"checksums": checksums}).encode()
         f.write(footer + _LEN.pack(len(footer)))
@@ -158,7 +164,7 @@ def load(path: Path, kv: KVCacheManager, cache: PagedKVCache, stamp: dict[str, A
             )
         return 0
     try:
-        hashes, arrays = read_file(path, cache, stamp)
+        hashes, arrays = read_file(path, cache, stamp, kv.pool.num_free_blocks)
     except Unusable as exc:
         log.warning("ignoring the prefix cache file %s: %s; starting with an empty cache", path, exc)
         return 0
@@ -186,50 +192,102 @@ def write_rows(cache: PagedKVCache, block_ids: list[int], arrays: list[mx.array]
     mx.eval([(layer.keys, layer.values) for layer in cache.layers])
 
 
-def read_file(path: Path, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list[int], list[mx.array]]:
-    """The block hashes and pool arrays saved in `path`; raises Unusable with the reason it cannot be used."""
+def read_file(
+    path: Path, cache: PagedKVCache, stamp: dict[str, Any], max_blocks: int | None = None
+) -> tuple[list[int], list[mx.array]]:
+    """The block hashes and pool arrays saved in `path`, the most recent `max_blocks` blocks at most
+    (None: all); raises Unusable with the reason it cannot be used.
+
+    NOTE: the header is checked before any data is read, and only the kept blocks' rows are read
+    (with the rest of their checksum group): a file of another model, or one larger than the pool,
+    costs no more memory than the blocks that fit."""
     try:
-        return _read(path, cache, stamp)
+        with open(path, "rb") as f:
+            return _read(f, os.fstat(f.fileno()).st_size, cache, stamp, max_blocks)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise Unusable(str(exc)) from None
 
 
-def _read(path: Path, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list[int], list[mx.array]]:
-    raw = path.read_bytes()
-    if raw[: len(MAGIC)] != MAGIC:
+def _read(
+    f: BinaryIO, size: int, cache: PagedKVCache, stamp: dict[str, Any], max_blocks: int | None
+) -> tuple[list[int], list[mx.array]]:
+    if f.read(len(MAGIC)) != MAGIC:
         raise Unusable("it is not a prefix cache file")
     try:
-        return _parse(raw, cache, stamp)
+        header = _read_header(f, size, stamp)
+        hashes = [int(h, 16) for h in header["hashes"]]
+        data = _Data(f.tell(), *_read_footer(f, size), len(hashes))
+        num = len(hashes) if max_blocks is None else min(len(hashes), max_blocks)
+        return hashes[:num], _read_arrays(f, cache, stamp, data, num)
     except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:  # JSON and UTF-8 errors are ValueErrors
         raise Unusable(f"it is truncated or corrupt ({type(exc).__name__})") from None
 
 
-def _parse(raw: bytes, cache: PagedKVCache, stamp: dict[str, Any]) -> tuple[list[int], list[mx.array]]:
-    (header_len,) = _LEN.unpack_from(raw, len(MAGIC))
-    start = len(MAGIC) + _LEN.size
-    header = json.loads(raw[start : start + header_len])
+def _read_header(f: BinaryIO, size: int, stamp: dict[str, Any]) -> dict[str, Any]:
+    """The header JSON, checked against `stamp`; the file is left at the start of the data."""
+    (header_len,) = _LEN.unpack(f.read(_LEN.size))
+    if header_len > size - f.tell() - _LEN.size:
+        raise ValueError("the header runs past the end of the file")
+    header = json.loads(f.read(header_len))
     mismatched = sorted(k for k in stamp if header.get(k) != stamp[k])
     if mismatched:
         raise Unusable(f"it was saved for another model or KV layout ({', '.join(mismatched)} differ)")
-    (footer_len,) = _LEN.unpack_from(raw, len(raw) - _LEN.size)
-    footer = json.loads(raw[len(raw) - _LEN.size - footer_len : len(raw) - _LEN.size])
-    hashes = [int(h, 16) for h in header["hashes"]]
-    offset = start + header_len
-    arrays = []
-    specs = stamp["arrays"]
-    for (_, _, index), checksum in zip(_pool_arrays(cache), footer["checksums"]):
-        dtype, shape = getattr(mx, specs[index][0].split(".")[-1]), specs[index][1]
-        size = len(hashes) * int(np.prod(shape)) * dtype.size
-        data = raw[offset : offset + size]
-        if len(data) != size or xxhash.xxh3_64_hexdigest(data) != checksum:
-            raise Unusable("its data is truncated or corrupt")
-        arrays.append(mx.view(mx.array(np.frombuffer(data, dtype=np.uint8)), dtype).reshape(len(hashes), *shape))
-        offset += size
-    if hashes and len(arrays) != len(_pool_arrays(cache)):
-        raise Unusable("it holds fewer arrays than the layout needs")
-    if offset + footer_len + _LEN.size != len(raw):
+    return header
+
+
+def _read_footer(f: BinaryIO, size: int) -> tuple[int, list[list[str]]]:
+    """(where the data ends, the checksums of each array's groups); the file is left where it was."""
+    data_start = f.tell()
+    f.seek(size - _LEN.size)
+    (footer_len,) = _LEN.unpack(f.read(_LEN.size))
+    data_end = size - _LEN.size - footer_len
+    if data_end < data_start:
+        raise ValueError("the footer runs past the start of the data")
+    f.seek(data_end)
+    checksums = json.loads(f.read(footer_len))["checksums"]
+    f.seek(data_start)
+    return data_end, checksums
+
+
+@dataclass(slots=True)
+class _Data:
+    """Where a file's arrays lie and what checks them."""
+
+    start: int
+    end: int
+    checksums: list[list[str]]  # for each array, an xxh3-64 of each group of _GROUP rows
+    num_blocks: int  # rows of each array
+
+
+def _read_arrays(f: BinaryIO, cache: PagedKVCache, stamp: dict[str, Any], data: _Data, num: int) -> list[mx.array]:
+    """The first `num` rows of every pool array."""
+    specs = [stamp["arrays"][index] for _, _, index in _pool_arrays(cache)] if data.num_blocks else []
+    dtypes = [getattr(mx, dtype.split(".")[-1]) for dtype, _ in specs]
+    row_sizes = [int(np.prod(shape)) * dtype.size for (_, shape), dtype in zip(specs, dtypes)]
+    if data.start + data.num_blocks * sum(row_sizes) != data.end:
         raise Unusable("its length does not match its contents")
-    return hashes, arrays
+    if len(data.checksums) != len(specs):
+        raise Unusable("it holds fewer arrays than the layout needs")
+    arrays, offset = [], data.start
+    for (_, shape), dtype, row_size, groups in zip(specs, dtypes, row_sizes, data.checksums):
+        f.seek(offset)
+        rows = np.frombuffer(_read_rows(f, row_size, data.num_blocks, num, groups), dtype=np.uint8)
+        arrays.append(mx.view(mx.array(rows), dtype).reshape(num, *shape))
+        offset += data.num_blocks * row_size
+    return arrays
+
+
+def _read_rows(f: BinaryIO, row_size: int, num_saved: int, num: int, groups: list[str]) -> bytearray:
+    """The first `num` of an array's `num_saved` rows, read in whole groups of _GROUP rows, each checked."""
+    if len(groups) != -(-num_saved // _GROUP):
+        raise Unusable("its checksums do not match its contents")
+    kept = bytearray()
+    for i in range(-(-num // _GROUP)):
+        group = f.read(min(_GROUP, num_saved - i * _GROUP) * row_size)
+        if xxhash.xxh3_64_hexdigest(group) != groups[i]:
+            raise Unusable("its data is truncated or corrupt")
+        kept += memoryview(group)[: (num - i * _GROUP) * row_size]
+    return kept
 
 
 class PersistentPrefixCache:

@@ -202,3 +202,52 @@ def test_a_model_folder_fingerprint_covers_every_file(tmp_path) -> None:
     first = persist.weights_fingerprint(tmp_path)
     _write(tmp_path / "config.json", b'{"a": 1}')
     assert persist.weights_fingerprint(tmp_path) != first
+
+
+def peak_bytes_allocated(work) -> int:
+    """The most bytes Python and NumPy held at once above the start while `work()` ran."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_file_of_another_model_is_refused_by_its_header_without_reading_its_blocks(tmp_path, caplog) -> None:
+    path = tmp_path / "prefix.kvc"
+    other = tmp_path / "other"
+    shutil.copytree(LLAMA_FIXTURE, other)
+    (other / "config.json").write_text((other / "config.json").read_text() + "\n")
+    engine = engine_with(path, dataclasses.replace(loaded_widened_llama("tiny"), path=other))  # no file yet
+    saver = engine_with(path)
+    answer(saver)
+    saver.save_prefix_cache()
+    with path.open("r+b") as f:  # the other model's file, its data grown to 64 MiB (sparse: nothing is written)
+        f.truncate(path.stat().st_size + 64 * 2**20)
+    with caplog.at_level(logging.WARNING, logger="baselm.kv"):
+        peak = peak_bytes_allocated(engine.prefix_file.load)
+    assert peak < 2**20  # the header alone was read
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "another model" in warning and "weights" in warning
+    assert engine.kv_manager.pool.num_cached_blocks == 0
+
+
+def test_a_file_with_more_blocks_than_the_pool_loads_the_most_recent_that_fit_reading_no_more(tmp_path) -> None:
+    from baselm.kv import persist
+
+    path = tmp_path / "prefix.kvc"
+    large, small = engine_with(path, kv_memory=8 * 2**20), engine_with(path, kv_memory=2**20)  # 1024 and 128 blocks
+    cold, _ = answer(large)
+    recent = persist._recent_cached_blocks(large.kv_manager)  # the prompt's four full blocks
+    rest = [b for b in range(large.cache.num_blocks) if b not in {block.block_id for block in recent}]
+    hashes = [b.block_hash for b in recent] + [2**100 + b for b in rest]  # every other block, as if cached
+    persist.write_file(path, large.cache, large.prefix_file.stamp, hashes, [b.block_id for b in recent] + rest)
+    assert path.stat().st_size > 8 * 2**20
+    peak = peak_bytes_allocated(small.prefix_file.load)
+    assert peak < 2 * 2**20  # about the 1 MiB of blocks kept, not the 8 MiB file
+    assert small.kv_manager.pool.num_cached_blocks == small.cache.num_blocks == 128
+    tokens, cached = answer(small)
+    assert (tokens, cached) == (cold, 64)

@@ -92,7 +92,7 @@ class RankFile:
         if self.path is None or not self.path.exists():
             return ABSENT, [], [], _VERDICTS[ABSENT]
         try:
-            hashes, arrays = read_file(self.path, cache, self.stamp(cache))
+            hashes, arrays = read_file(self.path, cache, self.stamp(cache), cache.num_blocks)
         except Unusable as exc:
             return UNUSABLE, [], [], f"{self.path}: {exc}"
         return USABLE, hashes, arrays, _VERDICTS[USABLE]

@@ -14,6 +14,7 @@ one, and the tests check it against `GGUFReader`.
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import struct
 from collections.abc import Iterator
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _NUMPY = {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "u1", 10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
+MAX_ARRAY_NESTING = 8  # metadata arrays inside arrays; llama.cpp writes at most 2, a deeper file is malformed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,7 +64,7 @@ class TensorInfo:
 
     @property
     def num_params(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
 
 class GGUFFile:
@@ -125,7 +127,7 @@ class GGUFFile:
             return float_record(info.type_name, raw, info.shape)
         if info.type_name == "MXFP4":  # exact as floats: `.base` has no MXFP4 dtype
             return gguf_mxfp4_record(raw, info.shape)
-        shape = (int(np.prod(info.shape[:-1])), info.shape[-1])
+        shape = (math.prod(info.shape[:-1]), info.shape[-1])
         try:
             if info.type_name in EXACT_TYPES:
                 return exact_record(info.type_name, raw, shape)
@@ -158,7 +160,7 @@ class _Parser:
         metadata = {}
         for _ in range(num_kv):
             key = self._string()
-            metadata[key] = self._value(self._scalar("I"))
+            metadata[key] = self._value(self._scalar("I"), 0)
         infos = [self._tensor_info() for _ in range(num_tensors)]
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if type(alignment) is not int or alignment <= 0:
@@ -185,13 +187,16 @@ class _Parser:
         self.pos += length
         return text
 
-    def _value(self, kind: int) -> Any:
+    def _value(self, kind: int, depth: int) -> Any:
+        """One metadata value of type `kind`, inside `depth` arrays."""
         if kind == _STRING:
             return self._string()
         if kind in _SCALARS:
             return self._scalar(_SCALARS[kind])
         if kind != _ARRAY:
             raise ValueError(f"unknown metadata value type {kind}")
+        if depth == MAX_ARRAY_NESTING:
+            raise ValueError(f"its metadata holds arrays nested more than {MAX_ARRAY_NESTING} deep")
         item_kind, count = self._scalar("I"), self._scalar("Q")
         if item_kind in _NUMPY:  # numbers in one read
             values = np.frombuffer(self.data, dtype=_NUMPY[item_kind], count=count, offset=self.pos)
@@ -199,7 +204,7 @@ class _Parser:
             return values.astype(bool).tolist() if item_kind == 7 else values.tolist()
         if item_kind == _STRING:
             return self._strings(count)
-        return [self._value(item_kind) for _ in range(count)]
+        return [self._value(item_kind, depth + 1) for _ in range(count)]
 
     def _strings(self, count: int) -> list[str]:
         """An array of strings (vocabularies, merges): the hot loop of opening a file."""
@@ -229,12 +234,17 @@ class _Parser:
             raise ValueError(
                 f"tensor {name!r} has {dims[0]} values per row, not a multiple of {kind.name}'s block of {block_size}"
             )
-        num_bytes = int(np.prod(dims, dtype=np.int64)) // block_size * type_size
+        num_bytes = math.prod(dims) // block_size * type_size  # Python ints: a forged shape cannot wrap to a small size
         return name, kind.name, tuple(reversed(dims)), offset, num_bytes
 
 
 def _check_extents(path: Path, tensors: dict[str, TensorInfo], file_size: int) -> None:
     for info in tensors.values():
+        if info.num_bytes > file_size:
+            raise ModelFileError(
+                f"{path}: tensor {info.name!r} has shape {info.shape}, {info.num_bytes} bytes of "
+                f"{info.type_name}: more than the file's {file_size} bytes (a damaged or forged file)"
+            )
         if info.offset + info.num_bytes > file_size:
             raise ModelFileError(f"{path}: tensor {info.name!r} runs past the end of the file (truncated download?)")
 

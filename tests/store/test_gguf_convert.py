@@ -7,6 +7,7 @@ the same package's reader and `gguf.quants.dequantize`.
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import gguf
@@ -135,6 +136,42 @@ def test_a_gguf_cut_short_or_scrambled_is_a_clear_error(cut: int, tmp_path: Path
         (tmp_path / "bad.gguf").write_bytes(data)
         with pytest.raises(gguf_store.ModelFileError, match=r"bad\.gguf: "):
             gguf_store.GGUFFile.open(tmp_path / "bad.gguf")
+
+
+def gguf_bytes(metadata: list[bytes] = (), tensors: list[bytes] = ()) -> bytes:
+    """A GGUF file made by hand: version 3, the given metadata pairs and tensor table entries, no data."""
+    return b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata)) + b"".join(metadata) + b"".join(tensors)
+
+
+def gguf_string(text: str) -> bytes:
+    return struct.pack("<Q", len(text)) + text.encode()
+
+
+def nested_array(depth: int) -> bytes:
+    """A metadata pair whose value is `depth` arrays, one inside the other, around one uint32 (GGUF types 9, 4)."""
+    value = struct.pack("<IQI", 4, 1, 7)  # the innermost array: one uint32
+    for _ in range(depth - 1):
+        value = struct.pack("<IQ", 9, 1) + value
+    return gguf_string("deep") + struct.pack("<I", 9) + value
+
+
+@pytest.mark.parametrize("dims", [[2**32, 2**32], [2**62, 8], [2**63, 2**63, 2]])
+def test_a_tensor_whose_size_wraps_64_bits_is_refused_as_larger_than_the_file(dims: list[int], tmp_path: Path) -> None:
+    entry = gguf_string("w.weight") + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, 0, 0)  # F32 at offset 0
+    path = tmp_path / "huge.gguf"
+    path.write_bytes(gguf_bytes(tensors=[entry]) + bytes(64))
+    with pytest.raises(gguf_store.ModelFileError, match=r"huge\.gguf: tensor 'w\.weight' .* more than the file"):
+        gguf_store.GGUFFile.open(path)
+
+
+def test_metadata_arrays_nest_at_most_8_deep(tmp_path: Path) -> None:
+    path = tmp_path / "deep.gguf"
+    path.write_bytes(gguf_bytes([nested_array(8)]))
+    assert gguf_store.GGUFFile.open(path).metadata == {"deep": [[[[[[[[7]]]]]]]]}
+    for depth in (9, 5000):  # 5000: past Python's recursion limit
+        path.write_bytes(gguf_bytes([nested_array(depth)]))
+        with pytest.raises(gguf_store.ModelFileError, match=r"deep\.gguf: .*arrays nested more than 8 deep"):
+            gguf_store.GGUFFile.open(path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,10 +30,13 @@ from baselm.loader import LoadedModel
 
 logger = logging.getLogger("baselm.api")
 
+DEFAULT_MAX_CONNECTIONS = 512  # each open connection holds a socket and its buffers, idle or not
+
 
 @dataclass(slots=True)
 class ServeOptions:
-    """How `base serve` listens and answers: address, key, body limit, shutdown grace, log level, CORS, Host names."""
+    """How `base serve` listens and answers: address, key, body limit, shutdown grace, log level, CORS, Host
+    names, connections open at once."""
 
     host: str = "127.0.0.1"
     port: int = 8080
@@ -44,6 +47,7 @@ class ServeOptions:
     log_level: str = "info"
     cors_origins: tuple[str, ...] = ()  # web origins allowed to call from a browser; none by default
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted beside the bound address and loopback's ("*": any)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # open at once; past it uvicorn answers 503
 
 
 class Server(uvicorn.Server):
@@ -80,6 +84,7 @@ def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> 
         timeout_graceful_shutdown=options.shutdown_timeout,
         lifespan="off",
         access_log=options.log_level == "debug",
+        limit_concurrency=options.max_connections + 1,  # uvicorn counts the connection asking among those open
     )
     return Server(config)
 

@@ -242,3 +242,29 @@ def test_serve_saves_its_prefix_cache_and_exits_0_after_a_multi_prompt_request_g
         assert cache_file.stat().st_size > 0  # and saved the cached blocks of the first prompt
     finally:
         served.close()
+
+
+def test_serve_answers_503_past_max_connections_open_at_once(model_folder):
+    served = ServeProcess(model_folder, "--kv-memory", "4MiB", "--max-connections", "2")
+    held = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(2)]
+    try:
+        for sock in held:  # each connection answered, then kept open (HTTP/1.1 keep-alive)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        assert httpx.get(f"{served.url}/health", timeout=30).status_code == 503
+        held.pop().close()
+        assert _eventually_healthy(served)
+    finally:
+        for sock in held:
+            sock.close()
+        served.close()
+
+
+def _eventually_healthy(served: ServeProcess, timeout: float = 30.0) -> bool:
+    """Whether /health answers 200 within `timeout`: a closed connection leaves the count once the server sees it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if httpx.get(f"{served.url}/health", timeout=30).status_code == 200:
+            return True
+        time.sleep(0.05)
+    return False

@@ -338,9 +338,7 @@ def serve(
     moe_split: str | None = MOE_SPLIT,
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
-    from baselm.api.server import ServeOptions
-    from baselm.commands.serve import ServeArgs, api_key_option, pd_options
-    from baselm.commands.serve import serve as run_serve
+    from baselm.commands import serve as command
 
     with report_user_errors():
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
@@ -358,13 +356,13 @@ def serve(
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
             seed=seed,
         )
-        api_key = api_key_option(api_key, api_key_file)
-        server = ServeOptions(host, port, api_key, served_model_name, parse_size(max_body), shutdown_timeout)
-        server.cors_origins, server.allowed_hosts = parse_name_list(cors_origins), parse_name_list(allowed_hosts)
+        api_key = command.api_key_option(api_key, api_key_file)
+        server = command.ServeOptions(host, port, api_key, served_model_name, parse_size(max_body), shutdown_timeout)
         server.max_connections = max_connections
+        server.cors_origins, server.allowed_hosts = parse_name_list(cors_origins), parse_name_list(allowed_hosts)
         model_args = ModelArgs(model, device, require_signature, with_prefix_cache_file(dist, prefix_cache_file))
-        args = ServeArgs(model_args, config, server, pd_options(pd, role, dist))
-    run_serve(args)
+        args = command.ServeArgs(model_args, config, server, command.pd_options(pd, role, dist))
+    command.serve(args)
 
 
 app.registered_commands[:0] = store_commands.commands.registered_commands  # pull, rm, inspect: listed first

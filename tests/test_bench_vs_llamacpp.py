@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.bench_vs_llamacpp import BenchError, parse_batched_bench, render, resolve_files
+from tests.tools.bench_vs_llamacpp import BenchError, parse_batched_bench, render, resolve_names
 
 # As llama-batched-bench prints it (its log lines go to stderr; the table to stdout).
 TABLE = """
@@ -29,7 +29,7 @@ def test_the_batched_bench_table_reads_as_rows_by_stream_count():
 
 def test_an_unknown_file_name_is_one_clear_error(tmp_path: Path):
     with pytest.raises(BenchError, match="unknown file 'nope'.*smollm2"):
-        resolve_files(["nope"], tmp_path, tmp_path)
+        resolve_names(["nope"], tmp_path)
 
 
 def test_the_table_gives_base_over_llama_cpp_and_flags_an_isa_not_asked_for():

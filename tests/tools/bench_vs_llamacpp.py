@@ -98,23 +98,27 @@ class BenchFile:
 
 
 def run_tool(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None, log: Path | None = None) -> str:
-    """`cmd`'s stdout; a BenchError naming the program when it is missing, runs past `timeout_s` or fails
-    (the failure's last stderr line, or the log `log` keeps the whole output in)."""
-    name = Path(cmd[0]).name
+    """`cmd`'s stdout (with `log`, its output goes there as it comes instead); a BenchError naming the
+    program when it is missing, runs past `timeout_s` or fails (its first error line, and `log`)."""
+    name, where = Path(cmd[0]).name, f"; log: {log}" if log is not None else ""
     try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        if log is None:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        else:
+            with log.open("a") as out:
+                out.write(f"$ {' '.join(cmd)}\n")
+                out.flush()
+                result = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, env=env)
     except FileNotFoundError:
         raise BenchError(f"{name} is not installed (looked for {cmd[0]})") from None
     except subprocess.TimeoutExpired:
-        raise BenchError(f"{name} ran past its {timeout_s:.0f} s timeout: {' '.join(cmd)}") from None
-    if log is not None:
-        with log.open("a") as out:
-            out.write(f"$ {' '.join(cmd)}\n{result.stdout}{result.stderr}\n")
+        raise BenchError(f"{name} ran past its {timeout_s:.0f} s timeout: {' '.join(cmd)}{where}") from None
     if result.returncode != 0:
-        where = f"; log: {log}" if log is not None else ""
-        tail = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
-        raise BenchError(f"{name} failed: {tail}{where}")
-    return result.stdout
+        output = log.read_text() if log is not None else result.stderr
+        lines = output.strip().splitlines()
+        first_error = [line for line in lines if "error" in line.lower()][:1]  # a compiler's, not make's last
+        raise BenchError(f"{name} failed: {(first_error or lines[-1:] or ['no output'])[0].strip()}{where}")
+    return result.stdout or ""
 
 
 def compiler() -> str:
@@ -249,17 +253,23 @@ def write_f16(path: Path, size: str) -> Path:
     return path
 
 
-def made_file(name: str, bins: Path, cache: Path) -> Path:
-    """The test file `name` ("0.5b-q4_k_m"), written and quantized the first time it is asked for."""
+def made_path(name: str, cache: Path) -> Path:
     size, _, quant = name.partition("-")
-    path = cache / "models" / f"qwen2.5-{size}-shaped-{quant}.gguf"
+    return cache / "models" / f"qwen2.5-{size}-shaped-{quant}.gguf"
+
+
+def make_file(name: str, bins: Path, cache: Path) -> Path:
+    """The test file `name` ("0.5b-q4_k_m"), written and quantized the first time it is asked for."""
+    path = made_path(name, cache)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    size = name.partition("-")[0]
     f16 = write_f16(cache / "models" / f"qwen2.5-{size}-shaped-f16.gguf", size)
     print(f"quantizing {path.name}", file=sys.stderr)
     partial = path.with_suffix(".partial")
-    run_tool([str(bins / "llama-quantize"), str(f16), str(partial), quant.upper(), str(THREADS)], timeout_s=1800)
+    quant = name.partition("-")[2].upper()
+    run_tool([str(bins / "llama-quantize"), str(f16), str(partial), quant, str(THREADS)], timeout_s=1800)
     partial.rename(path)
     return path
 
@@ -275,12 +285,13 @@ def quant_of(path: Path) -> str:
 MADE = tuple(f"{size}-{q.lower()}" for size in SHAPES for q in QUANTS)
 
 
-def resolve_files(names: list[str], bins: Path, cache: Path) -> list[BenchFile]:
-    """Each name as a file: a made test file, `smollm2` (base's default model) or a GGUF path."""
+def resolve_names(names: list[str], cache: Path) -> list[tuple[str, Path]]:
+    """Each name with its file: a test file (made when benchmarked), `smollm2` (base's default model) or
+    a GGUF path; checked before anything is built."""
     files = []
     for name in names:
         if name in MADE:
-            path = made_file(name, bins, cache)
+            path = made_path(name, cache)
         elif name == "smollm2":
             path = default_gguf_path()
             if not path.exists():
@@ -289,7 +300,7 @@ def resolve_files(names: list[str], bins: Path, cache: Path) -> list[BenchFile]:
             name = path.stem
         else:
             raise BenchError(f"unknown file {name!r}: give a GGUF path, smollm2 or one of {', '.join(MADE)}")
-        files.append(BenchFile(name, quant_of(path), path))
+        files.append((name, path))
     return files
 
 
@@ -297,12 +308,23 @@ def resolve_files(names: list[str], bins: Path, cache: Path) -> list[BenchFile]:
 # The benchmarks
 
 
+def parse_json(out: str, program: str) -> dict | list:
+    """The JSON `program` printed (after any log lines), or a BenchError quoting what it printed."""
+    start = min((i for i in (out.find("{"), out.find("[")) if i >= 0), default=0)
+    try:
+        return json.loads(out[start:])
+    except ValueError:
+        raise BenchError(f"{program} printed no JSON: {out.strip()[-200:]!r}") from None
+
+
 def llama_bench(bins: Path, path: Path, timeout_s: float) -> dict[str, float | str]:
     """llama-bench's pp128 and tg64 (tok/s, mean of its repetitions) and which build ran."""
     cmd = [str(bins / "llama-bench"), "-m", str(path), "-p", "128", "-n", "64", "-t", str(THREADS), "-o", "json"]
-    rows = json.loads(run_tool(cmd, timeout_s))
-    pp = next(r for r in rows if r["n_prompt"] == 128 and r["n_gen"] == 0)
-    tg = next(r for r in rows if r["n_prompt"] == 0 and r["n_gen"] == 64)
+    rows = parse_json(run_tool(cmd, timeout_s), "llama-bench")
+    pp = next((r for r in rows if r["n_prompt"] == 128 and r["n_gen"] == 0), None)
+    tg = next((r for r in rows if r["n_prompt"] == 0 and r["n_gen"] == 64), None)
+    if pp is None or tg is None:
+        raise BenchError(f"llama-bench reported no pp128 or tg64 for {path.name}")
     return {"pp128": pp["avg_ts"], "tg64": tg["avg_ts"], "build": f"{tg['build_commit']} ({tg['cpu_info']})"}
 
 
@@ -337,7 +359,7 @@ def base_bench(path: Path, isa: str, timeout_s: float) -> dict[str, float | str]
     base = shutil.which("base", path=str(Path(sys.executable).parent)) or "base"
     cmd = [base, "bench", str(path), "--concurrency", "1,8", "--prompt-tokens", "128", "--gen-tokens", "64"]
     out = run_tool([*cmd, "--json"], timeout_s, env=env)
-    report = json.loads(out[out.index("{") :])
+    report = parse_json(out, "base bench")
     by_streams = {row["concurrency"]: row for row in report["throughput"]}
     ran = re.search(r"\((\w+), \d+ threads\)", report["matmuls"])
     return {
@@ -387,6 +409,7 @@ def render(report: dict) -> str:
     lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     lines.append(f"llama.cpp {report['llama_cpp']}, {THREADS} threads each; ratio = base / llama.cpp")
+    lines += [f"{name}: {why}" for name, why in report.get("failed", {}).items()]
     if any("(!)" in row[2] for row in rows):
         lines.append("(!): base ran another ISA than asked for (BASE_CPU_ISA names one this CPU lacks)")
     return "\n".join(lines)
@@ -409,11 +432,23 @@ def run(args: argparse.Namespace) -> dict:
         raise BenchError(f"unknown --isa {', '.join(unknown)}: choose from {', '.join(ISAS)}")
     names = list(QUICK) if args.quick else args.files.split(",") if args.files else [*MADE, "smollm2"]
     cache = args.cache or base_home() / "llama.cpp" / f"{VERSION}-{native_hash()}"
+    files = resolve_names(names, cache)
     bins = build_llama_cpp(cache)
-    files = resolve_files(names, bins, cache)
-    entries = [bench_file(f, bins, isas, args.timeout) for f in files]
-    build = entries[0]["llama_cpp"]["build"] if entries else "?"
-    return {"llama_cpp": f"{VERSION} {build}", "cache": str(cache), "threads": THREADS, "files": entries}
+    report = {"llama_cpp": VERSION, "cache": str(cache), "threads": THREADS, "files": [], "failed": {}}
+    for name, path in files:
+        try:
+            if name in MADE:
+                make_file(name, bins, cache)
+            entry = bench_file(BenchFile(name, quant_of(path), path), bins, isas, args.timeout)
+        except BenchError as exc:  # one file's failure does not cost the others' numbers
+            print(f"{name}: {exc}", file=sys.stderr)
+            report["failed"][name] = str(exc)
+            continue
+        report["files"].append(entry)
+        report["llama_cpp"] = f"{VERSION} {entry['llama_cpp']['build']}"
+        rows = render({**report, "files": [entry]}).splitlines()[2 : 2 + len(isas)]
+        print("\n".join(rows), file=sys.stderr)  # so far, in case a later file never finishes
+    return report
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from baselm.api.errors import APIError, bad_request
-from baselm.api.schemas import Body
+from baselm.api.schemas import Body, check_choice
 from baselm.api.serving import ServerState, check_model, read_json
 from baselm.embedding import POOLINGS, EmbeddingError, default_pooling, embed
 
@@ -46,9 +46,7 @@ def read_pooling(body: Body, state: ServerState) -> str:
     pooling = body.string("pooling")
     if pooling is None:
         return default_pooling(state.client.engine.loaded.config)
-    if pooling not in POOLINGS:
-        raise bad_request(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}", "pooling")
-    return pooling
+    return check_choice(pooling, POOLINGS, "pooling")
 
 
 def _inputs(value: Any, state: ServerState) -> list[list[int]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,13 @@ INFORMATIONAL_FIELDS = frozenset({"user"})
 MAX_JSON_DEPTH = 64  # levels of JSON in a request, its body counted as one
 # A logit_bias key: ASCII digits only (str.isdigit takes "²" and "١٢", int() the second), ids < 10**10.
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
+
+
+def check_choice(value: str, allowed: Sequence[str], field: str) -> str:
+    """`value` when it is one of `allowed`, else a 400 naming `field` and the choices."""
+    if value not in allowed:
+        raise bad_request(f"{field} {value!r} is not one of {', '.join(allowed)}", field)
+    return value
 
 
 class Body:

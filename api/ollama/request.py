@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from baselm.api.chat import read_tool
 from baselm.api.errors import APIError, bad_request
-from baselm.api.schemas import Body, array_field
+from baselm.api.schemas import Body, array_field, check_choice
 from baselm.api.serving import ServerState, read_json
 
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1}
@@ -106,9 +106,7 @@ def read_messages(body: Body) -> list[dict[str, Any]]:
 def _message(data: Any, index: int) -> dict[str, Any]:
     where = f"messages[{index}]"
     body = Body(data, where)
-    role = body.string("role", required=True)
-    if role not in _ROLES:
-        raise bad_request(f"{where}.role {role!r} is not one of {', '.join(_ROLES)}", f"{where}.role")
+    role = check_choice(body.string("role", required=True), _ROLES, f"{where}.role")
     message: dict[str, Any] = {"role": role, "content": body.string("content", default="")}
     read_images(body, where)
     body.string("thinking")  # earlier thinking is not shown to the model again, as Ollama does

@@ -17,7 +17,7 @@ from baselm.api import serving
 from baselm.api.answer_text import AnswerText
 from baselm.api.chat import ChatRequest, forces_call, parses_tools, prepare, read_tool, template_kwargs
 from baselm.api.errors import bad_request
-from baselm.api.schemas import Body, array_field, check_json_text, read_common
+from baselm.api.schemas import Body, array_field, check_choice, check_json_text, read_common
 from baselm.request import RequestOutput
 from baselm.sampling.params import TokenLogprobs
 from baselm.toolcalls import parsers
@@ -175,9 +175,7 @@ def read_message(data: Any, index: int) -> dict[str, Any]:
     """messages[index] as the chat template takes it (a developer message becomes a system one)."""
     where = f"messages[{index}]"
     body = Body(data, where)
-    role = body.string("role", required=True)
-    if role not in _ROLES:
-        raise bad_request(f"{where}.role {role!r} is not one of {', '.join(_ROLES)}", f"{where}.role")
+    role = check_choice(body.string("role", required=True), _ROLES, f"{where}.role")
     message: dict[str, Any] = {"role": "system" if role == "developer" else role}
     content = body.raw("content")
     if content is None and not (role == "assistant" and body.has("tool_calls")):

@@ -16,7 +16,7 @@ from typing import Any
 
 from baselm.api.chat import ChatRequest, read_function
 from baselm.api.errors import bad_request
-from baselm.api.schemas import Body, Common, array_field, check_json_text
+from baselm.api.schemas import Body, Common, array_field, check_choice, check_json_text
 
 _IGNORED = ("include", "metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier")
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -153,9 +153,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
 
 
 def _message(body: Body, where: str) -> dict[str, Any]:
-    role = body.string("role", required=True)
-    if role not in _ROLES:
-        raise bad_request(f"{where}.role {role!r} is not one of {', '.join(_ROLES)}", f"{where}.role")
+    role = check_choice(body.string("role", required=True), _ROLES, f"{where}.role")
     content = body.raw("content")
     if isinstance(content, str):
         return {"role": _ROLES[role], "content": content}

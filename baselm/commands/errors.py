@@ -11,8 +11,10 @@ import typer
 def fail(message: str, code: int = 1) -> None:
     """Prints one clear error line and exits: user mistakes never show a traceback."""
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    # soft_wrap: one line whatever the width (rich would cut a long path at 80 columns in a pipe)
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

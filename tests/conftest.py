@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 
-import baselm  # noqa: F401  first, so the optimized BLAS is loaded before anything imports mlx.core
-from baselm import blas
-from tests.paths import FIXTURES
+# The parity tests compare against float references: quantized matmuls keep float32 activations
+# (the exact path) unless a run asks otherwise. The 8-bit-activation path has its own tests
+# (tests/cpu/test_qdot_kernels.py, test_fast_path_models.py), which switch it on themselves.
+os.environ.setdefault("BASE_CPU_EXACT", "1")
+
+import baselm  # noqa: E402, F401  first, so the optimized BLAS is loaded before anything imports mlx.core
+from baselm import blas  # noqa: E402
+from tests.paths import FIXTURES  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "smollm2_transformers_greedy.json"
 LOCAL_REFERENCE = FIXTURES / "smollm2_transformers_greedy.json"

@@ -1,5 +1,8 @@
 // Linear layers for few activation rows: x (..., K) @ W(N, K).T (+ bias), W float32 or
 // affine-quantized in MLX's layout, each weight byte read once per call.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -8,6 +11,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 
 #include "kernels.h"
 #include "linear.h"
@@ -15,6 +19,7 @@
 #include "mlx/primitives.h"
 #include "pool.h"
 #include "primitive.h"
+#include "qdot.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -30,6 +35,30 @@ const LinearKernels& kernels() {
   if (isa == "avx2") return avx2::linear_kernels();
 #endif
   return generic::linear_kernels();
+}
+
+// The 8-bit-activation kernels for the active instruction set: the avx512 ones need VNNI.
+const QdotKernels& qdot_kernels() {
+#if defined(BASE_HAVE_X86_PATHS)
+  const std::string& isa = active_isa();
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") != 0;
+  }();
+  if (isa == "avx512" && vnni) return avx512::qdot_kernels();
+  if (isa == "avx512" || isa == "avx2") return avx2::qdot_kernels();
+#endif
+  return generic::qdot_kernels();
+}
+
+// Quantized weights meet float32 activations (the exact path) instead of 8-bit ones:
+// BASE_CPU_EXACT=1 or set_exact(True).
+std::atomic<bool>& exact_slot() {
+  static std::atomic<bool> exact{[] {
+    const char* env = std::getenv("BASE_CPU_EXACT");
+    return env != nullptr && std::strcmp(env, "0") != 0 && env[0] != '\0';
+  }()};
+  return exact;
 }
 
 // Output rows are handed to threads in chunks of this many weight rows.
@@ -69,6 +98,37 @@ int scale_type(mx::Dtype dtype) {
   if (dtype == mx::float16) return kScaleF16;
   if (dtype == mx::bfloat16) return kScaleBF16;
   return kScaleF32;
+}
+
+// One call's 8-bit activations, per calling (stream) thread.
+struct QBuffers {
+  std::vector<int16_t> q;  // int8 codes use the first half
+  std::vector<float> d, sum, qsum;
+};
+
+// Bits per activation code: 16 (default: near-exact, integer products through maddwd/dpwssd)
+// or 8 (llama.cpp's choice: fewer operations per weight at many rows, larger logit error).
+std::atomic<int>& activation_bits_slot() {
+  static std::atomic<int> bits{[] {
+    const char* env = std::getenv("BASE_CPU_ACT_BITS");
+    return env != nullptr && std::strcmp(env, "8") == 0 ? 8 : 16;
+  }()};
+  return bits;
+}
+
+QActivations quantized_buffers(const QdotKernels& kern, const float* x, int M, int K, int bits, int group_size) {
+  thread_local QBuffers buffers;
+  const int width = activation_bits_slot().load(std::memory_order_relaxed);
+  const size_t values = static_cast<size_t>(M) * K, blocks = values / kQBlock;
+  if (buffers.q.size() < values) buffers.q.resize(values);
+  if (buffers.d.size() < blocks) {
+    buffers.d.resize(blocks);
+    buffers.sum.resize(blocks);  // groups are at least a block
+    buffers.qsum.resize(blocks);
+  }
+  kern.quantize(x, K, M, K, bits, group_size, width, buffers.q.data(), buffers.d.data(), buffers.sum.data(),
+                buffers.qsum.data());
+  return QActivations{buffers.q.data(), width, buffers.d.data(), buffers.sum.data(), buffers.qsum.data()};
 }
 
 // The reordered activations of one affine call, per calling (stream) thread.
@@ -214,6 +274,28 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
                  [&](int begin, int end, int) { kern.dense(args, begin * chunk, end * chunk < n ? end * chunk : n); });
     return;
   }
+  if (!exact_slot().load(std::memory_order_relaxed) && qdot_supports(w.bits, w.group_size, k)) {
+    const QdotKernels& q = qdot_kernels();
+    QdotArgs args{quantized_buffers(q, x, M, k, w.bits, w.group_size),
+                  M,
+                  k,
+                  static_cast<const uint8_t*>(w.w),
+                  w.ld_codes * static_cast<int64_t>(sizeof(uint32_t)),
+                  w.scales,
+                  w.biases,
+                  w.ld_scales,
+                  w.scale_type,
+                  w.bits,
+                  w.group_size,
+                  w.bias,
+                  y,
+                  n};
+    parallel_for(num_chunks(n), bytes, [&](int begin, int end, int thread) {
+      float* scratch = thread_scratch(thread, static_cast<size_t>(qdot_scratch_floats(k)));
+      q.matmul(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n, scratch);
+    });
+    return;
+  }
   AffineArgs args{x,        k,           M,           static_cast<const uint32_t*>(w.w), w.ld_codes, w.scales,
                   w.biases, w.ld_scales, w.scale_type, w.bits,                            w.group_size, k,
                   w.bias,   y,           n,           nullptr};
@@ -230,6 +312,23 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
 }
 
 void register_linear(nb::module_& m) {
+  m.def(
+      "set_exact", [](bool exact) { exact_slot().store(exact); }, nb::arg("exact"),
+      "Quantized matmuls with float32 activations (True, the exact path) or 8-bit ones (False).");
+  m.def(
+      "exact", [] { return exact_slot().load(); }, "Whether quantized matmuls keep float32 activations.");
+  m.def(
+      "set_activation_bits",
+      [](int bits) {
+        if (bits != 8 && bits != 16) throw std::invalid_argument("activation bits must be 8 or 16");
+        activation_bits_slot().store(bits);
+      },
+      nb::arg("bits"), "Bits per activation code on the integer path: 16 (default) or 8 (BASE_CPU_ACT_BITS).");
+  m.def(
+      "activation_bits", [] { return activation_bits_slot().load(); }, "Bits per activation code (8 or 16).");
+  m.def(
+      "qdot_isa", [] { return std::string(qdot_kernels().name); },
+      "The instruction set of the 8-bit-activation kernels (avx512-vnni, avx2 or generic).");
   m.def("dense_linear", &dense_linear, nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(),
         "x (..., K) @ w(N, K).T (+ bias): float32, each weight row read once per call.");
   m.def("affine_linear", &affine_linear, nb::arg("x"), nb::arg("codes"), nb::arg("scales"), nb::arg("biases"),

@@ -1,0 +1,74 @@
+// Quantized linear layers with 8-bit activations: each activation row is quantized once per
+// call to blocks of 32 int8 values with one float scale, and every weight block's codes meet
+// them in integer multiply-adds (AVX2 maddubs, AVX-512 VNNI dpbusd), so a weight code is
+// expanded to a byte, never to a float. The float-activation kernels (linear_impl.h) stay as
+// the exact path (BASE_CPU_EXACT=1).
+//
+// Per block b of 32 values, with x ~ dx_b * xq (xq integers in [-127, 127]) and the weight
+// w = s * q + c of its group:
+//   sum_k x_k w_k ~ s * dx_b * sum_k q_k xq_k + c * sum_k x_k
+// The integer sum is exact; the sums of x are kept in float from the unquantized row.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace base_cpu {
+
+constexpr int kQBlock = 32;  // activation values per int8 block
+
+// One call's quantized activations, as quantize() writes them for a weight of `bits`.
+struct QActivations {
+  const void* q;  // (M, K) int8 or int16 (`width`): each block's 32 codes in the ISA's lane order for `bits`
+  int width;  // 8 or 16 bits per activation code
+  const float* d;  // (M, K / 32): block scales
+  const float* sum;  // (M, K / gs): float sums of each weight group's unquantized values
+  const float* qsum;  // (M, K / gs): sums over the group's blocks of d times the block's codes
+};
+
+struct QdotArgs {
+  QActivations x;
+  int M, K;
+  const uint8_t* codes;  // (N, K * bits / 8) bytes, row stride ld_bytes: MLX's affine layout
+  int64_t ld_bytes;
+  const void* scales;  // (N, K / gs) of scale_type, row stride ld_scales
+  const void* biases;
+  int64_t ld_scales;
+  int scale_type;
+  int bits, group_size;
+  const float* bias;  // (N,) or nullptr
+  float* y;  // (M, N), row stride ldy
+  int64_t ldy;
+};
+
+struct QdotKernels {
+  const char* name;
+  // Quantizes M rows of x (row stride ldx) to `width`-bit codes in q (int8 or int16), for a
+  // weight of `bits` in groups of `group_size`.
+  void (*quantize)(const float* x, int64_t ldx, int M, int K, int bits, int group_size, int width, void* q,
+                   float* d, float* sum, float* qsum);
+  // y[:, n0:n1]; scratch holds at least qdot_scratch_floats(K) floats, owned by the caller.
+  void (*matmul)(const QdotArgs&, int n0, int n1, float* scratch);
+};
+
+// Bit widths the integer path decodes (MLX affine layout, groups a multiple of 32).
+inline bool qdot_supports(int bits, int group_size, int K) {
+  bool width = bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
+  return width && group_size % kQBlock == 0 && K % group_size == 0;
+}
+
+constexpr int kQdotMaxTileRows = 4;  // weight rows per register tile
+inline int64_t qdot_scratch_floats(int K) { return 2 * kQdotMaxTileRows * (K / kQBlock) + 16; }
+
+namespace generic {
+const QdotKernels& qdot_kernels();
+}
+namespace avx2 {
+const QdotKernels& qdot_kernels();
+}
+namespace avx512 {
+const QdotKernels& qdot_kernels();
+}
+
+}  // namespace base_cpu

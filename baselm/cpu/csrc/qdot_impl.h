@@ -1,0 +1,432 @@
+// The 8-bit-activation inner loops (see qdot.h), compiled once per instruction set: qdot_<isa>.cpp
+// defines BASE_ISA (the namespace) and BASE_ISA_NAME, then includes this file. The avx512 build
+// has AVX-512 VNNI (dpbusd on 256-bit vectors, 32 registers); the avx2 build multiplies with
+// maddubs; the generic build is plain C++.
+//
+// A weight block (32 codes, 4 * bits bytes of MLX's little-endian bit stream) is expanded into
+// one vector of 32 unsigned bytes, in an order that depends on the width, and the activations
+// are quantized into that same order once per call (a permutation inside each block leaves the
+// block's integer sum as it is):
+//   8 bits: natural;  4 bits: the even values then the odd ones (low nibbles, then high);
+//   2, 3, 5, 6 bits: values 0-7, 16-23, 8-15, 24-31 (two 16-bit lanes of codes packed to bytes).
+// NOTE: as in linear_impl.h, nothing here may instantiate a std:: template.
+#include <cmath>
+#include <cstdint>
+
+#include "kernels.h"
+#include "qdot.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace base_cpu {
+namespace BASE_ISA {
+namespace {
+
+#include "scales_impl.h"
+
+constexpr int B = kQBlock;
+
+// Position p of a block holds value lane_value(bits, p) of the block.
+inline int lane_value(int bits, int p) {
+#if defined(__AVX2__)
+  if (bits == 8) return p;
+  if (bits == 4) return p < 16 ? 2 * p : 2 * (p - 16) + 1;
+  static const int kQuarters[4] = {0, 16, 8, 24};
+  return kQuarters[p / 8] + p % 8;
+#else
+  (void)bits;
+  return p;
+#endif
+}
+
+// Block scales, then the codes round(x / d) with d = max|x| / 127 (ties to even, as the
+// reference in the tests does it), and the group sums row_terms takes.
+template <class T>
+void quantize_as(const float* x, int64_t ldx, int M, int K, int bits, int group_size, T* q, float* d, float* sum,
+                 float* qsum) {
+  constexpr float kMax = sizeof(T) == 1 ? 127.0f : 32767.0f;
+  const int blocks = K / B, groups = K / group_size, per_group = group_size / B;
+  int order[B];
+  for (int p = 0; p < B; ++p) order[p] = lane_value(bits, p);
+  for (int m = 0; m < M; ++m) {
+    const float* row = x + m * ldx;
+    for (int g = 0; g < groups; ++g) {
+      float total = 0.0f, quantized = 0.0f;
+      for (int j = 0; j < per_group; ++j) {
+        const int b = g * per_group + j;
+        const float* v = row + b * B;
+        float amax = 0.0f;
+        for (int i = 0; i < B; ++i) {
+          float a = std::fabs(v[i]);
+          amax = a > amax ? a : amax;
+          total += v[i];
+        }
+        float scale = amax / kMax;
+        float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+        T* out = q + static_cast<int64_t>(m) * K + b * B;
+        int codes = 0;
+        for (int p = 0; p < B; ++p) {
+          float r = std::nearbyint(v[order[p]] * inverse);
+          r = r > kMax ? kMax : (r < -kMax ? -kMax : r);
+          out[p] = static_cast<T>(r);
+          codes += out[p];
+        }
+        d[static_cast<int64_t>(m) * blocks + b] = scale;
+        quantized += scale * static_cast<float>(codes);
+      }
+      sum[static_cast<int64_t>(m) * groups + g] = total;
+      qsum[static_cast<int64_t>(m) * groups + g] = quantized;
+    }
+  }
+}
+
+void quantize(const float* x, int64_t ldx, int M, int K, int bits, int group_size, int width, void* q, float* d,
+              float* sum, float* qsum) {
+  if (width == 16) return quantize_as(x, ldx, M, K, bits, group_size, static_cast<int16_t*>(q), d, sum, qsum);
+  quantize_as(x, ldx, M, K, bits, group_size, static_cast<int8_t*>(q), d, sum, qsum);
+}
+
+// The tile's weight rows' scales and biases per group, as float32 (rows x K / gs each).
+void widen_rows(const QdotArgs& a, int n, int rows, float* s, float* c) {
+  const int groups = a.K / a.group_size;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t at = static_cast<int64_t>(n + r) * a.ld_scales;
+    float* sr = s + r * groups;
+    float* cr = c + r * groups;
+    int g = 0;
+#if defined(__F16C__)
+    if (a.scale_type == kScaleF16) {
+      const uint16_t* hs = static_cast<const uint16_t*>(a.scales) + at;
+      const uint16_t* hc = static_cast<const uint16_t*>(a.biases) + at;
+      for (; g + 8 <= groups; g += 8) {
+        _mm256_storeu_ps(sr + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hs + g))));
+        _mm256_storeu_ps(cr + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hc + g))));
+      }
+    }
+#endif
+    for (; g < groups; ++g) {
+      sr[g] = scale_at(a.scales, a.scale_type, at + g);
+      cr[g] = scale_at(a.biases, a.scale_type, at + g);
+    }
+  }
+}
+
+inline float dot_floats(const float* a, const float* b, int n) {
+  int i = 0;
+  float total = 0.0f;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  total = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#endif
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+// What a weight row adds to an activation row besides the integer dots: its biases against the
+// group sums, minus the code offset's share (the dot took the codes as q + offset, against the
+// quantized values, so the same quantized sums take it back out), plus the layer's bias.
+inline float row_terms(const QdotArgs& a, int n, int m, const float* s, const float* c, int offset) {
+  const int groups = a.K / a.group_size;
+  const int64_t at = static_cast<int64_t>(m) * groups;
+  float total = dot_floats(c, a.x.sum + at, groups);
+  if (offset != 0) total -= static_cast<float>(offset) * dot_floats(s, a.x.qsum + at, groups);
+  return total + (a.bias != nullptr ? a.bias[n] : 0.0f);
+}
+
+#if defined(__AVX2__)
+
+// The value added to codes before the multiply: against 8-bit activations maddubs takes
+// unsigned bytes times signed ones and saturates pairs at 16 bits, so 8-bit codes go in as
+// signed (q - 128) with the sign moved onto the activations; dpbusd has no pair saturation, and
+// 16-bit activations meet codes widened to 16 bits, so both take them as they are.
+template <int BITS, class T>
+constexpr int code_offset() {
+#if defined(__AVX512VNNI__)
+  return 0;
+#else
+  return BITS == 8 && sizeof(T) == 1 ? -128 : 0;
+#endif
+}
+
+struct Decoder {
+  __m256i shuffle_lo, shuffle_hi, multiply, mask;
+};
+
+// Bytes of block-relative offset `base` onward feed the 16-bit lane of each value; its code
+// sits at bit `shift` of that lane and is moved to bit 8 by a multiply by 2^(8 - shift).
+template <int BITS>
+Decoder make_decoder() {
+  constexpr int kSource = BITS <= 3 ? 8 : 16;  // bytes per source load
+  constexpr int kBytes = 4 * BITS;
+  alignas(32) int8_t lo[32], hi[32];
+  alignas(32) int16_t mul[16];
+  for (int half = 0; half < 2; ++half) {
+    int8_t* table = half == 0 ? lo : hi;
+    const int source = half == 0 ? 0 : kBytes - kSource;
+    for (int lane = 0; lane < 2; ++lane) {
+      for (int i = 0; i < 8; ++i) {
+        int value = half * 16 + lane * 8 + i;
+        int bit = value * BITS;
+        int byte = bit / 8 - source;
+        int shift = bit % 8;
+        table[lane * 16 + 2 * i] = static_cast<int8_t>(byte);
+        table[lane * 16 + 2 * i + 1] = static_cast<int8_t>(shift + BITS > 8 ? byte + 1 : -128);
+        mul[lane * 8 + i] = static_cast<int16_t>(1 << (8 - shift));
+      }
+    }
+  }
+  Decoder dec;
+  dec.shuffle_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
+  dec.shuffle_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
+  dec.multiply = _mm256_load_si256(reinterpret_cast<const __m256i*>(mul));
+  dec.mask = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  return dec;
+}
+
+inline __m256i source(const uint8_t* p, int bytes) {
+  if (bytes == 8) return _mm256_set1_epi64x(*reinterpret_cast<const long long*>(p));
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The 32 codes of the block at p, in the width's lane order.
+template <int BITS, int OFFSET>
+inline __m256i decode(const uint8_t* p, const Decoder& dec) {
+  if constexpr (BITS == 8) {
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return OFFSET == 0 ? v : _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));
+  } else if constexpr (BITS == 4) {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i low = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+  } else {
+    constexpr int kSource = BITS <= 3 ? 8 : 16;
+    __m256i a = _mm256_shuffle_epi8(source(p, kSource), dec.shuffle_lo);
+    __m256i b = _mm256_shuffle_epi8(source(p + 4 * BITS - kSource, kSource), dec.shuffle_hi);
+    a = _mm256_srli_epi16(_mm256_mullo_epi16(a, dec.multiply), 8);
+    b = _mm256_srli_epi16(_mm256_mullo_epi16(b, dec.multiply), 8);
+    return _mm256_and_si256(_mm256_packus_epi16(a, b), dec.mask);
+  }
+}
+
+// A decoded weight block as the dot product takes it: 32 bytes against 8-bit activations, two
+// vectors of 16-bit codes against 16-bit ones.
+template <class T>
+struct WeightBlock;
+template <>
+struct WeightBlock<int8_t> {
+  __m256i v;
+};
+template <>
+struct WeightBlock<int16_t> {
+  __m256i lo, hi;
+};
+
+template <int BITS, class T>
+inline WeightBlock<T> weight_block(const uint8_t* p, const Decoder& dec) {
+  __m256i v = decode<BITS, code_offset<BITS, T>()>(p, dec);
+  if constexpr (sizeof(T) == 1) {
+    return WeightBlock<int8_t>{v};
+  } else {
+    return WeightBlock<int16_t>{_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
+                                _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1))};
+  }
+}
+
+// Eight int32 partial sums of codes * activations over one block (x: its 32 codes).
+template <int BITS>
+inline __m256i block_dot(const WeightBlock<int8_t>& w, const int8_t* x) {
+  __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+#if defined(__AVX512VNNI__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w.v, xv);
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (BITS == 8) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w.v, w.v), _mm256_sign_epi8(xv, w.v)), ones);
+  } else {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w.v, xv), ones);
+  }
+#endif
+}
+
+template <int BITS>
+inline __m256i block_dot(const WeightBlock<int16_t>& w, const int16_t* x) {
+  __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+#if defined(__AVX512VNNI__)
+  return _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(_mm256_setzero_si256(), w.lo, x0), w.hi, x1);
+#else
+  return _mm256_add_epi32(_mm256_madd_epi16(w.lo, x0), _mm256_madd_epi16(w.hi, x1));
+#endif
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// out[m][r] = sum over blocks of s_rb * d_mb * (integer dot of block b), for R weight rows from
+// n (their per-block scales at s, R x blocks) against MT activation rows from m0.
+template <int R, int MT, int BITS, class T>
+__attribute__((always_inline)) inline void tile(const QdotArgs& a, int n, int m0, const float* s,
+                                                const Decoder& dec, float (*out)[kQdotMaxTileRows]) {
+  const int blocks = a.K / B;
+  const uint8_t* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = a.codes + static_cast<int64_t>(n + r) * a.ld_bytes;
+  const T* xq = static_cast<const T*>(a.x.q) + static_cast<int64_t>(m0) * a.K;
+  const float* xd = a.x.d + static_cast<int64_t>(m0) * blocks;
+  const int groups = a.K / a.group_size;
+  const int shift = a.group_size == 32 ? 0 : (a.group_size == 64 ? 1 : (a.group_size == 128 ? 2 : -1));
+  __m256 acc[MT][R];
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
+  for (int b = 0; b < blocks; ++b) {
+    WeightBlock<T> w[R];
+    for (int r = 0; r < R; ++r) {
+      __builtin_prefetch(rows[r] + (b + 8) * 4 * BITS, 0, 3);
+      w[r] = weight_block<BITS, T>(rows[r] + b * 4 * BITS, dec);
+    }
+    const int g = shift >= 0 ? b >> shift : b / (a.group_size / B);
+    for (int m = 0; m < MT; ++m) {
+      const T* x = xq + static_cast<int64_t>(m) * a.K + b * B;
+      const float dm = xd[static_cast<int64_t>(m) * blocks + b];
+      for (int r = 0; r < R; ++r) {
+        __m256 prod = _mm256_cvtepi32_ps(block_dot<BITS>(w[r], x));
+        acc[m][r] = _mm256_fmadd_ps(prod, _mm256_set1_ps(s[r * groups + g] * dm), acc[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r) out[m][r] = hsum(acc[m][r]);
+}
+
+#if defined(__AVX512VNNI__)
+constexpr int kWideRows = 4;  // 32 registers: 4 weight rows x 4 activation rows of accumulators
+#else
+constexpr int kWideRows = 2;  // 16 registers: 2 x 4
+#endif
+
+template <int R, int BITS, class T>
+void rows_against_all(const QdotArgs& a, int n, const float* s, const float* c, const Decoder& dec) {
+  const int groups = a.K / a.group_size;
+  float out[4][kQdotMaxTileRows];
+  for (int m0 = 0; m0 < a.M;) {
+    int left = a.M - m0, mt;
+    if (left >= 4) {
+      tile<R, 4, BITS, T>(a, n, m0, s, dec, out), mt = 4;
+    } else if (left == 3) {
+      tile<R, 3, BITS, T>(a, n, m0, s, dec, out), mt = 3;
+    } else if (left == 2) {
+      tile<R, 2, BITS, T>(a, n, m0, s, dec, out), mt = 2;
+    } else {
+      tile<R, 1, BITS, T>(a, n, m0, s, dec, out), mt = 1;
+    }
+    for (int m = 0; m < mt; ++m) {
+      float* y = a.y + static_cast<int64_t>(m0 + m) * a.ldy + n;
+      for (int r = 0; r < R; ++r)
+        y[r] = out[m][r] + row_terms(a, n + r, m0 + m, s + r * groups, c + r * groups, code_offset<BITS, T>());
+    }
+    m0 += mt;
+  }
+}
+
+template <int BITS, class T>
+void matmul_bits(const QdotArgs& a, int n0, int n1, float* scratch) {
+  const Decoder dec = BITS == 4 || BITS == 8 ? Decoder{} : make_decoder<BITS>();
+  const int groups = a.K / a.group_size;
+  float* s = scratch;
+  float* c = scratch + kQdotMaxTileRows * groups;
+  // One activation row (decode) keeps four weight rows in flight; more share two or four.
+  const int wide = a.M == 1 || a.M == 2 ? 4 : kWideRows;
+  int n = n0;
+  for (; n + wide <= n1; n += wide) {
+    widen_rows(a, n, wide, s, c);
+    if (wide == 4) {
+      if (a.M == 1) {
+        float out[4][kQdotMaxTileRows];
+        tile<4, 1, BITS, T>(a, n, 0, s, dec, out);
+        for (int r = 0; r < 4; ++r)
+          a.y[n + r] = out[0][r] + row_terms(a, n + r, 0, s + r * groups, c + r * groups, code_offset<BITS, T>());
+      } else {
+        rows_against_all<4, BITS, T>(a, n, s, c, dec);
+      }
+    } else {
+      rows_against_all<kWideRows, BITS, T>(a, n, s, c, dec);
+    }
+  }
+  for (; n < n1; ++n) {
+    widen_rows(a, n, 1, s, c);
+    rows_against_all<1, BITS, T>(a, n, s, c, dec);
+  }
+}
+
+template <class T>
+void matmul_as(const QdotArgs& a, int n0, int n1, float* scratch) {
+  switch (a.bits) {
+    case 2: return matmul_bits<2, T>(a, n0, n1, scratch);
+    case 3: return matmul_bits<3, T>(a, n0, n1, scratch);
+    case 4: return matmul_bits<4, T>(a, n0, n1, scratch);
+    case 5: return matmul_bits<5, T>(a, n0, n1, scratch);
+    case 6: return matmul_bits<6, T>(a, n0, n1, scratch);
+    default: return matmul_bits<8, T>(a, n0, n1, scratch);
+  }
+}
+
+void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
+  if (a.x.width == 16) return matmul_as<int16_t>(a, n0, n1, scratch);
+  matmul_as<int8_t>(a, n0, n1, scratch);
+}
+
+#else  // generic: one weight row at a time, codes read from the bit stream
+
+template <class T>
+void matmul_as(const QdotArgs& a, int n0, int n1, float* scratch) {
+  const int blocks = a.K / B;
+  const uint32_t mask = (1u << a.bits) - 1u;
+  const int per_group = a.group_size / B;
+  float* s = scratch;
+  float* c = scratch + a.K / a.group_size;
+  for (int n = n0; n < n1; ++n) {
+    widen_rows(a, n, 1, s, c);
+    const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
+    for (int m = 0; m < a.M; ++m) {
+      const T* xq = static_cast<const T*>(a.x.q) + static_cast<int64_t>(m) * a.K;
+      const float* xd = a.x.d + static_cast<int64_t>(m) * blocks;
+      float total = 0.0f;
+      for (int b = 0; b < blocks; ++b) {
+        int32_t dot = 0;
+        for (int i = 0; i < B; ++i) {
+          int64_t bit = static_cast<int64_t>(b * B + i) * a.bits;
+          uint32_t v = row[bit >> 3];
+          if ((bit & 7) + a.bits > 8) v |= static_cast<uint32_t>(row[(bit >> 3) + 1]) << 8;
+          dot += static_cast<int32_t>((v >> (bit & 7)) & mask) * xq[b * B + i];
+        }
+        total += s[b / per_group] * xd[b] * static_cast<float>(dot);
+      }
+      a.y[static_cast<int64_t>(m) * a.ldy + n] = total + row_terms(a, n, m, s, c, 0);
+    }
+  }
+}
+
+void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
+  if (a.x.width == 16) return matmul_as<int16_t>(a, n0, n1, scratch);
+  matmul_as<int8_t>(a, n0, n1, scratch);
+}
+
+#endif
+
+}  // namespace
+
+const QdotKernels& qdot_kernels() {
+  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul};
+  return kernels;
+}
+
+}  // namespace BASE_ISA
+}  // namespace base_cpu

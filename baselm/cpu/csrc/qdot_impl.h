@@ -43,6 +43,62 @@ inline int lane_value(int bits, int p) {
 
 // Block scales, then the codes round(x / d) with d = max|x| / 127 (ties to even, as the
 // reference in the tests does it), and the group sums row_terms takes.
+#if defined(__AVX2__)
+inline __m256 evens(__m256 a, __m256 b) {
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  return _mm256_permutevar8x32_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), order);
+}
+inline __m256 odds(__m256 a, __m256 b) {
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  return _mm256_permutevar8x32_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)), order);
+}
+
+// One block of 32 values: its codes in the lane order of `bits`, with (as the scalar loop below)
+// scale = max|v| / kMax and codes round(v / scale) to nearest even (the default rounding mode).
+template <class T>
+inline void quantize_block(const float* v, int bits, float top, T* out, float& scale, float& total, int& codes) {
+  __m256 a0 = _mm256_loadu_ps(v), a1 = _mm256_loadu_ps(v + 8), a2 = _mm256_loadu_ps(v + 16),
+         a3 = _mm256_loadu_ps(v + 24);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a0), _mm256_andnot_ps(sign, a1)),
+                           _mm256_max_ps(_mm256_andnot_ps(sign, a2), _mm256_andnot_ps(sign, a3)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  __m256 t = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  __m128 ts = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  ts = _mm_add_ps(ts, _mm_movehl_ps(ts, ts));
+  total = _mm_cvtss_f32(_mm_add_ss(ts, _mm_movehdup_ps(ts)));
+  scale = _mm_cvtss_f32(h) / top;
+  const __m256 inverse = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+  __m256 p0 = a0, p1 = a1, p2 = a2, p3 = a3;
+  if (bits == 4) {
+    p0 = evens(a0, a1), p1 = evens(a2, a3), p2 = odds(a0, a1), p3 = odds(a2, a3);
+  } else if (bits != 8) {
+    p1 = a2, p2 = a1;  // values 0-7, 16-23, 8-15, 24-31
+  }
+  const __m256 hi = _mm256_set1_ps(top), lo = _mm256_set1_ps(-top);
+  __m256i i0 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(p0, inverse), lo), hi));
+  __m256i i1 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(p1, inverse), lo), hi));
+  __m256i i2 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(p2, inverse), lo), hi));
+  __m256i i3 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(p3, inverse), lo), hi));
+  __m256i sum4 = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+  codes = _mm_cvtsi128_si32(s4);
+  __m256i w01 = _mm256_packs_epi32(i0, i1), w23 = _mm256_packs_epi32(i2, i3);  // lanes interleaved
+  if constexpr (sizeof(T) == 2) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute4x64_epi64(w01, 0xD8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute4x64_epi64(w23, 0xD8));
+  } else {
+    __m256i b = _mm256_packs_epi16(w01, w23);
+    b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), b);
+  }
+}
+#endif
+
 template <class T>
 void quantize_as(const float* x, int64_t ldx, int M, int K, int bits, int group_size, T* q, float* d, float* sum,
                  float* qsum) {
@@ -57,6 +113,14 @@ void quantize_as(const float* x, int64_t ldx, int M, int K, int bits, int group_
       for (int j = 0; j < per_group; ++j) {
         const int b = g * per_group + j;
         const float* v = row + b * B;
+        T* out = q + static_cast<int64_t>(m) * K + b * B;
+#if defined(__AVX2__)
+        float scale, block_total;
+        int codes;
+        quantize_block(v, bits, kMax, out, scale, block_total, codes);
+        total += block_total;
+        (void)order;
+#else
         float amax = 0.0f;
         for (int i = 0; i < B; ++i) {
           float a = std::fabs(v[i]);
@@ -65,7 +129,6 @@ void quantize_as(const float* x, int64_t ldx, int M, int K, int bits, int group_
         }
         float scale = amax / kMax;
         float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-        T* out = q + static_cast<int64_t>(m) * K + b * B;
         int codes = 0;
         for (int p = 0; p < B; ++p) {
           float r = std::nearbyint(v[order[p]] * inverse);
@@ -73,6 +136,7 @@ void quantize_as(const float* x, int64_t ldx, int M, int K, int bits, int group_
           out[p] = static_cast<T>(r);
           codes += out[p];
         }
+#endif
         d[static_cast<int64_t>(m) * blocks + b] = scale;
         quantized += scale * static_cast<float>(codes);
       }

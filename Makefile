@@ -7,7 +7,7 @@ MODEL_NAME ?= HuggingFaceTB/SmolLM2-135M-Instruct
 
 .PHONY: install blas cpu-kernels chat test test-fast peer peer-pd lint format model clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[dev]"
@@ -19,8 +19,9 @@ install: $(STAMP) blas cpu-kernels
 blas:
 	@sh scripts/ensure_blas.sh
 
-# The CPU kernels (baselm/cpu): compiled once per mlx version and source change; without a
-# compiler this only warns and base runs on MLX's own CPU ops.
+# The CPU kernels (baselm/cpu): `pip install -e` above compiles them (setup.py) against the mlx of
+# pip's isolated build; this compiles them again only where the venv's own mlx differs, or the
+# kernel sources changed since. Without a compiler both only warn and base runs on MLX's own CPU ops.
 cpu-kernels: $(STAMP)
 	@$(BIN)/python -m baselm.cpu.build
 

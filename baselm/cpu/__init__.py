@@ -19,10 +19,11 @@ from typing import Any
 
 import mlx.core as mx
 
-from baselm.cpu.paths import MODULE_NAME, module_path
+from baselm.cpu.paths import MODULE_NAME, missing_reason, module_path
 
 # What happened, for `base doctor`: "loaded" with the module path, or why not.
 status: dict[str, str | None] = {"path": None, "reason": "not attempted"}
+DISABLED = "disabled by BASE_CPU_KERNELS=0"  # the reason when a person turned them off
 
 
 def _probe(module: ModuleType) -> None:
@@ -35,13 +36,11 @@ def _probe(module: ModuleType) -> None:
 
 def _load() -> ModuleType | None:
     if os.environ.get("BASE_CPU_KERNELS", "1") == "0":
-        status.update(reason="disabled by BASE_CPU_KERNELS=0")
+        status.update(reason=DISABLED)
         return None
     path = module_path()
     if not path.is_file():
-        status.update(
-            reason="not built for this mlx and these sources (run `make install` or `python -m baselm.cpu.build`)"
-        )
+        status.update(reason=missing_reason())
         return None
     spec = importlib.util.spec_from_file_location(f"baselm.cpu.{MODULE_NAME}", path)
     try:

@@ -20,7 +20,7 @@ def _status_in_subprocess(env: dict[str, str]) -> str:
 
 
 def test_kernels_are_built_where_a_compiler_exists() -> None:
-    """`make install` builds them wherever g++ is installed; a silent skip would hide a broken build."""
+    """Installing the package builds them wherever g++ is installed; a silent skip would hide a broken build."""
     if shutil.which("g++") is None or not sys.platform.startswith("linux"):
         pytest.skip("no compiler here: the reference path is expected")
     if os.environ.get("BASE_CPU_KERNELS") == "0":

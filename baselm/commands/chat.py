@@ -15,7 +15,7 @@ from baselm.async_engine import AsyncEngine
 from baselm.chat.line_reader import history_path, last_chat_path
 from baselm.chat.repl import ChatREPL, open_chat_engine
 from baselm.chat.settings import ChatOptions
-from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower
+from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower, warn_without_cpu_kernels
 
 if TYPE_CHECKING:
     from baselm.api.server import ServeOptions  # the HTTP server is imported only with --serve
@@ -50,6 +50,7 @@ def chat(args: ChatArgs) -> None:
     rank other than 0 of a tensor-parallel group follows rank 0 instead, and ends the process with it."""
     from rich.console import Console
 
+    warn_without_cpu_kernels(args.model.device)
     with Console(stderr=True).status(f"loading {args.model.ref}"):
         loaded, group = open_model(args.model)
     if is_follower(group):

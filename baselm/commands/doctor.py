@@ -18,6 +18,7 @@ from baselm.backend import device_memory_bytes, gpu_kind, system_memory_bytes
 from baselm.commands import doctor_links as dist_doctor
 from baselm.commands import doctor_pd as pd_doctor
 from baselm.config import format_size
+from baselm.cpu.build import rebuild_command
 from baselm.cpu.fused import fused_kernel_status
 from baselm.metal import kernel_status
 from baselm.paged_attention import attention_kernel_status
@@ -71,10 +72,10 @@ def _warnings(report: dict[str, Any]) -> list[str]:
         warnings.append(
             "No GPU: MLX runs on the CPU. Expect tens of tokens/s on small models; large models will be slow."
         )
-        if not cpu.available() and cpu.status["reason"] != "disabled by BASE_CPU_KERNELS=0":
+        if not cpu.available() and cpu.status["reason"] != cpu.DISABLED:
             warnings.append(
                 f"CPU kernels not loaded ({cpu.status['reason']}): decode runs through BLAS GEMM on float32 "
-                "weights, several times slower and larger in memory. Build them: make install"
+                f"weights, several times slower and larger in memory. Build them: {rebuild_command()}"
             )
         if blas.status["library"] is None and sys.platform.startswith("linux"):
             warnings.append(

@@ -8,6 +8,8 @@ with the status `run_follower` returns, written where the command calls it.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +31,27 @@ class ModelArgs:
     @property
     def is_distributed(self) -> bool:
         return self.dist is not None and self.dist.is_distributed
+
+
+def warn_without_cpu_kernels(device: str) -> None:
+    """One line on stderr at the start of `run`, `chat` and `serve` when the model will run on this
+    CPU without baselm.cpu's compiled kernels (decode several times slower): why, and how to build
+    them. Silent when BASE_CPU_KERNELS=0 turned them off (that was asked for), on a GPU, off Linux
+    (where they are not built), and in a rank another base process started (its parent said it)."""
+    from baselm import cpu
+    from baselm.backend import gpu_kind
+    from baselm.cpu.build import rebuild_command
+    from baselm.distributed.group import PARENT_ENV
+
+    if cpu.available() or cpu.status["reason"] == cpu.DISABLED or os.environ.get(PARENT_ENV):
+        return
+    runs_on_cpu = device == "cpu" or (device == "auto" and gpu_kind() is None)
+    if runs_on_cpu and sys.platform.startswith("linux"):
+        print(
+            f"warning: CPU kernels not loaded ({cpu.status['reason']}): decode runs on MLX's own CPU ops, "
+            f"several times slower. Build them: {rebuild_command()}",
+            file=sys.stderr,
+        )
 
 
 def load_alone(args: ModelArgs) -> LoadedModel:

@@ -10,7 +10,7 @@ from typing import Any
 
 from baselm.chat.answer import Answer
 from baselm.chat.stats import TurnStats
-from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower
+from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower, warn_without_cpu_kernels
 from baselm.config import EngineConfig, SpeculativeConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
@@ -36,6 +36,7 @@ def run_once(options: RunArgs) -> None:
     """Loads the model, generates one answer to the prompt and prints it with its speed. A rank
     other than 0 of a tensor-parallel group follows rank 0 instead, and ends the process with it."""
     start = time.perf_counter()
+    warn_without_cpu_kernels(options.model.device)
     loaded, group = open_model(options.model)
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, options.model.dist))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from baselm.api.server import ServeOptions, exit_process, run_server
 from baselm.commands.errors import report_user_errors
-from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower
+from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower, warn_without_cpu_kernels
 from baselm.config import ConfigError, EngineConfig
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def pd_options(pd: str | None, role: str | None, dist: DistOptions | None) -> PD
 def serve(args: ServeArgs) -> NoReturn:
     """Serves until SIGINT/SIGTERM, then ends the process. A rank other than 0 of a tensor-parallel
     group follows rank 0 instead, and ends the process with it."""
+    warn_without_cpu_kernels(args.model.device)
     if args.pd is not None:
         from baselm.commands.serve_pd import serve_pd
 

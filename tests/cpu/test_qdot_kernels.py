@@ -88,21 +88,30 @@ def test_every_width_group_and_scale_type(fast, bits: int, group_size: int, scal
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
-def test_every_number_of_rows_up_to_33(fast, bits: int) -> None:
-    """Register tiles of 1-4 activation rows and 1, 2 or 4 weight rows, and their remainders."""
+def test_every_number_of_rows_up_to_32_then_float_activations(fast, bits: int) -> None:
+    """Register tiles of 1-4 activation rows and 1, 2 or 4 weight rows, and their remainders, up
+    to qdot_max_rows; past it (prefill) the float32 path, equal to the dequantized matmul."""
+    assert fast.qdot_max_rows() == 32
     codes, scales, biases = _quantized(23, 160, 32, bits, seed=bits)
-    for rows in range(1, 34):
+    for rows in range(1, 33):
         x = mx.random.normal((rows, 160)) * 3.0
         _check(fast.affine_linear(x, codes, scales, biases, 32, bits), x, codes, scales, biases, 32, bits)
+    dense = mx.dequantize(codes, scales.astype(mx.float32), biases.astype(mx.float32), 32, bits)
+    for rows in (33, 64):
+        x = mx.random.normal((rows, 160))
+        expected = np.array(x @ dense.T)
+        actual = np.array(fast.affine_linear(x, codes, scales, biases, 32, bits))
+        assert np.abs(actual - expected).max() < 1e-4 * np.abs(expected).max()
 
 
 @pytest.mark.parametrize("bits", [4, 5, 8])
 def test_a_row_is_the_same_in_any_batch(fast, bits: int) -> None:
-    """Batching never changes an answer: each row's result is bit-for-bit its result alone."""
+    """Up to qdot_max_rows rows, batching never changes an answer: each row's result is bit-for-bit
+    its result alone."""
     codes, scales, biases = _quantized(70, 256, 64, bits, seed=5)
-    x = mx.random.normal((33, 256))
+    x = mx.random.normal((32, 256))
     together = np.array(fast.affine_linear(x, codes, scales, biases, 64, bits))
-    for i in (0, 4, 17, 32):
+    for i in (0, 4, 17, 31):
         alone = np.array(fast.affine_linear(x[i : i + 1], codes, scales, biases, 64, bits))
         assert np.array_equal(alone[0], together[i])
 

@@ -51,6 +51,12 @@ const QdotKernels& qdot_kernels() {
   return generic::qdot_kernels();
 }
 
+// Activation rows up to which quantized weights meet integer activations. Past it (prefill) the
+// product is compute-bound, and float32 FMA tiles over decoded rows do more multiply-adds per
+// instruction than integer blocks that each need their own float scale (SmolLM2's 512-token
+// windows: 32 s exact against 124 s on 16-bit activations).
+constexpr int kQdotMaxRows = 32;
+
 // Quantized weights meet float32 activations (the exact path) instead of 8-bit ones:
 // BASE_CPU_EXACT=1 or set_exact(True).
 std::atomic<bool>& exact_slot() {
@@ -274,7 +280,7 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
                  [&](int begin, int end, int) { kern.dense(args, begin * chunk, end * chunk < n ? end * chunk : n); });
     return;
   }
-  if (!exact_slot().load(std::memory_order_relaxed) && qdot_supports(w.bits, w.group_size, k)) {
+  if (M <= kQdotMaxRows && !exact_slot().load(std::memory_order_relaxed) && qdot_supports(w.bits, w.group_size, k)) {
     const QdotKernels& q = qdot_kernels();
     QdotArgs args{quantized_buffers(q, x, M, k, w.bits, w.group_size),
                   M,
@@ -326,6 +332,9 @@ void register_linear(nb::module_& m) {
       nb::arg("bits"), "Bits per activation code on the integer path: 16 (default) or 8 (BASE_CPU_ACT_BITS).");
   m.def(
       "activation_bits", [] { return activation_bits_slot().load(); }, "Bits per activation code (8 or 16).");
+  m.def(
+      "qdot_max_rows", [] { return kQdotMaxRows; },
+      "Activation rows up to which quantized matmuls take integer activations (more: float32).");
   m.def(
       "qdot_isa", [] { return std::string(qdot_kernels().name); },
       "The instruction set of the 8-bit-activation kernels (avx512-vnni, avx2 or generic).");

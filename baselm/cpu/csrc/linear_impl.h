@@ -180,6 +180,27 @@ inline void decode8(const uint8_t* bytes, int gs, float s, float b, float* dst) 
   for (; i < gs; ++i) dst[i] = s * static_cast<float>(bytes[i]) + b;
 }
 
+#if defined(__AVX2__)
+#include "codes_impl.h"
+
+// dst[0..gs) = s * q + b for 2-, 3-, 5- or 6-bit codes, 32 at a time (gs a multiple of 32).
+template <int BITS>
+inline void decode_blocks(const uint8_t* bytes, int gs, float s, float b, float* dst) {
+  static const Decoder dec = make_decoder<BITS>();
+  const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+  for (int i = 0; i < gs; i += 32) {
+    __m256i v = decode<BITS, 0>(bytes + i * BITS / 8, dec);  // values 0-7, 16-23, 8-15, 24-31
+    __m128i first = _mm256_castsi256_si128(v), second = _mm256_extracti128_si256(v, 1);
+    const int at[4] = {0, 16, 8, 24};
+    const __m128i parts[4] = {first, _mm_srli_si128(first, 8), second, _mm_srli_si128(second, 8)};
+    for (int j = 0; j < 4; ++j) {
+      __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
+      _mm256_storeu_ps(dst + i + at[j], _mm256_fmadd_ps(f, vs, vb));
+    }
+  }
+}
+#endif
+
 // dst[0..gs) = s * q + b for any width: value j of the row sits at bit `first_bit + j * bits`.
 inline void decode_bits(const uint32_t* row, int64_t first_bit, int bits, int gs, float s, float b, float* dst) {
   const uint32_t mask = (1u << bits) - 1u;
@@ -206,6 +227,14 @@ void decode_row(const AffineArgs& a, int n, float* dst) {
       decode4(bytes + static_cast<int64_t>(g) * a.group_size / 2, a.group_size, s, b, out);
     } else if (a.bits == 8) {
       decode8(bytes + static_cast<int64_t>(g) * a.group_size, a.group_size, s, b, out);
+#if defined(__AVX2__)
+    } else if (a.group_size % 32 == 0 && (a.bits == 2 || a.bits == 3 || a.bits == 5 || a.bits == 6)) {
+      const uint8_t* group = bytes + static_cast<int64_t>(g) * a.group_size * a.bits / 8;
+      if (a.bits == 2) decode_blocks<2>(group, a.group_size, s, b, out);
+      if (a.bits == 3) decode_blocks<3>(group, a.group_size, s, b, out);
+      if (a.bits == 5) decode_blocks<5>(group, a.group_size, s, b, out);
+      if (a.bits == 6) decode_blocks<6>(group, a.group_size, s, b, out);
+#endif
     } else {
       decode_bits(row, static_cast<int64_t>(g) * a.group_size * a.bits, a.bits, a.group_size, s, b, out);
     }

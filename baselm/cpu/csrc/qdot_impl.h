@@ -217,65 +217,7 @@ constexpr int code_offset() {
 #endif
 }
 
-struct Decoder {
-  __m256i shuffle_lo, shuffle_hi, multiply, mask;
-};
-
-// Bytes of block-relative offset `base` onward feed the 16-bit lane of each value; its code
-// sits at bit `shift` of that lane and is moved to bit 8 by a multiply by 2^(8 - shift).
-template <int BITS>
-Decoder make_decoder() {
-  constexpr int kSource = BITS <= 3 ? 8 : 16;  // bytes per source load
-  constexpr int kBytes = 4 * BITS;
-  alignas(32) int8_t lo[32], hi[32];
-  alignas(32) int16_t mul[16];
-  for (int half = 0; half < 2; ++half) {
-    int8_t* table = half == 0 ? lo : hi;
-    const int source = half == 0 ? 0 : kBytes - kSource;
-    for (int lane = 0; lane < 2; ++lane) {
-      for (int i = 0; i < 8; ++i) {
-        int value = half * 16 + lane * 8 + i;
-        int bit = value * BITS;
-        int byte = bit / 8 - source;
-        int shift = bit % 8;
-        table[lane * 16 + 2 * i] = static_cast<int8_t>(byte);
-        table[lane * 16 + 2 * i + 1] = static_cast<int8_t>(shift + BITS > 8 ? byte + 1 : -128);
-        mul[lane * 8 + i] = static_cast<int16_t>(1 << (8 - shift));
-      }
-    }
-  }
-  Decoder dec;
-  dec.shuffle_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
-  dec.shuffle_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
-  dec.multiply = _mm256_load_si256(reinterpret_cast<const __m256i*>(mul));
-  dec.mask = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
-  return dec;
-}
-
-inline __m256i source(const uint8_t* p, int bytes) {
-  if (bytes == 8) return _mm256_set1_epi64x(*reinterpret_cast<const long long*>(p));
-  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// The 32 codes of the block at p, in the width's lane order.
-template <int BITS, int OFFSET>
-inline __m256i decode(const uint8_t* p, const Decoder& dec) {
-  if constexpr (BITS == 8) {
-    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return OFFSET == 0 ? v : _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));
-  } else if constexpr (BITS == 4) {
-    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m128i low = _mm_set1_epi8(0x0f);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
-  } else {
-    constexpr int kSource = BITS <= 3 ? 8 : 16;
-    __m256i a = _mm256_shuffle_epi8(source(p, kSource), dec.shuffle_lo);
-    __m256i b = _mm256_shuffle_epi8(source(p + 4 * BITS - kSource, kSource), dec.shuffle_hi);
-    a = _mm256_srli_epi16(_mm256_mullo_epi16(a, dec.multiply), 8);
-    b = _mm256_srli_epi16(_mm256_mullo_epi16(b, dec.multiply), 8);
-    return _mm256_and_si256(_mm256_packus_epi16(a, b), dec.mask);
-  }
-}
+#include "codes_impl.h"
 
 // A decoded weight block as the dot product takes it: 32 bytes against 8-bit activations, two
 // vectors of 16-bit codes against 16-bit ones.
@@ -344,6 +286,7 @@ __attribute__((always_inline)) inline void tile(const QdotArgs& a, int n, int m0
   const uint8_t* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = a.codes + static_cast<int64_t>(n + r) * a.ld_bytes;
   const T* xq = static_cast<const T*>(a.x.q) + static_cast<int64_t>(m0) * a.K;
+  const int64_t prefetch_ahead = R * a.ld_bytes;
   const float* xd = a.x.d + static_cast<int64_t>(m0) * blocks;
   const int groups = a.K / a.group_size;
   const int shift = a.group_size == 32 ? 0 : (a.group_size == 64 ? 1 : (a.group_size == 128 ? 2 : -1));
@@ -353,7 +296,9 @@ __attribute__((always_inline)) inline void tile(const QdotArgs& a, int n, int m0
   for (int b = 0; b < blocks; ++b) {
     WeightBlock<T> w[R];
     for (int r = 0; r < R; ++r) {
-      __builtin_prefetch(rows[r] + (b + 8) * 4 * BITS, 0, 3);
+      // The same block R rows on: the next tile's, R * K * bits / 8 bytes ahead in one stream,
+      // so its DRAM misses are in flight while this tile multiplies.
+      __builtin_prefetch(rows[r] + prefetch_ahead + b * 4 * BITS, 0, 0);
       w[r] = weight_block<BITS, T>(rows[r] + b * 4 * BITS, dec);
     }
     const int g = shift >= 0 ? b >> shift : b / (a.group_size / B);

@@ -67,4 +67,15 @@ def describe() -> str:
     """One line for `base doctor` and `base bench`: which CPU path runs and why."""
     if kernels is None:
         return f"MLX reference ops ({status['reason']})"
-    return f"base CPU kernels ({kernels.isa()}, {kernels.num_threads()} threads)"
+    return f"base CPU kernels ({kernels.isa()}, {kernels.num_threads()} threads, {activations()})"
+
+
+def activations() -> str:
+    """What quantized weights are multiplied with: integer activation codes (the default, up to
+    `qdot_max_rows` rows a call) or float32 ones (BASE_CPU_EXACT=1, the exact path)."""
+    if kernels is None or kernels.exact():
+        return "float32 activations"
+    return (
+        f"{kernels.activation_bits()}-bit integer activations up to {kernels.qdot_max_rows()} rows "
+        f"({kernels.qdot_isa()}), float32 beyond"
+    )

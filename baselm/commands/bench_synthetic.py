@@ -3,8 +3,8 @@
 Each size is a Llama-shaped model with seeded random weights, quantized as the store keeps
 them (affine groups of 32, float16 scales) and built through the same path as a real model.
 Decoding one token reads every weight once, so `bandwidth / weight bytes` bounds tok/s; the
-bandwidth is measured here, by streaming a large float32 matrix through the same matmul the
-models use (the CPU kernels, or MLX's matmul without them).
+bandwidth is measured here: a plain forward read of a 512 MiB buffer by every core (or, without
+the CPU kernels, a float32 matrix through MLX's matmul).
 """
 
 from __future__ import annotations
@@ -158,19 +158,23 @@ def synthetic_model(size: str, bits: int | None, backend: Backend, seed: int) ->
 
 
 def stream_bandwidth(backend: Backend, num_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Bytes/s of one activation row against a `num_bytes` float32 matrix, as a decode matmul reads it."""
-    from baselm.models.linear import KernelLinear
+    """Bytes/s of a plain forward read of a `num_bytes` buffer by every core (the CPU kernels'
+    threads), the memory roofline; without the kernels, of one activation row against a float32
+    matrix through MLX's matmul."""
+    from baselm import cpu
 
     w = mx.random.normal((num_bytes // (4 * 2048), 2048))
     x = mx.random.normal((1, 2048))
     mx.eval(w, x)
-    layer = KernelLinear(w) if backend.cpu_kernels else None
-    run = (lambda: layer(x)) if layer is not None else (lambda: x @ w.T)
-    mx.eval(run())
+    if backend.cpu_kernels:
+        run = lambda: cpu.kernels.read_xor(w)  # noqa: E731
+    else:
+        run = lambda: mx.eval(x @ w.T)  # noqa: E731
+    run()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        mx.eval(run())
+        run()
         best = min(best, time.perf_counter() - start)
     return w.nbytes / best
 

@@ -236,3 +236,27 @@ def test_bench_compares_decode_with_the_layer_kernel_on_and_off(tmp_path):
     assert report["decode_tok_s_on"] > 0 and report["decode_tok_s_off"] > 0
     assert report["forward_ms_on"] > 0 and report["forward_ms_off"] > 0
     assert report["paired_ratio"] > 0
+
+
+@pytest.mark.parametrize(
+    "formats",
+    [
+        {"proj": (32, 5)},
+        {
+            **{name: (32, 5) for name in ("q_proj", "k_proj", "v_proj")},
+            **{"o_proj": (64, 6), "gate_proj": (32, 3), "up_proj": (32, 3), "down_proj": (128, 2)},
+        },
+    ],
+    ids=["q5_g32", "mixed_widths"],
+)
+@pytest.mark.parametrize("step", ["one_decode", "mixed", "chunk_of_17_and_a_decode"])
+def test_integer_activations_in_the_layer_match_the_per_op_path(kernels, restore_enabled, formats, step):
+    """The one-node layer and the per-op path on the integer path (the CPU default), every weight
+    width in one layer: both run the same quantized products, so they agree as on the exact path."""
+    before = kernels.exact()
+    kernels.set_exact(False)
+    try:
+        model, layer = _layer("llama_gqa", formats)
+        _compare(model, layer, *STEPS[step])
+    finally:
+        kernels.set_exact(before)

@@ -194,3 +194,10 @@ def test_the_int8_kernels_named_for_each_instruction_set() -> None:
 def test_activation_bits_are_8_or_16(kernels) -> None:
     with pytest.raises(ValueError, match="8 or 16"):
         kernels.set_activation_bits(4)
+
+
+@pytest.mark.skipif(not cpu.available(), reason="CPU kernels not loaded")
+def test_the_bandwidth_probe_reads_every_word() -> None:
+    words = np.random.default_rng(3).integers(0, 2**63, size=3 * (1 << 17) + 5, dtype=np.uint64)
+    expected = int(np.bitwise_xor.reduce(words))
+    assert cpu.kernels.read_xor(mx.array(words.view(np.uint32))) == expected

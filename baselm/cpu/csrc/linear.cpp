@@ -1,5 +1,6 @@
 // Linear layers for few activation rows: x (..., K) @ W(N, K).T (+ bias), W float32 or
 // affine-quantized in MLX's layout, each weight byte read once per call.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -317,7 +318,32 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
   });
 }
 
+// XOR of every 8-byte word of `a`, read by all the pool's threads: a plain forward read of the
+// buffer, the memory roofline a decode matmul is held to (`base bench --synthetic`).
+uint64_t read_xor(mx::array a) {
+  a.eval();
+  const uint64_t* words = a.data<uint64_t>();
+  const int64_t count = static_cast<int64_t>(a.nbytes() / sizeof(uint64_t));
+  constexpr int64_t kChunkWords = 1 << 17;  // 1 MiB a claim
+  const int chunks = static_cast<int>((count + kChunkWords - 1) / kChunkWords);
+  std::vector<uint64_t> partial(static_cast<size_t>(num_threads()) * 8, 0);  // a line per thread
+  parallel_for(chunks, a.nbytes(), [&](int begin, int end, int thread) {
+    uint64_t acc[8] = {};
+    const int64_t stop = std::min<int64_t>(count, static_cast<int64_t>(end) * kChunkWords);
+    int64_t i = static_cast<int64_t>(begin) * kChunkWords;
+    for (; i + 8 <= stop; i += 8)
+      for (int j = 0; j < 8; ++j) acc[j] ^= words[i + j];
+    for (; i < stop; ++i) acc[0] ^= words[i];
+    for (int j = 0; j < 8; ++j) partial[static_cast<size_t>(thread) * 8] ^= acc[j];
+  });
+  uint64_t total = 0;
+  for (uint64_t v : partial) total ^= v;
+  return total;
+}
+
 void register_linear(nb::module_& m) {
+  m.def("read_xor", &read_xor, nb::arg("a"),
+        "XOR of a's 8-byte words, read forward by every pool thread (a memory bandwidth probe).");
   m.def(
       "set_exact", [](bool exact) { exact_slot().store(exact); }, nb::arg("exact"),
       "Quantized matmuls with float32 activations (True, the exact path) or 8-bit ones (False).");

@@ -27,7 +27,7 @@ def smollm2(smollm2_gguf):
 
 @pytest.fixture
 def fast() -> Iterator[None]:
-    before = cpu.kernels.exact()
+    before = cpu.kernels.exact_setting()
     cpu.kernels.set_exact(False)
     yield
     cpu.kernels.set_exact(before)

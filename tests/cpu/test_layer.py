@@ -253,7 +253,7 @@ def test_bench_compares_decode_with_the_layer_kernel_on_and_off(tmp_path):
 def test_integer_activations_in_the_layer_match_the_per_op_path(kernels, restore_enabled, formats, step):
     """The one-node layer and the per-op path on the integer path (the CPU default), every weight
     width in one layer: both run the same quantized products, so they agree as on the exact path."""
-    before = kernels.exact()
+    before = kernels.exact_setting()
     kernels.set_exact(False)
     try:
         model, layer = _layer("llama_gqa", formats)

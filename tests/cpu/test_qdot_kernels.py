@@ -21,7 +21,7 @@ RTOL = 1e-5  # of the sum of |terms|: float32 rounding of a few hundred block pr
 def fast(kernels, request: pytest.FixtureRequest) -> Iterator[object]:
     """The kernels on the integer path with 16- or 8-bit activation codes (whatever
     BASE_CPU_EXACT said), restored afterwards."""
-    before = kernels.exact(), kernels.activation_bits()
+    before = kernels.exact_setting(), kernels.activation_bits()
     kernels.set_exact(False)
     kernels.set_activation_bits(request.param)
     yield kernels
@@ -153,7 +153,7 @@ def test_large_weights_split_across_threads(fast) -> None:
 def test_the_exact_path_keeps_float_activations(kernels) -> None:
     """set_exact(True) (BASE_CPU_EXACT=1) multiplies float32 activations: the dequantized
     matmul up to float rounding, which 8-bit activations do not reach."""
-    before = kernels.exact(), kernels.activation_bits()
+    before = kernels.exact_setting(), kernels.activation_bits()
     codes, scales, biases = _quantized(16, 256, 32, 4, seed=11)
     x = mx.random.normal((2, 256))
     dense = mx.dequantize(codes, scales.astype(mx.float32), biases.astype(mx.float32), 32, 4)
@@ -201,3 +201,17 @@ def test_the_bandwidth_probe_reads_every_word() -> None:
     words = np.random.default_rng(3).integers(0, 2**63, size=3 * (1 << 17) + 5, dtype=np.uint64)
     expected = int(np.bitwise_xor.reduce(words))
     assert cpu.kernels.read_xor(mx.array(words.view(np.uint32))) == expected
+
+
+def test_by_default_generic_keeps_float_activations(kernels) -> None:
+    """Left to the instruction set (BASE_CPU_EXACT unset), the SIMD builds take integer
+    activations and `generic`, whose integer loops are plain scalar C++, float32 ones."""
+    before = kernels.exact_setting()
+    try:
+        kernels.set_exact(None)
+        assert kernels.exact_setting() is None
+        assert kernels.exact() is (kernels.qdot_isa() == "generic")
+        kernels.set_exact(False)
+        assert kernels.exact() is False and kernels.exact_setting() is False
+    finally:
+        kernels.set_exact(before)

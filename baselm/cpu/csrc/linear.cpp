@@ -58,14 +58,26 @@ const QdotKernels& qdot_kernels() {
 // windows: 32 s exact against 124 s on 16-bit activations).
 constexpr int kQdotMaxRows = 32;
 
-// Quantized weights meet float32 activations (the exact path) instead of 8-bit ones:
-// BASE_CPU_EXACT=1 or set_exact(True).
-std::atomic<bool>& exact_slot() {
-  static std::atomic<bool> exact{[] {
+// Which activations quantized weights meet: kExactAuto takes integer ones where the ISA has SIMD
+// integer kernels (avx2, avx512) and float32 ones on `generic`, whose float loops the compiler
+// vectorizes and whose integer loops are plain scalar C++ (the reference of the others; an ARM
+// build runs it until it has NEON kernels). BASE_CPU_EXACT=1 / set_exact(True): always float32
+// (the exact path); BASE_CPU_EXACT=0 / set_exact(False): always integer.
+enum Exact : int { kExactAuto = -1, kExactNo = 0, kExactYes = 1 };
+
+std::atomic<int>& exact_slot() {
+  static std::atomic<int> exact{[] {
     const char* env = std::getenv("BASE_CPU_EXACT");
-    return env != nullptr && std::strcmp(env, "0") != 0 && env[0] != '\0';
+    if (env == nullptr || env[0] == '\0') return static_cast<int>(kExactAuto);
+    return static_cast<int>(std::strcmp(env, "0") == 0 ? kExactNo : kExactYes);
   }()};
   return exact;
+}
+
+bool exact_now() {
+  int exact = exact_slot().load(std::memory_order_relaxed);
+  if (exact == kExactAuto) return std::strcmp(qdot_kernels().name, "generic") == 0;
+  return exact == kExactYes;
 }
 
 // Output rows are handed to threads in chunks of this many weight rows.
@@ -281,7 +293,7 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
                  [&](int begin, int end, int) { kern.dense(args, begin * chunk, end * chunk < n ? end * chunk : n); });
     return;
   }
-  if (M <= kQdotMaxRows && !exact_slot().load(std::memory_order_relaxed) && qdot_supports(w.bits, w.group_size, k)) {
+  if (M <= kQdotMaxRows && !exact_now() && qdot_supports(w.bits, w.group_size, k)) {
     const QdotKernels& q = qdot_kernels();
     QdotArgs args{quantized_buffers(q, x, M, k, w.bits, w.group_size),
                   M,
@@ -345,10 +357,20 @@ void register_linear(nb::module_& m) {
   m.def("read_xor", &read_xor, nb::arg("a"),
         "XOR of a's 8-byte words, read forward by every pool thread (a memory bandwidth probe).");
   m.def(
-      "set_exact", [](bool exact) { exact_slot().store(exact); }, nb::arg("exact"),
-      "Quantized matmuls with float32 activations (True, the exact path) or 8-bit ones (False).");
+      "set_exact",
+      [](std::optional<bool> exact) { exact_slot().store(exact ? (*exact ? kExactYes : kExactNo) : kExactAuto); },
+      nb::arg("exact").none(),
+      "Quantized matmuls with float32 activations (True, the exact path), integer ones (False), or "
+      "integer ones where the ISA has SIMD integer kernels (None, the default).");
   m.def(
-      "exact", [] { return exact_slot().load(); }, "Whether quantized matmuls keep float32 activations.");
+      "exact", [] { return exact_now(); }, "Whether quantized matmuls keep float32 activations now.");
+  m.def(
+      "exact_setting",
+      [] {
+        int exact = exact_slot().load();
+        return exact == kExactAuto ? std::optional<bool>() : std::optional<bool>(exact == kExactYes);
+      },
+      "What set_exact (or BASE_CPU_EXACT) asked for: True, False, or None (by instruction set).");
   m.def(
       "set_activation_bits",
       [](int bits) {

@@ -44,6 +44,10 @@ class Backend:
     def is_gpu(self) -> bool:
         return self.name != "cpu"
 
+    def memory_bytes(self) -> int | None:
+        """The memory weights and KV pools share here: the GPU's, else the system's (None: unknown)."""
+        return (device_memory_bytes() if self.is_gpu else None) or system_memory_bytes()
+
 
 def gpu_kind() -> str | None:
     """'metal' or 'cuda' when MLX has a GPU here, else None."""

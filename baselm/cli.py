@@ -68,7 +68,7 @@ ALLOWED_HOSTS_HELP = (
 PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g. 1:1 (see docs/distributed.md)."
 ROLE_HELP = "With --pd over machines: this rank's role, prefill or decode (checked against --rank)."
 WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
-KV_MEMORY_HELP = "Memory for the KV cache, e.g. 2GiB."
+KV_MEMORY_HELP = "Memory for the KV cache, e.g. 2GiB (default: from the context and the sequences)."
 SYNTHETIC_HELP = (
     "Instead of a model: random-weight models of these sizes (135M,360M,1B), decode tok/s beside the roofline."
 )
@@ -186,6 +186,7 @@ def chat(
         config = EngineConfig(
             kv_memory=parse_optional_size(kv_memory),
             kv_bits=kv_bits,
+            max_num_seqs=16 if serve else 1,  # the REPL runs one request at a time; --serve, as serve does
             prefix_cache_file=prefix_file,
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
@@ -211,7 +212,7 @@ def bench(
     pool_sizes: str = typer.Option("", "--pool-sizes", help="Also compare decode steps for KV pools: 256MiB,4GiB."),
     compare_mlx_lm: bool = typer.Option(False, "--compare-mlx-lm", help="Also run mlx-lm's decode loop."),
     compare_cpu_layer: bool = typer.Option(False, "--compare-cpu-layer", help=CPU_LAYER_HELP),
-    kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 1GiB (default: from memory)."),
+    kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
     kv_bits: int = KV_BITS,
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Token budget per step."),

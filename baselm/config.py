@@ -98,7 +98,7 @@ class EngineConfig:
     """How the engine runs a model. Defaults suit a laptop; the CLI exposes each as an option."""
 
     block_size: int = 16
-    kv_memory: int | None = None  # bytes for the KV pools; None: from free memory and model size
+    kv_memory: int | None = None  # bytes for the KV pools; None: from the context and the sequences (kv/sizing.py)
     kv_bits: int = 16  # 16: model dtype; 8 or 4: affine-quantized KV
     max_num_seqs: int = 16  # running requests at once
     max_num_batched_tokens: int = 1024  # tokens one step may feed (the chunked-prefill budget)

@@ -15,11 +15,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from baselm.backend import system_memory_bytes
 from baselm.config import EngineConfig
 from baselm.kv import PagedKVCache
 from baselm.kv.manager import KVCacheManager
 from baselm.kv.persist import PersistentPrefixCache
+from baselm.kv.sizing import kv_pool_size
 from baselm.loader import LoadedModel, load_model
 from baselm.outputs import OutputProcessor, copy_requests
 from baselm.request import InvalidRequestError, RequestOutput
@@ -29,8 +29,6 @@ from baselm.sampling.sampler import Sampler
 from baselm.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from baselm.speculative.draft import DraftModelProposer, check_same_vocabulary
 from baselm.speculative.speculator import SpecStats, Speculator
-
-_DEFAULT_KV_CAP = 2 * 2**30  # bytes; a laptop-friendly ceiling when --kv-memory is not given
 
 
 class QueueFullError(RuntimeError):
@@ -58,16 +56,16 @@ def make_scheduler(kv: KVCacheManager, config: EngineConfig, max_model_len: int)
     )
 
 
-def kv_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_token: int) -> int:
-    """Blocks for the pools: `kv_memory` when given, else enough for max_num_seqs full contexts
-    up to a ceiling of min(2 GiB, a fifth of system memory)."""
-    if config.kv_memory is not None:
-        budget = config.kv_memory
-    else:
-        system = system_memory_bytes() or 8 * 2**30
-        wanted = config.max_num_seqs * max_model_len * bytes_per_token
-        budget = min(wanted, _DEFAULT_KV_CAP, system // 5)
-    return max(1, budget // (bytes_per_token * config.block_size))
+def make_cache(loaded: LoadedModel, config: EngineConfig) -> tuple[PagedKVCache, int]:
+    """The KV pool `config` asks for over `loaded` (sized by `baselm.kv.sizing`), and the context
+    every request must fit in: the config's or the model's, shortened where the default pool is."""
+    model = loaded.model
+    num_layers, num_kv_heads, head_dim = model.kv_shape()
+    per_token = PagedKVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, model.dtype, config.kv_bits)
+    max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
+    size = kv_pool_size(config, max_model_len, per_token, loaded.backend.memory_bytes())
+    cache = PagedKVCache.for_model(model, size.num_blocks, config.block_size, kv_bits=config.kv_bits)
+    return cache, size.max_model_len
 
 
 class LLMEngine:
@@ -80,9 +78,8 @@ class LLMEngine:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
-        self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
+        self.cache, self.max_model_len = make_cache(loaded, config)
         self.vocab_size = loaded.model.args.vocab_size
-        self.cache = self._make_cache(loaded, config)
         self.kv_manager = KVCacheManager(self.cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.prefix_file = self._open_prefix_file(loaded, config)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
@@ -111,13 +108,6 @@ class LLMEngine:
             most = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * (spec.num_speculative_tokens + 1))
             speculator.calibrate(self.loaded.model, self.cache, self.kv_manager, most)
         return speculator
-
-    def _make_cache(self, loaded: LoadedModel, config: EngineConfig) -> PagedKVCache:
-        model = loaded.model
-        num_layers, num_kv_heads, head_dim = model.kv_shape()
-        bytes_per_token = PagedKVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, model.dtype, config.kv_bits)
-        num_blocks = kv_num_blocks(config, self.max_model_len, bytes_per_token)
-        return PagedKVCache.for_model(model, num_blocks, config.block_size, kv_bits=config.kv_bits)
 
     def _open_prefix_file(self, loaded: LoadedModel, config: EngineConfig) -> PersistentPrefixCache | None:
         """The prefix cache file, its blocks loaded into the pool; None without one."""

@@ -6,8 +6,6 @@ model folder (config.json + safetensors), or a `.gguf` file.
 
 from __future__ import annotations
 
-import ctypes
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,13 +13,14 @@ from typing import Any
 import mlx.core as mx
 
 from baselm.backend import Backend
+from baselm.memory import release_freed_memory
 from baselm.models import build_model
 from baselm.models.base import DecoderModel
-from baselm.store import gguf, hf
+from baselm.store import hf
 from baselm.store.base_reader import BaseFile, model_weights
 from baselm.store.errors import ModelFileError, SignatureError
+from baselm.store.gguf_arch import ROPE_FREQS
 from baselm.store.registry import Store
-from baselm.store.signed_file import signed_statement
 from baselm.tokenizer.tokenizer import Tokenizer
 
 
@@ -59,8 +58,8 @@ def model_from_checkpoint(
     """`build_model` over a checkpoint's tensors (HF names). GGUF's `rope_freqs` tensor (llama 3 scaling
     as per-frequency divisors, also kept by `.base` files converted from GGUF) has no HF name: it goes to
     the model's RoPE, not among its weights."""
-    factors = weights.pop(gguf.ROPE_FREQS, None)
-    _release_load_memory()
+    factors = weights.pop(ROPE_FREQS, None)
+    release_freed_memory()
     cache_limit = mx.set_cache_limit(0)  # tensors replaced while building go back to malloc, for reuse
     try:
         model = build_model(
@@ -76,21 +75,30 @@ def model_from_checkpoint(
         )
     finally:
         mx.set_cache_limit(cache_limit)
-    _release_load_memory()
+    release_freed_memory()
     return model
 
 
 def _load_gguf(path: Path, backend: Backend, shard: Any = None) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
-    config, weights, metadata = gguf.load_checkpoint(path)
-    model = model_from_checkpoint(config, weights, backend, shard=shard)
-    return model, Tokenizer.from_gguf_metadata(metadata), config
+    from baselm.store import gguf  # and the gguf package (numpy's and yaml's worth of memory): GGUF files only
+
+    checkpoint = gguf.GGUFCheckpoint.open(path)
+    # NOTE: the tokenizer first, and its vocabulary's strings freed, before any weight is read:
+    # building it briefly takes several times what it keeps, which then never adds to the weights.
+    tokenizer = Tokenizer.from_gguf_metadata(checkpoint.metadata)
+    checkpoint.release_metadata()
+    release_freed_memory()
+    model = model_from_checkpoint(checkpoint.config, checkpoint.mx_weights(), backend, shard=shard)
+    return model, tokenizer, checkpoint.config
 
 
 def _load_hf_folder(path: Path, backend: Backend, shard: Any = None) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
     config = hf.read_config(path)
+    tokenizer = Tokenizer.from_folder(path)  # first, as in `_load_gguf`
+    release_freed_memory()
     # An MLX folder's quantized layers may differ in group size and bits: the shapes tell them.
     model = model_from_checkpoint(config, hf.read_weights(path), backend, shard=shard)
-    return model, Tokenizer.from_folder(path), config
+    return model, tokenizer, config
 
 
 def _load_base_file(
@@ -99,27 +107,22 @@ def _load_base_file(
     base = BaseFile.open(path)
     header = base.header
     # A signed file: signature and header checked now, each tensor's SHA-256 as it is read.
-    digests = signed_statement(base)[0]["tensors_sha256"] if require_signature else None
+    digests = None
+    if require_signature:
+        from baselm.store.signed_file import signed_statement  # cryptography: only for a signed load
+
+        digests = signed_statement(base)[0]["tensors_sha256"]
     # NOTE: a rank of a group reads only its slices; a signed load reads every region whole,
     # because a tensor's SHA-256 covers its whole region, and is sliced after.
     is_cut = shard is not None and digests is None
+    tokenizer = tokenizer_from_header(header.pop("tokenizer"))  # first, as in `_load_gguf`
+    release_freed_memory()
     tensors = shard.read(base) if is_cut else base.load(digests=digests)
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
     del tensors
     config = header["config"]
     model = model_from_checkpoint(config, weights, backend, shard=shard)
-    return model, tokenizer_from_header(header["tokenizer"]), config
-
-
-def _release_load_memory() -> None:
-    """Hands back what loading freed: MLX's cache of released buffers (the unfused and unpermuted
-    tensors) and, on glibc, the heap pages the file's transient numpy arrays left behind."""
-    mx.clear_cache()
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass
+    return model, tokenizer, config
 
 
 def tokenizer_from_header(spec: dict[str, Any]) -> Tokenizer:

@@ -16,8 +16,11 @@ from __future__ import annotations
 import logging
 import math
 import mmap
+import os
 import struct
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,8 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 _NUMPY = {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "u1", 10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
 MAX_ARRAY_NESTING = 8  # metadata arrays inside arrays; llama.cpp writes at most 2, a deeper file is malformed
+NUM_READERS = min(4, os.cpu_count() or 1)  # threads converting tensors (GGUFCheckpoint.records)
+READ_AHEAD_BYTES = 16 * 2**20  # tensor bytes converted ahead of the consumer, past the one it waits for
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,8 +103,8 @@ class GGUFFile:
         return np.frombuffer(self._data, dtype=np.uint8, count=info.num_bytes, offset=info.offset)
 
     def release(self, info: TensorInfo) -> None:
-        """Drops the tensor's mapped pages from this process's memory once it has been copied out
-        (they stay in the page cache; reading the tensor again maps them back)."""
+        """Drops the tensor's mapped pages from this process's memory (they stay in the page cache;
+        reading the tensor again, or a view of it, maps them back)."""
         if not hasattr(mmap, "MADV_DONTNEED"):
             return
         start = info.offset - info.offset % mmap.PAGESIZE
@@ -263,10 +268,10 @@ class GGUFCheckpoint:
         gguf_file.check_types()
         self.file = gguf_file
         shapes = {name: info.shape for name, info in gguf_file.tensors.items()}
-        self.config, self.spec, self.meta = gguf_arch.hf_config(gguf_file.metadata, shapes)
+        self.config, self.spec, meta = gguf_arch.hf_config(gguf_file.metadata, shapes)
         self._add_rope_factors()
         # Every tensor placed before any is read: a tensor base cannot place is refused up front.
-        placed = [(name, gguf_arch.placement(name, self.spec, self.config, self.meta)) for name in gguf_file.tensors]
+        placed = [(name, gguf_arch.placement(name, self.spec, self.config, meta)) for name in gguf_file.tensors]
         self._placed = sorted(((where.hf_name, name, where) for name, where in placed if where), key=lambda t: t[0])
         self.requant_errors: dict[str, RequantError] = {}
 
@@ -277,6 +282,11 @@ class GGUFCheckpoint:
     @property
     def metadata(self) -> dict[str, Any]:
         return self.file.metadata
+
+    def release_metadata(self) -> None:
+        """Drops the metadata (a vocabulary's strings: tens of MiB) once the caller has what it
+        needs; `config` and the tensors stay readable."""
+        self.file.metadata = {}
 
     def _add_rope_factors(self) -> None:
         """Phi-3's LongRoPE factors live in tensors; HF keeps them in the config's rope dict."""
@@ -292,19 +302,19 @@ class GGUFCheckpoint:
     def records(
         self, inexact_as_float: bool = False, skip: frozenset[str] = frozenset()
     ) -> Iterator[tuple[str, str, TensorRecord]]:
-        """(HF name, GGUF type, record) per tensor, sorted by HF name, each read when the consumer asks;
-        HF tensors named in `skip` are left out.
+        """(HF name, GGUF type, record) per tensor, sorted by HF name, converted a few tensors ahead
+        of the consumer (`_read_ahead`); HF tensors named in `skip` are left out.
 
         Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end;
         with `inexact_as_float` they come as float32 values instead (the caller quantizes them once).
         """
         self.requant_errors = {}
         fused_parts: dict[str, dict[str, tuple[TensorRecord, tuple[int, ...]]]] = {}
-        for hf_name, name, where in self._placed:
-            if hf_name in skip:
-                continue
+        placed = [item for item in self._placed if item[0] not in skip]
+        for (hf_name, name, where), record, errors in self._read_ahead(placed, inexact_as_float):
             info = self.file.tensors[name]
-            record = self.file.read(info, self.requant_errors, inexact_as_float)
+            for type_name, error in errors.items():
+                self.requant_errors.setdefault(type_name, RequantError(type_name, error.bits)).merge(error)
             if where.expert_part is not None:  # gpt-oss: parts of one HF tensor sort next to each other
                 parts = fused_parts.setdefault(hf_name, {})
                 parts[where.expert_part] = (record, info.shape)
@@ -314,11 +324,42 @@ class GGUFCheckpoint:
                 continue
             for out_name, part in _put_back(record, where):
                 yield out_name, info.type_name, part
-            self.file.release(info)  # the consumer has its copy: the mapped pages need not stay resident
         if fused_parts:
             raise ModelFileError(f"{self.file.path.name}: {next(iter(fused_parts))} lacks its gate or up experts")
         for error in self.requant_errors.values():
             log.warning("%s: %s", self.file.path.name, error.describe())
+
+    def _read_ahead(
+        self, placed: list[tuple[str, str, Placement]], inexact_as_float: bool
+    ) -> Iterator[tuple[tuple[str, str, Placement], TensorRecord, dict[str, RequantError]]]:
+        """(placed item, its record, its re-quantization errors) for each of `placed`, in order, converted
+        on a few threads: numpy releases the GIL inside its loops, so tensors convert side by side.
+
+        NOTE: past the tensor the consumer waits for, at most READ_AHEAD_BYTES of the file's tensors
+        are converted or converting, which bounds the memory the records waiting take."""
+
+        def read(info: TensorInfo) -> tuple[TensorRecord, dict[str, RequantError]]:
+            errors: dict[str, RequantError] = {}
+            record = self.file.read(info, errors, inexact_as_float)
+            # A converted tensor is a copy already, and a float one (a view of the mapping) maps its
+            # pages back in from the page cache as it is read: the mapped pages can go now.
+            self.file.release(info)
+            return record, errors
+
+        todo, queue, num_queued = deque(placed), deque(), 0
+        pool = ThreadPoolExecutor(NUM_READERS, thread_name_prefix="gguf-read")
+        try:
+            while todo or queue:
+                while todo and (not queue or num_queued < READ_AHEAD_BYTES):
+                    item = todo.popleft()
+                    info = self.file.tensors[item[1]]
+                    queue.append((item, pool.submit(read, info), info.num_bytes))
+                    num_queued += info.num_bytes
+                item, future, num_bytes = queue.popleft()
+                num_queued -= num_bytes
+                yield item, *future.result()
+        finally:
+            pool.shutdown(cancel_futures=True)
 
     def mx_weights(self) -> dict[str, mx.array]:
         """Every tensor as MLX arrays under HF names (quantized ones as `.weight`/`.scales`/`.biases`).

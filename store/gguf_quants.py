@@ -29,6 +29,7 @@ import numpy as np
 
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import UnsupportedModelError
+from baselm.store.quantize import pack_codes
 
 GROUP_SIZE = 32
 FLOAT_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
@@ -64,24 +65,30 @@ def check_readable(type_name: str, tensor: str, label: str) -> None:
         )
 
 
-def _split_block(blocks: np.ndarray, block: BlockType) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """(d as float16 (..., n), m as float16 or None, q as uint8 (..., n, 32)) of raw blocks (..., n, bytes)."""
-    d = np.ascontiguousarray(blocks[..., 0:2]).view("<f2")[..., 0]
-    at = 2
-    m = None
-    if block.has_min:
-        m = np.ascontiguousarray(blocks[..., 2:4]).view("<f2")[..., 0]
-        at = 4
+def _halves(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 field at byte `at` of each block (..., n, bytes), as (..., n)."""
+    return np.ascontiguousarray(blocks[..., at : at + 2]).view("<f2")[..., 0]
+
+
+def _codes(blocks: np.ndarray, block: BlockType, at: int) -> np.ndarray:
+    """The values of blocks (rows, n, bytes), from byte `at` of each, in MLX's packing of a row: as
+    bytes or uint32 words, whose rows the caller reads as (rows, in * bits / 32) words."""
     if block.bits == 8:
-        return d, m, blocks[..., at:] ^ np.uint8(0x80)  # int8 q -> q + 128 as uint8
-    high = None
-    if block.bits == 5:
-        qh = np.ascontiguousarray(blocks[..., at : at + 4]).view("<u4")  # (..., n, 1)
-        high = ((qh >> np.arange(32, dtype=np.uint32)) & np.uint32(1)).astype(np.uint8) << np.uint8(4)
-        at += 4
-    nibbles = blocks[..., at : at + 16]  # (..., n, 16)
-    q = np.concatenate([nibbles & np.uint8(0x0F), nibbles >> np.uint8(4)], axis=-1)  # (..., n, 32)
-    return d, m, q if high is None else q | high
+        return blocks[..., at:] ^ np.uint8(0x80)  # int8 q -> q + 128 as uint8
+    if block.bits == 4:
+        # Nibble byte j holds values j and j + 16; MLX's byte k holds values 2k and 2k + 1.
+        even, odd = blocks[..., at : at + 16 : 2], blocks[..., at + 1 : at + 16 : 2]  # (..., n, 8) each
+        packed = np.empty((*blocks.shape[:-1], 16), dtype=np.uint8)  # (..., n, 16)
+        np.bitwise_or(even & np.uint8(0x0F), odd << np.uint8(4), out=packed[..., :8])
+        np.bitwise_or(even >> np.uint8(4), odd & np.uint8(0xF0), out=packed[..., 8:])
+        return packed
+    # 5 bits: bit j of the little-endian u32 qh is bit (j % 8) of its byte j // 8, bit 4 of value j.
+    q = np.unpackbits(blocks[..., at : at + 4], axis=-1, bitorder="little")  # (..., n, 32)
+    np.left_shift(q, np.uint8(4), out=q)
+    nibbles = blocks[..., at + 4 : at + 20]  # (..., n, 16)
+    q[..., :16] |= nibbles & np.uint8(0x0F)
+    q[..., 16:] |= nibbles >> np.uint8(4)
+    return pack_codes(q.reshape(q.shape[0], -1), 5)
 
 
 def exact_record(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> TensorRecord:
@@ -89,15 +96,16 @@ def exact_record(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> Ten
     block = EXACT_TYPES[type_name]
     out_features, in_features = shape
     blocks = raw.reshape(out_features, in_features // GROUP_SIZE, block.block_bytes)  # (out, in/32, bytes)
-    d, m, q = _split_block(blocks, block)
-    if m is not None:
-        scales, biases, scale_dtype = d, m, "f16"
+    d = _halves(blocks, 0)  # (out, in/32)
+    if block.has_min:
+        scales, biases, scale_dtype = d, _halves(blocks, 2), "f16"
     else:
         scales, biases, scale_dtype = _zero_point_bias(d, block.zero_point)
+    codes = _codes(blocks, block, 4 if block.has_min else 2)
     return TensorRecord(
         dtype=f"base_q{block.bits}",
         shape=shape,
-        codes=pack_affine(q.reshape(out_features, in_features), block.bits),  # (out, in * bits / 32)
+        codes=np.ascontiguousarray(codes).view("<u4").reshape(out_features, -1),  # (out, in * bits / 32)
         scales=np.ascontiguousarray(scales),
         biases=np.ascontiguousarray(biases),
         group_size=GROUP_SIZE,
@@ -105,28 +113,16 @@ def exact_record(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> Ten
     )
 
 
-def pack_affine(q: np.ndarray, bits: int) -> np.ndarray:
-    """(out, in) uint8 codes -> (out, in * bits / 32) uint32 in MLX's packing: value i at bit
-    `i * bits` of the row's little-endian bit stream (`store.quantize.pack_codes`, vectorized by bytes)."""
-    out_features, in_features = q.shape
-    if bits == 8:
-        packed = q
-    elif bits == 4:
-        packed = q[:, 0::2] | (q[:, 1::2] << np.uint8(4))  # (out, in / 2)
-    else:
-        stream = (q[..., None] >> np.arange(bits, dtype=np.uint8)) & np.uint8(1)  # (out, in, bits)
-        packed = np.packbits(stream.reshape(out_features, in_features * bits), axis=-1, bitorder="little")
-    return np.ascontiguousarray(packed, dtype=np.uint8).view("<u4").reshape(out_features, in_features * bits // 32)
-
-
 def _zero_point_bias(d: np.ndarray, zero_point: int) -> tuple[np.ndarray, np.ndarray, str]:
     """(scales, biases, scale dtype) for `w = d * (q - zero_point)`: f16 when every `-zero_point * d`
-    is an f16 value, else both in f32 (which holds `d` and the product exactly)."""
-    bias32 = d.astype(np.float32) * np.float32(-zero_point)  # exact: a power of two times an f16
+    is an f16 value, else both in f32 (which holds `d` and the product exactly).
+
+    The product is a power of two times an f16, so in f16 it is exact unless it overflows to inf."""
+    bias32 = d.astype(np.float32) * np.float32(-zero_point)
     with np.errstate(over="ignore"):
         bias16 = bias32.astype(np.float16)
-    same = (bias16.astype(np.float32) == bias32) | (np.isnan(bias32) & np.isnan(bias16))
-    if same.all():
+    overflow = np.isinf(bias16)
+    if not overflow.any() or np.array_equal(overflow, np.isinf(bias32)):
         return d, bias16, "f16"
     return d.astype(np.float32), bias32, "f32"
 

@@ -76,24 +76,55 @@ SCHEMES: dict[str, Scheme] = {
 
 
 def pack_codes(q: np.ndarray, bits: int) -> np.ndarray:
-    """(out, in) integer codes in [0, 2**bits) -> (out, in * bits / 32) uint32 in MLX's packing.
+    """(out, in) integer codes in [0, 2**bits) -> (out, in * bits / 32) uint32 in MLX's packing:
+    value i of a row at bit `i * bits` of its little-endian bit stream.
 
-    32 consecutive values fill exactly `bits` words, so each block of 32 is packed alike.
+    Eight values make `bits` whole bytes. Read as one little-endian uint64 (value j in byte j),
+    three steps of masks and shifts close the gaps between pairs of values, then pairs of pairs,
+    then quads, and the word's low `bits` bytes are the packed ones.
     """
     out_features, in_features = q.shape
-    blocks = q.reshape(out_features, in_features // 32, 32).astype(np.uint32)  # (out, in/32, 32)
-    words = np.zeros((out_features, in_features // 32, bits), dtype=np.uint32)  # (out, in/32, bits)
-    for j in range(32):
-        word, shift = divmod(j * bits, 32)
-        words[..., word] |= blocks[..., j] << np.uint32(shift)
-        if shift + bits > 32:  # the value straddles two words
-            words[..., word + 1] |= blocks[..., j] >> np.uint32(32 - shift)
-    return words.reshape(out_features, in_features * bits // 32)
+    values = np.ascontiguousarray(q, dtype=np.uint8)
+    if bits == 8:
+        packed = values
+    elif bits == 4:
+        packed = values[:, 0::2] | (values[:, 1::2] << np.uint8(4))  # (out, in / 2)
+    else:
+        packed = _pack_words(values.reshape(-1), bits)
+    return np.ascontiguousarray(packed).view("<u4").reshape(out_features, in_features * bits // 32)
+
+
+_PACK_CHUNK = 1 << 20  # values per pass: the temporaries stay in the CPU's cache
+
+
+def _pack_words(values: np.ndarray, bits: int) -> np.ndarray:
+    """(n,) uint8 values, n a multiple of 8, -> (n * bits / 8,) bytes of their bit stream."""
+    steps = []
+    width, count = 8, bits  # each lane of `width` bits holds `count` valid low bits
+    while width < 64:
+        low = sum(((1 << count) - 1) << (k * 2 * width) for k in range(32 // width))
+        steps.append((np.uint64(low), np.uint64(low << width), np.uint64(width - count)))
+        width, count = 2 * width, 2 * count
+    packed = np.empty(values.size * bits // 8, dtype=np.uint8)
+    for start in range(0, values.size, _PACK_CHUNK):
+        words = values[start : start + _PACK_CHUNK].view("<u8")  # (m,): 8 values each
+        for low, high, shift in steps:
+            words = (words & low) | ((words & high) >> shift)
+        at = start * bits // 8
+        packed[at : at + words.size * bits] = words.view(np.uint8).reshape(-1, 8)[:, :bits].reshape(-1)
+    return packed
 
 
 def unpack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     """(out, in * bits / 32) uint32 packed codes -> (out, in) uint8 values."""
     out_features, num_words = codes.shape
+    if bits in (4, 8):  # whole bytes, or two values a byte (low nibble first)
+        packed = np.ascontiguousarray(codes, dtype="<u4").view(np.uint8).reshape(out_features, -1)
+        if bits == 8:
+            return packed.copy()
+        values = np.empty((out_features, packed.shape[1] * 2), dtype=np.uint8)
+        values[:, 0::2], values[:, 1::2] = packed & np.uint8(0x0F), packed >> np.uint8(4)
+        return values
     words = codes.astype(np.uint32).reshape(out_features, num_words // bits, bits)  # (out, in/32, bits)
     values = np.empty((out_features, num_words // bits, 32), dtype=np.uint32)  # (out, in/32, 32)
     mask = np.uint32((1 << bits) - 1)

@@ -40,7 +40,6 @@ from typing import Any
 from baselm.store.default_model import base_home
 from baselm.store.errors import StoreError
 from baselm.store.fs import atomic_write, publish
-from baselm.store.signing import sidecar, write_sidecar
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
@@ -144,6 +143,8 @@ class PendingWrite:
 
         `signature`: a checked detached signature that came with the file, stored beside it; without
         one, a signature left beside an earlier file of this variant is removed."""
+        from baselm.store.signing import sidecar, write_sidecar  # cryptography (~9 MiB): not on every command
+
         if not self.temp_path.is_file():
             raise StoreError(f"nothing was written to {self.temp_path}; the model was not stored")
         sidecar(self.final_path).unlink(missing_ok=True)
@@ -285,6 +286,8 @@ class Store:
 
     def remove(self, ref: str) -> StoredModel:
         """Removes one stored variant (the manifest entry first, then its file)."""
+        from baselm.store.signing import sidecar  # as in `commit`
+
         model = self.resolve(ref)
         with self.lock(model.name) as folder:
             manifest = _read_manifest(folder)

@@ -8,6 +8,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.memory import release_freed_memory
 from baselm.models.attention import Attention
 from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError
 from baselm.models.linear import can_fuse, use_cpu_kernels
@@ -178,6 +179,9 @@ def fuse_projections(model: nn.Module) -> None:
             module.fuse()
         elif isinstance(module, MLP) and can_fuse([module.gate_proj, module.up_proj]):
             module.fuse()
+        else:
+            continue
+        release_freed_memory()  # the parts' memory, before the next layer's fused copy is made
 
 
 def _check_shapes(model: nn.Module, weights: dict[str, mx.array]) -> None:

@@ -105,14 +105,14 @@ def test_affine_takes_non_contiguous_activations(kernels) -> None:
 
 def test_affine_codes_from_a_gguf_block_layout(kernels) -> None:
     """Q4_1 blocks as the GGUF import stores them (f16 scale d, f16 bias m, nibbles packed by
-    `pack_affine`) decode to d * q + m."""
-    from baselm.store.gguf_quants import pack_affine
+    `pack_codes`) decode to d * q + m."""
+    from baselm.store.quantize import pack_codes
 
     rng = np.random.default_rng(0)
     q = rng.integers(0, 16, size=(9, 64), dtype=np.uint8)
     d = rng.normal(size=(9, 2)).astype(np.float16)
     m = rng.normal(size=(9, 2)).astype(np.float16)
-    codes = mx.array(pack_affine(q, 4))
+    codes = mx.array(pack_codes(q, 4))
     expected_w = d.astype(np.float32).repeat(32, axis=1) * q + m.astype(np.float32).repeat(32, axis=1)
     x = mx.array(rng.normal(size=(2, 64)).astype(np.float32))
     out = kernels.affine_linear(x, codes, mx.array(d), mx.array(m), 32, 4)

@@ -20,7 +20,6 @@ from baselm.store.base_reader import QuantizedArray, read_base_file
 from baselm.store.base_writer import TensorRecord
 from baselm.store.convert import convert
 from baselm.store.errors import UnsupportedModelError
-from baselm.store.gguf_quants import pack_affine
 from baselm.store.quantize import pack_codes
 from tests.paths import TOKENIZER_FIXTURES
 from tests.tiny_gguf import encode, oracle, random_k_blocks, same_bits, tiny_llama_gguf, values_of, write_gguf
@@ -74,15 +73,22 @@ def test_a_block_whose_zero_point_bias_overflows_f16_keeps_f32_scales_and_stays_
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
 def test_codes_are_packed_as_mlx_packs_them(bits: int) -> None:
     codes = np.random.default_rng(bits).integers(0, 2**bits, size=(4, 128), dtype=np.uint8)  # (out, in)
-    packed = pack_affine(codes, bits)  # (out, in * bits / 32)
-    assert np.array_equal(packed, pack_codes(codes, bits))
+    packed = pack_codes(codes, bits)  # (out, in * bits / 32)
+    assert np.array_equal(packed, _pack_bit_by_bit(codes, bits))
     ones, zeros = mx.ones((4, 128 // 32)), mx.zeros((4, 128 // 32))
     unpacked = mx.dequantize(mx.array(packed), ones, zeros, group_size=32, bits=bits)
     assert np.array_equal(np.array(unpacked), codes.astype(np.float32))
     # And MLX's own quantizer's codes read back through the same layout.
     w = mx.random.normal((4, 128), key=mx.random.key(bits))
     mlx_codes, scales, biases = mx.quantize(w, group_size=32, bits=bits)
-    assert np.array_equal(np.array(mlx_codes), pack_affine(_unpack(np.array(mlx_codes), bits), bits))
+    assert np.array_equal(np.array(mlx_codes), pack_codes(_unpack(np.array(mlx_codes), bits), bits))
+
+
+def _pack_bit_by_bit(codes: np.ndarray, bits: int) -> np.ndarray:
+    """The reference: each row's values as one little-endian bit stream, value i at bit i * bits."""
+    stream = (codes[..., None] >> np.arange(bits, dtype=np.uint8)) & np.uint8(1)  # (out, in, bits)
+    packed = np.packbits(stream.reshape(codes.shape[0], -1), axis=-1, bitorder="little")
+    return packed.view("<u4")
 
 
 def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:

@@ -145,6 +145,34 @@ def test_running_and_pulling_a_k_quant_gguf_give_the_same_logits(tmp_path: Path,
     assert any("Q2_K tensor(s) have no exact .base form and were requantized to q4" in m for m in caplog.messages)
 
 
+def test_tensors_converted_on_threads_merge_their_errors_in_file_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = k_quant_llama(tmp_path / "llama.gguf")
+    monkeypatch.setattr(gguf_store, "NUM_READERS", 3)  # every tensor of this small file in flight at once
+    checkpoint = gguf_store.GGUFCheckpoint.open(path)
+    names = [name for name, _, _ in checkpoint.records()]
+    assert names == sorted(names) and len(names) == len(K_TENSORS) + 3  # the norms
+    merged = checkpoint.requant_errors["Q6_K"]
+    alone: dict[str, RequantError] = {}
+    for stem in ("blk.0.ffn_down", "blk.0.attn_output"):  # HF order: mlp.down_proj, then self_attn.o_proj
+        checkpoint.file.read(checkpoint.file.tensors[f"{stem}.weight"], alone)
+    assert merged.tensors == alone["Q6_K"].tensors == ["blk.0.ffn_down.weight", "blk.0.attn_output.weight"]
+    assert (merged.num_values, merged.max_error) == (alone["Q6_K"].num_values, alone["Q6_K"].max_error)
+    assert merged.relative_rms == pytest.approx(alone["Q6_K"].relative_rms)
+
+
+def test_the_tensors_read_the_same_after_the_metadata_is_released(tmp_path: Path) -> None:
+    path = k_quant_llama(tmp_path / "llama.gguf")
+    _, expected, _ = gguf_store.load_checkpoint(path)
+    checkpoint = gguf_store.GGUFCheckpoint.open(path)
+    checkpoint.release_metadata()
+    assert checkpoint.metadata == {}
+    weights = checkpoint.mx_weights()
+    assert sorted(weights) == sorted(expected)
+    assert all(mx.array_equal(weights[name], expected[name]).item() for name in expected)
+
+
 def test_k_schemes_name_a_width_mlx_quantizes() -> None:
     for bits, _ in K_SCHEMES.values():
         w = mx.zeros((1, 32))

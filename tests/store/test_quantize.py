@@ -53,6 +53,13 @@ def test_packing_is_mlx_packing(bits: int) -> None:
 
 
 @pytest.mark.parametrize("bits", BITS)
+def test_packing_runs_across_its_chunks(bits: int) -> None:
+    # 33 rows of 32,800 values: past the 2**20 values packed per pass, the first pass ending mid-row.
+    values = np.random.default_rng(bits).integers(0, 1 << bits, size=(33, 32800), dtype=np.uint8)
+    assert np.array_equal(unpack_codes(pack_codes(values, bits), bits), values)
+
+
+@pytest.mark.parametrize("bits", BITS)
 def test_pack_unpack_covers_every_code(bits: int) -> None:
     values = (np.arange(4 * 96) % (1 << bits)).astype(np.uint8).reshape(4, 96)  # (out, in)
     codes = pack_codes(values, bits)

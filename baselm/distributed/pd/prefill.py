@@ -24,8 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from baselm.config import EngineConfig
-from baselm.engine import kv_num_blocks, make_scheduler
-from baselm.kv import PagedKVCache
+from baselm.engine import make_cache, make_scheduler
 from baselm.kv.manager import KVCacheManager
 from baselm.kv.persist import PersistentPrefixCache
 from baselm.loader import LoadedModel
@@ -55,21 +54,12 @@ def rank_prefix_file(path: str, rank: int) -> str:
     return f"{path}.prefill{rank}"
 
 
-def make_cache(loaded: LoadedModel, config: EngineConfig, max_model_len: int) -> PagedKVCache:
-    """A pool sized as LLMEngine sizes its own (`kv_num_blocks`), so every rank of a group has the same."""
-    num_layers, num_kv_heads, head_dim = loaded.model.kv_shape()
-    per_token = PagedKVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, loaded.model.dtype, config.kv_bits)
-    num_blocks = kv_num_blocks(config, max_model_len, per_token)
-    return PagedKVCache.for_model(loaded.model, num_blocks, config.block_size, kv_bits=config.kv_bits)
-
-
 class PrefillWorker:
     """Computes prompts and samples each one's first token; holds the finished ones' blocks until shipped."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, rank: int = 0):
         self.rank = rank
-        self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
-        self.cache = make_cache(loaded, config, self.max_model_len)
+        self.cache, self.max_model_len = make_cache(loaded, config)  # as LLMEngine's: every rank's is the same
         self.kv = KVCacheManager(self.cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = make_scheduler(self.kv, config, self.max_model_len)
         self.runner = ModelRunner(loaded.model, self.cache, Sampler(loaded.eos_token_ids, seed=config.seed))

@@ -59,7 +59,7 @@ inline bool qdot_supports(int bits, int group_size, int K) {
 }
 
 constexpr int kQdotMaxTileRows = 4;  // weight rows per register tile
-inline int64_t qdot_scratch_floats(int K) { return 2 * kQdotMaxTileRows * (K / kQBlock) + 16; }
+inline int64_t qdot_scratch_floats(int K) { return (2 * kQdotMaxTileRows + 1) * (K / kQBlock) + 16; }
 
 namespace generic {
 const QdotKernels& qdot_kernels();

@@ -363,7 +363,7 @@ def base_bench(path: Path, isa: str, timeout_s: float) -> dict[str, float | str]
     if not report["matmuls"].startswith("base CPU kernels"):  # a comparison of MLX's own ops says nothing
         raise BenchError(f"base ran without its CPU kernels: {report['matmuls']}")
     by_streams = {row["concurrency"]: row for row in report["throughput"]}
-    ran = re.search(r"\((\w+), \d+ threads\)", report["matmuls"])
+    ran = re.search(r"\((\w+), \d+ threads", report["matmuls"])
     return {
         "isa": ran.group(1) if ran else report["matmuls"],
         "tg1": by_streams[1]["decode_tok_s_aggregate"],

@@ -38,7 +38,7 @@ const LinearKernels& kernels() {
   return generic::linear_kernels();
 }
 
-// The 8-bit-activation kernels for the active instruction set: the avx512 ones need VNNI.
+// The integer-activation kernels for the active instruction set: the avx512 ones need VNNI.
 const QdotKernels& qdot_kernels() {
 #if defined(BASE_HAVE_X86_PATHS)
   const std::string& isa = active_isa();
@@ -74,9 +74,10 @@ std::atomic<int>& exact_slot() {
   return exact;
 }
 
-bool exact_now() {
+// Whether quantized weights meet float32 activations now, `q` being the active integer kernels.
+bool exact_now(const QdotKernels& q) {
   int exact = exact_slot().load(std::memory_order_relaxed);
-  if (exact == kExactAuto) return std::strcmp(qdot_kernels().name, "generic") == 0;
+  if (exact == kExactAuto) return &q == &generic::qdot_kernels();
   return exact == kExactYes;
 }
 
@@ -119,7 +120,7 @@ int scale_type(mx::Dtype dtype) {
   return kScaleF32;
 }
 
-// One call's 8-bit activations, per calling (stream) thread.
+// One call's integer activations, per calling (stream) thread.
 struct QBuffers {
   std::vector<int16_t> q;  // int8 codes use the first half
   std::vector<float> d, sum, qsum;
@@ -293,8 +294,8 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
                  [&](int begin, int end, int) { kern.dense(args, begin * chunk, end * chunk < n ? end * chunk : n); });
     return;
   }
-  if (M <= kQdotMaxRows && !exact_now() && qdot_supports(w.bits, w.group_size, k)) {
-    const QdotKernels& q = qdot_kernels();
+  const QdotKernels& q = qdot_kernels();
+  if (M <= kQdotMaxRows && !exact_now(q) && qdot_supports(w.bits, w.group_size, k)) {
     QdotArgs args{quantized_buffers(q, x, M, k, w.bits, w.group_size),
                   M,
                   k,
@@ -363,7 +364,7 @@ void register_linear(nb::module_& m) {
       "Quantized matmuls with float32 activations (True, the exact path), integer ones (False), or "
       "integer ones where the ISA has SIMD integer kernels (None, the default).");
   m.def(
-      "exact", [] { return exact_now(); }, "Whether quantized matmuls keep float32 activations now.");
+      "exact", [] { return exact_now(qdot_kernels()); }, "Whether quantized matmuls keep float32 activations now.");
   m.def(
       "exact_setting",
       [] {
@@ -385,7 +386,7 @@ void register_linear(nb::module_& m) {
       "Activation rows up to which quantized matmuls take integer activations (more: float32).");
   m.def(
       "qdot_isa", [] { return std::string(qdot_kernels().name); },
-      "The instruction set of the 8-bit-activation kernels (avx512-vnni, avx2 or generic).");
+      "The instruction set of the integer-activation kernels (avx512-vnni, avx2 or generic).");
   m.def("dense_linear", &dense_linear, nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(),
         "x (..., K) @ w(N, K).T (+ bias): float32, each weight row read once per call.");
   m.def("affine_linear", &affine_linear, nb::arg("x"), nb::arg("codes"), nb::arg("scales"), nb::arg("biases"),

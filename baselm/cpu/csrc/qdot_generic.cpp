@@ -1,4 +1,4 @@
-// The 8-bit-activation kernels built for the generic instruction set (see qdot_impl.h).
+// The integer-activation kernels built for the generic instruction set (see qdot_impl.h).
 #define BASE_ISA generic
 #define BASE_ISA_NAME "generic"
 #include "qdot_impl.h"

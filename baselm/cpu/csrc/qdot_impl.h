@@ -1,4 +1,4 @@
-// The 8-bit-activation inner loops (see qdot.h), compiled once per instruction set: qdot_<isa>.cpp
+// The integer-activation inner loops (see qdot.h), compiled once per instruction set: qdot_<isa>.cpp
 // defines BASE_ISA (the namespace) and BASE_ISA_NAME, then includes this file. The avx512 build
 // has AVX-512 VNNI (dpbusd on 256-bit vectors, 32 registers); the avx2 build multiplies with
 // maddubs; the generic build is plain C++.
@@ -104,8 +104,10 @@ void quantize_as(const float* x, int64_t ldx, int M, int K, int bits, int group_
                  float* qsum) {
   constexpr float kMax = sizeof(T) == 1 ? 127.0f : 32767.0f;
   const int blocks = K / B, groups = K / group_size, per_group = group_size / B;
+#if !defined(__AVX2__)
   int order[B];
   for (int p = 0; p < B; ++p) order[p] = lane_value(bits, p);
+#endif
   for (int m = 0; m < M; ++m) {
     const float* row = x + m * ldx;
     for (int g = 0; g < groups; ++g) {
@@ -119,7 +121,6 @@ void quantize_as(const float* x, int64_t ldx, int M, int K, int bits, int group_
         int codes;
         quantize_block(v, bits, kMax, out, scale, block_total, codes);
         total += block_total;
-        (void)order;
 #else
         float amax = 0.0f;
         for (int i = 0; i < B; ++i) {
@@ -364,20 +365,17 @@ inline float row_dot(const QdotArgs& a, const uint8_t* row, const float* scale, 
   // DRAM without it, 14 with it, against 20 for a plain read).
   constexpr int64_t ahead = 2048;
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  auto add_block = [&](int b, __m256& into) {
+    WeightBlock<T> w = weight_block<BITS, T>(row + b * 4 * BITS, dec);
+    __m256 prod = _mm256_cvtepi32_ps(block_dot<BITS>(w, xq + b * B));
+    into = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(scale + b), into);
+  };
   int b = 0;
   for (; b + 4 <= blocks; b += 4) {
     for (int line = 0; line < 16 * BITS; line += 64) __builtin_prefetch(row + ahead + b * 4 * BITS + line, 0, 3);
-    for (int j = 0; j < 4; ++j) {
-      WeightBlock<T> w = weight_block<BITS, T>(row + (b + j) * 4 * BITS, dec);
-      __m256 prod = _mm256_cvtepi32_ps(block_dot<BITS>(w, xq + (b + j) * B));
-      acc[j] = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(scale + b + j), acc[j]);
-    }
+    for (int j = 0; j < 4; ++j) add_block(b + j, acc[j]);
   }
-  for (; b < blocks; ++b) {
-    WeightBlock<T> w = weight_block<BITS, T>(row + b * 4 * BITS, dec);
-    __m256 prod = _mm256_cvtepi32_ps(block_dot<BITS>(w, xq + b * B));
-    acc[0] = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(scale + b), acc[0]);
-  }
+  for (; b < blocks; ++b) add_block(b, acc[0]);
   return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
@@ -396,11 +394,10 @@ inline void block_scales(const QdotArgs& a, const float* s, float* out) {
 
 template <int BITS, class T>
 void matmul_bits(const QdotArgs& a, int n0, int n1, float* scratch) {
-  const Decoder dec = BITS == 4 || BITS == 8 ? Decoder{} : make_decoder<BITS>();
+  static const Decoder dec = BITS == 4 || BITS == 8 ? Decoder{} : make_decoder<BITS>();  // built once
   const int groups = a.K / a.group_size;
   float* s = scratch;
   float* c = scratch + kQdotMaxTileRows * groups;
-  // One activation row (decode) keeps four weight rows in flight; more share two or four.
   // One activation row (decode) takes one weight row at a time (row_dot): a single forward
   // stream through the weight, which the prefetchers keep fed (four interleaved rows read the LM
   // head from DRAM 20-30% slower); two rows share four weight rows; more, kWideRows.

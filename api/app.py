@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from baselm.api.anthropic.messages import count_tokens, messages
 from baselm.api.auth import Gate
+from baselm.api.connections import DEFAULT_READ_TIMEOUT
 from baselm.api.cors import cors_middleware
 from baselm.api.embeddings import embeddings
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
@@ -80,7 +81,7 @@ async def metrics(request: Request) -> Response:
 async def _read_body(request: Request) -> tuple[ServerState, Body]:
     """The body of a tokenizer route, whose `model` field is optional."""
     state: ServerState = request.app.state.base
-    body = Body(await read_json(request, state.max_body_bytes))
+    body = Body(await read_json(request, state))
     model = body.string("model")
     if model is not None:
         check_model(state, model)
@@ -166,6 +167,7 @@ def create_app(
     *,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    read_timeout: float = DEFAULT_READ_TIMEOUT,
     cors_origins: Sequence[str] = (),
     host: str = "127.0.0.1",
     allowed_hosts: Sequence[str] = (),
@@ -178,7 +180,7 @@ def create_app(
     CORS headers for the page to read it. `host` (the bound address) and `allowed_hosts` say
     which Host names are answered; guard.py refuses the rest, foreign origins and non-JSON bodies.
     """
-    state = ServerState(client, model_name, api_key or None, max_body_bytes, Metrics())
+    state = ServerState(client, model_name, api_key or None, max_body_bytes, read_timeout, Metrics())
     chat_template = state.tokenizer.to_hf_files()[1].get("chat_template")
     state.tool_format = detect_format(chat_template)
     state.thinks = template_thinks(chat_template)

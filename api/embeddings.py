@@ -81,7 +81,7 @@ def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
 async def embeddings(request: Request) -> Response:
     """POST /v1/embeddings."""
     state: ServerState = request.app.state.base
-    body = Body(await read_json(request, state.max_body_bytes))
+    body = Body(await read_json(request, state))
     check_model(state, body.string("model", required=True))
     raw_input = body.raw("input")
     encoding = body.string("encoding_format", default="float")

@@ -8,6 +8,7 @@ exit 0. A second SIGINT quits at once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from typing import NoReturn
 import uvicorn
 
 from baselm.api.app import create_app
+from baselm.api.connections import DEFAULT_READ_TIMEOUT, DeadlineProtocol
 from baselm.api.guard import is_loopback
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES
 from baselm.async_engine import AsyncEngine
@@ -48,6 +50,7 @@ class ServeOptions:
     cors_origins: tuple[str, ...] = ()  # web origins allowed to call from a browser; none by default
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted beside the bound address and loopback's ("*": any)
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # open at once; past it uvicorn answers 503
+    read_timeout: float = DEFAULT_READ_TIMEOUT  # seconds for a request's headers, and again for its body
 
 
 class Server(uvicorn.Server):
@@ -72,6 +75,7 @@ def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> 
         model_name,
         api_key=options.api_key,
         max_body_bytes=options.max_body_bytes,
+        read_timeout=options.read_timeout,
         cors_origins=options.cors_origins,
         host=options.host,
         allowed_hosts=options.allowed_hosts,
@@ -85,6 +89,7 @@ def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> 
         lifespan="off",
         access_log=options.log_level == "debug",
         limit_concurrency=options.max_connections + 1,  # uvicorn counts the connection asking among those open
+        http=functools.partial(DeadlineProtocol, read_timeout=options.read_timeout),
     )
     return Server(config)
 

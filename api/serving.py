@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from baselm.api import sse
+from baselm.api.connections import DEFAULT_READ_TIMEOUT
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
 from baselm.api.schemas import Common, check_depth
@@ -51,6 +52,7 @@ class ServerState:
     model_name: str
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    read_timeout: float = DEFAULT_READ_TIMEOUT  # seconds for a request's body to arrive
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
     tool_format: str = ""  # the call format the chat template teaches; set by create_app
@@ -89,26 +91,27 @@ ParsedT = TypeVar("ParsedT", bound=_Parsed)
 async def read_request(request: Request, parse: Callable[[Any], ParsedT]) -> tuple[ServerState, ParsedT]:
     """A handler's opening: the server state and the body read as JSON, parsed by `parse`, its model checked."""
     state: ServerState = request.app.state.base
-    parsed = parse(await read_json(request, state.max_body_bytes))
+    parsed = parse(await read_json(request, state))
     check_model(state, parsed.common.model)
     return state, parsed
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The body parsed as JSON; 413 past `limit` bytes, 400 when it is not JSON or nests too deep."""
+async def read_json(request: Request, state: ServerState) -> Any:
+    """The body parsed as JSON; 413 past the server's body limit, 408 when it has not all arrived
+    within its read timeout (a client trickling bytes holds nothing for long), 400 when it is not
+    JSON or nests too deep."""
+    limit = state.max_body_bytes
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise APIError(413, f"the request body is {length} bytes; the limit is {limit}")
-    chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise APIError(413, f"the request body is over the limit of {limit} bytes")
-            chunks.append(chunk)
+        async with asyncio.timeout(state.read_timeout):
+            raw = await _read_body(request, limit)
+    except TimeoutError:
+        message = f"the request body did not arrive within {state.read_timeout:g} seconds"
+        raise APIError(408, message, headers={"Connection": "close"}) from None  # the rest of it is not awaited
     except ClientDisconnect:
         raise APIError(499, "the client closed the connection while sending the request") from None
-    raw = b"".join(chunks)
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object")
     try:
@@ -117,6 +120,16 @@ async def read_json(request: Request, limit: int) -> Any:
         raise bad_request(f"the request body is not valid JSON ({str(exc)[:200]})") from None
     check_depth(data)
     return data
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"the request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def check_model(state: ServerState, name: str) -> None:

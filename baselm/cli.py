@@ -56,6 +56,7 @@ PREFIX_FILE_HELP = (
 PREFIX_SAVE_HELP = "Seconds between saves of a changed prefix cache."
 PREFIX_MAX_HELP = "Most K/V the prefix cache file holds (per rank of a group), e.g. 1GiB (default: the pool)."
 MAX_CONNECTIONS_HELP = "Connections open at once, idle ones included; past it a request gets 503."
+READ_TIMEOUT_HELP = "Seconds a request's headers, and then its body, may take to arrive (408 past it)."
 SHUTDOWN_HELP = "Seconds in-flight requests get to finish on SIGINT/SIGTERM."
 CORS_HELP = (
     "Web origins allowed to call from a browser, comma-separated ('*': any; 'localhost': this machine's "
@@ -320,6 +321,7 @@ def serve(
     max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
     max_body: str = typer.Option("8MiB", "--max-body", help="Largest request body accepted (413 past it)."),
     max_connections: int = typer.Option(512, "--max-connections", min=1, help=MAX_CONNECTIONS_HELP),
+    read_timeout: float = typer.Option(30.0, "--read-timeout", min=0.1, help=READ_TIMEOUT_HELP),
     prefix_cache_file: str | None = typer.Option(None, "--prefix-cache-file", help=PREFIX_FILE_HELP),
     prefix_cache_save_interval: float = typer.Option(300.0, "--prefix-cache-save-interval", help=PREFIX_SAVE_HELP),
     prefix_cache_max_size: str | None = typer.Option(None, "--prefix-cache-max-size", help=PREFIX_MAX_HELP),
@@ -359,7 +361,7 @@ def serve(
         )
         api_key = command.api_key_option(api_key, api_key_file)
         server = command.ServeOptions(host, port, api_key, served_model_name, parse_size(max_body), shutdown_timeout)
-        server.max_connections = max_connections
+        server.max_connections, server.read_timeout = max_connections, read_timeout
         server.cors_origins, server.allowed_hosts = parse_name_list(cors_origins), parse_name_list(allowed_hosts)
         model_args = ModelArgs(model, device, require_signature, with_prefix_cache_file(dist, prefix_cache_file))
         args = command.ServeArgs(model_args, config, server, command.pd_options(pd, role, dist))

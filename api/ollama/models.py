@@ -152,7 +152,7 @@ async def ollama_ps(request: Request) -> Response:
 async def ollama_show(request: Request) -> Response:
     """POST /api/show: the served model's details, template and hyperparameters."""
     state: serving.ServerState = request.app.state.base
-    body = Body(await serving.read_json(request, state.max_body_bytes))
+    body = Body(await serving.read_json(request, state))
     name = body.string("model") or body.string("name")
     body.boolean("verbose")
     body.finish()
@@ -267,7 +267,7 @@ async def _pull_events(ref: str) -> AsyncIterator[dict[str, Any]]:
 async def ollama_pull(request: Request) -> Response:
     """POST /api/pull: a hub model (org/name[:tag]) into the store, with progress lines when streamed."""
     state: serving.ServerState = request.app.state.base
-    body = Body(await serving.read_json(request, state.max_body_bytes))
+    body = Body(await serving.read_json(request, state))
     ref = body.string("model") or body.string("name")
     body.boolean("insecure")
     stream = body.boolean("stream", default=True)

@@ -43,7 +43,7 @@ _ROLES = ("system", "user", "assistant", "tool")
 async def read_body(request: Request) -> tuple[ServerState, Body]:
     """A route's opening: the server state and the body, its `model` checked (Ollama's names)."""
     state: ServerState = request.app.state.base
-    body = Body(await read_json(request, state.max_body_bytes))
+    body = Body(await read_json(request, state))
     check_model_name(state, body.string("model"))
     return state, body
 

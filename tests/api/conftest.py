@@ -36,6 +36,7 @@ class RunningServer:
         cors_origins: tuple[str, ...] = (),
         allowed_hosts: tuple[str, ...] = (),
         host: str = "127.0.0.1",
+        read_timeout: float = 30.0,
         **config,
     ) -> None:
         config.setdefault("kv_memory", 4 * 2**20)
@@ -56,6 +57,7 @@ class RunningServer:
             log_level="error",
             cors_origins=cors_origins,
             allowed_hosts=allowed_hosts,
+            read_timeout=read_timeout,
         )
         self.server = make_server(self.client, model_name, options)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

@@ -1,0 +1,545 @@
+"""A real `base serve` under a bad client, then under minutes of mixed load with a restart in the middle.
+
+    .venv/bin/python -m tests.tools.soak MODEL [--minutes 30] [--concurrency 12] [--seed 0] [--json]
+
+MODEL is anything `base serve` takes (a store name, a GGUF or .base path). The server runs in its own
+process on a free loopback port, with a prefix-cache file and a 3-second read timeout. Throughout, a
+prober asks `/health` every 50 ms and the server's RSS is read every second.
+
+1. **Abuse** (the server otherwise idle): a foreign Host and a foreign Origin on every route, a body
+   not declared JSON, one over the body limit and one nested 100,000 deep on every POST route, huge
+   lists in every list field, 40 connections that trickle their headers or body, bad logit_bias keys,
+   and clients that vanish mid-answer on each API, streamed or whole. Each must be a 4xx (a vanished
+   client: no answer at all), every `/health` answered within 200 ms, and the RSS back within 10% of
+   its reading before the phase.
+2. **Soak**: `--concurrency` workers send a seeded mix of chat, completions, embeddings, Responses,
+   Messages and Ollama requests, a sixth of the streams dropped after a few events. At half time the
+   server gets SIGTERM (it must exit 0 having saved its prefix cache) and starts again from the same
+   file; the first request after the restart must hit the restored cache. No answer may be a 5xx.
+   At the end no request runs and no KV block is held (`/metrics`), and the RSS of the second run's
+   last quarter is within 10% of its first reading after warm-up.
+
+It prints one line per check and a summary (`--json`: the whole report) and exits 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HEALTH_TARGET_S = 0.200
+RSS_TOLERANCE = 0.10
+READ_TIMEOUT_S = 3.0
+SYSTEM = "You are a terse assistant. Answer in one short sentence. " * 8  # a shared prefix worth caching
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """`base serve MODEL` in a child process; its output kept in a log file."""
+
+    def __init__(self, model: str, port: int, cache_file: Path, log: Path) -> None:
+        command = [sys.executable, "-m", "baselm.cli", "serve", model, "--port", str(port)]
+        command += ["--prefix-cache-file", str(cache_file), "--read-timeout", str(READ_TIMEOUT_S)]
+        command += ["--max-body", "1MiB", "--served-model-name", "soak"]
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        self.proc = subprocess.Popen(command, stdout=log.open("a"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"base serve exited with {self.proc.returncode}; see {log}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"base serve did not answer /health within 300 s; see {log}")
+
+    def rss(self) -> int:
+        """The server's resident memory in bytes (0 once it has exited)."""
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(120)
+
+
+@dataclass
+class Watch:
+    """What the prober and the RSS reader saw: every /health latency and RSS reading, by phase."""
+
+    server: Server
+    phase: str = "start"
+    health: dict[str, list[float]] = field(default_factory=dict)
+    health_failures: Counter = field(default_factory=Counter)
+    rss: dict[str, list[int]] = field(default_factory=dict)
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._probe, daemon=True).start()
+        threading.Thread(target=self._read_rss, daemon=True).start()
+
+    def _probe(self) -> None:
+        with httpx.Client(timeout=30) as http:
+            while not self.stopped.wait(0.05):
+                began = time.monotonic()
+                try:
+                    ok = http.get(f"{self.server.url}/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    self.health.setdefault(self.phase, []).append(time.monotonic() - began)
+                elif self.phase != "restart":
+                    self.health_failures[self.phase] += 1
+
+    def _read_rss(self) -> None:
+        while not self.stopped.wait(1.0):
+            rss = self.server.rss()
+            if rss:
+                self.rss.setdefault(self.phase, []).append(rss)
+
+
+@dataclass
+class Report:
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    abuse: Counter = field(default_factory=Counter)
+    soak: Counter = field(default_factory=Counter)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, name: str, ok: bool, detail: str) -> None:
+        self.checks.append((name, ok, detail))
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
+
+    @property
+    def passed(self) -> bool:
+        return all(ok for _, ok, _ in self.checks)
+
+
+# --- abuse ---------------------------------------------------------------------------------------
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def _huge_lists(model: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(field, path, body): a body per list field, each with far more entries than any client needs (under 1 MiB)."""
+    message = {"role": "user", "content": "x"}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    chat = "/v1/chat/completions"
+    return [
+        ("messages", chat, {"model": model, "messages": [message] * 20000, "max_tokens": 1}),
+        ("tools", chat, {"model": model, "messages": [message], "tools": [tool] * 5000, "max_tokens": 1}),
+        ("stop", chat, {"model": model, "messages": [message], "stop": ["x"] * 20000}),
+        ("logit_bias", chat, {"model": model, "messages": [message], "logit_bias": {str(i): 1 for i in range(30000)}}),
+        (
+            "content parts",
+            chat,
+            {"model": model, "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 20000}]},
+        ),
+        ("prompts", "/v1/completions", {"model": model, "prompt": [[1]] * 50000, "max_tokens": 1}),
+        ("prompt ids", "/v1/completions", {"model": model, "prompt": [1] * 200000, "max_tokens": 1}),
+        ("input items", "/v1/responses", {"model": model, "input": [message] * 20000, "max_output_tokens": 16}),
+        ("messages", "/v1/messages", {"model": model, "messages": [message] * 20000, "max_tokens": 1}),
+        ("messages", "/v1/messages/count_tokens", {"model": model, "messages": [message] * 20000}),
+        ("input", "/v1/embeddings", {"model": model, "input": ["x"] * 50000}),
+        ("input ids", "/v1/embeddings", {"model": model, "input": [[1]] * 50000}),
+        ("messages", "/api/chat", {"model": model, "messages": [message] * 20000, "stream": False}),
+        ("input", "/api/embed", {"model": model, "input": ["x"] * 50000}),
+        ("prompt", "/tokenize", {"prompt": "x " * 300000}),
+        ("tokens", "/detokenize", {"tokens": [1] * 150000}),
+    ]
+
+
+def _post(http: httpx.Client, path: str, **kwargs: Any) -> httpx.Response | None:
+    """The answer, or None when none came (a timeout, a closed connection)."""
+    try:
+        return http.post(path, **kwargs)
+    except httpx.HTTPError:
+        return None
+
+
+def _expect_4xx(report: Report, what: str, answer: httpx.Response | None, answered_ok: bool = False) -> None:
+    status = answer.status_code if answer is not None else 0
+    report.abuse[f"{status // 100}xx" if status else "no answer"] += 1
+    if not (400 <= status < 500 or (answered_ok and status == 200)):
+        report.check(f"abuse: {what}", False, f"answered {status or 'nothing'}")
+
+
+def _every_route() -> list[tuple[str, str]]:
+    """(method, path) of every route the server has, path parameters filled in."""
+    from baselm.api.app import ROUTES
+
+    pairs = []
+    for route in ROUTES:
+        path = route.path.replace("{response_id}", "resp_x").replace("{model:path}", "soak")
+        pairs += [(method, path) for method in sorted(route.methods or ()) if method != "HEAD"]
+    return pairs
+
+
+def _hostile_headers(http: httpx.Client, report: Report, model: str) -> None:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    for method, path in _every_route():
+        for name, headers in [
+            ("foreign Host", {"Host": "rebound.example"}),
+            ("foreign Origin", {"Origin": "https://evil.example"}),
+        ]:
+            _expect_4xx(report, f"{name} on {method} {path}", http.request(method, path, content=body, headers=headers))
+        if method == "POST":
+            plain = http.post(path, content=body, headers={"Content-Type": "text/plain"})
+            _expect_4xx(report, f"text/plain on {path}", plain)
+            big = http.post(path, content=b"[" + b"1," * 600000 + b"1]", headers={"Content-Type": "application/json"})
+            _expect_4xx(report, f"an oversized body on {path}", big)
+            deep = http.post(path, content=_nested(100000), headers={"Content-Type": "application/json"})
+            _expect_4xx(report, f"a body nested 100,000 deep on {path}", deep)
+
+
+def _bad_fields(http: httpx.Client, report: Report, model: str) -> None:
+    for name, path, body in _huge_lists(model):
+        # A huge list that still fits the body limit may be a real request (a long /tokenize, a count of many
+        # messages): answered or refused, never a 5xx, a hang or a stalled /health.
+        answer = _post(http, path, json=body)
+        _expect_4xx(report, f"a huge list of {name} on {path}", answer, answered_ok=True)
+    for key in ["²", "١٢", "-1", "1e3", " 1", "99999999999999999999"]:
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "logit_bias": {key: 1}}
+        _expect_4xx(report, f"logit_bias key {key!r}", _post(http, "/v1/chat/completions", json=body))
+
+
+def _head(path: str, length: int) -> bytes:
+    """A JSON POST's request line and headers, for a raw socket."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def _slow_clients(url: str, report: Report) -> None:
+    """40 connections that stop halfway through their headers or body; each must be closed by the server."""
+    port = int(url.rsplit(":", 1)[1])
+    socks = []
+    for i in range(40):
+        sock = socket.create_connection(("127.0.0.1", port))
+        if i % 2:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        else:
+            sock.sendall(_head("/api/chat", 500) + b'{"mod')
+        socks.append(sock)
+    closed = 0
+    for sock in socks:
+        sock.settimeout(READ_TIMEOUT_S * 10)
+        try:
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            closed += answer.startswith(b"HTTP/1.1 408 ")
+        except OSError:
+            pass
+        sock.close()
+    report.abuse["408 slow clients"] += closed
+    if closed != len(socks):
+        report.check("abuse: slow clients", False, f"{len(socks) - closed} of {len(socks)} not answered 408")
+
+
+def _vanishing_clients(url: str, model: str) -> None:
+    """A client that leaves mid-answer on each API, streamed and whole."""
+    port = int(url.rsplit(":", 1)[1])
+    prompt = [{"role": "user", "content": "Write a long story about a lighthouse."}]
+    bodies = [
+        ("/v1/chat/completions", {"messages": prompt, "max_tokens": 400}),
+        ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 400}),
+        ("/v1/responses", {"input": prompt, "max_output_tokens": 400}),
+        ("/v1/messages", {"messages": prompt, "max_tokens": 400}),
+        ("/api/chat", {"messages": prompt, "options": {"num_predict": 400}}),
+        ("/api/generate", {"prompt": "Once upon a time", "options": {"num_predict": 400}}),
+    ]
+    for path, fields in bodies:
+        for stream in (True, False):
+            body = json.dumps({"model": model, **fields, "stream": stream}).encode()
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+                sock.sendall(_head(path, len(body)) + body)
+                if stream:
+                    sock.recv(4096)
+                else:
+                    time.sleep(0.3)
+
+
+def abuse(server: Server, watch: Watch, report: Report, model: str) -> None:
+    watch.phase = "abuse"
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        _hostile_headers(http, report, model)
+        _bad_fields(http, report, model)
+        _slow_clients(server.url, report)
+        _vanishing_clients(server.url, model)
+        wait_idle(http, 120)
+    watch.phase = "after abuse"
+    time.sleep(3)  # three RSS readings after the phase
+
+
+# --- soak ----------------------------------------------------------------------------------------
+
+
+def _request(rng: random.Random, model: str) -> tuple[str, str, dict[str, Any], bool]:
+    """(kind, path, body, stream) of one seeded request."""
+    question = rng.choice(["What is the capital of France?", "Name a colour.", "Say hello.", "What is 2 + 2?"])
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    stream = rng.random() < 0.5
+    kinds = [
+        ("chat", "/v1/chat/completions", {"messages": chat, "max_tokens": rng.randint(4, 48), "stream": stream}),
+        (
+            "completions",
+            "/v1/completions",
+            {"prompt": SYSTEM + question, "max_tokens": rng.randint(4, 32), "stream": stream},
+        ),
+        ("embeddings", "/v1/embeddings", {"input": [question] * rng.randint(1, 8)}),
+        ("responses", "/v1/responses", {"input": chat, "max_output_tokens": rng.randint(16, 48), "stream": stream}),
+        (
+            "messages",
+            "/v1/messages",
+            {"system": SYSTEM, "messages": chat[1:], "max_tokens": rng.randint(4, 48), "stream": stream},
+        ),
+        (
+            "ollama-chat",
+            "/api/chat",
+            {"messages": chat, "stream": stream, "options": {"num_predict": rng.randint(4, 48)}},
+        ),
+        ("ollama-generate", "/api/generate", {"prompt": question, "stream": stream, "options": {"num_predict": 24}}),
+        ("ollama-embed", "/api/embed", {"input": [question, SYSTEM]}),
+    ]
+    kind, path, body = rng.choice(kinds)
+    return kind, path, {"model": model, **body}, body.get("stream", False)
+
+
+def _send(http: httpx.Client, rng: random.Random, model: str, report: Report, restarting: threading.Event) -> None:
+    kind, path, body, stream = _request(rng, model)
+    drop_after = rng.randint(1, 4) if stream and rng.random() < 1 / 6 else 0
+    try:
+        if stream:
+            with http.stream("POST", path, json=body) as answer:
+                status = answer.status_code
+                for i, _ in enumerate(answer.iter_lines()):
+                    if drop_after and i >= drop_after:
+                        kind += " (dropped)"
+                        break
+        else:
+            status = http.post(path, json=body).status_code
+    except httpx.HTTPError:
+        status = 0
+    if status == 0 and restarting.is_set():
+        report.soak["refused while restarting"] += 1
+        return
+    report.soak[f"{kind} {status}"] += 1
+    if status >= 500 or status == 0:
+        report.soak["5xx or no answer"] += 1
+
+
+def _workers(
+    servers: list[Server],
+    model: str,
+    report: Report,
+    args: argparse.Namespace,
+    until: list[float],
+    restarting: threading.Event,
+) -> list[threading.Thread]:
+    def work(i: int) -> None:
+        rng = random.Random(args.seed * 1000 + i)
+        with httpx.Client(timeout=120) as http:
+            while time.monotonic() < until[0]:
+                http.base_url = servers[-1].url
+                _send(http, rng, model, report, restarting)
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(args.concurrency)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def metrics(http: httpx.Client) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for line in http.get("/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name.split("{")[0]] = values.get(name.split("{")[0], 0.0) + float(value)
+    return values
+
+
+def wait_idle(http: httpx.Client, timeout: float) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(http)
+        busy = m["base_num_requests_running"] + m["base_num_requests_waiting"] + m["base_kv_blocks_used"]
+        if busy == 0 or time.monotonic() > deadline:
+            return m
+        time.sleep(0.1)
+
+
+def _cache_restored(server: Server, model: str) -> bool:
+    """The first chat after a restart finds its shared system prompt in the restored prefix cache."""
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        before = metrics(http)["base_prefix_cache_hits_total"]
+        chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say hello."}]
+        http.post("/v1/chat/completions", json={"model": model, "messages": chat, "max_tokens": 2})
+        return metrics(http)["base_prefix_cache_hits_total"] > before
+
+
+def soak(first: Server, make_server, watch: Watch, report: Report, args: argparse.Namespace) -> Server:
+    servers, restarting = [first], threading.Event()
+    started = time.monotonic()
+    until = [started + args.minutes * 60]
+    watch.phase = "soak 1"
+    threads = _workers(servers, "soak", report, args, until, restarting)
+    time.sleep(args.minutes * 30)
+    restarting.set()
+    watch.phase = "restart"
+    status = first.stop()
+    report.check("SIGTERM mid-load exits 0", status == 0, f"exit status {status}")
+    report.check("the prefix cache file was saved", args.cache_file.exists(), str(args.cache_file))
+    second = make_server()
+    watch.server = second
+    servers.append(second)
+    report.check(
+        "the restarted server found its prefix cache", _cache_restored(second, "soak"), "a hit on the first chat"
+    )
+    restarting.clear()
+    watch.phase = "soak 2"
+    for thread in threads:
+        thread.join(args.minutes * 60 + 300)
+    watch.phase = "end"
+    return second
+
+
+# --- the whole run -------------------------------------------------------------------------------
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def _judge(watch: Watch, report: Report, end: dict[str, float], log: Path) -> None:
+    abuse_health = watch.health.get("abuse", [])
+    worst = max(abuse_health, default=0.0)
+    report.check(
+        "/health during abuse",
+        bool(abuse_health) and worst <= HEALTH_TARGET_S and not watch.health_failures["abuse"],
+        f"{len(abuse_health)} answers, p50 {_percentile(abuse_health, 0.5) * 1000:.1f} ms, max {worst * 1000:.1f} ms, "
+        f"{watch.health_failures['abuse']} failed (target: all within {HEALTH_TARGET_S * 1000:.0f} ms)",
+    )
+    before, after = watch.rss.get("start", [0])[-1], min(watch.rss.get("after abuse", [0]))
+    report.check(
+        "RSS after abuse",
+        after <= before * (1 + RSS_TOLERANCE),
+        f"{before / 2**20:.0f} MiB before, {after / 2**20:.0f} MiB after (target: within {RSS_TOLERANCE:.0%})",
+    )
+    refused = not any(name.startswith("abuse:") for name, _, _ in report.checks)  # each miss was a check of its own
+    report.check(
+        "every abusive request refused with a 4xx (a huge list: or answered)", refused, str(dict(report.abuse))
+    )
+    report.check(
+        "no 5xx or lost answer under load",
+        report.soak["5xx or no answer"] == 0,
+        f"{sum(report.soak.values())} requests: {dict(sorted(report.soak.items()))}",
+    )
+    second = watch.rss.get("soak 2", [])
+    warm = second[len(second) // 4] if second else 0
+    tail = second[-max(1, len(second) // 4) :] if second else [0]
+    report.check(
+        "RSS flat under load",
+        bool(second) and max(tail) <= warm * (1 + RSS_TOLERANCE),
+        f"{warm / 2**20:.0f} MiB after warm-up, {max(tail) / 2**20:.0f} MiB at most in the last quarter",
+    )
+    busy = {
+        name: end[name] for name in ("base_num_requests_running", "base_num_requests_waiting", "base_kv_blocks_used")
+    }
+    report.check("idle at the end: no request, no KV block held", not any(busy.values()), str(busy))
+    text = log.read_text(errors="replace")
+    report.check(
+        "no traceback in the server's log", "Traceback" not in text, f"{text.count('Traceback')} tracebacks in {log}"
+    )
+    soak_health = watch.health.get("soak 1", []) + watch.health.get("soak 2", [])
+    report.figures = {
+        "health_abuse_ms": {
+            "p50": _percentile(abuse_health, 0.5) * 1e3,
+            "p99": _percentile(abuse_health, 0.99) * 1e3,
+            "max": worst * 1e3,
+        },
+        "health_soak_ms": {
+            "p50": _percentile(soak_health, 0.5) * 1e3,
+            "p99": _percentile(soak_health, 0.99) * 1e3,
+            "max": max(soak_health, default=0) * 1e3,
+        },
+        "rss_mib": {phase: [round(min(v) / 2**20), round(max(v) / 2**20)] for phase, v in watch.rss.items()},
+        "requests": dict(sorted(report.soak.items())),
+        "abuse": dict(report.abuse),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--concurrency", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    folder = Path(tempfile.mkdtemp(prefix="base-soak-"))
+    args.cache_file, log, port = folder / "prefix-cache.bin", folder / "serve.log", free_port()
+    report = Report()
+
+    def make_server() -> Server:
+        return Server(args.model, port, args.cache_file, log)
+
+    server = make_server()
+    watch = Watch(server)
+    watch.start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as http:  # warm-up: one of each, then the RSS
+            for i in range(8):
+                kind, path, body, _ = _request(random.Random(i), "soak")
+                http.post(path, json={**body, "stream": False} if "stream" in body else body)
+        time.sleep(3)
+        abuse(server, watch, report, "soak")
+        server = soak(server, make_server, watch, report, args)
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            end = wait_idle(http, 120)
+        _judge(watch, report, end, log)
+    finally:
+        watch.stopped.set()
+        status = server.stop() if server.proc.poll() is None else server.proc.returncode
+    report.check("the last SIGTERM exits 0", status == 0, f"exit status {status}")
+    if args.json:
+        print(json.dumps({"passed": report.passed, "checks": report.checks, **report.figures}, indent=1))
+    else:
+        print(json.dumps(report.figures, indent=1))
+    verdict = "PASSED" if report.passed else "FAILED"
+    print(f"{verdict}: {sum(ok for _, ok, _ in report.checks)} of {len(report.checks)} checks; log in {log}")
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -212,11 +212,16 @@ class Tokenizer:
     # ---- encode / decode ----------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; BOS/EOS are added only when the tokenizer's config says so."""
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of `text`; BOS/EOS are added only when the tokenizer's config says so.
+
+        NOTE: through `encode_batch`, the same ids: `tokenizers` releases the GIL there and not in
+        `encode`, whose megabyte of text held the server's event loop for a second from a worker thread.
+        """
+        return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        """The text of `token_ids` (through `decode_batch`, which releases the GIL, as `encode` does)."""
+        return self._backend.decode_batch([list(token_ids)], skip_special_tokens=skip_special_tokens)[0]
 
     def detokenizer(self, skip_special_tokens: bool = False) -> StreamingDetokenizer:
         """A fresh streaming detokenizer for one generated sequence."""
@@ -272,7 +277,7 @@ class Tokenizer:
         when the config adds BOS and the template did not already write it; EOS is never added.
         """
         text = self.apply_chat_template(messages, add_generation_prompt, tools, continue_final_message, **extra)
-        ids = self._backend.encode(text, add_special_tokens=False).ids
+        ids = self.encode(text, add_special_tokens=False)
         bos = self.bos_token_id
         if self.add_bos_token and bos is not None and ids[:1] != [bos]:
             ids.insert(0, bos)

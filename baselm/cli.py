@@ -28,6 +28,7 @@ from baselm.commands.options import (
     SPECULATIVE,
     TENSOR_PARALLEL,
     dist_options,
+    show_flags_bare,
     with_prefix_cache_file,
 )
 from baselm.config import (
@@ -42,11 +43,12 @@ from baselm.config import (
 
 app = typer.Typer(
     name="base",
-    help="base: run LLMs locally on MLX. Chat in the terminal or serve the OpenAI API.",
+    help="base: run LLMs locally on MLX. Chat in the terminal, or serve the OpenAI, Anthropic and Ollama APIs.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+show_flags_bare()
 
 PREFIX_FILE_HELP = (
     "Save the prefix cache here (periodically, at exit) and load it at start "
@@ -76,6 +78,23 @@ CPU_LAYER_HELP = "Also decode one stream with the CPU decoder-layer kernel on an
 API_KEY_HELP = "Require 'Authorization: Bearer KEY' (env BASE_API_KEY)."
 API_KEY_FILE_HELP = "Read the key from this file (its one line), out of sight of ps; instead of --api-key."
 SEED_HELP = "Seed of the sampling of requests that bring none (default: random), for reproducible runs."
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from baselm import version
+
+        print(f"base {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", "-v", is_eager=True, callback=_print_version, help="Print base's version and exit."
+    ),
+) -> None:
+    """The options of `base` itself, before a command."""
 
 
 @app.command("list")

@@ -34,6 +34,28 @@ def test_help_lists_every_command():
         assert f" {command} " in result.stdout
 
 
+def test_version_prints_the_installed_packages_version():
+    from importlib.metadata import version
+
+    for flag in ("--version", "-v"):
+        result = base(flag)
+        assert result.returncode == 0 and result.stdout == f"base {version('baselm')}\n"
+
+
+def test_help_shows_flags_without_a_value():
+    from typer.testing import CliRunner
+
+    from baselm.cli import app
+
+    runner = CliRunner()
+    for command in [*COMMANDS, "keygen", "sign", "verify"]:
+        result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        assert "<bool>" not in result.output, f"base {command} --help:\n{result.output}"
+    run_help = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert re.search(r"--json\s+Print one JSON object", run_help)
+
+
 def test_help_does_not_import_mlx():
     code = "import sys; from baselm.cli import app; print('mlx.core' in sys.modules)"
     # baselm/__init__ loads the BLAS only; the CLI module itself must not pull in MLX.

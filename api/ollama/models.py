@@ -13,25 +13,18 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from baselm import version
 from baselm.api import serving, sse
 from baselm.api.errors import APIError, bad_request, logger
 from baselm.api.ollama.lines import line, now_rfc3339
 from baselm.api.ollama.request import check_model_name
 from baselm.api.schemas import Body
-
-
-def _version() -> str:
-    try:
-        return version("baselm")
-    except PackageNotFoundError:
-        return "0.0.0"
 
 
 def _size_label(params: int) -> str:
@@ -121,7 +114,7 @@ async def ollama_root(request: Request) -> Response:
 
 
 async def ollama_version(request: Request) -> Response:
-    return JSONResponse({"version": _version()})
+    return JSONResponse({"version": version()})
 
 
 async def ollama_tags(request: Request) -> Response:

@@ -2,18 +2,35 @@
 
 A command declares `device: str = DEVICE` and so on; `dist_options` turns the distributed ones
 into a `baselm.distributed.tp.launch.DistOptions` (imported lazily: MLX stays out of `base --help`),
-and `SpeculativeConfig.parse` the speculative ones.
+and `SpeculativeConfig.parse` the speculative ones. `show_flags_bare` is how `--help` shows a flag.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 if TYPE_CHECKING:
     from baselm.distributed.tp.launch import DistOptions
+
+
+def show_flags_bare() -> None:
+    """Help shows a flag (`--json`, `--x/--no-x`) without a value, as click's plain help does: typer's
+    rich help labels every option with its type, so a flag read `--json <bool>` as if it took one."""
+    from typer.core import TyperOption
+
+    typed = getattr(TyperOption, "display_type_rich", None)  # older typer shows flags bare already
+    if typed is None or getattr(typed, "shows_flags_bare", False):
+        return
+
+    def display_type_rich(option: TyperOption, ctx: Any) -> str | None:
+        return None if option.is_flag or option.count else typed(option, ctx)
+
+    display_type_rich.shows_flags_bare = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
 
 DEVICE_HELP = "Where to run: auto (GPU when MLX has one), gpu or cpu."
 MODEL_HELP = "Model: a store name (org/name[:variant] or an alias), a .base or .gguf file, or an HF folder."

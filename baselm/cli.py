@@ -11,15 +11,18 @@ import sys
 import typer
 
 from baselm.commands import perplexity as perplexity_command
+from baselm.commands import serve_options as opt
 from baselm.commands import signing as signing_commands
 from baselm.commands import store as store_commands
 from baselm.commands.errors import fail, report_user_errors
 from baselm.commands.model import ModelArgs
 from baselm.commands.options import (
     DEVICE,
+    DISTRIBUTED,
     FIXED_SPECULATION,
     HOSTFILE,
     KV_BITS,
+    KV_MEMORY_HELP,
     MODEL_HELP,
     MOE_SPLIT,
     NUM_SPECULATIVE_TOKENS,
@@ -50,34 +53,11 @@ app = typer.Typer(
 )
 show_flags_bare()
 
-PREFIX_FILE_HELP = (
-    "Save the prefix cache here (periodically, at exit) and load it at start "
-    "(with --pd: prefill rank R keeps FILE.prefillR; with --tensor-parallel N or --hostfile: rank R keeps "
-    "its KV heads in FILE.tpR, on its own machine)."
-)
-PREFIX_SAVE_HELP = "Seconds between saves of a changed prefix cache."
-PREFIX_MAX_HELP = "Most K/V the prefix cache file holds (per rank of a group), e.g. 1GiB (default: the pool)."
-MAX_CONNECTIONS_HELP = "Connections open at once, idle ones included; past it a request gets 503."
-SHUTDOWN_HELP = "Seconds in-flight requests get to finish on SIGINT/SIGTERM."
-CORS_HELP = (
-    "Web origins allowed to call from a browser, comma-separated ('*': any; 'localhost': this machine's "
-    "pages; default none)."
-)
-ALLOWED_HOSTS_HELP = (
-    "Host names answered beside the bound address and localhost, comma-separated ('*': any); others get a 403 "
-    "(DNS rebinding). Default: loopback's names when bound to loopback, any name otherwise."
-)
-PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g. 1:1 (see docs/distributed.md)."
-ROLE_HELP = "With --pd over machines: this rank's role, prefill or decode (checked against --rank)."
 WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
-KV_MEMORY_HELP = "Memory for the KV cache, e.g. 2GiB (default: from the context and the sequences)."
 SYNTHETIC_HELP = (
     "Instead of a model: random-weight models of these sizes (135M,360M,1B), decode tok/s beside the roofline."
 )
 CPU_LAYER_HELP = "Also decode one stream with the CPU decoder-layer kernel on and off."
-API_KEY_HELP = "Require 'Authorization: Bearer KEY' (env BASE_API_KEY)."
-API_KEY_FILE_HELP = "Read the key from this file (its one line), out of sight of ps; instead of --api-key."
-SEED_HELP = "Seed of the sampling of requests that bring none (default: random), for reproducible runs."
 
 
 def _print_version(asked: bool) -> None:
@@ -245,7 +225,9 @@ def bench(
     spec_repeats: int = typer.Option(2, "--spec-repeats", help="Speculative: alternating runs of each, best kept."),
     synthetic: str = typer.Option("", "--synthetic", help=SYNTHETIC_HELP),
     synthetic_bits: int = typer.Option(4, "--synthetic-bits", help="4 or 8 (affine, groups of 32), 32: float32."),
-    pd: str | None = typer.Option(None, "--pd", help="Also run the batch (the last --concurrency) on a P:D group."),
+    pd: str | None = typer.Option(
+        None, "--pd", help="Also run the batch (the last --concurrency) on a P:D group.", rich_help_panel=DISTRIBUTED
+    ),
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
@@ -325,39 +307,39 @@ def _bench_pd(
 @app.command()
 def serve(
     model: str = typer.Argument(..., help=MODEL_HELP),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
-    port: int = typer.Option(8080, "--port", help="Port to listen on."),
-    api_key: str | None = typer.Option(None, "--api-key", envvar="BASE_API_KEY", help=API_KEY_HELP),
-    api_key_file: str | None = typer.Option(None, "--api-key-file", help=API_KEY_FILE_HELP),
-    served_model_name: str | None = typer.Option(None, "--served-model-name", help="Model name clients send."),
-    kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
-    kv_bits: int = KV_BITS,
-    max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Requests running at once."),
-    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Context length cap."),
-    max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Tokens per engine step."),
-    no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Turn prefix caching off."),
-    max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
-    max_body: str = typer.Option("8MiB", "--max-body", help="Largest request body accepted (413 past it)."),
-    max_connections: int = typer.Option(512, "--max-connections", min=1, help=MAX_CONNECTIONS_HELP),
-    prefix_cache_file: str | None = typer.Option(None, "--prefix-cache-file", help=PREFIX_FILE_HELP),
-    prefix_cache_save_interval: float = typer.Option(300.0, "--prefix-cache-save-interval", help=PREFIX_SAVE_HELP),
-    prefix_cache_max_size: str | None = typer.Option(None, "--prefix-cache-max-size", help=PREFIX_MAX_HELP),
-    shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help=SHUTDOWN_HELP),
-    cors_origins: str = typer.Option("", "--cors-origins", help=CORS_HELP),
-    allowed_hosts: str = typer.Option("", "--allowed-hosts", help=ALLOWED_HOSTS_HELP),
+    host: str = opt.HOST,
+    port: int = opt.PORT,
+    served_model_name: str | None = opt.SERVED_MODEL_NAME,
     device: str = DEVICE,
-    require_signature: bool = REQUIRE_SIGNATURE,
-    speculative: str | None = SPECULATIVE,
-    num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
-    seed: int | None = typer.Option(None, "--seed", help=SEED_HELP),
-    pd: str | None = typer.Option(None, "--pd", help=PD_HELP),
-    role: str | None = typer.Option(None, "--role", help=ROLE_HELP),
+    seed: int | None = opt.SEED,
+    kv_memory: str | None = opt.KV_MEMORY,
+    kv_bits: int = opt.SERVE_KV_BITS,
+    max_num_seqs: int = opt.MAX_NUM_SEQS,
+    max_model_len: int | None = opt.MAX_MODEL_LEN,
+    max_num_batched_tokens: int = opt.MAX_NUM_BATCHED_TOKENS,
+    no_prefix_caching: bool = opt.NO_PREFIX_CACHING,
+    prefix_cache_file: str | None = opt.PREFIX_CACHE_FILE,
+    prefix_cache_save_interval: float = opt.PREFIX_CACHE_SAVE_INTERVAL,
+    prefix_cache_max_size: str | None = opt.PREFIX_CACHE_MAX_SIZE,
+    speculative: str | None = opt.SERVE_SPECULATIVE,
+    num_speculative_tokens: int = opt.SERVE_NUM_SPECULATIVE_TOKENS,
+    max_waiting: int = opt.MAX_WAITING,
+    max_body: str = opt.MAX_BODY,
+    max_connections: int = opt.MAX_CONNECTIONS,
+    shutdown_timeout: float = opt.SHUTDOWN_TIMEOUT,
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
     moe_split: str | None = MOE_SPLIT,
+    pd: str | None = opt.PD,
+    role: str | None = opt.ROLE,
+    api_key: str | None = opt.API_KEY,
+    api_key_file: str | None = opt.API_KEY_FILE,
+    allowed_hosts: str = opt.ALLOWED_HOSTS,
+    cors_origins: str = opt.CORS_ORIGINS,
+    require_signature: bool = REQUIRE_SIGNATURE,
 ) -> None:
-    """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
+    """Serve a model over HTTP, on one port: the OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs."""
     from baselm.commands import serve as command
 
     with report_user_errors():
@@ -370,7 +352,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=not no_prefix_caching,
             max_waiting=max_waiting,
-            prefix_cache_file=prefix_cache_file,  # --pd: per prefill rank; TP: per rank (see PREFIX_FILE_HELP)
+            prefix_cache_file=prefix_cache_file,  # --pd: per prefill rank; TP: per rank (see its help)
             prefix_cache_save_interval=prefix_cache_save_interval,
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),

@@ -56,6 +56,19 @@ def test_help_shows_flags_without_a_value():
     assert re.search(r"--json\s+Print one JSON object", run_help)
 
 
+def test_serve_help_names_every_api_and_groups_its_options():
+    from typer.testing import CliRunner
+
+    from baselm.cli import app
+
+    text = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    assert "OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs" in text
+    panels = re.findall(r"╭─ (.+?) ─", text)
+    assert panels == ["Arguments", "Options", "Sampling defaults", "Performance", "Limits", "Distributed", "Security"]
+    security = text[text.index("╭─ Security") :]
+    assert "--api-key " in security and "--allowed-hosts" in security and "--cors-origins" in security
+
+
 def test_help_does_not_import_mlx():
     code = "import sys; from baselm.cli import app; print('mlx.core' in sys.modules)"
     # baselm/__init__ loads the BLAS only; the CLI module itself must not pull in MLX.

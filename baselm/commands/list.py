@@ -22,14 +22,12 @@ def list_models(as_json: bool) -> None:
     if as_json:
         print(json.dumps([model_entry(m) for m in models], indent=2))
         return
-    from rich.console import Console
+    from baselm.commands.console import table_console
 
+    console = table_console()
     if not models:
-        Console().print("No models yet. Try: base pull HuggingFaceTB/SmolLM2-135M-Instruct")
+        console.print("No models yet. Try: base pull HuggingFaceTB/SmolLM2-135M-Instruct")
         return
-    console = Console()
-    if not console.is_terminal:  # into a pipe: as wide as it needs (rich would assume 80 columns)
-        console = Console(width=1000)
     console.print(models_table(models, console))
 
 

@@ -86,6 +86,19 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON."
 
 
 @app.command()
+def show(
+    model: str = typer.Argument(..., help="A store name or a .base file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    template: bool = typer.Option(False, "--template", help="Print only the chat template, whole."),
+) -> None:
+    """Show a model: architecture, parameters, context length, quantization, chat template, license."""
+    from baselm.commands.show import ShowError, show_model
+
+    with report_user_errors(ShowError):
+        show_model(model, as_json, template)
+
+
+@app.command()
 def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     links: bool = typer.Option(False, "--links", help="Also time a 2-process ring all_sum over loopback."),

@@ -35,6 +35,8 @@ from baselm.commands.options import (
     with_prefix_cache_file,
 )
 from baselm.config import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
     EngineConfig,
     SpeculativeConfig,
     parse_int_list,
@@ -96,6 +98,21 @@ def show(
 
     with report_user_errors(ShowError):
         show_model(model, as_json, template)
+
+
+@app.command()
+def ps(
+    host: str = typer.Option(DEFAULT_HOST, "--host", help="Address of the server to ask."),
+    port: int = typer.Option(DEFAULT_PORT, "--port", help="Port of the server to ask."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="BASE_API_KEY", help="The server's API key."),
+    as_json: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
+) -> None:
+    """Show what a running base serve has loaded (its /api/ps)."""
+    from baselm.commands.ps import PsArgs, PsError
+    from baselm.commands.ps import ps as show_running
+
+    with report_user_errors(PsError):
+        show_running(PsArgs(host, port, api_key, as_json))
 
 
 @app.command()
@@ -170,8 +187,8 @@ def chat(
     kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
     kv_bits: int = KV_BITS,
     serve: bool = typer.Option(False, "--serve", help="Also serve the HTTP API on the same engine."),
-    port: int = typer.Option(8080, "--port", help="Port for --serve."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
+    port: int = typer.Option(DEFAULT_PORT, "--port", help="Port for --serve."),
+    host: str = typer.Option(DEFAULT_HOST, "--host", help="Address for --serve."),
     require_signature: bool = REQUIRE_SIGNATURE,
     resume: bool = typer.Option(False, "--resume", help="Reopen the last conversation (its prompt comes cached)."),
     prefix_cache_file: str = typer.Option(

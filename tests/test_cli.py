@@ -13,7 +13,7 @@ import pytest
 
 from tests.tiny_model import write_model_folder
 
-COMMANDS = ["pull", "list", "rm", "inspect", "doctor", "run", "chat", "bench", "serve", "perplexity"]
+COMMANDS = ["pull", "list", "show", "ps", "rm", "inspect", "doctor", "run", "chat", "bench", "serve", "perplexity"]
 
 
 def base(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

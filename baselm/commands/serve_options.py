@@ -18,6 +18,7 @@ from baselm.commands.options import (
     SPECULATIVE,
     in_panel,
 )
+from baselm.config import DEFAULT_HOST, DEFAULT_PORT
 
 SAMPLING = "Sampling defaults"
 LIMITS = "Limits"
@@ -46,8 +47,8 @@ API_KEY_FILE_HELP = "Read the key from this file (its one line), out of sight of
 SEED_HELP = "Seed of the sampling of requests that bring none (default: random), for reproducible runs."
 
 # Options (the basics; --device is options.py's)
-HOST = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface).")
-PORT = typer.Option(8080, "--port", help="Port to listen on.")
+HOST = typer.Option(DEFAULT_HOST, "--host", help="Address to listen on (0.0.0.0: every interface).")
+PORT = typer.Option(DEFAULT_PORT, "--port", help="Port to listen on.")
 SERVED_MODEL_NAME = typer.Option(None, "--served-model-name", help="Model name clients send.")
 
 # Sampling defaults

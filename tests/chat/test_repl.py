@@ -69,6 +69,8 @@ def test_repl_answers_and_runs_its_commands(chat_model, tmp_path):
         _ask(child, "/system Be brief.", "system prompt set")
         _ask(child, "hello there", r"decode 8 tokens [\d.]+ tok/s · context \d+/4096")
         _ask(child, "/set temperature hot", "error: temperature takes a number, got 'hot'")
+        _ask(child, "/set", "temperature=0.7, top_p=0.9, max_tokens=8, seed=0")  # alone: the settings
+        _ask(child, "/set top_p", r"error: usage: /set temperature\|top_p\|max_tokens\|seed VALUE")
         _ask(child, "/frobnicate", "unknown command /frobnicate; commands: /help")
         _ask(child, f"/save {tmp_path / 'one.json'}", "saved 2 messages")
         saved = json.loads((tmp_path / "one.json").read_text())
@@ -81,7 +83,9 @@ def test_repl_answers_and_runs_its_commands(chat_model, tmp_path):
         _ask(child, f"/load {tmp_path / 'one.json'}", "loaded 2 messages")
         _ask(child, f"/save {tmp_path / 'two.json'}", "saved 2 messages")
         assert json.loads((tmp_path / "two.json").read_text())["messages"] == saved["messages"]
-        _ask(child, "/stats", r"last turn: \d+ prompt tokens, 0 cached, 8 generated \(length\)", "session: 1 turns")
+        _ask(child, "/stats", r"last turn: \d+ prompt tokens, 0 cached, 8 generated \(length\)", "session: 1 turn, ")
+        _ask(child, "more", "decode 8 tokens")
+        _ask(child, "/stats", "session: 2 turns, ")
         assert _quit(child) == 0
     finally:
         child.close(force=True)

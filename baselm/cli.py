@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -45,6 +46,9 @@ from baselm.config import (
     parse_size,
     parse_size_list,
 )
+
+if TYPE_CHECKING:
+    from baselm.commands.chat import ChatArgs
 
 app = typer.Typer(
     name="base",
@@ -133,10 +137,14 @@ def doctor(
 @app.command()
 def run(
     model: str = typer.Argument(..., help=MODEL_HELP),
-    prompt: str = typer.Argument(..., help="The prompt. Use - to read it from standard input."),
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Most tokens to generate."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling threshold."),
+    prompt: str | None = typer.Argument(
+        None, help="The prompt (- reads it from standard input). Without one, a chat opens, as base chat MODEL."
+    ),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", "-n", help="Most tokens to generate (default 256; in a chat, the context's room)."
+    ),
+    temperature: float | None = typer.Option(None, "--temperature", "-t", help="0 is greedy (default 0; chat 0.7)."),
+    top_p: float | None = typer.Option(None, "--top-p", help="Nucleus sampling threshold (default 1; chat 0.9)."),
     top_k: int = typer.Option(0, "--top-k", help="Sample among the K most likely tokens (0: off)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, not through the chat template."),
@@ -144,6 +152,7 @@ def run(
         None, "--logprobs", help="Return log-probabilities with the top K alternatives."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    pull: bool = typer.Option(False, "--pull", help="Pull a hub model that is not in the store, without asking."),
     device: str = DEVICE,
     require_signature: bool = REQUIRE_SIGNATURE,
     speculative: str | None = SPECULATIVE,
@@ -154,23 +163,34 @@ def run(
     rank: int | None = RANK,
     moe_split: str | None = MOE_SPLIT,
 ) -> None:
-    """Generate once from a prompt and print the answer with its speed."""
-    from baselm.commands.run import RunArgs, run_once
-    from baselm.sampling.params import SamplingParams
+    """Answer a prompt and print it with its speed; without a prompt, chat (a hub model not yet stored
+    is pulled after a yes)."""
+    from baselm.commands import run as command
+    from baselm.commands.model import pull_if_missing
 
+    if prompt is None and (raw or as_json or top_k or logprobs is not None):
+        fail("--raw, --json, --top-k and --logprobs need a prompt: base run MODEL PROMPT")
     with report_user_errors():
-        sampling = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs
-        )
-        args = RunArgs(
-            ModelArgs(model, device, require_signature, dist_options(tensor_parallel, hostfile, rank, moe_split)),
-            sys.stdin.read() if prompt == "-" else prompt,
-            sampling,
-            raw=raw,
-            as_json=as_json,
-            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
-        )
-        run_once(args)
+        sampling = command.RunSampling(max_tokens, temperature, top_p, top_k, seed, logprobs)
+        loaded = ModelArgs(model, device, require_signature, dist_options(tensor_parallel, hostfile, rank, moe_split))
+        spec = SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation)
+        if prompt is None:
+            return _chat_instead(command.chat_instead(loaded, sampling.for_chat(), spec), pull)
+        text = sys.stdin.read() if prompt == "-" else prompt
+        args = command.RunArgs(loaded, text, sampling.for_prompt(), raw=raw, as_json=as_json, speculative=spec)
+        pull_if_missing(model, pull)
+        command.run_once(args)
+
+
+def _chat_instead(args: ChatArgs, pull: bool) -> None:
+    """`base run MODEL` without a prompt: `base chat MODEL`, once the model is in the store."""
+    from baselm.commands.chat import ServeError
+    from baselm.commands.chat import chat as run_chat
+    from baselm.commands.model import pull_if_missing
+
+    with report_user_errors(ServeError):
+        pull_if_missing(args.model.ref, pull)
+        run_chat(args)
 
 
 @app.command()

@@ -186,6 +186,24 @@ def test_piped_chat_prints_plain_answers_on_stdout(chat_model, tmp_path):
     assert ">>>" not in result.stdout
 
 
+def test_run_without_a_prompt_opens_the_chat(chat_model, tmp_path):
+    env = {**os.environ, "BASE_HOME": str(tmp_path / "home"), "TERM": "xterm"}
+    child = pexpect.spawn(
+        BASE, ["run", str(chat_model), "--device", "cpu", "-n", "5"], env=env, encoding="utf-8", timeout=TIMEOUT_S
+    )
+    child.expect_exact("base chat · ")
+    child.expect_exact(">>> ")
+    _ask(child, "/set", "temperature=0.7, top_p=0.9, max_tokens=5, seed=None")  # chat's defaults, run's -n
+    _ask(child, "hello", r"decode 5 tokens")
+    assert _quit(child) == 0
+
+
+def test_run_without_a_prompt_refuses_a_prompts_options(chat_model):
+    result = subprocess.run([BASE, "run", str(chat_model), "--json"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: --raw, --json, --top-k and --logprobs need a prompt: base run MODEL PROMPT"
+
+
 def test_resume_reopens_the_last_conversation_and_its_prompt_comes_from_the_cache_file(chat_model, tmp_path):
     env = {**os.environ, "BASE_HOME": str(tmp_path / "home")}
 

@@ -159,3 +159,16 @@ def test_list_on_an_80_column_terminal_keeps_whole_names(store_with_long_names):
     assert max(len(line.rstrip()) for line in lines) <= 80
     for name in LONG_NAMES:
         assert any(name in line for line in lines), child.before
+
+
+def test_bench_tables_fit_an_80_column_terminal_without_cutting_a_word(model_folder):
+    args = ["-m", "baselm.cli", "bench", str(model_folder), "--concurrency", "1,2", "--prompt-tokens", "8"]
+    args += ["--gen-tokens", "4", "--speculative", "ngram", "--spec-repeats", "1", "--device", "cpu"]
+    child = pexpect.spawn(sys.executable, args, dimensions=(40, 80), encoding="utf-8", timeout=300)
+    child.expect(pexpect.EOF)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", child.before)
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    assert "…" not in text, text
+    for title in ("throughput and latency", "ms per step", "with and without speculative decoding"):
+        assert title in text
+    assert "decode tok/s" in text and "per stream" in text and "overhead" in text

@@ -146,6 +146,8 @@ def test_list_into_a_pipe_shows_whole_names_and_every_column(store_with_long_nam
     lines = result.stdout.splitlines()
     for name in LONG_NAMES:
         assert any(name in line and "/m/x.gguf" in line for line in lines), result.stdout
+    assert any(line.startswith("variant: the name's :tag, the source's own quantization") for line in lines)
+    assert "quant: the bits most weights are stored with here (base show NAME has the rest)" in lines
     assert [m["name"] for m in json.loads(base("list", "--json", env=store_with_long_names).stdout)] == LONG_NAMES
 
 

@@ -123,11 +123,13 @@ def ps(
 def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     links: bool = typer.Option(False, "--links", help="Also time a 2-process ring all_sum over loopback."),
+    speed: bool = typer.Option(True, "--speed/--no-speed", help="Measure the decode speed to expect (~2 s)."),
 ) -> None:
-    """Check this machine: Python, MLX, backend, memory, BLAS, store location, distributed backends."""
+    """Check this machine: Python, MLX, backend, memory, BLAS, kernels, store, distributed backends, and
+    the decode speed to expect."""
     from baselm.commands.doctor import collect, render
 
-    report = collect(links)
+    report = collect(links, speed)
     if as_json:
         print(json.dumps(report, indent=2))
     else:

@@ -76,10 +76,41 @@ def test_help_does_not_import_mlx():
     assert result.stdout.strip() == "False"
 
 
-def test_doctor_json_reports_the_backend_and_blas():
-    report = json.loads(base("doctor", "--json").stdout)
+def test_doctor_json_reports_the_backend_and_blas(tmp_path):
+    report = json.loads(base("doctor", "--json", env={**os.environ, "BASE_HOME": str(tmp_path)}).stdout)
     assert report["backend"] in ("cpu", "metal", "cuda")
     assert {"python", "mlx", "blas", "kernels", "store", "warnings"} <= set(report)
+    assert report["speed"]["read_gb_s"] > 0 and report["speed"]["decode"] is None  # no default model stored
+
+
+def test_doctor_decodes_the_default_model_when_it_is_stored(tmp_path):
+    from baselm.store.default_model import STORE_NAME
+    from tests.tiny_gguf import tiny_llama_gguf
+
+    env = {**os.environ, "BASE_HOME": str(tmp_path / "home")}
+    gguf_path, _ = tiny_llama_gguf(tmp_path / "tiny.gguf", "Q4_1")
+    assert base("pull", str(gguf_path), "--name", STORE_NAME, "--quiet", env=env).returncode == 0
+    result = base("doctor", env=env)
+    speed = result.stdout[result.stdout.index("Speed") :]
+    assert re.match(rf"Speed\s+{STORE_NAME}:q4_1: decode [\d.]+ tok/s, prefill \d+ tok/s \(1 stream, 32 tokens", speed)
+    assert "memory reads" in speed and "tok/s for 1 GiB" in speed
+    assert base("doctor", "--no-speed", env=env).stdout.count("not measured (--no-speed)") == 1
+
+
+def test_doctor_says_why_the_cpu_kernels_are_off_once():
+    from tests.cpu.test_warning import CLI_WITHOUT_KERNELS, REASON
+
+    result = subprocess.run(
+        [sys.executable, "-c", CLI_WITHOUT_KERNELS, REASON, "doctor", "--no-speed"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(REASON) == 1
+    assert f"warning: CPU kernels not loaded ({REASON})" in result.stdout
+    assert "cpu decoder layer (steps of up to 32 tokens): off (see Compute)" in result.stdout
 
 
 def test_run_json_returns_text_ids_logprobs_usage_and_timings(model_folder):

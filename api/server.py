@@ -26,7 +26,7 @@ from baselm.api.connections import DEFAULT_READ_TIMEOUT, DeadlineProtocol
 from baselm.api.guard import is_loopback
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES
 from baselm.async_engine import AsyncEngine
-from baselm.config import EngineConfig
+from baselm.config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 
@@ -40,8 +40,8 @@ class ServeOptions:
     """How `base serve` listens and answers: address, key, body limit, shutdown grace, log level, CORS, Host
     names, connections open at once."""
 
-    host: str = "127.0.0.1"
-    port: int = 8080
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
     api_key: str | None = None
     served_model_name: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES

@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from baselm.commands import perplexity as perplexity_command
+from baselm.commands import serve_options as opt
 from baselm.commands import signing as signing_commands
 from baselm.commands import store as store_commands
 from baselm.commands.errors import fail, report_user_errors
 from baselm.commands.model import ModelArgs
 from baselm.commands.options import (
     DEVICE,
+    DISTRIBUTED,
     FIXED_SPECULATION,
     HOSTFILE,
     KV_BITS,
+    KV_MEMORY_HELP,
     MODEL_HELP,
     MOE_SPLIT,
     NUM_SPECULATIVE_TOKENS,
@@ -28,9 +32,12 @@ from baselm.commands.options import (
     SPECULATIVE,
     TENSOR_PARALLEL,
     dist_options,
+    show_flags_bare,
     with_prefix_cache_file,
 )
 from baselm.config import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
     EngineConfig,
     SpeculativeConfig,
     parse_int_list,
@@ -40,43 +47,40 @@ from baselm.config import (
     parse_size_list,
 )
 
+if TYPE_CHECKING:
+    from baselm.commands.chat import ChatArgs
+
 app = typer.Typer(
     name="base",
-    help="base: run LLMs locally on MLX. Chat in the terminal or serve the OpenAI API.",
+    help="base: run LLMs locally on MLX. Chat in the terminal, or serve the OpenAI, Anthropic and Ollama APIs.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+show_flags_bare()
 
-PREFIX_FILE_HELP = (
-    "Save the prefix cache here (periodically, at exit) and load it at start "
-    "(with --pd: prefill rank R keeps FILE.prefillR; with --tensor-parallel N or --hostfile: rank R keeps "
-    "its KV heads in FILE.tpR, on its own machine)."
-)
-PREFIX_SAVE_HELP = "Seconds between saves of a changed prefix cache."
-PREFIX_MAX_HELP = "Most K/V the prefix cache file holds (per rank of a group), e.g. 1GiB (default: the pool)."
-MAX_CONNECTIONS_HELP = "Connections open at once, idle ones included; past it a request gets 503."
-READ_TIMEOUT_HELP = "Seconds a request's headers, and then its body, may take to arrive (408 past it)."
-SHUTDOWN_HELP = "Seconds in-flight requests get to finish on SIGINT/SIGTERM."
-CORS_HELP = (
-    "Web origins allowed to call from a browser, comma-separated ('*': any; 'localhost': this machine's "
-    "pages; default none)."
-)
-ALLOWED_HOSTS_HELP = (
-    "Host names answered beside the bound address and localhost, comma-separated ('*': any); others get a 403 "
-    "(DNS rebinding). Default: loopback's names when bound to loopback, any name otherwise."
-)
-PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g. 1:1 (see docs/distributed.md)."
-ROLE_HELP = "With --pd over machines: this rank's role, prefill or decode (checked against --rank)."
 WORKLOAD_HELP = "With --speculative: grounded (answers copy the prompt), free, random; comma-separated."
-KV_MEMORY_HELP = "Memory for the KV cache, e.g. 2GiB (default: from the context and the sequences)."
 SYNTHETIC_HELP = (
     "Instead of a model: random-weight models of these sizes (135M,360M,1B), decode tok/s beside the roofline."
 )
 CPU_LAYER_HELP = "Also decode one stream with the CPU decoder-layer kernel on and off."
-API_KEY_HELP = "Require 'Authorization: Bearer KEY' (env BASE_API_KEY)."
-API_KEY_FILE_HELP = "Read the key from this file (its one line), out of sight of ps; instead of --api-key."
-SEED_HELP = "Seed of the sampling of requests that bring none (default: random), for reproducible runs."
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from baselm import version
+
+        print(f"base {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", "-v", is_eager=True, callback=_print_version, help="Print base's version and exit."
+    ),
+) -> None:
+    """The options of `base` itself, before a command."""
 
 
 @app.command("list")
@@ -88,14 +92,44 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON."
 
 
 @app.command()
+def show(
+    model: str = typer.Argument(..., help="A store name or a .base file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    template: bool = typer.Option(False, "--template", help="Print only the chat template, whole."),
+) -> None:
+    """Show a model: architecture, parameters, context length, quantization, chat template, license."""
+    from baselm.commands.show import ShowError, show_model
+
+    with report_user_errors(ShowError):
+        show_model(model, as_json, template)
+
+
+@app.command()
+def ps(
+    host: str = typer.Option(DEFAULT_HOST, "--host", help="Address of the server to ask."),
+    port: int = typer.Option(DEFAULT_PORT, "--port", help="Port of the server to ask."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="BASE_API_KEY", help="The server's API key."),
+    as_json: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
+) -> None:
+    """Show what a running base serve has loaded (its /api/ps)."""
+    from baselm.commands.ps import PsArgs, PsError
+    from baselm.commands.ps import ps as show_running
+
+    with report_user_errors(PsError):
+        show_running(PsArgs(host, port, api_key, as_json))
+
+
+@app.command()
 def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     links: bool = typer.Option(False, "--links", help="Also time a 2-process ring all_sum over loopback."),
+    speed: bool = typer.Option(True, "--speed/--no-speed", help="Measure the decode speed to expect (~2 s)."),
 ) -> None:
-    """Check this machine: Python, MLX, backend, memory, BLAS, store location, distributed backends."""
+    """Check this machine: Python, MLX, backend, memory, BLAS, kernels, store, distributed backends, and
+    the decode speed to expect."""
     from baselm.commands.doctor import collect, render
 
-    report = collect(links)
+    report = collect(links, speed)
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -105,10 +139,14 @@ def doctor(
 @app.command()
 def run(
     model: str = typer.Argument(..., help=MODEL_HELP),
-    prompt: str = typer.Argument(..., help="The prompt. Use - to read it from standard input."),
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Most tokens to generate."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling threshold."),
+    prompt: str | None = typer.Argument(
+        None, help="The prompt (- reads it from standard input). Without one, a chat opens, as base chat MODEL."
+    ),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", "-n", help="Most tokens to generate (default 256; in a chat, the context's room)."
+    ),
+    temperature: float | None = typer.Option(None, "--temperature", "-t", help="0 is greedy (default 0; chat 0.7)."),
+    top_p: float | None = typer.Option(None, "--top-p", help="Nucleus sampling threshold (default 1; chat 0.9)."),
     top_k: int = typer.Option(0, "--top-k", help="Sample among the K most likely tokens (0: off)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, not through the chat template."),
@@ -116,6 +154,7 @@ def run(
         None, "--logprobs", help="Return log-probabilities with the top K alternatives."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    pull: bool = typer.Option(False, "--pull", help="Pull a hub model that is not in the store, without asking."),
     device: str = DEVICE,
     require_signature: bool = REQUIRE_SIGNATURE,
     speculative: str | None = SPECULATIVE,
@@ -126,23 +165,34 @@ def run(
     rank: int | None = RANK,
     moe_split: str | None = MOE_SPLIT,
 ) -> None:
-    """Generate once from a prompt and print the answer with its speed."""
-    from baselm.commands.run import RunArgs, run_once
-    from baselm.sampling.params import SamplingParams
+    """Answer a prompt and print it with its speed; without a prompt, chat (a hub model not yet stored
+    is pulled after a yes)."""
+    from baselm.commands import run as command
+    from baselm.commands.model import pull_if_missing
 
+    if prompt is None and (raw or as_json or top_k or logprobs is not None):
+        fail("--raw, --json, --top-k and --logprobs need a prompt: base run MODEL PROMPT")
     with report_user_errors():
-        sampling = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs
-        )
-        args = RunArgs(
-            ModelArgs(model, device, require_signature, dist_options(tensor_parallel, hostfile, rank, moe_split)),
-            sys.stdin.read() if prompt == "-" else prompt,
-            sampling,
-            raw=raw,
-            as_json=as_json,
-            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
-        )
-        run_once(args)
+        sampling = command.RunSampling(max_tokens, temperature, top_p, top_k, seed, logprobs)
+        loaded = ModelArgs(model, device, require_signature, dist_options(tensor_parallel, hostfile, rank, moe_split))
+        spec = SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation)
+        if prompt is None:
+            return _chat_instead(command.chat_instead(loaded, sampling.for_chat(), spec), pull)
+        text = sys.stdin.read() if prompt == "-" else prompt
+        args = command.RunArgs(loaded, text, sampling.for_prompt(), raw=raw, as_json=as_json, speculative=spec)
+        pull_if_missing(model, pull)
+        command.run_once(args)
+
+
+def _chat_instead(args: ChatArgs, pull: bool) -> None:
+    """`base run MODEL` without a prompt: `base chat MODEL`, once the model is in the store."""
+    from baselm.commands.chat import ServeError
+    from baselm.commands.chat import chat as run_chat
+    from baselm.commands.model import pull_if_missing
+
+    with report_user_errors(ServeError):
+        pull_if_missing(args.model.ref, pull)
+        run_chat(args)
 
 
 @app.command()
@@ -159,8 +209,8 @@ def chat(
     kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
     kv_bits: int = KV_BITS,
     serve: bool = typer.Option(False, "--serve", help="Also serve the HTTP API on the same engine."),
-    port: int = typer.Option(8080, "--port", help="Port for --serve."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address for --serve."),
+    port: int = typer.Option(DEFAULT_PORT, "--port", help="Port for --serve."),
+    host: str = typer.Option(DEFAULT_HOST, "--host", help="Address for --serve."),
     require_signature: bool = REQUIRE_SIGNATURE,
     resume: bool = typer.Option(False, "--resume", help="Reopen the last conversation (its prompt comes cached)."),
     prefix_cache_file: str = typer.Option(
@@ -227,7 +277,9 @@ def bench(
     spec_repeats: int = typer.Option(2, "--spec-repeats", help="Speculative: alternating runs of each, best kept."),
     synthetic: str = typer.Option("", "--synthetic", help=SYNTHETIC_HELP),
     synthetic_bits: int = typer.Option(4, "--synthetic-bits", help="4 or 8 (affine, groups of 32), 32: float32."),
-    pd: str | None = typer.Option(None, "--pd", help="Also run the batch (the last --concurrency) on a P:D group."),
+    pd: str | None = typer.Option(
+        None, "--pd", help="Also run the batch (the last --concurrency) on a P:D group.", rich_help_panel=DISTRIBUTED
+    ),
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
@@ -307,40 +359,40 @@ def _bench_pd(
 @app.command()
 def serve(
     model: str = typer.Argument(..., help=MODEL_HELP),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
-    port: int = typer.Option(8080, "--port", help="Port to listen on."),
-    api_key: str | None = typer.Option(None, "--api-key", envvar="BASE_API_KEY", help=API_KEY_HELP),
-    api_key_file: str | None = typer.Option(None, "--api-key-file", help=API_KEY_FILE_HELP),
-    served_model_name: str | None = typer.Option(None, "--served-model-name", help="Model name clients send."),
-    kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
-    kv_bits: int = KV_BITS,
-    max_num_seqs: int = typer.Option(16, "--max-num-seqs", help="Requests running at once."),
-    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Context length cap."),
-    max_num_batched_tokens: int = typer.Option(1024, "--max-num-batched-tokens", help="Tokens per engine step."),
-    no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Turn prefix caching off."),
-    max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
-    max_body: str = typer.Option("8MiB", "--max-body", help="Largest request body accepted (413 past it)."),
-    max_connections: int = typer.Option(512, "--max-connections", min=1, help=MAX_CONNECTIONS_HELP),
-    read_timeout: float = typer.Option(30.0, "--read-timeout", min=0.1, help=READ_TIMEOUT_HELP),
-    prefix_cache_file: str | None = typer.Option(None, "--prefix-cache-file", help=PREFIX_FILE_HELP),
-    prefix_cache_save_interval: float = typer.Option(300.0, "--prefix-cache-save-interval", help=PREFIX_SAVE_HELP),
-    prefix_cache_max_size: str | None = typer.Option(None, "--prefix-cache-max-size", help=PREFIX_MAX_HELP),
-    shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help=SHUTDOWN_HELP),
-    cors_origins: str = typer.Option("", "--cors-origins", help=CORS_HELP),
-    allowed_hosts: str = typer.Option("", "--allowed-hosts", help=ALLOWED_HOSTS_HELP),
+    host: str = opt.HOST,
+    port: int = opt.PORT,
+    served_model_name: str | None = opt.SERVED_MODEL_NAME,
     device: str = DEVICE,
-    require_signature: bool = REQUIRE_SIGNATURE,
-    speculative: str | None = SPECULATIVE,
-    num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
-    seed: int | None = typer.Option(None, "--seed", help=SEED_HELP),
-    pd: str | None = typer.Option(None, "--pd", help=PD_HELP),
-    role: str | None = typer.Option(None, "--role", help=ROLE_HELP),
+    seed: int | None = opt.SEED,
+    kv_memory: str | None = opt.KV_MEMORY,
+    kv_bits: int = opt.SERVE_KV_BITS,
+    max_num_seqs: int = opt.MAX_NUM_SEQS,
+    max_model_len: int | None = opt.MAX_MODEL_LEN,
+    max_num_batched_tokens: int = opt.MAX_NUM_BATCHED_TOKENS,
+    no_prefix_caching: bool = opt.NO_PREFIX_CACHING,
+    prefix_cache_file: str | None = opt.PREFIX_CACHE_FILE,
+    prefix_cache_save_interval: float = opt.PREFIX_CACHE_SAVE_INTERVAL,
+    prefix_cache_max_size: str | None = opt.PREFIX_CACHE_MAX_SIZE,
+    speculative: str | None = opt.SERVE_SPECULATIVE,
+    num_speculative_tokens: int = opt.SERVE_NUM_SPECULATIVE_TOKENS,
+    max_waiting: int = opt.MAX_WAITING,
+    max_body: str = opt.MAX_BODY,
+    max_connections: int = opt.MAX_CONNECTIONS,
+    read_timeout: float = opt.READ_TIMEOUT,
+    shutdown_timeout: float = opt.SHUTDOWN_TIMEOUT,
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
     moe_split: str | None = MOE_SPLIT,
+    pd: str | None = opt.PD,
+    role: str | None = opt.ROLE,
+    api_key: str | None = opt.API_KEY,
+    api_key_file: str | None = opt.API_KEY_FILE,
+    allowed_hosts: str = opt.ALLOWED_HOSTS,
+    cors_origins: str = opt.CORS_ORIGINS,
+    require_signature: bool = REQUIRE_SIGNATURE,
 ) -> None:
-    """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
+    """Serve a model over HTTP, on one port: the OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs."""
     from baselm.commands import serve as command
 
     with report_user_errors():
@@ -353,7 +405,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=not no_prefix_caching,
             max_waiting=max_waiting,
-            prefix_cache_file=prefix_cache_file,  # --pd: per prefill rank; TP: per rank (see PREFIX_FILE_HELP)
+            prefix_cache_file=prefix_cache_file,  # --pd: per prefill rank; TP: per rank (see its help)
             prefix_cache_save_interval=prefix_cache_save_interval,
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),

@@ -20,6 +20,7 @@ from baselm.store import hf
 from baselm.store.base_reader import BaseFile, model_weights
 from baselm.store.errors import ModelFileError, SignatureError
 from baselm.store.gguf_arch import ROPE_FREQS
+from baselm.store.model_card import context_length
 from baselm.store.registry import Store
 from baselm.tokenizer.tokenizer import Tokenizer
 
@@ -38,7 +39,7 @@ class LoadedModel:
 
     @property
     def max_model_len(self) -> int:
-        return int(self.config.get("max_position_embeddings") or 4096)
+        return context_length(self.config)
 
 
 def _eos_ids(config: dict[str, Any], tokenizer: Tokenizer) -> tuple[int, ...]:

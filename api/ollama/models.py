@@ -13,32 +13,19 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from baselm import version
 from baselm.api import serving, sse
 from baselm.api.errors import APIError, bad_request, logger
 from baselm.api.ollama.lines import line, now_rfc3339
 from baselm.api.ollama.request import check_model_name
 from baselm.api.schemas import Body
-
-
-def _version() -> str:
-    try:
-        return version("baselm")
-    except PackageNotFoundError:
-        return "0.0.0"
-
-
-def _size_label(params: int) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if params >= scale:
-            return f"{params / scale:.1f}{unit}".replace(".0", "")
-    return str(params)
+from baselm.store.model_card import architecture, parameter_label
 
 
 def _digest(*parts: Any) -> str:
@@ -52,7 +39,7 @@ def _stored_entry(model: Any) -> dict[str, Any]:
         "format": "base",
         "family": model.arch,
         "families": [model.arch],
-        "parameter_size": _size_label(model.params),
+        "parameter_size": parameter_label(model.params),
         "quantization_level": model.quant.upper(),
     }
     return {
@@ -77,7 +64,7 @@ def served_entry(state: serving.ServerState) -> dict[str, Any]:
         "format": loaded.path.suffix.lstrip(".") or "folder",
         "family": arch,
         "families": [arch],
-        "parameter_size": _size_label(params),
+        "parameter_size": parameter_label(params),
         "quantization_level": _quantization(loaded.model),
     }
     return {
@@ -121,7 +108,7 @@ async def ollama_root(request: Request) -> Response:
 
 
 async def ollama_version(request: Request) -> Response:
-    return JSONResponse({"version": _version()})
+    return JSONResponse({"version": version()})
 
 
 async def ollama_tags(request: Request) -> Response:
@@ -161,16 +148,9 @@ async def ollama_show(request: Request) -> Response:
     config = state.client.engine.loaded.config
     arch = entry["details"]["family"]
     info = {"general.architecture": arch, "general.parameter_count": num_params(state.client.engine.loaded.model)}
-    for key, ours in (
-        ("context_length", state.max_model_len),
-        ("embedding_length", config.get("hidden_size")),
-        ("block_count", config.get("num_hidden_layers")),
-        ("attention.head_count", config.get("num_attention_heads")),
-        ("attention.head_count_kv", config.get("num_key_value_heads")),
-        ("vocab_size", state.vocab_size),
-    ):
-        if ours is not None:
-            info[f"{arch}.{key}"] = ours
+    # the stored model's shape, with the context and the vocabulary as this server runs them
+    shape = {**architecture(config), "context_length": state.max_model_len, "vocab_size": state.vocab_size}
+    info.update({f"{arch}.{key}": value for key, value in shape.items() if value is not None})
     template = state.tokenizer.to_hf_files()[1].get("chat_template") or ""
     capabilities = ["completion", "embedding"] + (["tools"] if "tools" in str(template) else [])
     return JSONResponse(

@@ -39,7 +39,7 @@ Type a message and press Enter. Commands:
   /help                   this help
   /clear                  forget the conversation (the system prompt stays)
   /system [TEXT]          set the system prompt (without TEXT: show it)
-  /set NAME VALUE         temperature, top_p, max_tokens (or none) or seed (or none)
+  /set [NAME VALUE]       temperature, top_p, max_tokens (or none) or seed (or none); alone: show them
   /save FILE, /load FILE  the conversation and settings as JSON
   /stats                  the last turn's and the session's numbers
   /quit                   leave (or Ctrl-D)
@@ -241,6 +241,9 @@ class ChatREPL:
 
     def _set(self, arg: str) -> None:
         name, _, value = arg.partition(" ")
+        if not name:  # /set alone: what the next turns sample with
+            self.note(self.settings.to_text(), style="")
+            return
         if not value.strip():
             raise ChatCommandError(
                 f"usage: /set temperature|top_p|max_tokens|seed VALUE (now: {self.settings.to_text()})"

@@ -95,7 +95,7 @@ def stats_report(session: SessionStats, kv: SchedulerStats | None, max_model_len
     n = len(session.turns)
     mean_ttft = session.total("ttft_s") / n * 1000 if n else 0.0
     lines.append(
-        f"session: {n} turns, {session.total('num_prompt_tokens'):.0f} prompt tokens "
+        f"session: {n} turn{'' if n == 1 else 's'}, {session.total('num_prompt_tokens'):.0f} prompt tokens "
         f"({session.total('num_cached_tokens'):.0f} cached), {session.total('num_output_tokens'):.0f} generated, "
         f"mean TTFT {mean_ttft:.0f} ms, decode {session.decode_tokens_per_s:.1f} tok/s"
     )

@@ -28,11 +28,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from baselm.commands import bench_spec
+from baselm.commands.console import table_console
 from baselm.commands.errors import report_user_errors
 from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower
 from baselm.config import ConfigError, EngineConfig, SpeculativeConfig, format_size
@@ -332,39 +332,20 @@ def run_all(loaded: LoadedModel, config: EngineConfig, options: BenchOptions) ->
 
 
 def render(report: dict[str, Any]) -> None:
-    """The report as rich tables."""
-    console = Console()
+    """The report as rich tables: throughput and latency, where each step's time went, and with
+    --speculative the side-by-side runs. Headers are short words in two lines, so an 80-column
+    terminal wraps no header word and cuts no value."""
+    console = table_console()
     console.print(
         f"[bold]{report['model']}[/] on {report['backend']}, KV pool {format_size(report['kv_pool_bytes'], 'MiB', 0)} "
         f"({report['kv_blocks']} blocks), peak RSS {report['peak_rss_mb']:.0f} MiB"
     )
     console.print(f"matmuls: {report['matmuls']}", highlight=False)
     console.print("attention: " + ", ".join(f"{k} {v}" for k, v in report["attention"].items()), highlight=False)
-    table = Table(
-        "conc",
-        "prefill tok/s",
-        "decode tok/s/stream",
-        "decode tok/s total",
-        "TTFT p50/p95 ms",
-        "ITL p50/p99 ms",
-        "step ms (sched/prep/fwd/sample/upd)",
-        "overhead",
-    )
-    for r in report["throughput"]:
-        s = r["step_ms"]
-        table.add_row(
-            str(r["concurrency"]),
-            f"{r['prefill_tok_s']:.0f}",
-            f"{r['decode_tok_s_per_stream']:.1f}",
-            f"{r['decode_tok_s_aggregate']:.1f}",
-            f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}",
-            f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f}",
-            f"{s['schedule']:.2f}/{s['prepare']:.2f}/{s['forward']:.1f}/{s['sample']:.2f}/{s['update']:.2f}",
-            f"{s['overhead_pct']:.1f}%",
-        )
-    console.print(table)
+    console.print(_throughput_table(report["throughput"]))
+    console.print(_steps_table(report["throughput"]))
     if "speculative" in report:
-        spec = Table(*bench_spec.COLUMNS)
+        spec = Table(*bench_spec.COLUMNS, title="with and without speculative decoding")
         for row in bench_spec.render_rows(report["speculative"]):
             spec.add_row(*row)
         console.print(spec)
@@ -372,6 +353,30 @@ def render(report: dict[str, Any]) -> None:
         if key in report:
             values = ", ".join(f"{k}={v}" for k, v in report[key].items())
             console.print(f"[bold]{key}[/]: {escape(values)}", highlight=False)  # escaped: "[bench]" is not markup
+
+
+def _throughput_table(rows: list[dict[str, Any]]) -> Table:
+    headers = ("streams", "prefill\ntok/s", "decode tok/s\nper stream", "decode tok/s\nin total", "TTFT ms\np50 / p95")
+    table = Table(*headers, "ITL ms\np50 / p99", title="throughput and latency")
+    for r in rows:
+        table.add_row(
+            str(r["concurrency"]),
+            f"{r['prefill_tok_s']:.0f}",
+            f"{r['decode_tok_s_per_stream']:.1f}",
+            f"{r['decode_tok_s_aggregate']:.1f}",
+            f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}",
+            f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f}",
+        )
+    return table
+
+
+def _steps_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("streams", "schedule", "prepare", "forward", "sample", "update", "overhead", title="ms per step")
+    for r in rows:
+        s = r["step_ms"]
+        times = (f"{s['schedule']:.2f}", f"{s['prepare']:.2f}", f"{s['forward']:.1f}", f"{s['sample']:.2f}")
+        table.add_row(str(r["concurrency"]), *times, f"{s['update']:.2f}", f"{s['overhead_pct']:.1f}%")
+    return table
 
 
 def cpu_layer_ab(engine: LLMEngine, options: BenchOptions, rounds: int = 4) -> dict:

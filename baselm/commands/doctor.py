@@ -9,14 +9,15 @@ import sys
 from typing import Any
 
 import mlx.core as mx
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from baselm import blas, cpu
-from baselm.backend import device_memory_bytes, gpu_kind, system_memory_bytes
+from baselm.backend import device_memory_bytes, gpu_kind, select_backend, system_memory_bytes
 from baselm.commands import doctor_links as dist_doctor
 from baselm.commands import doctor_pd as pd_doctor
+from baselm.commands import doctor_speed
+from baselm.commands.console import table_console
 from baselm.config import format_size
 from baselm.cpu.build import rebuild_command
 from baselm.cpu.fused import fused_kernel_status
@@ -25,9 +26,9 @@ from baselm.paged_attention import attention_kernel_status
 from baselm.store.default_model import base_home
 
 
-def collect(links: bool = False) -> dict[str, Any]:
+def collect(links: bool = False, speed: bool = True) -> dict[str, Any]:
     """Everything doctor reports, as plain data (the --json output); `links` also measures a
-    2-rank group on loopback."""
+    2-rank group on loopback, `speed` the decode speed to expect (doctor_speed.py, ~2 s)."""
     kind = gpu_kind()
     backend = kind or "cpu"
     home = base_home()
@@ -54,6 +55,7 @@ def collect(links: bool = False) -> dict[str, Any]:
         "store": str(home),
         "store_free_bytes": disk.free,
         "distributed": {**dist_doctor.collect(links), "prefill_decode": pd_doctor.status()},
+        "speed": doctor_speed.measure_speed(select_backend("auto")) if speed else None,
         "warnings": [],
     }
     report["warnings"] = _warnings(report)
@@ -63,15 +65,14 @@ def collect(links: bool = False) -> dict[str, Any]:
 def _cpu_compute() -> str:
     if cpu.available():
         return f"{cpu.describe()}: quantized weights kept quantized, decoded inside the matmul"
-    return f"float32 (quantized weights dequantized at load): {cpu.describe()}"
+    why = cpu.status["reason"] if cpu.status["reason"] == cpu.DISABLED else "not loaded: see the warning"
+    return f"float32 (quantized weights dequantized at load) on MLX's own ops; CPU kernels {why}"
 
 
 def _warnings(report: dict[str, Any]) -> list[str]:
     warnings = []
     if report["backend"] == "cpu":
-        warnings.append(
-            "No GPU: MLX runs on the CPU. Expect tens of tokens/s on small models; large models will be slow."
-        )
+        warnings.append("No GPU: MLX runs on the CPU, where decode is bound by memory reads (Speed says how fast).")
         if not cpu.available() and cpu.status["reason"] != cpu.DISABLED:
             warnings.append(
                 f"CPU kernels not loaded ({cpu.status['reason']}): decode runs through BLAS GEMM on float32 "
@@ -90,13 +91,22 @@ def _warnings(report: dict[str, Any]) -> list[str]:
     return warnings
 
 
+def _kernels_line(states: dict[str, str], cpu_reason: str) -> str:
+    """Kernels that share a state named together, the state once; the CPU kernels' reason for being
+    off is said where it is acted on (Compute, or the warning with the fix), not once per kernel."""
+    by_state: dict[str, list[str]] = {}
+    for name, state in states.items():
+        by_state.setdefault(state.replace(f"off: {cpu_reason}", "off (see Compute)"), []).append(name)
+    return "; ".join(f"{', '.join(names)}: {state}" for state, names in by_state.items())
+
+
 def _gib(n: int | None) -> str:
     return "unknown" if n is None else format_size(n)
 
 
 def render(report: dict[str, Any]) -> None:
     """The report as a table, then its warnings."""
-    console = Console()
+    console = table_console()
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
@@ -109,9 +119,10 @@ def render(report: dict[str, Any]) -> None:
         ("CPU cores", str(report["cpu_count"])),
         ("BLAS", f"{report['blas']} ({report['blas_status']})"),
         ("Compute", report["compute"]),
-        ("Kernels", ", ".join(f"{name}: {state}" for name, state in report["kernels"].items())),
+        ("Kernels", _kernels_line(report["kernels"], report["cpu_kernels"]["reason"])),
         ("Store", f"{report['store']} ({_gib(report['store_free_bytes'])} free)"),
         ("Distributed", f"{dist_doctor.summary(report['distributed'])}; {pd_doctor.describe(report['distributed'])}"),
+        ("Speed", doctor_speed.describe(report["speed"])),
     ]
     for key, value in rows:
         table.add_row(key, Text(value))

@@ -7,6 +7,12 @@ from typing import TYPE_CHECKING
 
 from baselm.config import format_size
 
+# What the two quantization columns mean, under the table when it shows them.
+COLUMN_NOTES = {
+    "variant": "variant: the name's :tag, the source's own quantization (a GGUF's q4_k_m) or the one asked at pull",
+    "quant": "quant: the bits most weights are stored with here (base show NAME has the rest)",
+}
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -22,15 +28,17 @@ def list_models(as_json: bool) -> None:
     if as_json:
         print(json.dumps([model_entry(m) for m in models], indent=2))
         return
-    from rich.console import Console
+    from baselm.commands.console import table_console
 
+    console = table_console()
     if not models:
-        Console().print("No models yet. Try: base pull HuggingFaceTB/SmolLM2-135M-Instruct")
+        console.print("No models yet. Try: base pull HuggingFaceTB/SmolLM2-135M-Instruct")
         return
-    console = Console()
-    if not console.is_terminal:  # into a pipe: as wide as it needs (rich would assume 80 columns)
-        console = Console(width=1000)
-    console.print(models_table(models, console))
+    table = models_table(models, console)
+    console.print(table)
+    for column in table.columns:
+        if column.header in COLUMN_NOTES:
+            console.print(COLUMN_NOTES[column.header], style="dim", highlight=False)
 
 
 def models_table(models: list[StoredModel], console: Console) -> Table:
@@ -39,11 +47,13 @@ def models_table(models: list[StoredModel], console: Console) -> Table:
     from rich.measure import Measurement
     from rich.table import Table
 
+    from baselm.store.model_card import parameter_label
+
     rows = []
     for m in models:
         origin = m.source.get("repo") or m.source.get("path") or m.source.get("format", "")
         size = format_size(m.size, "MiB", 0)
-        rows.append([m.name, m.variant, m.arch, f"{m.params / 1e6:.0f}M", size, m.quant, str(origin), m.pulled[:19]])
+        rows.append([m.name, m.variant, m.arch, parameter_label(m.params), size, m.quant, str(origin), m.pulled[:19]])
     names = ["name", "variant", "arch", "params", "size", "quant", "source", "pulled"]
     for shown in (names, names[:6] + names[7:], names[:6], ["name", "variant", "params", "size"]):
         table = Table()

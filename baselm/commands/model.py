@@ -54,6 +54,51 @@ def warn_without_cpu_kernels(device: str) -> None:
         )
 
 
+def pull_if_missing(ref: str, pull: bool) -> None:
+    """Before a command loads `ref`: a hub repo id (org/name[:variant]) that is neither a path here nor
+    in the store is pulled, with `pull` or after a yes on a terminal (as `ollama run` does); otherwise
+    an UnknownModelError says, in one line, how to pull it. Anything else is left to the loader."""
+    from pathlib import Path
+
+    from baselm.store.errors import StoreError
+    from baselm.store.registry import Store, UnknownModelError, check_model_name, split_ref
+
+    repo = split_ref(ref)[0]
+    if Path(ref).expanduser().exists() or repo.endswith((".gguf", ".base", ".safetensors")):
+        return  # a path: the loader says what is wrong with it
+    try:
+        check_model_name(repo)
+    except StoreError:
+        return
+    try:
+        Store().resolve(ref)
+        return
+    except UnknownModelError:
+        pass
+    if not pull and not _asked_yes(f"{ref} is not in the store. Pull it from the Hugging Face hub? [y/N] "):
+        raise UnknownModelError(
+            f"{ref} is not in the store (base list shows what is); pull it with `base pull {ref}`, "
+            "or run again with --pull"
+        )
+    from baselm.models import supported_model_types
+    from baselm.store import pull as pulling
+    from baselm.store.hub import default_progress
+
+    stored = pulling.pull(ref, supported=set(supported_model_types()), progress=default_progress())
+    print(f"pulled {stored.ref}", file=sys.stderr)
+
+
+def _asked_yes(question: str) -> bool:
+    """A yes to `question` on a terminal; False when nobody can answer (standard input is not one)."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return False
+    print(question, end="", file=sys.stderr, flush=True)
+    try:
+        return input().strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
 def load_alone(args: ModelArgs) -> LoadedModel:
     """The whole model in this process."""
     from baselm.backend import select_backend

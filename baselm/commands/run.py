@@ -1,16 +1,20 @@
-"""`base run`: one prompt, one answer, through the engine, streamed or as one JSON object."""
+"""`base run`: one prompt, one answer, through the engine, streamed or as one JSON object. Without a
+prompt, the chat `base chat MODEL` opens (`chat_instead`), as `ollama run` does."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from baselm.chat.answer import Answer
+from baselm.chat.settings import ChatOptions, ChatSettings, chat_prefix_cache_file
 from baselm.chat.stats import TurnStats
+from baselm.commands.chat import ChatArgs
 from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower, warn_without_cpu_kernels
+from baselm.commands.options import with_prefix_cache_file
 from baselm.config import EngineConfig, SpeculativeConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
@@ -30,6 +34,49 @@ class RunArgs:
     raw: bool = False  # the prompt as plain text, not through the chat template
     as_json: bool = False  # one JSON object at the end instead of streamed text
     speculative: SpeculativeConfig | None = None
+
+
+# A prompt's answer unless told otherwise: greedy, at most this many tokens.
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class RunSampling:
+    """The sampling options as given on the command line (None: not given), before `base run` knows
+    whether it answers a prompt or opens a chat, whose defaults differ."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int = 0
+    seed: int | None = None
+    logprobs: int | None = None
+
+    def for_prompt(self) -> SamplingParams:
+        """A prompt's sampling: greedy and DEFAULT_MAX_TOKENS unless given."""
+        return SamplingParams(
+            max_tokens=DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
+            temperature=0.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            logprobs=self.logprobs,
+        )
+
+    def for_chat(self) -> ChatSettings:
+        """A chat's settings: `base chat`'s defaults for what is not given (--top-k and --logprobs
+        are a prompt's only: the caller refuses them)."""
+        given = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p}
+        return ChatSettings(seed=self.seed, **{k: v for k, v in given.items() if v is not None})
+
+
+def chat_instead(model: ModelArgs, settings: ChatSettings, speculative: SpeculativeConfig | None) -> ChatArgs:
+    """`base run MODEL` without a prompt: the chat `base chat MODEL` opens (its prefix cache file
+    too), with `settings`."""
+    prefix_file = chat_prefix_cache_file("auto", model.ref)
+    config = EngineConfig(max_num_seqs=1, prefix_cache_file=prefix_file, speculative=speculative)
+    model = replace(model, dist=with_prefix_cache_file(model.dist, prefix_file))
+    return ChatArgs(model, ChatOptions(settings, config))
 
 
 def run_once(options: RunArgs) -> None:

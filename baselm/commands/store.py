@@ -90,6 +90,6 @@ def inspect(
     if as_json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        from rich.console import Console
+        from baselm.commands.console import table_console
 
-        render_inspect(report, Console())
+        render_inspect(report, table_console())

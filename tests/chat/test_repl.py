@@ -69,6 +69,8 @@ def test_repl_answers_and_runs_its_commands(chat_model, tmp_path):
         _ask(child, "/system Be brief.", "system prompt set")
         _ask(child, "hello there", r"decode 8 tokens [\d.]+ tok/s · context \d+/4096")
         _ask(child, "/set temperature hot", "error: temperature takes a number, got 'hot'")
+        _ask(child, "/set", "temperature=0.7, top_p=0.9, max_tokens=8, seed=0")  # alone: the settings
+        _ask(child, "/set top_p", r"error: usage: /set temperature\|top_p\|max_tokens\|seed VALUE")
         _ask(child, "/frobnicate", "unknown command /frobnicate; commands: /help")
         _ask(child, f"/save {tmp_path / 'one.json'}", "saved 2 messages")
         saved = json.loads((tmp_path / "one.json").read_text())
@@ -81,7 +83,9 @@ def test_repl_answers_and_runs_its_commands(chat_model, tmp_path):
         _ask(child, f"/load {tmp_path / 'one.json'}", "loaded 2 messages")
         _ask(child, f"/save {tmp_path / 'two.json'}", "saved 2 messages")
         assert json.loads((tmp_path / "two.json").read_text())["messages"] == saved["messages"]
-        _ask(child, "/stats", r"last turn: \d+ prompt tokens, 0 cached, 8 generated \(length\)", "session: 1 turns")
+        _ask(child, "/stats", r"last turn: \d+ prompt tokens, 0 cached, 8 generated \(length\)", "session: 1 turn, ")
+        _ask(child, "more", "decode 8 tokens")
+        _ask(child, "/stats", "session: 2 turns, ")
         assert _quit(child) == 0
     finally:
         child.close(force=True)
@@ -180,6 +184,24 @@ def test_piped_chat_prints_plain_answers_on_stdout(chat_model, tmp_path):
     assert result.stdout.count("\n") >= 2  # two answers, each ended by a newline
     assert len(re.findall(r"decode 6 tokens .* context \d+/4096", result.stderr)) == 2
     assert ">>>" not in result.stdout
+
+
+def test_run_without_a_prompt_opens_the_chat(chat_model, tmp_path):
+    env = {**os.environ, "BASE_HOME": str(tmp_path / "home"), "TERM": "xterm"}
+    child = pexpect.spawn(
+        BASE, ["run", str(chat_model), "--device", "cpu", "-n", "5"], env=env, encoding="utf-8", timeout=TIMEOUT_S
+    )
+    child.expect_exact("base chat · ")
+    child.expect_exact(">>> ")
+    _ask(child, "/set", "temperature=0.7, top_p=0.9, max_tokens=5, seed=None")  # chat's defaults, run's -n
+    _ask(child, "hello", r"decode 5 tokens")
+    assert _quit(child) == 0
+
+
+def test_run_without_a_prompt_refuses_a_prompts_options(chat_model):
+    result = subprocess.run([BASE, "run", str(chat_model), "--json"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: --raw, --json, --top-k and --logprobs need a prompt: base run MODEL PROMPT"
 
 
 def test_resume_reopens_the_last_conversation_and_its_prompt_comes_from_the_cache_file(chat_model, tmp_path):

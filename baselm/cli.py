@@ -48,6 +48,7 @@ from baselm.config import (
 )
 
 if TYPE_CHECKING:
+    from baselm.api.server import ServeOptions
     from baselm.commands.chat import ChatArgs
 
 app = typer.Typer(
@@ -356,6 +357,15 @@ def _bench_pd(
     bench_pd(PDBenchArgs(model, Layout.parse(pd), engine, batch, as_json))
 
 
+def _set_limits(
+    server: ServeOptions, max_body_bytes: int, shutdown_timeout: float, max_connections: int, read_timeout: float
+) -> None:
+    """What one client may hold of the server: a body's size, open connections, time to send a request,
+    and what a request in flight gets at shutdown."""
+    server.max_body_bytes, server.shutdown_timeout = max_body_bytes, shutdown_timeout
+    server.max_connections, server.read_timeout = max_connections, read_timeout
+
+
 @app.command()
 def serve(
     model: str = typer.Argument(..., help=MODEL_HELP),
@@ -411,9 +421,8 @@ def serve(
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
             seed=seed,
         )
-        api_key = command.api_key_option(api_key, api_key_file)
-        server = command.ServeOptions(host, port, api_key, served_model_name, parse_size(max_body), shutdown_timeout)
-        server.max_connections, server.read_timeout = max_connections, read_timeout
+        server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
+        _set_limits(server, parse_size(max_body), shutdown_timeout, max_connections, read_timeout)
         server.cors_origins, server.allowed_hosts = parse_name_list(cors_origins), parse_name_list(allowed_hosts)
         model_args = ModelArgs(model, device, require_signature, with_prefix_cache_file(dist, prefix_cache_file))
         args = command.ServeArgs(model_args, config, server, command.pd_options(pd, role, dist))

@@ -41,6 +41,9 @@ from typing import Any
 
 import httpx
 
+from tests.tools import abuse as bad_client
+from tests.tools.abuse import Report
+
 HEALTH_TARGET_S = 0.200
 RSS_TOLERANCE = 0.10
 READ_TIMEOUT_S = 3.0
@@ -127,175 +130,10 @@ class Watch:
 
 
 @dataclass
-class Report:
-    checks: list[tuple[str, bool, str]] = field(default_factory=list)
-    abuse: Counter = field(default_factory=Counter)
-    soak: Counter = field(default_factory=Counter)
-    figures: dict[str, Any] = field(default_factory=dict)
-
-    def check(self, name: str, ok: bool, detail: str) -> None:
-        self.checks.append((name, ok, detail))
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
-
-    @property
-    def passed(self) -> bool:
-        return all(ok for _, ok, _ in self.checks)
-
-
-# --- abuse ---------------------------------------------------------------------------------------
-
-
-def _nested(depth: int) -> bytes:
-    return b"[" * depth + b"]" * depth
-
-
-def _huge_lists(model: str) -> list[tuple[str, str, dict[str, Any]]]:
-    """(field, path, body): a body per list field, each with far more entries than any client needs (under 1 MiB)."""
-    message = {"role": "user", "content": "x"}
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    chat = "/v1/chat/completions"
-    return [
-        ("messages", chat, {"model": model, "messages": [message] * 20000, "max_tokens": 1}),
-        ("tools", chat, {"model": model, "messages": [message], "tools": [tool] * 5000, "max_tokens": 1}),
-        ("stop", chat, {"model": model, "messages": [message], "stop": ["x"] * 20000}),
-        ("logit_bias", chat, {"model": model, "messages": [message], "logit_bias": {str(i): 1 for i in range(30000)}}),
-        (
-            "content parts",
-            chat,
-            {"model": model, "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 20000}]},
-        ),
-        ("prompts", "/v1/completions", {"model": model, "prompt": [[1]] * 50000, "max_tokens": 1}),
-        ("prompt ids", "/v1/completions", {"model": model, "prompt": [1] * 200000, "max_tokens": 1}),
-        ("input items", "/v1/responses", {"model": model, "input": [message] * 20000, "max_output_tokens": 16}),
-        ("messages", "/v1/messages", {"model": model, "messages": [message] * 20000, "max_tokens": 1}),
-        ("messages", "/v1/messages/count_tokens", {"model": model, "messages": [message] * 20000}),
-        ("input", "/v1/embeddings", {"model": model, "input": ["x"] * 50000}),
-        ("input ids", "/v1/embeddings", {"model": model, "input": [[1]] * 50000}),
-        ("messages", "/api/chat", {"model": model, "messages": [message] * 20000, "stream": False}),
-        ("input", "/api/embed", {"model": model, "input": ["x"] * 50000}),
-        ("prompt", "/tokenize", {"prompt": "x " * 300000}),
-        ("tokens", "/detokenize", {"tokens": [1] * 150000}),
-    ]
-
-
-def _post(http: httpx.Client, path: str, **kwargs: Any) -> httpx.Response | None:
-    """The answer, or None when none came (a timeout, a closed connection)."""
-    try:
-        return http.post(path, **kwargs)
-    except httpx.HTTPError:
-        return None
-
-
-def _expect_4xx(report: Report, what: str, answer: httpx.Response | None, answered_ok: bool = False) -> None:
-    status = answer.status_code if answer is not None else 0
-    report.abuse[f"{status // 100}xx" if status else "no answer"] += 1
-    if not (400 <= status < 500 or (answered_ok and status == 200)):
-        report.check(f"abuse: {what}", False, f"answered {status or 'nothing'}")
-
-
-def _every_route() -> list[tuple[str, str]]:
-    """(method, path) of every route the server has, path parameters filled in."""
-    from baselm.api.app import ROUTES
-
-    pairs = []
-    for route in ROUTES:
-        path = route.path.replace("{response_id}", "resp_x").replace("{model:path}", "soak")
-        pairs += [(method, path) for method in sorted(route.methods or ()) if method != "HEAD"]
-    return pairs
-
-
-def _hostile_headers(http: httpx.Client, report: Report, model: str) -> None:
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
-    for method, path in _every_route():
-        for name, headers in [
-            ("foreign Host", {"Host": "rebound.example"}),
-            ("foreign Origin", {"Origin": "https://evil.example"}),
-        ]:
-            _expect_4xx(report, f"{name} on {method} {path}", http.request(method, path, content=body, headers=headers))
-        if method == "POST":
-            plain = http.post(path, content=body, headers={"Content-Type": "text/plain"})
-            _expect_4xx(report, f"text/plain on {path}", plain)
-            big = http.post(path, content=b"[" + b"1," * 600000 + b"1]", headers={"Content-Type": "application/json"})
-            _expect_4xx(report, f"an oversized body on {path}", big)
-            deep = http.post(path, content=_nested(100000), headers={"Content-Type": "application/json"})
-            _expect_4xx(report, f"a body nested 100,000 deep on {path}", deep)
-
-
-def _bad_fields(http: httpx.Client, report: Report, model: str) -> None:
-    for name, path, body in _huge_lists(model):
-        # A huge list that still fits the body limit may be a real request (a long /tokenize, a count of many
-        # messages): answered or refused, never a 5xx, a hang or a stalled /health.
-        answer = _post(http, path, json=body)
-        _expect_4xx(report, f"a huge list of {name} on {path}", answer, answered_ok=True)
-    for key in ["²", "١٢", "-1", "1e3", " 1", "99999999999999999999"]:
-        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "logit_bias": {key: 1}}
-        _expect_4xx(report, f"logit_bias key {key!r}", _post(http, "/v1/chat/completions", json=body))
-
-
-def _head(path: str, length: int) -> bytes:
-    """A JSON POST's request line and headers, for a raw socket."""
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
-    ).encode()
-
-
-def _slow_clients(url: str, report: Report) -> None:
-    """40 connections that stop halfway through their headers or body; each must be closed by the server."""
-    port = int(url.rsplit(":", 1)[1])
-    socks = []
-    for i in range(40):
-        sock = socket.create_connection(("127.0.0.1", port))
-        if i % 2:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        else:
-            sock.sendall(_head("/api/chat", 500) + b'{"mod')
-        socks.append(sock)
-    closed = 0
-    for sock in socks:
-        sock.settimeout(READ_TIMEOUT_S * 10)
-        try:
-            answer = b""
-            while chunk := sock.recv(65536):
-                answer += chunk
-            closed += answer.startswith(b"HTTP/1.1 408 ")
-        except OSError:
-            pass
-        sock.close()
-    report.abuse["408 slow clients"] += closed
-    if closed != len(socks):
-        report.check("abuse: slow clients", False, f"{len(socks) - closed} of {len(socks)} not answered 408")
-
-
-def _vanishing_clients(url: str, model: str) -> None:
-    """A client that leaves mid-answer on each API, streamed and whole."""
-    port = int(url.rsplit(":", 1)[1])
-    prompt = [{"role": "user", "content": "Write a long story about a lighthouse."}]
-    bodies = [
-        ("/v1/chat/completions", {"messages": prompt, "max_tokens": 400}),
-        ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 400}),
-        ("/v1/responses", {"input": prompt, "max_output_tokens": 400}),
-        ("/v1/messages", {"messages": prompt, "max_tokens": 400}),
-        ("/api/chat", {"messages": prompt, "options": {"num_predict": 400}}),
-        ("/api/generate", {"prompt": "Once upon a time", "options": {"num_predict": 400}}),
-    ]
-    for path, fields in bodies:
-        for stream in (True, False):
-            body = json.dumps({"model": model, **fields, "stream": stream}).encode()
-            with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
-                sock.sendall(_head(path, len(body)) + body)
-                if stream:
-                    sock.recv(4096)
-                else:
-                    time.sleep(0.3)
-
-
 def abuse(server: Server, watch: Watch, report: Report, model: str) -> None:
     watch.phase = "abuse"
+    bad_client.run(server.url, report, model, READ_TIMEOUT_S)
     with httpx.Client(base_url=server.url, timeout=120) as http:
-        _hostile_headers(http, report, model)
-        _bad_fields(http, report, model)
-        _slow_clients(server.url, report)
-        _vanishing_clients(server.url, model)
         wait_idle(http, 120)
     watch.phase = "after abuse"
     time.sleep(3)  # three RSS readings after the phase
@@ -441,7 +279,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-def _judge(watch: Watch, report: Report, end: dict[str, float], log: Path) -> None:
+def _judge_abuse(watch: Watch, report: Report) -> None:
     abuse_health = watch.health.get("abuse", [])
     worst = max(abuse_health, default=0.0)
     report.check(
@@ -460,6 +298,9 @@ def _judge(watch: Watch, report: Report, end: dict[str, float], log: Path) -> No
     report.check(
         "every abusive request refused with a 4xx (a huge list: or answered)", refused, str(dict(report.abuse))
     )
+
+
+def _judge_soak(watch: Watch, report: Report, end: dict[str, float], log: Path) -> None:
     report.check(
         "no 5xx or lost answer under load",
         report.soak["5xx or no answer"] == 0,
@@ -481,12 +322,16 @@ def _judge(watch: Watch, report: Report, end: dict[str, float], log: Path) -> No
     report.check(
         "no traceback in the server's log", "Traceback" not in text, f"{text.count('Traceback')} tracebacks in {log}"
     )
+
+
+def _figures(watch: Watch, report: Report) -> dict[str, Any]:
+    abuse_health = watch.health.get("abuse", [])
     soak_health = watch.health.get("soak 1", []) + watch.health.get("soak 2", [])
-    report.figures = {
+    return {
         "health_abuse_ms": {
             "p50": _percentile(abuse_health, 0.5) * 1e3,
             "p99": _percentile(abuse_health, 0.99) * 1e3,
-            "max": worst * 1e3,
+            "max": max(abuse_health, default=0) * 1e3,
         },
         "health_soak_ms": {
             "p50": _percentile(soak_health, 0.5) * 1e3,
@@ -527,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         server = soak(server, make_server, watch, report, args)
         with httpx.Client(base_url=server.url, timeout=120) as http:
             end = wait_idle(http, 120)
-        _judge(watch, report, end, log)
+        _judge_abuse(watch, report)
+        _judge_soak(watch, report, end, log)
+        report.figures = _figures(watch, report)
     finally:
         watch.stopped.set()
         status = server.stop() if server.proc.poll() is None else server.proc.returncode

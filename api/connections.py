@@ -1,4 +1,5 @@
-"""What one HTTP connection may hold: a deadline for a request's headers.
+"""What HTTP clients may hold of the server: a deadline for a request's headers, and a budget for
+the request bodies being read at once.
 
 uvicorn closes a connection that is idle between requests (its keep-alive timeout), but one that
 has sent part of a request line or part of its headers is held for ever, so a client that
@@ -6,6 +7,10 @@ trickles bytes (slowloris) keeps a socket, and a place under `--max-connections`
 likes. `DeadlineProtocol` gives every request `read_timeout` seconds, from the connection's start
 or the previous response's end, to complete its headers, then answers 408 and closes. The body's
 own deadline is the route's (`serving.read_json`), since only the app reads it.
+
+Each connection may send a body of up to `--max-body`, and up to `--max-connections` may do so at
+once: 512 bodies of 8 MiB, buffered whole, are 4 GiB. `BodyBudget` caps the bytes of all bodies
+being read and parsed at one time; a body that would pass it gets a 503 before it is read.
 """
 
 from __future__ import annotations
@@ -17,6 +22,24 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 DEFAULT_READ_TIMEOUT = 30.0  # seconds for a request's headers, and again for its body
+MIN_BODY_BUDGET = 64 * 2**20  # bytes of request bodies read at once, at least; 4 bodies of the largest size beyond
+
+
+class BodyBudget:
+    """Bytes of request bodies being read at once, against a limit; used from the event loop only."""
+
+    def __init__(self, max_body_bytes: int) -> None:
+        self.limit = max(MIN_BODY_BUDGET, 4 * max_body_bytes)
+        self.num_bytes = 0
+
+    def can_take(self, num_bytes: int) -> bool:
+        return self.num_bytes + num_bytes <= self.limit
+
+    def take(self, num_bytes: int) -> None:
+        self.num_bytes += num_bytes
+
+    def give_back(self, num_bytes: int) -> None:
+        self.num_bytes -= num_bytes
 
 
 class DeadlineProtocol(H11Protocol):

@@ -30,7 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from baselm.api import sse
-from baselm.api.connections import DEFAULT_READ_TIMEOUT
+from baselm.api.connections import DEFAULT_READ_TIMEOUT, BodyBudget
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
 from baselm.api.schemas import Common, check_depth
@@ -53,10 +53,14 @@ class ServerState:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     read_timeout: float = DEFAULT_READ_TIMEOUT  # seconds for a request's body to arrive
+    body_budget: BodyBudget = field(init=False)  # bytes of bodies read at once (see connections.py)
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
     tool_format: str = ""  # the call format the chat template teaches; set by create_app
     thinks: bool = False  # the chat template writes <think> blocks (a reasoning model); set by create_app
+
+    def __post_init__(self) -> None:
+        self.body_budget = BodyBudget(self.max_body_bytes)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -98,20 +102,42 @@ async def read_request(request: Request, parse: Callable[[Any], ParsedT]) -> tup
 
 async def read_json(request: Request, state: ServerState) -> Any:
     """The body parsed as JSON; 413 past the server's body limit, 408 when it has not all arrived
-    within its read timeout (a client trickling bytes holds nothing for long), 400 when it is not
-    JSON or nests too deep."""
+    within its read timeout (a client trickling bytes holds nothing for long), 503 when the bodies
+    being read at once would pass their budget, 400 when it is not JSON or nests too deep."""
     limit = state.max_body_bytes
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+    declared = int(length) if length is not None and length.isdigit() else None
+    if declared is not None and declared > limit:
         raise APIError(413, f"the request body is {length} bytes; the limit is {limit}")
+    budget = state.body_budget
+    if not budget.can_take(declared or 0):
+        raise _busy_reading(budget)
+    budget.take(declared or 0)
+    try:
+        return _parse(await _read_within(request, state, declared is None))
+    finally:
+        budget.give_back(declared or 0)
+
+
+def _busy_reading(budget: BodyBudget) -> APIError:
+    message = f"the server is reading {budget.num_bytes} bytes of other request bodies; retry shortly"
+    return APIError(503, message, headers={"Retry-After": "1", "Connection": "close"})
+
+
+async def _read_within(request: Request, state: ServerState, counts_chunks: bool) -> bytes:
+    """The body, by the read timeout; `counts_chunks` (no Content-Length): each chunk taken from the
+    budget as it comes, and given back once the body is whole."""
     try:
         async with asyncio.timeout(state.read_timeout):
-            raw = await _read_body(request, limit)
+            return await _read_body(request, state.max_body_bytes, state.body_budget if counts_chunks else None)
     except TimeoutError:
         message = f"the request body did not arrive within {state.read_timeout:g} seconds"
         raise APIError(408, message, headers={"Connection": "close"}) from None  # the rest of it is not awaited
     except ClientDisconnect:
         raise APIError(499, "the client closed the connection while sending the request") from None
+
+
+def _parse(raw: bytes) -> Any:
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object")
     try:
@@ -122,13 +148,21 @@ async def read_json(request: Request, state: ServerState) -> Any:
     return data
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, budget: BodyBudget | None) -> bytes:
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"the request body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"the request body is over the limit of {limit} bytes")
+            if budget is not None:
+                if not budget.can_take(len(chunk)):
+                    raise _busy_reading(budget)
+                budget.take(len(chunk))
+            chunks.append(chunk)
+    finally:
+        if budget is not None:
+            budget.give_back(sum(len(c) for c in chunks))
     return b"".join(chunks)
 
 

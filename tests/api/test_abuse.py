@@ -223,3 +223,21 @@ def test_a_client_that_vanishes_mid_answer_on_any_api_frees_everything(server, a
     assert metrics["base_num_requests_running"] == 0 and metrics["base_kv_blocks_used"] == 0
     assert 0 < metrics["base_generation_tokens_total"] - idle["base_generation_tokens_total"] < LONG
     assert server.http().get("/health").status_code == 200
+
+
+def test_bodies_read_at_once_past_their_budget_get_a_503_before_they_are_read(make_server_with):
+    served = make_server_with()
+    budget = served.server.config.app.state.base.body_budget
+    budget.limit = 3000  # bytes; 64 MiB by default, 4 bodies of --max-body beyond that
+    head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2000\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", served.port)) as holder:
+        holder.sendall(head.encode() + b'{"model": ')  # 2,000 bytes taken from the budget, 10 of them sent
+        served.wait_until(lambda m: budget.num_bytes == 2000, "reading the first body")
+        second = served.http().post("/v1/completions", content=b" " * 1990 + b'{"model": "x"}')
+        assert second.status_code == 503 and second.headers["Retry-After"] == "1"
+        assert second.json()["error"]["message"] == (
+            "the server is reading 2000 bytes of other request bodies; retry shortly"
+        )
+    served.wait_until(lambda m: budget.num_bytes == 0, "done with the first body")
+    again = served.http().post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 1})
+    assert again.status_code == 200

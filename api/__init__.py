@@ -25,7 +25,11 @@ Choices made where the OpenAI API leaves room:
   out of tokens mid-JSON ends with finish_reason "length" and partial JSON, as OpenAI's does.
   `min_tokens` and `ignore_eos` are refused with them: the grammar decides where the answer ends.
 - A full waiting queue is a 429 (code "queue_full"); a client that disconnects aborts its
-  request, streamed or not (counted as status 499 in /metrics).
+  request, streamed or not, embeddings too (counted as status 499 in /metrics).
+- Embeddings take at most 2,048 inputs per request on every route (baselm/embedding.py).
+- A request's text in a chat prompt is plain text even where it spells a control token; only the
+  template's markers are control tokens. A raw prompt (completions, Ollama's raw generate) is the
+  caller's whole prompt: its special tokens are parsed (baselm/tokenizer/plain_text.py).
 - Completions `echo` with `logprobs` scores the prompt too (the engine's prompt logprobs);
   `suffix` is refused; `best_of` must equal `n`.
 """

@@ -11,12 +11,10 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from baselm.api.errors import APIError, bad_request
+from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, check_choice
-from baselm.api.serving import ServerState, check_model, read_json
-from baselm.embedding import POOLINGS, EmbeddingError, default_pooling, embed
-
-MAX_INPUTS = 2048  # as OpenAI's limit on inputs per request
+from baselm.api.serving import ServerState, check_model, read_json, unless_disconnected
+from baselm.embedding import POOLINGS, EmbeddingError, check_num_inputs, default_pooling
 
 
 @dataclass(slots=True)
@@ -28,17 +26,25 @@ class EmbeddingJob:
     normalize: bool
 
 
-async def run_embeddings(state: ServerState, job: EmbeddingJob, param: str) -> list[np.ndarray]:
-    """The vectors, computed on the engine thread between steps; refusals become 4xx naming `param`."""
+async def run_embeddings(request: Request, state: ServerState, job: EmbeddingJob, param: str) -> list[np.ndarray]:
+    """The vectors, computed on the engine thread a slice at a time between steps; refusals become
+    400s naming `param`, and a client that disconnects drops the work not done yet."""
     for ids in job.inputs:
         bad = [t for t in ids if not 0 <= t < state.vocab_size]
         if bad:
             raise bad_request(f"token {bad[0]} is outside the vocabulary of {state.vocab_size}", param)
     try:
-        return await state.client.run_on_engine(embed, job.inputs, job.pooling, job.normalize)
+        return await unless_disconnected(request, state.client.embed(job.inputs, job.pooling, job.normalize))
     except EmbeddingError as exc:
-        status = 429 if "free blocks" in str(exc) else 400
-        raise APIError(status, str(exc), param) from None
+        raise bad_request(str(exc), param) from None
+
+
+def check_count(num_inputs: int, param: str) -> None:
+    """A 400 naming `param` when a request holds more inputs than the engine takes (before any is tokenized)."""
+    try:
+        check_num_inputs(num_inputs)
+    except EmbeddingError as exc:
+        raise bad_request(str(exc), param) from None
 
 
 def read_pooling(body: Body, state: ServerState) -> str:
@@ -55,10 +61,9 @@ def _inputs(value: Any, state: ServerState) -> list[list[int]]:
         value = [value]
     if not isinstance(value, list) or not value:
         raise bad_request("input must be a string or a non-empty array of strings or token arrays", "input")
-    if len(value) > MAX_INPUTS:
-        raise bad_request(f"input holds {len(value)} items; the limit is {MAX_INPUTS}", "input")
     if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         value = [value]
+    check_count(len(value), "input")
     ids = []
     for i, item in enumerate(value):
         if isinstance(item, str):
@@ -94,7 +99,7 @@ async def embeddings(request: Request) -> Response:
     normalize = body.boolean("normalize", default=True)
     body.finish()
     inputs = await asyncio.to_thread(_inputs, raw_input, state)
-    vectors = await run_embeddings(state, EmbeddingJob(inputs, pooling, normalize), "input")
+    vectors = await run_embeddings(request, state, EmbeddingJob(inputs, pooling, normalize), "input")
     tokens = sum(map(len, inputs))
     state.metrics.count_tokens(tokens, 0)
     data = [{"object": "embedding", "index": i, "embedding": _encode(v, encoding)} for i, v in enumerate(vectors)]

@@ -244,12 +244,12 @@ async def respond(request: Request, state: ServerState, jobs: list[Job], prompt_
     merged = outputs(state, started, answer.usage)
     if answer.common.stream:
         return sse.EventStream(answer.stream(merged), answer.media_type)
-    return JSONResponse(await _unless_disconnected(request, answer.collect(merged)))
+    return JSONResponse(await unless_disconnected(request, answer.collect(merged)))
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
-    """Awaits `work` (a whole, non-streamed answer); a client that leaves first cancels it, which
-    aborts its engine requests. Streams watch the connection themselves (see sse.py)."""
+async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Awaits `work` (a whole, non-streamed answer, or embeddings); a client that leaves first cancels
+    it, which aborts its engine requests. Streams watch the connection themselves (see sse.py)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnect(request))
     try:

@@ -2,7 +2,9 @@
 
 The engine thread does all MLX work: it runs commands sent from asyncio code (add, abort,
 stats) between steps, steps while anything is unfinished, and hands each output to the
-event loop of the request it belongs to.
+event loop of the request it belongs to. Embedding requests wait in an `EmbeddingQueue`
+(embedding.py): the thread runs one slice of them before each step, so they share the
+thread with generation instead of holding it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+
+from baselm.embedding import EmbeddingQueue
 from baselm.engine import LLMEngine
 from baselm.request import RequestOutput
 from baselm.sampling.params import SamplingParams
@@ -54,6 +59,7 @@ class AsyncEngine:
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # request id -> its reader
+        self.embeddings = EmbeddingQueue(engine)  # touched on the engine thread only
         self._thread = threading.Thread(target=self._run, name="base-engine", daemon=True)
         self._stopping = False
         self._wake = threading.Event()
@@ -99,6 +105,25 @@ class AsyncEngine:
             raise
         return stream
 
+    async def embed(self, inputs: Sequence[Sequence[int]], pooling: str, normalize: bool) -> list[np.ndarray]:
+        """One float32 vector per input, computed a slice at a time between the engine's steps;
+        raises EmbeddingError at once for inputs that cannot be embedded. Leaving early (a cancelled
+        task: a client that disconnects) drops the slices not run yet."""
+        request_id = self.engine.new_request_id()
+        queue: asyncio.Queue = asyncio.Queue()  # the vectors, or the exception that failed the request
+        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        item = None
+        try:
+            await self.run_on_engine(lambda _: self.embeddings.add(request_id, inputs, pooling, normalize))
+            item = await queue.get()
+        finally:
+            self._streams.pop(request_id, None)
+            if item is None:  # left before the vectors came: drop the work still queued
+                self.call(lambda _: self.embeddings.abort(request_id))
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
 
@@ -115,9 +140,11 @@ class AsyncEngine:
             if engine.prefix_file is not None and time.monotonic() >= next_save:
                 self._save_prefix_cache()
                 next_save = time.monotonic() + engine.config.prefix_cache_save_interval
+            ran = self._run_embedding_slice()
             if not engine.has_unfinished:
-                self._wake.wait(0.05)
-                self._wake.clear()
+                if not ran:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
                 continue
             try:
                 outputs = engine.step()
@@ -151,7 +178,16 @@ class AsyncEngine:
             except Exception as exc:
                 future.set_exception(exc)
 
-    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+    def _run_embedding_slice(self) -> bool:
+        """One slice of embedding work before the next step; False when none ran."""
+        request = self.embeddings.step()
+        if request is None:
+            return False
+        if request.is_finished:
+            self._deliver(request.request_id, request.error or request.vectors)
+        return True
+
+    def _deliver(self, request_id: str, item: RequestOutput | list[np.ndarray] | BaseException) -> None:
         target = self._streams.get(request_id)
         if target is None:
             return
@@ -163,7 +199,10 @@ class AsyncEngine:
 
     def _fail_all(self, exc: Exception) -> None:
         for request_id in list(self._streams):
-            self.engine.abort(request_id)
+            if request_id in self.embeddings:
+                self.embeddings.abort(request_id)
+            else:
+                self.engine.abort(request_id)
             self._deliver(request_id, exc)
 
 

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from baselm.api import serving
-from baselm.api.embeddings import EmbeddingJob, read_pooling, run_embeddings
+from baselm.api.embeddings import EmbeddingJob, check_count, read_pooling, run_embeddings
 from baselm.api.errors import bad_request
 from baselm.api.ollama.request import read_body, sampling_from_options
 
@@ -20,6 +20,7 @@ def _embed_inputs(state: serving.ServerState, value: Any, truncate: bool, name: 
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(s, str) for s in items):
         raise bad_request(f"{name} must be a string or a non-empty array of strings", name)
+    check_count(len(items), name)
     ids = [state.tokenizer.encode(s) or [state.tokenizer.bos_token_id or 0] for s in items]
     limit = state.max_model_len
     if any(len(i) > limit for i in ids):
@@ -41,7 +42,7 @@ async def ollama_embed(request: Request) -> Response:
     body.raw("keep_alive")
     body.finish()
     inputs = await asyncio.to_thread(_embed_inputs, state, raw_input, truncate, "input")
-    vectors = await run_embeddings(state, EmbeddingJob(inputs, pooling, True), "input")
+    vectors = await run_embeddings(request, state, EmbeddingJob(inputs, pooling, True), "input")
     tokens = sum(map(len, inputs))
     state.metrics.count_tokens(tokens, 0)
     return JSONResponse(
@@ -64,5 +65,5 @@ async def ollama_embeddings(request: Request) -> Response:
     body.raw("keep_alive")
     body.finish()
     inputs = await asyncio.to_thread(_embed_inputs, state, prompt, True, "prompt")
-    vectors = await run_embeddings(state, EmbeddingJob(inputs, pooling, False), "prompt")
+    vectors = await run_embeddings(request, state, EmbeddingJob(inputs, pooling, False), "prompt")
     return JSONResponse({"embedding": vectors[0].tolist()})

@@ -81,10 +81,11 @@ class Conversation:
     def next_prompt(self, user_text: str) -> Prompt:
         """The prompt for the next turn, with `user_text` as the new message (nothing is recorded yet)."""
         messages = self.messages + [{"role": "user", "content": user_text}]
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        rendered = self.tokenizer.render_chat(messages, add_generation_prompt=True)
+        text = rendered.text
         for known_text, known_ids in self._known:
             if known_ids and text.startswith(known_text):
-                tail = self.tokenizer.encode(text[len(known_text) :], add_special_tokens=False)
+                tail = self.tokenizer.encode_rendered(rendered, start=len(known_text))
                 return Prompt(text, known_ids + tail, len(known_ids))
         return Prompt(text, self.tokenizer.encode_chat(messages, add_generation_prompt=True))
 

@@ -4,12 +4,14 @@ A `Tokenizer` wraps a `tokenizers.Tokenizer` (the Rust library behind HF's fast 
 built from an HF folder (tokenizer.json + tokenizer_config.json) or from a GGUF file's
 tokenizer metadata (see `gguf_vocab.py`). Encoding and decoding follow what transformers does
 with the same files. Chat templates are rendered by `chat_template.py`, streamed text by
-`detokenizer.py`.
+`detokenizer.py`; a request's own text inside a chat prompt is encoded as plain text even where
+it spells a control token (`plain_text.py`).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +25,7 @@ from baselm.tokenizer.chat_template import Message, render_chat_template, select
 from baselm.tokenizer.detokenizer import StreamingDetokenizer
 from baselm.tokenizer.errors import TokenizerError
 from baselm.tokenizer.gguf_vocab import gguf_backend, gguf_special_tokens
+from baselm.tokenizer.plain_text import ControlText, RenderedChat
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 # `tokenizer.ggml.model` -> whether llama.cpp adds (BOS, EOS) when the file does not say.
@@ -254,14 +257,28 @@ class Tokenizer:
         the text inside the last message, for the model to continue. `extra` goes to the
         template as variables (e.g. `enable_thinking=False`).
         """
-        return render_chat_template(
+        return self.render_chat(messages, add_generation_prompt, tools, continue_final_message, **extra).text
+
+    def render_chat(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
+        **extra: Any,
+    ) -> RenderedChat:
+        """`apply_chat_template`'s text, with the spans where the messages, tools or `extra` spell
+        special tokens (which `encode_rendered` encodes as plain text; see plain_text.py)."""
+        control = self._control_text
+        text = render_chat_template(
             select_template(self._chat_template, tools),
-            messages,
+            control.mark(list(messages)),
             add_generation_prompt=add_generation_prompt,
-            tools=tools,
-            variables={**self._special_tokens, **extra},
+            tools=control.mark(list(tools)) if tools is not None else None,
+            variables={**self._special_tokens, **control.mark(extra)},
             continue_final_message=continue_final_message,
         )
+        return control.unmark(text)
 
     def encode_chat(
         self,
@@ -273,15 +290,81 @@ class Tokenizer:
     ) -> list[int]:
         """Prompt ids of a conversation: the rendered template, encoded.
 
-        NOTE: special tokens written by the template are encoded as such; BOS is prepended only
-        when the config adds BOS and the template did not already write it; EOS is never added.
+        NOTE: special tokens written by the template are encoded as such, and those the messages,
+        tools or `extra` spell as ordinary text; BOS is prepended only when the config adds BOS and
+        the template did not already write it; EOS is never added.
         """
-        text = self.apply_chat_template(messages, add_generation_prompt, tools, continue_final_message, **extra)
-        ids = self.encode(text, add_special_tokens=False)
+        rendered = self.render_chat(messages, add_generation_prompt, tools, continue_final_message, **extra)
+        ids = self.encode_rendered(rendered)
         bos = self.bos_token_id
         if self.add_bos_token and bos is not None and ids[:1] != [bos]:
             ids.insert(0, bos)
         return ids
+
+    def encode_rendered(self, rendered: RenderedChat, start: int = 0) -> list[int]:
+        """Ids of `rendered.text[start:]` (no BOS or EOS added): the special tokens in it are control
+        tokens, except in `plain_spans`, which are encoded as ordinary text.
+
+        Where there is such a span, the stretch between the two control tokens around it is encoded
+        again with special tokens off; the rest keeps the ids of the whole text, so a prompt without
+        one has exactly the ids of `encode(text, add_special_tokens=False)`.
+        """
+        text = rendered.text[start:]
+        spans = [(a - start, b - start) for a, b in rendered.plain_spans if a >= start]
+        encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]  # releases the GIL (see encode)
+        if not spans:
+            return encoding.ids
+        ids: list[int] = []
+        first, begin = 0, 0  # the stretch since the last control token: its first token and character
+        for i, (token_id, (a, b)) in enumerate(zip(encoding.ids, encoding.offsets)):
+            if token_id in self.special_token_ids and not _overlaps(spans, a, b):
+                ids += self._stretch_ids(text, encoding.ids[first:i], begin, a, spans)
+                ids.append(token_id)
+                first, begin = i + 1, b
+        return ids + self._stretch_ids(text, encoding.ids[first:], begin, len(text), spans)
+
+    def _stretch_ids(self, text: str, ids: list[int], begin: int, end: int, spans: list[tuple[int, int]]) -> list[int]:
+        """The ids of `text[begin:end]`, which lies between control tokens: `ids` as the whole text had
+        them, or, where a plain span falls in it, the stretch encoded with special tokens off.
+
+        NOTE: a stretch after the text's start is encoded as it is in context: not as a text's first
+        piece, which some pre-tokenizers treat apart (Metaspace prepends its "▁" there only)."""
+        if not _overlaps(spans, begin, end):
+            return ids
+        backend = self._plain_backends[0 if begin == 0 else 1]
+        return backend.encode(text[begin:end], add_special_tokens=False).ids
+
+    @cached_property
+    def _control_text(self) -> ControlText:
+        decoder = self._backend.get_added_tokens_decoder()
+        return ControlText(t.content for t in decoder.values() if t.special)
+
+    @cached_property
+    def _plain_backends(self) -> tuple[Backend, Backend]:
+        """This vocabulary with special tokens read as text: for a text's first piece, and for later ones."""
+        config = json.loads(self._backend.to_str())
+        first, later = Backend.from_str(json.dumps(config)), Backend.from_str(json.dumps(_prepend_never(config)))
+        first.encode_special_tokens = later.encode_special_tokens = True
+        return first, later
+
+
+def _overlaps(spans: list[tuple[int, int]], begin: int, end: int) -> bool:
+    return any(a < end and begin < b for a, b in spans)
+
+
+def _prepend_never(config: dict[str, Any]) -> dict[str, Any]:
+    """tokenizer.json's config with each Metaspace pre-tokenizer that prepends "▁" to a text's first
+    piece only (`prepend_scheme: first`) prepending it nowhere: what it does to every later piece."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            node = {k: walk(v) for k, v in node.items()}
+            if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
+                node["prepend_scheme"] = "never"
+            return node
+        return [walk(v) for v in node] if isinstance(node, list) else node
+
+    return {**config, "pre_tokenizer": walk(config.get("pre_tokenizer"))}
 
 
 # ---- HF files ---------------------------------------------------------------------------

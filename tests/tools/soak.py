@@ -129,7 +129,6 @@ class Watch:
                 self.rss.setdefault(self.phase, []).append(rss)
 
 
-@dataclass
 def abuse(server: Server, watch: Watch, report: Report, model: str) -> None:
     watch.phase = "abuse"
     bad_client.run(server.url, report, model, READ_TIMEOUT_S)

@@ -27,7 +27,9 @@ from baselm.commands.options import (
     REQUIRE_SIGNATURE,
     SPECULATIVE,
     TENSOR_PARALLEL,
+    GenerationOptions,
     dist_options,
+    generation_options,
     with_prefix_cache_file,
 )
 from baselm.config import (
@@ -75,7 +77,7 @@ SYNTHETIC_HELP = (
 CPU_LAYER_HELP = "Also decode one stream with the CPU decoder-layer kernel on and off."
 API_KEY_HELP = "Require 'Authorization: Bearer KEY' (env BASE_API_KEY)."
 API_KEY_FILE_HELP = "Read the key from this file (its one line), out of sight of ps; instead of --api-key."
-SEED_HELP = "Seed of the sampling of requests that bring none (default: random), for reproducible runs."
+LOG_FORMAT_HELP = "The log's lines: text, or json (one object a line); a line per request either way."
 
 
 @app.command("list")
@@ -102,14 +104,11 @@ def doctor(
 
 
 @app.command()
+@generation_options
 def run(
+    generation: GenerationOptions,
     model: str = typer.Argument(..., help=MODEL_HELP),
     prompt: str = typer.Argument(..., help="The prompt. Use - to read it from standard input."),
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Most tokens to generate."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling threshold."),
-    top_k: int = typer.Option(0, "--top-k", help="Sample among the K most likely tokens (0: off)."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, not through the chat template."),
     logprobs: int | None = typer.Option(
         None, "--logprobs", help="Return log-probabilities with the top K alternatives."
@@ -127,16 +126,13 @@ def run(
 ) -> None:
     """Generate once from a prompt and print the answer with its speed."""
     from baselm.commands.run import RunArgs, run_once
-    from baselm.sampling.params import SamplingParams
 
     with report_user_errors():
-        sampling = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs
-        )
         args = RunArgs(
             ModelArgs(model, device, require_signature, dist_options(tensor_parallel, hostfile, rank, moe_split)),
             sys.stdin.read() if prompt == "-" else prompt,
-            sampling,
+            generation,
+            logprobs=logprobs,
             raw=raw,
             as_json=as_json,
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation),
@@ -145,15 +141,11 @@ def run(
 
 
 @app.command()
+@generation_options
 def chat(
+    generation: GenerationOptions,
     model: str = typer.Argument(..., help=MODEL_HELP),
     system: str | None = typer.Option(None, "--system", help="System prompt for the conversation."),
-    temperature: float = typer.Option(0.7, "--temperature", "-t", help="0 is greedy."),
-    top_p: float = typer.Option(0.9, "--top-p", help="Nucleus sampling threshold."),
-    max_tokens: int | None = typer.Option(
-        None, "--max-tokens", "-n", help="Most tokens per answer (default: the context's room)."
-    ),
-    seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     device: str = DEVICE,
     kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
     kv_bits: int = KV_BITS,
@@ -176,7 +168,7 @@ def chat(
     moe_split: str | None = MOE_SPLIT,
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
-    from baselm.chat.settings import ChatOptions, ChatSettings, chat_prefix_cache_file
+    from baselm.chat.settings import ChatOptions, chat_prefix_cache_file
     from baselm.commands.chat import ChatArgs, ServeError, chat_serve_options
     from baselm.commands.chat import chat as run_chat
 
@@ -191,10 +183,10 @@ def chat(
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
         )
-        settings = ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
         args = ChatArgs(
             ModelArgs(model, device, require_signature, dist),
-            ChatOptions(settings, config, system=system, resume=resume),
+            ChatOptions(config, system=system, resume=resume),
+            generation,
             chat_serve_options(host, port) if serve else None,
         )
         run_chat(args)
@@ -304,7 +296,9 @@ def _bench_pd(
 
 
 @app.command()
+@generation_options
 def serve(
+    generation: GenerationOptions,
     model: str = typer.Argument(..., help=MODEL_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="Port to listen on."),
@@ -330,15 +324,15 @@ def serve(
     require_signature: bool = REQUIRE_SIGNATURE,
     speculative: str | None = SPECULATIVE,
     num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
-    seed: int | None = typer.Option(None, "--seed", help=SEED_HELP),
     pd: str | None = typer.Option(None, "--pd", help=PD_HELP),
     role: str | None = typer.Option(None, "--role", help=ROLE_HELP),
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
     moe_split: str | None = MOE_SPLIT,
+    log_format: str = typer.Option("text", "--log-format", help=LOG_FORMAT_HELP),
 ) -> None:
-    """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
+    """Serve a model over the OpenAI, Anthropic and Ollama APIs, on one port."""
     from baselm.commands import serve as command
 
     with report_user_errors():
@@ -355,14 +349,13 @@ def serve(
             prefix_cache_save_interval=prefix_cache_save_interval,
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
-            seed=seed,
         )
         api_key = command.api_key_option(api_key, api_key_file)
         server = command.ServeOptions(host, port, api_key, served_model_name, parse_size(max_body), shutdown_timeout)
-        server.max_connections = max_connections
+        server.max_connections, server.log_format = max_connections, log_format
         server.cors_origins, server.allowed_hosts = parse_name_list(cors_origins), parse_name_list(allowed_hosts)
         model_args = ModelArgs(model, device, require_signature, with_prefix_cache_file(dist, prefix_cache_file))
-        args = command.ServeArgs(model_args, config, server, command.pd_options(pd, role, dist))
+        args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist))
     command.serve(args)
 
 

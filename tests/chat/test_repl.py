@@ -72,7 +72,15 @@ def test_repl_answers_and_runs_its_commands(chat_model, tmp_path):
         _ask(child, "/frobnicate", "unknown command /frobnicate; commands: /help")
         _ask(child, f"/save {tmp_path / 'one.json'}", "saved 2 messages")
         saved = json.loads((tmp_path / "one.json").read_text())
-        assert saved["settings"] == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 8, "seed": 0}
+        assert saved["settings"] == {  # the generation defaults (llama.cpp's: the model has none), --max-tokens, --seed
+            "temperature": 0.8,
+            "top_p": 0.95,
+            "top_k": 40,
+            "min_p": 0.05,
+            "repetition_penalty": 1.0,
+            "max_tokens": 8,
+            "seed": 0,
+        }
         assert [m["role"] for m in saved["messages"]] == ["system", "user", "assistant"]
         assert saved["messages"][0]["content"] == "Be brief."
         assert saved["messages"][2]["content"]  # the random model's text came back

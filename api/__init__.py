@@ -10,10 +10,14 @@ serving.py, the serving core (handler opening, engine submission, merged outputs
 response envelope and stream skeleton) -> sse.py (SSE events and the stream that sends them,
 NDJSON lines too). answer_text.py splits every chat answer into thinking (baselm/reasoning.py), content and tool calls
 (baselm/toolcalls); schemas.py reads fields, errors.py words refusals, embeddings.py and
-metrics.py hold /v1/embeddings and /metrics, server.py runs uvicorn. A new protocol is one
+metrics.py hold /v1/embeddings and /metrics, request_log.py the one log line of each request,
+server.py runs uvicorn. A new protocol is one
 more subpackage on the two cores.
 
 Choices made where the OpenAI API leaves room:
+- Sampling values and the token limit a request leaves out come from baselm/sampling/defaults.py
+  (the command line's, the model's, the API's own, then llama.cpp's; at most 2,048 tokens), not
+  OpenAI's temperature 1 and top_p 1 with no limit.
 - Unknown fields are a 400 naming them; only `user` (informational) is accepted and ignored.
 - `n` is at most 16; `logprobs`/`top_logprobs` at most 20; `stop` at most 16 strings.
 - `tool_choice: "none"` leaves the tools out of the prompt and parses no calls. A named

@@ -23,7 +23,6 @@ from baselm.api.cors import cors_middleware
 from baselm.api.embeddings import embeddings
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
 from baselm.api.guard import BrowserGuard, allowed_host_names
-from baselm.api.metrics import Metrics
 from baselm.api.ollama.chat import ollama_chat, ollama_generate
 from baselm.api.ollama.embed import ollama_embed, ollama_embeddings
 from baselm.api.ollama.models import (
@@ -42,6 +41,7 @@ from baselm.api.schemas import Body, array_field
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
 from baselm.async_engine import AsyncEngine
 from baselm.reasoning import template_thinks
+from baselm.sampling.defaults import NO_DEFAULTS, SamplingDefaults
 from baselm.tokenizer.errors import ChatTemplateError
 from baselm.toolcalls.markers import detect_format
 
@@ -54,6 +54,9 @@ def _model_card(state: ServerState) -> dict:
         "owned_by": "base",
         "root": state.model_name,  # vLLM's and SGLang's cards name the base model here
         "max_model_len": state.max_model_len,
+        # What a request gets for what it leaves out: the token cap (None: the context's room) and sampling.
+        "max_tokens": state.generation.max_tokens,
+        "sampling_defaults": {k: v for k, v in state.generation.resolved().as_dict().items() if k != "max_tokens"},
     }
 
 
@@ -171,6 +174,7 @@ def create_app(
     cors_origins: Sequence[str] = (),
     host: str = "127.0.0.1",
     allowed_hosts: Sequence[str] = (),
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> Starlette:
     """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth.
 
@@ -179,8 +183,10 @@ def create_app(
     outside auth: a browser's preflight carries no API key, and an error answer must carry the
     CORS headers for the page to read it. `host` (the bound address) and `allowed_hosts` say
     which Host names are answered; guard.py refuses the rest, foreign origins and non-JSON bodies.
+    `sampling_defaults`: the command line's, for what requests leave out (baselm/sampling/defaults.py).
     """
-    state = ServerState(client, model_name, api_key or None, max_body_bytes, read_timeout, Metrics())
+    key = api_key or None
+    state = ServerState(client, model_name, key, max_body_bytes, read_timeout, sampling_defaults=sampling_defaults)
     chat_template = state.tokenizer.to_hf_files()[1].get("chat_template")
     state.tool_format = detect_format(chat_template)
     state.thinks = template_thinks(chat_template)

@@ -1,4 +1,5 @@
-"""API-key auth and per-request accounting, as one ASGI middleware around the app.
+"""API-key auth and per-request accounting (the /metrics counts and the request's log line,
+request_log.py), as one ASGI middleware around the app.
 
 The key comes as `Authorization: Bearer <key>` (OpenAI's clients; the scheme in any case, as
 RFC 7235 has it) or `x-api-key: <key>` (Anthropic's), compared as UTF-8 bytes in constant time.
@@ -12,6 +13,7 @@ import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from baselm.api import request_log
 from baselm.api.errors import APIError, send_error
 from baselm.api.metrics import Metrics
 
@@ -47,7 +49,8 @@ def is_authorized(headers: list[tuple[bytes, bytes]], api_key: str) -> bool:
 
 
 class Gate:
-    """Refuses requests without the API key (when one is set) and counts responses by status."""
+    """Refuses requests without the API key (when one is set), counts responses by status and logs
+    each request's one line once its response is sent."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, metrics: Metrics) -> None:
         self.app = app
@@ -61,11 +64,11 @@ class Gate:
         path = scope["path"]
         prefix = next((p for p in _PREFIXED if path.startswith(p)), None)
         endpoint = path if path in KNOWN_ENDPOINTS else f"{prefix}{{id}}" if prefix else "other"
-        status = [500]
+        record = request_log.start(scope)
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                record.status = message["status"]
             await send(message)
 
         try:
@@ -74,7 +77,8 @@ class Gate:
             else:
                 await self.app(scope, receive, counting_send)
         finally:
-            self.metrics.count_request(endpoint, status[0])
+            self.metrics.count_request(endpoint, record.status)
+            record.write()
 
 
 async def _unauthorized(send: Send, path: str) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from baselm.api.errors import APIError, bad_request
+from baselm.sampling.defaults import NO_DEFAULTS, SamplingDefaults
 
 INFORMATIONAL_FIELDS = frozenset({"user"})
 MAX_JSON_DEPTH = 64  # levels of JSON in a request, its body counted as one
@@ -182,27 +183,27 @@ class Common:
     stream: bool
     include_usage: bool
     n: int
-    sampling: dict[str, Any]  # keyword arguments for SamplingParams
+    sampling: dict[str, Any]  # keyword arguments for SamplingParams; None: left to the defaults
     max_tokens_field: str = "max_tokens"
+    defaults: SamplingDefaults = NO_DEFAULTS  # the API's own, for what the body leaves out (see sampling/defaults.py)
 
 
-def read_common(body: Body, default_max_tokens: int | None) -> Common:
-    """Reads the shared fields' types; SamplingParams checks the sampling ranges (see make_params)."""
+def read_common(body: Body, defaults: SamplingDefaults = NO_DEFAULTS) -> Common:
+    """Reads the shared fields' types; SamplingParams checks the sampling ranges (see make_params).
+    What the body leaves out is None, for the server's defaults (`ServerState.fill_defaults`)."""
     model = body.string("model", required=True)
     stream = body.boolean("stream")
     include_usage = _stream_options(body, stream)
     n = body.integer("n", default=1)
     sampling: dict[str, Any] = {"n": n}
-    for name, default in (("temperature", 1.0), ("top_p", 1.0)):
-        sampling[name] = body.number(name, default=default)
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+        sampling[name] = body.number(name)
     for name in ("presence_penalty", "frequency_penalty"):
         sampling[name] = body.number(name, default=0.0)
     sampling["seed"] = body.integer("seed")
     sampling["stop"] = _stop(body)
     sampling["logit_bias"] = _logit_bias(body)
-    sampling["top_k"] = body.integer("top_k", default=0)
-    sampling["min_p"] = body.number("min_p", default=0.0)
-    sampling["repetition_penalty"] = body.number("repetition_penalty", default=1.0)
+    sampling["top_k"] = body.integer("top_k")
     sampling["min_tokens"] = body.integer("min_tokens", default=0)
     sampling["ignore_eos"] = body.boolean("ignore_eos")
     sampling["speculative"] = body.boolean("speculative", default=True)  # extension: false opts out
@@ -212,8 +213,8 @@ def read_common(body: Body, default_max_tokens: int | None) -> Common:
         if max_tokens is not None:
             raise bad_request("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
         max_tokens, max_field = body.integer("max_completion_tokens"), "max_completion_tokens"
-    sampling["max_tokens"] = max_tokens if max_tokens is not None else default_max_tokens
-    return Common(model, stream, include_usage, n, sampling, max_field)
+    sampling["max_tokens"] = max_tokens
+    return Common(model, stream, include_usage, n, sampling, max_field, defaults)
 
 
 def _stream_options(body: Body, stream: bool) -> bool:

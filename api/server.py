@@ -8,6 +8,7 @@ exit 0. A second SIGINT quits at once.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import logging
@@ -17,28 +18,34 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import uvicorn
 
+from baselm.api import request_log
 from baselm.api.app import create_app
 from baselm.api.connections import DEFAULT_READ_TIMEOUT, DeadlineProtocol
 from baselm.api.guard import is_loopback
+from baselm.api.request_log import JSONFormatter
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES
 from baselm.async_engine import AsyncEngine
 from baselm.config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
+from baselm.sampling.defaults import NO_DEFAULTS, GenerationDefaults, SamplingDefaults
 
 logger = logging.getLogger("baselm.api")
 
 DEFAULT_MAX_CONNECTIONS = 512  # each open connection holds a socket and its buffers, idle or not
 
 
+LOG_FORMATS = ("text", "json")
+
+
 @dataclass(slots=True)
 class ServeOptions:
     """How `base serve` listens and answers: address, key, body limit, shutdown grace, log level, CORS, Host
-    names, connections open at once."""
+    names, connections open at once, the log's format, and the command line's generation defaults."""
 
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
@@ -51,6 +58,8 @@ class ServeOptions:
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted beside the bound address and loopback's ("*": any)
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # open at once; past it uvicorn answers 503
     read_timeout: float = DEFAULT_READ_TIMEOUT  # seconds for a request's headers, and again for its body
+    log_format: str = "text"  # or "json": one object a line (request_log.py)
+    sampling: SamplingDefaults = NO_DEFAULTS  # --temperature, --top-p, ...: for what requests leave out
 
 
 class Server(uvicorn.Server):
@@ -79,11 +88,13 @@ def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> 
         cors_origins=options.cors_origins,
         host=options.host,
         allowed_hosts=options.allowed_hosts,
+        sampling_defaults=options.sampling,
     )
     config = uvicorn.Config(
         app,
         host=options.host,
         port=options.port,
+        log_config=log_config(options.log_level, options.log_format),
         log_level=options.log_level,
         timeout_graceful_shutdown=options.shutdown_timeout,
         lifespan="off",
@@ -94,8 +105,30 @@ def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> 
     return Server(config)
 
 
-def banner(model_name: str, options: ServeOptions) -> str:
-    """What `base serve` prints at start: the URL and a request to paste."""
+def log_config(level: str, log_format: str) -> dict[str, Any]:
+    """The server's logging (`logging.config.dictConfig`, which uvicorn applies): uvicorn's own, and
+    the `baselm` loggers (a line per request among them) through one more handler at `level`;
+    `log_format` json writes every line as one JSON object.
+
+    NOTE: the level is the handler's, not the `baselm` logger's, so that a server started in a
+    process (a test's) leaves its loggers' levels alone; the request logger itself is at info."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    if log_format == "json":
+        config["formatters"] = {name: {"()": JSONFormatter} for name in config["formatters"]}
+    config["handlers"]["base"] = {
+        "formatter": "default",
+        "class": "logging.StreamHandler",
+        "stream": "ext://sys.stderr",
+        "level": level.upper(),
+    }
+    config["loggers"]["baselm"] = {"handlers": ["base"]}
+    config["loggers"][request_log.logger.name] = {"level": "INFO"}
+    return config
+
+
+def banner(model_name: str, options: ServeOptions, generation: GenerationDefaults, runaway_guard: int) -> str:
+    """What `base serve` prints at start: the URL, a request to paste, and what a request that
+    leaves sampling or its length out gets."""
     host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(
         options.host, options.host
     )  # a wildcard: any local address
@@ -103,8 +136,12 @@ def banner(model_name: str, options: ServeOptions) -> str:
     url = f"http://{host}:{options.port}"
     body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}]})
     auth = ' -H "Authorization: Bearer $BASE_API_KEY"' if options.api_key else ""
+    guard = "no runaway guard (--runaway-guard 0)"
+    if runaway_guard:
+        guard = f"an answer that repeats one n-gram for {runaway_guard} tokens is cut (--runaway-guard)"
     return (
         f"Serving {model_name} at {url}/v1 (OpenAI-compatible)\n"
+        f"Requests that leave them out get {generation.describe()}; {guard}.\n"
         f"Try:\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n    -d '{body}'\n"
     )
 
@@ -122,7 +159,8 @@ def run_server(loaded: LoadedModel, config: EngineConfig, options: ServeOptions,
     client = AsyncEngine(engine).start()
     model_name = options.served_model_name or loaded.name
     server = make_server(client, model_name, options)
-    print(banner(model_name, options), flush=True)
+    generation = server.config.app.state.base.generation  # the app's: what its requests get
+    print(banner(model_name, options, generation, engine.config.runaway_guard), flush=True)
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits when it cannot bind the port (it has logged why)

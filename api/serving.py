@@ -5,7 +5,8 @@ through the chat core, chat.py; completions itself), and formats its answer; eve
 lives here, in the order a request meets it:
 
 1. `read_request`: the handler's opening: the body read as JSON (size-limited), parsed by the
-   protocol, its model checked (auth and request counting happened before, in auth.Gate).
+   protocol, its model checked, what it leaves out filled in from the server's generation
+   defaults (`ServerState.fill_defaults`; auth and request counting happened before, in auth.Gate).
 2. `make_params`, `check_prompt`: checked fields into engine jobs (one per prompt; the engine
    makes a request's n copies).
 3. `respond`: `submit` the jobs to the engine, merge their `outputs` into one stream of
@@ -29,14 +30,16 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from baselm.api import sse
+from baselm.api import request_log, sse
 from baselm.api.connections import DEFAULT_READ_TIMEOUT, BodyBudget
 from baselm.api.errors import APIError, bad_request
 from baselm.api.metrics import Metrics
+from baselm.api.request_log import RequestLog
 from baselm.api.schemas import Common, check_depth
 from baselm.async_engine import AsyncEngine, RequestStream
 from baselm.engine import QueueFullError
 from baselm.request import RequestOutput
+from baselm.sampling.defaults import NO_DEFAULTS, GenerationDefaults, SamplingDefaults
 from baselm.sampling.params import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer.tokenizer import Tokenizer
@@ -58,9 +61,20 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     tool_format: str = ""  # the call format the chat template teaches; set by create_app
     thinks: bool = False  # the chat template writes <think> blocks (a reasoning model); set by create_app
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS  # the command line's (serve --temperature, ...)
+    generation: GenerationDefaults = field(init=False)  # every default a request may leave out
 
     def __post_init__(self) -> None:
         self.body_budget = BodyBudget(self.max_body_bytes)
+        engine = self.client.engine
+        self.generation = GenerationDefaults.for_model(
+            self.sampling_defaults, engine.loaded.config, engine.max_model_len
+        )
+
+    def fill_defaults(self, sampling: dict[str, Any], api: SamplingDefaults = NO_DEFAULTS) -> dict[str, Any]:
+        """A body's SamplingParams keyword arguments with what it leaves out (None) filled in: the command
+        line's, the model's, then `api`'s (the protocol's own), then llama.cpp's (sampling/defaults.py)."""
+        return self.generation.fill(sampling, api)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -93,10 +107,12 @@ ParsedT = TypeVar("ParsedT", bound=_Parsed)
 
 
 async def read_request(request: Request, parse: Callable[[Any], ParsedT]) -> tuple[ServerState, ParsedT]:
-    """A handler's opening: the server state and the body read as JSON, parsed by `parse`, its model checked."""
+    """A handler's opening: the server state and the body read as JSON, parsed by `parse`, its model
+    checked, and the sampling values it leaves out filled in."""
     state: ServerState = request.app.state.base
     parsed = parse(await read_json(request, state))
     check_model(state, parsed.common.model)
+    parsed.common.sampling = state.fill_defaults(parsed.common.sampling, parsed.common.defaults)
     return state, parsed
 
 
@@ -241,7 +257,10 @@ class Usage:
 async def respond(request: Request, state: ServerState, jobs: list[Job], prompt_field: str, answer: Answer) -> Response:
     """Submits `jobs`, then answers from their outputs: SSE chunks when streamed, else one JSON body."""
     started = await submit(state, jobs, prompt_field)
-    merged = outputs(state, started, answer.usage)
+    record = request_log.of(request.scope)
+    if record is not None:
+        record.model, record.usage = state.model_name, answer.usage
+    merged = outputs(state, started, answer.usage, record)
     if answer.common.stream:
         return sse.EventStream(answer.stream(merged), answer.media_type)
     return JSONResponse(await unless_disconnected(request, answer.collect(merged)))
@@ -293,9 +312,10 @@ async def submit(state: ServerState, jobs: list[Job], prompt_field: str) -> list
 
 
 async def outputs(
-    state: ServerState, started: list[tuple[Job, RequestStream]], usage: Usage
+    state: ServerState, started: list[tuple[Job, RequestStream]], usage: Usage, record: RequestLog | None = None
 ) -> AsyncIterator[RequestOutput]:
-    """The outputs of all jobs as they come, `index` set to the choice index; counts usage and latency.
+    """The outputs of all jobs as they come, `index` set to the choice index; counts usage and latency,
+    and shows each output to the request's log line (`record`).
 
     Leaving early (a disconnect, an error) aborts every job still running.
     """
@@ -316,6 +336,8 @@ async def outputs(
             out.index += job.index_offset
             usage.add(job.prompt_index, out.index, out)
             _observe_latency(state.metrics, out, arrival, last_seen)
+            if record is not None:
+                record.observe(out)
             yield out
     finally:
         for task in pumps:

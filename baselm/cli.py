@@ -31,7 +31,9 @@ from baselm.commands.options import (
     REQUIRE_SIGNATURE,
     SPECULATIVE,
     TENSOR_PARALLEL,
+    GenerationOptions,
     dist_options,
+    generation_options,
     show_flags_bare,
     with_prefix_cache_file,
 )
@@ -138,18 +140,13 @@ def doctor(
 
 
 @app.command()
+@generation_options
 def run(
+    generation: GenerationOptions,
     model: str = typer.Argument(..., help=MODEL_HELP),
     prompt: str | None = typer.Argument(
         None, help="The prompt (- reads it from standard input). Without one, a chat opens, as base chat MODEL."
     ),
-    max_tokens: int | None = typer.Option(
-        None, "--max-tokens", "-n", help="Most tokens to generate (default 256; in a chat, the context's room)."
-    ),
-    temperature: float | None = typer.Option(None, "--temperature", "-t", help="0 is greedy (default 0; chat 0.7)."),
-    top_p: float | None = typer.Option(None, "--top-p", help="Nucleus sampling threshold (default 1; chat 0.9)."),
-    top_k: int = typer.Option(0, "--top-k", help="Sample among the K most likely tokens (0: off)."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as plain text, not through the chat template."),
     logprobs: int | None = typer.Option(
         None, "--logprobs", help="Return log-probabilities with the top K alternatives."
@@ -171,16 +168,15 @@ def run(
     from baselm.commands import run as command
     from baselm.commands.model import pull_if_missing
 
-    if prompt is None and (raw or as_json or top_k or logprobs is not None):
-        fail("--raw, --json, --top-k and --logprobs need a prompt: base run MODEL PROMPT")
+    if prompt is None and (raw or as_json or logprobs is not None):
+        fail("--raw, --json and --logprobs need a prompt: base run MODEL PROMPT")
     with report_user_errors():
-        sampling = command.RunSampling(max_tokens, temperature, top_p, top_k, seed, logprobs)
         loaded = ModelArgs(model, device, require_signature, dist_options(tensor_parallel, hostfile, rank, moe_split))
         spec = SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation)
         if prompt is None:
-            return _chat_instead(command.chat_instead(loaded, sampling.for_chat(), spec), pull)
+            return _chat_instead(command.chat_instead(loaded, generation, spec), pull)
         text = sys.stdin.read() if prompt == "-" else prompt
-        args = command.RunArgs(loaded, text, sampling.for_prompt(), raw=raw, as_json=as_json, speculative=spec)
+        args = command.RunArgs(loaded, text, generation, logprobs=logprobs, raw=raw, as_json=as_json, speculative=spec)
         pull_if_missing(model, pull)
         command.run_once(args)
 
@@ -197,15 +193,11 @@ def _chat_instead(args: ChatArgs, pull: bool) -> None:
 
 
 @app.command()
+@generation_options
 def chat(
+    generation: GenerationOptions,
     model: str = typer.Argument(..., help=MODEL_HELP),
     system: str | None = typer.Option(None, "--system", help="System prompt for the conversation."),
-    temperature: float = typer.Option(0.7, "--temperature", "-t", help="0 is greedy."),
-    top_p: float = typer.Option(0.9, "--top-p", help="Nucleus sampling threshold."),
-    max_tokens: int | None = typer.Option(
-        None, "--max-tokens", "-n", help="Most tokens per answer (default: the context's room)."
-    ),
-    seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     device: str = DEVICE,
     kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
     kv_bits: int = KV_BITS,
@@ -228,7 +220,7 @@ def chat(
     moe_split: str | None = MOE_SPLIT,
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
-    from baselm.chat.settings import ChatOptions, ChatSettings, chat_prefix_cache_file
+    from baselm.chat.settings import ChatOptions, chat_prefix_cache_file
     from baselm.commands.chat import ChatArgs, ServeError, chat_serve_options
     from baselm.commands.chat import chat as run_chat
 
@@ -243,10 +235,10 @@ def chat(
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
         )
-        settings = ChatSettings(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
         args = ChatArgs(
             ModelArgs(model, device, require_signature, dist),
-            ChatOptions(settings, config, system=system, resume=resume),
+            ChatOptions(config, system=system, resume=resume),
+            generation,
             chat_serve_options(host, port) if serve else None,
         )
         run_chat(args)
@@ -357,23 +349,22 @@ def _bench_pd(
     bench_pd(PDBenchArgs(model, Layout.parse(pd), engine, batch, as_json))
 
 
-def _set_limits(
-    server: ServeOptions, max_body_bytes: int, shutdown_timeout: float, max_connections: int, read_timeout: float
-) -> None:
-    """What one client may hold of the server: a body's size, open connections, time to send a request,
-    and what a request in flight gets at shutdown."""
-    server.max_body_bytes, server.shutdown_timeout = max_body_bytes, shutdown_timeout
-    server.max_connections, server.read_timeout = max_connections, read_timeout
+def _set_limits(server: ServeOptions, max_body: str, shutdown: float, connections: int, read: float, log: str) -> None:
+    """What one client may hold of the server (a body's size, open connections, time to send a request,
+    what a request in flight gets at shutdown), and how the server logs each request."""
+    server.max_body_bytes, server.shutdown_timeout = parse_size(max_body), shutdown
+    server.max_connections, server.read_timeout, server.log_format = connections, read, log
 
 
 @app.command()
+@generation_options
 def serve(
+    generation: GenerationOptions,
     model: str = typer.Argument(..., help=MODEL_HELP),
     host: str = opt.HOST,
     port: int = opt.PORT,
     served_model_name: str | None = opt.SERVED_MODEL_NAME,
     device: str = DEVICE,
-    seed: int | None = opt.SEED,
     kv_memory: str | None = opt.KV_MEMORY,
     kv_bits: int = opt.SERVE_KV_BITS,
     max_num_seqs: int = opt.MAX_NUM_SEQS,
@@ -401,6 +392,7 @@ def serve(
     allowed_hosts: str = opt.ALLOWED_HOSTS,
     cors_origins: str = opt.CORS_ORIGINS,
     require_signature: bool = REQUIRE_SIGNATURE,
+    log_format: str = opt.LOG_FORMAT,
 ) -> None:
     """Serve a model over HTTP, on one port: the OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs."""
     from baselm.commands import serve as command
@@ -419,13 +411,12 @@ def serve(
             prefix_cache_save_interval=prefix_cache_save_interval,
             prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
-            seed=seed,
         )
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
-        _set_limits(server, parse_size(max_body), shutdown_timeout, max_connections, read_timeout)
+        _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format)
         server.cors_origins, server.allowed_hosts = parse_name_list(cors_origins), parse_name_list(allowed_hosts)
         model_args = ModelArgs(model, device, require_signature, with_prefix_cache_file(dist, prefix_cache_file))
-        args = command.ServeArgs(model_args, config, server, command.pd_options(pd, role, dist))
+        args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist))
     command.serve(args)
 
 

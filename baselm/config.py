@@ -12,6 +12,9 @@ DEFAULT_PORT = 8080
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY_UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+# Tokens of one repeated n-gram after which an answer is cut (outputs.RunawayGuard): hundreds, so
+# that a list or a table that repeats a line a few times is never cut, a loop soon is.
+DEFAULT_RUNAWAY_GUARD = 256
 
 
 class ConfigError(ValueError):
@@ -116,6 +119,7 @@ class EngineConfig:
     prefix_cache_save_interval: float = 300.0  # seconds between saves of a changed cache (and at shutdown)
     prefix_cache_max_size: int | None = None  # bytes of K/V the file may hold; None: the KV pool's size
     speculative: SpeculativeConfig | None = None  # None: no speculative decoding
+    runaway_guard: int = DEFAULT_RUNAWAY_GUARD  # tokens one n-gram may repeat before the answer is cut; 0: off
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):
@@ -135,6 +139,8 @@ class EngineConfig:
             raise ConfigError("prefix_cache_max_size must not be negative")
         if self.prefix_cache_file and not self.enable_prefix_caching:
             raise ConfigError("a prefix cache file needs prefix caching; drop --no-prefix-caching or the file")
+        if self.runaway_guard < 0:
+            raise ConfigError(f"runaway_guard must be 0 (off) or a number of tokens, got {self.runaway_guard}")
         if self.long_prefill_token_threshold < 0:
             raise ConfigError(
                 f"long_prefill_token_threshold must be 0 (off) or positive, got {self.long_prefill_token_threshold}"

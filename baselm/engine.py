@@ -82,7 +82,7 @@ class LLMEngine:
         self.vocab_size = loaded.model.args.vocab_size
         self.kv_manager = KVCacheManager(self.cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.prefix_file = self._open_prefix_file(loaded, config)
-        self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
+        self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, config.runaway_guard)
         self.scheduler = make_scheduler(self.kv_manager, config, self.max_model_len)
         self.runner = ModelRunner(loaded.model, self.cache, Sampler(self.eos_token_ids, seed=config.seed))
         self.last_step = StepStats()

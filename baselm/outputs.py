@@ -11,6 +11,11 @@ NOTE: the stop decision is made here and nowhere else, because a stop string is 
 and only this module turns ids into text; the scheduler only applies it. So a step's results
 flow one way: runner -> output processor (stops) -> scheduler (blocks) -> outputs.
 
+The runaway guard (`RunawayGuard`) is a stop decision too: an answer that has said the same few
+tokens over and over for `runaway_guard` tokens (EngineConfig; 0: off) ends there with "length",
+the reason a cut answer has, and a log line. Requests with `ignore_eos` asked for their length
+and are never cut; the first `min_tokens` tokens never are.
+
 n > 1: a request asks for `n` copies of an answer to one prompt (`copy_requests`). Copy 0
 runs under the request's own id, copy i under "{id}#{i}" with `params.for_copy(i)` (its own
 seed and processors), each with an output state of its own. Copies after the first wait until
@@ -20,6 +25,8 @@ copy 0's prompt is in the KV cache, then fork from it and share its prompt block
 
 from __future__ import annotations
 
+import logging
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +38,8 @@ from baselm.scheduler import Scheduler, SchedulerOutput
 from baselm.tokenizer.detokenizer import StreamingDetokenizer
 from baselm.tokenizer.tokenizer import Tokenizer
 
+log = logging.getLogger("baselm.engine")
+
 
 @dataclass(slots=True)
 class StopDecisions:
@@ -40,22 +49,60 @@ class StopDecisions:
     finish_reasons: dict[str, str]  # "stop" or "length", by request id, for the requests that stopped
 
 
+class RunawayGuard:
+    """Sees an answer's tokens one by one and says when it has become one n-gram said over and over:
+    its last `window` tokens each equal the token `period` before them, for a period of at most
+    window / 4 tokens (so the n-gram came at least five times in a row).
+
+    NOTE: for each period p it keeps how many of the latest tokens equal the one p before them, so
+    a token costs window / 4 comparisons and no search over the answer.
+    """
+
+    __slots__ = ("window", "_recent", "_runs")
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        max_period = max(1, window // 4)
+        self._recent: deque[int] = deque(maxlen=max_period)  # the latest tokens, oldest first
+        self._runs = [0] * max_period  # [p - 1]: how many of the latest tokens equal the one p before them
+
+    def add(self, token_id: int) -> int | None:
+        """Takes the next token; returns the shortest period the answer has repeated for `window` tokens, if any."""
+        period = None
+        for p in range(1, len(self._recent) + 1):
+            if self._recent[-p] == token_id:
+                self._runs[p - 1] += 1
+                if period is None and self._runs[p - 1] >= self.window:
+                    period = p
+            else:
+                self._runs[p - 1] = 0
+        self._recent.append(token_id)
+        return period
+
+
 class OutputState:
-    """One request's output state: detokenizer, stop checker, text and logprobs not yet reported."""
+    """One request's output state: detokenizer, stop checker, runaway guard, text and logprobs not yet reported."""
 
     __slots__ = (
-        "request", "user_request_id", "index", "detokenizer", "stop", "text", "logprobs", "stop_reason",
+        "request", "user_request_id", "index", "detokenizer", "stop", "guard", "text", "logprobs", "stop_reason",
         "prompt_logprobs", "num_prompt_scored",
     )  # fmt: skip
 
     def __init__(
-        self, request: Request, user_request_id: str, index: int, detokenizer: StreamingDetokenizer, stop: StopChecker
+        self,
+        request: Request,
+        user_request_id: str,
+        index: int,
+        detokenizer: StreamingDetokenizer,
+        stop: StopChecker,
+        guard: RunawayGuard | None = None,
     ):
         self.request = request
         self.user_request_id = user_request_id  # the id the user gave (copy i > 0 runs as "{id}#{i}")
         self.index = index  # which copy of an n > 1 request
         self.detokenizer = detokenizer
         self.stop = stop
+        self.guard = guard  # None: this request is never cut for repeating itself
         self.text = ""
         self.logprobs: list[TokenLogprobs] = []
         self.stop_reason: int | str | None = None
@@ -68,12 +115,28 @@ class OutputState:
         for i, token_id in enumerate(token_ids):
             update = self.stop.update(token_id, self.detokenizer.add(token_id))
             self.text += update.text
-            if update.finish_reason == FINISH_LENGTH:
+            reason = update.finish_reason
+            if reason is None and self._runs_away(token_id):
+                reason = FINISH_LENGTH
+                self.text += self.stop.flush()
+            if reason == FINISH_LENGTH:
                 self.text += self.detokenizer.finish()
             self.stop_reason = update.stop_reason
-            if update.finish_reason is not None:
-                return token_ids[: i + 1], update.finish_reason
+            if reason is not None:
+                return token_ids[: i + 1], reason
         return token_ids, None
+
+    def _runs_away(self, token_id: int) -> bool:
+        """True when the guard cuts the answer at this token (it logs why)."""
+        period = self.guard.add(token_id) if self.guard is not None else None
+        if period is None or self.stop.num_tokens <= self.request.sampling_params.min_tokens:
+            return False
+        log.warning(
+            "request %s cut after %d tokens: the last %d repeat a %d-token sequence (finish_reason length; "
+            "the runaway guard, --runaway-guard 0 turns it off)",
+            self.user_request_id, self.stop.num_tokens, self.guard.window, period,
+        )  # fmt: skip
+        return True
 
 
 def copy_requests(request_id: str, prompt_ids: list[int], params: SamplingParams) -> list[Request]:
@@ -87,9 +150,10 @@ class OutputProcessor:
     """The engine's table of requests: each one's output state, the copies of each n > 1 request,
     and the copies waiting to fork. States are keyed by scheduler request id (a copy's own id)."""
 
-    def __init__(self, tokenizer: Tokenizer, eos_token_ids: Iterable[int]):
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: Iterable[int], runaway_guard: int = 0):
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
+        self.runaway_guard = runaway_guard  # tokens an n-gram may repeat before the answer is cut; 0: off
         self._states: dict[str, OutputState] = {}  # scheduler request id -> output state
         self._copy_ids: dict[str, list[str]] = {}  # user's request id -> scheduler ids of its copies
         self._pending_forks: dict[str, list[Request]] = {}  # copy 0's id -> copies waiting for its prompt
@@ -116,7 +180,8 @@ class OutputProcessor:
             params = request.sampling_params
             stop = StopChecker(params, self.eos_token_ids, max_tokens=request.max_tokens)
             detokenizer = self.tokenizer.detokenizer(skip_special_tokens=params.skip_special_tokens)
-            self._states[request.request_id] = OutputState(request, first.request_id, index, detokenizer, stop)
+            guard = RunawayGuard(self.runaway_guard) if self.runaway_guard and not params.ignore_eos else None
+            self._states[request.request_id] = OutputState(request, first.request_id, index, detokenizer, stop, guard)
         self._copy_ids[first.request_id] = [r.request_id for r in requests]
         if len(requests) > 1:
             self._pending_forks[first.request_id] = list(requests[1:])

@@ -146,6 +146,16 @@ def _rope_scaling(meta: Meta) -> dict[str, Any] | None:
     raise UnsupportedModelError(f"GGUF rope scaling type {kind!r} is not supported (supported: linear, yarn)")
 
 
+# llama.cpp's keys for a model's recommended sampling -> HF generation_config's names
+SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
+
+
 def common_config(meta: Meta) -> dict[str, Any]:
     """The HF config keys every architecture shares."""
     hidden, heads = meta.require("embedding_length"), meta.require("attention.head_count")
@@ -184,6 +194,22 @@ def common_config(meta: Meta) -> dict[str, Any]:
     ends = list(dict.fromkeys(i for i in ends if i is not None))
     if ends:
         config["eos_token_id"] = ends[0] if len(ends) == 1 else ends
+    generation = generation_config(meta.metadata)
+    if generation:
+        config["generation_config"] = generation
+    return config
+
+
+def generation_config(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The model's recommended sampling, llama.cpp's `general.sampling.*` keys, in HF generation_config's names
+    (float32 values to the 7 digits they hold: 0.95, not 0.949999988)."""
+    config: dict[str, Any] = {}
+    for key, name in SAMPLING_KEYS.items():
+        value = metadata.get(key)
+        if isinstance(value, float):
+            config[name] = float(f"{value:.7g}")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            config[name] = value
     return config
 
 

@@ -1,5 +1,5 @@
-"""Reads an HF model folder: config.json, (sharded) safetensors, generation_config.json eos ids,
-and the tokenizer files."""
+"""Reads an HF model folder: config.json, (sharded) safetensors, generation_config.json (eos ids and
+sampling defaults), and the tokenizer files."""
 
 from __future__ import annotations
 
@@ -25,13 +25,16 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    """config.json, with eos ids from generation_config.json when it has them (it wins, as in HF)."""
+    """config.json, with eos ids from generation_config.json when it has them (it wins, as in HF), and
+    that file kept whole as `generation_config`: the model's own sampling defaults
+    (baselm/sampling/defaults.py reads them)."""
     config = read_json(folder / "config.json")
-    generation = folder / "generation_config.json"
-    if generation.is_file():
-        eos = read_json(generation).get("eos_token_id")
-        if eos is not None:
-            config["eos_token_id"] = eos
+    path = folder / "generation_config.json"
+    if path.is_file():
+        generation = read_json(path)
+        if generation.get("eos_token_id") is not None:
+            config["eos_token_id"] = generation["eos_token_id"]
+        config["generation_config"] = generation
     return config
 
 

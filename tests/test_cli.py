@@ -130,6 +130,12 @@ def test_run_json_returns_text_ids_logprobs_usage_and_timings(model_folder):
     assert {"prefill_tokens_per_s", "decode_tokens_per_s", "ttft_s"} <= set(out["timings"])
 
 
+def test_run_samples_with_the_generation_defaults_and_a_seed_repeats_it(model_folder):
+    args = ("run", str(model_folder), "Hello there", "--json", "-n", "8", "--device", "cpu")
+    first, again = (json.loads(base(*args, "--seed", "3").stdout)["token_ids"] for _ in range(2))
+    assert first == again and 1 <= len(first) <= 8
+
+
 def test_raw_prompt_skips_the_chat_template(model_folder):
     templated = json.loads(base("run", str(model_folder), "Hi", "--json", "-n", "1", "--device", "cpu").stdout)
     raw = json.loads(base("run", str(model_folder), "Hi", "--json", "-n", "1", "--raw", "--device", "cpu").stdout)
@@ -150,7 +156,7 @@ def test_bad_sampling_values_are_refused_clearly(model_folder):
 
 @pytest.mark.slow
 def test_run_answers_the_capital_of_france(smollm2_gguf):
-    result = base("run", str(smollm2_gguf), "What is the capital of France?", "--max-tokens", "24", "--device", "cpu")
+    result = base("run", str(smollm2_gguf), "What is the capital of France?", "-n", "24", "-t", "0", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "tok/s" in result.stderr

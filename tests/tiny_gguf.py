@@ -117,9 +117,15 @@ def write_gguf(
     return path
 
 
-def tiny_llama_gguf(path: Path, type_name: str, folder: Path = LLAMA_FIXTURE) -> tuple[Path, dict[str, Any]]:
+def tiny_llama_gguf(
+    path: Path,
+    type_name: str,
+    folder: Path = LLAMA_FIXTURE,
+    more: Callable[[gguf.GGUFWriter], None] | None = None,
+) -> tuple[Path, dict[str, Any]]:
     """The llama fixture in `folder` as llama.cpp's converter writes it (q/k rows permuted), 2-D
-    weights as `type_name`, norms F32, with the word vocabulary; and the fixture's HF config."""
+    weights as `type_name`, norms F32, with the word vocabulary (and the metadata `more` writes);
+    and the fixture's HF config."""
     config = json.loads((folder / "config.json").read_text())
     tensors = {}
     for name, value in llama_cpp_tensors(config, folder).items():
@@ -129,6 +135,8 @@ def tiny_llama_gguf(path: Path, type_name: str, folder: Path = LLAMA_FIXTURE) ->
     def metadata(writer: gguf.GGUFWriter) -> None:
         add_llama_hparams(writer, config)
         add_word_vocabulary(writer, config)
+        if more is not None:
+            more(writer)
 
     return write_gguf(path, tensors, metadata), config
 

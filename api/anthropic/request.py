@@ -59,9 +59,9 @@ def _common(body: Body, counting: bool) -> Common:
     sampling: dict[str, Any] = {
         "n": 1,
         "max_tokens": max_tokens,
-        "temperature": body.number("temperature", low=0.0, high=1.0, default=1.0),
-        "top_p": body.number("top_p", default=1.0),
-        "top_k": body.integer("top_k", default=0),
+        "temperature": body.number("temperature", low=0.0, high=1.0),
+        "top_p": body.number("top_p"),
+        "top_k": body.integer("top_k"),
         "stop": stop,
         "min_tokens": 0,
         "ignore_eos": False,

@@ -24,6 +24,7 @@ from baselm.api.constrained import constrained_params
 from baselm.api.errors import APIError, bad_request, logger
 from baselm.api.ollama.lines import line, now_rfc3339
 from baselm.api.ollama.request import (
+    OLLAMA_DEFAULTS,
     read_body,
     read_format,
     read_images,
@@ -167,10 +168,10 @@ def _ollama_call(call: parsers.ToolCall) -> dict[str, Any]:
 
 def _common(body: Body, state: serving.ServerState) -> tuple[Common, dict[str, Any] | None]:
     stream = body.boolean("stream", default=True)
-    sampling = sampling_from_options(body)
+    sampling = state.fill_defaults(sampling_from_options(body), OLLAMA_DEFAULTS)
     fmt = read_format(body.raw("format"))
     body.raw("keep_alive")  # the model stays loaded while the server runs
-    return Common(state.model_name, stream, False, 1, sampling, MAX_TOKENS_FIELD), fmt
+    return Common(state.model_name, stream, False, 1, sampling, MAX_TOKENS_FIELD, OLLAMA_DEFAULTS), fmt
 
 
 def _think(body: Body) -> dict[str, Any]:

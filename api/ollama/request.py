@@ -1,7 +1,9 @@
 """Reading Ollama's request bodies: model names, `options` as sampling parameters, messages, tools, format.
 
-Ollama's documented defaults apply where a request leaves a value out (temperature 0.8,
-top_k 40, top_p 0.9, repeat_penalty 1.1), since Ollama clients rely on them. Options that tune
+Ollama's documented defaults (temperature 0.8, top_k 40, top_p 0.9, min_p 0, repeat_penalty 1.1)
+apply where a request leaves a value out and neither the command line nor the model sets one
+(baselm/sampling/defaults.py orders them), since Ollama clients rely on them. `num_predict` left
+out or negative (Ollama's "no limit") gets the server's token cap. Options that tune
 Ollama's own runner (GPU layers, threads, mmap, context size, ...) are accepted and left to this
 engine's settings; an unknown option, or a known one of the wrong type, is a 400 naming it.
 """
@@ -17,8 +19,9 @@ from baselm.api.chat import read_tool
 from baselm.api.errors import APIError, bad_request
 from baselm.api.schemas import Body, array_field, check_choice
 from baselm.api.serving import ServerState, read_json
+from baselm.sampling.defaults import SAMPLING_NAMES, SamplingDefaults
 
-DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1}
+OLLAMA_DEFAULTS = SamplingDefaults(temperature=0.8, top_p=0.9, top_k=40, min_p=0.0, repetition_penalty=1.1)
 # option -> SamplingParams field, for options read as numbers
 _NUMBER_OPTIONS = {
     "temperature": "temperature",
@@ -62,11 +65,11 @@ def sampling_from_options(body: Body) -> dict[str, Any]:
     options = Body(body.raw("options") if body.raw("options") is not None else {}, "options")
     sampling: dict[str, Any] = {"n": 1, "logit_bias": None, "min_tokens": 0, "ignore_eos": False}
     for option, name in _NUMBER_OPTIONS.items():
-        sampling[name] = options.number(option, default=DEFAULTS.get(option, 0.0 if "penalty" in option else None))
-    sampling["min_p"] = sampling["min_p"] or 0.0
+        sampling[name] = options.number(option, default=None if name in SAMPLING_NAMES else 0.0)
     for option, name in _INT_OPTIONS.items():
-        sampling[name] = options.integer(option, default=DEFAULTS.get(option))
-    sampling["top_k"] = max(sampling["top_k"] or 0, 0)
+        sampling[name] = options.integer(option)
+    if sampling["top_k"] is not None:
+        sampling["top_k"] = max(sampling["top_k"], 0)
     if sampling["seed"] is not None and sampling["seed"] < 0:
         sampling["seed"] = None  # Ollama's -1: a random seed
     num_predict = options.integer("num_predict")

@@ -131,7 +131,7 @@ def _delta(index: int, delta: dict[str, Any], logprobs: Any = None, reason: str 
 def parse_chat(data: Any) -> ChatRequest:
     """The checked chat body; a 400 naming the first field at fault."""
     body = Body(data)
-    common = read_common(body, default_max_tokens=None)
+    common = read_common(body)
     messages = [read_message(m, i) for i, m in enumerate(array_field(body.raw("messages"), "messages", required=True))]
     if not messages:
         raise bad_request("messages must hold at least one message", "messages")

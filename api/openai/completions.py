@@ -21,9 +21,11 @@ from baselm.api import serving
 from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, Common, read_common
 from baselm.request import RequestOutput
+from baselm.sampling.defaults import SamplingDefaults
 from baselm.sampling.params import TokenLogprobs
 
 MAX_CHOICES = 256  # prompts × n in one request
+COMPLETIONS_DEFAULTS = SamplingDefaults(max_tokens=16)  # OpenAI's, below the command line's and the model's
 
 
 async def completions(request: Request) -> Response:
@@ -218,7 +220,7 @@ class CompletionRequest:
 def parse_completion(data: Any) -> CompletionRequest:
     """The checked completions body; a 400 naming the first field at fault."""
     body = Body(data)
-    common = read_common(body, default_max_tokens=16)  # OpenAI's default for completions
+    common = read_common(body, COMPLETIONS_DEFAULTS)
     prompts = _prompts(body.raw("prompt"), common.n)
     logprobs = body.integer("logprobs")
     echo = body.boolean("echo")

@@ -76,8 +76,8 @@ def _common(body: Body) -> Common:
     stream = body.boolean("stream")
     sampling: dict[str, Any] = {
         "n": 1,
-        "temperature": body.number("temperature", default=1.0),
-        "top_p": body.number("top_p", default=1.0),
+        "temperature": body.number("temperature"),
+        "top_p": body.number("top_p"),
         "max_tokens": body.integer("max_output_tokens"),
         "min_tokens": 0,
         "ignore_eos": False,

@@ -39,7 +39,8 @@ Type a message and press Enter. Commands:
   /help                   this help
   /clear                  forget the conversation (the system prompt stays)
   /system [TEXT]          set the system prompt (without TEXT: show it)
-  /set [NAME VALUE]       temperature, top_p, max_tokens (or none) or seed (or none); alone: show them
+  /set [NAME VALUE]       temperature, top_p, top_k, min_p, repetition_penalty, max_tokens
+                          (or none: the context's room) or seed (or none); alone: show them
   /save FILE, /load FILE  the conversation and settings as JSON
   /stats                  the last turn's and the session's numbers
   /quit                   leave (or Ctrl-D)
@@ -246,7 +247,8 @@ class ChatREPL:
             return
         if not value.strip():
             raise ChatCommandError(
-                f"usage: /set temperature|top_p|max_tokens|seed VALUE (now: {self.settings.to_text()})"
+                f"usage: /set temperature|top_p|top_k|min_p|repetition_penalty|max_tokens|seed VALUE "
+                f"(now: {self.settings.to_text()})"
             )
         self.settings = self.settings.with_value(name, value)
         self.note(self.settings.to_text())

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from baselm.config import EngineConfig
+from baselm.sampling.defaults import LLAMA_CPP, SamplingDefaults
 from baselm.sampling.params import SamplingParams, SamplingParamsError
 
 
@@ -16,20 +17,34 @@ class ChatCommandError(ValueError):
 
 @dataclass(slots=True)
 class ChatSettings:
-    """The sampling settings a user can change with /set; every turn's SamplingParams come from these."""
+    """The sampling settings a user can change with /set; every turn's SamplingParams come from these.
+    A chat starts from the generation defaults (`from_defaults`: the command line's, the model's, else
+    llama.cpp's, as baselm/sampling/defaults.py orders them)."""
 
-    temperature: float = 0.7
-    top_p: float = 0.9
+    temperature: float = LLAMA_CPP.temperature
+    top_p: float = LLAMA_CPP.top_p
+    top_k: int = LLAMA_CPP.top_k
+    min_p: float = LLAMA_CPP.min_p
+    repetition_penalty: float = LLAMA_CPP.repetition_penalty
     max_tokens: int | None = None  # None: until the model stops or the context is full
     seed: int | None = None
 
     def __post_init__(self) -> None:
         self.sampling_params()  # raises SamplingParamsError on a bad value
 
+    @classmethod
+    def from_defaults(cls, defaults: SamplingDefaults, seed: int | None = None) -> ChatSettings:
+        """The settings a chat starts with: `defaults` resolved (every value set), and the seed."""
+        values = defaults.as_dict()
+        return cls(**{**values, "max_tokens": values.get("max_tokens") or None}, seed=seed)
+
     def sampling_params(self, max_tokens: int | None = None) -> SamplingParams:
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
             max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
             seed=self.seed,
         )
@@ -64,7 +79,7 @@ def _parse_setting(name: str, text: str) -> float | int | None:
     text = text.strip()
     if name in ("max_tokens", "seed") and text.lower() in ("none", "off"):
         return None
-    kind = float if name in ("temperature", "top_p") else int
+    kind = int if name in ("top_k", "max_tokens", "seed") else float
     try:
         return kind(text)
     except ValueError:
@@ -74,10 +89,10 @@ def _parse_setting(name: str, text: str) -> float | int | None:
 
 @dataclass(frozen=True, slots=True)
 class ChatOptions:
-    """What a chat starts with, once its model is loaded: the engine's settings, the first sampling
-    settings and system prompt. Its parts validate themselves where they are made."""
+    """What a chat starts with, once its model is loaded: the engine's settings and the system prompt
+    (the first sampling settings come from the generation defaults, `ChatSettings.from_defaults`).
+    Its parts validate themselves where they are made."""
 
-    settings: ChatSettings
     engine: EngineConfig
     system: str | None = None
     resume: bool = False  # reopen the last conversation (kept under $BASE_HOME)

@@ -8,14 +8,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from baselm.async_engine import AsyncEngine
 from baselm.chat.line_reader import history_path, last_chat_path
 from baselm.chat.repl import ChatREPL, open_chat_engine
-from baselm.chat.settings import ChatOptions
+from baselm.chat.settings import ChatOptions, ChatSettings
 from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower, warn_without_cpu_kernels
+from baselm.commands.options import GenerationOptions
+from baselm.sampling.defaults import GenerationDefaults
 
 if TYPE_CHECKING:
     from baselm.api.server import ServeOptions  # the HTTP server is imported only with --serve
@@ -27,10 +29,13 @@ class ServeError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class ChatArgs:
-    """What `base chat` does: the model, the chat it starts with, and with --serve how it serves."""
+    """What `base chat` does: the model, the chat it starts with, the generation options (the first
+    settings' defaults and seed, the runaway guard; with --serve also the served requests' defaults),
+    and with --serve how it serves."""
 
     model: ModelArgs
     chat: ChatOptions
+    generation: GenerationOptions
     serve: ServeOptions | None = None  # --serve: the HTTP API on the chat's engine
 
 
@@ -55,12 +60,15 @@ def chat(args: ChatArgs) -> None:
         loaded, group = open_model(args.model)
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, args.model.dist))
-    options = args.chat
-    with open_chat_engine(loaded, options.engine) as client:
+    options, generation = args.chat, args.generation
+    with open_chat_engine(loaded, replace(options.engine, runaway_guard=generation.runaway_guard)) as client:
         model_name = client.engine.loaded.name
-        serving = background_server(client, model_name, args.serve) if args.serve else contextlib.nullcontext()
+        defaults = GenerationDefaults.for_model(generation.sampling, loaded.config, client.engine.max_model_len)
+        settings = ChatSettings.from_defaults(defaults.resolved(), generation.seed)
+        serve = replace(args.serve, sampling=generation.sampling) if args.serve else None
+        serving = background_server(client, model_name, serve) if serve else contextlib.nullcontext()
         with serving as url:
-            repl = ChatREPL(client, model_name, options.settings, options.system, history_path(), last_chat_path())
+            repl = ChatREPL(client, model_name, settings, options.system, history_path(), last_chat_path())
             if options.resume:
                 repl.resume()
             if url is not None:

@@ -3,18 +3,27 @@
 A command declares `device: str = DEVICE` and so on; `dist_options` turns the distributed ones
 into a `baselm.distributed.tp.launch.DistOptions` (imported lazily: MLX stays out of `base --help`),
 and `SpeculativeConfig.parse` the speculative ones. `show_flags_bare` is how `--help` shows a flag.
+`run`, `chat` and `serve` take the generation options (`--temperature` ... `--max-tokens`,
+`--runaway-guard`) through `@generation_options`, parsed into one `GenerationOptions`.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from baselm.commands.errors import report_user_errors
+from baselm.config import DEFAULT_RUNAWAY_GUARD
+
 if TYPE_CHECKING:
     from baselm.distributed.tp.launch import DistOptions
+    from baselm.sampling.defaults import SamplingDefaults
 
 
 def show_flags_bare() -> None:
@@ -114,3 +123,83 @@ def with_prefix_cache_file(dist: DistOptions | None, path: str | None) -> DistOp
     if dist is None or path is None:
         return dist
     return replace(dist, prefix_cache_file=path)
+
+
+MODEL_ELSE = "Default: the model's own, else"
+MAX_TOKENS_HELP = (
+    "Most tokens of an answer that asks no limit (0: the context's room). Default: 2048, or half the context."
+)
+GUARD_HELP = "Cut an answer (finish_reason length) once it has repeated one n-gram for this many tokens (0: off)."
+# The generation options: (parameter, type, declaration), in the order --help lists them.
+_GENERATION_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("temperature", float | None, typer.Option(None, "--temperature", "-t", help=f"0: greedy. {MODEL_ELSE} 0.8.")),
+    ("top_p", float | None, typer.Option(None, "--top-p", help=f"Nucleus sampling threshold. {MODEL_ELSE} 0.95.")),
+    ("top_k", int | None, typer.Option(None, "--top-k", help=f"Among the K most likely (0: off). {MODEL_ELSE} 40.")),
+    (
+        "min_p",
+        float | None,
+        typer.Option(None, "--min-p", help=f"Drop tokens below this share of the best one. {MODEL_ELSE} 0.05."),
+    ),
+    (
+        "repeat_penalty",
+        float | None,
+        typer.Option(None, "--repeat-penalty", help=f"On tokens seen before (1: off). {MODEL_ELSE} 1."),
+    ),
+    ("max_tokens", int | None, typer.Option(None, "--max-tokens", "-n", help=MAX_TOKENS_HELP)),
+    (
+        "seed",
+        int | None,
+        typer.Option(None, "--seed", help="Seed for reproducible sampling (serve: of requests that bring none)."),
+    ),
+    ("runaway_guard", int, typer.Option(DEFAULT_RUNAWAY_GUARD, "--runaway-guard", help=GUARD_HELP)),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOptions:
+    """The generation options, parsed: the defaults a request gets for what it leaves out (a request's
+    own values win; baselm/sampling/defaults.py has the rule), the seed, and the runaway guard's length
+    (EngineConfig.runaway_guard). The command layer applies them (`run`'s and `chat`'s seed is their
+    requests'; `serve`'s the engine's, for the requests that bring none)."""
+
+    sampling: SamplingDefaults
+    seed: int | None = None
+    runaway_guard: int = DEFAULT_RUNAWAY_GUARD
+
+    @classmethod
+    def parse(
+        cls, seed: int | None, runaway_guard: int, repeat_penalty: float | None, **values: Any
+    ) -> GenerationOptions:
+        from baselm.sampling.defaults import SamplingDefaults  # MLX: not for `base --help`
+
+        return cls(SamplingDefaults(repetition_penalty=repeat_penalty, **values), seed, runaway_guard)
+
+
+GENERATION_PANEL = "Sampling defaults"  # where --help shows the generation options
+
+
+def generation_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Declares the generation options once for `run`, `chat` and `serve`: `command` takes them parsed,
+    as its first parameter (a `GenerationOptions`; a bad value is one clear error line)."""
+    signature = inspect.signature(command, eval_str=True)
+    own = list(signature.parameters.values())[1:]
+    kind = inspect.Parameter.KEYWORD_ONLY
+    added = [
+        inspect.Parameter(name, kind, default=in_panel(option, GENERATION_PANEL), annotation=type_)
+        for name, type_, option in _GENERATION_OPTIONS
+    ]
+
+    @functools.wraps(command)
+    def parsed(**kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name, _, _ in _GENERATION_OPTIONS}
+        with report_user_errors():
+            generation = GenerationOptions.parse(**values)
+        command(generation, **kwargs)
+
+    # --help lists panels in the order of their first option: these come after the basics, before the rest.
+    at = next((i for i, p in enumerate(own) if getattr(p.default, "rich_help_panel", None)), len(own))
+    rest = [p.replace(kind=kind) for p in own[at:]]  # after keyword-only ones, as typer calls them all: by name
+    parsed.__signature__ = signature.replace(parameters=[*own[:at], *added, *rest])
+    first = next(iter(signature.parameters))
+    parsed.__annotations__ = {k: v for k, v in command.__annotations__.items() if k != first}
+    return parsed

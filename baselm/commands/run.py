@@ -10,14 +10,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from baselm.chat.answer import Answer
-from baselm.chat.settings import ChatOptions, ChatSettings, chat_prefix_cache_file
+from baselm.chat.settings import ChatOptions, chat_prefix_cache_file
 from baselm.chat.stats import TurnStats
 from baselm.commands.chat import ChatArgs
 from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower, warn_without_cpu_kernels
-from baselm.commands.options import with_prefix_cache_file
-from baselm.config import EngineConfig, SpeculativeConfig
+from baselm.commands.options import GenerationOptions, with_prefix_cache_file
+from baselm.config import DEFAULT_RUNAWAY_GUARD, EngineConfig, SpeculativeConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
+from baselm.sampling.defaults import GenerationDefaults
 from baselm.sampling.params import SamplingParams, TokenLogprobs
 from baselm.speculative.speculator import SpecStats
 from baselm.tokenizer.tokenizer import Tokenizer
@@ -26,57 +27,31 @@ from baselm.tokenizer.tokenizer import Tokenizer
 @dataclass(frozen=True, slots=True)
 class RunArgs:
     """What `base run` does: which model where, the prompt, how to sample and how to print.
-    Validated where it is made: `sampling` checks its own ranges."""
+    Validated where it is made: the generation options check their own ranges, the seed and logprobs here.
+
+    The answer samples as `base serve` answers a request that leaves sampling out: the command
+    line's values, then the model's own, then llama.cpp's (baselm/sampling/defaults.py); `--seed`
+    makes it reproducible, `--temperature 0` greedy."""
 
     model: ModelArgs
     prompt: str
-    sampling: SamplingParams
+    generation: GenerationOptions  # its seed is this request's
+    logprobs: int | None = None  # the chosen token's and the top K alternatives' log-probabilities
     raw: bool = False  # the prompt as plain text, not through the chat template
     as_json: bool = False  # one JSON object at the end instead of streamed text
     speculative: SpeculativeConfig | None = None
 
-
-# A prompt's answer unless told otherwise: greedy, at most this many tokens.
-DEFAULT_MAX_TOKENS = 256
-
-
-@dataclass(frozen=True, slots=True)
-class RunSampling:
-    """The sampling options as given on the command line (None: not given), before `base run` knows
-    whether it answers a prompt or opens a chat, whose defaults differ."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int = 0
-    seed: int | None = None
-    logprobs: int | None = None
-
-    def for_prompt(self) -> SamplingParams:
-        """A prompt's sampling: greedy and DEFAULT_MAX_TOKENS unless given."""
-        return SamplingParams(
-            max_tokens=DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
-            temperature=0.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k,
-            seed=self.seed,
-            logprobs=self.logprobs,
-        )
-
-    def for_chat(self) -> ChatSettings:
-        """A chat's settings: `base chat`'s defaults for what is not given (--top-k and --logprobs
-        are a prompt's only: the caller refuses them)."""
-        given = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p}
-        return ChatSettings(seed=self.seed, **{k: v for k, v in given.items() if v is not None})
+    def __post_init__(self) -> None:
+        SamplingParams(seed=self.generation.seed, logprobs=self.logprobs)  # raises SamplingParamsError naming it
 
 
-def chat_instead(model: ModelArgs, settings: ChatSettings, speculative: SpeculativeConfig | None) -> ChatArgs:
+def chat_instead(model: ModelArgs, generation: GenerationOptions, speculative: SpeculativeConfig | None) -> ChatArgs:
     """`base run MODEL` without a prompt: the chat `base chat MODEL` opens (its prefix cache file
-    too), with `settings`."""
+    too), with the generation options given."""
     prefix_file = chat_prefix_cache_file("auto", model.ref)
     config = EngineConfig(max_num_seqs=1, prefix_cache_file=prefix_file, speculative=speculative)
     model = replace(model, dist=with_prefix_cache_file(model.dist, prefix_file))
-    return ChatArgs(model, ChatOptions(settings, config))
+    return ChatArgs(model, ChatOptions(config), generation)
 
 
 def run_once(options: RunArgs) -> None:
@@ -88,12 +63,14 @@ def run_once(options: RunArgs) -> None:
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, options.model.dist))
     ids = prompt_ids(loaded.tokenizer, options.prompt, options.raw)
-    engine = LLMEngine(loaded, one_request_config(len(ids), options.sampling.max_tokens, options.speculative))
+    params = sampling_params(options, loaded)
+    config = one_request_config(len(ids), params.max_tokens, options.speculative, options.generation.runaway_guard)
+    engine = LLMEngine(loaded, config)
     load_s = time.perf_counter() - start
-    answer = _generate(engine, ids, options.sampling, echo=not options.as_json)
+    answer = _generate(engine, ids, params, echo=not options.as_json)
     timings = _timings_json(load_s, answer.stats, engine.spec_stats() if engine.speculator is not None else None)
     if options.as_json:
-        with_logprobs = options.sampling.logprobs is not None
+        with_logprobs = params.logprobs is not None
         print(json.dumps(_result_json(loaded, ids, answer, timings, with_logprobs), ensure_ascii=False))
         return
     sys.stdout.write("\n")
@@ -104,12 +81,21 @@ def run_once(options: RunArgs) -> None:
     )
 
 
+def sampling_params(options: RunArgs, loaded: LoadedModel) -> SamplingParams:
+    """The one request's SamplingParams: the seed and logprobs asked for, the rest from the generation defaults."""
+    generation = GenerationDefaults.for_model(options.generation.sampling, loaded.config, loaded.max_model_len)
+    return SamplingParams(**generation.fill({"seed": options.generation.seed, "logprobs": options.logprobs}))
+
+
 def one_request_config(
-    num_prompt_tokens: int, max_tokens: int | None, speculative: SpeculativeConfig | None = None
+    num_prompt_tokens: int,
+    max_tokens: int | None,
+    speculative: SpeculativeConfig | None = None,
+    runaway_guard: int = DEFAULT_RUNAWAY_GUARD,
 ) -> EngineConfig:
     """An engine for this one request: its KV pool holds the prompt and `max_tokens` more (in
     whole blocks), not a full context; with no `max_tokens`, the model's whole context."""
-    config = EngineConfig(max_num_seqs=1, speculative=speculative)
+    config = EngineConfig(max_num_seqs=1, speculative=speculative, runaway_guard=runaway_guard)
     if max_tokens is None:
         return config
     config.max_model_len = -(-(num_prompt_tokens + max_tokens) // config.block_size) * config.block_size

@@ -4,13 +4,14 @@ server's exit status (see `baselm.api.server.exit_process`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from baselm.api.server import ServeOptions, exit_process, run_server
+from baselm.api.server import LOG_FORMATS, ServeOptions, exit_process, run_server
 from baselm.commands.errors import report_user_errors
 from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower, warn_without_cpu_kernels
+from baselm.commands.options import GenerationOptions
 from baselm.config import ConfigError, EngineConfig
 
 if TYPE_CHECKING:
@@ -20,13 +21,27 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class ServeArgs:
-    """What `base serve` does: the model, its engine, how the server listens, and with --pd the
-    prefill/decode group it serves from."""
+    """What `base serve` does: the model, its engine, how the server listens, the generation options
+    (applied to both by `engine_config` and `serve_options`), and with --pd the prefill/decode group
+    it serves from."""
 
     model: ModelArgs
     engine: EngineConfig
     server: ServeOptions
+    generation: GenerationOptions
     pd: PDOptions | None = None  # --pd (and --role): a prefill/decode group; None: one engine
+
+    def __post_init__(self) -> None:
+        if self.server.log_format not in LOG_FORMATS:
+            raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}, not {self.server.log_format!r}")
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings with the seed of requests that bring none and the runaway guard."""
+        return replace(self.engine, seed=self.generation.seed, runaway_guard=self.generation.runaway_guard)
+
+    def serve_options(self) -> ServeOptions:
+        """How the server answers, with the defaults of what requests leave out."""
+        return replace(self.server, sampling=self.generation.sampling)
 
 
 def read_api_key_file(path: str) -> str:
@@ -78,4 +93,4 @@ def serve(args: ServeArgs) -> NoReturn:
         loaded, group = open_model(args.model)
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, args.model.dist))
-    exit_process(run_server(loaded, args.engine, args.server))
+    exit_process(run_server(loaded, args.engine_config(), args.serve_options()))

@@ -20,7 +20,6 @@ from baselm.commands.options import (
 )
 from baselm.config import DEFAULT_HOST, DEFAULT_PORT
 
-SAMPLING = "Sampling defaults"
 LIMITS = "Limits"
 
 PREFIX_FILE_HELP = (
@@ -31,6 +30,7 @@ PREFIX_FILE_HELP = (
 PREFIX_SAVE_HELP = "Seconds between saves of a changed prefix cache."
 PREFIX_MAX_HELP = "Most K/V the prefix cache file holds (per rank of a group), e.g. 1GiB (default: the pool)."
 MAX_CONNECTIONS_HELP = "Connections open at once, idle ones included; past it a request gets 503."
+LOG_FORMAT_HELP = "The log's lines: text, or json (one object a line); a line per request either way."
 READ_TIMEOUT_HELP = "Seconds a request's headers, and then its body, may take to arrive (408 past it)."
 SHUTDOWN_HELP = "Seconds in-flight requests get to finish on SIGINT/SIGTERM."
 CORS_HELP = (
@@ -45,16 +45,13 @@ PD_HELP = "Prefill/decode disaggregation: P prefill and D decode processes, e.g.
 ROLE_HELP = "With --pd over machines: this rank's role, prefill or decode (checked against --rank)."
 API_KEY_HELP = "Require 'Authorization: Bearer KEY' (env BASE_API_KEY)."
 API_KEY_FILE_HELP = "Read the key from this file (its one line), out of sight of ps; instead of --api-key."
-SEED_HELP = "Seed of the sampling of requests that bring none (default: random), for reproducible runs."
 
 # Options (the basics; --device is options.py's)
 HOST = typer.Option(DEFAULT_HOST, "--host", help="Address to listen on (0.0.0.0: every interface).")
 PORT = typer.Option(DEFAULT_PORT, "--port", help="Port to listen on.")
 SERVED_MODEL_NAME = typer.Option(None, "--served-model-name", help="Model name clients send.")
 
-# Sampling defaults
-SEED = typer.Option(None, "--seed", help=SEED_HELP, rich_help_panel=SAMPLING)
-
+# Sampling defaults: options.py's generation options, in their own panel
 # Performance
 KV_MEMORY = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP, rich_help_panel=PERFORMANCE)
 SERVE_KV_BITS = in_panel(KV_BITS, PERFORMANCE)
@@ -92,3 +89,4 @@ API_KEY = typer.Option(None, "--api-key", envvar="BASE_API_KEY", help=API_KEY_HE
 API_KEY_FILE = typer.Option(None, "--api-key-file", help=API_KEY_FILE_HELP, rich_help_panel=SECURITY)
 ALLOWED_HOSTS = typer.Option("", "--allowed-hosts", help=ALLOWED_HOSTS_HELP, rich_help_panel=SECURITY)
 CORS_ORIGINS = typer.Option("", "--cors-origins", help=CORS_HELP, rich_help_panel=SECURITY)
+LOG_FORMAT = typer.Option("text", "--log-format", help=LOG_FORMAT_HELP)

@@ -94,10 +94,10 @@ def serve_pd(args: ServeArgs) -> int:
     until a signal; every other rank follows rank 0's steps. Returns this process's exit status."""
     group = form_group(args.pd)
     loaded = load_alone(args.model)
-    engine = start(loaded, args.engine, args.pd, group)
+    engine = start(loaded, args.engine_config(), args.pd, group)
     if engine is None:  # a rank other than 0, told to stop
         return 0
-    code = run_server(loaded, args.engine, args.server, engine=engine)
+    code = run_server(loaded, engine.config, args.serve_options(), engine=engine)
     stop(engine, group)
     return code
 

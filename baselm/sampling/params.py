@@ -26,6 +26,9 @@ MAX_LOGIT_BIAS = 100.0
 MAX_OPENAI_PENALTY = 2.0
 MAX_STOPS = 16
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # any signed or unsigned 64-bit integer
+# The best tokens the sampler sorts per row for a top-k/top-p cut (sampler.py): a cut that keeps at
+# most this many tokens is decided on the device alone.
+TOP_K_CANDIDATES = 512
 
 # (generated token ids so far, logits (vocab,)) -> logits (vocab,). It may be called with ids
 # that go back (a speculative step verifies drafts, then keeps fewer). One that keeps state (a
@@ -156,11 +159,15 @@ class SamplingParams:
 
     def needs_host_ids(self, vocab_size: int) -> bool:
         """True when a draw needs the generated ids on the host (processors, penalties) or reads
-        the device back (a top-k/top-p cut on a sampled row), so a step cannot be launched on the
+        the device back (a top-p cut whose kept tokens may reach past the sampler's sorted
+        candidates: top_k off or above TOP_K_CANDIDATES), so a step cannot be launched on the
         previous step's sampled ids before they are read (decode pipelining)."""
         if self.logits_processors or self.has_penalties:
             return True
-        return not self.greedy and (0 < self.top_k < vocab_size or self.top_p < 1.0)
+        if self.greedy:
+            return False
+        top_k = self.top_k if 0 < self.top_k < vocab_size else vocab_size
+        return top_k > min(TOP_K_CANDIDATES, vocab_size) and (top_k < vocab_size or self.top_p < 1.0)
 
     def validate(self) -> None:
         """Raises SamplingParamsError naming the first field that holds a bad value."""

@@ -42,7 +42,7 @@ import mlx.core as mx
 import numpy as np
 
 from baselm.sampling.acceptance import point_masses, verify_sampled
-from baselm.sampling.params import SamplingParams, TokenLogprobs
+from baselm.sampling.params import TOP_K_CANDIDATES, SamplingParams, TokenLogprobs
 
 _U64 = (1 << 64) - 1
 # Salts that keep a seeded row's acceptance draws and residual draws apart from its token draw.
@@ -259,9 +259,9 @@ class Sampler:
         cut = [i for i in sampled if 0 < params[i].top_k < vocab or params[i].top_p < 1.0]
         if cut:
             idx = mx.array(cut)
-            top_k = mx.array([params[i].top_k if 0 < params[i].top_k < vocab else vocab for i in cut])
+            ks = [params[i].top_k if 0 < params[i].top_k < vocab else vocab for i in cut]
             top_p = mx.array([params[i].top_p if params[i].top_p < 1.0 else 2.0 for i in cut])
-            x[idx] = _top_k_top_p(x[idx], top_k, top_p)
+            x[idx] = _top_k_top_p(x[idx], mx.array(ks), top_p, max(ks) <= TOP_K_CANDIDATES)
         is_sampled = set(sampled)
         min_p = [params[i].min_p if i in is_sampled else 0.0 for i in range(len(params))]
         if any(min_p):
@@ -341,19 +341,18 @@ def _scale(x: mx.array, params: Sequence[SamplingParams]) -> mx.array:
     return x / temps[:, None]
 
 
-_NUM_CANDIDATES = 512  # best tokens sorted per row; the nucleus almost always lies inside them
-
-
-def _top_k_top_p(x: mx.array, top_k: mx.array, top_p: mx.array) -> mx.array:
+def _top_k_top_p(x: mx.array, top_k: mx.array, top_p: mx.array, within: bool = False) -> mx.array:
     """x: (rows, vocab); keeps each row's top_k best, then the smallest head whose mass reaches top_p.
 
-    Exact, without sorting the whole vocabulary: only the best `_NUM_CANDIDATES` tokens of a
-    row are sorted (argpartition finds them), and probabilities use the full normalizer. A row
-    whose kept head is not complete inside the candidates (a flat distribution, or top_k
-    larger than the candidates but not off) is redone with a full sort.
+    Exact, without sorting the whole vocabulary: only the best `TOP_K_CANDIDATES` tokens of a
+    row are sorted (argpartition finds them; the nucleus almost always lies inside them), and
+    probabilities use the full normalizer. A row whose kept head is not complete inside the
+    candidates (a flat distribution, or top_k larger than the candidates but not off) is redone
+    with a full sort. `within`: every row's top_k is known to be at most the candidates, so every
+    head is complete and nothing is read back from the device (see `SamplingParams.needs_host_ids`).
     """
     rows, vocab = x.shape
-    num = min(_NUM_CANDIDATES, vocab)
+    num = min(TOP_K_CANDIDATES, vocab)
     if num == vocab:
         return _top_k_top_p_sorted(x, mx.argsort(-x, axis=-1), top_k, top_p)
     best = mx.argpartition(-x, num - 1, axis=-1)[:, :num]  # (rows, num): the best, unordered
@@ -369,7 +368,7 @@ def _top_k_top_p(x: mx.array, top_k: mx.array, top_p: mx.array) -> mx.array:
     probs = mx.exp(ranked - log_total[:, None])
     head_mass = probs.sum(axis=-1)
     complete = (k <= num) | ((k == vocab) & (head_mass >= top_p))  # the kept set lies in the candidates
-    if not all(complete.tolist()):
+    if not within and not all(complete.tolist()):
         return _top_k_top_p_sorted(x, mx.argsort(-x, axis=-1), top_k, top_p)
     mass_before = mx.cumsum(probs, axis=-1) - probs
     # NOTE: the best token always stays (mass_before = 0 < top_p).

@@ -18,6 +18,7 @@ from baselm.async_engine import AsyncEngine
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
+from baselm.sampling.defaults import NO_DEFAULTS, SamplingDefaults
 from tests.tiny_model import loaded_widened_llama
 
 MODEL = "tiny"
@@ -37,6 +38,7 @@ class RunningServer:
         allowed_hosts: tuple[str, ...] = (),
         host: str = "127.0.0.1",
         read_timeout: float = 30.0,
+        sampling: SamplingDefaults = NO_DEFAULTS,
         **config,
     ) -> None:
         config.setdefault("kv_memory", 4 * 2**20)
@@ -58,6 +60,7 @@ class RunningServer:
             cors_origins=cors_origins,
             allowed_hosts=allowed_hosts,
             read_timeout=read_timeout,
+            sampling=sampling,
         )
         self.server = make_server(self.client, model_name, options)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

@@ -268,3 +268,36 @@ def _eventually_healthy(served: ServeProcess, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_serve_says_its_defaults_at_start_and_logs_a_json_object_per_request(model_folder):
+    served = ServeProcess(
+        model_folder, "--kv-memory", "4MiB", "--log-format", "json", "--temperature", "0", "--max-tokens", "5"
+    )
+    try:
+        banner = served.output_through("Try:")
+        assert (
+            "Requests that leave them out get temperature 0, top_p 0.95, top_k 40, min_p 0.05, repetition_penalty 1 "
+            "(from the command line, then llama.cpp) and at most 5 tokens; "
+            "an answer that repeats one n-gram for 256 tokens is cut (--runaway-guard)."
+        ) in banner
+        done = served.openai().chat.completions.create(
+            model=model_folder.name, messages=[{"role": "user", "content": "hi"}]
+        )
+        output = served.output_through('"route": "/v1/chat/completions"')
+        [entry] = [json.loads(line) for line in output.splitlines() if '"route": "/v1/chat/completions"' in line]
+        assert (entry["level"], entry["status"], entry["generated_tokens"]) == (
+            "info",
+            200,
+            done.usage.completion_tokens,
+        )
+        assert entry["generated_tokens"] <= 5 and entry["finish_reason"] == done.choices[0].finish_reason
+    finally:
+        served.close()
+
+
+def test_serve_refuses_an_unknown_log_format_with_one_line(model_folder):
+    command = [sys.executable, "-m", "baselm.cli", "serve", str(model_folder), "--log-format", "yaml"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "--log-format must be one of text, json, not 'yaml'" in result.stderr and "Traceback" not in result.stderr

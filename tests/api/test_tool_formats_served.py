@@ -10,8 +10,9 @@ import pytest
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
-from baselm.api.chat import sampling_params
+from baselm.api.chat import ChatRequest, sampling_params
 from baselm.api.openai.chat import parse_chat
+from baselm.sampling.defaults import NO_DEFAULTS, GenerationDefaults
 from baselm.tokenizer.tokenizer import Tokenizer
 from baselm.toolcalls.markers import HARMONY, MISTRAL, needs_special_tokens
 from baselm.toolcalls.parsers import HERMES
@@ -66,6 +67,12 @@ def tokenizer_with_special(*tokens: str) -> Tokenizer:
     return Tokenizer.from_hf_files(backend.to_str(), config)
 
 
+def with_defaults(chat: ChatRequest) -> ChatRequest:
+    """`chat` with what its body leaves out filled in, as `serving.read_request` fills it."""
+    chat.common.sampling = GenerationDefaults(NO_DEFAULTS, NO_DEFAULTS, 2048).fill(chat.common.sampling)
+    return chat
+
+
 def test_answers_are_decoded_with_special_tokens_where_call_markers_are_special():
     tok = tokenizer_with_special("[TOOL_CALLS]", "[ARGS]")
     assert needs_special_tokens(MISTRAL, tok)
@@ -75,8 +82,8 @@ def test_answers_are_decoded_with_special_tokens_where_call_markers_are_special(
         SimpleNamespace(tool_format=MISTRAL, tokenizer=tok),
         SimpleNamespace(tool_format=HERMES, tokenizer=tok),
     )
-    chat = parse_chat({"model": MODEL, "messages": ASK, "tools": [WEATHER]})
+    chat = with_defaults(parse_chat({"model": MODEL, "messages": ASK, "tools": [WEATHER]}))
     assert sampling_params(mistral, chat).skip_special_tokens is False
     assert sampling_params(hermes, chat).skip_special_tokens is True
-    without_tools = parse_chat({"model": MODEL, "messages": ASK})
+    without_tools = with_defaults(parse_chat({"model": MODEL, "messages": ASK}))
     assert sampling_params(mistral, without_tools).skip_special_tokens is True

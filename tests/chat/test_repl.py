@@ -69,12 +69,28 @@ def test_repl_answers_and_runs_its_commands(chat_model, tmp_path):
         _ask(child, "/system Be brief.", "system prompt set")
         _ask(child, "hello there", r"decode 8 tokens [\d.]+ tok/s · context \d+/4096")
         _ask(child, "/set temperature hot", "error: temperature takes a number, got 'hot'")
-        _ask(child, "/set", "temperature=0.7, top_p=0.9, max_tokens=8, seed=0")  # alone: the settings
-        _ask(child, "/set top_p", r"error: usage: /set temperature\|top_p\|max_tokens\|seed VALUE")
+        _ask(
+            child,
+            "/set",
+            "temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, repetition_penalty=1.0, max_tokens=8, seed=0",
+        )
+        _ask(
+            child,
+            "/set top_p",
+            r"error: usage: /set temperature\|top_p\|top_k\|min_p\|repetition_penalty\|max_tokens\|seed VALUE",
+        )
         _ask(child, "/frobnicate", "unknown command /frobnicate; commands: /help")
         _ask(child, f"/save {tmp_path / 'one.json'}", "saved 2 messages")
         saved = json.loads((tmp_path / "one.json").read_text())
-        assert saved["settings"] == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 8, "seed": 0}
+        assert saved["settings"] == {  # the generation defaults (llama.cpp's: the model has none), --max-tokens, --seed
+            "temperature": 0.8,
+            "top_p": 0.95,
+            "top_k": 40,
+            "min_p": 0.05,
+            "repetition_penalty": 1.0,
+            "max_tokens": 8,
+            "seed": 0,
+        }
         assert [m["role"] for m in saved["messages"]] == ["system", "user", "assistant"]
         assert saved["messages"][0]["content"] == "Be brief."
         assert saved["messages"][2]["content"]  # the random model's text came back
@@ -193,7 +209,11 @@ def test_run_without_a_prompt_opens_the_chat(chat_model, tmp_path):
     )
     child.expect_exact("base chat · ")
     child.expect_exact(">>> ")
-    _ask(child, "/set", "temperature=0.7, top_p=0.9, max_tokens=5, seed=None")  # chat's defaults, run's -n
+    _ask(
+        child,
+        "/set",
+        "temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, repetition_penalty=1.0, max_tokens=5, seed=None",
+    )
     _ask(child, "hello", r"decode 5 tokens")
     assert _quit(child) == 0
 
@@ -201,7 +221,7 @@ def test_run_without_a_prompt_opens_the_chat(chat_model, tmp_path):
 def test_run_without_a_prompt_refuses_a_prompts_options(chat_model):
     result = subprocess.run([BASE, "run", str(chat_model), "--json"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
-    assert result.stderr.strip() == "error: --raw, --json, --top-k and --logprobs need a prompt: base run MODEL PROMPT"
+    assert result.stderr.strip() == "error: --raw, --json and --logprobs need a prompt: base run MODEL PROMPT"
 
 
 def test_resume_reopens_the_last_conversation_and_its_prompt_comes_from_the_cache_file(chat_model, tmp_path):

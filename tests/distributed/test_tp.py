@@ -142,6 +142,8 @@ def test_base_run_over_two_processes_started_or_joined_prints_what_one_process_p
         "Hello there",
         "-n",
         "12",
+        "-t",
+        "0",
         "--raw",
         "--device",
         "cpu",
@@ -164,7 +166,7 @@ def test_base_run_with_whole_experts_per_rank_prints_what_one_process_prints(tmp
     folder = tmp_path / "mixtral"
     shutil.copytree(MODEL_FIXTURES / "mixtral", folder)
     shutil.copy(BPE_TOKENIZER / "tokenizer.json", folder)
-    args = [sys.executable, "-m", "baselm.cli", "run", str(folder), "Hi", "-n", "12", "--raw", "--json"]
+    args = [sys.executable, "-m", "baselm.cli", "run", str(folder), "Hi", "-n", "12", "-t", "0", "--raw", "--json"]
 
     def run(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([*args, "--device", "cpu", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -257,7 +257,7 @@ def test_base_run_of_a_base_file_over_two_processes_prints_what_one_process_prin
     else:  # 256-token fixtures: a prompt of ids below 256
         path, prompt = _base(tmp_path, fixture, "q4"), "x y z"
     assert set(Sharding(1, 2).read_plan(BaseFile.open(path)).cuts) == _split_weights(path)  # the ranks read it cut
-    args = [sys.executable, "-m", "baselm.cli", "run", str(path), prompt, "-n", "12", "--raw", "--json"]
+    args = [sys.executable, "-m", "baselm.cli", "run", str(path), prompt, "-n", "12", "-t", "0", "--raw", "--json"]
 
     def run(*extra: str) -> list[int]:
         proc = subprocess.run([*args, "--device", "cpu", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -314,3 +314,14 @@ def test_candidate_top_k_top_p_equals_the_full_sort(top_k, top_p):
     full = _top_k_top_p_sorted(x, mx.argsort(-x, axis=-1), k, p)
     assert mx.array_equal(mx.isinf(fast), mx.isinf(full)).item()
     assert mx.array_equal(mx.where(mx.isinf(full), 0, fast), mx.where(mx.isinf(full), 0, full)).item()
+
+
+@pytest.mark.parametrize("top_k, top_p", [(40, 0.95), (512, 0.5), (1, 1.0)])
+def test_a_top_k_within_the_candidates_needs_no_check_and_equals_the_full_sort(top_k, top_p):
+    vocab = 4096
+    flat = mx.random.normal((2, vocab), key=mx.random.key(3)) * 0.1  # top_p alone would reach past the candidates
+    k, p = mx.array([top_k] * 2), mx.array([top_p if top_p < 1.0 else 2.0] * 2)
+    fast = _top_k_top_p(flat, k, p, within=True)
+    full = _top_k_top_p_sorted(flat, mx.argsort(-flat, axis=-1), k, p)
+    assert mx.array_equal(mx.where(mx.isinf(full), 0, fast), mx.where(mx.isinf(full), 0, full)).item()
+    assert mx.array_equal(mx.isinf(fast), mx.isinf(full)).item()

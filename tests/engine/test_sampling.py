@@ -79,3 +79,18 @@ def test_check_vocab_rejects_token_ids_outside_the_vocabulary():
     assert info.value.field == "logit_bias"
     with pytest.raises(SamplingParamsError, match="stop_token_ids"):
         SamplingParams(stop_token_ids=[9]).check_vocab(8)
+
+
+@pytest.mark.parametrize(
+    ("params", "reads_back"),
+    [
+        (SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), False),  # llama.cpp's defaults
+        (SamplingParams(temperature=1.0, top_p=1.0), False),  # no cut at all
+        (SamplingParams(temperature=0.0, top_p=0.5), False),  # greedy
+        (SamplingParams(temperature=1.0, top_p=0.95), True),  # a nucleus that may pass the sorted candidates
+        (SamplingParams(temperature=1.0, top_k=1000), True),  # more than the candidates
+        (SamplingParams(temperature=0.8, top_k=40, repetition_penalty=1.1), True),  # penalties read the ids
+    ],
+)
+def test_which_draws_need_the_host_before_the_next_step_can_launch(params, reads_back):
+    assert params.needs_host_ids(vocab_size=49152) is reads_back

@@ -20,7 +20,7 @@ def model_folder(tmp_path_factory):
 
 
 def test_run_json_reports_acceptance_and_keeps_greedy_tokens(model_folder):
-    args = ("run", str(model_folder), PROMPT, "--json", "--raw", "-n", "12", "--device", "cpu")
+    args = ("run", str(model_folder), PROMPT, "--json", "--raw", "-n", "12", "-t", "0", "--device", "cpu")
     plain = json.loads(base(*args).stdout)
     result = base(*args, "--speculative", "ngram", "--num-speculative-tokens", "3", "--fixed-speculation")
     assert result.returncode == 0, result.stderr

@@ -210,6 +210,27 @@ def test_a_converted_llama_gguf_holds_its_tensors_exactly_with_qk_rows_in_hf_ord
     assert same_bits(np.array(down_values), expected["blk.0.ffn_down.weight"])
 
 
+def test_a_ggufs_recommended_sampling_is_kept_in_hf_generation_config_names(tmp_path: Path) -> None:
+    def sampling(writer: gguf.GGUFWriter) -> None:
+        writer.add_float32("general.sampling.temp", 0.6)
+        writer.add_uint32("general.sampling.top_k", 20)
+        writer.add_float32("general.sampling.top_p", 0.95)
+        writer.add_float32("general.sampling.penalty_repeat", 1.05)
+        writer.add_string("general.sampling.sequence", "penalties;top_k;top_p;temp")  # not a value: left out
+
+    path, _ = tiny_llama_gguf(tmp_path / "llama.gguf", "Q8_0", more=sampling)
+    expected = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.05}  # float32's 7 digits
+    assert gguf_store.GGUFCheckpoint.open(path).config["generation_config"] == expected
+    convert(path, tmp_path / "llama.base", None, None, "default")
+    header, _ = read_base_file(tmp_path / "llama.base")
+    assert header["config"]["generation_config"] == expected  # the store keeps them
+
+
+def test_a_gguf_without_sampling_keys_has_no_generation_config(tmp_path: Path) -> None:
+    path, _ = tiny_llama_gguf(tmp_path / "llama.gguf", "Q8_0")
+    assert "generation_config" not in gguf_store.GGUFCheckpoint.open(path).config
+
+
 # ---------------------------------------------------------------------------------------------
 # Direct loading (`read_metadata`): the mx.load layout, for every readable type
 

@@ -16,6 +16,7 @@ from test_mlx_folder import make_mlx_folder
 from baselm.backend import Backend
 from baselm.loader import load_model
 from baselm.models import build_model
+from baselm.sampling.defaults import SamplingDefaults, model_defaults
 from baselm.store.base_reader import BaseFile
 from baselm.store.convert import convert
 from baselm.store.errors import BaseFileError, StoreError, UnsupportedModelError
@@ -111,6 +112,17 @@ def test_an_mlx_folder_is_stored_byte_for_byte_and_gives_the_folders_logits(stor
     config = json.loads((folder / "config.json").read_text())
     source = build_model(plain_config(config), dict(mx.load(str(folder / "model.safetensors"))))
     assert np.array_equal(prefill_logits(load_model(model.ref, CPU).model, IDS), prefill_logits(source, IDS))
+
+
+def test_an_hf_folders_generation_config_is_stored_and_gives_the_models_sampling_defaults(
+    store: Store, hf_folder: Path
+) -> None:
+    generation = {"eos_token_id": [2, 0], "do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20}
+    (hf_folder / "generation_config.json").write_text(json.dumps(generation))
+    model = import_local(hf_folder, quant="q8", supported=SUPPORTED, store=store)
+    loaded = load_model(model.ref, CPU)
+    assert loaded.config["generation_config"] == generation  # kept whole, as HF wrote it
+    assert model_defaults(loaded.config) == SamplingDefaults(temperature=0.6, top_p=0.9, top_k=20)
 
 
 def test_a_base_file_is_verified_and_copied_in_as_it_is(store: Store, hf_folder: Path, tmp_path: Path) -> None:

@@ -46,6 +46,15 @@ def test_a_peer_that_exits_fails_the_next_collective_clearly():
     assert "restart every rank" in result["message"]
 
 
+def test_a_length_past_the_limit_from_a_peer_is_refused_before_anything_is_allocated():
+    result = _result(_run("hostile_lengths"))
+    limit = str(dist.comm.MAX_MESSAGE_BYTES)
+    for call in ("broadcast", "gather"):
+        error, message = result[call]
+        assert error == "MessageError", (call, message)
+        assert limit in message and "restart every rank" in message
+
+
 def test_ranks_join_from_a_user_hostfile(tmp_path: Path):
     hosts = [f"127.0.0.1:{p}" for p in free_ports(2)]
     hostfile = dist.write_hostfile(tmp_path, hosts)

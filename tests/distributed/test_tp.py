@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from baselm.distributed.comm import MessageError
 from baselm.distributed.group import free_ports, write_hostfile
 from baselm.distributed.tp.layers import even_ranges, head_ranges
-from baselm.distributed.tp.plan import CACHE, FORWARD, StepPlan
+from baselm.distributed.tp.plan import CACHE, FORWARD, SAVE, StepPlan
 from baselm.kv import AttentionMetadata
 from baselm.models.base import ModelConfigError
 from tests.distributed.tp_ranks import FIXTURES
@@ -128,6 +129,38 @@ def test_a_step_plan_comes_back_as_the_same_attention_metadata():
         assert np.array_equal(np.array(getattr(again, name)), np.array(getattr(meta, name))), name
     cache = StepPlan.decode(StepPlan(CACHE, cache_id=2, cache_shape=(100, 16, 8)).encode())
     assert (cache.op, cache.cache_id, cache.cache_shape) == (CACHE, 2, (100, 16, 8))
+
+
+def _forward_plan(block_tables: list[list[int]], input_ids: list[int]) -> StepPlan:
+    lens = [len(input_ids)] * len(block_tables)
+    meta = AttentionMetadata.build(block_tables, lens, lens, 16)
+    return StepPlan.forward(FORWARD, np.asarray(input_ids * len(block_tables), dtype=np.int32), meta, 1)
+
+
+def test_a_plan_naming_blocks_or_tokens_outside_this_rank_is_refused():
+    _forward_plan([[3, 1]], [5] * 20).check(num_blocks=4, vocab_size=6)
+    for plan, why in (
+        (_forward_plan([[3, 4]], [5] * 20), "blocks 3..4 of a pool of 4"),
+        (_forward_plan([[-1]], [5]), "blocks -1..-1"),
+        (_forward_plan([[0]], [6]), "token ids 6..6, past a vocabulary of 6"),
+        (StepPlan(SAVE, payload=np.array([9, 1, 2, 3, 4], dtype=np.int32)), "blocks 9..9"),
+    ):
+        with pytest.raises(MessageError, match=why):
+            StepPlan.decode(plan.encode()).check(num_blocks=4, vocab_size=6)
+
+
+@pytest.mark.parametrize(
+    "header, why",
+    [
+        ([FORWARD, -1, 0, 1, 1, 0, 0, 0], "negative count"),
+        ([FORWARD, 1, 1, 1, 1, 0, 0, 0], "holds 8 values, its header describes 12"),
+        ([SAVE, 0, 3, 0, 1, 0, 0, 0, 1, 2, 3], "5 per block"),
+        ([FORWARD, 1, 1, 1, 1, 0, 0, 0, 0, 0, 7, 0], "describes no step"),  # a query of 1 in a context of 0
+    ],
+)
+def test_a_plan_whose_header_does_not_describe_it_is_refused(header: list[int], why: str):
+    with pytest.raises(MessageError, match=why):
+        StepPlan.decode(np.asarray(header, dtype="<i4").tobytes()).metadata(16)
 
 
 def test_base_run_over_two_processes_started_or_joined_prints_what_one_process_prints(tmp_path: Path):

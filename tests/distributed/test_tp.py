@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from baselm.distributed.comm import MessageError
-from baselm.distributed.group import free_ports, write_hostfile
+from baselm.distributed.group import reserve_ports, write_hostfile
 from baselm.distributed.tp.layers import even_ranges, head_ranges
 from baselm.distributed.tp.plan import CACHE, FORWARD, SAVE, StepPlan
 from baselm.kv import AttentionMetadata
@@ -165,7 +165,8 @@ def test_a_plan_whose_header_does_not_describe_it_is_refused(header: list[int], 
 
 def test_base_run_over_two_processes_started_or_joined_prints_what_one_process_prints(tmp_path: Path):
     folder = write_model_folder(tmp_path / "tiny")
-    hostfile = write_hostfile(tmp_path, [f"127.0.0.1:{p}" for p in free_ports(2)])
+    reserved = reserve_ports(2)  # held for the ranks of the hostfile, released at the end
+    hostfile = write_hostfile(tmp_path, [f"127.0.0.1:{p}" for p in reserved.ports])
     args = [
         sys.executable,
         "-m",
@@ -188,9 +189,10 @@ def test_base_run_over_two_processes_started_or_joined_prints_what_one_process_p
     alone = run()
     assert len(alone) == 12
     assert run("--tensor-parallel", "2") == alone  # rank 0 starts rank 1 itself
-    rank1 = subprocess.Popen([*args, "--hostfile", str(hostfile), "--rank", "1"], cwd=ROOT, stdout=subprocess.PIPE)
-    assert run("--hostfile", str(hostfile), "--rank", "0") == alone
-    assert rank1.wait(60) == 0 and rank1.stdout.read() == b""  # it followed rank 0, then left quietly
+    with reserved:
+        rank1 = subprocess.Popen([*args, "--hostfile", str(hostfile), "--rank", "1"], cwd=ROOT, stdout=subprocess.PIPE)
+        assert run("--hostfile", str(hostfile), "--rank", "0") == alone
+        assert rank1.wait(60) == 0 and rank1.stdout.read() == b""  # it followed rank 0, then left quietly
 
 
 def test_base_run_with_whole_experts_per_rank_prints_what_one_process_prints(tmp_path: Path):

@@ -106,6 +106,7 @@ def paged_attention_kernel(call: AttentionCall, num_splits: int | None = None, r
     split a reduce kernel merges the partial softmax states.
     Returns (num_tokens, heads, head_dim).
     """
+    call.check()  # NOTE: the kernel indexes by these shapes; others would read past its buffers
     meta = call.meta
     num_heads, head_dim = call.queries.shape[1:]
     gq = heads_per_threadgroup(num_heads, call.key_pool.shape[2])
@@ -181,6 +182,11 @@ def quantize_rows_kernel(
     rows: mx.array, bits: int, group_size: int, dtype: mx.Dtype, run: Runner = run_on_metal
 ) -> tuple[mx.array, mx.array, mx.array]:
     """`kv_quant.quantize_rows` for rows (num_tokens, kv_heads, head_dim), one thread per group."""
+    if rows.ndim != 3 or bits not in (4, 8) or group_size < 1 or rows.shape[2] % group_size or group_size * bits % 32:
+        raise ValueError(
+            f"KV quantization: rows {rows.shape} must be (num_tokens, kv_heads, head_dim) with groups of {group_size} "
+            f"that divide head_dim and fill whole words of {bits}-bit codes (bits 4 or 8)"
+        )
     num_tokens, num_kv_heads, head_dim = rows.shape
     num_groups = num_tokens * num_kv_heads * head_dim // group_size
     lead = (num_tokens, num_kv_heads)
@@ -205,6 +211,7 @@ def write_kv_kernel(write: KVWrite, run: Runner = run_on_metal) -> tuple[Pool, P
     the new rows' codes/scales/biases; MLX's scatter then writes them (and float rows) into
     the pool, in place when the caller holds the only reference to the pool (donation).
     """
+    write.check()
     quantize = functools.partial(quantize_rows_kernel, run=run)
     key_pool = write_pool(write.key_pool, write.keys, write.slot_mapping, quantize)
     return key_pool, write_pool(write.value_pool, write.values, write.slot_mapping, quantize)

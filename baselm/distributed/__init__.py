@@ -5,7 +5,15 @@ rank 0's data to every rank over collectives, `watchdog.py` ends a rank stuck on
 `pd_*.py` split prefill and decode over processes (`base serve --pd P:D`; see pd_node.py).
 """
 
-from baselm.distributed.comm import Traffic, all_sum, broadcast_bytes, broadcast_object, run_collective, traffic
+from baselm.distributed.comm import (
+    MessageError,
+    Traffic,
+    all_sum,
+    broadcast_bytes,
+    broadcast_object,
+    run_collective,
+    traffic,
+)
 from baselm.distributed.group import (
     BACKENDS,
     DistError,
@@ -24,6 +32,7 @@ __all__ = [
     "BACKENDS",
     "DistError",
     "DistGroup",
+    "MessageError",
     "RankFailedError",
     "Traffic",
     "Watchdog",

@@ -6,6 +6,11 @@ payload in one collective (a decode step's plan fits) and the rest, if any, in a
 `broadcast_object` carries plain data (dicts, lists, str, int, float, bool, None) as JSON:
 never pickle, which would run code a peer sends.
 
+NOTE: a length read off the wire is a peer's word, and an all_sum adds every rank's bytes, so
+any rank can change it. `check_length` holds it to `MAX_MESSAGE_BYTES` before anything is
+allocated for it; every rank sees the same length, so every rank raises the same MessageError
+at the same collective and none is left waiting for the next.
+
 `traffic` counts the bytes handed to collectives (each rank's own buffer, not what the wire
 carries: a ring all-reduce of B bytes over N ranks sends 2(N-1)/N * B per rank).
 """
@@ -24,9 +29,27 @@ import numpy as np
 from baselm.distributed.group import DistError, RankFailedError, lost_peer
 
 INLINE_BYTES = 4096  # one collective carries the length and this much payload
+# The largest message a rank accepts from the group: a plan, a report, the blocks of one prompt.
+# The largest real ones are a step's new prompts (a 128k-token prompt is ~1 MB of JSON).
+MAX_MESSAGE_BYTES = 1 << 30
 _HEADER = struct.Struct("<Q")
 
 T = TypeVar("T")
+
+
+class MessageError(RankFailedError):
+    """A rank sent what no rank of this program sends (a length past the limit, bytes that do not
+    decode, an index outside this rank's arrays): the group cannot be trusted to go on."""
+
+
+def check_length(length: int, what: str) -> int:
+    """`length` (bytes a peer announced for `what`) if 0 <= length <= MAX_MESSAGE_BYTES, else a MessageError."""
+    if not 0 <= length <= MAX_MESSAGE_BYTES:
+        raise MessageError(
+            f"a rank announced {what} of {length} bytes; the limit is {MAX_MESSAGE_BYTES} "
+            "(a rank of the group is not this program, or is broken; restart every rank)"
+        )
+    return length
 
 
 @dataclass(slots=True)
@@ -81,6 +104,9 @@ def broadcast_bytes(data: bytes | None, group: Any) -> bytes:
         first[: len(head)] = np.frombuffer(head, dtype=np.uint8)
     first = _summed(first, group)
     (length,) = _HEADER.unpack(first[: _HEADER.size].tobytes())
+    check_length(length, "a broadcast")
+    if is_root and length != len(data):
+        raise MessageError(f"the group changed rank 0's broadcast of {len(data)} bytes to {length}; restart every rank")
     inline = min(length, INLINE_BYTES - _HEADER.size)
     payload = first[_HEADER.size : _HEADER.size + inline].tobytes()
     rest = length - inline
@@ -100,4 +126,8 @@ def broadcast_object(obj: Any, group: Any) -> Any:
             data = json.dumps(obj, separators=(",", ":"), allow_nan=True).encode()
         except (TypeError, ValueError) as e:
             raise DistError(f"only plain data (dict, list, str, number, bool, None) is broadcast: {e}") from e
-    return json.loads(broadcast_bytes(data, group))
+    data = broadcast_bytes(data, group)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise MessageError(f"a broadcast of {len(data)} bytes is not JSON ({e}); restart every rank") from e

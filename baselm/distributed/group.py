@@ -3,11 +3,18 @@
 A group is N processes (ranks) that run collectives together. Two ways to form one:
 - `start_local(argv, size)`: this process becomes rank 0 and starts ranks 1..N-1 of `argv`
   (a Python entry point) on free loopback ports, writing MLX's hostfile to a temporary folder;
-  the children die with their parent.
+  the children die with their parent. The ports stay reserved (`reserve_ports`) until the
+  group is formed, so no other program can take one between the pick and MLX's bind.
 - `join(hostfile, rank)`: this process is rank `rank` of a user's hostfile in MLX's JSON format
   (`[["host:port"], ...]` for ring), as `mlx.launch` would start it.
 Either way `init` forms the group and returns a `DistGroup`: the MLX group with a description
 for `base doctor`.
+
+What it trusts: MLX's ring has no authentication. Each rank listens on the address its hostfile
+entry gives (MLX binds exactly that one; local groups use 127.0.0.1) and takes the first
+connection that arrives, and every byte a rank receives is a peer's word. So the ranks of a
+group are trusted, and a group belongs on a private network (docs/distributed.md). What this
+program reads from a peer is still checked before it sizes or indexes anything (comm.py).
 
 Failures are for people: a rank that fails to start or dies later gives the others a
 `RankFailedError` or `DistError`, never a hang. MLX's ring backend raises when a peer's
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import logging
 import os
 import select
 import signal
@@ -36,7 +44,10 @@ from typing import Any
 
 import mlx.core as mx
 
+log = logging.getLogger("baselm.distributed")
+
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")  # a rank listening on one of these listens on every interface
 RANK_ENV, HOSTFILE_ENV = "MLX_RANK", "MLX_HOSTFILE"
 PARENT_ENV = "BASE_DIST_PARENT"  # the pid a started rank exits with
 READY_ENV = "BASE_DIST_READY_FD"  # the pipe a started rank writes one byte to before joining
@@ -96,18 +107,46 @@ class DistGroup:
 # ---- hostfiles ---------------------------------------------------------------------------
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports free on `host` right now (held together while picked, so distinct)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
+class PortReservation:
+    """`count` ports the kernel picked on `host`, held by this process until `release`.
+
+    A port picked and let go at once can be given to any other program before MLX's ring binds
+    it, which then either fails to bind or, worse, has its neighbour connect to that program.
+    So each port stays bound here, not listening, with SO_REUSEPORT and not SO_REUSEADDR: on
+    Linux a bind by another user, or by a socket without SO_REUSEPORT, fails with EADDRINUSE,
+    and no bind to port 0 is handed it; MLX's ring sets SO_REUSEPORT, so the ranks (this user)
+    bind it. A socket that is not listening takes no connections: they go to the rank's.
+    """
+
+    def __init__(self, count: int, host: str = "127.0.0.1"):
+        self._sockets: list[socket.socket] = []
+        try:
+            for _ in range(count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                self._sockets.append(s)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                s.bind((host, 0))
+        except OSError as e:
+            self.release()
+            raise DistError(f"cannot reserve {count} ports on {host}: {e.strerror or e}") from e
+        self.ports = [s.getsockname()[1] for s in self._sockets]
+
+    def release(self) -> None:
+        """Lets the ports go: once the ranks hold them (the group is formed), or when it failed."""
+        for s in self._sockets:
             s.close()
+        self._sockets = []
+
+    def __enter__(self) -> PortReservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def reserve_ports(count: int, host: str = "127.0.0.1") -> PortReservation:
+    """`count` distinct ports free on `host`, held until the reservation is released (see PortReservation)."""
+    return PortReservation(count, host)
 
 
 def write_hostfile(folder: Path, hosts: Sequence[str]) -> Path:
@@ -132,10 +171,32 @@ def read_hostfile(path: str | Path) -> list[str]:
             entry = entry.get("ips") or [entry.get("ssh", "")]
         if not isinstance(entry, list) or not entry or not all(isinstance(a, str) for a in entry):
             raise DistError(f'{path}: rank {i} is not a list of "host:port" strings')
+        for address in entry:
+            _check_address(address, f"{path}: rank {i}")
         hosts.append(entry[0])
     if len(hosts) < 2:
         raise DistError(f"{path} lists {len(hosts)} rank(s); a group needs at least 2")
     return hosts
+
+
+def _check_address(address: str, where: str) -> None:
+    """A "host:port" MLX's ring can listen on and connect to: a host, and a port in 1..65535."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise DistError(
+            f'{where}: {address!r} is not "host:port" (the address this rank listens on, e.g. 10.0.0.1:40100)'
+        )
+
+
+def _warn_if_every_interface(address: str, rank: int) -> None:
+    """MLX binds exactly the address a rank is given; a wildcard one listens on every interface."""
+    if address.rpartition(":")[0] in WILDCARD_HOSTS:
+        log.warning(
+            "rank %d listens on %s, every network interface: the ring has no authentication, so give the "
+            "address of a private network instead (docs/distributed.md)",
+            rank,
+            address,
+        )
 
 
 # ---- forming a group ---------------------------------------------------------------------
@@ -200,6 +261,7 @@ def join(hostfile: str | Path, rank: int, backend: str = "ring", timeout: float 
     hosts = read_hostfile(hostfile)
     if not 0 <= rank < len(hosts):
         raise DistError(f"rank {rank} is outside the hostfile's {len(hosts)} ranks (0..{len(hosts) - 1})")
+    _warn_if_every_interface(hosts[rank], rank)
     os.environ[RANK_ENV] = str(rank)
     os.environ[HOSTFILE_ENV] = str(Path(hostfile).expanduser().resolve())
     return init(backend, hosts, timeout)
@@ -219,18 +281,19 @@ def start_local(
     if backend != "ring":
         raise DistError(f"local ranks are started for the ring backend only, not {backend!r}")
     folder = Path(tempfile.mkdtemp(prefix="base-dist-"))
-    hosts = [f"127.0.0.1:{p}" for p in free_ports(size)]
-    hostfile = write_hostfile(folder, hosts)
     children = []
-    try:
-        for rank in range(1, size):
-            child_env = {**os.environ, **(env or {}), RANK_ENV: str(rank), HOSTFILE_ENV: str(hostfile)}
-            children.append(_start_rank(argv, child_env))
-        os.environ[RANK_ENV], os.environ[HOSTFILE_ENV] = "0", str(hostfile)
-        return init(backend, hosts, timeout, children)
-    except BaseException:
-        DistGroup(None, backend, hosts, children).stop(timeout=1.0)
-        raise
+    with reserve_ports(size) as reserved:  # NOTE: held until every rank has bound its port (init returned)
+        hosts = [f"127.0.0.1:{p}" for p in reserved.ports]
+        hostfile = write_hostfile(folder, hosts)
+        try:
+            for rank in range(1, size):
+                child_env = {**os.environ, **(env or {}), RANK_ENV: str(rank), HOSTFILE_ENV: str(hostfile)}
+                children.append(_start_rank(argv, child_env))
+            os.environ[RANK_ENV], os.environ[HOSTFILE_ENV] = "0", str(hostfile)
+            return init(backend, hosts, timeout, children)
+        except BaseException:
+            DistGroup(None, backend, hosts, children).stop(timeout=1.0)
+            raise
 
 
 def form(argv: Sequence[str], size: int, backend: str = "ring", timeout: float = INIT_TIMEOUT_S) -> DistGroup:

@@ -98,6 +98,13 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
 
+    def check_block_ids(self, block_ids: list[int]) -> None:
+        """Raises ValueError unless every id names a block of this cache. NOTE: MLX checks no index:
+        a gather past a pool reads other memory and a scatter past it writes there."""
+        bad = next((b for b in block_ids if not 0 <= b < self.num_blocks), None)
+        if bad is not None:
+            raise ValueError(f"block id {bad} is outside this KV cache's {self.num_blocks} blocks")
+
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, kv_bits: int) -> int:
         """Pool bytes one cached token takes across all layers (K and V, with quantization scales)."""

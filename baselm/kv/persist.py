@@ -125,6 +125,7 @@ def save(path: Path, kv: KVCacheManager, cache: PagedKVCache, stamp: dict[str, A
 
 def write_file(path: Path, cache: PagedKVCache, stamp: dict[str, Any], hashes: list[int], block_ids: list[int]) -> None:
     """Writes the K/V of the pool's blocks `block_ids`, named by `hashes`, to `path`."""
+    cache.check_block_ids(block_ids)
     header = {**stamp, "hashes": [f"{h:032x}" for h in hashes]}
     ids = mx.array(block_ids, dtype=mx.int32)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -186,6 +187,7 @@ def restore(kv: KVCacheManager, cache: PagedKVCache, blocks: list[Any], hashes: 
 
 def write_rows(cache: PagedKVCache, block_ids: list[int], arrays: list[mx.array]) -> None:
     """The pool's blocks `block_ids` take the first len(`block_ids`) rows of each saved array."""
+    cache.check_block_ids(block_ids)
     ids = mx.array(block_ids, dtype=mx.int32)
     for (layer, kind, index), data in zip(_pool_arrays(cache), arrays):
         set_pool_rows(cache[layer], kind, index, ids, data[: len(block_ids)])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 import sys
 
 import mlx.core as mx
@@ -16,6 +17,7 @@ import numpy as np
 
 import baselm  # noqa: F401  first: the BLAS before mlx.core
 from baselm import distributed as dist
+from baselm.distributed.pd import wire as pd_wire
 
 
 def _digests(data: bytes, group) -> list[str]:
@@ -60,7 +62,34 @@ def peer_exits(group: dist.DistGroup) -> dict:
     return {"error": None}
 
 
-SCENARIOS = {"broadcast": broadcast, "peer_exits": peer_exits}
+def _refusal(call) -> list[str] | None:
+    """[exception type, message] of what `call()` raised, or None when it returned."""
+    try:
+        call()
+    except Exception as e:
+        return [type(e).__name__, str(e)]
+    return None
+
+
+def hostile_lengths(group: dist.DistGroup) -> dict:
+    """Rank 1 is not this program: it adds one byte past the message limit to the length of rank
+    0's broadcast, then announces a report one byte past it; rank 0 says how each call ended."""
+    g = group.group
+    too_long = dist.comm.MAX_MESSAGE_BYTES + 1
+    if g.rank() == 1:
+        first = np.zeros(dist.comm.INLINE_BYTES, dtype=np.uint8)  # the broadcast's first collective
+        wanted, sent = (np.frombuffer(struct.pack("<Q", n), dtype=np.uint8) for n in (too_long, len(b"plan")))
+        first[:8] = wanted - sent  # the all_sum adds bytes (modulo 256): rank 0's length becomes too_long
+        mx.eval(mx.distributed.all_sum(mx.array(first), group=g))
+        mx.eval(mx.distributed.all_gather(mx.array([too_long], dtype=mx.int32), group=g))  # the gather's lengths
+        return {}
+    return {
+        "broadcast": _refusal(lambda: dist.broadcast_bytes(b"plan", g)),
+        "gather": _refusal(lambda: pd_wire.gather(g, {"report": 1})),
+    }
+
+
+SCENARIOS = {"broadcast": broadcast, "peer_exits": peer_exits, "hostile_lengths": hostile_lengths}
 
 
 def main() -> None:

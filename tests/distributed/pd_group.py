@@ -4,24 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from baselm.distributed.group import reserve_ports
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def run_group(spec: dict, timeout: float = 120.0) -> dict:
@@ -30,7 +20,8 @@ def run_group(spec: dict, timeout: float = 120.0) -> dict:
     size = num_prefill + num_decode
     folder = Path(tempfile.mkdtemp(prefix="pd-test-"))
     hostfile = folder / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(size)]))
+    reserved = reserve_ports(size)  # held until the ranks have bound them (the group runs): nobody else takes one
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in reserved.ports]))
     env = {**os.environ, "MLX_HOSTFILE": str(hostfile), "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "tests.distributed.pd_rank"]
     others = [
@@ -51,6 +42,7 @@ def run_group(spec: dict, timeout: float = 120.0) -> dict:
         )
         codes = [p.wait(timeout=timeout) for p in others]
     finally:
+        reserved.release()
         for p in others:
             if p.poll() is None:
                 p.kill()

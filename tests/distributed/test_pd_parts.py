@@ -10,10 +10,11 @@ import pytest
 from baselm.commands.doctor_pd import status
 from baselm.commands.serve_pd import PDOptions
 from baselm.config import ConfigError
+from baselm.distributed.comm import MessageError
 from baselm.distributed.pd import blocks as pd_blocks
 from baselm.distributed.pd import codec as pd_codec
 from baselm.distributed.pd.engine import check_handoff
-from baselm.distributed.pd.node import Layout, Plan, RankStats, Report, assign
+from baselm.distributed.pd.node import Layout, Plan, RankStats, Report, assign, check_admissions, check_reports
 from baselm.distributed.pd.prefill import Handoff
 from baselm.distributed.pd.wire import route
 from baselm.kv import PagedKVCache
@@ -66,10 +67,81 @@ def test_messages_round_trip_as_json_with_their_types() -> None:
     back = pd_codec.decode(pd_codec.encode([plan, out]))
     assert back[0].add[0][3] == params and back[0].abort == ["r0"]
     assert back[1].logprobs[0].token_id == 3 and back[1].finished
-    with pytest.raises(ValueError, match="unknown message type"):
+    with pytest.raises(MessageError, match="unknown message type"):
         pd_codec.decode(b'{"__pd": "Popen", "args": "sh"}')
     with pytest.raises(TypeError, match="cannot be sent"):
         pd_codec.encode(object())
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\xff\xfe not json",
+        b"[" * 100_000 + b"]" * 100_000,  # nested past Python's recursion limit
+        b'{"__pd": "Plan", "add": [], "shell": "rm -rf /"}',  # a field Plan does not take
+        b'{"__pd": ["Plan"]}',  # a tag that is not a name
+        b'{"__items": [[["unhashable"], 1]]}',
+        b'{"__pd": "SamplingParams", "temperature": -1}',  # refused by the class itself
+    ],
+    ids=["bytes", "deep", "field", "tag", "items", "refused"],
+)
+def test_bytes_that_are_not_a_message_are_one_message_error(data: bytes) -> None:
+    with pytest.raises(MessageError, match="peer sent"):
+        pd_codec.decode(data)
+
+
+def _handoff(request_id: str, num_tokens: int, num_blocks: int, src: int = 0) -> Handoff:
+    return Handoff(request_id, list(range(num_tokens)), SamplingParams(), 2, None, 0, num_blocks, src)
+
+
+def _reports(*handoffs: Handoff) -> list[Report]:
+    return [Report(0, list(handoffs), [], RankStats(0, "prefill")), Report(1, [], [], RankStats(1, "decode"))]
+
+
+def test_reports_whose_handoffs_would_size_a_transfer_wrongly_are_refused() -> None:
+    layout = Layout(1, 1)
+    check_reports(_reports(_handoff("a", 17, 2), _handoff("b", 16, 1)), layout, 16, 100)
+    from_decode = Report(1, [_handoff("a", 1, 1, src=1)], [], RankStats(1, "decode"))
+    bad = {
+        "more blocks than the prompt fills": _reports(_handoff("a", 17, 1 << 40)),
+        "fewer blocks": _reports(_handoff("a", 17, 1)),
+        "another rank's": _reports(_handoff("a", 17, 2, src=1)),
+        "a token past the vocabulary": _reports(Handoff("a", [5, 100], SamplingParams(), 2, None, 0, 1, 0)),
+        "a prompt that is not a list": _reports(Handoff("a", "abc", SamplingParams(), 2, None, 0, 1, 0)),
+        "from a decode rank": [_reports()[0], from_decode],
+        "out of rank order": list(reversed(_reports())),
+    }
+    for why, reports in bad.items():
+        with pytest.raises(MessageError, match="rank"):
+            check_reports(reports, layout, 16, 100)
+            pytest.fail(why)
+
+
+def test_an_admission_counts_only_from_the_rank_handed_the_request_and_inside_its_blocks() -> None:
+    moves = [(_handoff("a", 40, 3), 1), (_handoff("b", 5, 1), 2)]
+    assert check_admissions([{}, {"a": 3}, {"b": 0}], moves) == {"a": 3, "b": 0}
+    for parts in (
+        [{}, {"a": 4}, {}],
+        [{}, {"a": -1}, {}],
+        [{}, {"b": 0}, {}],
+        [{}, {"z": 0}, {}],
+        [{}, {"a": "0"}, {}],
+        [{}, [], {}],
+    ):
+        with pytest.raises(MessageError, match="rank"):
+            check_admissions(parts, moves)
+
+
+def test_blocks_outside_the_cache_are_refused_before_a_row_is_read_or_written() -> None:
+    cache = PagedKVCache(1, 4, 2, 1, 16)
+    data = pd_blocks.pack(cache, [3])
+    for ids in ([4], [-1], [1 << 20]):
+        with pytest.raises(ValueError, match="outside this KV cache's 4 blocks"):
+            pd_blocks.pack(cache, ids)
+        with pytest.raises(ValueError, match="outside this KV cache's 4 blocks"):
+            pd_blocks.unpack(cache, ids, data)
+    with pytest.raises(ValueError, match="flat uint8"):
+        pd_blocks.unpack(cache, [0], mx.view(data, mx.float32))
 
 
 @pytest.mark.parametrize("kv_bits", [16, 8, 4])

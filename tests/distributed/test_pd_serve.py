@@ -66,16 +66,18 @@ def test_pd_server_answers_like_one_process_then_503_on_a_dead_rank_then_serves_
         served.close()
 
 
-def test_ranks_joined_from_a_hostfile_check_their_role_and_fail_without_hanging(model_folder, tmp_path):
-    from tests.distributed.pd_group import free_ports
+def test_ranks_joined_from_a_hostfile_check_their_role_and_fail_without_hanging(model_folder, tmp_path, request):
+    from baselm.distributed.group import reserve_ports
 
+    reserved = reserve_ports(2)  # held for the hostfile's ranks until the test ends
+    request.addfinalizer(reserved.release)
     hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in reserved.ports]))
     base = [sys.executable, "-m", "baselm.cli", "serve", str(model_folder), "--pd", "1:1", "--hostfile", str(hostfile)]
     base += ["--prefix-cache-file", str(tmp_path / "p")]  # taken beside a hostfile with --pd (refused for TP)
     ranks = [
         subprocess.Popen([*base, "--rank", str(rank), "--role", "prefill", "--port", str(port)], stderr=subprocess.PIPE)
-        for rank, port in ((0, free_ports(1)[0]), (1, 0))
+        for rank, port in ((0, 0), (1, 0))  # neither rank gets as far as serving HTTP
     ]
     errors = [rank.communicate(timeout=120)[1].decode() for rank in ranks]
     assert [rank.returncode for rank in ranks] == [1, 1]

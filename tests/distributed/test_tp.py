@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from baselm.distributed.group import free_ports, write_hostfile
+from baselm.distributed.comm import MessageError
+from baselm.distributed.group import reserve_ports, write_hostfile
 from baselm.distributed.tp.layers import even_ranges, head_ranges
-from baselm.distributed.tp.plan import CACHE, FORWARD, StepPlan
+from baselm.distributed.tp.plan import CACHE, FORWARD, SAVE, StepPlan
 from baselm.kv import AttentionMetadata
 from baselm.models.base import ModelConfigError
 from tests.distributed.tp_ranks import FIXTURES
@@ -130,9 +131,42 @@ def test_a_step_plan_comes_back_as_the_same_attention_metadata():
     assert (cache.op, cache.cache_id, cache.cache_shape) == (CACHE, 2, (100, 16, 8))
 
 
+def _forward_plan(block_tables: list[list[int]], input_ids: list[int]) -> StepPlan:
+    lens = [len(input_ids)] * len(block_tables)
+    meta = AttentionMetadata.build(block_tables, lens, lens, 16)
+    return StepPlan.forward(FORWARD, np.asarray(input_ids * len(block_tables), dtype=np.int32), meta, 1)
+
+
+def test_a_plan_naming_blocks_or_tokens_outside_this_rank_is_refused():
+    _forward_plan([[3, 1]], [5] * 20).check(num_blocks=4, vocab_size=6)
+    for plan, why in (
+        (_forward_plan([[3, 4]], [5] * 20), "blocks 3..4 of a pool of 4"),
+        (_forward_plan([[-1]], [5]), "blocks -1..-1"),
+        (_forward_plan([[0]], [6]), "token ids 6..6, past a vocabulary of 6"),
+        (StepPlan(SAVE, payload=np.array([9, 1, 2, 3, 4], dtype=np.int32)), "blocks 9..9"),
+    ):
+        with pytest.raises(MessageError, match=why):
+            StepPlan.decode(plan.encode()).check(num_blocks=4, vocab_size=6)
+
+
+@pytest.mark.parametrize(
+    "header, why",
+    [
+        ([FORWARD, -1, 0, 1, 1, 0, 0, 0], "negative count"),
+        ([FORWARD, 1, 1, 1, 1, 0, 0, 0], "holds 8 values, its header describes 12"),
+        ([SAVE, 0, 3, 0, 1, 0, 0, 0, 1, 2, 3], "5 per block"),
+        ([FORWARD, 1, 1, 1, 1, 0, 0, 0, 0, 0, 7, 0], "describes no step"),  # a query of 1 in a context of 0
+    ],
+)
+def test_a_plan_whose_header_does_not_describe_it_is_refused(header: list[int], why: str):
+    with pytest.raises(MessageError, match=why):
+        StepPlan.decode(np.asarray(header, dtype="<i4").tobytes()).metadata(16)
+
+
 def test_base_run_over_two_processes_started_or_joined_prints_what_one_process_prints(tmp_path: Path):
     folder = write_model_folder(tmp_path / "tiny")
-    hostfile = write_hostfile(tmp_path, [f"127.0.0.1:{p}" for p in free_ports(2)])
+    reserved = reserve_ports(2)  # held for the ranks of the hostfile, released at the end
+    hostfile = write_hostfile(tmp_path, [f"127.0.0.1:{p}" for p in reserved.ports])
     args = [
         sys.executable,
         "-m",
@@ -157,9 +191,10 @@ def test_base_run_over_two_processes_started_or_joined_prints_what_one_process_p
     alone = run()
     assert len(alone) == 12
     assert run("--tensor-parallel", "2") == alone  # rank 0 starts rank 1 itself
-    rank1 = subprocess.Popen([*args, "--hostfile", str(hostfile), "--rank", "1"], cwd=ROOT, stdout=subprocess.PIPE)
-    assert run("--hostfile", str(hostfile), "--rank", "0") == alone
-    assert rank1.wait(60) == 0 and rank1.stdout.read() == b""  # it followed rank 0, then left quietly
+    with reserved:
+        rank1 = subprocess.Popen([*args, "--hostfile", str(hostfile), "--rank", "1"], cwd=ROOT, stdout=subprocess.PIPE)
+        assert run("--hostfile", str(hostfile), "--rank", "0") == alone
+        assert rank1.wait(60) == 0 and rank1.stdout.read() == b""  # it followed rank 0, then left quietly
 
 
 def test_base_run_with_whole_experts_per_rank_prints_what_one_process_prints(tmp_path: Path):

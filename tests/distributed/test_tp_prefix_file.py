@@ -165,10 +165,12 @@ def files_appear(paths: list[Path], timeout: float = 30.0) -> bool:
     return True
 
 
-def test_ranks_joined_from_a_hostfile_each_keep_their_file_where_their_command_says(folder, tmp_path) -> None:
-    from baselm.distributed.group import free_ports, write_hostfile
+def test_ranks_joined_from_a_hostfile_each_keep_their_file_where_their_command_says(folder, tmp_path, request) -> None:
+    from baselm.distributed.group import reserve_ports, write_hostfile
 
-    hostfile = write_hostfile(tmp_path, [f"127.0.0.1:{p}" for p in free_ports(2)])
+    reserved = reserve_ports(2)  # held for the hostfile's ranks until the test ends
+    request.addfinalizer(reserved.release)
+    hostfile = write_hostfile(tmp_path, [f"127.0.0.1:{p}" for p in reserved.ports])
     common = ("--hostfile", str(hostfile), "--kv-memory", "8MiB", "--prefix-cache-save-interval", "0.2")
     homes = [tmp_path / "host0", tmp_path / "host1"]  # each rank's machine
     body = {"model": "m", "prompt": LONG, "max_tokens": 6, "temperature": 0}

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -135,31 +136,68 @@ class PagedAttention : public mx::UnaryPrimitive {
     args.block_tables = static_cast<const int32_t*>(row_major(tables, held));
     args.context_lens = static_cast<const int32_t*>(row_major(context_lens, held));
     args.query_starts = static_cast<const int32_t*>(row_major(starts, held));
+    check_step_indices(args, context_lens.shape(0), q.shape(0), key_parts[0].shape(0));
     attend_step(args, context_lens.shape(0));
   }
 
   Params params_;
 };
 
+[[noreturn]] void fail(const std::string& why) { throw std::invalid_argument("paged_attention: " + why); }
+
+bool is_float(mx::Dtype dtype) { return dtype == mx::float32 || dtype == mx::float16 || dtype == mx::bfloat16; }
+
+// One side's pool: values (num_blocks, block_size, kv_heads, head_dim) of a float dtype, or uint32
+// codes (..., head_dim * bits / 32) with float scales and biases (..., head_dim / group_size).
+void check_pool(const std::vector<mx::array>& parts, const std::string& side, int head_dim, int block_size, int bits,
+                int group_size) {
+  if (parts.size() != (bits == 0 ? 1u : 3u)) fail(side + " pool must be one array, or codes, scales and biases");
+  const mx::array& p = parts[0];
+  const int width = bits == 0 ? head_dim : head_dim * bits / 32;
+  if (p.ndim() != 4 || p.shape(3) != width) {
+    const std::string last = bits == 0 ? "head_dim)" : "head_dim * bits / 32)";
+    fail(side + " pool must be (num_blocks, block_size, kv_heads, " + last + " for head_dim " +
+         std::to_string(head_dim));
+  }
+  if (p.shape(0) < 1 || p.shape(2) < 1) fail(side + " pool needs at least one block and one KV head");
+  if (p.shape(1) != block_size)
+    fail("block_size is " + std::to_string(block_size) + " but the " + side + " pool's blocks hold " +
+         std::to_string(p.shape(1)) + " rows");
+  if (bits == 0 && !is_float(p.dtype())) fail("KV pools must be float32, float16 or bfloat16");
+  if (bits == 0) return;
+  if (p.dtype() != mx::uint32) fail("quantized " + side + " codes must be uint32");
+  for (int i = 1; i < 3; ++i) {
+    const mx::array& s = parts[i];
+    const bool shaped = s.ndim() == 4 && s.shape(0) == p.shape(0) && s.shape(1) == p.shape(1) &&
+                        s.shape(2) == p.shape(2) && s.shape(3) == head_dim / group_size;
+    if (!shaped || !is_float(s.dtype()) || s.dtype() != parts[1].dtype())
+      fail("quantized " + side + " scales and biases must be float (num_blocks, block_size, kv_heads, head_dim / "
+           "group_size) of one dtype");
+  }
+}
+
+void check_same_pools(const std::vector<mx::array>& keys, const std::vector<mx::array>& values) {
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (keys[i].shape() != values[i].shape() || keys[i].dtype() != values[i].dtype())
+      fail("the key and value pools must have one shape and dtype");
+}
+
+// NOTE: O(1) reads of shapes and dtypes: everything the kernel's pointer arithmetic assumes that
+// is known before the inputs are computed (their contents: check_step_indices, in the task).
 void check_inputs(const mx::array& q, const std::vector<mx::array>& keys, const std::vector<mx::array>& values,
-                  const mx::array& tables, const mx::array& context_lens, const mx::array& starts, int bits,
-                  int group_size) {
-  auto fail = [](const std::string& why) { throw std::invalid_argument("paged_attention: " + why); };
+                  const mx::array& tables, const mx::array& context_lens, const mx::array& starts, int block_size,
+                  int bits, int group_size) {
   if (q.ndim() != 3 || q.dtype() != mx::float32) fail("queries must be float32 (num_tokens, heads, head_dim)");
   const int head_dim = q.shape(2);
-  if (head_dim % 16 != 0) fail("head_dim must be a multiple of 16");
-  const size_t parts = bits == 0 ? 1 : 3;
-  if (keys.size() != parts || values.size() != parts) fail("a pool is one array, or codes, scales and biases");
+  if (head_dim < 16 || head_dim % 16 != 0) fail("head_dim must be a positive multiple of 16");
+  if (block_size < 1) fail("block_size must be at least 1, not " + std::to_string(block_size));
   if (bits != 0 && bits != 4 && bits != 8) fail("bits must be 0 (float pool), 4 or 8");
-  for (auto* pool : {&keys, &values}) {
-    const mx::array& p = (*pool)[0];
-    const int width = bits == 0 ? head_dim : head_dim * bits / 32;
-    if (p.ndim() != 4 || p.shape(3) != width) fail("pools must be (num_blocks, block_size, kv_heads, head_dim)");
-    if (q.shape(1) % p.shape(2) != 0) fail("heads must be a multiple of kv_heads");
-    if (bits != 0 && (group_size <= 0 || head_dim % group_size != 0 || (*pool)[1].shape(3) != head_dim / group_size))
-      fail("quantized pools need head_dim / group_size scales per row");
-    if (bits != 0 && p.dtype() != mx::uint32) fail("quantized codes must be uint32");
-  }
+  if (bits != 0 && (group_size <= 0 || head_dim % group_size != 0))
+    fail("a quantized pool's group_size must divide head_dim " + std::to_string(head_dim));
+  check_pool(keys, "key", head_dim, block_size, bits, group_size);
+  check_pool(values, "value", head_dim, block_size, bits, group_size);
+  check_same_pools(keys, values);
+  if (q.shape(1) < 1 || q.shape(1) % keys[0].shape(2) != 0) fail("heads must be a positive multiple of kv_heads");
   for (auto* a : {&tables, &context_lens, &starts})
     if (a->dtype() != mx::int32) fail("block tables, context lengths and query starts must be int32");
   if (tables.ndim() != 2 || context_lens.ndim() != 1 || starts.ndim() != 1 ||
@@ -171,7 +209,7 @@ mx::array paged_attention(const mx::array& q, const std::vector<mx::array>& keys
                           const mx::array& tables, const mx::array& context_lens, const mx::array& starts,
                           int block_size, float scale, std::optional<float> softcap, std::optional<int> window,
                           int bits, int group_size) {
-  check_inputs(q, keys, values, tables, context_lens, starts, bits, group_size);
+  check_inputs(q, keys, values, tables, context_lens, starts, block_size, bits, group_size);
   std::vector<mx::array> inputs{q};
   inputs.insert(inputs.end(), keys.begin(), keys.end());
   inputs.insert(inputs.end(), values.begin(), values.end());
@@ -234,6 +272,25 @@ mx::array write_pool(const mx::array& pool, const mx::array& rows, const mx::arr
     fail("slot_mapping must be int32 (num_tokens,)");
   return mx::array(pool.shape(), pool.dtype(), std::make_shared<WritePool>(mx::default_stream(mx::Device::cpu)),
                    {pool, rows, slots});
+}
+
+void check_step_indices(const AttentionArgs& args, int num_seqs, int64_t num_tokens, int64_t num_blocks) {
+  const AttentionShape& a = args.shape;
+  const int32_t* starts = args.query_starts;
+  if (starts[0] < 0 || starts[num_seqs] > num_tokens)
+    fail("query_starts must lie in 0.." + std::to_string(num_tokens) + " (the query rows)");
+  for (int s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = int64_t(starts[s + 1]) - starts[s], ctx = args.context_lens[s];
+    if (q_len < 0 || ctx < q_len || ctx > int64_t(a.max_blocks) * a.block_size)
+      fail("sequence " + std::to_string(s) + " has " + std::to_string(q_len) + " query rows and context length " +
+           std::to_string(ctx) + ": it needs query_starts ascending and query rows <= context <= max_blocks * "
+           "block_size");
+    const int32_t* table = args.block_tables + int64_t(s) * a.max_blocks;
+    for (int64_t j = 0; j < (ctx + a.block_size - 1) / a.block_size; ++j)
+      if (table[j] < 0 || table[j] >= num_blocks)
+        fail("block_tables[" + std::to_string(s) + "][" + std::to_string(j) + "] is " + std::to_string(table[j]) +
+             ", outside the pool's " + std::to_string(num_blocks) + " blocks");
+  }
 }
 
 void attend_step(const AttentionArgs& args, int num_seqs) {

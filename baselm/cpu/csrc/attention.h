@@ -52,6 +52,13 @@ struct AttentionKernels {
 // instruction set, on the thread pool when the step is large (attention.cpp).
 void attend_step(const AttentionArgs& args, int num_seqs);
 
+// Throws std::invalid_argument unless every index attend_step follows stays inside its array:
+// query_starts ascending within the `num_tokens` query rows, each sequence's query rows at most
+// its context and its context within its block table, and each block it reads one of the pool's
+// `num_blocks`. Call it in the dispatched task (only there do the contents exist), before
+// attend_step; it reads what the kernel reads of the tables, a small part of one step's work.
+void check_step_indices(const AttentionArgs& args, int num_seqs, int64_t num_tokens, int64_t num_blocks);
+
 namespace generic {
 const AttentionKernels& attention_kernels();
 }

@@ -116,8 +116,8 @@ void require(bool ok, const std::string& what) {
 
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, float weight_offset) {
   require(x.dtype() == mx::float32 && weight.dtype() == mx::float32, "rms_norm: x and weight must be float32");
-  require(x.ndim() >= 1 && weight.ndim() == 1 && weight.shape(0) == x.shape(-1),
-          "rms_norm: weight must be (D,) for x (..., D)");
+  require(x.ndim() >= 1 && x.shape(-1) > 0 && weight.ndim() == 1 && weight.shape(0) == x.shape(-1),
+          "rms_norm: weight must be (D,) for x (..., D), D at least 1");
   Params p{Op::kRmsNorm};
   p.eps = eps;
   p.weight_offset = weight_offset;
@@ -140,8 +140,8 @@ mx::array rope(const mx::array& x, const mx::array& positions, const mx::array& 
 }
 
 mx::array gated_activation(const mx::array& gate_up, const std::string& act) {
-  require(gate_up.dtype() == mx::float32 && gate_up.ndim() >= 1 && gate_up.shape(-1) % 2 == 0,
-          "gated_activation: gate_up must be float32 (..., 2 * N)");
+  require(gate_up.dtype() == mx::float32 && gate_up.ndim() >= 1 && gate_up.shape(-1) > 0 && gate_up.shape(-1) % 2 == 0,
+          "gated_activation: gate_up must be float32 (..., 2 * N), N at least 1");
   Params p{Op::kGated};
   if (act == "silu") {
     p.act = kSilu;

@@ -164,6 +164,7 @@ void run_attention_out(const LayerParams& p, const std::vector<mx::array>& in, f
   args.block_tables = static_cast<const int32_t*>(row_major(tables, held));
   args.context_lens = static_cast<const int32_t*>(row_major(in[kContextLens], held));
   args.query_starts = static_cast<const int32_t*>(row_major(in[kStarts], held));
+  check_step_indices(args, in[kContextLens].shape(0), tokens, in[kKeyPool].shape(0));
   attend_step(args, in[kContextLens].shape(0));
 
   const float* x = static_cast<const float*>(row_major(in[kResidual], held));
@@ -274,13 +275,14 @@ void check_step(const mx::array& x, const mx::array& positions, const mx::array&
   require(tables.ndim() == 2 && context_lens.ndim() == 1 && starts.ndim() == 1 &&
               tables.shape(0) == context_lens.shape(0) && starts.shape(0) == context_lens.shape(0) + 1,
           "block_tables (num_seqs, max_blocks), context_lens (num_seqs,), query_starts (num_seqs + 1,)");
-  require(p.head_dim % 16 == 0, "head_dim must be a multiple of 16");
-  require(p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, "heads must be a multiple of kv_heads");
-  for (const mx::array* pool : {&key_pool, &value_pool}) {
-    require(pool->dtype() == mx::float32 && pool->ndim() == 4 && pool->shape(1) == p.block_size &&
-                pool->shape(2) == p.num_kv_heads && pool->shape(3) == p.head_dim,
-            "pools must be float32 (num_blocks, block_size, kv_heads, head_dim)");
-  }
+  require(key_pool.dtype() == mx::float32 && key_pool.ndim() == 4 && key_pool.shape(0) > 0 && p.block_size > 0,
+          "pools must be float32 (num_blocks, block_size, kv_heads, head_dim), at least one block of one row");
+  require(value_pool.shape() == key_pool.shape() && value_pool.dtype() == key_pool.dtype(),
+          "the key and value pools must have one shape and dtype");
+  require(p.head_dim >= 16 && p.head_dim % 16 == 0, "head_dim must be a positive multiple of 16");
+  require(p.num_kv_heads > 0 && p.num_heads > 0 && p.num_heads % p.num_kv_heads == 0,
+          "heads must be a positive multiple of kv_heads");
+  require(x.shape(1) > 0, "x must have a hidden size of at least 1");
 }
 
 std::vector<mx::array> decoder_layer(const mx::array& x, const mx::array& positions, const mx::array& slots,

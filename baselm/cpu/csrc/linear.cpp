@@ -105,7 +105,8 @@ mx::Shape out_shape(const mx::array& x, int n) {
 
 void check_x(const mx::array& x, const char* op) {
   if (x.dtype() != mx::float32) throw std::invalid_argument(std::string(op) + ": x must be float32");
-  if (x.ndim() < 1) throw std::invalid_argument(std::string(op) + ": x must have a last axis");
+  if (x.ndim() < 1 || x.shape(-1) < 1)
+    throw std::invalid_argument(std::string(op) + ": x must have a last axis K >= 1");
 }
 
 void check_bias(const std::optional<mx::array>& bias, int n, const char* op) {

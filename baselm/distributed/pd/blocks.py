@@ -5,7 +5,8 @@ each pool's arrays (one, or a quantized pool's codes, scales and biases). `pack`
 rows of some blocks of a cache into one uint8 array (array-major: all blocks of one array,
 then the next), `unpack` scatters such a buffer into other block ids of a cache of the same
 layout. Quantized pools travel packed, as they are stored: a q4 block ships a quarter of the
-bytes of an f16 one (plus its scales and biases).
+bytes of an f16 one (plus its scales and biases). Block ids outside the cache and a buffer of
+another size or dtype than the blocks take are a ValueError before any row is read or written.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def block_nbytes(cache: PagedKVCache) -> int:
 
 def pack(cache: PagedKVCache, block_ids: list[int]) -> mx.array:
     """The K/V of `block_ids`, as one flat uint8 array of len(block_ids) * block_nbytes(cache) bytes."""
+    cache.check_block_ids(block_ids)
     ids = mx.array(block_ids, dtype=mx.int32)
     parts = [
         mx.view(array[ids], mx.uint8).reshape(-1)
@@ -43,9 +45,13 @@ def pack(cache: PagedKVCache, block_ids: list[int]) -> mx.array:
 
 def unpack(cache: PagedKVCache, block_ids: list[int], data: mx.array) -> None:
     """Writes a `pack`ed buffer into `block_ids` of `cache` (same layout), block i into block_ids[i]."""
+    cache.check_block_ids(block_ids)
     expected = len(block_ids) * block_nbytes(cache)
-    if data.size != expected:
-        raise ValueError(f"a KV transfer of {data.size} bytes cannot fill {len(block_ids)} blocks of {expected} bytes")
+    if data.dtype != mx.uint8 or data.ndim != 1 or data.size != expected:
+        raise ValueError(
+            f"a KV transfer of {data.size} {data.dtype} values in {data.ndim} dimension(s) cannot fill "
+            f"{len(block_ids)} blocks: they take a flat uint8 buffer of {expected} bytes"
+        )
     ids = mx.array(block_ids, dtype=mx.int32)
     offset = 0
     for layer in cache.layers:

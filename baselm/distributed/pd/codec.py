@@ -4,6 +4,8 @@ Ranks never unpickle what a peer sends (that would run its code); a message is J
 an instance of one of the known dataclasses is an object tagged with its class name, a tuple
 is a list, and a dict with non-string keys (logit_bias) is a tagged list of pairs. Decoding
 builds only the known classes, with their own constructors (SamplingParams validates itself).
+Bytes that are not such a message (not JSON, nested past Python's recursion limit, an unknown
+class, fields a class does not take or refuses) are a MessageError, never another exception.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from typing import Any
+
+from baselm.distributed.comm import MessageError
 
 _TAG = "__pd"
 _ITEMS = "__items"
@@ -44,9 +48,9 @@ def _hook(obj: dict) -> Any:
     name = obj.pop(_TAG, None)
     if name is None:
         return obj
-    cls = _KNOWN.get(name)
+    cls = _KNOWN.get(name) if isinstance(name, str) else None
     if cls is None:
-        raise ValueError(f"a peer sent an unknown message type {name!r}")
+        raise MessageError(f"a peer sent an unknown message type {name!r}")
     return cls(**obj)
 
 
@@ -55,4 +59,9 @@ def encode(obj: Any) -> bytes:
 
 
 def decode(data: bytes) -> Any:
-    return json.loads(data, object_hook=_hook)
+    try:
+        return json.loads(data, object_hook=_hook)
+    except MessageError:
+        raise
+    except (ValueError, TypeError, RecursionError) as e:  # not JSON, or a class refused its fields
+        raise MessageError(f"a peer sent {len(data)} bytes that are not a prefill/decode message: {e}") from e

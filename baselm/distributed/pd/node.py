@@ -19,14 +19,21 @@ is the same five moves on every rank:
              sends the blocks the decode rank lacks (pd_wire.transfer, relayed along the
              ring) and frees its own; the decode rank writes them into its pool and applies
              the first token, whose outputs reach rank 0 in one more gather.
+
+What sizes and routes a transfer comes from other ranks (a handoff's rank and block count, an
+admission's first block), so every rank checks the gathered reports and admissions before it
+acts on them (`check_reports`, `check_admissions`): each rank sees the same ones, so all of
+them refuse a bad one together, with a MessageError.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from baselm.config import ConfigError
+from baselm.distributed.comm import MessageError
 from baselm.distributed.pd import blocks as pd_blocks
 from baselm.distributed.pd import codec as pd_codec
 from baselm.distributed.pd import decode as pd_decode
@@ -116,6 +123,46 @@ class Report:
 pd_codec.register(Plan, Report, RankStats, Handoff, RequestOutput, SamplingParams, TokenLogprobs, Constraint)
 
 
+def check_reports(reports: list[Report], layout: Layout, block_size: int, vocab_size: int) -> None:
+    """Raises MessageError unless report r is rank r's and each of its handoffs is its own (a
+    prefill rank's), holding the blocks its prompt fills and token ids of the vocabulary."""
+    if [report.rank for report in reports] != list(range(layout.size)):
+        raise MessageError(f"the reports came from ranks {[r.rank for r in reports]}, not 0..{layout.size - 1}")
+    for report in reports:
+        for handoff in report.handoffs:
+            ids = handoff.prompt_token_ids
+            if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab_size for t in ids):
+                raise MessageError(
+                    f"rank {report.rank} handed off request {handoff.request_id!r} with a prompt "
+                    f"that is not token ids of a vocabulary of {vocab_size}"
+                )
+            own = handoff.src == report.rank and layout.role(report.rank) == "prefill"
+            if not own or handoff.num_blocks != -(-len(ids) // block_size):
+                raise MessageError(
+                    f"rank {report.rank} handed off request {handoff.request_id!r} as rank {handoff.src!r}'s, with "
+                    f"{handoff.num_blocks!r} blocks for {len(ids)} prompt tokens of blocks of {block_size}"
+                )
+
+
+def check_admissions(parts: list[Any], moves: list[tuple[Handoff, int]]) -> dict[str, int]:
+    """Each admitted request's first missing block, from every rank's admissions (`parts`, by rank);
+    a MessageError unless a rank admitted only requests assigned to it, from a block they have."""
+    assigned = {handoff.request_id: (dst, handoff.num_blocks) for handoff, dst in moves}
+    answers: dict[str, int] = {}
+    for rank, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise MessageError(f"rank {rank} sent a {type(part).__name__} where its admissions go")
+        for request_id, first in part.items():
+            dst, num_blocks = assigned.get(request_id, (None, 0))
+            if dst != rank or type(first) is not int or not 0 <= first <= num_blocks:
+                raise MessageError(
+                    f"rank {rank} admitted request {request_id!r} from block {first!r}: it was handed "
+                    f"to rank {dst}, with {num_blocks} blocks"
+                )
+            answers[request_id] = first
+    return answers
+
+
 def assign(reports: list[Report], layout: Layout) -> list[tuple[Handoff, int]]:
     """Each finished prompt's decode rank: the one with the fewest requests, counting those
     assigned this step; ties to the lowest rank. The same on every rank (it sees the same reports)."""
@@ -151,6 +198,7 @@ class Node:
         self.engine = engine
         self.cache = worker.cache if worker is not None else engine.cache
         self.block_nbytes = pd_blocks.block_nbytes(self.cache)
+        self.vocab_size = worker.vocab_size if worker is not None else engine.vocab_size
         self.stats = RankStats(self.rank, layout.role(self.rank))
         self._outbox: list[RequestOutput] = []  # decode outputs for the next report
 
@@ -176,6 +224,7 @@ class Node:
         elif self.engine.has_unfinished:
             self._outbox += self.engine.step()
         reports = pd_wire.gather(self.group, self._report())
+        check_reports(reports, self.layout, self.cache.block_size, self.vocab_size)
         moves = assign(reports, self.layout)
         answers = self._admit(moves)
         self._ship(moves, answers)
@@ -258,10 +307,7 @@ class Node:
                         mine[handoff.request_id] = first
         if not moves:
             return {}
-        answers: dict[str, int] = {}
-        for part in pd_wire.gather(self.group, mine):
-            answers.update(part)
-        return answers
+        return check_admissions(pd_wire.gather(self.group, mine), moves)
 
     def _ship(self, moves: list[tuple[Handoff, int]], answers: dict[str, int]) -> None:
         for handoff, dst in moves:

@@ -59,6 +59,7 @@ class PrefillWorker:
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, rank: int = 0):
         self.rank = rank
+        self.vocab_size = loaded.model.args.vocab_size
         self.cache, self.max_model_len = make_cache(loaded, config)  # as LLMEngine's: every rank's is the same
         self.kv = KVCacheManager(self.cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = make_scheduler(self.kv, config, self.max_model_len)

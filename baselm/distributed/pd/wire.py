@@ -12,7 +12,9 @@ Three verbs, each a collective every rank of the group calls in the same order:
   them. Every rank knows each transfer's route and size from the step's plan, so each
   recv is posted with its shape up front.
 
-Messages are JSON (pd_codec.py): a peer's bytes never run code here.
+Messages are JSON (pd_codec.py): a peer's bytes never run code here. A length a peer announces
+is checked against the group's message limit (`comm.check_length`) before anything is
+allocated for it; every rank sees the same lengths, so all of them refuse together.
 
 Any failure of the group (a rank that died: "[ring] connection to a peer was lost") is raised
 as the group layer's RankFailedError; after one, the group must not be used again (later
@@ -26,7 +28,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from baselm.distributed.comm import broadcast_bytes, run_collective
+from baselm.distributed.comm import broadcast_bytes, check_length, run_collective
 from baselm.distributed.pd import codec as pd_codec
 
 
@@ -48,7 +50,7 @@ def gather(group: mx.distributed.Group, obj: Any) -> list[Any]:
     """Every rank's `obj`, by rank, on every rank."""
     data = _to_bytes(obj)
     lengths = _run(mx.distributed.all_gather(mx.array([data.size], dtype=mx.int32), group=group)).tolist()
-    longest = max(lengths)
+    longest = max(check_length(n, f"a report from rank {r}") for r, n in enumerate(lengths))
     padded = mx.concatenate([data, mx.zeros((longest - data.size,), dtype=mx.uint8)]) if data.size < longest else data
     everyone = np.array(_run(mx.distributed.all_gather(padded, group=group))).tobytes()
     return [pd_codec.decode(everyone[r * longest : r * longest + n]) for r, n in enumerate(lengths)]
@@ -62,6 +64,7 @@ def route(src: int, dst: int, size: int) -> list[int]:
 def transfer(group: mx.distributed.Group, src: int, dst: int, nbytes: int, data: mx.array | None) -> mx.array | None:
     """Moves `nbytes` uint8 bytes from rank `src` (which passes them as `data`) to rank `dst`,
     relayed by the ranks between; returns them on `dst`, None elsewhere."""
+    check_length(nbytes, f"a KV transfer from rank {src} to rank {dst}")
     rank = group.rank()
     path = route(src, dst, group.size())
     if rank not in path or src == dst:

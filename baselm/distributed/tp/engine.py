@@ -28,7 +28,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from baselm.distributed.comm import run_collective
+from baselm.distributed.comm import MessageError, run_collective
 from baselm.distributed.group import DistGroup, RankFailedError
 from baselm.distributed.tp.persist import GroupPrefixCache, RankFile
 from baselm.distributed.tp.plan import CACHE, FORWARD, FREE, HIDDEN, LOAD, SAVE, STOP, StepPlan, receive_plan, send_plan
@@ -181,12 +181,21 @@ def follow(model: Any, group: Any, watchdog: Watchdog | None = None, files: Rank
         if plan.op == FREE:
             caches.pop(plan.cache_id, None)
             continue
+        cache = _cache_of(plan, caches, model.args.vocab_size)
         if plan.op in (SAVE, LOAD):
-            files.follow(plan, caches[plan.cache_id], group)
+            files.follow(plan, cache, group)
             continue
-        cache = caches[plan.cache_id]
         meta = plan.metadata(cache.block_size)
         with watchdog.armed("a tensor-parallel step"):
             hidden = model.last_hidden(mx.array(plan.input_ids), meta.positions, meta, cache)
             run_collective(mx.eval, hidden)
         num_steps += 1
+
+
+def _cache_of(plan: StepPlan, caches: dict[int, PagedKVCache], vocab_size: int) -> PagedKVCache:
+    """The cache a plan runs on, once the plan is checked against it (a MessageError otherwise)."""
+    cache = caches.get(plan.cache_id)
+    if cache is None:
+        raise MessageError(f"a step plan names KV cache {plan.cache_id}, which rank 0 never announced")
+    plan.check(cache.num_blocks, vocab_size)
+    return cache

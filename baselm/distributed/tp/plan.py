@@ -12,6 +12,11 @@ Layout, all int32 little-endian:
 `cache_id` names the KV cache a forward runs on: rank 0 announces each cache once (`CACHE`,
 with (a, b, c) = (num_blocks, block_size, kv_bits)) and frees it (`FREE`) when it is gone.
 `SAVE` and `LOAD` carry a payload of int32 words after the header (its length in num_tokens).
+
+A plan arrives from another process: `decode` refuses one whose header does not describe its
+length, and `check` one whose block ids or token ids fall outside this rank's pool and
+vocabulary (MLX checks no index: a gather past an array reads other memory, a scatter writes
+there), each with a MessageError, before the plan reaches a kernel.
 """
 
 from __future__ import annotations
@@ -21,8 +26,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from baselm.distributed.comm import broadcast_bytes
-from baselm.distributed.group import DistError
+from baselm.distributed.comm import MessageError, broadcast_bytes
 from baselm.kv import AttentionMetadata
 
 FORWARD, HIDDEN, CACHE, FREE, STOP, SAVE, LOAD = 1, 2, 3, 4, 5, 6, 7
@@ -68,28 +72,49 @@ class StepPlan:
 
     @classmethod
     def decode(cls, data: bytes) -> StepPlan:
+        if len(data) < 4 * _HEADER or len(data) % 4:
+            raise MessageError(f"a step plan of {len(data)} bytes is not one")
         values = np.frombuffer(data, dtype="<i4")  # (8 + 2 * num_seqs + num_tokens + num_seqs * max_blocks,)
-        if len(values) < _HEADER or len(data) % 4:
-            raise DistError(f"a step plan of {len(data)} bytes is not one")
         op, num_seqs, num_tokens, max_blocks, cache_id, *extra = (int(v) for v in values[:_HEADER])
         if op not in (FORWARD, HIDDEN, CACHE, FREE, STOP, *_PAYLOAD):
-            raise DistError(f"a step plan has the unknown op {op}")
+            raise MessageError(f"a step plan has the unknown op {op}")
+        if min(num_seqs, num_tokens, max_blocks) < 0:
+            raise MessageError(
+                f"a step plan has a negative count ({num_seqs} sequences, {num_tokens} tokens, {max_blocks} blocks)"
+            )
         if op in _PAYLOAD:
-            if len(values) != _HEADER + num_tokens:
-                raise DistError(f"a step plan holds {len(values)} values, its header describes {_HEADER + num_tokens}")
+            if len(values) != _HEADER + num_tokens or num_tokens % 5:
+                raise MessageError(
+                    f"a step plan holds {len(values)} values, its header describes {_HEADER + num_tokens} (5 per block)"
+                )
             return cls(op, cache_id=cache_id, payload=values[_HEADER:].copy())
         if op not in (FORWARD, HIDDEN):
             return cls(op, cache_id=cache_id, cache_shape=tuple(extra))
         sizes = [num_seqs, num_seqs, num_tokens, num_seqs * max_blocks]
         if len(values) != _HEADER + sum(sizes):
-            raise DistError(f"a step plan holds {len(values)} values, its header describes {_HEADER + sum(sizes)}")
+            raise MessageError(f"a step plan holds {len(values)} values, its header describes {_HEADER + sum(sizes)}")
         q, c, ids, tables = np.split(values[_HEADER:], np.cumsum(sizes)[:-1])
         return cls(op, ids, q, c, tables.reshape(num_seqs, max_blocks), cache_id)
+
+    def check(self, num_blocks: int, vocab_size: int) -> None:
+        """Raises MessageError unless the plan's block ids name blocks of a pool of `num_blocks` and its
+        token ids are in a vocabulary of `vocab_size` (SAVE, LOAD: the payload's block ids)."""
+        ids = self.payload[: len(self.payload) // 5] if self.op in _PAYLOAD else self.block_tables
+        if ids is not None and ids.size and not (0 <= ids.min() and ids.max() < num_blocks):
+            raise MessageError(f"a step plan names blocks {ids.min()}..{ids.max()} of a pool of {num_blocks}")
+        tokens = self.input_ids
+        if tokens is not None and tokens.size and not (0 <= tokens.min() and tokens.max() < vocab_size):
+            raise MessageError(
+                f"a step plan holds token ids {tokens.min()}..{tokens.max()}, past a vocabulary of {vocab_size}"
+            )
 
     def metadata(self, block_size: int) -> AttentionMetadata:
         """The attention metadata rank 0 built for this forward (logits rows aside)."""
         tables = [list(row) for row in self.block_tables]
-        return AttentionMetadata.build(tables, self.query_lens.tolist(), self.context_lens.tolist(), block_size)
+        try:
+            return AttentionMetadata.build(tables, self.query_lens.tolist(), self.context_lens.tolist(), block_size)
+        except ValueError as e:  # lengths no sequence has
+            raise MessageError(f"a step plan describes no step: {e}") from e
 
 
 def send_plan(plan: StepPlan, group) -> None:

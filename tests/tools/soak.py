@@ -12,6 +12,9 @@ prober asks `/health` every 50 ms and the server's RSS is read every second.
    and clients that vanish mid-answer on each API, streamed or whole. Each must be a 4xx (a vanished
    client: no answer at all), every `/health` answered within 200 ms, and the RSS back within 10% of
    its reading before the phase.
+Before it, a warm-up of normal use sets the RSS baseline: one request of each kind, a 400-token
+answer and a long /tokenize.
+
 2. **Soak**: `--concurrency` workers send a seeded mix of chat, completions, embeddings, Responses,
    Messages and Ollama requests, a sixth of the streams dropped after a few events. At half time the
    server gets SIGTERM (it must exit 0 having saved its prefix cache) and starts again from the same
@@ -189,6 +192,7 @@ def _send(http: httpx.Client, rng: random.Random, model: str, report: Report, re
         status = 0
     if status == 0 and restarting.is_set():
         report.soak["refused while restarting"] += 1
+        time.sleep(0.2)  # the server is starting again: ask again shortly
         return
     report.soak[f"{kind} {status}"] += 1
     if status >= 500 or status == 0:
@@ -343,6 +347,18 @@ def _figures(watch: Watch, report: Report) -> dict[str, Any]:
     }
 
 
+def warm_up(url: str) -> None:
+    """What a server does in its first minutes of normal use, before its RSS is the baseline: one request
+    of each kind, a long answer (the KV pool's pages touched) and a long /tokenize (large buffers)."""
+    with httpx.Client(base_url=url, timeout=300) as http:
+        for i in range(8):
+            kind, path, body, _ = _request(random.Random(i), "soak")
+            http.post(path, json={**body, "stream": False} if "stream" in body else body)
+        story = [{"role": "user", "content": "Write a long story about a lighthouse."}]
+        http.post("/v1/chat/completions", json={"model": "soak", "messages": story, "max_tokens": 400})
+        http.post("/tokenize", json={"prompt": "x " * 300000})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
@@ -362,10 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     watch = Watch(server)
     watch.start()
     try:
-        with httpx.Client(base_url=server.url, timeout=120) as http:  # warm-up: one of each, then the RSS
-            for i in range(8):
-                kind, path, body, _ = _request(random.Random(i), "soak")
-                http.post(path, json={**body, "stream": False} if "stream" in body else body)
+        warm_up(server.url)
         time.sleep(3)
         abuse(server, watch, report, "soak")
         server = soak(server, make_server, watch, report, args)

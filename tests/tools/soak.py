@@ -11,7 +11,8 @@ prober asks `/health` every 50 ms and the server's RSS is read every second.
    lists in every list field, 40 connections that trickle their headers or body, bad logit_bias keys,
    and clients that vanish mid-answer on each API, streamed or whole. Each must be a 4xx (a vanished
    client: no answer at all), every `/health` answered within 200 ms, and the RSS back within 10% of
-   its reading before the phase.
+   its reading before the phase (`--no-latency-target`: every `/health` answered, its latency
+   reported but not judged, as the test suite runs it).
 Before it, a warm-up of normal use sets the RSS baseline: one request of each kind, a 400-token
 answer and a long /tokenize.
 
@@ -282,14 +283,16 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-def _judge_abuse(watch: Watch, report: Report) -> None:
+def _judge_abuse(watch: Watch, report: Report, latency_target: bool) -> None:
     abuse_health = watch.health.get("abuse", [])
     worst = max(abuse_health, default=0.0)
+    in_time = worst <= HEALTH_TARGET_S or not latency_target
+    target = f"all within {HEALTH_TARGET_S * 1000:.0f} ms" if latency_target else "all answered; latency not judged"
     report.check(
         "/health during abuse",
-        bool(abuse_health) and worst <= HEALTH_TARGET_S and not watch.health_failures["abuse"],
+        bool(abuse_health) and in_time and not watch.health_failures["abuse"],
         f"{len(abuse_health)} answers, p50 {_percentile(abuse_health, 0.5) * 1000:.1f} ms, max {worst * 1000:.1f} ms, "
-        f"{watch.health_failures['abuse']} failed (target: all within {HEALTH_TARGET_S * 1000:.0f} ms)",
+        f"{watch.health_failures['abuse']} failed (target: {target})",
     )
     before, after = watch.rss.get("start", [0])[-1], min(watch.rss.get("after abuse", [0]))
     report.check(
@@ -366,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--no-latency-target",
+        dest="latency_target",
+        action="store_false",
+        help="report /health's latency during the abuse without judging it (for the test suite: no timing asserts)",
+    )
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="base-soak-"))
     args.cache_file, log, port = folder / "prefix-cache.bin", folder / "serve.log", free_port()
@@ -384,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         server = soak(server, make_server, watch, report, args)
         with httpx.Client(base_url=server.url, timeout=120) as http:
             end = wait_idle(http, 120)
-        _judge_abuse(watch, report)
+        _judge_abuse(watch, report, args.latency_target)
         _judge_soak(watch, report, end, log)
         report.figures = _figures(watch, report)
     finally:

@@ -32,11 +32,12 @@ class BodyBudget:
         self.limit = max(MIN_BODY_BUDGET, 4 * max_body_bytes)
         self.num_bytes = 0
 
-    def can_take(self, num_bytes: int) -> bool:
-        return self.num_bytes + num_bytes <= self.limit
-
-    def take(self, num_bytes: int) -> None:
+    def take(self, num_bytes: int) -> bool:
+        """Takes `num_bytes` if they fit under the limit; False (nothing taken) if not."""
+        if self.num_bytes + num_bytes > self.limit:
+            return False
         self.num_bytes += num_bytes
+        return True
 
     def give_back(self, num_bytes: int) -> None:
         self.num_bytes -= num_bytes

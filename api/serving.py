@@ -126,9 +126,8 @@ async def read_json(request: Request, state: ServerState) -> Any:
     if declared is not None and declared > limit:
         raise APIError(413, f"the request body is {length} bytes; the limit is {limit}")
     budget = state.body_budget
-    if not budget.can_take(declared or 0):
+    if not budget.take(declared or 0):
         raise _busy_reading(budget)
-    budget.take(declared or 0)
     try:
         return _parse(await _read_within(request, state, declared is None))
     finally:
@@ -168,17 +167,15 @@ async def _read_body(request: Request, limit: int, budget: BodyBudget | None) ->
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
+            if size + len(chunk) > limit:
                 raise APIError(413, f"the request body is over the limit of {limit} bytes")
-            if budget is not None:
-                if not budget.can_take(len(chunk)):
-                    raise _busy_reading(budget)
-                budget.take(len(chunk))
+            if budget is not None and not budget.take(len(chunk)):
+                raise _busy_reading(budget)
+            size += len(chunk)
             chunks.append(chunk)
     finally:
         if budget is not None:
-            budget.give_back(sum(len(c) for c in chunks))
+            budget.give_back(size)
     return b"".join(chunks)
 
 

@@ -12,25 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from baselm.api.app import ROUTES
 from tests.api.conftest import MODEL, RunningServer
+from tests.tools.abuse import every_route
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
-SAMPLE_PATH_VALUES = {"response_id": "resp_x", "model": MODEL}
-
-
-def _every_route() -> list[tuple[str, str]]:
-    """(method, path) of every route the server has, path parameters filled in."""
-    pairs = []
-    for route in ROUTES:
-        path = route.path
-        for name, value in SAMPLE_PATH_VALUES.items():
-            path = path.replace(f"{{{name}}}", value).replace(f"{{{name}:path}}", value)
-        pairs += [(method, path) for method in sorted(route.methods or ()) if method != "HEAD"]
-    return pairs
-
-
-ROUTE_PAIRS = _every_route()
+ROUTE_PAIRS = every_route(MODEL)
 POST_PATHS = [path for method, path in ROUTE_PAIRS if method == "POST"]
 
 

@@ -85,20 +85,20 @@ def _expect_4xx(report: Report, what: str, answer: httpx.Response | None, answer
         report.check(f"abuse: {what}", False, f"answered {status or 'nothing'}")
 
 
-def _every_route() -> list[tuple[str, str]]:
-    """(method, path) of every route the server has, path parameters filled in."""
+def every_route(model: str) -> list[tuple[str, str]]:
+    """(method, path) of every route the server has, path parameters filled in (`model` for a model's)."""
     from baselm.api.app import ROUTES
 
     pairs = []
     for route in ROUTES:
-        path = route.path.replace("{response_id}", "resp_x").replace("{model:path}", "soak")
+        path = route.path.replace("{response_id}", "resp_x").replace("{model:path}", model)
         pairs += [(method, path) for method in sorted(route.methods or ()) if method != "HEAD"]
     return pairs
 
 
 def hostile_headers(http: httpx.Client, report: Report, model: str) -> None:
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
-    for method, path in _every_route():
+    for method, path in every_route(model):
         for name, headers in [
             ("foreign Host", {"Host": "rebound.example"}),
             ("foreign Origin", {"Origin": "https://evil.example"}),

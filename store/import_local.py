@@ -1,10 +1,15 @@
 """`base pull ./folder`, `base pull model.gguf`, `base pull model.base`: a local model into the store.
 
-A local path is an HF folder, an MLX quantized folder, a `.gguf` or a `.base` file, stored as
-`local/<name>` (or `--name org/name`). Its variant is the quantization asked for, or the
+A local path is an HF folder, an MLX quantized folder, a `.gguf` or a `.base` file, stored under
+the name it gives itself (a GGUF's `general.organization` and `general.basename`, `size_label`,
+`finetune`; an HF config's `_name_or_path`; a `.base` file's source repo), else `local/<its file
+name>`, or `--name org/name`. Its variant is the quantization asked for, or the
 source's own when it is already quantized and none is asked (GGUF `q4_1`, MLX `mlx-q4`, a
 `.base` file's). A `.base` file is verified and copied as it is; the rest are converted (see
 `convert.py`). The write is atomic and locked as a hub pull's is (see `registry.py`).
+
+The same source (sha256) asked for as the same variant is converted once: without `--name` the
+stored model is returned, with one the new name points at the stored file.
 """
 
 from __future__ import annotations
@@ -20,18 +25,17 @@ from typing import Any
 from baselm.store import gguf, hf
 from baselm.store.base_header import check_header_checksum
 from baselm.store.base_reader import BaseFile
+from baselm.store.blobs import file_sha256
 from baselm.store.convert import convert
 from baselm.store.convert_gguf import gguf_body_type
 from baselm.store.errors import StoreError
 from baselm.store.hub import check_model_type, gguf_tag
 from baselm.store.mlx_folder import default_bits, is_mlx_folder
 from baselm.store.pull import wait_note
-from baselm.store.registry import PendingWrite, Store, StoredModel, check_model_name
+from baselm.store.registry import LOCAL_ORG, PendingWrite, Store, StoredModel, check_model_name, qualify_name
 from baselm.store.signed_file import verify_file
 from baselm.store.signing import find_signature
 from baselm.store.variants import DEFAULT_PROFILE, DEFAULT_QUANT, check_quant, variant_name
-
-LOCAL_ORG = "local"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +44,7 @@ class LocalSource:
 
     path: Path
     format: str  # safetensors | mlx | gguf | base
-    default_name: str
+    default_name: str  # org/name
     own_variant: str | None  # the variant a quantized source keeps when no quant is asked (None: HF folder)
 
 
@@ -55,21 +59,26 @@ def import_local(
     force: bool = False,
     store: Store | None = None,
 ) -> StoredModel:
-    """Stores a local model (HF folder, MLX folder, `.gguf` or `.base` file) as `local/<name>:<variant>`.
+    """Stores a local model (HF folder, MLX folder, `.gguf` or `.base` file) as `org/name:variant`.
 
-    The name defaults to the folder's or file's name (`--name org/name` overrides); the variant is
+    The name defaults to the one the source gives itself (`--name org/name` overrides); the variant is
     the quantization asked for, or the source's own when it is already quantized and none is asked
     (GGUF `q4_1`, MLX `mlx-q4`, a `.base` file's). A `.base` file is verified and copied as it is.
     The write is atomic and locked as a hub pull's is. A variant already stored from the same
-    bytes (sha256) is returned as it is unless `force`; one from other bytes needs `force`.
+    bytes (sha256) is returned as it is unless `force`; one from other bytes needs `force`. The
+    same bytes stored under another name are not converted again (see the module docstring).
     """
     store = store or Store()
     check_quant(quant)
     local = inspect_local(Path(path).expanduser().resolve())
     variant = _local_variant(local, quant, profile, group_size)
-    model_name = _local_name(name, local.default_name)
     digest = source_sha256(local.path)
     source = {"format": local.format, "path": str(local.path), "sha256": digest}
+    same = None if force else store.find_source(digest, variant)
+    if same is not None and name is None:  # the name the source gives itself, if that is one of the stored
+        own = store.get(local.default_name, variant)
+        return own if own is not None and own.source.get("sha256") == digest else same
+    model_name = local.default_name if name is None else qualify_name(name)
     with store.begin_write(model_name, variant, on_wait=lambda: wait_note(model_name)) as pending:
         existing = pending.existing
         if existing and not force:
@@ -79,6 +88,8 @@ def import_local(
                 f"{existing.ref} is already stored from {existing.source.get('path') or 'another source'}; pass "
                 "--force to replace it"
             )
+        if same is not None:
+            return pending.link(same, source)
         store.check_free_space(_num_bytes(local.path))
         if local.format == "base":
             return _import_base(local.path, pending, source, supported)
@@ -94,9 +105,10 @@ def inspect_local(path: Path) -> LocalSource:
         if not (path / "config.json").is_file():
             raise StoreError(f"{path}: a model folder needs a config.json (an HF or MLX model folder)")
         config = hf.read_config(path)
+        name = _repo_name(config.get("_name_or_path"), path.name)
         if is_mlx_folder(config):
-            return LocalSource(path, "mlx", path.name, f"mlx-q{default_bits(config)}")
-        return LocalSource(path, "safetensors", path.name, None)
+            return LocalSource(path, "mlx", name, f"mlx-q{default_bits(config)}")
+        return LocalSource(path, "safetensors", name, None)
     if path.suffix == ".gguf":
         gguf_file = gguf.GGUFFile.open(path)
         tag = gguf_tag(path.name)
@@ -107,36 +119,37 @@ def inspect_local(path: Path) -> LocalSource:
         )
     if path.suffix == ".base":
         header = BaseFile.open(path).header
-        return LocalSource(path, "base", path.stem, _base_variant(header))
+        repo = header.get("source", {}).get("repo") if isinstance(header.get("source"), dict) else None
+        return LocalSource(path, "base", _repo_name(repo, path.stem), _base_variant(header))
     raise StoreError(f"{path}: not a model; give an HF or MLX model folder, a .gguf file or a .base file")
 
 
 def _gguf_name(stem: str, metadata: dict[str, Any]) -> str:
-    """The file's name without its quant tag; the metadata's names when the file name says nothing."""
-    parts = [metadata.get("general.basename"), metadata.get("general.size_label")]
-    candidates = [
-        stem,
-        "-".join(str(p) for p in parts if p) if parts[0] else "",
-        metadata.get("general.name") or "",
-        "model",
-    ]
-    return next(n for n in (_clean_name(str(c)) for c in candidates) if n)
+    """`org/name` from a GGUF's own metadata: the organization (else the author, else `local`) and
+    basename-size_label-finetune (else `general.name`, else the file name without its quant tag)."""
+    org = _clean_name(str(metadata.get("general.organization") or metadata.get("general.author") or ""))
+    parts = [metadata.get(f"general.{key}") for key in ("basename", "size_label", "finetune")]
+    candidates = ["-".join(str(p) for p in parts if p) if parts[0] else "", metadata.get("general.name") or "", stem]
+    name = next((n for n in (_clean_name(str(c)) for c in candidates) if n), "model")
+    return f"{org or LOCAL_ORG}/{name}"
+
+
+def _repo_name(repo: Any, fallback: str) -> str:
+    """`repo` when it is an `org/name` the store takes (an HF config's `_name_or_path`, a `.base`
+    file's source repo), else `local/<fallback>`."""
+    if isinstance(repo, str) and repo.count("/") == 1 and not repo.startswith((".", "/", "~")):
+        try:
+            check_model_name(repo)
+            return repo
+        except StoreError:
+            pass
+    return f"{LOCAL_ORG}/{_clean_name(fallback) or 'model'}"
 
 
 def _clean_name(text: str) -> str:
     """A string as a store name part: letters, digits, '.', '_', '-' (other runs become '-')."""
     text = re.sub(r"[^A-Za-z0-9._-]+", "-", text)
     return re.sub(r"\.{2,}", ".", text).strip("-._")
-
-
-def _local_name(name: str | None, default: str) -> str:
-    """`org/name` as given, `name` alone under `local/`, or the source's own name under `local/`."""
-    if name is None:
-        full = f"{LOCAL_ORG}/{_clean_name(default) or 'model'}"
-    else:
-        full = name if "/" in name else f"{LOCAL_ORG}/{name}"
-    check_model_name(full)
-    return full
 
 
 def _local_variant(local: LocalSource, quant: str | None, profile: str | None, group_size: int | None) -> str:
@@ -194,11 +207,11 @@ def _import_base(
 
 def source_sha256(path: Path) -> str:
     """sha256 of a file, or of a folder's files (relative names and contents, in name order)."""
+    if not path.is_dir():
+        return file_sha256(path)
     digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        if path.is_dir():
-            digest.update(str(file.relative_to(path)).encode() + b"\0")
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(path)).encode() + b"\0")
         with open(file, "rb") as f:
             while chunk := f.read(8 * 1024 * 1024):
                 digest.update(chunk)

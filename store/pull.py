@@ -8,7 +8,9 @@ model needs are downloaded (see `hub.py`) and converted (see `convert.py`); a lo
 The whole pull of one model runs under the store's lock for that model: downloads resume
 from `.part` files left by an interrupted pull, the `.base` file is written under a temp name,
 and the model appears in the store only once it is complete (see `store/registry.py`).
-Downloaded sources are removed after a successful pull unless `keep_download`.
+Downloaded sources are removed after a successful pull unless `keep_download`. A GGUF whose
+sha256 (as the hub lists it) the store already holds as the asked variant is not downloaded:
+the name points at the stored file.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ def pull(
         existing = pending.existing
         if existing and existing.source.get("commit") == snapshot.commit and not force:
             return existing
+        listed_sha256 = selection.files[0].sha256 if selection.kind == "gguf" else None
+        same = store.find_source(listed_sha256, plan.variant) if listed_sha256 and not force else None
+        if same is not None:  # the same GGUF, stored already (imported, or pulled under another name)
+            return pending.link(same, _source_info(snapshot, selection))
         downloads = store.downloads_dir / repo
         _remove_other_commits(downloads, snapshot.commit)
         store.check_free_space(2 * selection.num_bytes)  # the download, and at most as much again for the .base

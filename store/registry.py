@@ -1,24 +1,28 @@
-"""The local model store: `.base` files under `$BASE_HOME/models`, addressed as `org/name[:variant]`.
+"""The local model store: names (`org/name[:variant]`) in manifests, pointing at content-addressed files.
 
-Layout (one folder per model, one file per variant):
+Layout:
 
+    $BASE_HOME/blobs/sha256-<hex>.base   each stored model file once, named by its digest (see blobs.py)
     $BASE_HOME/models/<org>/<name>/
-        <variant>.base     a complete model file (variant: a quant scheme or profile, e.g. q4)
-        manifest.json      {"schema": 1, "name": "org/name", "variants": {variant: entry}}
+        manifest.json      {"schema": 2, "name": "org/name", "variants": {variant: entry}}; an entry
+                           names its file by `blob`; several names may point at one blob
         .lock              flock'd by whoever writes or removes this model
         .<anything>        a write in progress (temp .base files, temp manifests)
+        <variant>.base     the older layout (schema 1: an entry without `blob`), still read;
+                           such a file moves into blobs/ the first time another name needs it
 
 A model is addressed by `org/name:variant`; `org/name` alone works when it has one variant;
 `name` alone (any letter case, e.g. `smollm2-135m-instruct`) works when one stored model has
 that name. An ambiguous reference is an error that lists the candidates: the store never
-guesses between variants.
+guesses between variants. `copy` gives a stored file a second name (no bytes copied); `remove`
+removes a name, and its file once no name points at it.
 
-NOTE: crash safety. A variant is in the manifest only after its `.base` file is complete:
-the file is written under a dot-name, fsynced, renamed to `<variant>.base`, the folder is
-fsynced, and only then is the manifest rewritten (temp, fsync, rename). `list` and `resolve`
-read manifests only and skip entries whose file is absent or has another size, so a kill at
-any point leaves nothing half-made visible. Dot-files left by a killed writer are removed by
-the next writer of that model, which holds the model's lock (so no live writer owns them).
+NOTE: crash safety. A variant is in a manifest only after its file is complete: the file is
+written under a dot-name, fsynced, hashed and renamed into blobs/, and only then is the
+manifest rewritten (temp, fsync, rename). `list` and `resolve` read manifests only and skip
+entries whose file is absent or has another size, so a kill at any point leaves nothing
+half-made visible; a blob left without a name by a kill is removed by the next write. Dot-files
+left by a killed writer are removed by the next writer of that model, which holds the model's lock.
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from baselm.store.blobs import Blobs, blob_digest, file_sha256
 from baselm.store.default_model import base_home
 from baselm.store.errors import StoreError
 from baselm.store.fs import atomic_write, publish
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
-MANIFEST_SCHEMA = 1
+MANIFEST_SCHEMA = 2  # 1: files beside the manifest, without `blob` (still read)
+LOCAL_ORG = "local"  # the org of a name given without one
 _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # NOTE: fullmatch: `$` would take a trailing newline
 
 
@@ -72,6 +78,7 @@ class StoredModel:
     quant: str  # quant scheme of the body, e.g. "q4"
     source: dict[str, Any] = field(default_factory=dict)  # format, repo, revision, commit, files
     pulled: str = ""  # ISO 8601 UTC
+    digest: str = ""  # "sha256:<hex>" of the file; "" for a file of the older layout not yet hashed
 
     @property
     def ref(self) -> str:
@@ -104,6 +111,13 @@ def check_variant(variant: str) -> str:
     return variant
 
 
+def qualify_name(name: str) -> str:
+    """`org/name` as given, or `name` alone under `local/`; a clear error for anything else."""
+    full = name if "/" in name else f"{LOCAL_ORG}/{name}"
+    check_model_name(full)
+    return full
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -123,7 +137,7 @@ def _no_space(path: Path) -> NoSpaceError:
 
 @dataclass(slots=True)
 class PendingWrite:
-    """A variant being written: fill `temp_path`, then `commit` to publish it."""
+    """A variant being written: fill `temp_path`, then `commit` to publish it (or `link` an existing file)."""
 
     store: Store
     name: str
@@ -132,40 +146,29 @@ class PendingWrite:
     temp_path: Path  # write the .base file here (a dot-name: invisible to list, removed if abandoned)
     existing: StoredModel | None  # what the store holds for this variant now, if anything
 
-    @property
-    def final_path(self) -> Path:
-        return self.folder / f"{self.variant}.base"
-
     def commit(
         self, *, arch: str, params: int, quant: str, source: dict[str, Any], signature: dict[str, Any] | None = None
     ) -> StoredModel:
-        """Moves the finished file into place, then records it in the manifest (in that order).
+        """Hashes the finished file, moves it into blobs/ (or drops it when those bytes are stored
+        already), then points this name at it (in that order).
 
-        `signature`: a checked detached signature that came with the file, stored beside it; without
-        one, a signature left beside an earlier file of this variant is removed."""
-        from baselm.store.signing import sidecar, write_sidecar  # cryptography (~9 MiB): not on every command
+        `signature`: a checked detached signature that came with the file, stored beside its blob."""
+        from baselm.store.signing import write_sidecar  # cryptography (~9 MiB): not on every command
 
         if not self.temp_path.is_file():
             raise StoreError(f"nothing was written to {self.temp_path}; the model was not stored")
-        sidecar(self.final_path).unlink(missing_ok=True)
-        publish(self.temp_path, self.final_path)
-        if signature is not None:
-            write_sidecar(self.final_path, signature)
-        entry = {
-            "arch": arch,
-            "params": int(params),
-            "size": self.final_path.stat().st_size,
-            "quant": quant,
-            "source": source,
-            "pulled": _now(),
-        }
-        manifest = _read_manifest(self.folder) or {"schema": MANIFEST_SCHEMA, "name": self.name, "variants": {}}
-        manifest["variants"][self.variant] = entry
-        _write_json_atomic(self.folder / MANIFEST, manifest)
-        model = _entry_model(self.name, self.variant, self.folder, entry)
-        if model is None:
-            raise StoreError(f"{self.final_path} changed while it was being stored; pull it again")
-        return model
+        hex_digest = file_sha256(self.temp_path)  # before the lock: it reads the whole file
+        entry = {"arch": arch, "params": int(params), "size": self.temp_path.stat().st_size, "quant": quant}
+        entry.update(source=source, pulled=_now())
+        with self.store.blobs.lock():
+            entry["blob"] = self.store.blobs.put(self.temp_path, hex_digest)
+            if signature is not None:
+                write_sidecar(self.store.blobs.path(entry["blob"]), signature)
+            return self.store._set_entry(self.folder, self.name, self.variant, entry)
+
+    def link(self, stored: StoredModel, source: dict[str, Any]) -> StoredModel:
+        """Points this name at the file `stored` already has (same bytes, no copy), recording `source`."""
+        return self.store._link(self.folder, self.name, self.variant, stored, source)
 
 
 class Store:
@@ -175,6 +178,7 @@ class Store:
         self.root = Path(root) if root is not None else base_home()
         self.models_dir = self.root / "models"
         self.downloads_dir = self.root / "downloads"
+        self.blobs = Blobs(self.root / "blobs")
 
     # -- reading
 
@@ -186,7 +190,7 @@ class Store:
             if not manifest:
                 continue
             for variant, entry in manifest.get("variants", {}).items():
-                model = _entry_model(manifest["name"], variant, manifest_path.parent, entry)
+                model = self._model(manifest["name"], variant, manifest_path.parent, entry)
                 if model is not None:
                     models.append(model)
         return sorted(models, key=lambda m: m.ref.casefold())
@@ -197,7 +201,7 @@ class Store:
         folder = self.models_dir / org / short
         manifest = _read_manifest(folder)
         entry = manifest and manifest.get("variants", {}).get(variant)
-        return _entry_model(manifest["name"], variant, folder, entry) if entry else None
+        return self._model(manifest["name"], variant, folder, entry) if entry else None
 
     def resolve(self, ref: str) -> StoredModel:
         """The stored model a reference names: `org/name[:variant]` or `name[:variant]`, any case."""
@@ -258,13 +262,14 @@ class Store:
 
     @contextmanager
     def begin_write(self, name: str, variant: str, on_wait: Callable[[], None] | None = None) -> Iterator[PendingWrite]:
-        """Writes one variant under the model's lock; nothing is published unless `commit` is called.
+        """Writes one variant under the model's lock; nothing is published unless `commit` or `link` is called.
 
         On leaving, an uncommitted temp file is removed; a full disk becomes a NoSpaceError.
         """
         check_variant(variant)
         with self.lock(name, on_wait) as folder:
-            _remove_leftovers(folder)
+            with self.blobs.lock():  # a manifest of this folder may be being rewritten by another model's copy
+                _remove_leftovers(folder)
             temp = folder / f".{variant}.{os.getpid()}.partial.base"
             pending = PendingWrite(self, name, variant, folder, temp, self.get(name, variant))
             try:
@@ -284,24 +289,117 @@ class Store:
             shutil.copyfile(file, pending.temp_path)
             return pending.commit(arch=arch, params=params, quant=quant, source=source)
 
+    def copy(self, source_ref: str, destination: str) -> StoredModel:
+        """Gives the stored model `source_ref` a second name, `org/name[:variant]` (`name` alone goes
+        under `local/`; the variant defaults to the source's). No bytes are copied: both names point
+        at one file. A destination that exists is pointed at the source's file, as `cp` replaces."""
+        source = self.resolve(source_ref)
+        head, variant = split_ref(destination)
+        name, variant = qualify_name(head), check_variant(variant or source.variant)
+        if (name.casefold(), variant.casefold()) == (source.name.casefold(), source.variant.casefold()):
+            raise StoreError(f"{destination!r} is {source.ref} itself; give another name")
+        with self.lock(name) as folder:
+            return self._link(folder, name, variant, source, source.source)
+
     def remove(self, ref: str) -> StoredModel:
-        """Removes one stored variant (the manifest entry first, then its file)."""
+        """Removes one name (its manifest entry), then its file when no other name points at it."""
         from baselm.store.signing import sidecar  # as in `commit`
 
         model = self.resolve(ref)
-        with self.lock(model.name) as folder:
+        with self.lock(model.name) as folder, self.blobs.lock():
             manifest = _read_manifest(folder)
             if manifest and model.variant in manifest["variants"]:
-                del manifest["variants"][model.variant]
+                entry = manifest["variants"].pop(model.variant)
                 if manifest["variants"]:
                     _write_json_atomic(folder / MANIFEST, manifest)
                 else:
                     (folder / MANIFEST).unlink()
-            model.path.unlink(missing_ok=True)
-            sidecar(model.path).unlink(missing_ok=True)
+                if not entry.get("blob"):  # the older layout: the file is this name's alone
+                    model.path.unlink(missing_ok=True)
+                    sidecar(model.path).unlink(missing_ok=True)
+            self.blobs.sweep(self._referenced_blobs())
             _remove_leftovers(folder)
             _remove_if_empty(folder, self.models_dir)
         return model
+
+    def find_source(self, sha256: str, variant: str) -> StoredModel | None:
+        """A stored model made from the source file of this sha256 as this variant, if any (its bytes
+        are what converting that source again would give)."""
+        return next((m for m in self.list() if m.variant == variant and m.source.get("sha256") == sha256), None)
+
+    # -- manifests and blobs (NOTE: the methods below run under `self.blobs.lock()`)
+
+    def _link(self, folder: Path, name: str, variant: str, stored: StoredModel, source: dict[str, Any]) -> StoredModel:
+        with self.blobs.lock():
+            current = self.get(stored.name, stored.variant)  # it may have been removed or replaced meanwhile
+            if current is None or (stored.digest and current.digest != stored.digest):
+                raise UnknownModelError(f"{stored.ref} was removed or replaced while being named; try again")
+            entry = {"arch": current.arch, "params": current.params, "size": current.size, "quant": current.quant}
+            entry.update(source=source, pulled=_now(), blob=self._ensure_blob(current))
+            return self._set_entry(folder, name, variant, entry)
+
+    def _ensure_blob(self, model: StoredModel) -> str:
+        """The blob id of a stored model; a file of the older layout is moved into blobs/ first."""
+        from baselm.store.signing import sidecar
+
+        if model.digest:
+            return model.digest.replace(":", "-", 1)
+        folder = model.path.parent
+        blob = self.blobs.put(model.path, file_sha256(model.path))
+        if sidecar(model.path).is_file():
+            publish(sidecar(model.path), sidecar(self.blobs.path(blob)))
+        manifest = _read_manifest(folder)
+        if manifest and model.variant in manifest["variants"]:
+            manifest["variants"][model.variant]["blob"] = blob
+            _write_json_atomic(folder / MANIFEST, manifest)
+        return blob
+
+    def _set_entry(self, folder: Path, name: str, variant: str, entry: dict[str, Any]) -> StoredModel:
+        """Writes `entry` as `name:variant`, then removes what nothing points at any more."""
+        from baselm.store.signing import sidecar
+
+        manifest = _read_manifest(folder) or {"name": name, "variants": {}}
+        old = manifest["variants"].get(variant)
+        if old and not old.get("blob"):  # the older layout's file, replaced
+            (folder / f"{variant}.base").unlink(missing_ok=True)
+            sidecar(folder / f"{variant}.base").unlink(missing_ok=True)
+        manifest["variants"][variant] = entry
+        manifest["schema"] = MANIFEST_SCHEMA
+        _write_json_atomic(folder / MANIFEST, manifest)
+        self.blobs.sweep(self._referenced_blobs())
+        model = self._model(name, variant, folder, entry)
+        if model is None:
+            raise StoreError(f"the file of {name}:{variant} changed while it was being stored; pull it again")
+        return model
+
+    def _referenced_blobs(self) -> set[str]:
+        blobs = set()
+        for manifest_path in self.models_dir.glob(f"*/*/{MANIFEST}"):
+            manifest = _read_manifest(manifest_path.parent) or {"variants": {}}
+            blobs.update(e.get("blob") for e in manifest["variants"].values() if isinstance(e, dict))
+        return blobs - {None}
+
+    def _model(self, name: str, variant: str, folder: Path, entry: dict[str, Any]) -> StoredModel | None:
+        """The stored model of a manifest entry, or None when its file is absent or has another size."""
+        try:
+            blob = entry.get("blob")
+            path = self.blobs.path(str(blob)) if blob else folder / f"{variant}.base"
+            if path.stat().st_size != entry["size"]:
+                return None
+            return StoredModel(
+                name=name,
+                variant=variant,
+                path=path,
+                arch=str(entry["arch"]),
+                params=int(entry["params"]),
+                size=int(entry["size"]),
+                quant=str(entry["quant"]),
+                source=dict(entry.get("source") or {}),
+                pulled=str(entry.get("pulled", "")),
+                digest=blob_digest(str(blob or "")),
+            )
+        except (OSError, KeyError, TypeError, ValueError, AttributeError):
+            return None
 
     def check_free_space(self, num_bytes: int) -> None:
         """Raises NoSpaceError when the store's disk has less than `num_bytes` free."""
@@ -321,26 +419,6 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
         return None  # absent, or damaged by something other than our atomic writes: not listed
     ok = isinstance(manifest, dict) and isinstance(manifest.get("variants"), dict) and "name" in manifest
     return manifest if ok else None
-
-
-def _entry_model(name: str, variant: str, folder: Path, entry: dict[str, Any]) -> StoredModel | None:
-    path = folder / f"{variant}.base"
-    try:
-        if path.stat().st_size != entry["size"]:
-            return None
-        return StoredModel(
-            name=name,
-            variant=variant,
-            path=path,
-            arch=str(entry["arch"]),
-            params=int(entry["params"]),
-            size=int(entry["size"]),
-            quant=str(entry["quant"]),
-            source=dict(entry.get("source") or {}),
-            pulled=str(entry.get("pulled", "")),
-        )
-    except (OSError, KeyError, TypeError, ValueError):
-        return None
 
 
 def _remove_leftovers(folder: Path) -> None:

@@ -13,7 +13,21 @@ import pytest
 
 from tests.tiny_model import write_model_folder
 
-COMMANDS = ["pull", "list", "show", "ps", "rm", "inspect", "doctor", "run", "chat", "bench", "serve", "perplexity"]
+COMMANDS = [
+    "pull",
+    "list",
+    "show",
+    "ps",
+    "rm",
+    "cp",
+    "inspect",
+    "doctor",
+    "run",
+    "chat",
+    "bench",
+    "serve",
+    "perplexity",
+]
 
 
 def base(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -211,3 +225,22 @@ def test_bench_tables_fit_an_80_column_terminal_without_cutting_a_word(model_fol
     for title in ("throughput and latency", "ms per step", "with and without speculative decoding"):
         assert title in text
     assert "decode tok/s" in text and "per stream" in text and "overhead" in text
+
+
+def test_cp_adds_a_name_and_rm_frees_the_file_only_with_the_last_name(store_with_long_names, tmp_path):
+    env = store_with_long_names
+    copied = base("cp", "smollm2-135m-instruct", "mine", env=env)
+    assert (copied.returncode, copied.stdout) == (
+        0,
+        "copied HuggingFaceTB/SmolLM2-135M-Instruct:q4_1 to local/mine:q4_1\n",
+    )
+    listed = {m["ref"]: m for m in json.loads(base("list", "--json", env=env).stdout)}
+    assert listed["local/mine:q4_1"]["path"] == listed["HuggingFaceTB/SmolLM2-135M-Instruct:q4_1"]["path"]
+    # the fixture stored the same 100 bytes under both long names: one file, three names now
+    first = base("rm", "HuggingFaceTB/SmolLM2-135M-Instruct", env=env)
+    assert first.stdout.startswith("removed HuggingFaceTB/SmolLM2-135M-Instruct:q4_1 (its file stays, for local/mine")
+    assert base("rm", "mine", env=env).stdout == f"removed local/mine:q4_1 (its file stays, for {LONG_NAMES[1]}:q4_1)\n"
+    assert base("rm", LONG_NAMES[1], env=env).stdout == f"removed {LONG_NAMES[1]}:q4_1 (freed 100 B)\n"
+    assert [p.name for p in (tmp_path / "blobs").iterdir()] == [".lock"]
+    missing = base("cp", "nothing", "x", env=env)
+    assert missing.returncode == 1 and "no stored model named 'nothing'" in missing.stderr

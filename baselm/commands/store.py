@@ -1,4 +1,4 @@
-"""`base pull`, `base rm`, `base inspect`: the commands that bring models into the store and look at them."""
+"""`base pull`, `base rm`, `base cp`, `base inspect`: the commands that bring models into the store and look at them."""
 
 from __future__ import annotations
 
@@ -62,14 +62,37 @@ def pull(
 
 @commands.command()
 def rm(model: str = typer.Argument(..., help="Store name (org/name:variant or an alias).")) -> None:
-    """Remove a model from the local store."""
+    """Remove a name from the local store, and its file when no other name points at it."""
+    from baselm.store.fs import human_size
     from baselm.store.registry import Store
 
+    store = Store()
     try:
-        removed = Store().remove(model)
+        removed = store.remove(model)
     except _user_errors() as exc:
         _fail(str(exc))
-    print(f"removed {removed.ref}")
+    others = [m.ref for m in store.list() if removed.digest and m.digest == removed.digest]
+    if others:
+        print(f"removed {removed.ref} (its file stays, for {', '.join(others)})")
+    else:
+        print(f"removed {removed.ref} (freed {human_size(removed.size)})")
+
+
+@commands.command()
+def cp(
+    source: str = typer.Argument(..., help="A stored model (org/name:variant or an alias)."),
+    destination: str = typer.Argument(..., help="The new name, org/name[:variant] (name alone: local/name)."),
+) -> None:
+    """Give a stored model a second name (the file is shared, not copied)."""
+    from baselm.store.registry import Store
+
+    store = Store()
+    try:
+        original = store.resolve(source)
+        copied = store.copy(original.ref, destination)
+    except _user_errors() as exc:
+        _fail(str(exc))
+    print(f"copied {original.ref} to {copied.ref}")
 
 
 @commands.command()

@@ -89,7 +89,7 @@ def matching_tokens(logits: np.ndarray, tokens: list[int]) -> int:
 
 def test_the_kept_gguf_variant_gives_the_ggufs_logits_exactly(smollm2_gguf, store, backend, prompts, gguf_run) -> None:
     model = import_local(smollm2_gguf, supported={"llama"}, store=store)
-    assert model.ref == "local/SmolLM2-135M-Instruct:q4_1"
+    assert model.ref == "HuggingFaceTB/smollm2-135M-8k-lc100k-mix1-ep2:q4_1"  # named by its GGUF metadata
     loaded = load_model(model.ref, backend)
     tokens, expected = gguf_run
     for prompt, continuation, gguf_logits in zip(prompts, tokens, expected):
@@ -101,7 +101,7 @@ def test_q8_and_q4_variants_carry_the_ggufs_weights_exactly(
     quant, smollm2_gguf, store, backend, prompts, gguf_run
 ) -> None:
     model = import_local(smollm2_gguf, quant=quant, supported={"llama"}, store=store)
-    assert model.ref == f"local/SmolLM2-135M-Instruct:{quant}"
+    assert model.ref == f"HuggingFaceTB/smollm2-135M-8k-lc100k-mix1-ep2:{quant}"
     loaded = load_model(model.ref, backend)
     tokens, expected = gguf_run
     for prompt, continuation, gguf_logits in zip(prompts, tokens, expected):

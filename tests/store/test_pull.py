@@ -270,3 +270,17 @@ def test_a_pull_can_pin_a_commit(hub: HubServer, tmp_path: Path) -> None:
     commit = hub.repos["org/Tiny-Llama"].commit
     model = run_pull(hub, Store(tmp_path), "org/Tiny-Llama", revision=commit)
     assert (model.source["revision"], model.source["commit"]) == (commit, commit)
+
+
+def test_a_gguf_already_stored_from_a_local_import_is_not_downloaded_again(hub: HubServer, tmp_path: Path) -> None:
+    from baselm.store.import_local import import_local
+
+    store = Store(tmp_path)
+    imported = import_local(hub.gguf_dir / "tiny-llama.Q8_0.gguf", supported=SUPPORTED, store=store)
+    before = len(hub.requests)
+    model = run_pull(hub, store, "org/Tiny-Llama-GGUF:Q8_0")
+    assert hub.downloads_of("tiny-llama.Q8_0.gguf")[before:] == [] and not any(
+        "/resolve/" in p for _, p, _ in hub.requests[before:]
+    )
+    assert (model.ref, model.path) == ("org/Tiny-Llama-GGUF:q8_0", imported.path)
+    assert model.source["repo"] == "org/Tiny-Llama-GGUF" and len(list(store.blobs.root.glob("*.base"))) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import signal
@@ -30,11 +31,13 @@ def test_a_stored_model_is_listed_with_what_it_holds(tmp_path: Path) -> None:
     put(store, "HuggingFaceTB/SmolLM2-135M-Instruct", "q4", b"x" * 100)
     [model] = store.list()
     assert model.ref == "HuggingFaceTB/SmolLM2-135M-Instruct:q4"
-    assert model.path == tmp_path / "models/HuggingFaceTB/SmolLM2-135M-Instruct/q4.base"
+    digest = hashlib.sha256(b"x" * 100).hexdigest()
+    assert model.path == tmp_path / f"blobs/sha256-{digest}.base" and model.digest == f"sha256:{digest}"
     assert (model.arch, model.params, model.size, model.quant) == ("llama", 1234, 100, "q4")
     assert model.source == INFO["source"] and model.pulled.endswith("+00:00")
-    manifest = json.loads((model.path.parent / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "models/HuggingFaceTB/SmolLM2-135M-Instruct/manifest.json").read_text())
     assert manifest["name"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and list(manifest["variants"]) == ["q4"]
+    assert manifest["variants"]["q4"]["blob"] == f"sha256-{digest}"
 
 
 @pytest.mark.parametrize(
@@ -101,14 +104,15 @@ def test_add_copies_a_finished_file_into_the_store(tmp_path: Path) -> None:
 
 def test_remove_deletes_the_file_and_the_entry(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    put(store, "org/Tiny", "q4")
-    put(store, "org/Tiny", "q8")
+    put(store, "org/Tiny", "q4", b"four")
+    put(store, "org/Tiny", "q8", b"eight")
     removed = store.remove("org/Tiny:q4")
     assert not removed.path.exists()
     assert [m.ref for m in store.list()] == ["org/Tiny:q8"]
     store.remove("tiny")
     assert store.list() == []
     assert not (tmp_path / "models/org").exists()
+    assert sorted(p.name for p in (tmp_path / "blobs").iterdir()) == [".lock"]
 
 
 def test_an_abandoned_write_publishes_nothing_and_leaves_no_file(tmp_path: Path) -> None:
@@ -155,7 +159,7 @@ def test_a_writer_killed_mid_write_leaves_nothing_listed_and_its_temp_file_is_cl
     assert [p.name for p in folder.iterdir() if p.name.endswith(".partial.base")] == [f".q4.{child.pid}.partial.base"]
     assert store.list() == []
     put(store, "org/Tiny", "q8")  # the next writer of the model removes the dead writer's file
-    assert sorted(p.name for p in folder.iterdir()) == [".lock", "manifest.json", "q8.base"]
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "manifest.json"]
 
 
 def test_a_second_writer_waits_for_the_first_and_then_sees_its_model(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from baselm.store.convert_hf import hf_source
 from baselm.store.convert_mlx import mlx_source
 from baselm.store.hub import check_model_type
 from baselm.store.mlx_folder import is_mlx_folder
+from baselm.store.progress import NoProgress, Progress
 from baselm.store.source_model import SourceModel
 from baselm.store.variants import DEFAULT_QUANT
 
@@ -41,17 +42,19 @@ def convert(
     profile: str,
     source_info: dict[str, Any] | None = None,
     supported: Iterable[str] | None = None,
+    progress: Progress | None = None,
 ) -> Converted:
     """Writes `source` (an HF or MLX model folder, or a .gguf file) as the `.base` file `target`.
 
     `quant` None keeps an already-quantized source's own quantization (GGUF, MLX folder); an HF
     folder always gets one (q4 by default). Re-quantizing a quantized source logs that it
-    compounds error.
+    compounds error. `progress` hears of each tensor written.
     """
     model = _read_source(source, quant, group_size, profile)
     if supported is not None:
         check_model_type(model.config, supported, str(source_info.get("repo") if source_info else source))
-    counter = _ParamCounter(model.tensors)
+    counter = _ParamCounter(model.tensors, progress or NoProgress())
+    counter.progress.start(source.name, model.num_tensors, 0)
     write_base_file(
         target,
         counter,
@@ -62,6 +65,7 @@ def convert(
         quant_profile=model.quant_profile,
         source=source_info or {"format": source_format(source), "path": str(source)},
     )
+    counter.progress.finish()
     return Converted(model.arch, counter.params, model.quant_scheme)
 
 
@@ -81,12 +85,13 @@ def _read_source(source: Path, quant: str | None, group_size: int | None, profil
 
 
 class _ParamCounter:
-    """Passes (name, record) pairs through and counts the weights' logical elements."""
+    """Passes (name, record) pairs through, counts the weights' logical elements and reports each tensor."""
 
-    def __init__(self, tensors: Iterator[tuple[str, Any]]) -> None:
-        self.tensors, self.params = tensors, 0
+    def __init__(self, tensors: Iterator[tuple[str, Any]], progress: Progress) -> None:
+        self.tensors, self.params, self.progress = tensors, 0, progress
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         for name, record in self.tensors:
             self.params += math.prod(record.shape)
             yield name, record
+            self.progress.advance(1)

@@ -57,7 +57,7 @@ def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_n
     if quant is None:
         tag = gguf_tag(path.name).upper() or body
         kept = ((name, record) for name, _, record in records)
-        return SourceModel(arch, config, tokenizer, kept, _GGUF_SCHEMES[body], f"gguf-{tag}")
+        return SourceModel(arch, config, tokenizer, kept, _GGUF_SCHEMES[body], f"gguf-{tag}", len(gguf_file.tensors))
     is_quantized = any(info.type_name not in ("F32", "F16", "BF16") for info in gguf_file.tensors.values())
     if is_quantized and quant not in ("f32", "f16", "bf16"):
         requantize_note(path.name, body, quant)
@@ -66,7 +66,8 @@ def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_n
         # +0.14% with groups of 32, +33.7% with 64; see docs/measurements.md).
         group_size = group_size or GROUP_SIZE
     profile = resolve_profile(profile_name, quant, group_size)
-    return SourceModel(arch, config, tokenizer, _requantized_gguf(records, profile), quant, profile.to_json())
+    tensors = _requantized_gguf(records, profile)
+    return SourceModel(arch, config, tokenizer, tensors, quant, profile.to_json(), len(gguf_file.tensors))
 
 
 def gguf_body_type(gguf_file: gguf.GGUFFile) -> str:

@@ -16,24 +16,21 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 from huggingface_hub import HfApi
 from huggingface_hub import errors as hf_errors
 from huggingface_hub.file_download import hf_hub_url
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects, get_session, hf_raise_for_status
-from rich.console import Console
-from rich.progress import DownloadColumn, TransferSpeedColumn
-from rich.progress import Progress as Bars
 
 from baselm.store.errors import ModelFileError, StoreError, UnsupportedModelError
-from baselm.store.fs import human_size, publish
+from baselm.store.fs import publish
+from baselm.store.progress import NoProgress, Progress
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CHUNK_SIZE = 256 * 1024  # bytes written (and resumable) at a time
@@ -99,77 +96,6 @@ class Selection:
     @property
     def num_bytes(self) -> int:
         return sum(f.size for f in self.files)
-
-
-class Progress(Protocol):
-    """What a download reports to: a file's start, each chunk, its end."""
-
-    def start(self, label: str, total: int, done: int) -> None: ...
-    def advance(self, num_bytes: int) -> None: ...
-    def finish(self) -> None: ...
-
-
-class NoProgress:
-    """Reports nothing (`--quiet`)."""
-
-    def start(self, label: str, total: int, done: int) -> None:
-        pass
-
-    def advance(self, num_bytes: int) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-
-class LineProgress:
-    """Plain lines (for logs and pipes): the start, each further 25%, and the end."""
-
-    def __init__(self, stream: Any = None) -> None:
-        self.stream = stream or sys.stderr
-        self.label, self.total, self.done, self.next_mark = "", 0, 0, 0
-
-    def start(self, label: str, total: int, done: int) -> None:
-        self.label, self.total, self.done = label, total, done
-        resumed = f", resuming at {human_size(done)}" if done else ""
-        print(f"downloading {label} ({human_size(total)}{resumed})", file=self.stream, flush=True)
-        self.next_mark = (done * 4 // max(total, 1) + 1) * total // 4
-
-    def advance(self, num_bytes: int) -> None:
-        self.done += num_bytes
-        if self.total and self.done >= self.next_mark and self.done < self.total:
-            print(f"  {self.label}: {100 * self.done // self.total}%", file=self.stream, flush=True)
-            self.next_mark = (self.done * 4 // self.total + 1) * self.total // 4
-
-    def finish(self) -> None:
-        print(f"  {self.label}: done", file=self.stream, flush=True)
-
-
-class RichProgress:
-    """One rich progress bar per file, for a terminal."""
-
-    def __init__(self) -> None:
-        columns = (*Bars.get_default_columns(), DownloadColumn(), TransferSpeedColumn())
-        self.bars = Bars(*columns, console=Console(stderr=True))
-        self.task: Any = None
-
-    def start(self, label: str, total: int, done: int) -> None:
-        self.bars.start()
-        self.task = self.bars.add_task(label, total=total, completed=done)
-
-    def advance(self, num_bytes: int) -> None:
-        self.bars.update(self.task, advance=num_bytes)
-
-    def finish(self) -> None:
-        self.bars.stop()  # the finished bar stays on screen; the next file's display starts without it
-        self.bars.remove_task(self.task)
-
-
-def default_progress(quiet: bool = False) -> Progress:
-    """Bars on a terminal, plain lines otherwise, nothing when quiet."""
-    if quiet:
-        return NoProgress()
-    return RichProgress() if sys.stderr.isatty() else LineProgress()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from baselm.store.convert_gguf import gguf_body_type
 from baselm.store.errors import StoreError
 from baselm.store.hub import check_model_type, gguf_tag
 from baselm.store.mlx_folder import default_bits, is_mlx_folder
+from baselm.store.progress import Progress
 from baselm.store.pull import wait_note
 from baselm.store.registry import LOCAL_ORG, PendingWrite, Store, StoredModel, check_model_name, qualify_name
 from baselm.store.signed_file import verify_file
@@ -58,6 +59,7 @@ def import_local(
     supported: Iterable[str] | None,
     force: bool = False,
     store: Store | None = None,
+    progress: Progress | None = None,
 ) -> StoredModel:
     """Stores a local model (HF folder, MLX folder, `.gguf` or `.base` file) as `org/name:variant`.
 
@@ -67,6 +69,7 @@ def import_local(
     The write is atomic and locked as a hub pull's is. A variant already stored from the same
     bytes (sha256) is returned as it is unless `force`; one from other bytes needs `force`. The
     same bytes stored under another name are not converted again (see the module docstring).
+    `progress` hears of each tensor converted.
     """
     store = store or Store()
     check_quant(quant)
@@ -94,7 +97,7 @@ def import_local(
         if local.format == "base":
             return _import_base(local.path, pending, source, supported)
         converted = convert(
-            local.path, pending.temp_path, quant, group_size, profile or DEFAULT_PROFILE, source, supported
+            local.path, pending.temp_path, quant, group_size, profile or DEFAULT_PROFILE, source, supported, progress
         )
         return pending.commit(arch=converted.arch, params=converted.params, quant=converted.quant, source=source)
 

@@ -23,15 +23,8 @@ from typing import Any
 
 from baselm.store import hf
 from baselm.store.convert import convert
-from baselm.store.hub import (
-    HubClient,
-    Progress,
-    RepoSnapshot,
-    Selection,
-    check_model_type,
-    default_progress,
-    select_files,
-)
+from baselm.store.hub import HubClient, RepoSnapshot, Selection, check_model_type, select_files
+from baselm.store.progress import NoProgress, Progress, default_progress
 from baselm.store.registry import Store, StoredModel, check_model_name, split_ref
 from baselm.store.variants import plan_variant
 
@@ -49,12 +42,14 @@ def pull(
     progress: Progress | None = None,
     force: bool = False,
     keep_download: bool = False,
+    convert_progress: Progress | None = None,
 ) -> StoredModel:
     """Pulls `org/name[:tag]` into the store and returns the stored model.
 
     `supported` (the model_types base can run) is checked against config.json before any
     weights are fetched; None skips the check. A variant already stored from the same commit
-    is returned as it is unless `force`.
+    is returned as it is unless `force`. `progress` hears of each download (bytes),
+    `convert_progress` of the conversion (tensors; nothing by default).
     """
     store = store or Store()
     repo, tag = split_ref(ref)
@@ -79,7 +74,14 @@ def pull(
         source_path = _download(client, snapshot, selection, downloads / snapshot.commit, supported, progress)
         source = _source_info(snapshot, selection)
         converted = convert(
-            source_path, pending.temp_path, plan.quant, plan.group_size, plan.profile, source, supported
+            source_path,
+            pending.temp_path,
+            plan.quant,
+            plan.group_size,
+            plan.profile,
+            source,
+            supported,
+            convert_progress or NoProgress(),
         )
         stored = pending.commit(arch=converted.arch, params=converted.params, quant=converted.quant, source=source)
         if not keep_download:

@@ -19,3 +19,4 @@ class SourceModel(NamedTuple):
     tensors: Iterator[tuple[str, Any]]
     quant_scheme: str  # the body's scheme, e.g. "q4"
     quant_profile: str | dict[str, Any]  # a profile's JSON form, or a label such as "gguf-Q4_1"
+    num_tensors: int = 0  # how many `tensors` will yield, for progress (0: not known ahead)

@@ -244,3 +244,33 @@ def test_cp_adds_a_name_and_rm_frees_the_file_only_with_the_last_name(store_with
     assert [p.name for p in (tmp_path / "blobs").iterdir()] == [".lock"]
     missing = base("cp", "nothing", "x", env=env)
     assert missing.returncode == 1 and "no stored model named 'nothing'" in missing.stderr
+
+
+def test_pull_reports_the_conversion_on_stderr_and_prints_only_the_name_on_stdout(tmp_path):
+    from tests.tiny_gguf import tiny_llama_gguf
+
+    path, _ = tiny_llama_gguf(tmp_path / "Tiny.Q8_0.gguf", "Q8_0")
+    env = {**os.environ, "BASE_HOME": str(tmp_path / "home")}
+    result = base("pull", str(path), env=env)
+    assert (result.returncode, result.stdout) == (0, "local/Tiny:q8_0\n"), result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == "converting Tiny.Q8_0.gguf (21 tensors)"
+    assert re.fullmatch(r"  converted Tiny\.Q8_0\.gguf: 21 tensors in \d+\.\d s", lines[-2]), lines
+    assert re.fullmatch(
+        r"stored local/Tiny:q8_0: .* KiB, .*M weights in q8, .*/blobs/sha256-[0-9a-f]{64}\.base \(.*\)", lines[-1]
+    )
+    assert base("pull", str(path), "--quiet", env=env).stderr == ""
+
+
+def test_pull_on_a_terminal_draws_a_bar_then_its_closing_line(tmp_path):
+    from tests.tiny_gguf import tiny_llama_gguf
+
+    path, _ = tiny_llama_gguf(tmp_path / "Tiny.Q8_0.gguf", "Q8_0")
+    env = {**os.environ, "BASE_HOME": str(tmp_path / "home")}
+    child = pexpect.spawn(
+        sys.executable, ["-m", "baselm.cli", "pull", str(path), "--quant", "q4"], env=env, encoding="utf-8", timeout=120
+    )
+    child.expect(pexpect.EOF)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
+    assert "converted Tiny.Q8_0.gguf: 21 tensors in" in text and "stored local/Tiny:q4:" in text, text
+    assert "downloading" not in text and "converting Tiny.Q8_0.gguf (21 tensors)" not in text  # a bar, not lines

@@ -82,9 +82,12 @@ def pull_if_missing(ref: str, pull: bool) -> None:
         )
     from baselm.models import supported_model_types
     from baselm.store import pull as pulling
-    from baselm.store.hub import default_progress
+    from baselm.store.progress import default_progress
 
-    stored = pulling.pull(ref, supported=set(supported_model_types()), progress=default_progress())
+    progress, convert_progress = default_progress(), default_progress(unit="tensors")
+    stored = pulling.pull(
+        ref, supported=set(supported_model_types()), progress=progress, convert_progress=convert_progress
+    )
     print(f"pulled {stored.ref}", file=sys.stderr)
 
 

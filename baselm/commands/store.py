@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from baselm.commands.errors import fail as _fail
 from baselm.commands.errors import user_errors as _user_errors
+
+if TYPE_CHECKING:
+    from baselm.store.registry import StoredModel
 
 commands = typer.Typer()  # merged into the `base` app by cli.py
 
@@ -29,10 +35,11 @@ def pull(
     """Bring a model into the local store as a .base file."""
     from baselm.models import supported_model_types
     from baselm.store import pull as pulling
-    from baselm.store.hub import default_progress
     from baselm.store.import_local import import_local
+    from baselm.store.progress import default_progress
 
     supported = set(supported_model_types())
+    started = time.perf_counter()
     try:
         if Path(source).expanduser().exists():
             stored = import_local(
@@ -43,6 +50,7 @@ def pull(
                 profile=profile,
                 supported=supported,
                 force=force,
+                progress=default_progress(quiet, "tensors"),
             )
         else:
             stored = pulling.pull(
@@ -54,10 +62,23 @@ def pull(
                 supported=supported,
                 force=force,
                 progress=default_progress(quiet),
+                convert_progress=default_progress(quiet, "tensors"),
             )
     except _user_errors() as exc:
         _fail(str(exc))
+    if not quiet:
+        print(stored_summary(stored, time.perf_counter() - started), file=sys.stderr)
     print(stored.ref)
+
+
+def stored_summary(stored: StoredModel, seconds: float) -> str:
+    """The closing line of a pull: the name, its size and quant, where the file is, and the time."""
+    from baselm.store.fs import human_size
+
+    return (
+        f"stored {stored.ref}: {human_size(stored.size)}, {stored.params / 1e6:.1f}M weights in {stored.quant}, "
+        f"{stored.path} ({seconds:.1f} s)"
+    )
 
 
 @commands.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from huggingface_hub import HfApi, hf_hub_download
 
 from baselm.store import hub as hub_module
 from baselm.store.errors import ModelFileError, UnsupportedModelError
-from baselm.store.hub import HubClient, HubError, LineProgress, check_model_type, gguf_tag, select_files
+from baselm.store.hub import HubClient, HubError, check_model_type, gguf_tag, select_files
+from baselm.store.progress import LineProgress
 
 WEIGHTS = bytes(range(256)) * 4096  # 1 MiB, several download chunks
 FILES = {
@@ -140,13 +142,14 @@ def test_progress_lines_when_not_on_a_terminal(client: HubClient, tmp_path: Path
     out = io.StringIO()
     snapshot = client.snapshot("org/tiny")
     client.download(snapshot, snapshot.file("model.safetensors"), tmp_path, LineProgress(out))
-    assert out.getvalue().splitlines() == [
+    lines = out.getvalue().splitlines()
+    assert lines[:4] == [
         "downloading model.safetensors (1.0 MiB)",
         "  model.safetensors: 25%",
         "  model.safetensors: 50%",
         "  model.safetensors: 75%",
-        "  model.safetensors: done",
     ]
+    assert re.fullmatch(r"  downloaded model\.safetensors: 1\.0 MiB in \d+\.\d s", lines[4]) and len(lines) == 5
 
 
 @pytest.mark.parametrize("token", [None, "hf_other"])

@@ -19,7 +19,7 @@ from rich.progress import Progress as Bars
 
 from baselm.store.fs import human_size
 
-VERBS = {"bytes": ("downloading", "downloaded"), "tensors": ("converting", "converted")}
+VERBS = {"bytes": ("downloading", "downloaded"), "tensors": ("converting", "converted"), "%": ("building", "built")}
 
 
 class Progress(Protocol):
@@ -45,6 +45,8 @@ class NoProgress:
 
 def amount(num: int, unit: str) -> str:
     """`98.4 MiB` for bytes, `272 tensors` for tensors."""
+    if unit == "%":
+        return f"{num}%"
     return human_size(num) if unit == "bytes" else f"{num} {unit}"
 
 
@@ -59,6 +61,8 @@ class _Step:
 
     def summary(self) -> str:
         seconds = time.perf_counter() - self.started
+        if self.unit == "%":  # a build: how much is not worth saying once it is whole
+            return f"{VERBS[self.unit][1]} {self.label} in {seconds:.1f} s"
         return f"{VERBS[self.unit][1]} {self.label}: {amount(self.done, self.unit)} in {seconds:.1f} s"
 
 

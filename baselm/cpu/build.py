@@ -17,14 +17,41 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from baselm.cpu.paths import BUILD_ERROR, MODULE_NAME, PACKAGE_DIR, build_root, module_path
+
+_PERCENT = re.compile(rb"\[\s*(\d+)%\]")  # cmake's build marks its progress so: "[ 50%] Building CXX object"
+
+
+class _Silent:
+    """No progress: where baselm.store or rich cannot be imported (setup.py runs this from the
+    source tree, in pip's isolated build environment)."""
+
+    def start(self, label: str, total: int, done: int) -> None:
+        pass
+
+    def advance(self, num: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def _progress() -> Any:
+    """A bar for the compile on a terminal, lines otherwise (see `_Silent`)."""
+    try:
+        from baselm.store.progress import default_progress
+    except ImportError:
+        return _Silent()
+    return default_progress(unit="%")
 
 
 class BuildError(RuntimeError):
@@ -53,10 +80,18 @@ def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-3000:]
 
 
-def _run(command: list[str], log: Path, what: str) -> None:
-    with log.open("ab") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
+def _run(command: list[str], log: Path, what: str, progress: Any = None) -> None:
+    """Runs a build step into `log`; `progress` (start/advance/finish, in percent) follows the
+    `[ NN%]` marks cmake's build prints."""
+    with log.open("ab") as out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as child:
+        done = 0
+        for line in child.stdout:
+            out.write(line)
+            mark = _PERCENT.match(line)
+            if progress is not None and mark and int(mark.group(1)) > done:
+                progress.advance(int(mark.group(1)) - done)
+                done = int(mark.group(1))
+    if child.returncode != 0:
         raise BuildError(f"{what} failed", _tail(log))
 
 
@@ -91,7 +126,12 @@ def _compile(source_dir: Path, work: Path) -> Path:
         f"-DMLX_DIR={_mlx_cmake_dir(mlx.__path__)}",
     ]
     _run(configure, log, "configuring the build (cmake)")
-    _run([_cmake(), "--build", str(work / "cmake"), "-j", str(os.cpu_count() or 1)], log, "the compile")
+    progress = _progress()
+    progress.start("the CPU kernels", 100, 0)
+    try:
+        _run([_cmake(), "--build", str(work / "cmake"), "-j", str(os.cpu_count() or 1)], log, "the compile", progress)
+    finally:
+        progress.finish()
     built = next((work / "cmake").glob(f"{MODULE_NAME}*.so"), None)
     if built is None:
         raise BuildError(f"the build produced no {MODULE_NAME} module", _tail(log))

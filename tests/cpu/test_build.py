@@ -3,6 +3,7 @@ is missing: none of these compile anything."""
 
 from __future__ import annotations
 
+import sys
 import sysconfig
 from importlib import metadata
 from pathlib import Path
@@ -82,3 +83,29 @@ def test_an_existing_build_is_returned_without_compiling(package_dir, no_compile
     """A second install (or `make install` after `pip install -e .`) finds this key's module."""
     _write_module(package_dir, paths.build_key(package_dir))
     assert build.build(package_dir=package_dir) == paths.module_path(package_dir)
+
+
+class Recorder:
+    """A progress reporter that keeps what it hears."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple] = []
+
+    def start(self, label: str, total: int, done: int) -> None:
+        self.heard.append(("start", label, total, done))
+
+    def advance(self, num: int) -> None:
+        self.heard.append(("advance", num))
+
+    def finish(self) -> None:
+        self.heard.append(("finish",))
+
+
+def test_the_compile_reports_cmakes_percent_marks_and_logs_every_line(tmp_path):
+    from baselm.cpu.build import _run
+
+    lines = "[ 25%] Building CXX object a.o\nnote: a warning\n[ 25%] Building CXX object b.o\n[100%] Linking\n"
+    recorder, log = Recorder(), tmp_path / "build.log"
+    _run([sys.executable, "-c", f"print({lines!r}, end='')"], log, "the compile", recorder)
+    assert recorder.heard == [("advance", 25), ("advance", 75)]
+    assert log.read_text() == lines

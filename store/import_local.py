@@ -31,7 +31,7 @@ from baselm.store.convert_gguf import gguf_body_type
 from baselm.store.errors import StoreError
 from baselm.store.hub import check_model_type, gguf_tag
 from baselm.store.mlx_folder import default_bits, is_mlx_folder
-from baselm.store.progress import Progress
+from baselm.store.progress import NoProgress, Progress
 from baselm.store.pull import wait_note
 from baselm.store.registry import LOCAL_ORG, PendingWrite, Store, StoredModel, check_model_name, qualify_name
 from baselm.store.signed_file import verify_file
@@ -69,7 +69,7 @@ def import_local(
     The write is atomic and locked as a hub pull's is. A variant already stored from the same
     bytes (sha256) is returned as it is unless `force`; one from other bytes needs `force`. The
     same bytes stored under another name are not converted again (see the module docstring).
-    `progress` hears of each tensor converted.
+    `progress` hears of each tensor converted, or of the bytes of a signed `.base` file's check.
     """
     store = store or Store()
     check_quant(quant)
@@ -95,7 +95,7 @@ def import_local(
             return pending.link(same, source)
         store.check_free_space(_num_bytes(local.path))
         if local.format == "base":
-            return _import_base(local.path, pending, source, supported)
+            return _import_base(local.path, pending, source, supported, progress or NoProgress())
         converted = convert(
             local.path, pending.temp_path, quant, group_size, profile or DEFAULT_PROFILE, source, supported, progress
         )
@@ -183,7 +183,11 @@ def _base_variant(header: dict[str, Any]) -> str:
 
 
 def _import_base(
-    path: Path, pending: PendingWrite, source: dict[str, Any], supported: Iterable[str] | None
+    path: Path,
+    pending: PendingWrite,
+    source: dict[str, Any],
+    supported: Iterable[str] | None,
+    progress: Progress | None,
 ) -> StoredModel:
     """Verifies a `.base` file (layout, every checksum, and its signature when it has one: a bad or
     untrusted signature stores nothing) and copies it into the store as it is, its `.sig` beside it."""
@@ -193,7 +197,7 @@ def _import_base(
         base.verify()
     else:
         check_header_checksum(path, base.header)
-        verify_file(path)
+        verify_file(path, progress=progress)
     if supported is not None:
         check_model_type(base.header["config"], supported, str(path))
     shutil.copyfile(path, pending.temp_path)

@@ -3,7 +3,8 @@
 One protocol for every step and every reporter: `start(label, total, done)`, `advance(n)`,
 `finish()`. `base pull` reports to stderr (never stdout, which `--json` outputs and scripts
 read); the server's `/api/pull` passes its own reporter with the same three methods. A step
-counts `bytes` (downloads) or `tensors` (conversions), and its end prints one closing line:
+is of a kind (`STEPS`: a download or a signature check counts bytes, a conversion tensors, a
+build percent), and its end prints one closing line:
 what was done, how much, and how long it took.
 """
 
@@ -19,7 +20,13 @@ from rich.progress import Progress as Bars
 
 from baselm.store.fs import human_size
 
-VERBS = {"bytes": ("downloading", "downloaded"), "tensors": ("converting", "converted"), "%": ("building", "built")}
+# Each kind of step: what it is called while it runs and once done, and what it counts.
+STEPS = {
+    "download": ("downloading", "downloaded", "bytes"),
+    "convert": ("converting", "converted", "tensors"),
+    "check": ("checking", "checked", "bytes"),
+    "build": ("building", "built", "%"),
+}
 
 
 class Progress(Protocol):
@@ -53,8 +60,9 @@ def amount(num: int, unit: str) -> str:
 class _Step:
     """The label, counts and clock of the step being reported, and its closing line."""
 
-    def __init__(self, unit: str) -> None:
-        self.unit, self.label, self.total, self.done, self.started = unit, "", 0, 0, 0.0
+    def __init__(self, kind: str) -> None:
+        self.doing, self.did, self.unit = STEPS[kind]
+        self.label, self.total, self.done, self.started = "", 0, 0, 0.0
 
     def begin(self, label: str, total: int, done: int) -> None:
         self.label, self.total, self.done, self.started = label, total, done, time.perf_counter()
@@ -62,22 +70,22 @@ class _Step:
     def summary(self) -> str:
         seconds = time.perf_counter() - self.started
         if self.unit == "%":  # a build: how much is not worth saying once it is whole
-            return f"{VERBS[self.unit][1]} {self.label} in {seconds:.1f} s"
-        return f"{VERBS[self.unit][1]} {self.label}: {amount(self.done, self.unit)} in {seconds:.1f} s"
+            return f"{self.did} {self.label} in {seconds:.1f} s"
+        return f"{self.did} {self.label}: {amount(self.done, self.unit)} in {seconds:.1f} s"
 
 
 class LineProgress:
     """Plain lines (for logs and pipes): the start, each further 25%, and a closing line."""
 
-    def __init__(self, stream: Any = None, unit: str = "bytes") -> None:
+    def __init__(self, stream: Any = None, kind: str = "download") -> None:
         self.stream = stream or sys.stderr
-        self.step, self.next_mark = _Step(unit), 0
+        self.step, self.next_mark = _Step(kind), 0
 
     def start(self, label: str, total: int, done: int) -> None:
         self.step.begin(label, total, done)
         unit = self.step.unit
         resumed = f", resuming at {amount(done, unit)}" if done else ""
-        print(f"{VERBS[unit][0]} {label} ({amount(total, unit)}{resumed})", file=self.stream, flush=True)
+        print(f"{self.step.doing} {label} ({amount(total, unit)}{resumed})", file=self.stream, flush=True)
         self.next_mark = (done * 4 // max(total, 1) + 1) * total // 4
 
     def advance(self, num_bytes: int) -> None:
@@ -94,11 +102,13 @@ class LineProgress:
 class RichProgress:
     """One rich progress bar per step, on a terminal (stderr), then its closing line."""
 
-    def __init__(self, unit: str = "bytes") -> None:
+    def __init__(self, kind: str = "download") -> None:
+        self.step, self.task = _Step(kind), None
+        unit = self.step.unit
         extra = (DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else (MofNCompleteColumn(),)
         self.console = Console(stderr=True)
-        self.bars = Bars(*Bars.get_default_columns(), *extra, console=self.console, transient=True)
-        self.step, self.task = _Step(unit), None
+        columns = (*Bars.get_default_columns(), *(extra if unit != "%" else ()))
+        self.bars = Bars(*columns, console=self.console, transient=True)  # the bar gives way to the closing line
 
     def start(self, label: str, total: int, done: int) -> None:
         self.step.begin(label, total, done)
@@ -110,13 +120,13 @@ class RichProgress:
         self.bars.update(self.task, advance=num_bytes)
 
     def finish(self) -> None:
-        self.bars.stop()  # transient: the bar gives way to the closing line
+        self.bars.stop()
         self.bars.remove_task(self.task)
         self.console.print(self.step.summary(), highlight=False)
 
 
-def default_progress(quiet: bool = False, unit: str = "bytes") -> Progress:
-    """Bars on a terminal, plain lines otherwise, nothing when quiet; `unit`: bytes or tensors."""
+def default_progress(quiet: bool = False, kind: str = "download") -> Progress:
+    """Bars on a terminal, plain lines otherwise, nothing when quiet; `kind`: one of `STEPS`."""
     if quiet:
         return NoProgress()
-    return RichProgress(unit) if sys.stderr.isatty() else LineProgress(unit=unit)
+    return RichProgress(kind) if sys.stderr.isatty() else LineProgress(kind=kind)

@@ -12,6 +12,7 @@ import xxhash
 from baselm.store.base_header import check_digest
 from baselm.store.base_reader import BaseFile, read_chunks
 from baselm.store.errors import SignatureError
+from baselm.store.progress import NoProgress, Progress
 from baselm.store.signing import (
     PublicKey,
     check_signature,
@@ -26,17 +27,22 @@ from baselm.store.signing import (
 )
 
 
-def region_digests(base: BaseFile) -> dict[str, str]:
-    """SHA-256 of every tensor region, streamed once; each region's xxh64 is checked on the way."""
+def region_digests(base: BaseFile, progress: Progress | None = None) -> dict[str, str]:
+    """SHA-256 of every tensor region, streamed once; each region's xxh64 is checked on the way.
+    `progress` hears of the bytes read."""
     digests = {}
+    progress = progress or NoProgress()
+    progress.start(base.path.name, sum(entry.length for entry in base.tensors.values()), 0)
     with base.file() as f:
         for name, entry in base.tensors.items():
             sha, xxh = hashlib.sha256(), xxhash.xxh64()
             for chunk in read_chunks(base.path, f, base.blob_start + entry.offset, entry.length):
                 sha.update(chunk)
                 xxh.update(chunk)
+                progress.advance(len(chunk))
             check_digest(base.path, entry, xxh.hexdigest())
             digests[name] = sha.hexdigest()
+    progress.finish()
     return digests
 
 
@@ -86,11 +92,12 @@ def signed_statement(base: BaseFile, keys: dict[str, PublicKey] | None = None) -
     return stmt, key
 
 
-def verify_file(path: Path, keys: dict[str, PublicKey] | None = None) -> PublicKey:
-    """Checks the signature, the header and every tensor of `path`; returns the signer. Raises SignatureError."""
+def verify_file(path: Path, keys: dict[str, PublicKey] | None = None, progress: Progress | None = None) -> PublicKey:
+    """Checks the signature, the header and every tensor of `path`; returns the signer. Raises SignatureError.
+    `progress` hears of the bytes read."""
     base = BaseFile.open(path)
     stmt, key = signed_statement(base, keys)
-    for name, digest in region_digests(base).items():
+    for name, digest in region_digests(base, progress).items():
         if digest != stmt["tensors_sha256"][name]:
             raise SignatureError(f"{path}: tensor {name!r} differs from the one that was signed")
     return key

@@ -84,7 +84,7 @@ def pull_if_missing(ref: str, pull: bool) -> None:
     from baselm.store import pull as pulling
     from baselm.store.progress import default_progress
 
-    progress, convert_progress = default_progress(), default_progress(unit="tensors")
+    progress, convert_progress = default_progress(), default_progress(kind="convert")
     stored = pulling.pull(
         ref, supported=set(supported_model_types()), progress=progress, convert_progress=convert_progress
     )

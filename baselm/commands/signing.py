@@ -43,10 +43,12 @@ def verify(
     pubkey: str | None = typer.Option(None, "--pubkey", help="Also trust this public key (NAME.pub)."),
 ) -> None:
     """Check a model's signature, header and every tensor against a trusted key."""
+    from baselm.store.progress import default_progress
     from baselm.store.signed_file import keys_with, verify_file
 
     path = _run(_base_path, model)
-    key = _run(lambda: verify_file(path, keys_with(Path(pubkey).expanduser() if pubkey else None)))
+    keys = _run(keys_with, Path(pubkey).expanduser() if pubkey else None)
+    key = _run(lambda: verify_file(path, keys, default_progress(kind="check")))
     print(f"{path}: good signature by key {key.key_id} ({key.name or 'unnamed'})")
 
 

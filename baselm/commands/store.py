@@ -50,7 +50,7 @@ def pull(
                 profile=profile,
                 supported=supported,
                 force=force,
-                progress=default_progress(quiet, "tensors"),
+                progress=default_progress(quiet, "check" if source.endswith(".base") else "convert"),
             )
         else:
             stored = pulling.pull(
@@ -62,7 +62,7 @@ def pull(
                 supported=supported,
                 force=force,
                 progress=default_progress(quiet),
-                convert_progress=default_progress(quiet, "tensors"),
+                convert_progress=default_progress(quiet, "convert"),
             )
     except _user_errors() as exc:
         _fail(str(exc))

@@ -51,7 +51,7 @@ def _progress() -> Any:
         from baselm.store.progress import default_progress
     except ImportError:
         return _Silent()
-    return default_progress(unit="%")
+    return default_progress(kind="build")
 
 
 class BuildError(RuntimeError):

@@ -286,3 +286,21 @@ def test_the_commands_make_keys_sign_verify_and_refuse(tmp_path, home) -> None:
 
 def test_store_errors_are_the_base_of_signature_errors() -> None:
     assert issubclass(SignatureError, StoreError)
+
+
+def test_a_signature_check_reports_the_bytes_it_reads_and_closes_with_a_line(tmp_path, home, keys) -> None:
+    import io
+    import re
+
+    from baselm.store.fs import human_size
+    from baselm.store.progress import LineProgress
+
+    key, pub = keys
+    path = write_small(tmp_path / "m.base")
+    sign_file(path, key)
+    out = io.StringIO()
+    verify_file(path, keys_with(pub), LineProgress(out, kind="check"))
+    total = sum(e.length for e in BaseFile.open(path).tensors.values())
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"checking m.base ({human_size(total)})"
+    assert re.fullmatch(r"  checked m\.base: .+ in \d+\.\d s", lines[-1]), lines

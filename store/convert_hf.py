@@ -30,4 +30,5 @@ def hf_source(folder: Path, quant: str, group_size: int | None, profile_name: st
     profile = resolve_profile(profile_name, quant, group_size)
     tensors = quantize_tensors(((n, weights[n]) for n in sorted(weights)), profile)
     tokenizer = hf.read_tokenizer_files(folder)
-    return SourceModel(str(config.get("model_type")), config, tokenizer, tensors, quant, profile.to_json())
+    arch = str(config.get("model_type"))
+    return SourceModel(arch, config, tokenizer, tensors, quant, profile.to_json(), len(weights))

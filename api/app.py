@@ -39,6 +39,7 @@ from baselm.api.openai.responses import create_response, delete_response, get_re
 from baselm.api.openai.responses_store import ResponseStore
 from baselm.api.schemas import Body, array_field
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
+from baselm.api.webui import is_public, with_page
 from baselm.async_engine import AsyncEngine
 from baselm.reasoning import template_thinks
 from baselm.sampling.defaults import NO_DEFAULTS, SamplingDefaults
@@ -175,6 +176,7 @@ def create_app(
     host: str = "127.0.0.1",
     allowed_hosts: Sequence[str] = (),
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
+    webui: bool = True,
 ) -> Starlette:
     """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth.
 
@@ -184,6 +186,7 @@ def create_app(
     CORS headers for the page to read it. `host` (the bound address) and `allowed_hosts` say
     which Host names are answered; guard.py refuses the rest, foreign origins and non-JSON bodies.
     `sampling_defaults`: the command line's, for what requests leave out (baselm/sampling/defaults.py).
+    `webui`: the chat page at `/` for browsers (webui/); off, `/` is Ollama's probe alone.
     """
     key = api_key or None
     state = ServerState(client, model_name, key, max_body_bytes, read_timeout, sampling_defaults=sampling_defaults)
@@ -191,12 +194,14 @@ def create_app(
     state.tool_format = detect_format(chat_template)
     state.thinks = template_thinks(chat_template)
     middleware = [
-        Middleware(Gate, api_key=state.api_key, metrics=state.metrics),
+        Middleware(Gate, api_key=state.api_key, metrics=state.metrics, is_public=is_public if webui else None),
         Middleware(BrowserGuard, host_names=allowed_host_names(host, allowed_hosts), cors_origins=cors_origins),
     ]
     if cors_origins:
         middleware.insert(0, cors_middleware(cors_origins))
-    app = Starlette(routes=ROUTES, exception_handlers=EXCEPTION_HANDLERS, middleware=middleware)
+    app = Starlette(
+        routes=with_page(ROUTES) if webui else ROUTES, exception_handlers=EXCEPTION_HANDLERS, middleware=middleware
+    )
     app.state.base = state
     app.state.responses = ResponseStore()
     return app

@@ -5,11 +5,13 @@ The key comes as `Authorization: Bearer <key>` (OpenAI's clients; the scheme in 
 RFC 7235 has it) or `x-api-key: <key>` (Anthropic's), compared as UTF-8 bytes in constant time.
 NOTE: every credential a request sends must be the key: one wrong credential beside a right one
 is refused, whichever header comes first. A refusal on the Anthropic routes has Anthropic's error body.
+/health and, with the chat page on, the page and its files (webui.is_public) answer without the key.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,7 +26,7 @@ KNOWN_ENDPOINTS = frozenset(
     | {"/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/tags", "/api/show", "/api/ps"}
     | {"/api/version", "/api/pull"}
 )
-_PREFIXED = ("/v1/models/", "/v1/responses/")  # counted as "<prefix>{id}"
+_PREFIXED = ("/v1/models/", "/v1/responses/", "/webui/")  # counted as "<prefix>{id}"
 
 
 def _credentials(headers: list[tuple[bytes, bytes]]) -> list[bytes | None]:
@@ -52,10 +54,16 @@ class Gate:
     """Refuses requests without the API key (when one is set), counts responses by status and logs
     each request's one line once its response is sent."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, metrics: Metrics) -> None:
+    def __init__(
+        self, app: ASGIApp, api_key: str | None, metrics: Metrics, is_public: Callable[[Scope], bool] | None = None
+    ) -> None:
         self.app = app
         self.api_key = api_key
         self.metrics = metrics
+        self.is_public = is_public or (lambda scope: False)  # requests answered without the key beside /health
+
+    def _is_open(self, scope: Scope) -> bool:
+        return scope["path"] in OPEN_PATHS or self.is_public(scope)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -72,7 +80,7 @@ class Gate:
             await send(message)
 
         try:
-            if self.api_key and path not in OPEN_PATHS and not is_authorized(scope["headers"], self.api_key):
+            if self.api_key and not self._is_open(scope) and not is_authorized(scope["headers"], self.api_key):
                 await _unauthorized(counting_send, path)
             else:
                 await self.app(scope, receive, counting_send)

@@ -60,6 +60,7 @@ class ServeOptions:
     read_timeout: float = DEFAULT_READ_TIMEOUT  # seconds for a request's headers, and again for its body
     log_format: str = "text"  # or "json": one object a line (request_log.py)
     sampling: SamplingDefaults = NO_DEFAULTS  # --temperature, --top-p, ...: for what requests leave out
+    webui: bool = True  # the chat page at / (--no-webui: off)
 
 
 class Server(uvicorn.Server):
@@ -89,6 +90,7 @@ def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> 
         host=options.host,
         allowed_hosts=options.allowed_hosts,
         sampling_defaults=options.sampling,
+        webui=options.webui,
     )
     config = uvicorn.Config(
         app,

@@ -356,7 +356,16 @@ def _set_limits(server: ServeOptions, max_body: str, shutdown: float, connection
     server.max_connections, server.read_timeout, server.log_format = connections, read, log
 
 
-@app.command()
+def _set_browser_access(server: ServeOptions, cors_origins: str, allowed_hosts: str, webui: bool) -> None:
+    """What browsers meet: the web origins whose pages may call the API, the Host names answered, the chat page."""
+    server.cors_origins, server.allowed_hosts = parse_name_list(cors_origins), parse_name_list(allowed_hosts)
+    server.webui = webui
+
+
+SERVE_HELP = "Serve a model over HTTP, on one port: the OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs."
+
+
+@app.command(help=SERVE_HELP)  # not the docstring: serve() is its options' declarations and their parse, at 60 lines
 @generation_options
 def serve(
     generation: GenerationOptions,
@@ -364,6 +373,7 @@ def serve(
     host: str = opt.HOST,
     port: int = opt.PORT,
     served_model_name: str | None = opt.SERVED_MODEL_NAME,
+    webui: bool = opt.WEBUI,
     device: str = DEVICE,
     kv_memory: str | None = opt.KV_MEMORY,
     kv_bits: int = opt.SERVE_KV_BITS,
@@ -394,7 +404,6 @@ def serve(
     require_signature: bool = REQUIRE_SIGNATURE,
     log_format: str = opt.LOG_FORMAT,
 ) -> None:
-    """Serve a model over HTTP, on one port: the OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs."""
     from baselm.commands import serve as command
 
     with report_user_errors():
@@ -414,7 +423,7 @@ def serve(
         )
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
         _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format)
-        server.cors_origins, server.allowed_hosts = parse_name_list(cors_origins), parse_name_list(allowed_hosts)
+        _set_browser_access(server, cors_origins, allowed_hosts, webui)
         model_args = ModelArgs(model, device, require_signature, with_prefix_cache_file(dist, prefix_cache_file))
         args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist))
     command.serve(args)

@@ -50,6 +50,7 @@ API_KEY_FILE_HELP = "Read the key from this file (its one line), out of sight of
 HOST = typer.Option(DEFAULT_HOST, "--host", help="Address to listen on (0.0.0.0: every interface).")
 PORT = typer.Option(DEFAULT_PORT, "--port", help="Port to listen on.")
 SERVED_MODEL_NAME = typer.Option(None, "--served-model-name", help="Model name clients send.")
+WEBUI = typer.Option(True, "--webui/--no-webui", help="Serve the chat page at / to browsers.")
 
 # Sampling defaults: options.py's generation options, in their own panel
 # Performance

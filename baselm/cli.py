@@ -362,10 +362,17 @@ def _set_browser_access(server: ServeOptions, cors_origins: str, allowed_hosts: 
     server.webui = webui
 
 
-SERVE_HELP = "Serve a model over HTTP, on one port: the OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs."
+def _prefix_cache_settings(off: bool, file: str | None, save_interval: float, max_size: str | None) -> dict:
+    """EngineConfig's prefix-cache fields from serve's four options (--pd: a file per prefill rank; TP: per rank)."""
+    return {
+        "enable_prefix_caching": not off,
+        "prefix_cache_file": file,
+        "prefix_cache_save_interval": save_interval,
+        "prefix_cache_max_size": parse_optional_size(max_size),
+    }
 
 
-@app.command(help=SERVE_HELP)  # not the docstring: serve() is its options' declarations and their parse, at 60 lines
+@app.command()
 @generation_options
 def serve(
     generation: GenerationOptions,
@@ -404,6 +411,7 @@ def serve(
     require_signature: bool = REQUIRE_SIGNATURE,
     log_format: str = opt.LOG_FORMAT,
 ) -> None:
+    """Serve a model over HTTP, on one port: the OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs."""
     from baselm.commands import serve as command
 
     with report_user_errors():
@@ -414,11 +422,10 @@ def serve(
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=not no_prefix_caching,
             max_waiting=max_waiting,
-            prefix_cache_file=prefix_cache_file,  # --pd: per prefill rank; TP: per rank (see its help)
-            prefix_cache_save_interval=prefix_cache_save_interval,
-            prefix_cache_max_size=parse_optional_size(prefix_cache_max_size),
+            **_prefix_cache_settings(
+                no_prefix_caching, prefix_cache_file, prefix_cache_save_interval, prefix_cache_max_size
+            ),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
         )
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)

@@ -1,6 +1,6 @@
 """The shape the code keeps: short functions, modules of one concept, imports that point one way.
 
-These are the limits the project holds itself to (see the layout table in README.md): a module over
+These are the limits the project holds itself to (see the layout table in docs/architecture.md): a module over
 500 lines or a function over 60 is split by concept, and lower layers never import upper ones
 (`api -> baselm -> {store, metal}`; a model does not know a file format).
 """

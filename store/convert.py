@@ -14,24 +14,26 @@ from pathlib import Path
 from typing import Any
 
 from baselm.store import hf
-from baselm.store.base_writer import write_base_file
+from baselm.store.base_writer import TensorRecord, write_base_file
 from baselm.store.convert_gguf import gguf_source
 from baselm.store.convert_hf import hf_source
 from baselm.store.convert_mlx import mlx_source
 from baselm.store.hub import check_model_type
 from baselm.store.mlx_folder import is_mlx_folder
 from baselm.store.progress import NoProgress, Progress
-from baselm.store.source_model import SourceModel
+from baselm.store.source_model import SourceModel, tensor_origins
 from baselm.store.variants import DEFAULT_QUANT
 
 
 @dataclass(frozen=True, slots=True)
 class Converted:
-    """What a conversion wrote: the architecture, the number of weights and the body's scheme."""
+    """What a conversion wrote: the architecture, the number of weights, the body's scheme, and
+    how many tensors were kept exactly, requantized, quantized or left float (`tensor_origins`)."""
 
     arch: str
     params: int
     quant: str
+    tensors: dict[str, int]
 
 
 def convert(
@@ -63,10 +65,11 @@ def convert(
         tokenizer=model.tokenizer,
         quant_scheme=model.quant_scheme,
         quant_profile=model.quant_profile,
-        source=source_info or {"format": source_format(source), "path": str(source)},
+        source={**(source_info or {"format": source_format(source), "path": str(source)}), **model.about},
     )
     counter.progress.finish()
-    return Converted(model.arch, counter.params, model.quant_scheme)
+    origins = tensor_origins(counter.quantized, counter.floats, model.not_exact)
+    return Converted(model.arch, counter.params, model.quant_scheme, origins)
 
 
 def source_format(source: Path) -> str:
@@ -89,9 +92,14 @@ class _ParamCounter:
 
     def __init__(self, tensors: Iterator[tuple[str, Any]], progress: Progress) -> None:
         self.tensors, self.params, self.progress = tensors, 0, progress
+        self.quantized = self.floats = 0
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         for name, record in self.tensors:
             self.params += math.prod(record.shape)
+            if isinstance(record, TensorRecord) and record.bits is not None:
+                self.quantized += 1
+            else:
+                self.floats += 1
             yield name, record
             self.progress.advance(1)

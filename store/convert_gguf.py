@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from baselm.store import gguf
-from baselm.store.gguf_kquants import K_SCHEMES
+from baselm.store.gguf_kquants import K_SCHEMES, is_exact
 from baselm.store.gguf_quants import GROUP_SIZE
 from baselm.store.hub import gguf_tag
 from baselm.store.quantize import (
@@ -31,6 +31,7 @@ from baselm.store.source_model import SourceModel
 
 log = logging.getLogger(__name__)
 
+_FLOAT_TYPES = ("F32", "F16", "BF16")
 # The .base scheme a GGUF tensor type is kept as.
 _GGUF_SCHEMES = {
     "Q4_0": "q4",
@@ -56,9 +57,12 @@ def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_n
     arch = config["model_type"]
     if quant is None:
         tag = gguf_tag(path.name).upper() or body
-        kept = ((name, record) for name, _, record in records)
-        return SourceModel(arch, config, tokenizer, kept, _GGUF_SCHEMES[body], f"gguf-{tag}", len(gguf_file.tensors))
-    is_quantized = any(info.type_name not in ("F32", "F16", "BF16") for info in gguf_file.tensors.values())
+        not_exact: dict[str, str] = {}
+        kept = _noting_requantized(records, not_exact)
+        scheme = _GGUF_SCHEMES[body]
+        num = len(gguf_file.tensors)
+        return SourceModel(arch, config, tokenizer, kept, scheme, f"gguf-{tag}", num, not_exact, _about(gguf_file))
+    is_quantized = any(info.type_name not in _FLOAT_TYPES for info in gguf_file.tensors.values())
     if is_quantized and quant not in ("f32", "f16", "bf16"):
         requantize_note(path.name, body, quant)
         # GGUF quants scale groups of 32 weights; new groups that match them cost far less than
@@ -66,8 +70,27 @@ def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_n
         # +0.14% with groups of 32, +33.7% with 64; see docs/measurements.md).
         group_size = group_size or GROUP_SIZE
     profile = resolve_profile(profile_name, quant, group_size)
-    tensors = _requantized_gguf(records, profile)
-    return SourceModel(arch, config, tokenizer, tensors, quant, profile.to_json(), len(gguf_file.tensors))
+    not_exact: dict[str, str] = {}
+    tensors = _requantized_gguf(records, profile, not_exact)
+    num = len(gguf_file.tensors)
+    return SourceModel(arch, config, tokenizer, tensors, quant, profile.to_json(), num, not_exact, _about(gguf_file))
+
+
+def _about(gguf_file: gguf.GGUFFile) -> dict[str, str]:
+    """What the header's `source` keeps of the file's own description: its license (`base show`)."""
+    license_name = gguf_file.metadata.get("general.license")
+    return {"license": license_name} if isinstance(license_name, str) and license_name else {}
+
+
+def _noting_requantized(
+    records: Iterator[tuple[str, str, Any]], not_exact: dict[str, str]
+) -> Iterator[tuple[str, Any]]:
+    """The records as they are, those whose GGUF type has no exact `.base` form (Q2_K, Q6_K:
+    `GGUFFile.read` re-quantized them) noted in `not_exact` on the way."""
+    for name, type_name, record in records:
+        if type_name in K_SCHEMES and not is_exact(type_name):
+            not_exact[name] = "requantized"
+        yield name, record
 
 
 def gguf_body_type(gguf_file: gguf.GGUFFile) -> str:
@@ -87,11 +110,13 @@ def gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _requantized_gguf(records: Iterator[tuple[str, str, Any]], profile: QuantProfile) -> Iterator[tuple[str, Any]]:
+def _requantized_gguf(
+    records: Iterator[tuple[str, str, Any]], profile: QuantProfile, not_exact: dict[str, str]
+) -> Iterator[tuple[str, Any]]:
     """GGUF tensors stored as `profile` decides. A quantized block bound for at least as many
     bits in groups of the same size is widened exactly (Q4_1 asked for as q5, q6 or q8 keeps
-    its values); everything else is dequantized and quantized anew."""
-    for name, _, value in records:
+    its values); everything else is dequantized and quantized anew (and noted in `not_exact`)."""
+    for name, type_name, value in records:
         if value.bits is not None:
             decision = profile.decide(name, value.shape, "f32")
             if decision.is_quantized:
@@ -99,4 +124,7 @@ def _requantized_gguf(records: Iterator[tuple[str, str, Any]], profile: QuantPro
                 if exact is not None:
                     yield name, exact
                     continue
-        yield name, quantize_tensor(name, dequantize_record(value), profile)[0]
+        record = quantize_tensor(name, dequantize_record(value), profile)[0]
+        if record.bits is not None:
+            not_exact[name] = "quantized" if type_name in _FLOAT_TYPES else "requantized"
+        yield name, record

@@ -6,7 +6,9 @@ for; then they are dequantized and quantized anew, and a note says that compound
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from baselm.store import hf, mlx_folder
 from baselm.store.quantize import dequantize_record, quantize_tensors, requantize_note, resolve_profile
@@ -22,8 +24,28 @@ def mlx_source(folder: Path, quant: str | None, group_size: int | None, profile_
     records = mlx_folder.mlx_records(folder, config)
     arch, tokenizer = str(plain.get("model_type")), hf.read_tokenizer_files(folder)
     if quant is None:
-        return SourceModel(arch, plain, tokenizer, records, f"q{bits}", f"mlx-q{bits}")
+        return SourceModel(arch, plain, tokenizer, records, f"q{bits}", f"mlx-q{bits}", not_exact={})
     requantize_note(folder.name, f"MLX q{bits}", quant)
     profile = resolve_profile(profile_name, quant, group_size)
-    tensors = quantize_tensors(((name, dequantize_record(record)) for name, record in records), profile)
-    return SourceModel(arch, plain, tokenizer, tensors, quant, profile.to_json())
+    not_exact: dict[str, str] = {}
+    was_quantized: set[str] = set()
+    floats = ((name, _values(name, record, was_quantized)) for name, record in records)
+    tensors = _noting(quantize_tensors(floats, profile), was_quantized, not_exact)
+    return SourceModel(arch, plain, tokenizer, tensors, quant, profile.to_json(), not_exact=not_exact)
+
+
+def _values(name: str, record: Any, was_quantized: set[str]) -> Any:
+    """`record`'s float values, its name added to `was_quantized` when the folder held it quantized."""
+    if record.bits is not None:
+        was_quantized.add(name)
+    return dequantize_record(record)
+
+
+def _noting(
+    tensors: Iterator[tuple[str, Any]], was_quantized: set[str], not_exact: dict[str, str]
+) -> Iterator[tuple[str, Any]]:
+    """`tensors` as they are, each quantized one noted in `not_exact` as requantized or quantized."""
+    for name, record in tensors:
+        if record.bits is not None:
+            not_exact[name] = "requantized" if name in was_quantized else "quantized"
+        yield name, record

@@ -83,7 +83,12 @@ def pull(
             supported,
             convert_progress or NoProgress(),
         )
-        stored = pending.commit(arch=converted.arch, params=converted.params, quant=converted.quant, source=source)
+        stored = pending.commit(
+            arch=converted.arch,
+            params=converted.params,
+            quant=converted.quant,
+            source={**source, "tensors": converted.tensors},
+        )
         if not keep_download:
             shutil.rmtree(downloads, ignore_errors=True)
             _remove_empty_dir(downloads.parent)

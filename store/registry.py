@@ -167,7 +167,10 @@ class PendingWrite:
             return self.store._set_entry(self.folder, self.name, self.variant, entry)
 
     def link(self, stored: StoredModel, source: dict[str, Any]) -> StoredModel:
-        """Points this name at the file `stored` already has (same bytes, no copy), recording `source`."""
+        """Points this name at the file `stored` already has (same bytes, no copy), recording `source`
+        and how the file's tensors came to be (the same bytes: `stored`'s)."""
+        if "tensors" in stored.source:
+            source = {**source, "tensors": stored.source["tensors"]}
         return self.store._link(self.folder, self.name, self.variant, stored, source)
 
 

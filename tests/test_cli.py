@@ -257,7 +257,9 @@ def test_pull_reports_the_conversion_on_stderr_and_prints_only_the_name_on_stdou
     assert lines[0] == "converting Tiny.Q8_0.gguf (21 tensors)"
     assert re.fullmatch(r"  converted Tiny\.Q8_0\.gguf: 21 tensors in \d+\.\d s", lines[-2]), lines
     assert re.fullmatch(
-        r"stored local/Tiny:q8_0: .* KiB, .*M weights in q8, .*/blobs/sha256-[0-9a-f]{64}\.base \(.*\)", lines[-1]
+        r"stored local/Tiny:q8_0: .* KiB, .*M weights in q8 \(21 tensors: 16 kept exactly, 5 float\), "
+        r".*/blobs/sha256-[0-9a-f]{64}\.base \(.*\)",
+        lines[-1],
     )
     assert base("pull", str(path), "--quiet", env=env).stderr == ""
 

@@ -75,10 +75,24 @@ def stored_summary(stored: StoredModel, seconds: float) -> str:
     """The closing line of a pull: the name, its size and quant, where the file is, and the time."""
     from baselm.store.fs import human_size
 
+    origins = stored.source.get("tensors")
+    how = ""
+    if isinstance(origins, dict) and origins:
+        parts = ", ".join(f"{count} {ORIGIN_WORDS.get(key, key)}" for key, count in origins.items())
+        how = f" ({sum(origins.values())} tensors: {parts})"
     return (
-        f"stored {stored.ref}: {human_size(stored.size)}, {stored.params / 1e6:.1f}M weights in {stored.quant}, "
-        f"{stored.path} ({seconds:.1f} s)"
+        f"stored {stored.ref}: {human_size(stored.size)}, {stored.params / 1e6:.1f}M weights in {stored.quant}"
+        f"{how}, {stored.path} ({seconds:.1f} s)"
     )
+
+
+# How `stored_summary` names each kind of `Converted.tensors`.
+ORIGIN_WORDS = {
+    "exact": "kept exactly",
+    "requantized": "requantized",
+    "quantized": "quantized",
+    "float": "float",
+}
 
 
 @commands.command()

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 
 import baselm.store.import_local as import_module
+from baselm.commands.store import stored_summary
+from baselm.store.base_reader import BaseFile
 from baselm.store.import_local import import_local
+from baselm.store.model_card import model_card
 from baselm.store.registry import Store
 from tests.tiny_gguf import tiny_llama_gguf
 
@@ -60,3 +63,30 @@ def test_the_same_gguf_as_another_variant_is_converted(tmp_path: Path) -> None:
     first = import_local(path, supported=SUPPORTED, store=store)
     second = import_local(path, quant="q4", supported=SUPPORTED, store=store)
     assert second.variant == "q4" and second.path != first.path
+
+
+def test_a_conversion_counts_the_tensors_kept_exactly_requantized_and_float(tmp_path: Path) -> None:
+    store = Store(tmp_path / "home")
+    path, _ = tiny_llama_gguf(tmp_path / "m.Q4_1.gguf", "Q4_1", more=with_names)
+    kept = import_local(path, supported=SUPPORTED, store=store)
+    base = BaseFile.open(kept.path)
+    floats = sum(1 for entry in base.tensors.values() if not entry.dtype.startswith("base_q"))
+    num_tensors = len(base.tensors)
+    assert kept.source["tensors"] == {"exact": num_tensors - floats, "float": floats}
+    assert base.header["quant_profile"] == "gguf-Q4_1"
+    # Q4_1 blocks fit q8 exactly (widened) but not q3: those are quantized again from their values.
+    assert import_local(path, quant="q8", supported=SUPPORTED, store=store).source["tensors"]["exact"] > 0
+    fewer = import_local(path, quant="q3", supported=SUPPORTED, store=store).source["tensors"]
+    assert fewer.get("requantized", 0) > 0 and sum(fewer.values()) == num_tensors
+    alias = import_local(path, name="alice/same", supported=SUPPORTED, store=store)  # the same bytes: linked
+    assert alias.path == kept.path and alias.source["tensors"] == kept.source["tensors"]
+    summary = stored_summary(kept, 1.0)
+    assert f"({num_tensors} tensors: {num_tensors - floats} kept exactly, {floats} float)" in summary
+
+
+def test_a_ggufs_license_is_kept_for_show(tmp_path: Path) -> None:
+    path, _ = tiny_llama_gguf(
+        tmp_path / "m.Q8_0.gguf", "Q8_0", more=lambda w: (with_names(w), w.add_string("general.license", "mit"))
+    )
+    stored = import_local(path, supported=SUPPORTED, store=Store(tmp_path / "home"))
+    assert model_card(BaseFile.open(stored.path))["license"] == "mit"

@@ -25,9 +25,10 @@ copy 0's prompt is in the KV cache, then fork from it and share its prompt block
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from baselm.request import Request, RequestOutput, RequestStatus
@@ -85,6 +86,7 @@ class OutputState:
 
     __slots__ = (
         "request", "user_request_id", "index", "detokenizer", "stop", "guard", "text", "logprobs", "stop_reason",
+        "repeating",
         "prompt_logprobs", "num_prompt_scored",
     )  # fmt: skip
 
@@ -106,6 +108,7 @@ class OutputState:
         self.text = ""
         self.logprobs: list[TokenLogprobs] = []
         self.stop_reason: int | str | None = None
+        self.repeating = False  # the guard cut it
         self.prompt_logprobs: list[TokenLogprobs] = []  # scored prompt tokens not yet reported
         self.num_prompt_scored = 0  # prompt tokens scored so far (a recomputed prompt scores them again)
 
@@ -135,7 +138,9 @@ class OutputState:
             "request %s cut after %d tokens: the last %d repeat a %d-token sequence (finish_reason length; "
             "the runaway guard, --runaway-guard 0 turns it off)",
             self.user_request_id, self.stop.num_tokens, self.guard.window, period,
+            extra={"repeating": self.user_request_id},  # for `quiet_runaway_log`
         )  # fmt: skip
+        self.repeating = True
         return True
 
 
@@ -232,6 +237,7 @@ class OutputProcessor:
         out.request_id, out.index = state.user_request_id, state.index
         out.text, out.logprobs, out.prompt_logprobs = state.text, state.logprobs, state.prompt_logprobs
         out.stop_reason = state.stop_reason if out.finished else None
+        out.repeating = state.repeating and out.finished
         state.text, state.logprobs, state.prompt_logprobs = "", [], []
         if out.finished:
             self._forget(request_id)
@@ -264,3 +270,20 @@ class OutputProcessor:
         copy_ids = self._copy_ids.get(state.user_request_id)
         if copy_ids is not None and all(i not in self._states for i in copy_ids):
             del self._copy_ids[state.user_request_id]
+
+
+@contextlib.contextmanager
+def quiet_runaway_log(request_prefix: str = "") -> Iterator[None]:
+    """While the block runs, the runaway guard's log line is left out for requests whose id starts
+    with `request_prefix`: a command that streams the answer to a terminal (`base chat`, `base run`)
+    says so after the answer instead, where the line would otherwise land inside the text."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        request_id = getattr(record, "repeating", None)
+        return request_id is None or not str(request_id).startswith(request_prefix)
+
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)

@@ -160,6 +160,7 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length" or "abort" once finished
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    repeating: bool = False  # finished "length" by the runaway guard: it kept saying the same tokens
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # generated so far
     num_cached_tokens: int = 0  # prompt tokens that were prefix-cache hits
@@ -188,6 +189,7 @@ class RequestOutput:
         self.logprobs += later.logprobs
         self.prompt_logprobs += later.prompt_logprobs
         self.finished, self.finish_reason, self.stop_reason = later.finished, later.finish_reason, later.stop_reason
+        self.repeating = later.repeating
         self.num_prompt_tokens, self.num_output_tokens = later.num_prompt_tokens, later.num_output_tokens
         self.num_cached_tokens = max(self.num_cached_tokens, later.num_cached_tokens)
         self.num_draft_tokens, self.num_accepted_tokens = later.num_draft_tokens, later.num_accepted_tokens

@@ -292,16 +292,23 @@ class Store:
             shutil.copyfile(file, pending.temp_path)
             return pending.commit(arch=arch, params=params, quant=quant, source=source)
 
-    def copy(self, source_ref: str, destination: str) -> StoredModel:
+    def copy(self, source_ref: str, destination: str, replace: bool = True) -> StoredModel:
         """Gives the stored model `source_ref` a second name, `org/name[:variant]` (`name` alone goes
         under `local/`; the variant defaults to the source's). No bytes are copied: both names point
-        at one file. A destination that exists is pointed at the source's file, as `cp` replaces."""
+        at one file. A destination that names another file is pointed at the source's, as Ollama's
+        copy does, unless `replace` is False: then that is refused."""
         source = self.resolve(source_ref)
         head, variant = split_ref(destination)
         name, variant = qualify_name(head), check_variant(variant or source.variant)
         if (name.casefold(), variant.casefold()) == (source.name.casefold(), source.variant.casefold()):
             raise StoreError(f"{destination!r} is {source.ref} itself; give another name")
         with self.lock(name) as folder:
+            existing = self.get(name, variant)
+            if not replace and existing is not None and existing.path != source.path:
+                raise StoreError(
+                    f"{existing.ref} already names another model (from {existing.source.get('path') or 'elsewhere'}); "
+                    "pass --force to point it at " + source.ref
+                )
             return self._link(folder, name, variant, source, source.source)
 
     def remove(self, ref: str) -> StoredModel:

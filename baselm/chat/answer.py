@@ -28,5 +28,5 @@ class Answer:
         self.logprobs += out.logprobs
         self.stats.num_output_tokens = len(self.token_ids)
         self.stats.num_cached_tokens = out.num_cached_tokens
-        self.stats.finish_reason = out.finish_reason
+        self.stats.finish_reason, self.stats.repeating = out.finish_reason, out.repeating
         self.stats.num_draft_tokens, self.stats.num_accepted_tokens = out.num_draft_tokens, out.num_accepted_tokens

@@ -26,12 +26,14 @@ from baselm.chat.view import AnswerView
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine, QueueFullError
 from baselm.loader import LoadedModel
+from baselm.outputs import quiet_runaway_log
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
 from baselm.sampling.params import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer.errors import ChatTemplateError
 
 PROMPT = ">>> "
+REQUEST_PREFIX = "repl-"  # this REPL's request ids
 CONTINUATION = "... "
 
 HELP = """\
@@ -108,7 +110,9 @@ class ChatREPL:
     def run(self) -> None:
         """The loop: until /quit or end of input."""
         self.note(f"base chat · {self.model_name} · context {self.engine.max_model_len} tokens · /help for help")
-        with asyncio.Runner() as runner:
+        # The line after an answer says when the runaway guard cut it; the engine's log line would
+        # land inside the streamed text (requests served beside the chat keep theirs).
+        with asyncio.Runner() as runner, quiet_runaway_log(REQUEST_PREFIX):
             while True:
                 try:
                     line = self._read_message()
@@ -142,7 +146,7 @@ class ChatREPL:
         prompt = self.conversation.next_prompt(user_text)
         answer = Answer()
         self._num_requests += 1
-        request_id = f"repl-{self._num_requests}"
+        request_id = f"{REQUEST_PREFIX}{self._num_requests}"
         try:
             params = self._params_for(prompt)
             runner.run(self._stream(request_id, prompt, params, answer))

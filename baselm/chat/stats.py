@@ -17,6 +17,7 @@ class TurnStats:
     ttft_s: float = 0.0
     total_s: float = 0.0
     finish_reason: str | None = None
+    repeating: bool = False  # cut by the runaway guard: the answer kept saying the same tokens
     num_draft_tokens: int = 0  # speculative tokens verified
     num_accepted_tokens: int = 0  # of which accepted
 
@@ -73,6 +74,8 @@ def turn_line(stats: TurnStats, max_model_len: int) -> str:
         parts.append(f"speculative {stats.acceptance_rate:.0%} accepted")
     if stats.finish_reason == "abort":
         parts.append("stopped")
+    elif stats.repeating:
+        parts.append("cut: it kept repeating itself (--runaway-guard 0 lets it run)")
     elif stats.finish_reason == "length":
         parts.append("cut at max_tokens")
     return " · ".join(parts)

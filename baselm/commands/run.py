@@ -18,10 +18,14 @@ from baselm.commands.options import GenerationOptions, with_prefix_cache_file
 from baselm.config import DEFAULT_RUNAWAY_GUARD, EngineConfig, SpeculativeConfig
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
+from baselm.outputs import quiet_runaway_log
 from baselm.sampling.defaults import GenerationDefaults
 from baselm.sampling.params import SamplingParams, TokenLogprobs
 from baselm.speculative.speculator import SpecStats
 from baselm.tokenizer.tokenizer import Tokenizer
+
+# The closing line's note on an answer the runaway guard cut.
+REPEATING = ", it kept repeating itself (--runaway-guard 0 lets it run)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +71,8 @@ def run_once(options: RunArgs) -> None:
     config = one_request_config(len(ids), params.max_tokens, options.speculative, options.generation.runaway_guard)
     engine = LLMEngine(loaded, config)
     load_s = time.perf_counter() - start
-    answer = _generate(engine, ids, params, echo=not options.as_json)
+    with quiet_runaway_log():  # said in the closing line instead of inside the streamed text
+        answer = _generate(engine, ids, params, echo=not options.as_json)
     timings = _timings_json(load_s, answer.stats, engine.spec_stats() if engine.speculator is not None else None)
     if options.as_json:
         with_logprobs = params.logprobs is not None
@@ -76,7 +81,8 @@ def run_once(options: RunArgs) -> None:
     sys.stdout.write("\n")
     print(
         f"\n[{len(ids)} prompt tokens at {timings['prefill_tokens_per_s']} tok/s, {len(answer.token_ids)} generated "
-        f"at {timings['decode_tokens_per_s']} tok/s, finish: {answer.stats.finish_reason}]",
+        f"at {timings['decode_tokens_per_s']} tok/s, finish: {answer.stats.finish_reason}"
+        f"{REPEATING * answer.stats.repeating}]",
         file=sys.stderr,
     )
 

@@ -117,6 +117,7 @@ def rm(model: str = typer.Argument(..., help="Store name (org/name:variant or an
 def cp(
     source: str = typer.Argument(..., help="A stored model (org/name:variant or an alias)."),
     destination: str = typer.Argument(..., help="The new name, org/name[:variant] (name alone: local/name)."),
+    force: bool = typer.Option(False, "--force", help="Point a name that already names another model at this one."),
 ) -> None:
     """Give a stored model a second name (the file is shared, not copied)."""
     from baselm.store.registry import Store
@@ -124,7 +125,7 @@ def cp(
     store = Store()
     try:
         original = store.resolve(source)
-        copied = store.copy(original.ref, destination)
+        copied = store.copy(original.ref, destination, replace=force)
     except _user_errors() as exc:
         _fail(str(exc))
     print(f"copied {original.ref} to {copied.ref}")

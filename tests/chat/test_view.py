@@ -7,8 +7,11 @@ import re
 
 from rich.console import Console
 
+from baselm.chat.answer import Answer
+from baselm.chat.stats import turn_line
 from baselm.chat.view import AnswerView
 from baselm.reasoning import ReasoningSplitter
+from baselm.request import RequestOutput
 
 
 def test_a_finished_answer_is_rendered_as_markdown_in_a_terminal():
@@ -57,3 +60,13 @@ def test_without_a_splitter_think_tags_stay_in_the_answer(capsys):
     with AnswerView(Console(file=io.StringIO()), rich_output=False) as view:
         view.add("<think>hmm</think>Yes", 3)
     assert capsys.readouterr().out == "<think>hmm</think>Yes\n"
+
+
+def test_the_line_after_an_answer_says_whether_max_tokens_or_the_runaway_guard_cut_it():
+    answer = Answer()
+    answer.add(RequestOutput("r", token_ids=[5, 6], finished=True, finish_reason="length", repeating=True), 0.1)
+    assert answer.stats.repeating
+    assert turn_line(answer.stats, 100).endswith("cut: it kept repeating itself (--runaway-guard 0 lets it run)")
+    answer = Answer()
+    answer.add(RequestOutput("r", token_ids=[5, 6], finished=True, finish_reason="length"), 0.1)
+    assert turn_line(answer.stats, 100).endswith("cut at max_tokens")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from baselm.kv.manager import KVCacheManager
-from baselm.outputs import OutputProcessor, RunawayGuard, StopDecisions, copy_requests
+from baselm.outputs import OutputProcessor, RunawayGuard, StopDecisions, copy_requests, quiet_runaway_log
 from baselm.runner import RunnerOutput
 from baselm.sampling.params import SamplingParams, TokenLogprobs
 from baselm.scheduler import Scheduler, SchedulerOutput
@@ -98,10 +98,28 @@ def test_the_processor_cuts_a_runaway_answer_with_length_and_a_log_line(caplog):
         stops = processor.process(plan, RunnerOutput({"a": sampled}))
     assert stops == StopDecisions({"a": [45, 46] * 5}, {"a": "length"})
     (out,) = [processor.complete(o) for o in scheduler.update(plan, stops.token_ids, stops.finish_reasons)]
-    assert (out.finish_reason, out.stop_reason) == ("length", None)
+    assert (out.finish_reason, out.stop_reason, out.repeating) == ("length", None, True)
     assert out.text == processor.tokenizer.decode([45, 46] * 5)
     [record] = caplog.records
     assert record.getMessage().startswith("request a cut after 10 tokens: the last 8 repeat a 2-token sequence")
+
+
+def test_a_command_that_streams_to_the_terminal_quiets_the_log_line_of_its_own_requests_only(caplog):
+    with caplog.at_level(logging.WARNING, logger="baselm.engine"), quiet_runaway_log("repl-"):
+        for request_id in ("repl-1", "a"):
+            processor = OutputProcessor(Tokenizer.from_folder(BPE_TOKENIZER), eos_token_ids=[EOS], runaway_guard=8)
+            scheduler = Scheduler(KVCacheManager(16, 4), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+            requests = copy_requests(request_id, [1, 2, 3], SamplingParams(max_tokens=40))
+            scheduler.add_request(requests[0])
+            processor.add(requests)
+            processor.process(scheduler.schedule(), RunnerOutput({request_id: [45, 46] * 10}))
+        logging.getLogger("baselm.engine").warning("another warning")
+    assert [r.getMessage().split(" cut")[0] for r in caplog.records] == ["request a", "another warning"]
+    with caplog.at_level(logging.WARNING, logger="baselm.engine"):
+        caplog.clear()
+        processor, _, plan = admitted(SamplingParams(max_tokens=40), runaway_guard=8)
+        processor.process(plan, RunnerOutput({"a": [45, 46] * 10}))
+    assert len(caplog.records) == 1  # the filter went with the block
 
 
 def test_a_request_that_ignores_eos_asked_for_its_length_and_is_not_cut():

@@ -57,8 +57,12 @@ def test_copy_over_an_existing_name_repoints_it_and_frees_the_file_it_had(tmp_pa
     store = Store(tmp_path)
     put(store, "org/A", "q4", b"aaa")
     put(store, "org/B", "q4", b"bbbb")
+    with pytest.raises(StoreError, match=r"org/B:q4 already names another model .*pass --force"):
+        store.copy("org/A", "org/B", replace=False)  # `base cp` without --force
+    assert store.resolve("org/B").size == 4 and len(blob_files(store)) == 2
     store.copy("org/A", "org/B")
     assert store.resolve("org/B").size == 3 and len(blob_files(store)) == 1
+    assert store.copy("org/A", "org/B", replace=False).size == 3  # the same file already: nothing to refuse
 
 
 def test_copy_onto_itself_or_from_nothing_is_a_clear_error(tmp_path: Path) -> None:

@@ -42,16 +42,23 @@ def show_model(ref: str, as_json: bool, template_only: bool) -> None:
 
 def read_card(ref: str) -> dict[str, Any]:
     """The model card of a store name or a `.base` file, with the name it was asked by."""
-    from baselm.loader import resolve
+    from pathlib import Path
+
     from baselm.store.base_reader import BaseFile
     from baselm.store.errors import ModelFileError
     from baselm.store.model_card import model_card
+    from baselm.store.registry import Store
 
-    name, path = resolve(ref)
+    path = Path(ref).expanduser()
+    stored = None if path.exists() else Store().resolve(ref)
+    path = stored.path if stored is not None else path
     if not path.is_file() or path.suffix != ".base":
         kind = "a folder" if path.is_dir() else f"a {path.suffix or 'plain'} file"
         raise ModelFileError(f"{path} is {kind}; base show reads stored models: `base pull {path}` stores it")
-    return {"name": name, **model_card(BaseFile.open(path))}
+    card = {"name": ref if stored is not None else path.stem, **model_card(BaseFile.open(path))}
+    if stored is not None:  # one file may hold several names, each from its own source: this name's
+        card["source"] = {**card["source"], **stored.source}
+    return card
 
 
 def card_lines(card: dict[str, Any]) -> list[str]:

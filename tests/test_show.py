@@ -79,7 +79,9 @@ def test_show_names_the_source_of_the_name_asked_for_when_one_file_has_two(store
 
     copy, _ = tiny_llama_gguf(tmp_path / "again.Q4_1.gguf", "Q4_1")  # the same bytes as org/tiny-gguf's
     assert base("pull", str(copy), "--name", "org/again", "--quiet", env=store).returncode == 0
-    cards = {name: json.loads(base("show", name, "--json", env=store).stdout) for name in ("org/tiny-gguf", "org/again")}
+    cards = {
+        name: json.loads(base("show", name, "--json", env=store).stdout) for name in ("org/tiny-gguf", "org/again")
+    }
     assert cards["org/tiny-gguf"]["path"] == cards["org/again"]["path"]  # one file
     assert cards["org/again"]["source"]["path"] == str(copy)
     assert cards["org/tiny-gguf"]["source"]["path"] != str(copy)

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baselm.store import hf
 from baselm.store.base_writer import TensorRecord, write_base_file
@@ -24,6 +24,9 @@ from baselm.store.progress import NoProgress, Progress
 from baselm.store.source_model import SourceModel, tensor_origins
 from baselm.store.variants import DEFAULT_QUANT
 
+if TYPE_CHECKING:
+    from baselm.store.registry import PendingWrite, StoredModel
+
 
 @dataclass(frozen=True, slots=True)
 class Converted:
@@ -34,6 +37,12 @@ class Converted:
     params: int
     quant: str
     tensors: dict[str, int]
+
+    def commit(self, pending: PendingWrite, source: dict[str, Any]) -> StoredModel:
+        """Stores the file written into `pending`, its manifest entry recording `source` and the tensor counts."""
+        return pending.commit(
+            arch=self.arch, params=self.params, quant=self.quant, source={**source, "tensors": self.tensors}
+        )
 
 
 def convert(

@@ -99,12 +99,7 @@ def import_local(
         converted = convert(
             local.path, pending.temp_path, quant, group_size, profile or DEFAULT_PROFILE, source, supported, progress
         )
-        return pending.commit(
-            arch=converted.arch,
-            params=converted.params,
-            quant=converted.quant,
-            source={**source, "tensors": converted.tensors},
-        )
+        return converted.commit(pending, source)
 
 
 def inspect_local(path: Path) -> LocalSource:

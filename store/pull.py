@@ -83,12 +83,7 @@ def pull(
             supported,
             convert_progress or NoProgress(),
         )
-        stored = pending.commit(
-            arch=converted.arch,
-            params=converted.params,
-            quant=converted.quant,
-            source={**source, "tensors": converted.tensors},
-        )
+        stored = converted.commit(pending, source)
         if not keep_download:
             shutil.rmtree(downloads, ignore_errors=True)
             _remove_empty_dir(downloads.parent)

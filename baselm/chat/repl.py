@@ -22,6 +22,7 @@ from baselm.chat.conversation import Conversation, Prompt
 from baselm.chat.line_reader import LineReader, join_continued
 from baselm.chat.settings import ChatCommandError, ChatSettings
 from baselm.chat.stats import SessionStats, stats_report, turn_line
+from baselm.chat.switch import ModelSwitch
 from baselm.chat.view import AnswerView
 from baselm.config import EngineConfig
 from baselm.engine import LLMEngine, QueueFullError
@@ -44,6 +45,7 @@ Type a message and press Enter. Commands:
   /set [NAME VALUE]       temperature, top_p, top_k, min_p, repetition_penalty, max_tokens
                           (or none: the context's room) or seed (or none); alone: show them
   /save FILE, /load FILE  the conversation and settings as JSON
+  /model [NAME]           go on with another model (a store name or a file); alone: show it
   /stats                  the last turn's and the session's numbers
   /quit                   leave (or Ctrl-D)
 Multi-line input: end a line with \\ to continue it on the next, or put the text between
@@ -51,7 +53,7 @@ two lines of three quotes (\"\"\"). Ctrl-C stops an answer (what came so far sta
 conversation); at the prompt it clears the line. Arrow keys browse the input history, kept
 in $BASE_HOME/chat_history (default ~/.cache/base/chat_history)."""
 
-COMMAND_HINT = "commands: /help /clear /system /set /save /load /stats /quit"
+COMMAND_HINT = "commands: /help /clear /system /set /save /load /model /stats /quit"
 
 
 @contextlib.contextmanager
@@ -78,11 +80,13 @@ class ChatREPL:
         system: str | None = None,
         history_path: Path | None = None,
         last_chat: Path | None = None,
+        switch: ModelSwitch | None = None,
     ) -> None:
-        self.client = client
-        self.engine = client.engine
-        self.model_name = model_name
+        """`switch`: what `/model NAME` loads another model with (None: this chat keeps its model)."""
+        self._use(client, model_name)
         self.settings = settings
+        self.switch = switch
+        self._set_by_user: dict[str, str] = {}  # /set NAME VALUE, kept over a /model switch
         self.conversation = Conversation(self.engine.tokenizer, system)
         self.session = SessionStats()
         self.rich_output = sys.stdout.isatty()
@@ -90,10 +94,14 @@ class ChatREPL:
         # Notes and numbers go to stderr when stdout is not a terminal, so stdout holds only answers.
         self.notes = self.console if self.rich_output else Console(stderr=True, highlight=False)
         self.reader = LineReader(history_path, interactive=sys.stdin.isatty())
-        self._eos_ids = frozenset(self.engine.eos_token_ids)
-        self._thinks = template_thinks(self.engine.tokenizer.chat_template)  # show <think> apart
         self._num_requests = 0
         self.last_chat = last_chat  # the conversation is kept here after each turn, for --resume
+
+    def _use(self, client: AsyncEngine, model_name: str) -> None:
+        """Talks to `client`'s engine from now on."""
+        self.client, self.engine, self.model_name = client, client.engine, model_name
+        self._eos_ids = frozenset(self.engine.eos_token_ids)
+        self._thinks = template_thinks(self.engine.tokenizer.chat_template)  # show <think> apart
 
     def resume(self) -> None:
         """Reopens the conversation kept in `last_chat`, if there is one."""
@@ -228,6 +236,7 @@ class ChatREPL:
             "/set": self._set,
             "/save": self._save,
             "/load": self._load,
+            "/model": self._model,
             "/stats": self._stats,
             "/quit": lambda arg: False,
             "/exit": lambda arg: False,
@@ -255,6 +264,7 @@ class ChatREPL:
                 f"(now: {self.settings.to_text()})"
             )
         self.settings = self.settings.with_value(name, value)
+        self._set_by_user[name] = value
         self.note(self.settings.to_text())
 
     def _save(self, arg: str) -> None:
@@ -273,6 +283,34 @@ class ChatREPL:
         path = Path(arg).expanduser()
         self.settings = load_chat(path, self.conversation)
         self.note(f"loaded {len(self.conversation.turns)} messages from {path}; {self.settings.to_text()}")
+
+    def _model(self, arg: str) -> None:
+        ref = arg.strip()
+        if not ref:
+            self.note(f"model: {self.model_name} · context {self.engine.max_model_len} tokens · /model NAME switches")
+            return
+        if self.switch is None:
+            raise ChatCommandError(
+                "this chat cannot switch models: its engine also serves HTTP (--serve) or spans several "
+                "processes; start base chat again with the other model"
+            )
+        self.note(f"loading {ref}")
+        try:
+            opened = self.switch.switch(ref)
+        except Exception as exc:  # a name not stored, a file that does not load: the chat goes on as it was
+            now = f"; still chatting with {self.model_name}" if self.switch.ref is not None else ""
+            raise ChatCommandError(f"cannot switch to {ref}: {exc}{now}") from None
+        self._use(opened.client, opened.client.engine.loaded.name)
+        self.settings = opened.settings
+        for name, value in self._set_by_user.items():  # what /set chose stays chosen
+            self.settings = self.settings.with_value(name, value)
+        messages = self.conversation.messages
+        self.conversation = Conversation(self.engine.tokenizer)
+        self.conversation.load(messages)  # rendered anew with this model's template on the next turn
+        self.note(
+            f"now chatting with {self.model_name} · context {self.engine.max_model_len} tokens · "
+            f"{len(self.conversation.turns)} messages kept; {self.settings.to_text()}"
+        )
 
     def _stats(self, arg: str) -> None:
         try:

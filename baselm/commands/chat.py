@@ -13,11 +13,18 @@ from typing import TYPE_CHECKING
 
 from baselm.async_engine import AsyncEngine
 from baselm.chat.line_reader import history_path, last_chat_path
-from baselm.chat.repl import ChatREPL, open_chat_engine
-from baselm.chat.settings import ChatOptions, ChatSettings
-from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower, warn_without_cpu_kernels
+from baselm.chat.repl import ChatREPL
+from baselm.chat.settings import ChatOptions
+from baselm.chat.switch import ModelSwitch, Opened
+from baselm.commands.model import (
+    ModelArgs,
+    is_follower,
+    load_alone,
+    open_model,
+    run_follower,
+    warn_without_cpu_kernels,
+)
 from baselm.commands.options import GenerationOptions
-from baselm.sampling.defaults import GenerationDefaults
 
 if TYPE_CHECKING:
     from baselm.api.server import ServeOptions  # the HTTP server is imported only with --serve
@@ -60,20 +67,30 @@ def chat(args: ChatArgs) -> None:
         loaded, group = open_model(args.model)
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, args.model.dist))
-    options, generation = args.chat, args.generation
-    with open_chat_engine(loaded, replace(options.engine, runaway_guard=generation.runaway_guard)) as client:
-        model_name = client.engine.loaded.name
-        defaults = GenerationDefaults.for_model(generation.sampling, loaded.config, client.engine.max_model_len)
-        settings = ChatSettings.from_defaults(defaults.resolved(), generation.seed)
+    generation = args.generation
+    config = replace(args.chat.engine, runaway_guard=generation.runaway_guard)
+    engines = ModelSwitch(
+        lambda ref: load_alone(replace(args.model, ref=ref)), config, generation.sampling, generation.seed
+    )
+    with contextlib.closing(engines):
+        repl = _repl(args, engines.open(loaded, args.model.ref), engines)
+        del loaded  # the switch holds the model now, and /model lets it go
         serve = replace(args.serve, sampling=generation.sampling) if args.serve else None
-        serving = background_server(client, model_name, serve) if serve else contextlib.nullcontext()
-        with serving as url:
-            repl = ChatREPL(client, model_name, settings, options.system, history_path(), last_chat_path())
-            if options.resume:
+        with background_server(repl.client, repl.model_name, serve) if serve else contextlib.nullcontext() as url:
+            if args.chat.resume:
                 repl.resume()
             if url is not None:
                 repl.note(f"serving the OpenAI API at {url} on this chat's engine")
             repl.run()
+
+
+def _repl(args: ChatArgs, opened: Opened, engines: ModelSwitch) -> ChatREPL:
+    """The REPL on the engine just opened. It may switch models unless that engine also serves
+    HTTP (--serve) or leads a tensor-parallel group (--dist): those stay on the model they started with."""
+    switch = None if args.serve or args.model.is_distributed else engines
+    model_name = opened.client.engine.loaded.name
+    chat = args.chat
+    return ChatREPL(opened.client, model_name, opened.settings, chat.system, history_path(), last_chat_path(), switch)
 
 
 @contextlib.contextmanager

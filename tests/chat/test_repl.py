@@ -266,3 +266,27 @@ def test_a_reasoning_models_thinking_is_dimmed_apart_from_the_answer(tmp_path):
         assert _quit(child) == 0
     finally:
         child.close(force=True)
+
+
+def test_model_switches_to_another_model_and_the_conversation_goes_on(chat_model, tmp_path):
+    other = write_model_folder(tmp_path / "other", eos=False, max_position_embeddings=2048)
+    child = _spawn(chat_model, tmp_path / "home", "--max-tokens", "8")
+    try:
+        _ask(child, "/system Be brief.", "system prompt set")
+        _ask(child, "hello there", r"context \d+/4096")
+        _ask(child, "/set temperature 0.5", "temperature=0.5")
+        _ask(child, "/model", f"model: {chat_model.name} · context 4096 tokens")
+        _ask(child, "/model nothing-stored", "cannot switch to nothing-stored: .*; still chatting with chat_model")
+        _ask(
+            child,
+            f"/model {other}",
+            r"now chatting with other · context 2048 tokens · 2 messages kept; temperature=0\.5",
+        )
+        _ask(child, "and now?", r"decode 8 tokens [\d.]+ tok/s · context \d+/2048")
+        _ask(child, f"/save {tmp_path / 'after.json'}", "saved 4 messages")
+        saved = json.loads((tmp_path / "after.json").read_text())
+        assert [m["role"] for m in saved["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+        assert saved["model"] == "other"
+        assert _quit(child) == 0
+    finally:
+        child.close(force=True)

@@ -102,7 +102,9 @@ def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] |
     if forces_call(chat):
         # A named function is called once; "required" may call several when parallel_tool_calls allows.
         parallel = chat.parallel_tool_calls and chat.named_tool is None
-        lark = forcing.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, parallel)
+        lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
+        marker_ids = forcing.marker_token_ids(state.tokenizer, lltokenizer)
+        lark = forcing.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, parallel, marker_ids)
         return grammar.lark_grammar(lark), "tools"
     return None
 

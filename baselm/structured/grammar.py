@@ -44,14 +44,18 @@ class _VocabEncoder:
         self.special_token_ids = special_ids
         self.eos_token_id = eos_id
         self.bos_token_id = tokenizer.bos_token_id if (tokenizer.bos_token_id or 0) < len(token_bytes) else None
-        self._by_bytes = {b: i for i, b in enumerate(token_bytes) if b and i not in set(special_ids)}
+        self._special = frozenset(special_ids)
+        self._by_bytes = {b: i for i, b in enumerate(token_bytes) if b and i not in self._special}
         self._longest = max((len(b) for b in self._by_bytes), default=1)
 
     def __call__(self, text: bytes | str) -> list[int]:
+        """`text` in ids whose bytes spell it. NOTE: never a special token's id, though the model's
+        tokenizer matches added tokens in text (Qwen2.5's `<tool_call>`): llguidance gives a special
+        token no bytes that text could match, so a grammar's text tokenized into one stalls it."""
         raw = text if isinstance(text, bytes) else text.encode("utf-8")
         try:
             ids = self.tokenizer.encode(raw.decode("utf-8"), add_special_tokens=False)
-            if all(i < len(self.tokens) for i in ids):
+            if all(i < len(self.tokens) and i not in self._special for i in ids):
                 return ids
         except UnicodeDecodeError:
             pass

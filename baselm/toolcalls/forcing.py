@@ -15,6 +15,7 @@ constraint. It lives here, above structured output, because a constraint may for
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import llguidance as llg
@@ -53,20 +54,43 @@ def _calls_schema(tools: list[dict[str, Any]], fmt: str) -> dict[str, Any]:
     return json_schemas.prepare(schema)
 
 
-def forced_call_lark(tools: list[dict[str, Any]], fmt: str, only: str | None, parallel: bool) -> str:
+def forced_call_lark(
+    tools: list[dict[str, Any]], fmt: str, only: str | None, parallel: bool, marker_ids: Mapping[str, int] | None = None
+) -> str:
     """A Lark grammar (llguidance dialect) whose sentences are calls of `tools` in format `fmt`.
 
-    `only` names the one tool allowed; `parallel` allows more than one call.
+    `only` names the one tool allowed; `parallel` allows more than one call. `marker_ids`: the
+    call markers the model's vocabulary holds as single tokens of their own (`marker_token_ids`);
+    the grammar asks for those tokens, as the model writes them, instead of their text.
     """
     chosen = [t for t in tools if only is None or t["function"]["name"] == only]
     if not chosen:
         raise ToolCallError(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")
     schema = _calls_schema(chosen, fmt)
+
+    def marker(text: str) -> str:
+        return f"<[{marker_ids[text]}]>" if marker_ids and text in marker_ids else json.dumps(text)
+
     separator, open_, close = (
-        ('";"', "", "") if fmt == LLAMA3_JSON else (r'"\n"', rf'"{HERMES_OPEN}\n" ', rf' "\n{HERMES_CLOSE}"')
+        ('";"', "", "")
+        if fmt == LLAMA3_JSON
+        else (r'"\n"', f'{marker(HERMES_OPEN)} "\\n" ', f' "\\n" {marker(HERMES_CLOSE)}')
     )
     repeat = f" ({separator} call)*" if parallel else ""
     return f"start: call{repeat}\ncall: {open_}body{close}\nbody: %json {json.dumps(schema)}\n"
+
+
+def marker_token_ids(tokenizer: Tokenizer, lltokenizer: llg.LLTokenizer) -> dict[str, int]:
+    """The call markers (`<tool_call>`, `</tool_call>`) that `tokenizer` spells as one token which
+    llguidance holds as a special token (an added token, as Qwen2.5's are): the grammar must name
+    that token, since its text spelled out in other tokens is not what the model writes, and
+    llguidance matches no text against a special token's bytes."""
+    ids = {}
+    for text in (HERMES_OPEN, HERMES_CLOSE):
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if len(encoded) == 1 and lltokenizer.is_special_token(encoded[0]):
+            ids[text] = encoded[0]
+    return ids
 
 
 class RepeatStop(GrammarProcessor):

@@ -80,7 +80,7 @@ def make_parser(fmt: str, forced: bool = False, tools: Sequence[Mapping[str, Any
     """A fresh parser for one answer in format `fmt`; `forced`: a grammar forces calls (hermes,
     llama3_json); `tools` types the XML formats' parameters."""
     if fmt in (HERMES, LLAMA3_JSON):
-        parser = JsonCallParser(fmt, forced)
+        parser = JsonCallParser(fmt, forced, [t["function"]["name"] for t in tools if "function" in t])
         return _PythonTagParser(parser) if fmt == LLAMA3_JSON else parser
     if fmt in READERS:
         return RereadingParser(fmt, tools)
@@ -96,11 +96,17 @@ class JsonCallParser(ToolCallParser):
     no call is a call cut short and is dropped: the answer ends with the calls that closed and the
     engine's finish reason ("length"). Otherwise it may be plain text that only looks like a call,
     and is returned as content.
+
+    An answer in `hermes` that is one bare JSON call, `{"name": ..., "arguments": {...}}` without the
+    tags (as Qwen2.5 models often write it), is a call too when it names one of `tool_names` and the
+    whole answer parses: such an answer is held back from its first `{` until it ends.
     """
 
-    def __init__(self, fmt: str, forced: bool = False) -> None:
+    def __init__(self, fmt: str, forced: bool = False, tool_names: Sequence[str] = ()) -> None:
         self.fmt = fmt
         self.forced = forced  # the grammar forces calls: a rest that is no call is a call cut short
+        self.tool_names = frozenset(tool_names)
+        self._bare: bool | None = None  # hermes: the answer may be one call without tags (None: not known yet)
         self.buffer = ""  # text not yet handed out
         self.calls: list[ToolCall] = []
         self.num_repeats = 0  # calls dropped because they repeated an earlier one
@@ -126,11 +132,25 @@ class JsonCallParser(ToolCallParser):
                         self.calls.append(call)
                         kept.append(call)
                 return content, calls + kept
+        if self._bare:
+            call = _call_from_json(rest.strip(), len(self.calls))
+            if call is not None and call.name in self.tool_names:
+                self.calls.append(call)
+                return content, calls + [call]
         if self.forced or (self.calls and not rest.strip()):  # whitespace after the last call is not content
             rest = ""
         return content + rest, calls
 
     def _feed_hermes(self) -> tuple[str, list[ToolCall]]:
+        if self._bare is None:
+            stripped = self.buffer.lstrip()
+            if not stripped:
+                return "", []
+            self._bare = stripped.startswith("{") and bool(self.tool_names) and not self.forced
+        if self._bare:
+            if HERMES_OPEN not in self.buffer:
+                return "", []  # held until the answer ends (finish) or a tagged call shows it is none
+            self._bare = False
         content, calls = "", []
         while True:
             start = self.buffer.find(HERMES_OPEN)

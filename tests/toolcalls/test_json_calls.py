@@ -91,3 +91,37 @@ def test_forced_calls_keep_the_calls_that_closed_and_drop_the_one_cut_short():
     parser.feed('{"name": "f", "parameters": {}};{"name": "f", "para')
     content, calls = parser.finish()
     assert (content, [(c.name, c.arguments) for c in calls]) == ("", [("f", "{}")])
+
+
+def _parse_with_tools(pieces: list[str], names: tuple[str, ...] = ("get_weather",)) -> tuple[str, list]:
+    parser = JsonCallParser(HERMES, tool_names=names)
+    content, calls = "", []
+    for piece in pieces:
+        text, new = parser.feed(piece)
+        content, calls = content + text, calls + new
+    text, new = parser.finish()
+    return content + text, [(c.name, c.arguments) for c in calls + new]
+
+
+def test_a_hermes_answer_that_is_one_bare_call_of_a_given_tool_is_a_call():
+    """Qwen2.5 models often answer `{"name": ..., "arguments": ...}` without the tags; llama.cpp's and
+    Ollama's parsers take it as a call. It must name a given tool and parse whole."""
+    bare = '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+    expected = ("", [("get_weather", '{"city": "Paris"}')])
+    assert _parse_with_tools([bare]) == expected
+    rng = random.Random(0)
+    for _ in range(20):
+        pieces = _splits(bare, rng)
+        parser = JsonCallParser(HERMES, tool_names=("get_weather",))
+        assert all(parser.feed(piece) == ("", []) for piece in pieces)  # nothing shown while it may be a call
+        assert _parse_with_tools(pieces) == expected
+    for text in (
+        '{"name": "delete_everything", "arguments": {}}',  # no such tool: the model's words, as they are
+        '{"name": "get_weather", "arguments": {"city": "Paris"}} and more',  # not the whole answer
+        '{"name": "get_weather", "arguments": {"city": "Par',  # cut short
+        '{"city": "Paris"}',  # JSON, but no call
+    ):
+        assert _parse_with_tools([text]) == (text, []), text
+    assert _parse_with_tools(['{"name": "get_weather"}'], names=()) == ('{"name": "get_weather"}', [])  # no tools
+    tagged = '{"a": 1} <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    assert _parse_with_tools([tagged]) == ('{"a": 1} ', [("get_weather", '{"city": "Oslo"}')])

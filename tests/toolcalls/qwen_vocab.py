@@ -1,0 +1,86 @@
+"""A tiny random Qwen2 GGUF with Qwen2.5's real vocabulary and chat template, tool tokens included.
+
+The vocabulary is llama.cpp's `ggml-vocab-qwen2.gguf` (151,936 ids: Qwen2's byte-level BPE and
+merges), with Qwen2.5's added tokens put in the places its `tokenizer.json` gives them: the
+`<|...|>` controls as CONTROL tokens and `<tool_call>`, `</tool_call>` and the FIM tokens as
+USER_DEFINED, as llama.cpp's converter types tokens that are added but not special. The template
+is llama.cpp's copy of Qwen2.5-7B-Instruct's. The weights are the qwen2 fixture's, under a random
+embedding for the whole vocabulary (tied to the output): the model says nothing sensible, which is
+the point: only a grammar can make its calls parse.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+from safetensors.numpy import load_file
+
+from baselm.store.gguf import GGUFFile
+from tests.paths import FIXTURES
+from tests.tiny_gguf import add_hparams, converter_tensors, write_gguf
+
+QWEN2_FIXTURE = FIXTURES / "models" / "qwen2"
+CONTROL, USER_DEFINED = 3, 4
+VOCAB_SIZE = 151_936
+IM_END, ENDOFTEXT = 151_645, 151_643
+# Qwen2.5's added tokens past <|im_end|>, by id: (text, GGUF token type)
+ADDED = {
+    151_646 + i: (text, CONTROL)
+    for i, text in enumerate(
+        (
+            "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>",
+            "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+        )
+    )
+}  # fmt: skip
+ADDED |= {
+    151_657 + i: (text, USER_DEFINED)
+    for i, text in enumerate(
+        (
+            "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+            "<|repo_name|>", "<|file_sep|>",
+        )
+    )
+}  # fmt: skip
+TOOL_CALL, TOOL_CALL_END = 151_657, 151_658
+
+
+def qwen25_tool_gguf(path: Path, llama_cpp_models: Path) -> Path:
+    """Writes the model to `path` (F16 matrices, about 20 MB) and returns it."""
+    vocab = GGUFFile.open(llama_cpp_models / "ggml-vocab-qwen2.gguf").metadata
+    tokens = list(vocab["tokenizer.ggml.tokens"])
+    types = list(vocab["tokenizer.ggml.token_type"])
+    for i, (text, kind) in ADDED.items():
+        tokens[i], types[i] = text, kind
+    template = (llama_cpp_models / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    config = {**_config(), "vocab_size": VOCAB_SIZE, "max_position_embeddings": 4096}
+    weights = load_file(str(QWEN2_FIXTURE / "model.safetensors"))
+    rng = np.random.default_rng(0)
+    weights["model.embed_tokens.weight"] = rng.normal(0, 0.5, (VOCAB_SIZE, config["hidden_size"])).astype(np.float32)
+    tensors = {}
+    for name, value in converter_tensors(config, weights).items():
+        kind = "F16" if value.ndim >= 2 else "F32"
+        tensors[name] = (value.astype(np.float16) if kind == "F16" else value, kind)
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(vocab["tokenizer.ggml.pre"])
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(list(vocab["tokenizer.ggml.merges"]))
+        writer.add_eos_token_id(IM_END)
+        writer.add_pad_token_id(ENDOFTEXT)
+        writer.add_bos_token_id(ENDOFTEXT)
+        writer.add_add_bos_token(False)
+        writer.add_chat_template(template)
+
+    return write_gguf(path, tensors, metadata, arch="qwen2")
+
+
+def _config() -> dict:
+    import json
+
+    return json.loads((QWEN2_FIXTURE / "config.json").read_text())

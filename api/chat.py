@@ -103,10 +103,17 @@ def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] |
         # A named function is called once; "required" may call several when parallel_tool_calls allows.
         parallel = chat.parallel_tool_calls and chat.named_tool is None
         lltokenizer = grammar.grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
-        marker_ids = forcing.marker_token_ids(state.tokenizer, lltokenizer)
-        lark = forcing.forced_call_lark(chat.tools, state.tool_format, chat.named_tool, parallel, marker_ids)
+        fmt = state.tool_format
+        marker_ids = forcing.marker_token_ids(state.tokenizer, lltokenizer, markers.MARKERS.get(fmt, ()))
+        lark = forcing.forced_call_lark(chat.tools, fmt, chat.named_tool, parallel, marker_ids, _template_text(state))
         return grammar.lark_grammar(lark), "tools"
     return None
+
+
+def _template_text(state: serving.ServerState) -> str:
+    """The model's chat template, its named templates joined (forced_formats tells variants by it)."""
+    template = state.tokenizer.chat_template
+    return " ".join(template.values()) if isinstance(template, dict) else template or ""
 
 
 def sampling_params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
@@ -134,6 +141,7 @@ def sampling_params(state: serving.ServerState, chat: ChatRequest) -> SamplingPa
         param,
         lltokenizer=lltokenizer,
         tool_format=state.tool_format if param == "tools" else None,
+        tool_close=forcing.forced_close(state.tool_format, _template_text(state)) if param == "tools" else "",
         logprobs_field="top_logprobs",
         logprobs=logprobs,
     )

@@ -26,17 +26,18 @@ def constrained_params(
     *,
     lltokenizer: llg.LLTokenizer | None = None,
     tool_format: str | None = None,
+    tool_close: str = "",
     **extra: Any,
 ) -> SamplingParams:
     """SamplingParams whose answer follows the grammar `text` (which enforces the request's `param`);
     each copy gets its own processors (`processor_factory`); `tool_format`: the answer forces tool
-    calls written in that format."""
+    calls written in that format, which `tool_close` closes as a whole (forced_formats.py)."""
     check_endable(sampling, param)
     if lltokenizer is None:
         lltokenizer = grammar_tokenizer(state.tokenizer, state.vocab_size, state.eos_token_ids)
     check_grammar(text, lltokenizer, param)
     eos = state.eos_token_ids
-    constraint = Constraint(text, list(eos), tool_format)
+    constraint = Constraint(text, list(eos), tool_format, tool_close)
     make = processor_factory(state.tokenizer, state.vocab_size)
     return serving.make_params(
         sampling,

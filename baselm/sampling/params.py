@@ -49,6 +49,7 @@ class Constraint:
     grammar: str  # llguidance grammar text
     eos_token_ids: list[int]  # the tokens that may end the answer once the grammar is complete
     tool_format: str | None = None  # forced tool calls: also end the answer when a call repeats
+    tool_close: str = ""  # what closes the forced calls as a whole, in formats that close them (`]`)
 
 
 # Makes one request copy's processors from its constraint, in the process that samples.

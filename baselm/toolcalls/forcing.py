@@ -15,7 +15,7 @@ constraint. It lives here, above structured output, because a constraint may for
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import llguidance as llg
@@ -27,8 +27,9 @@ from baselm.sampling.params import Constraint, ConstraintFactory, LogitsProcesso
 from baselm.structured import json_schemas
 from baselm.structured.grammar import GrammarProcessor, grammar_tokenizer
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.toolcalls import forced_formats
 from baselm.toolcalls.errors import ToolCallError
-from baselm.toolcalls.parsers import HERMES_CLOSE, HERMES_OPEN, LLAMA3_JSON, JsonCallParser
+from baselm.toolcalls.parsers import HERMES, HERMES_CLOSE, HERMES_OPEN, LLAMA3_JSON, JsonCallParser, make_parser
 
 
 def _calls_schema(tools: list[dict[str, Any]], fmt: str) -> dict[str, Any]:
@@ -55,17 +56,28 @@ def _calls_schema(tools: list[dict[str, Any]], fmt: str) -> dict[str, Any]:
 
 
 def forced_call_lark(
-    tools: list[dict[str, Any]], fmt: str, only: str | None, parallel: bool, marker_ids: Mapping[str, int] | None = None
+    tools: list[dict[str, Any]],
+    fmt: str,
+    only: str | None,
+    parallel: bool,
+    marker_ids: Mapping[str, int] | None = None,
+    template: str = "",
 ) -> str:
     """A Lark grammar (llguidance dialect) whose sentences are calls of `tools` in format `fmt`.
 
     `only` names the one tool allowed; `parallel` allows more than one call. `marker_ids`: the
     call markers the model's vocabulary holds as single tokens of their own (`marker_token_ids`);
     the grammar asks for those tokens, as the model writes them, instead of their text.
+    `template`: the model's chat template, which tells a format's variants apart (forced_formats.py).
     """
     chosen = [t for t in tools if only is None or t["function"]["name"] == only]
     if not chosen:
         raise ToolCallError(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")
+    if fmt in forced_formats.WRITERS:
+        rules = "".join(f"args{i}: %json {json.dumps(_arguments_schema(t))}\n" for i, t in enumerate(chosen))
+        return (
+            forced_formats.format_lark(fmt, chosen, parallel, template, marker_ids or {}, lambda i: f"args{i}") + rules
+        )
     schema = _calls_schema(chosen, fmt)
 
     def marker(text: str) -> str:
@@ -80,13 +92,25 @@ def forced_call_lark(
     return f"start: call{repeat}\ncall: {open_}body{close}\nbody: %json {json.dumps(schema)}\n"
 
 
-def marker_token_ids(tokenizer: Tokenizer, lltokenizer: llg.LLTokenizer) -> dict[str, int]:
-    """The call markers (`<tool_call>`, `</tool_call>`) that `tokenizer` spells as one token which
-    llguidance holds as a special token (an added token, as Qwen2.5's are): the grammar must name
-    that token, since its text spelled out in other tokens is not what the model writes, and
-    llguidance matches no text against a special token's bytes."""
+def forced_close(fmt: str, template: str) -> str:
+    """What closes a run of forced calls as a whole in `fmt` (`]`, `<｜tool▁calls▁end｜>`; "" for
+    formats whose every call closes itself): `RepeatStop` writes it once a call repeats."""
+    return forced_formats.WRITERS[fmt](template).after if fmt in forced_formats.WRITERS else ""
+
+
+def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    return json_schemas.prepare(tool["function"].get("parameters") or {"type": "object"})
+
+
+def marker_token_ids(
+    tokenizer: Tokenizer, lltokenizer: llg.LLTokenizer, markers: Sequence[str] = (HERMES_OPEN, HERMES_CLOSE)
+) -> dict[str, int]:
+    """The call `markers` that `tokenizer` spells as one token which llguidance holds as a special
+    token (an added token, as Qwen2.5's `<tool_call>` is): the grammar must name that token, since
+    its text spelled out in other tokens is not what the model writes, and llguidance matches no
+    text against a special token's bytes."""
     ids = {}
-    for text in (HERMES_OPEN, HERMES_CLOSE):
+    for text in markers:
         encoded = tokenizer.encode(text, add_special_tokens=False)
         if len(encoded) == 1 and lltokenizer.is_special_token(encoded[0]):
             ids[text] = encoded[0]
@@ -94,31 +118,55 @@ def marker_token_ids(tokenizer: Tokenizer, lltokenizer: llg.LLTokenizer) -> dict
 
 
 class RepeatStop(GrammarProcessor):
-    """The forced-call grammar's processor that also ends the answer (only end-of-sequence is
-    allowed) once a call closes that repeats an earlier one: the grammar would let a model that
-    never stops call the same function until max_tokens."""
+    """The forced-call grammar's processor that also ends the answer once a call closes that
+    repeats an earlier one: the grammar would let a model that never stops call the same function
+    until max_tokens. Where the format closes its calls as a whole (`close`: `]`,
+    `<｜tool▁calls▁end｜>`, ...) the answer is complete only after that, so a repeat is seen in the
+    answer with `close` added, and the close is then written, token by token, before the end."""
 
     def __init__(
-        self, lltokenizer: llg.LLTokenizer, grammar: str, eos_token_ids: list[int], tokenizer: Tokenizer, fmt: str
+        self,
+        lltokenizer: llg.LLTokenizer,
+        grammar: str,
+        eos_token_ids: list[int],
+        tokenizer: Tokenizer,
+        fmt: str,
+        close: str = "",
     ) -> None:
         super().__init__(lltokenizer, grammar, eos_token_ids)
         self.tokenizer = tokenizer
         self.fmt = fmt
+        self.close = close
+        self.closing: tuple[int, list[int]] | None = None  # (where the close began, its token ids)
 
     def __call__(self, output_ids: list[int], logits: mx.array) -> mx.array:
-        """logits: (vocab,) -> (vocab,), only end-of-sequence left once a call repeated."""
+        """logits: (vocab,) -> (vocab,), only end-of-sequence (or the close) left once a call repeated."""
         logits = super().__call__(output_ids, logits)
         if self.is_accepting and self.eos_token_ids and self._has_repeated(output_ids):
-            only_eos = np.zeros(logits.shape[0], dtype=bool)
-            only_eos[[i for i in self.eos_token_ids if i < logits.shape[0]]] = True
-            logits = mx.where(mx.array(only_eos), logits, -mx.inf)
+            return _only(logits, self.eos_token_ids)
+        if self.closing is None and self.close and self._has_repeated(output_ids, self.close):
+            self.closing = (len(output_ids), self.tokenizer.encode(self.close, add_special_tokens=False))
+        if self.closing is not None and not self.is_accepting:
+            start, ids = self.closing
+            done = len(output_ids) - start
+            if 0 <= done < len(ids) and output_ids[start:] == ids[:done] and np.isfinite(logits[ids[done]].item()):
+                return _only(logits, [ids[done]])
+            self.closing = None  # taken back (a preemption) or not where the grammar allows it: sample as it says
         return logits
 
-    def _has_repeated(self, output_ids: list[int]) -> bool:
-        parser = JsonCallParser(self.fmt, forced=True)
-        parser.feed(self.tokenizer.decode(output_ids))
+    def _has_repeated(self, output_ids: list[int], close: str = "") -> bool:
+        text = self.tokenizer.decode(output_ids) + close
+        parser = JsonCallParser(self.fmt, forced=True) if self.fmt in (HERMES, LLAMA3_JSON) else make_parser(self.fmt)
+        parser.feed(text)
         parser.finish()
         return parser.num_repeats > 0
+
+
+def _only(logits: mx.array, ids: list[int]) -> mx.array:
+    """`logits` with every id but `ids` at -inf."""
+    keep = np.zeros(logits.shape[0], dtype=bool)
+    keep[[i for i in ids if i < logits.shape[0]]] = True
+    return mx.where(mx.array(keep), logits, -mx.inf)
 
 
 def processor_factory(tokenizer: Tokenizer, vocab_size: int) -> ConstraintFactory:
@@ -129,7 +177,8 @@ def processor_factory(tokenizer: Tokenizer, vocab_size: int) -> ConstraintFactor
         eos = list(constraint.eos_token_ids)
         lltokenizer = grammar_tokenizer(tokenizer, vocab_size, eos)
         if constraint.tool_format is not None:
-            return [RepeatStop(lltokenizer, constraint.grammar, eos, tokenizer, constraint.tool_format)]
+            fmt, close = constraint.tool_format, constraint.tool_close
+            return [RepeatStop(lltokenizer, constraint.grammar, eos, tokenizer, fmt, close)]
         return [GrammarProcessor(lltokenizer, constraint.grammar, eos)]
 
     return make

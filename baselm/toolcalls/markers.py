@@ -39,6 +39,7 @@ from baselm.tokenizer.tokenizer import Tokenizer
 from baselm.toolcalls import formats
 from baselm.toolcalls.blocks import BLOCK_FORMATS, block_markers
 from baselm.toolcalls.errors import ToolCallError
+from baselm.toolcalls.forced_formats import WRITERS
 from baselm.toolcalls.parsers import HERMES, HERMES_CLOSE, HERMES_OPEN, LLAMA3_JSON, PYTHON_TAG
 
 HARMONY, DEEPSEEK, MISTRAL, QWEN3_XML, GLM = "harmony", "deepseek", "mistral", "qwen3_xml", "glm"
@@ -113,7 +114,7 @@ def check_supported(fmt: str, *, forced: bool) -> None:
             "does not parse yet; send the request without tools or with tool_choice 'none'",
             "tools",
         )
-    if forced and fmt not in (HERMES, LLAMA3_JSON):
+    if forced and fmt not in (HERMES, LLAMA3_JSON) and fmt not in WRITERS:
         raise ToolCallError(
             f"tool_choice 'required' or a named tool is not supported yet for the {fmt} tool-call format; "
             "use tool_choice 'auto'",

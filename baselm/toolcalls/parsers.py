@@ -223,6 +223,7 @@ class RereadingParser(ToolCallParser):
     (see formats.py). When the last delta all became content and the next one holds no
     character a marker starts with, every reader would add that one whole to the content too,
     so it streams without the answer being read again (plain text stays linear in its length).
+    A call that repeats an earlier one exactly is dropped, as JsonCallParser drops it.
     """
 
     def __init__(self, fmt: str, tools: Sequence[Mapping[str, Any]] = ()) -> None:
@@ -231,6 +232,8 @@ class RereadingParser(ToolCallParser):
         self._tools = tools
         self.text = ""
         self.calls: list[ToolCall] = []
+        self.num_repeats = 0  # calls dropped because they repeated an earlier one
+        self._num_read = 0  # calls the reader has found so far, repeats included
         self._num_sent = 0  # characters of content handed out
         self._in_content = True  # the answer so far ends in content, none of it held back
 
@@ -250,11 +253,15 @@ class RereadingParser(ToolCallParser):
         parsed = self._read(self.text, final, self._tools)
         content = parsed.content[self._num_sent :]
         self._num_sent = max(self._num_sent, len(parsed.content))
-        new = [
-            _tool_call(len(self.calls) + i, name, args)
-            for i, (name, args) in enumerate(parsed.calls[len(self.calls) :])
-        ]
-        self.calls += new
+        new = []
+        for name, args in parsed.calls[self._num_read :]:
+            call = _tool_call(len(self.calls), name, args)
+            if any((c.name, c.arguments) == (call.name, call.arguments) for c in self.calls):
+                self.num_repeats += 1
+                continue
+            self.calls.append(call)
+            new.append(call)
+        self._num_read = len(parsed.calls)
         return content, new
 
 

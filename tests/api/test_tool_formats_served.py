@@ -53,10 +53,40 @@ def test_tools_for_a_format_base_cannot_read_are_a_clear_400(server, served_form
 
 
 def test_forcing_a_call_in_a_format_without_a_grammar_is_a_clear_400(server, served_format):
-    served_format(MISTRAL)
-    with pytest.raises(openai.BadRequestError, match="not supported yet for the mistral tool-call format"):
+    served_format("gemma4")
+    with pytest.raises(openai.BadRequestError, match="not supported yet for the gemma4 tool-call format"):
         _chat(server, tools=[WEATHER], tool_choice="required")
     assert _chat(server, tools=[WEATHER]).choices[0].finish_reason == "length"
+
+
+BOUNDED = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "maximum": 9}},
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("fmt", [MISTRAL, "qwen3_xml", "deepseek", "granite_3", "glm"])
+def test_a_forced_call_in_another_format_comes_back_as_a_call(server, served_format, fmt):
+    served_format(fmt)
+    answer = server.openai().chat.completions.create(
+        model=MODEL, messages=ASK, tools=[BOUNDED], tool_choice="required", max_tokens=400, temperature=0
+    )
+    calls = answer.choices[0].message.tool_calls
+    assert answer.choices[0].finish_reason == "tool_calls" and not answer.choices[0].message.content
+    for call in calls:
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "get_weather" and arguments["city"] in ("Paris", "Rome")
+        assert isinstance(arguments["days"], int) and arguments["days"] <= 9
+    named = [call.function.arguments for call in calls]
+    assert calls and len(set(named)) == len(named)  # a repeated call ends the answer (RepeatStop)
 
 
 def tokenizer_with_special(*tokens: str) -> Tokenizer:

@@ -1,5 +1,6 @@
 """Forcing calls by grammar: the forced-call grammars parse back to valid calls, each tool keeps
-its own $defs, and RepeatStop ends an answer once a call repeats."""
+its own $defs, RepeatStop ends an answer once a call repeats, and every format of forced_formats.py
+parses back to valid calls."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ import llguidance as llg
 import mlx.core as mx
 import numpy as np
 import pytest
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as Backend
 
 from baselm.structured.grammar import GrammarProcessor, grammar_tokenizer, lark_grammar
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.toolcalls import forced_formats
 from baselm.toolcalls.errors import ToolCallError
-from baselm.toolcalls.forcing import RepeatStop, forced_call_lark
-from baselm.toolcalls.parsers import HERMES, LLAMA3_JSON
+from baselm.toolcalls.forcing import RepeatStop, forced_call_lark, forced_close, marker_token_ids
+from baselm.toolcalls.markers import MARKERS
+from baselm.toolcalls.parsers import HERMES, LLAMA3_JSON, make_parser
 from tests.paths import BPE_TOKENIZER
 from tests.structured.schemas import TIME, WEATHER, validate
 from tests.structured.test_grammar import random_walk
@@ -67,3 +72,46 @@ def test_a_named_tool_that_is_not_among_the_tools_is_refused_naming_tool_choice(
     with pytest.raises(ToolCallError, match="tool_choice names 'nope', which is not among the tools") as caught:
         forced_call_lark([WEATHER], HERMES, "nope", parallel=False)
     assert caught.value.param == "tool_choice"
+
+
+def _walk_forced(fmt: str, template: str, tokenizer: Tokenizer, seed: int, parallel: bool = True) -> str:
+    """A forced answer of seeded random logits, as the server samples it (RepeatStop, the close)."""
+    lltokenizer = grammar_tokenizer(tokenizer, tokenizer.vocab_size, [2])
+    marker_ids = marker_token_ids(tokenizer, lltokenizer, MARKERS.get(fmt, ()))
+    lark = forced_call_lark([WEATHER, TIME], fmt, None, parallel, marker_ids, template)
+    processor = RepeatStop(lltokenizer, lark_grammar(lark), [2], tokenizer, fmt, forced_close(fmt, template))
+    # up to the 16 distinct calls of the two tools, each some 100 tokens in a marker-heavy format
+    return tokenizer.decode(random_walk(processor, tokenizer.vocab_size, seed, 2, max_steps=3000))
+
+
+@pytest.mark.parametrize("fmt", sorted(forced_formats.WRITERS))
+@pytest.mark.parametrize("template", ["", "[ARGS] ```json"])  # the variants' tells: mistral v11, deepseek V3
+def test_forced_calls_in_every_format_parse_back_to_valid_distinct_calls(fmt, template):
+    tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
+    for seed in range(3):
+        text = _walk_forced(fmt, template, tokenizer, seed)
+        parser = make_parser(fmt, True, [WEATHER, TIME])
+        content, calls = parser.feed(text)
+        more, more_calls = parser.finish()
+        calls += more_calls
+        assert content + more == "" and calls, text
+        assert parser.num_repeats <= 1, text  # the answer ends at the first repeat (it is dropped)
+        for call in calls:
+            tool = {"get_weather": WEATHER, "get_time": TIME}[call.name]
+            validate(json.loads(call.arguments), tool["function"]["parameters"])
+
+
+def test_markers_held_as_special_tokens_are_asked_for_as_those_tokens():
+    backend = Backend.from_file(str(BPE_TOKENIZER / "tokenizer.json"))
+    specials = ["<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"]
+    specials.append("<｜tool▁calls▁end｜>")
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    config = json.loads((BPE_TOKENIZER / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tokenizer = Tokenizer.from_hf_files(backend.to_str(), config)
+    ids = [tokenizer.token_to_id(t) for t in specials]
+    lltokenizer = grammar_tokenizer(tokenizer, tokenizer.vocab_size, [2])
+    assert marker_token_ids(tokenizer, lltokenizer, MARKERS["deepseek"]) == dict(zip(specials, ids, strict=True))
+    text = _walk_forced("deepseek", "", tokenizer, seed=0)
+    encoded = tokenizer.encode(text, add_special_tokens=False)
+    assert encoded[:2] == ids[:2]  # <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>, each one token
+    assert encoded[-1] == ids[-1] and make_parser("deepseek", True).feed(text)[0] == ""

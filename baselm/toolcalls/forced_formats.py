@@ -1,0 +1,192 @@
+"""Forced-call grammars for the formats beyond `hermes` and `llama3_json` (forcing.py has those).
+
+Each format is written as its model's template writes a call, so a forced answer is what the
+model would say, and what the format's reader (formats.py, blocks.py) reads back:
+
+- JSON arguments: `mistral` (v3 `[TOOL_CALLS][{...}]`, or v11 `[TOOL_CALLS]NAME[ARGS]{...}` when
+  the template writes `[ARGS]`), `granite_3`, `deepseek` (V3/R1 with a ```json fence, V3.1
+  without, as the template writes it), `kimi_k2`, `tool_calls_json`, `nemotron_json`, `cohere`,
+  `functionary_v3_1`, `apertus`;
+- XML parameters: `qwen3_xml`, `seed_oss`, `glm`, `minimax_m2`: each parameter's value is its text
+  when the schema makes it a string (an enum's values, or text up to the closing tag, at most
+  `maxLength` characters), else JSON that follows its schema. Required parameters come in the
+  schema's order, then each optional one may follow.
+
+`literal` writes a marker that the vocabulary holds as one special token as that token (`<[id]>`),
+since the model writes the token and llguidance matches no text against a special token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Tool = Mapping[str, Any]
+# (name, its JSON arguments as a grammar expression) -> one call as a grammar expression
+CallWriter = Callable[[str, str], str]
+
+
+def literal(text: str, marker_ids: Mapping[str, int]) -> str:
+    """`text` as a grammar expression: its special markers as their tokens, the rest as strings."""
+    parts, pos = [], 0
+    while pos < len(text):
+        found = [(text.find(m, pos), m) for m in marker_ids if text.find(m, pos) >= 0]
+        start, marker = min(found) if found else (len(text), "")
+        if start > pos:
+            parts.append(json.dumps(text[pos:start]))
+        if marker:
+            parts.append(f"<[{marker_ids[marker]}]>")
+        pos = start + len(marker)
+    return " ".join(parts) or '""'
+
+
+class Writer:
+    """How one format writes its calls: what comes before the first, between two and after the last."""
+
+    def __init__(self, call: Callable[..., str], before: str = "", between: str = "", after: str = "") -> None:
+        self.call, self.before, self.between, self.after = call, before, between, after
+
+
+def _json_object(name_key: str, args_key: str, id_key: str | None = None) -> Callable[..., str]:
+    """`{"name_key": NAME, "args_key": ARGS}` (with `"id_key": "N"` first, as Cohere writes)."""
+
+    def call(name: str, args: str, lit: Callable[[str], str], _: Tool) -> str:
+        head = lit("{" + json.dumps(id_key) + ': "') + " /[0-9]/ " + lit('", ') if id_key else lit("{")
+        pairs = f"{json.dumps(name_key)}: {json.dumps(name)}, {json.dumps(args_key)}: "
+        return f'{head} {lit(pairs)} {args} "}}"'
+
+    return call
+
+
+def _around(head: str, middle: str, tail: str, index: str = "") -> Callable[..., str]:
+    """head NAME middle ARGS tail; with `index`, head NAME index N middle ARGS tail (Kimi's `:0`)."""
+
+    def call(name: str, args: str, lit: Callable[[str], str], _: Tool) -> str:
+        if index:
+            return f"{lit(head + name + index)} /[0-9]/ {lit(middle)} {args} {lit(tail)}"
+        return f"{lit(head + name + middle)} {args} {lit(tail)}"
+
+    return call
+
+
+def _apertus(name: str, args: str, lit: Callable[[str], str], _: Tool) -> str:
+    return f'{lit("{" + json.dumps(name) + ": ")} {args} "}}"'
+
+
+def _xml(head: str, name_end: str, param: str, sep: str, close_param: str, tail: str) -> Callable[..., str]:
+    """head NAME name_end, then per parameter `param KEY sep VALUE close_param`, then tail."""
+
+    def call(name: str, _: str, lit: Callable[[str], str], tool: Tool) -> str:
+        schema = tool["function"].get("parameters") or {}
+        properties = schema.get("properties") or {}
+        required = [k for k in properties if k in set(schema.get("required") or ())]
+        pieces = []
+        for key in [*required, *(k for k in properties if k not in required)]:
+            piece = f"{lit(param + key + sep)} {_xml_value(properties[key])} {lit(close_param)}"
+            pieces.append(piece if key in required else f"({piece})?")
+        return " ".join([lit(head + name + name_end), *pieces, lit(tail)])
+
+    return call
+
+
+def _xml_value(schema: Mapping[str, Any]) -> str:
+    """A parameter's value: its text where the schema makes it a string (no `<`, which would start
+    the closing tag), else JSON that follows its schema."""
+    values = schema.get("enum")
+    if values and all(isinstance(v, str) for v in values):
+        return "(" + " | ".join(json.dumps(v) for v in values) + ")"
+    if schema.get("type") == "string" and "enum" not in schema:
+        most = schema.get("maxLength")
+        return f"/[^<]{{0,{int(most)}}}/" if isinstance(most, int) else "/[^<]*/"
+    return f"%json {json.dumps(schema)}"
+
+
+def _mistral(template: str) -> Writer:
+    if "[ARGS]" in template:  # v11 (Mistral Small 3.2, Devstral, Magistral): one marker per call
+        return Writer(_around("[TOOL_CALLS]", "[ARGS]", ""))
+    return Writer(_json_object("name", "arguments"), "[TOOL_CALLS][", ", ", "]")
+
+
+def _deepseek(template: str) -> Writer:
+    calls, calls_end = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+    if "```json" in template:  # V3, R1: a type, the name, then a fenced JSON block
+        call = _around("<｜tool▁call▁begin｜>function<｜tool▁sep｜>", "\n```json\n", "\n```<｜tool▁call▁end｜>")
+    else:  # V3.1
+        call = _around("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
+    return Writer(call, calls, "\n", calls_end)
+
+
+_CALL = _json_object("name", "arguments")
+WRITERS: dict[str, Callable[[str], Writer]] = {
+    "mistral": _mistral,
+    "granite_3": lambda t: Writer(_CALL, "<|tool_call|>[", ", ", "]"),
+    "deepseek": _deepseek,
+    "kimi_k2": lambda t: Writer(
+        _around("<|tool_call_begin|>functions.", "<|tool_call_argument_begin|>", "<|tool_call_end|>", index=":"),
+        "<|tool_calls_section_begin|>",
+        "",
+        "<|tool_calls_section_end|>",
+    ),
+    "tool_calls_json": lambda t: Writer(_CALL, "<tool_calls>[", ", ", "]</tool_calls>"),
+    "nemotron_json": lambda t: Writer(_CALL, "<TOOLCALL>[", ", ", "]</TOOLCALL>"),
+    "cohere": lambda t: Writer(
+        _json_object("tool_name", "parameters", "tool_call_id"), "<|START_ACTION|>[", ", ", "]<|END_ACTION|>"
+    ),
+    "functionary_v3_1": lambda t: Writer(_around("<function=", ">", "</function>")),
+    "apertus": lambda t: Writer(_apertus, "<|tools_prefix|>[", ", ", "]<|tools_suffix|>"),
+    "qwen3_xml": lambda t: Writer(
+        _xml("<tool_call>\n<function=", ">", "\n<parameter=", ">\n", "\n</parameter>", "\n</function>\n</tool_call>"),
+        between="\n",
+    ),
+    "seed_oss": lambda t: Writer(
+        _xml(
+            "<seed:tool_call>\n<function=",
+            ">",
+            "\n<parameter=",
+            ">",
+            "</parameter>",
+            "\n</function>\n</seed:tool_call>",
+        ),
+        between="\n",
+    ),
+    "glm": lambda t: Writer(
+        _xml("<tool_call>", "", "\n<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>", "\n</tool_call>"),
+        between="\n",
+    ),
+    "minimax_m2": lambda t: Writer(
+        _xml(
+            '<minimax:tool_call>\n<invoke name="',
+            '">',
+            '\n<parameter name="',
+            '">',
+            "</parameter>",
+            "\n</invoke>\n</minimax:tool_call>",
+        ),
+        between="\n",
+    ),
+}
+
+
+def format_lark(
+    fmt: str,
+    tools: list[Tool],
+    parallel: bool,
+    template: str,
+    marker_ids: Mapping[str, int],
+    arguments: Callable[[int], str],
+) -> str:
+    """The Lark grammar of forced calls of `tools` in `fmt`; `arguments(i)` names the rule of tool i's
+    JSON arguments (forcing.py writes those rules)."""
+    writer = WRITERS[fmt](template)
+
+    def lit(text: str) -> str:
+        return literal(text, marker_ids)
+
+    calls = " | ".join(
+        f"({writer.call(tool['function']['name'], arguments(i), lit, tool)})" for i, tool in enumerate(tools)
+    )
+    repeat = f" ({lit(writer.between) if writer.between else ''} call)*" if parallel else ""
+    before = f"{lit(writer.before)} " if writer.before else ""
+    after = f" {lit(writer.after)}" if writer.after else ""
+    return f"start: {before}call{repeat}{after}\ncall: {calls}\n"

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baselm.api.serving import ServerState
+from baselm.harmony import HarmonySplitter
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking
 from baselm.toolcalls import parsers
+from baselm.toolcalls.markers import HARMONY
 
 # Enough prompt tokens to see the template's last `<think>` or `</think>` and what follows it.
 _PROMPT_TAIL_TOKENS = 32
@@ -34,13 +36,17 @@ class AnswerText:
 
     def __init__(
         self,
-        splitter: ReasoningSplitter | None,
+        splitter: ReasoningSplitter | HarmonySplitter | None,
         tool_format: str | None,
         tool_list: Sequence[Mapping[str, Any]] = (),
         forced: bool = False,
     ) -> None:
         self.splitter = splitter
         self.parser = parsers.make_parser(tool_format, forced, tool_list) if tool_format else None
+        # A harmony answer's messages are read for their content even when no tools were given.
+        self._calls_wanted = self.parser is not None
+        if self.parser is None and isinstance(splitter, HarmonySplitter):
+            self.parser = parsers.make_parser(HARMONY)
 
     @classmethod
     def for_prompt(
@@ -57,7 +63,7 @@ class AnswerText:
 
     @property
     def num_calls(self) -> int:
-        return len(self.parser.calls) if self.parser else 0
+        return len(self.parser.calls) if self.parser and self._calls_wanted else 0
 
     def feed(self, text: str, finished: bool) -> Pieces:
         reasoning, content = self.splitter.feed(text) if self.splitter else ("", text)
@@ -70,11 +76,14 @@ class AnswerText:
         if finished:
             more, more_calls = self.parser.finish()
             content, calls = content + more, calls + more_calls
-        return Pieces(reasoning, content, calls)
+        return Pieces(reasoning, content, calls if self._calls_wanted else [])
 
 
-def thinking_splitter(state: ServerState, prompt_ids: list[int]) -> ReasoningSplitter | None:
-    """A splitter for an answer to `prompt_ids` when the model thinks, else None."""
+def thinking_splitter(state: ServerState, prompt_ids: list[int]) -> ReasoningSplitter | HarmonySplitter | None:
+    """A splitter for an answer to `prompt_ids` when the model thinks (gpt-oss in harmony's
+    analysis channel), else None."""
+    if state.tool_format == HARMONY:
+        return HarmonySplitter()
     if not state.thinks:
         return None
     tail = state.tokenizer.decode(prompt_ids[-_PROMPT_TAIL_TOKENS:])

@@ -121,6 +121,8 @@ def sampling_params(state: serving.ServerState, chat: ChatRequest) -> SamplingPa
     sampling = dict(chat.common.sampling)
     if parses_tools(chat) and markers.needs_special_tokens(state.tool_format, state.tokenizer):
         sampling["skip_special_tokens"] = False  # the call markers are special tokens
+    if state.tool_format == markers.HARMONY:
+        sampling["skip_special_tokens"] = False  # harmony's message markers tell reasoning from the answer
     logprobs = chat.top_logprobs if chat.logprobs else None
     constrained = _grammar(state, chat)
     if constrained is None:

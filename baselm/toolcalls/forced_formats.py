@@ -6,7 +6,8 @@ model would say, and what the format's reader (formats.py, blocks.py) reads back
 - JSON arguments: `mistral` (v3 `[TOOL_CALLS][{...}]`, or v11 `[TOOL_CALLS]NAME[ARGS]{...}` when
   the template writes `[ARGS]`), `granite_3`, `deepseek` (V3/R1 with a ```json fence, V3.1
   without, as the template writes it), `kimi_k2`, `tool_calls_json`, `nemotron_json`, `cohere`,
-  `functionary_v3_1`, `apertus`;
+  `functionary_v3_1`, `apertus`, and gpt-oss's `harmony` (one `commentary to=functions.NAME`
+  message, whose closing `<|call|>` is a stop token);
 - XML parameters: `qwen3_xml`, `seed_oss`, `glm`, `minimax_m2`: each parameter's value is its text
   when the schema makes it a string (an enum's values, or text up to the closing tag, at most
   `maxLength` characters), else JSON that follows its schema. Required parameters come in the
@@ -118,6 +119,7 @@ def _deepseek(template: str) -> Writer:
 
 
 _CALL = _json_object("name", "arguments")
+ONE_CALL = frozenset({"harmony"})  # formats whose answer holds one call at most
 WRITERS: dict[str, Callable[[str], Writer]] = {
     "mistral": _mistral,
     "granite_3": lambda t: Writer(_CALL, "<|tool_call|>[", ", ", "]"),
@@ -134,6 +136,8 @@ WRITERS: dict[str, Callable[[str], Writer]] = {
         _json_object("tool_name", "parameters", "tool_call_id"), "<|START_ACTION|>[", ", ", "]<|END_ACTION|>"
     ),
     "functionary_v3_1": lambda t: Writer(_around("<function=", ">", "</function>")),
+    # One call a turn: its closing <|call|> is a stop token, which the answer's end stands for.
+    "harmony": lambda t: Writer(_around("<|channel|>commentary to=functions.", " <|constrain|>json<|message|>", "")),
     "apertus": lambda t: Writer(_apertus, "<|tools_prefix|>[", ", ", "]<|tools_suffix|>"),
     "qwen3_xml": lambda t: Writer(
         _xml("<tool_call>\n<function=", ">", "\n<parameter=", ">\n", "\n</parameter>", "\n</function>\n</tool_call>"),
@@ -186,7 +190,7 @@ def format_lark(
     calls = " | ".join(
         f"({writer.call(tool['function']['name'], arguments(i), lit, tool)})" for i, tool in enumerate(tools)
     )
-    repeat = f" ({lit(writer.between) if writer.between else ''} call)*" if parallel else ""
+    repeat = f" ({lit(writer.between) if writer.between else ''} call)*" if parallel and fmt not in ONE_CALL else ""
     before = f"{lit(writer.before)} " if writer.before else ""
     after = f" {lit(writer.after)}" if writer.after else ""
     return f"start: {before}call{repeat}{after}\ncall: {calls}\n"

@@ -8,7 +8,8 @@ model would say, and what the format's reader (formats.py, blocks.py) reads back
   without, as the template writes it), `kimi_k2`, `tool_calls_json`, `nemotron_json`, `cohere`,
   `functionary_v3_1`, `apertus`, and gpt-oss's `harmony` (one `commentary to=functions.NAME`
   message, whose closing `<|call|>` is a stop token);
-- XML parameters: `qwen3_xml`, `seed_oss`, `glm`, `minimax_m2`: each parameter's value is its text
+- XML parameters: `qwen3_xml`, `seed_oss`, `glm`, `minimax_m2`, `minicpm5`, DeepSeek V3.2/V4's
+  DSML (`deepseek_v3_2`, `deepseek_v4`, which mark each value `string="true|false"`): a value is its text
   when the schema makes it a string (an enum's values, or text up to the closing tag, at most
   `maxLength` characters), else JSON that follows its schema. Required parameters come in the
   schema's order, then each optional one may follow.
@@ -75,8 +76,11 @@ def _apertus(name: str, args: str, lit: Callable[[str], str], _: Tool) -> str:
     return f'{lit("{" + json.dumps(name) + ": ")} {args} "}}"'
 
 
-def _xml(head: str, name_end: str, param: str, sep: str, close_param: str, tail: str) -> Callable[..., str]:
-    """head NAME name_end, then per parameter `param KEY sep VALUE close_param`, then tail."""
+def _xml(
+    head: str, name_end: str, param: str, sep: str | Callable[[Mapping[str, Any]], str], close_param: str, tail: str
+) -> Callable[..., str]:
+    """head NAME name_end, then per parameter `param KEY sep VALUE close_param`, then tail (`sep` may
+    depend on the parameter's schema)."""
 
     def call(name: str, _: str, lit: Callable[[str], str], tool: Tool) -> str:
         schema = tool["function"].get("parameters") or {}
@@ -84,20 +88,42 @@ def _xml(head: str, name_end: str, param: str, sep: str, close_param: str, tail:
         required = [k for k in properties if k in set(schema.get("required") or ())]
         pieces = []
         for key in [*required, *(k for k in properties if k not in required)]:
-            piece = f"{lit(param + key + sep)} {_xml_value(properties[key])} {lit(close_param)}"
+            between = sep(properties[key]) if callable(sep) else sep
+            piece = f"{lit(param + key + between)} {_xml_value(properties[key])} {lit(close_param)}"
             pieces.append(piece if key in required else f"({piece})?")
         return " ".join([lit(head + name + name_end), *pieces, lit(tail)])
 
     return call
 
 
+def _is_text(schema: Mapping[str, Any]) -> bool:
+    """Whether a parameter's value is written as its text (a string), not as JSON."""
+    values = schema.get("enum")
+    if values:
+        return all(isinstance(v, str) for v in values)
+    return schema.get("type") == "string"
+
+
+def _dsml(tag: str) -> Writer:
+    """DeepSeek V3.2 (`function_calls`) and V4 (`tool_calls`): a parameter says whether it is text."""
+    call = _xml(
+        '<｜DSML｜invoke name="',
+        '">',
+        '\n<｜DSML｜parameter name="',
+        lambda schema: f'" string="{"true" if _is_text(schema) else "false"}">',
+        "</｜DSML｜parameter>",
+        "\n</｜DSML｜invoke>",
+    )
+    return Writer(call, f"<｜DSML｜{tag}>\n", "\n", f"\n</｜DSML｜{tag}>")
+
+
 def _xml_value(schema: Mapping[str, Any]) -> str:
     """A parameter's value: its text where the schema makes it a string (no `<`, which would start
     the closing tag), else JSON that follows its schema."""
     values = schema.get("enum")
-    if values and all(isinstance(v, str) for v in values):
+    if values and _is_text(schema):
         return "(" + " | ".join(json.dumps(v) for v in values) + ")"
-    if schema.get("type") == "string" and "enum" not in schema:
+    if _is_text(schema):
         most = schema.get("maxLength")
         return f"/[^<]{{0,{int(most)}}}/" if isinstance(most, int) else "/[^<]*/"
     return f"%json {json.dumps(schema)}"
@@ -157,6 +183,11 @@ WRITERS: dict[str, Callable[[str], Writer]] = {
     "glm": lambda t: Writer(
         _xml("<tool_call>", "", "\n<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>", "\n</tool_call>"),
         between="\n",
+    ),
+    "deepseek_v3_2": lambda t: _dsml("function_calls"),
+    "deepseek_v4": lambda t: _dsml("tool_calls"),
+    "minicpm5": lambda t: Writer(
+        _xml('<function name="', '">', '<param name="', '">', "</param>", "</function>"), between="\n"
     ),
     "minimax_m2": lambda t: Writer(
         _xml(

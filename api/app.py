@@ -37,6 +37,7 @@ from baselm.api.openai.chat import chat_completions, read_message
 from baselm.api.openai.completions import completions
 from baselm.api.openai.responses import create_response, delete_response, get_response
 from baselm.api.openai.responses_store import ResponseStore
+from baselm.api.rerank import rerank
 from baselm.api.schemas import Body, array_field
 from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
 from baselm.api.webui import is_public, with_page
@@ -151,6 +152,7 @@ ROUTES = [
     Route("/health", health, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
+    *(Route(path, rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")),
     # Ollama's API (see ollama/)
     Route("/", ollama_root, methods=["GET", "HEAD"]),
     Route("/api/chat", ollama_chat, methods=["POST"]),

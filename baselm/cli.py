@@ -124,19 +124,27 @@ def ps(
 
 @app.command()
 def doctor(
+    model: str | None = typer.Argument(
+        None, help="A GGUF, .base file, model folder or store name: what base will do with each tensor type."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     links: bool = typer.Option(False, "--links", help="Also time a 2-process ring all_sum over loopback."),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="Measure the decode speed to expect (~2 s)."),
 ) -> None:
     """Check this machine: Python, MLX, backend, memory, BLAS, kernels, store, distributed backends, and
-    the decode speed to expect."""
+    the decode speed to expect; with MODEL, what base will do with that model (nothing is converted)."""
     from baselm.commands.doctor import collect, render
+    from baselm.commands.doctor_model import model_report, render_model
 
+    with report_user_errors():
+        about = model_report(model) if model else None
     report = collect(links, speed)
     if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        render(report)
+        print(json.dumps({**report, "model": about} if about else report, indent=2))
+        return
+    render(report)
+    if about:
+        print("\n".join(["", *render_model(about)]))
 
 
 @app.command()

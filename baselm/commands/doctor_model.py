@@ -1,0 +1,158 @@
+"""`base doctor MODEL`: what base will do with a model file or folder before it is pulled.
+
+For a GGUF file, tensor type by tensor type: kept exactly (the block's values as `.base` holds
+them), re-quantized (a type no `.base` dtype holds exactly), kept as floats, or refused (and why);
+the architecture and the tokenizer, read or refused by name with the reason. For an HF folder, the
+weights are quantized at pull (q4 unless asked otherwise) and floats that stay floats are named;
+an MLX folder's weights are kept exactly; a `.base` file is read as it is. Nothing is converted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def model_report(ref: str) -> dict[str, Any]:
+    """The report of a file, folder or store name."""
+    from baselm.loader import resolve
+
+    name, path = resolve(ref)
+    if path.is_file() and path.suffix == ".gguf":
+        return {"model": name, "path": str(path), "format": "gguf", **_gguf(path)}
+    if path.is_file() and path.suffix == ".base":
+        return {"model": name, "path": str(path), "format": "base", **_base(path)}
+    if path.is_dir():
+        return {"model": name, "path": str(path), **_folder(path)}
+    return {"model": name, "path": str(path), "format": "unknown", "refused": f"{path} is no GGUF, .base or folder"}
+
+
+def _gguf(path: Path) -> dict[str, Any]:
+    from baselm.store.errors import ModelFileError, UnsupportedModelError
+    from baselm.store.gguf import GGUFCheckpoint, GGUFFile
+
+    gguf_file = GGUFFile.open(path)
+    report: dict[str, Any] = {
+        "architecture": gguf_file.metadata.get("general.architecture"),
+        "tensors": _types(gguf_file),
+    }
+    try:
+        checkpoint = GGUFCheckpoint.open(path)
+        report["model_type"] = checkpoint.config.get("model_type")
+    except (UnsupportedModelError, ModelFileError) as exc:
+        report["refused"] = str(exc)
+    report["tokenizer"] = _gguf_tokenizer(gguf_file.metadata)
+    return report
+
+
+def _types(gguf_file: Any) -> list[dict[str, Any]]:
+    """One row per GGUF tensor type: how many tensors and weights, and what base does with them."""
+    rows: dict[str, dict[str, Any]] = {}
+    for info in gguf_file.tensors.values():
+        row = rows.setdefault(info.type_name, {"type": info.type_name, "tensors": 0, "weights": 0})
+        row["tensors"] += 1
+        row["weights"] += info.num_params
+    for row in rows.values():
+        row["action"] = gguf_type_action(row["type"])
+    return sorted(rows.values(), key=lambda row: -row["weights"])
+
+
+def gguf_type_action(type_name: str) -> str:
+    """What a pull does with tensors of one GGUF type, in a few words."""
+    from baselm.store.gguf_kquants import K_SCHEMES, is_exact
+    from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, READABLE
+
+    if type_name in FLOAT_TYPES:
+        return f"kept as {FLOAT_TYPES[type_name]}"
+    if type_name == "MXFP4":
+        return "widened to bf16, exactly"
+    if type_name in EXACT_TYPES:
+        return f"kept exactly (base_q{EXACT_TYPES[type_name].bits})"
+    if type_name in K_SCHEMES:
+        bits = K_SCHEMES[type_name][0]
+        if is_exact(type_name):
+            return f"kept exactly (base_q{bits})"
+        return f"re-quantized to base_q{bits}: no .base dtype holds its blocks exactly"
+    if type_name not in READABLE:
+        return "refused: base cannot read this type (convert the model to a type it reads)"
+    return "read"
+
+
+def _gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:
+    from baselm.tokenizer.tokenizer import Tokenizer
+
+    types = list(metadata.get("tokenizer.ggml.token_type") or [])
+    report: dict[str, Any] = {
+        "model": metadata.get("tokenizer.ggml.model"),
+        "pre": metadata.get("tokenizer.ggml.pre"),
+        "tokens": len(metadata.get("tokenizer.ggml.tokens") or []),
+        "control_tokens": types.count(3),
+        "user_defined_tokens": types.count(4),
+        "chat_template": bool(metadata.get("tokenizer.chat_template")),
+    }
+    try:
+        Tokenizer.from_gguf_metadata(metadata)
+        report["status"] = "read"
+    except Exception as exc:  # every refusal says why; the report shows it rather than stopping
+        report["status"] = f"refused: {exc}"
+    return report
+
+
+def _base(path: Path) -> dict[str, Any]:
+    from baselm.store.base_reader import BaseFile
+    from baselm.store.model_card import model_card
+
+    card = model_card(BaseFile.open(path))
+    rows = [
+        {"type": dtype, "tensors": row["tensors"], "weights": row["params"], "action": "read as stored"}
+        for dtype, row in card["quantization"]["by_dtype"].items()
+    ]
+    return {"architecture": card["arch"], "tensors": rows, "origin": card["quantization"]["origin"]}
+
+
+def _folder(path: Path) -> dict[str, Any]:
+    from baselm.store import hf
+    from baselm.store.mlx_folder import is_mlx_folder
+
+    config = hf.read_config(path)
+    if is_mlx_folder(config):
+        return {"format": "mlx", "architecture": config.get("model_type"), "action": "weights kept exactly"}
+    tokenizer = "tokenizer.json" if (path / "tokenizer.json").is_file() else "none (base reads tokenizer.json)"
+    return {
+        "format": "safetensors",
+        "architecture": config.get("model_type"),
+        "action": "quantized at pull (q4 unless --quant says otherwise); norms, biases and small tensors stay floats",
+        "tokenizer": tokenizer,
+    }
+
+
+def render_model(report: dict[str, Any]) -> list[str]:
+    """The report as the lines `base doctor MODEL` prints."""
+    lines = [f"Model {report['model']} ({report['format']}, {report.get('architecture') or '?'})"]
+    for row in report.get("tensors", []):
+        lines.append(
+            f"  {row['type']:<8} {row['tensors']:>5} tensors {row['weights'] / 1e6:>9.1f}M weights  {row['action']}"
+        )
+    if "action" in report:
+        lines.append(f"  weights: {report['action']}")
+    tokenizer = report.get("tokenizer")
+    if isinstance(tokenizer, dict):
+        pre = f", pre {tokenizer['pre']}" if tokenizer.get("pre") else ""
+        lines.append(
+            f"  tokenizer: {tokenizer['model']}{pre}, {tokenizer['tokens']} tokens ({tokenizer['control_tokens']} "
+            f"control, {tokenizer['user_defined_tokens']} user-defined): {tokenizer['status']}"
+        )
+    elif tokenizer:
+        lines.append(f"  tokenizer: {tokenizer}")
+    if report.get("refused"):
+        lines.append(f"  refused: {report['refused']}")
+    elif report["format"] != "unknown":
+        lines.append(
+            "  base can run it" if not _tokenizer_refused(report) else "  base cannot run it: see the tokenizer"
+        )
+    return lines
+
+
+def _tokenizer_refused(report: dict[str, Any]) -> bool:
+    tokenizer = report.get("tokenizer")
+    return isinstance(tokenizer, dict) and str(tokenizer.get("status", "")).startswith("refused")

@@ -1,0 +1,64 @@
+"""`base doctor MODEL` through the real `base` entry point: each GGUF tensor type's fate (kept
+exactly, re-quantized, floats, refused) and the tokenizer's, before anything is pulled."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from baselm.commands.doctor_model import gguf_type_action
+from tests.tiny_gguf import add_llama_hparams, random_k_blocks, tiny_llama_gguf, write_gguf
+from tests.tiny_model import write_model_folder
+
+
+def doctor(*args: str, home) -> subprocess.CompletedProcess:
+    env = {**os.environ, "BASE_HOME": str(home)}
+    command = [sys.executable, "-m", "baselm.cli", "doctor", *args, "--no-speed"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_a_gguf_whose_blocks_base_keeps_is_reported_runnable(tmp_path):
+    path, _ = tiny_llama_gguf(tmp_path / "tiny.Q4_1.gguf", "Q4_1")
+    result = doctor(str(path), home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert any(line.startswith("Q4_1") and line.endswith("kept exactly (base_q4)") for line in lines), lines
+    assert any(line.startswith("F32") and line.endswith("kept as f32") for line in lines)
+    assert "base can run it" in lines
+    report = json.loads(doctor(str(path), "--json", home=tmp_path).stdout)["model"]
+    assert report["format"] == "gguf" and report["model_type"] == "llama"
+    assert report["tokenizer"]["status"] == "read" and "refused" not in report
+
+
+def test_types_base_requantizes_or_cannot_read_and_a_refused_tokenizer_are_named(tmp_path):
+    tensors = {
+        "blk.0.ffn_down.weight": (random_k_blocks("Q6_K", 4, 256), "Q6_K"),
+        "blk.0.ffn_up.weight": (np.zeros((4, 8 * 18), dtype=np.uint8), "IQ4_NL"),
+    }
+
+    def metadata(writer) -> None:
+        add_llama_hparams(writer, {"num_hidden_layers": 1, "hidden_size": 256, "intermediate_size": 4,
+                                   "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+                                   "max_position_embeddings": 64, "rope_parameters": {"rope_theta": 1e4}})  # fmt: skip
+        writer.add_tokenizer_model("no-such-model")
+        writer.add_token_list(["a", "b"])
+
+    path = write_gguf(tmp_path / "odd.gguf", tensors, metadata)
+    report = json.loads(doctor(str(path), "--json", home=tmp_path).stdout)["model"]
+    actions = {row["type"]: row["action"] for row in report["tensors"]}
+    assert actions["Q6_K"] == gguf_type_action("Q6_K") and actions["IQ4_NL"].startswith("refused")
+    assert report["tokenizer"]["status"].startswith("refused: ")
+    assert "IQ4_NL" in report["refused"]  # the file as a whole: the type base cannot read
+    text = doctor(str(path), home=tmp_path).stdout
+    assert "refused:" in text and "base can run it" not in text
+
+
+def test_a_folder_and_a_name_that_is_nothing(tmp_path):
+    report = json.loads(doctor(str(write_model_folder(tmp_path / "hf")), "--json", home=tmp_path).stdout)["model"]
+    assert report["format"] == "safetensors" and report["action"].startswith("quantized at pull")
+    missing = doctor("no/such-model", home=tmp_path)
+    assert missing.returncode == 1 and "no stored model named 'no/such-model'" in missing.stderr

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
 
+from gguf_rewrite import rewrite_gguf  # noqa: E402
 from tokenizer_fixture_cases import CORPUS, TRAINING_TEXT  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "tokenizers"
@@ -150,33 +151,6 @@ def cases(tok, texts: list[str]) -> list[dict]:
     return out
 
 
-def write_vocab_part(real: Path, out: Path, ids: list[int]) -> None:
-    """A GGUF with the real file's metadata but only the tokens of `ids` (renumbered in that
-    order), and one tensor (`mx.load` wants one)."""
-    import gguf
-    import numpy as np
-
-    reader = gguf.GGUFReader(str(real))
-    writer = gguf.GGUFWriter(str(out), "gemma3")
-    cut = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        value = field.contents()
-        value_type = field.types[0]
-        if name in cut:
-            writer.add_array(name, [value[i] for i in ids])
-        elif value_type == gguf.GGUFValueType.ARRAY:
-            writer.add_array(name, value)
-        else:
-            writer.add_key_value(name, value, value_type)
-    writer.add_tensor("token_embd.weight", np.zeros((1, 16), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 def one_case_a_line(result: dict) -> str:
     """The JSON with each case on a line of its own, so a regenerated file diffs by case."""
     head = {k: v for k, v in result.items() if k not in ("cases", "with_bos")}
@@ -203,7 +177,7 @@ def main() -> None:
     models = args.llama_cpp_models or fetch_models_dir()[0]
 
     texts = corpus(models)
-    write_vocab_part(gguf, SMALL_GGUF, SMALL_IDS)
+    rewrite_gguf(gguf, SMALL_GGUF, ids=SMALL_IDS)
     for source, out in ((gguf, OUT), (SMALL_GGUF, SMALL_OUT)):
         tok = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
         with_bos = ["Hello world", "", "<bos>already", "<start_of_turn>user\nhi<end_of_turn>\n"]

@@ -1,9 +1,13 @@
-"""Every `tokenizer.ggml.pre` name that transformers gives a split of its own encodes as transformers does.
+"""`tokenizer.ggml.pre` names and vocabulary kinds real GGUFs carry encode as transformers does.
 
-One byte-level vocabulary (bpe-gpt2.gguf) under each name; the expected ids
-(tests/fixtures/tokenizers/pre-tokenizers.json, made by tests/tools/make_pre_tokenizer_fixtures.py)
-are transformers' for the same file with that name, over 243 texts. Names llama.cpp knows and base
-does not are refused by name (test_gguf_vocab.py).
+One byte-level vocabulary (bpe-gpt2.gguf) under each name transformers gives a split of its own,
+and under the names it reads with GPT-2's split as base does; and one SentencePiece vocabulary
+(spm.gguf) as a Phi-3 file. The expected ids (tests/fixtures/tokenizers/pre-tokenizers.json, made
+by tests/tools/make_pre_tokenizer_fixtures.py) are transformers' for the same files, over 243
+texts. Where transformers' GGUF reader departs from the model's own tokenizer (smollm, refact,
+command-r, starcoder, deepseek-llm, deepseek-coder, falcon; a Llama 2 SentencePiece text starting
+with a space), base follows the model: llama.cpp's vectors check those (test_llama_cpp_vocabs.py).
+Names llama.cpp knows and base does not read are refused by name.
 """
 
 from __future__ import annotations
@@ -41,3 +45,11 @@ def test_pre_tokenizer_base_does_not_read_is_refused_by_name(name):
     metadata = {**read_metadata(TOKENIZER_FIXTURES / EXPECTED["source"])[1], "tokenizer.ggml.pre": name}
     with pytest.raises(TokenizerError, match=f"pre-tokenizer '{name}' is not supported"):
         Tokenizer.from_gguf_metadata(metadata)
+
+
+def test_phi3_sentencepiece_encodes_as_transformers_does():
+    metadata = {**read_metadata(TOKENIZER_FIXTURES / "spm.gguf")[1], "general.architecture": "phi3"}
+    tok = Tokenizer.from_gguf_metadata(metadata)
+    texts = EXPECTED["texts"]
+    wrong = [t for t, ids in zip(texts, EXPECTED["phi3"]) if tok.encode(t, add_special_tokens=False) != ids]
+    assert wrong == [], f"{len(texts) - len(wrong)}/{len(texts)} pass"

@@ -27,9 +27,10 @@ from make_gemma_tokenizer_fixtures import FIXTURES, corpus  # noqa: E402
 SOURCE = FIXTURES / "bpe-gpt2.gguf"
 OUT = FIXTURES / "pre-tokenizers.json"
 NAMES = [
+    "default", "gpt-2", "phi-2", "mpt", "olmo",
     "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "dbrx", "smaug-bpe",
-    "tekken", "qwen2", "deepseek-r1-qwen", "kormo", "megrez", "qwen35", "gpt-4o", "llama4", "kanana2",
-    "minimax-m2",
+    "tekken", "qwen2", "deepseek-r1-qwen", "kormo", "megrez", "qwen35",
+    "gpt-4o", "llama4", "kanana2", "minimax-m2",
 ]  # fmt: skip
 
 
@@ -51,8 +52,14 @@ def main() -> None:
             # A name whose ids equal an earlier one's names it instead: the file stays small.
             same = [k for k, v in result["ids"].items() if v == ids]
             result["ids"][name] = same[0] if same else ids
+        # Phi-3's SentencePiece vocabulary: transformers puts "▁" before every run of text, as base does.
+        path = Path(tmp) / "spm-phi3.gguf"
+        rewrite_gguf(FIXTURES / "spm.gguf", path, keys={"general.architecture": "phi3"})
+        tok = AutoTokenizer.from_pretrained(tmp, gguf_file=path.name)
+        result["phi3"] = [tok.encode(t, add_special_tokens=False) for t in texts]
     rows = ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in result["ids"].items())
-    head = json.dumps({k: v for k, v in result.items() if k != "ids"}, ensure_ascii=False)[:-1]
+    head = json.dumps({k: v for k, v in result.items() if k not in ("ids", "phi3")}, ensure_ascii=False)[:-1]
+    head += ',\n"phi3": ' + json.dumps(result["phi3"])
     OUT.write_text(f'{head},\n"ids": {{\n{rows}\n}}}}\n', encoding="utf-8")
     print(f"{OUT}: {len(NAMES)} names, {len(texts)} texts")
 

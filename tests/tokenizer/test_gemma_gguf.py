@@ -12,9 +12,12 @@ code, many scripts and emoji.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from baselm.loader import tokenizer_from_header
+from baselm.store.convert_gguf import gguf_tokenizer
 from baselm.store.gguf import read_metadata
 from baselm.tokenizer.tokenizer import Tokenizer
 from tests.paths import TOKENIZER_FIXTURES
@@ -26,8 +29,8 @@ FILES = {
 
 
 class Case:
-    def __init__(self, name: str, tokenizer: Tokenizer) -> None:
-        self.name = name
+    def __init__(self, name: str, path: Path, tokenizer: Tokenizer) -> None:
+        self.name, self.path = name, path
         self.tokenizer = tokenizer
         self.expected = json.loads((TOKENIZER_FIXTURES / FILES[name]).read_text(encoding="utf-8"))
 
@@ -40,7 +43,7 @@ def gemma(request) -> Case:
     path = TOKENIZER_FIXTURES / request.param
     if request.param == "gemma-3-270m-q4_k_m.gguf":
         path = request.getfixturevalue("gemma3_gguf")
-    return Case(request.param, Tokenizer.from_gguf_metadata(read_metadata(path)[1]))
+    return Case(request.param, path, Tokenizer.from_gguf_metadata(read_metadata(path)[1]))
 
 
 def test_the_expected_outputs_are_for_this_file(gemma):
@@ -71,6 +74,13 @@ def test_gemma_gguf_adds_bos_as_transformers_does(gemma):
 def test_gemma_vocabulary_stored_as_hf_files_encodes_the_same(gemma):
     # What a .base file keeps of a GGUF's tokenizer: tokenizer.json and tokenizer_config.
     tok = Tokenizer.from_hf_files(*gemma.tokenizer.to_hf_files())
+    cases = gemma.expected["cases"]
+    assert [c["text"] for c in cases if tok.encode(c["text"], add_special_tokens=False) != c["ids"]] == []
+
+
+def test_gemma_vocabulary_kept_in_a_base_header_encodes_the_same(gemma):
+    # A pulled GGUF's `.base` header keeps its tokenizer keys and architecture (store/convert_gguf.py).
+    tok = tokenizer_from_header(gguf_tokenizer(read_metadata(gemma.path)[1]))
     cases = gemma.expected["cases"]
     assert [c["text"] for c in cases if tok.encode(c["text"], add_special_tokens=False) != c["ids"]] == []
 

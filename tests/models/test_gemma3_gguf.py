@@ -10,6 +10,7 @@ reference margin is under 0.05, and the first step's log-probabilities within 0.
 from __future__ import annotations
 
 import json
+import os
 
 import mlx.core as mx
 import pytest
@@ -18,6 +19,7 @@ from baselm.backend import select_backend
 from baselm.loader import load_model
 from tests.models.test_smollm2 import greedy
 from tests.paths import FIXTURES
+from tests.test_cli import base
 
 pytestmark = pytest.mark.slow
 REFERENCE = json.loads((FIXTURES / "gemma3_transformers_greedy.json").read_text(encoding="utf-8"))
@@ -50,3 +52,16 @@ def test_first_step_logprobs_match_transformers(gemma3):
     logprobs = logits[0] - mx.logsumexp(logits[0])
     for token_id, expected in case["top5_logprobs_first"]:
         assert abs(logprobs[token_id].item() - expected) < 0.05
+
+
+def test_pulled_and_run_by_name_it_answers_as_transformers_does(gemma3_gguf, tmp_path):
+    # The CLI end to end: the GGUF into a store as a `.base` file (its tokenizer kept in the header),
+    # then run by name; the reference's first 8 tokens are all sure steps.
+    env = {**os.environ, "BASE_HOME": str(tmp_path / "home")}
+    pulled = base("pull", str(gemma3_gguf), "--quiet", env=env, timeout=300)
+    assert pulled.returncode == 0, pulled.stderr
+    name = pulled.stdout.strip()
+    case = REFERENCE["cases"][0]
+    result = base("run", name, case["prompt"], "-n", "8", "-t", "0", "--device", "cpu", env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(" the capital of the country of France.")

@@ -25,7 +25,8 @@ from baselm.tokenizer.gguf_splits import byte_level_split
 
 # GGUF `tokenizer.ggml.token_type` values (llama.cpp's llama_token_type).
 _CONTROL, _USER_DEFINED = 3, 4
-# Architectures whose 'llama' (SentencePiece) vocabulary is Gemma's: no "▁" prefix, merges in vocabulary order.
+# Architectures whose 'llama' (SentencePiece) vocabulary is Gemma's: no "▁" prefix, merges in vocabulary
+# order. Gemma 3n and EmbeddingGemma files carry Gemma 3's vocabulary.
 _GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding")
 
 
@@ -47,9 +48,8 @@ def gguf_backend(metadata: Mapping[str, Any]) -> Backend:
     if kind not in builders:
         supported = ", ".join(repr(k) for k in builders)
         raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (supported: {supported})")
-    if kind == "llama" and metadata.get("general.architecture") in _GEMMA_ARCHITECTURES:
-        builders["llama"] = _gemma_backend
-    backend, vocab = builders[kind](metadata)
+    is_gemma = kind == "llama" and metadata.get("general.architecture") in _GEMMA_ARCHITECTURES
+    backend, vocab = (_gemma_backend if is_gemma else builders[kind])(metadata)
     _add_gguf_tokens(backend, metadata, vocab, byte_level=kind == "gpt2")
     return backend
 
@@ -214,7 +214,7 @@ def _merges_from_scores(
 
 def _merges_in_vocabulary_order(vocab: Mapping[str, int]) -> list[tuple[str, str]]:
     """The merges `_merges_from_scores` derives when each token's score is minus its id: tokens
-    in vocabulary order, each one's splits longest left piece first (done directly: no sort)."""
+    in vocabulary order, each one's splits longest left piece first (without sorting every candidate)."""
     merges = []
     for token in sorted(vocab, key=vocab.__getitem__):  # a repeated token ranks by its last id, as there
         merges.extend(

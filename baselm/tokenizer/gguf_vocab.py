@@ -71,6 +71,19 @@ def gguf_special_tokens(metadata: Mapping[str, Any]) -> dict[str, str | None]:
     }
 
 
+def gguf_end_of_turn_ids(metadata: Mapping[str, Any]) -> list[int]:
+    """Ids besides EOS that end a generation: end of turn and of message (`tokenizer.ggml.eot_token_id`,
+    `eom_token_id`), and a Gemma 1-3 file's `<end_of_turn>`, which its files do not name but Gemma's
+    generation_config lists and llama.cpp stops on."""
+    keys = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    ids = [metadata[k] for k in keys if isinstance(metadata.get(k), int)]
+    tokens, types = metadata["tokenizer.ggml.tokens"], metadata.get("tokenizer.ggml.token_type") or []
+    if metadata.get("general.architecture") in _GEMMA_ARCHITECTURES and "<end_of_turn>" in tokens:
+        i = tokens.index("<end_of_turn>")
+        ids += [i] if i < len(types) and types[i] == _CONTROL else []
+    return ids
+
+
 @lru_cache(maxsize=1)
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable character map that byte-level vocabularies are spelled in."""

@@ -92,3 +92,9 @@ def test_gemma_turn_markers_are_special_and_newline_runs_plain_added_tokens():
     assert ids[-2:] == [tok.token_to_id("<end_of_turn>"), tok.token_to_id("\n\n")] == [106, 108]
     assert {105, 106} <= tok.special_token_ids
     assert tok.token_to_id("\n\n") not in tok.special_token_ids  # matched whole, but kept by skip_special_tokens
+
+
+def test_gemma_end_of_turn_ends_generation_as_eos_does():
+    # Gemma's files name only <eos>; its generation_config (and llama.cpp) also stop at <end_of_turn>.
+    tok = Tokenizer.from_gguf_metadata(read_metadata(TOKENIZER_FIXTURES / "gemma3-small.gguf")[1])
+    assert tok.eos_token_ids == (1, 106)

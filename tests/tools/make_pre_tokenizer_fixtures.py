@@ -1,5 +1,5 @@
 """Writes transformers' ids for one byte-level vocabulary under many `tokenizer.ggml.pre` names:
-tests/fixtures/tokenizers/pre-tokenizers.json.
+tests/fixtures/gguf_tokenizers/pre-tokenizers.json.
 
 Dev tool: needs `transformers` (the `fixtures` extra). For each name it writes a copy of
 tests/fixtures/tokenizers/bpe-gpt2.gguf with `tokenizer.ggml.pre` set to it, loads that with
@@ -22,9 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gguf_rewrite import rewrite_gguf  # noqa: E402
-from make_gemma_tokenizer_fixtures import FIXTURES, corpus  # noqa: E402
+from make_gemma_tokenizer_fixtures import FIXTURES, ROOT, corpus  # noqa: E402
 
-SOURCE = FIXTURES / "bpe-gpt2.gguf"
+TOKENIZERS = ROOT / "tests" / "fixtures" / "tokenizers"  # the vocabularies of make_tokenizer_fixtures.py
+SOURCE = TOKENIZERS / "bpe-gpt2.gguf"
 OUT = FIXTURES / "pre-tokenizers.json"
 NAMES = [
     "default", "gpt-2", "phi-2", "mpt", "olmo",
@@ -54,7 +55,7 @@ def main() -> None:
             result["ids"][name] = same[0] if same else ids
         # Phi-3's SentencePiece vocabulary: transformers puts "▁" before every run of text, as base does.
         path = Path(tmp) / "spm-phi3.gguf"
-        rewrite_gguf(FIXTURES / "spm.gguf", path, keys={"general.architecture": "phi3"})
+        rewrite_gguf(TOKENIZERS / "spm.gguf", path, keys={"general.architecture": "phi3"})
         tok = AutoTokenizer.from_pretrained(tmp, gguf_file=path.name)
         result["phi3"] = [tok.encode(t, add_special_tokens=False) for t in texts]
     rows = ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in result["ids"].items())

@@ -20,6 +20,7 @@ from baselm.store import hf
 from baselm.store.base_reader import BaseFile, model_weights
 from baselm.store.errors import ModelFileError, SignatureError
 from baselm.store.gguf_arch import ROPE_FREQS
+from baselm.store.gguf_split import first_part_in
 from baselm.store.model_card import context_length
 from baselm.store.registry import Store
 from baselm.tokenizer.tokenizer import Tokenizer
@@ -145,7 +146,8 @@ def resolve(ref: str | Path) -> tuple[str, Path]:
 
 
 def load_model(ref: str | Path, backend: Backend, require_signature: bool = False, shard: Any = None) -> LoadedModel:
-    """Loads a store name, a `.base` file, an HF model folder or a `.gguf` file.
+    """Loads a store name, a `.base` file, an HF model folder, a `.gguf` file (a split one by its
+    first part) or a folder holding one GGUF model.
 
     `require_signature`: only a `.base` file with a good signature by a trusted key loads.
     `shard`: one rank's slice of the model (`baselm.distributed.tp.layers.Sharding`, see `build_model`)."""
@@ -156,6 +158,8 @@ def load_model(ref: str | Path, backend: Backend, require_signature: bool = Fals
         raise SignatureError(
             f"{path} is {what}; only .base files carry signatures: `base pull` it, then `base sign` it"
         )
+    if path.is_dir() and not (path / "config.json").is_file():
+        path = first_part_in(path) or path  # a folder of one GGUF model: a file, or a split's parts
     if path.is_dir():
         model, tokenizer, config = _load_hf_folder(path, backend, shard)
     elif path.suffix == ".gguf":

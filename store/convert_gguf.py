@@ -103,9 +103,11 @@ def gguf_body_type(gguf_file: gguf.GGUFFile) -> str:
 
 
 def gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:
-    """The header's `tokenizer` for a GGUF: its own tokenizer keys, as `Tokenizer.from_gguf_metadata` reads them."""
+    """The header's `tokenizer` for a GGUF: its own tokenizer keys, as `Tokenizer.from_gguf_metadata` reads
+    them, and the architecture, which says how a Gemma file's SentencePiece vocabulary is read."""
+    keys = {k: v for k, v in metadata.items() if k.startswith("tokenizer.") or k == "general.architecture"}
     return {
-        "gguf": {k: v for k, v in metadata.items() if k.startswith("tokenizer.")},
+        "gguf": keys,
         "chat_template": metadata.get("tokenizer.chat_template"),
     }
 

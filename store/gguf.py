@@ -29,7 +29,7 @@ import mlx.core as mx
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from baselm.store import gguf_arch, gguf_gpt_oss
+from baselm.store import gguf_arch, gguf_gpt_oss, gguf_split
 from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
@@ -59,13 +59,15 @@ READ_AHEAD_BYTES = 16 * 2**20  # tensor bytes converted ahead of the consumer, p
 
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
-    """One tensor of the table: numpy-order shape (outermost first), type name, absolute offset."""
+    """One tensor of the table: numpy-order shape (outermost first), type name, absolute offset in
+    the file `part` (0 but in a split GGUF's later parts)."""
 
     name: str
     type_name: str
     shape: tuple[int, ...]
     offset: int
     num_bytes: int
+    part: int = 0
 
     @property
     def num_params(self) -> int:
@@ -73,34 +75,37 @@ class TensorInfo:
 
 
 class GGUFFile:
-    """An opened GGUF file: its metadata, its tensor table, and its bytes memory-mapped."""
+    """An opened GGUF file: its metadata, its tensor table, and its bytes memory-mapped; for a
+    split GGUF (`gguf_split.py`), opened from its first part, every part's tensors and bytes."""
 
-    def __init__(self, path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo], data: mmap.mmap) -> None:
+    def __init__(
+        self, path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo], data: list[mmap.mmap]
+    ) -> None:
         self.path = path
         self.metadata = metadata
         self.tensors = tensors
-        self._data = data
+        self._data = data  # one mapping per part
 
     @classmethod
     def open(cls, path: str | Path) -> GGUFFile:
         path = Path(path)
-        if not path.is_file():
-            raise ModelFileError(f"{path}: no such GGUF file")
-        try:
-            with open(path, "rb") as f:
-                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
-            raise ModelFileError(f"{path}: not a readable GGUF file ({exc})") from None
-        try:
-            metadata, tensors = _Parser(data).parse()
-        except (struct.error, ValueError, UnicodeDecodeError, IndexError, OverflowError) as exc:
-            raise ModelFileError(f"{path}: not a readable GGUF file ({exc})") from None
-        _check_extents(path, tensors, len(data))
-        return cls(path, metadata, tensors, data)
+        data, metadata, tensors = _open_part(path, 0)
+        parts = [data]
+        others = gguf_split.other_parts(path, metadata)
+        for index, part_path in enumerate(others, start=1):
+            part_data, part_metadata, part_tensors = _open_part(part_path, index)
+            gguf_split.check_part(part_path, part_metadata, index, len(others) + 1)
+            if tensors.keys() & part_tensors.keys():
+                raise ModelFileError(f"{part_path}: holds tensors an earlier part holds too")
+            parts.append(part_data)
+            tensors.update(part_tensors)
+        if others:
+            gguf_split.check_tensor_count(path, metadata, len(tensors))
+        return cls(path, metadata, tensors, parts)
 
     def raw(self, info: TensorInfo) -> np.ndarray:
         """The tensor's bytes, (num_bytes,) uint8, a view of the mapped file (nothing is copied)."""
-        return np.frombuffer(self._data, dtype=np.uint8, count=info.num_bytes, offset=info.offset)
+        return np.frombuffer(self._data[info.part], dtype=np.uint8, count=info.num_bytes, offset=info.offset)
 
     def release(self, info: TensorInfo) -> None:
         """Drops the tensor's mapped pages from this process's memory (they stay in the page cache;
@@ -108,7 +113,7 @@ class GGUFFile:
         if not hasattr(mmap, "MADV_DONTNEED"):
             return
         start = info.offset - info.offset % mmap.PAGESIZE
-        self._data.madvise(mmap.MADV_DONTNEED, start, info.offset + info.num_bytes - start)
+        self._data[info.part].madvise(mmap.MADV_DONTNEED, start, info.offset + info.num_bytes - start)
 
     def check_types(self) -> None:
         """A clear error if any tensor has a type base cannot read, before anything is converted."""
@@ -147,11 +152,28 @@ class GGUFFile:
             raise ModelFileError(f"{self.path.name}: tensor {info.name!r}: {exc}") from None
 
 
+def _open_part(path: Path, part: int) -> tuple[mmap.mmap, dict[str, Any], dict[str, TensorInfo]]:
+    """One file mapped and parsed: (its bytes, its metadata, its tensors, which say they are in `part`)."""
+    if not path.is_file():
+        raise ModelFileError(f"{path}: no such GGUF file")
+    try:
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
+        raise ModelFileError(f"{path}: not a readable GGUF file ({exc})") from None
+    try:
+        metadata, tensors = _Parser(data, part).parse()
+    except (struct.error, ValueError, UnicodeDecodeError, IndexError, OverflowError) as exc:
+        raise ModelFileError(f"{path}: not a readable GGUF file ({exc})") from None
+    _check_extents(path, tensors, len(data))
+    return data, metadata, tensors
+
+
 class _Parser:
     """Reads the header, the metadata and the tensor table from the start of a mapped file."""
 
-    def __init__(self, data: mmap.mmap) -> None:
-        self.data, self.pos = data, 0
+    def __init__(self, data: mmap.mmap, part: int = 0) -> None:
+        self.data, self.pos, self.part = data, 0, part
 
     def parse(self) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
         magic = bytes(self.data[0:4])
@@ -172,7 +194,7 @@ class _Parser:
             raise ValueError(f"general.alignment is {alignment!r}, not a positive integer")
         start = -(-self.pos // alignment) * alignment
         tensors = {
-            name: TensorInfo(name, type_name, shape, start + offset, num_bytes)
+            name: TensorInfo(name, type_name, shape, start + offset, num_bytes, self.part)
             for name, type_name, shape, offset, num_bytes in infos
         }
         if len(tensors) != len(infos):

@@ -6,7 +6,8 @@ with plain HTTP GETs (never Xet), into `<folder>/<file>.part`, so an interrupted
 even of a killed process, resumes where it stopped (an HTTP Range request). Every finished
 file is checked against what the hub reports: its size, and its sha256 (LFS files) or its
 git blob id (small files). Only the files a model needs are fetched: config, tokenizer and
-safetensors for an HF repo; the one `.gguf` of the requested quant for a GGUF repo.
+safetensors for an HF repo; the one `.gguf` of the requested quant for a GGUF repo (or every
+part of a split one, `NAME-00001-of-0000n.gguf` and on).
 
 Callers hold the model's store lock while downloading, so one `.part` file has one writer.
 """
@@ -56,6 +57,7 @@ HF_PATTERNS = (
 GGUF_DEFAULT_ORDER = ("Q4_0", "Q4_1", "Q8_0", "F16", "BF16", "F32", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K")
 _COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit id, as the hub writes it
 _GGUF_TAG = re.compile(r"[-._]((?:I?Q\d[A-Z0-9_]*)|F16|BF16|F32)\Z", re.IGNORECASE)
+_SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf\Z", re.IGNORECASE)  # gguf-split's part names
 
 
 class HubError(StoreError):
@@ -209,19 +211,35 @@ def select_files(snapshot: RepoSnapshot, tag: str | None) -> Selection:
     if not ggufs:
         raise ModelFileError(f"{snapshot.repo} has neither safetensors weights with a config.json nor .gguf files")
     chosen = _choose_gguf(snapshot.repo, ggufs, tag)
-    return Selection("gguf", (chosen,), gguf_tag(chosen.path).upper())
+    return Selection("gguf", _gguf_parts(snapshot, chosen), gguf_tag(chosen.path).upper())
 
 
 def gguf_tag(path: str) -> str:
-    """The quant tag in a GGUF file name (`SmolLM2-135M-Instruct.Q4_K_M.gguf` -> `Q4_K_M`), or ""."""
-    match = _GGUF_TAG.search(Path(path).name.removesuffix(".gguf"))
+    """The quant tag in a GGUF file name (`SmolLM2-135M-Instruct.Q4_K_M.gguf` -> `Q4_K_M`, also for a
+    split's `...Q4_K_M-00001-of-00002.gguf`), or ""."""
+    name = Path(path).name
+    match = _GGUF_TAG.search(_SPLIT_PART.sub("", name) if _SPLIT_PART.search(name) else name.removesuffix(".gguf"))
     return match.group(1) if match else ""
 
 
 def _is_extra_gguf(path: str) -> bool:
-    """Vision projectors and split shards are not whole language models."""
+    """Vision projectors and a split's later parts are not whole language models (its first part stands for it)."""
     name = Path(path).name.lower()
-    return name.startswith("mmproj") or re.search(r"-\d{5}-of-\d{5}\.gguf\Z", name) is not None
+    part = _SPLIT_PART.search(name)
+    return name.startswith("mmproj") or (part is not None and part.group(1) != "00001")
+
+
+def _gguf_parts(snapshot: RepoSnapshot, chosen: HubFile) -> tuple[HubFile, ...]:
+    """The chosen GGUF, or every part of the split it is the first of; a missing part is named."""
+    part = _SPLIT_PART.search(chosen.path)
+    if part is None:
+        return (chosen,)
+    count, prefix = int(part.group(2)), chosen.path[: part.start()]
+    names = [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    missing = [n for n in names if snapshot.file(n) is None]
+    if missing:
+        raise ModelFileError(f"{snapshot.repo} lacks part(s) {', '.join(missing)} of the split GGUF {chosen.path}")
+    return tuple(snapshot.file(n) for n in names)
 
 
 def _choose_gguf(repo: str, ggufs: list[HubFile], tag: str | None) -> HubFile:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from baselm.store import gguf, hf
+from baselm.store import gguf, gguf_split, hf
 from baselm.store.base_header import check_header_checksum
 from baselm.store.base_reader import BaseFile
 from baselm.store.blobs import file_sha256
@@ -106,7 +106,10 @@ def inspect_local(path: Path) -> LocalSource:
     """The format, default name and own variant of a local model path, or a clear error."""
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise StoreError(f"{path}: a model folder needs a config.json (an HF or MLX model folder)")
+            first = gguf_split.first_part_in(path)  # a folder of one GGUF model: a file, or a split's parts
+            if first is None:
+                raise StoreError(f"{path}: a model folder needs a config.json (an HF or MLX model folder) or a GGUF")
+            return inspect_local(first)
         config = hf.read_config(path)
         name = _repo_name(config.get("_name_or_path"), path.name)
         if is_mlx_folder(config):
@@ -114,8 +117,10 @@ def inspect_local(path: Path) -> LocalSource:
         return LocalSource(path, "safetensors", name, None)
     if path.suffix == ".gguf":
         gguf_file = gguf.GGUFFile.open(path)
-        tag = gguf_tag(path.name)
-        stem = path.name.removesuffix(".gguf")
+        split_stem = gguf_split.split_stem(path.name)  # `NAME` of `NAME-00001-of-00003.gguf`
+        file_name = f"{split_stem}.gguf" if split_stem else path.name
+        tag = gguf_tag(file_name)
+        stem = file_name.removesuffix(".gguf")
         stem = stem[: -len(tag) - 1] if tag else stem
         return LocalSource(
             path, "gguf", _gguf_name(stem, gguf_file.metadata), (tag or gguf_body_type(gguf_file)).lower()
@@ -213,12 +218,15 @@ def _import_base(
 
 
 def source_sha256(path: Path) -> str:
-    """sha256 of a file, or of a folder's files (relative names and contents, in name order)."""
-    if not path.is_dir():
+    """sha256 of a file, of a split GGUF's parts, or of a folder's files (relative names and
+    contents, in name order)."""
+    files = _source_files(path)
+    if not path.is_dir() and len(files) == 1:
         return file_sha256(path)
+    root = path if path.is_dir() else path.parent
     digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(str(file.relative_to(path)).encode() + b"\0")
+    for file in files:
+        digest.update(str(file.relative_to(root)).encode() + b"\0")
         with open(file, "rb") as f:
             while chunk := f.read(8 * 1024 * 1024):
                 digest.update(chunk)
@@ -226,6 +234,11 @@ def source_sha256(path: Path) -> str:
 
 
 def _num_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in _source_files(path))
+
+
+def _source_files(path: Path) -> list[Path]:
+    """A folder's files in name order, a split GGUF's parts, or the file alone."""
     if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    return gguf_split.part_paths(path) if path.suffix == ".gguf" else [path]

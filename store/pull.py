@@ -64,7 +64,7 @@ def pull(
         existing = pending.existing
         if existing and existing.source.get("commit") == snapshot.commit and not force:
             return existing
-        listed_sha256 = selection.files[0].sha256 if selection.kind == "gguf" else None
+        listed_sha256 = _gguf_sha256(selection)
         same = store.find_source(listed_sha256, plan.variant) if listed_sha256 and not force else None
         if same is not None:  # the same GGUF, stored already (imported, or pulled under another name)
             return pending.link(same, _source_info(snapshot, selection))
@@ -103,9 +103,10 @@ def _download(
     supported: Iterable[str] | None,
     progress: Progress,
 ) -> Path:
-    """Fetches the selection into `folder`; returns the folder (safetensors) or the .gguf file."""
+    """Fetches the selection into `folder`; returns the folder (safetensors) or the .gguf file (a
+    split one's first part)."""
     if selection.kind == "gguf":
-        return client.download(snapshot, selection.files[0], folder, progress)
+        return [client.download(snapshot, file, folder, progress) for file in selection.files][0]
     config_file = next(f for f in selection.files if f.path == "config.json")
     config_path = client.download(snapshot, config_file, folder, progress)
     if supported is not None:  # before any weights: an unsupported model costs one small file
@@ -139,6 +140,12 @@ def _source_info(snapshot: RepoSnapshot, selection: Selection) -> dict[str, Any]
         "commit": snapshot.commit,
         "files": [f.path for f in selection.files],
     }
-    if selection.kind == "gguf":
-        info["sha256"] = selection.files[0].sha256
+    if _gguf_sha256(selection):
+        info["sha256"] = _gguf_sha256(selection)
     return info
+
+
+def _gguf_sha256(selection: Selection) -> str | None:
+    """The sha256 the hub lists for a one-file GGUF: how the same file is known when stored already.
+    A split GGUF's parts have no one digest the hub lists (its import digest covers every part)."""
+    return selection.files[0].sha256 if selection.kind == "gguf" and len(selection.files) == 1 else None

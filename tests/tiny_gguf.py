@@ -100,9 +100,13 @@ def write_gguf(
     tensors: dict[str, tuple[np.ndarray, str]],
     metadata: Callable[[gguf.GGUFWriter], None] | None = None,
     arch: str = "llama",
+    split_max_tensors: int = 0,
 ) -> Path:
-    """A GGUF of `tensors` (encoded data, type name) for `arch`, with `metadata` written by the callback."""
-    writer = gguf.GGUFWriter(str(path), arch)
+    """A GGUF of `tensors` (encoded data, type name) for `arch`, with `metadata` written by the callback.
+
+    With `split_max_tensors`, split as gguf-split does: `path`'s stem `-00001-of-0000n.gguf` and on,
+    at most that many tensors each, the metadata in the first part (whose path is returned)."""
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     if metadata is not None:
         metadata(writer)
     for name, (data, type_name) in tensors.items():
@@ -114,7 +118,7 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    return writer.format_shard_names(Path(path))[0]
 
 
 def tiny_llama_gguf(
@@ -122,10 +126,11 @@ def tiny_llama_gguf(
     type_name: str,
     folder: Path = LLAMA_FIXTURE,
     more: Callable[[gguf.GGUFWriter], None] | None = None,
+    split_max_tensors: int = 0,
 ) -> tuple[Path, dict[str, Any]]:
     """The llama fixture in `folder` as llama.cpp's converter writes it (q/k rows permuted), 2-D
     weights as `type_name`, norms F32, with the word vocabulary (and the metadata `more` writes);
-    and the fixture's HF config."""
+    and the fixture's HF config. `split_max_tensors`: split into parts as `write_gguf` does."""
     config = json.loads((folder / "config.json").read_text())
     tensors = {}
     for name, value in llama_cpp_tensors(config, folder).items():
@@ -138,7 +143,7 @@ def tiny_llama_gguf(
         if more is not None:
             more(writer)
 
-    return write_gguf(path, tensors, metadata), config
+    return write_gguf(path, tensors, metadata, split_max_tensors=split_max_tensors), config
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,17 @@ _QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r
 _QWEN35 = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Mistral's Tekken and OpenAI's o200k (GPT-4o) split a word at a case change, as their tokenizer.json say.
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_WORD_START = r"[^\r\n\p{L}\p{N}]?"
+
+
+def _cased_words(suffix: str) -> str:
+    return f"{_WORD_START}{_UPPER}*{_LOWER}+{suffix}|{_WORD_START}{_UPPER}+{_LOWER}*{suffix}"
+
+
+_TEKKEN = _cased_words("") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_GPT4O = _cased_words(f"{_CONTRACTIONS}?") + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _CJK = r"[一-龥ࠀ-一가-퟿]+"
 # DeepSeek LLM's word rule is a list of cased-letter ranges; the cased-letter classes say the same.
 _DEEPSEEK_LLM = (
@@ -52,6 +63,7 @@ _GPT2_SPLIT = Split((_GPT2,))
 _DIGITS_GPT2_SPLIT = Split((r"\p{N}", _GPT2))
 _LLAMA3_SPLIT = Split((_LLAMA3,), ignore_merges=True)
 _QWEN2_SPLIT = Split((_QWEN2,))
+_GPT4O_SPLIT = Split((_GPT4O,))
 
 SPLITS: dict[str, Split] = {
     "default": _GPT2_SPLIT,
@@ -64,10 +76,20 @@ SPLITS: dict[str, Split] = {
     "llama-v3": _LLAMA3_SPLIT,
     "llama-bpe": _LLAMA3_SPLIT,
     "falcon3": _LLAMA3_SPLIT,
+    "falcon-h1": _LLAMA3_SPLIT,
+    "pixtral": _LLAMA3_SPLIT,
+    "midm-2.0": _LLAMA3_SPLIT,
+    "lfm2": _LLAMA3_SPLIT,
+    "tekken": Split((_TEKKEN,), ignore_merges=True),
+    "gpt-4o": _GPT4O_SPLIT,
+    "llama4": _GPT4O_SPLIT,
+    "kanana2": _GPT4O_SPLIT,
+    "minimax-m2": _GPT4O_SPLIT,
     "smaug-bpe": Split((_LLAMA3,)),
     "dbrx": Split((_LLAMA3,)),
     "qwen2": _QWEN2_SPLIT,
     "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "kormo": _QWEN2_SPLIT,
     "stablelm2": _QWEN2_SPLIT,
     "megrez": _QWEN2_SPLIT,
     "qwen35": Split((_QWEN35,)),

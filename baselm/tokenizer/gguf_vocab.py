@@ -2,11 +2,12 @@
 
 `tokenizer.ggml.model` 'gpt2' is a byte-level BPE whose split `tokenizer.ggml.pre` picks
 (`gguf_splits.py`); 'llama' is a SentencePiece BPE with byte fallback, its merges read from the
-file or derived from the token scores; 'gemma4' a BPE over "▁"-spelled lines with byte
-fallback; 'bert' a WordPiece. Control tokens become special added tokens, user-defined ones plain
-added tokens. Where transformers departs from the model's own tokenizer for a GGUF, we follow
-the model (see `gguf_splits.py` and `_sentencepiece_backend`), as llama.cpp does: its own
-tokenizer test vectors pass (tests/tokenizer/test_llama_cpp_vocabs.py).
+file or derived from the token scores (in Gemma 1-3 files, from the vocabulary's order); 'gemma4'
+a BPE over "▁"-spelled lines with byte fallback; 'bert' a WordPiece. Control tokens become
+special added tokens, user-defined ones plain added tokens. Where transformers departs from the
+model's own tokenizer for a GGUF, we follow the model (see `gguf_splits.py` and
+`_sentencepiece_backend`), as llama.cpp does: its own tokenizer test vectors pass
+(tests/tokenizer/test_llama_cpp_vocabs.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from baselm.tokenizer.gguf_splits import byte_level_split
 
 # GGUF `tokenizer.ggml.token_type` values (llama.cpp's llama_token_type).
 _CONTROL, _USER_DEFINED = 3, 4
+# Architectures whose 'llama' (SentencePiece) vocabulary is Gemma's: no "▁" prefix, merges in vocabulary
+# order. Gemma 3n and EmbeddingGemma files carry Gemma 3's vocabulary.
+_GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding")
 
 
 def gguf_backend(metadata: Mapping[str, Any]) -> Backend:
@@ -44,7 +48,8 @@ def gguf_backend(metadata: Mapping[str, Any]) -> Backend:
     if kind not in builders:
         supported = ", ".join(repr(k) for k in builders)
         raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (supported: {supported})")
-    backend, vocab = builders[kind](metadata)
+    is_gemma = kind == "llama" and metadata.get("general.architecture") in _GEMMA_ARCHITECTURES
+    backend, vocab = (_gemma_backend if is_gemma else builders[kind])(metadata)
     _add_gguf_tokens(backend, metadata, vocab, byte_level=kind == "gpt2")
     return backend
 
@@ -64,6 +69,19 @@ def gguf_special_tokens(metadata: Mapping[str, Any]) -> dict[str, str | None]:
         "unk_token": token_at("unknown_token_id"),
         "pad_token": token_at("padding_token_id"),
     }
+
+
+def gguf_end_of_turn_ids(metadata: Mapping[str, Any]) -> list[int]:
+    """Ids besides EOS that end a generation: end of turn and of message (`tokenizer.ggml.eot_token_id`,
+    `eom_token_id`), and a Gemma 1-3 file's `<end_of_turn>`, which its files do not name but Gemma's
+    generation_config lists and llama.cpp stops on."""
+    keys = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    ids = [metadata[k] for k in keys if isinstance(metadata.get(k), int)]
+    tokens, types = metadata["tokenizer.ggml.tokens"], metadata.get("tokenizer.ggml.token_type") or []
+    if metadata.get("general.architecture") in _GEMMA_ARCHITECTURES and "<end_of_turn>" in tokens:
+        i = tokens.index("<end_of_turn>")
+        ids += [i] if i < len(types) and types[i] == _CONTROL else []
+    return ids
 
 
 @lru_cache(maxsize=1)
@@ -113,9 +131,6 @@ def _sentencepiece_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[s
     NOTE: a file with `tokenizer.ggml.add_space_prefix = false` gets no leading "▁" (as in
     llama.cpp); transformers ignores that flag.
     """
-    arch = metadata.get("general.architecture")
-    if arch in ("gemma", "gemma2", "gemma3"):
-        raise TokenizerError(f"GGUF SentencePiece tokenizers of {arch!r} models are not supported yet")
     tokens = metadata["tokenizer.ggml.tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
     if metadata.get("tokenizer.ggml.merges"):
@@ -135,6 +150,26 @@ def _sentencepiece_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[s
     if prefix:
         steps.append(decoders.Strip(" ", 1, 0))
     backend.decoder = decoders.Sequence(steps)
+    return backend, vocab
+
+
+def _gemma_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[str, int]]:
+    """Gemma 1-3's SentencePiece BPE: spaces spelled "▁" with none prepended, byte fallback.
+
+    NOTE: as transformers reads these files (tests/tokenizer/test_gemma_gguf.py). llama.cpp's
+    converter writes the runs of two or more spaces as spaces ("  "), which Gemma's own vocabulary
+    spells "▁▁": they are respelled so the merges that build them apply. The scores do not follow
+    Gemma's merge order (every added and control token has the same one), the vocabulary's order
+    does, so the merges are ranked by id.
+    """
+    tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in metadata["tokenizer.ggml.tokens"]]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges") or []]
+    merges = merges or _merges_in_vocabulary_order(vocab)
+    unk = gguf_special_tokens(metadata)["unk_token"]
+    backend = Backend(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     return backend, vocab
 
 
@@ -188,6 +223,17 @@ def _merges_from_scores(
         candidates.extend((left, right, score) for left, right in splits)
     candidates.sort(key=lambda c: (c[2], len(c[0]), len(c[1])), reverse=True)
     return [(left, right) for left, right, _ in candidates]
+
+
+def _merges_in_vocabulary_order(vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+    """The merges `_merges_from_scores` derives when each token's score is minus its id: tokens
+    in vocabulary order, each one's splits longest left piece first (without sorting every candidate)."""
+    merges = []
+    for token in sorted(vocab, key=vocab.__getitem__):  # a repeated token ranks by its last id, as there
+        merges.extend(
+            (token[:k], token[k:]) for k in range(len(token) - 1, 0, -1) if token[:k] in vocab and token[k:] in vocab
+        )
+    return merges
 
 
 def _add_gguf_tokens(backend: Backend, metadata: Mapping[str, Any], vocab: Mapping[str, int], byte_level: bool) -> None:

@@ -24,7 +24,7 @@ from baselm.store import hf
 from baselm.tokenizer.chat_template import Message, render_chat_template, select_template
 from baselm.tokenizer.detokenizer import StreamingDetokenizer
 from baselm.tokenizer.errors import TokenizerError
-from baselm.tokenizer.gguf_vocab import gguf_backend, gguf_special_tokens
+from baselm.tokenizer.gguf_vocab import gguf_backend, gguf_end_of_turn_ids, gguf_special_tokens
 from baselm.tokenizer.plain_text import ControlText, RenderedChat
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -135,9 +135,7 @@ class Tokenizer:
         add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", default_bos))
         add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", default_eos))
         backend.post_processor = _bos_eos_processor(backend, special, add_bos, add_eos)
-        # End of turn / end of message end a generation too (llama.cpp stops on them).
-        turn_keys = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-        extra_eos = [metadata[k] for k in turn_keys if isinstance(metadata.get(k), int)]
+        extra_eos = gguf_end_of_turn_ids(metadata)
         return cls(
             backend,
             special_tokens=special,

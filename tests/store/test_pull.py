@@ -21,12 +21,13 @@ from safetensors.numpy import load, load_file, save
 from baselm.store import gguf
 from baselm.store.base_reader import QuantizedArray, model_weights, read_base_file
 from baselm.store.convert import convert
-from baselm.store.errors import UnsupportedModelError
+from baselm.store.errors import ModelFileError, UnsupportedModelError
 from baselm.store.hub import HubClient, HubError, NoProgress
 from baselm.store.pull import pull
 from baselm.store.registry import Store
 from baselm.tokenizer.tokenizer import Tokenizer
 from tests.paths import LLAMA_FIXTURE
+from tests.tiny_gguf import tiny_llama_gguf
 
 SUPPORTED = {"llama", "qwen2"}
 
@@ -40,8 +41,18 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
         server.add_repo("org/Tiny-Llama-GGUF", tiny_gguf_files(LLAMA_FIXTURE, gguf_dir))
         server.add_repo("org/Gated", tiny_llama_files(LLAMA_FIXTURE), gated=True)
         server.add_repo("org/Tiny-Sharded", sharded(tiny_llama_files(LLAMA_FIXTURE)))
+        parts = split_gguf_files(gguf_dir / "split")
+        server.add_repo("org/Tiny-Split-GGUF", parts)
+        server.add_repo("org/Broken-Split-GGUF", {k: v for k, v in parts.items() if "-00002-of-" not in k})
         server.gguf_dir = gguf_dir
         yield server
+
+
+def split_gguf_files(folder: Path) -> dict[str, bytes]:
+    """A GGUF repo as large ones ship: a quant's split parts in a folder of its own (Q8_0/), 3 parts here."""
+    folder.mkdir()
+    first, _ = tiny_llama_gguf(folder / "tiny-llama.Q8_0.gguf", "Q8_0", split_max_tensors=8)
+    return {"README.md": b"# split\n", **{f"Q8_0/{p.name}": p.read_bytes() for p in sorted(folder.iterdir())}}
 
 
 def sharded(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -113,6 +124,27 @@ def test_a_gguf_pull_picks_the_asked_file_and_keeps_its_quantization_bit_for_bit
         assert mx.array_equal(
             getattr(q, {"weight": "codes"}.get(part, part)), expected[f"model.layers.1.self_attn.q_proj.{part}"]
         )
+
+
+def test_a_split_gguf_pull_fetches_every_part_and_keeps_the_weights_bit_for_bit(hub: HubServer, tmp_path: Path) -> None:
+    before = len(hub.requests)
+    model = run_pull(hub, Store(tmp_path), "org/Tiny-Split-GGUF:Q8_0")
+    parts = [f"Q8_0/tiny-llama.Q8_0-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    resolved = [p.split("/resolve/", 1)[1] for m, p, _ in hub.requests[before:] if m == "GET" and "/resolve/" in p]
+    fetched = [p.split("/", 1)[1] for p in resolved]  # after the commit
+    assert sorted(fetched) == parts and model.source["files"] == parts
+    assert (model.ref, model.quant) == ("org/Tiny-Split-GGUF:q8_0", "q8")
+    _, expected, _ = gguf.load_checkpoint(hub.gguf_dir / "split" / "tiny-llama.Q8_0-00001-of-00003.gguf")
+    _, tensors = read_base_file(model.path, verify=True)
+    assert len(tensors) == 21
+    for name, value in tensors.items():
+        got = value.codes if isinstance(value, QuantizedArray) else value
+        assert mx.array_equal(got, expected[name]), name
+
+
+def test_a_split_gguf_with_a_part_missing_on_the_hub_is_refused_naming_it(hub: HubServer, tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError, match=r"lacks part\(s\) Q8_0/tiny-llama.Q8_0-00002-of-00003.gguf"):
+        run_pull(hub, Store(tmp_path), "org/Broken-Split-GGUF")
 
 
 def test_a_gguf_repo_without_a_tag_gets_the_default_file(hub: HubServer, tmp_path: Path) -> None:

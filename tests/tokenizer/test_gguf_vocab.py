@@ -7,7 +7,7 @@ import pytest
 from baselm.store.gguf import read_metadata
 from baselm.tokenizer.errors import TokenizerError
 from baselm.tokenizer.tokenizer import Tokenizer
-from tests.paths import TOKENIZER_FIXTURES
+from tests.paths import GGUF_TOKENIZER_FIXTURES, TOKENIZER_FIXTURES
 from tests.tokenizer.conftest import load
 
 
@@ -50,10 +50,15 @@ def test_gguf_sentencepiece_without_space_prefix_adds_no_leading_space():
     assert tok.decode(tok.encode(" hi", add_special_tokens=False)) == " hi"
 
 
-def test_gguf_sentencepiece_of_gemma_is_refused_rather_than_guessed():
-    metadata = {**read_metadata(TOKENIZER_FIXTURES / "spm.gguf")[1], "general.architecture": "gemma2"}
-    with pytest.raises(TokenizerError, match="'gemma2' models are not supported"):
-        Tokenizer.from_gguf_metadata(metadata)
+def test_gguf_sentencepiece_of_gemma_adds_no_space_mark_and_ranks_merges_by_vocabulary_order():
+    # Any Gemma 1-3 architecture gets Gemma's reading of a 'llama' vocabulary (test_gemma_gguf.py
+    # checks it against transformers), whatever the file's own add_space_prefix and scores say.
+    metadata = dict(read_metadata(GGUF_TOKENIZER_FIXTURES / "gemma3-small.gguf")[1])
+    metadata["tokenizer.ggml.scores"] = [0.0] * len(metadata["tokenizer.ggml.tokens"])
+    for arch in ("gemma", "gemma2", "gemma3"):
+        tok = Tokenizer.from_gguf_metadata({**metadata, "general.architecture": arch})
+        pieces = [tok.id_to_token(i) for i in tok.encode("the cat sat", add_special_tokens=False)]
+        assert pieces[0] == "the" and "".join(pieces) == "the▁cat▁sat"
 
 
 def test_gguf_sentencepiece_puts_a_space_mark_before_every_run_of_text():

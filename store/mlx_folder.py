@@ -12,6 +12,11 @@ size comes from the module's own entry, else the block's default; its bits then 
 shapes and must agree with the config. mlx-lm names tensors after the model's own parameters
 (`model.layers.0...`, `lm_head.weight`): the HF names. Folders whose names lack the `model.`
 prefix (`layers.0...`, `embed_tokens.weight`) get it back.
+
+A mixture of experts keeps its experts stacked (mlx-lm's `switch_mlp`): `...mlp.switch_mlp.gate_proj`
+(num_experts, out, in), Mixtral's under `block_sparse_moe`. Each expert's matrix is carried over
+as the HF tensor of that expert (`mlp.experts.{e}.gate_proj`, Mixtral's `experts.{e}.w1`), a
+`.base` matrix of its own, its codes, scales and biases the slices of the stacked ones.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from baselm.store.errors import ModelFileError, UnsupportedModelError
 
 QUANT_KEYS = ("quantization", "quantization_config")
 _TOP_LEVEL = ("lm_head.",)
+SWITCH = ".switch_mlp."
+# mlx-lm's stacked projection -> HF's per-expert name, where it is not the same (Mixtral's)
+_MIXTRAL_EXPERTS = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
 
 
 def is_mlx_folder(config: dict[str, Any]) -> bool:
@@ -70,9 +78,26 @@ def mlx_records(folder: Path, config: dict[str, Any]) -> Iterator[tuple[str, Ten
         if name.endswith((".scales", ".biases")) and name.rsplit(".", 1)[0] in prefixes:
             continue
         if prefix in prefixes and name.endswith(".weight"):
-            yield rename(name), _triplet_record(folder, weights, prefix, _layer_params(quant, prefix, rename(prefix)))
+            params = _layer_params(quant, prefix, rename(prefix))
+            parts = [weights.get(f"{prefix}.{k}") for k in ("weight", "scales", "biases")]
+            for hf_name, expert in _experts(rename(name), parts, config):
+                yield hf_name, _triplet_record(folder, hf_name.removesuffix(".weight"), expert, params)
         else:
-            yield rename(name), TensorRecord.from_array(weights[name])
+            for hf_name, (value, *_) in _experts(rename(name), [weights[name]], config):
+                yield hf_name, TensorRecord.from_array(value)
+
+
+def _experts(name: str, parts: list[Any], config: dict[str, Any]) -> Iterator[tuple[str, list[Any]]]:
+    """(HF name, its parts) of a tensor: a stacked `switch_mlp` one split into one per expert."""
+    if SWITCH not in name:
+        yield name, parts
+        return
+    head, _, tail = name.partition(SWITCH)  # tail: "gate_proj.weight"
+    projection, _, suffix = tail.partition(".")
+    if config.get("model_type") == "mixtral":
+        projection = _MIXTRAL_EXPERTS.get(projection, projection)
+    for e in range(parts[0].shape[0]):
+        yield f"{head}.experts.{e}.{projection}.{suffix}", [p[e] if p is not None else None for p in parts]
 
 
 def _layer_params(quant: dict[str, Any], prefix: str, hf_prefix: str) -> dict[str, int] | None:
@@ -84,12 +109,9 @@ def _layer_params(quant: dict[str, Any], prefix: str, hf_prefix: str) -> dict[st
     return {"group_size": int(own.get("group_size", quant["group_size"])), "bits": int(own.get("bits", quant["bits"]))}
 
 
-def _triplet_record(
-    folder: Path, weights: dict[str, mx.array], prefix: str, params: dict[str, int] | None
-) -> TensorRecord:
+def _triplet_record(folder: Path, prefix: str, parts: list[Any], params: dict[str, int] | None) -> TensorRecord:
     if params is None:
         raise ModelFileError(f"{folder}: {prefix} has quantization scales, but config.json says it is not quantized")
-    parts = [weights.get(f"{prefix}.{k}") for k in ("weight", "scales", "biases")]
     if parts[2] is None:
         raise UnsupportedModelError(f"{folder}: {prefix} has no biases; base carries over only affine MLX quantization")
     group_size, bits = params["group_size"], params["bits"]

@@ -140,8 +140,11 @@ def stack_experts(
     """Stacks per-expert tensors `{prefix}.experts.{e}.{src}.*` into `{prefix}.experts.{dst}.*`, in place.
 
     `names` maps each checkpoint projection name to the SwitchGLU one (e.g. "w1" -> "gate_proj").
-    The suffix (weight, or a quantized triplet's scales/biases) is kept.
+    The suffix (weight, or a quantized triplet's scales/biases) is kept. An MLX folder's experts,
+    stacked already under mlx-lm's `{prefix}.switch_mlp.{dst}.*`, are only renamed.
     """
+    for key in [k for k in weights if k.startswith(f"{prefix}.switch_mlp.")]:
+        weights[key.replace(".switch_mlp.", ".experts.", 1)] = weights.pop(key)
     for src, dst in names.items():
         for suffix in ("weight", "scales", "biases"):
             keys = [f"{prefix}.experts.{e}.{src}.{suffix}" for e in range(num_experts)]

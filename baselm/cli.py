@@ -18,6 +18,7 @@ from baselm.commands import store as store_commands
 from baselm.commands.errors import fail, report_user_errors
 from baselm.commands.model import ModelArgs
 from baselm.commands.options import (
+    ADAPTER,
     DEVICE,
     DISTRIBUTED,
     FIXED_SPECULATION,
@@ -162,6 +163,7 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     pull: bool = typer.Option(False, "--pull", help="Pull a hub model that is not in the store, without asking."),
     device: str = DEVICE,
+    adapter: list[str] = ADAPTER,
     require_signature: bool = REQUIRE_SIGNATURE,
     speculative: str | None = SPECULATIVE,
     num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
@@ -179,7 +181,8 @@ def run(
     if prompt is None and (raw or as_json or logprobs is not None):
         fail("--raw, --json and --logprobs need a prompt: base run MODEL PROMPT")
     with report_user_errors():
-        loaded = ModelArgs(model, device, require_signature, dist_options(tensor_parallel, hostfile, rank, moe_split))
+        dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
+        loaded = ModelArgs(model, device, require_signature, dist, tuple(adapter))
         spec = SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation)
         if prompt is None:
             return _chat_instead(command.chat_instead(loaded, generation, spec), pull)
@@ -207,6 +210,7 @@ def chat(
     model: str = typer.Argument(..., help=MODEL_HELP),
     system: str | None = typer.Option(None, "--system", help="System prompt for the conversation."),
     device: str = DEVICE,
+    adapter: list[str] = ADAPTER,
     kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
     kv_bits: int = KV_BITS,
     serve: bool = typer.Option(False, "--serve", help="Also serve the HTTP API on the same engine."),
@@ -233,7 +237,10 @@ def chat(
     from baselm.commands.chat import chat as run_chat
 
     with report_user_errors(ServeError):
-        prefix_file = chat_prefix_cache_file(prefix_cache_file, model)
+        # An adapter changes every K/V: the file of the model's own prefix cache is not for it.
+        prefix_file = chat_prefix_cache_file(
+            "none" if adapter and prefix_cache_file == "auto" else prefix_cache_file, model
+        )
         dist = with_prefix_cache_file(dist_options(tensor_parallel, hostfile, rank, moe_split), prefix_file)
         config = EngineConfig(
             kv_memory=parse_optional_size(kv_memory),
@@ -244,7 +251,7 @@ def chat(
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
         )
         args = ChatArgs(
-            ModelArgs(model, device, require_signature, dist),
+            ModelArgs(model, device, require_signature, dist, tuple(adapter)),
             ChatOptions(config, system=system, resume=resume),
             generation,
             chat_serve_options(host, port) if serve else None,

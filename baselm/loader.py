@@ -6,12 +6,14 @@ model folder (config.json + safetensors), or a `.gguf` file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
+from baselm.adapters import Adapter, apply_adapters
 from baselm.backend import Backend
 from baselm.memory import release_freed_memory
 from baselm.models import build_model
@@ -56,11 +58,14 @@ def model_from_checkpoint(
     backend: Backend,
     group_size: int | None = None,
     shard: Any = None,
+    adapters: Sequence[Adapter] = (),
 ) -> DecoderModel:
-    """`build_model` over a checkpoint's tensors (HF names). GGUF's `rope_freqs` tensor (llama 3 scaling
-    as per-frequency divisors, also kept by `.base` files converted from GGUF) has no HF name: it goes to
-    the model's RoPE, not among its weights."""
+    """`build_model` over a checkpoint's tensors (HF names), with `adapters` (LoRA) added to them
+    first. GGUF's `rope_freqs` tensor (llama 3 scaling as per-frequency divisors, also kept by `.base`
+    files converted from GGUF) has no HF name: it goes to the model's RoPE, not among its weights."""
     factors = weights.pop(ROPE_FREQS, None)
+    if adapters:
+        apply_adapters(weights, list(adapters), config)
     release_freed_memory()
     cache_limit = mx.set_cache_limit(0)  # tensors replaced while building go back to malloc, for reuse
     try:
@@ -81,7 +86,9 @@ def model_from_checkpoint(
     return model
 
 
-def _load_gguf(path: Path, backend: Backend, shard: Any = None) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
+def _load_gguf(
+    path: Path, backend: Backend, shard: Any = None, adapters: Sequence[Adapter] = ()
+) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
     from baselm.store import gguf  # and the gguf package (numpy's and yaml's worth of memory): GGUF files only
 
     checkpoint = gguf.GGUFCheckpoint.open(path)
@@ -90,21 +97,27 @@ def _load_gguf(path: Path, backend: Backend, shard: Any = None) -> tuple[Decoder
     tokenizer = Tokenizer.from_gguf_metadata(checkpoint.metadata)
     checkpoint.release_metadata()
     release_freed_memory()
-    model = model_from_checkpoint(checkpoint.config, checkpoint.mx_weights(), backend, shard=shard)
+    model = model_from_checkpoint(checkpoint.config, checkpoint.mx_weights(), backend, shard=shard, adapters=adapters)
     return model, tokenizer, checkpoint.config
 
 
-def _load_hf_folder(path: Path, backend: Backend, shard: Any = None) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
+def _load_hf_folder(
+    path: Path, backend: Backend, shard: Any = None, adapters: Sequence[Adapter] = ()
+) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
     config = hf.read_config(path)
     tokenizer = Tokenizer.from_folder(path)  # first, as in `_load_gguf`
     release_freed_memory()
     # An MLX folder's quantized layers may differ in group size and bits: the shapes tell them.
-    model = model_from_checkpoint(config, hf.read_weights(path), backend, shard=shard)
+    model = model_from_checkpoint(config, hf.read_weights(path), backend, shard=shard, adapters=adapters)
     return model, tokenizer, config
 
 
 def _load_base_file(
-    path: Path, backend: Backend, require_signature: bool = False, shard: Any = None
+    path: Path,
+    backend: Backend,
+    require_signature: bool = False,
+    shard: Any = None,
+    adapters: Sequence[Adapter] = (),
 ) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
     base = BaseFile.open(path)
     header = base.header
@@ -123,7 +136,7 @@ def _load_base_file(
     weights, _ = model_weights(tensors)  # bits and group sizes follow from the shapes
     del tensors
     config = header["config"]
-    model = model_from_checkpoint(config, weights, backend, shard=shard)
+    model = model_from_checkpoint(config, weights, backend, shard=shard, adapters=adapters)
     return model, tokenizer, config
 
 
@@ -145,12 +158,19 @@ def resolve(ref: str | Path) -> tuple[str, Path]:
     return str(ref), Store().resolve(str(ref)).path
 
 
-def load_model(ref: str | Path, backend: Backend, require_signature: bool = False, shard: Any = None) -> LoadedModel:
+def load_model(
+    ref: str | Path,
+    backend: Backend,
+    require_signature: bool = False,
+    shard: Any = None,
+    adapters: Sequence[Adapter] = (),
+) -> LoadedModel:
     """Loads a store name, a `.base` file, an HF model folder, a `.gguf` file (a split one by its
     first part) or a folder holding one GGUF model.
 
     `require_signature`: only a `.base` file with a good signature by a trusted key loads.
-    `shard`: one rank's slice of the model (`baselm.distributed.tp.layers.Sharding`, see `build_model`)."""
+    `shard`: one rank's slice of the model (`baselm.distributed.tp.layers.Sharding`, see `build_model`).
+    `adapters`: LoRA adapters added to its weights (baselm/adapters.py)."""
     name, path = resolve(ref)
     if require_signature and not (path.is_file() and path.suffix == ".base"):
         # NOTE: the file, not its name: a folder called `x.base` would load unsigned as an HF folder.
@@ -161,11 +181,11 @@ def load_model(ref: str | Path, backend: Backend, require_signature: bool = Fals
     if path.is_dir() and not (path / "config.json").is_file():
         path = first_part_in(path) or path  # a folder of one GGUF model: a file, or a split's parts
     if path.is_dir():
-        model, tokenizer, config = _load_hf_folder(path, backend, shard)
+        model, tokenizer, config = _load_hf_folder(path, backend, shard, adapters)
     elif path.suffix == ".gguf":
-        model, tokenizer, config = _load_gguf(path, backend, shard)
+        model, tokenizer, config = _load_gguf(path, backend, shard, adapters)
     elif path.suffix == ".base":
-        model, tokenizer, config = _load_base_file(path, backend, require_signature, shard)
+        model, tokenizer, config = _load_base_file(path, backend, require_signature, shard, adapters)
     else:
         raise ModelFileError(f"{path}: not a model; give a store name, a .base or .gguf file, or an HF model folder")
     return LoadedModel(

@@ -440,13 +440,13 @@ def _put_back(record: TensorRecord, where: Placement) -> Iterator[tuple[str, Ten
     parts = _split_rows(record, where.num_experts) if where.num_experts else [record]
     for expert, part in enumerate(parts):
         if where.unpermute_heads:
-            part = _map_rows(part, lambda rows: _unpermute_rows(rows, where.unpermute_heads))
+            part = _map_rows(part, lambda rows: unpermute_rows(rows, where.unpermute_heads))
         if where.norm_shift:
             part = _shifted(part, where.norm_shift)
         yield where.hf_name.replace("{e}", str(expert)), part
 
 
-def _unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
+def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     """Undoes llama.cpp's q/k row permutation (interleaved RoPE pairs back to HF halves).
 
     The permutation moves whole rows, and quantization groups run along the input, so codes,

@@ -70,7 +70,12 @@ def chat(args: ChatArgs) -> None:
     generation = args.generation
     config = replace(args.chat.engine, runaway_guard=generation.runaway_guard)
     engines = ModelSwitch(
-        lambda ref: load_alone(replace(args.model, ref=ref)), config, generation.sampling, generation.seed
+        lambda ref: load_alone(
+            replace(args.model, ref=ref, adapters=())
+        ),  # an adapter is for the model it was made for
+        config,
+        generation.sampling,
+        generation.seed,
     )
     with contextlib.closing(engines):
         repl = _repl(args, engines.open(loaded, args.model.ref), engines)

@@ -29,6 +29,7 @@ def report_user_errors(*more: type[Exception]) -> Iterator[None]:
 
 def user_errors() -> tuple[type[Exception], ...]:
     """The exceptions that mean a bad input or setting, not a bug."""
+    from baselm.adapters import AdapterError
     from baselm.backend import BackendError
     from baselm.config import ConfigError
     from baselm.distributed.group import DistError
@@ -40,6 +41,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from baselm.tokenizer.errors import TokenizerError
 
     return (
+        AdapterError,
         BackendError,
         ConfigError,
         DistError,

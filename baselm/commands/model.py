@@ -27,6 +27,7 @@ class ModelArgs:
     device: str = "auto"
     require_signature: bool = False  # refuse a model without a good signature by a trusted key
     dist: DistOptions | None = None  # the model over several processes; None: this one alone
+    adapters: tuple[str, ...] = ()  # LoRA adapters added as it loads, each `PATH[:scale]` (baselm/adapters.py)
 
     @property
     def is_distributed(self) -> bool:
@@ -104,10 +105,14 @@ def _asked_yes(question: str) -> bool:
 
 def load_alone(args: ModelArgs) -> LoadedModel:
     """The whole model in this process."""
+    from baselm.adapters import read_adapter
     from baselm.backend import select_backend
     from baselm.loader import load_model
 
-    return load_model(args.ref, select_backend(args.device), require_signature=args.require_signature)
+    adapters = [read_adapter(spec) for spec in args.adapters]  # first: a bad adapter costs no model load
+    return load_model(
+        args.ref, select_backend(args.device), require_signature=args.require_signature, adapters=adapters
+    )
 
 
 def open_model(args: ModelArgs) -> tuple[LoadedModel, DistGroup | None]:
@@ -115,6 +120,10 @@ def open_model(args: ModelArgs) -> tuple[LoadedModel, DistGroup | None]:
     the model leads the group's forwards; on another rank the caller runs `run_follower`."""
     if not args.is_distributed:
         return load_alone(args), None
+    if args.adapters:
+        from baselm.adapters import AdapterError
+
+        raise AdapterError("--adapter is not supported over several processes yet; run the model in one")
     from baselm.distributed.tp.launch import load
 
     return load(args.ref, args.device, args.require_signature, args.dist)

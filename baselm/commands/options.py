@@ -61,6 +61,11 @@ MODEL_HELP = "Model: a store name (org/name[:variant] or an alias), a .base or .
 KV_MEMORY_HELP = "Memory for the KV cache, e.g. 2GiB (default: from the context and the sequences)."
 
 DEVICE = typer.Option("auto", "--device", help=DEVICE_HELP)
+ADAPTER = typer.Option(
+    [],
+    "--adapter",
+    help="A LoRA adapter added as the model loads: an mlx-lm or PEFT folder or a GGUF LoRA, PATH[:scale]; repeatable.",
+)
 REQUIRE_SIGNATURE = typer.Option(
     False,
     "--require-signature",

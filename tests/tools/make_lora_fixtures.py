@@ -52,7 +52,8 @@ def main() -> None:
     save_file(tensors, str(mlx_dir / "adapters.safetensors"))
     keys = ["self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"]
     lora = {"rank": RANK, "scale": MLX_SCALE, "dropout": 0.0, "keys": keys}
-    (mlx_dir / "adapter_config.json").write_text(json.dumps({"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": lora}))
+    mlx_config = {"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": lora}
+    (mlx_dir / "adapter_config.json").write_text(json.dumps(mlx_config))
     np.savez(OUT / "peft-llama-logits.npz", prompt=np.array(PROMPT), logits=logits)
     print(f"wrote {OUT}")
 

@@ -20,7 +20,7 @@ from baselm.models import build_model
 from baselm.models.base import DecoderModel
 from baselm.store import hf
 from baselm.store.base_reader import BaseFile, model_weights
-from baselm.store.errors import ModelFileError, SignatureError
+from baselm.store.errors import BaseFileError, ModelFileError, SignatureError
 from baselm.store.gguf_arch import ROPE_FREQS
 from baselm.store.gguf_split import first_part_in
 from baselm.store.model_card import context_length
@@ -140,6 +140,18 @@ def _load_base_file(
     return model, tokenizer, config
 
 
+def _load_path(
+    path: Path, backend: Backend, require_signature: bool, shard: Any, adapters: Sequence[Adapter]
+) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
+    if path.is_dir():
+        return _load_hf_folder(path, backend, shard, adapters)
+    if path.suffix == ".gguf":
+        return _load_gguf(path, backend, shard, adapters)
+    if path.suffix == ".base":
+        return _load_base_file(path, backend, require_signature, shard, adapters)
+    raise ModelFileError(f"{path}: not a model; give a store name, a .base or .gguf file, or an HF model folder")
+
+
 def tokenizer_from_header(spec: dict[str, Any]) -> Tokenizer:
     """The tokenizer a `.base` header carries: GGUF vocabulary metadata, or HF tokenizer files."""
     if "gguf" in spec:
@@ -180,14 +192,15 @@ def load_model(
         )
     if path.is_dir() and not (path / "config.json").is_file():
         path = first_part_in(path) or path  # a folder of one GGUF model: a file, or a split's parts
-    if path.is_dir():
-        model, tokenizer, config = _load_hf_folder(path, backend, shard, adapters)
-    elif path.suffix == ".gguf":
-        model, tokenizer, config = _load_gguf(path, backend, shard, adapters)
-    elif path.suffix == ".base":
-        model, tokenizer, config = _load_base_file(path, backend, require_signature, shard, adapters)
-    else:
-        raise ModelFileError(f"{path}: not a model; give a store name, a .base or .gguf file, or an HF model folder")
+    try:
+        model, tokenizer, config = _load_path(path, backend, require_signature, shard, adapters)
+    except BaseFileError:
+        if Path(ref).expanduser().exists() or path.exists():
+            raise
+        # A store name whose file moved between `resolve` and the open (`base cp` moving a file of
+        # the older layout into blobs/): the name points at the new place now.
+        name, path = resolve(ref)
+        model, tokenizer, config = _load_path(path, backend, require_signature, shard, adapters)
     return LoadedModel(
         name=name,
         path=path,

@@ -131,3 +131,31 @@ def test_find_source_names_a_model_made_from_the_same_source_as_the_same_variant
     put(store, "org/Tiny", "q4", b"model")
     assert store.find_source("ab" * 32, "q4").ref == "org/Tiny:q4"
     assert store.find_source("ab" * 32, "q8") is None and store.find_source("cd" * 32, "q4") is None
+
+
+def test_a_load_that_meets_its_file_moved_into_blobs_meanwhile_finds_it_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader resolved the name of an older-layout model just before `cp` moved its file into
+    blobs/: the open misses the old path, and the loader resolves the name once more."""
+    import baselm.loader as loader
+    from baselm.backend import select_backend
+    from baselm.store.import_local import import_local
+    from tests.tiny_model import write_model_folder
+
+    monkeypatch.setenv("BASE_HOME", str(tmp_path / "home"))
+    stored = import_local(write_model_folder(tmp_path / "hf"), supported={"llama"}, store=Store(tmp_path / "made"))
+    legacy_store(tmp_path / "home", "org/Old", "q4", stored.path.read_bytes())
+    real_resolve = loader.resolve
+    calls = []
+
+    def resolve_then_move(ref):
+        found = real_resolve(ref)
+        if not calls:  # the first look: then `base cp` moves the file before the open
+            Store(tmp_path / "home").copy("org/Old", "org/New")
+        calls.append(found[1])
+        return found
+
+    monkeypatch.setattr(loader, "resolve", resolve_then_move)
+    loaded = loader.load_model("org/Old", select_backend("cpu"))
+    assert len(calls) == 2 and not calls[0].exists() and calls[1] == loaded.path and loaded.path.is_file()

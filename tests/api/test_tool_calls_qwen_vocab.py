@@ -16,6 +16,7 @@ import pytest
 from baselm.backend import select_backend
 from baselm.loader import load_model
 from tests.api.conftest import RunningServer
+from tests.structured.schemas import TIME
 from tests.toolcalls.qwen_vocab import TOOL_CALL, TOOL_CALL_END, qwen25_tool_gguf
 
 WEATHER = {
@@ -27,17 +28,6 @@ WEATHER = {
             "type": "object",
             "properties": {"city": {"type": "string", "maxLength": 12}},
             "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
             "additionalProperties": False,
         },
     },

@@ -15,9 +15,9 @@ HERMES_TEXT = (
 )
 
 
-def parse(fmt: str, pieces: list[str]) -> tuple[str, list[tuple[str, str]]]:
-    """Content and (name, arguments) calls of an answer fed in `pieces`."""
-    parser = JsonCallParser(fmt)
+def parse(fmt: str, pieces: list[str], tool_names: tuple[str, ...] = ()) -> tuple[str, list[tuple[str, str]]]:
+    """Content and (name, arguments) calls of an answer fed in `pieces` (the request's tools named)."""
+    parser = JsonCallParser(fmt, tool_names=tool_names)
     content, calls = "", []
     for piece in pieces:
         text, new = parser.feed(piece)
@@ -94,13 +94,7 @@ def test_forced_calls_keep_the_calls_that_closed_and_drop_the_one_cut_short():
 
 
 def _parse_with_tools(pieces: list[str], names: tuple[str, ...] = ("get_weather",)) -> tuple[str, list]:
-    parser = JsonCallParser(HERMES, tool_names=names)
-    content, calls = "", []
-    for piece in pieces:
-        text, new = parser.feed(piece)
-        content, calls = content + text, calls + new
-    text, new = parser.finish()
-    return content + text, [(c.name, c.arguments) for c in calls + new]
+    return parse(HERMES, pieces, names)
 
 
 def test_a_hermes_answer_that_is_one_bare_call_of_a_given_tool_is_a_call():

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from baselm.api.serving import ServerState
+from baselm.api.state import ModelState
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking
 from baselm.toolcalls import parsers
 
@@ -45,7 +45,7 @@ class AnswerText:
     @classmethod
     def for_prompt(
         cls,
-        state: ServerState,
+        state: ModelState,
         prompt_ids: list[int],
         tool_format: str | None,
         tool_list: Sequence[Mapping[str, Any]] = (),
@@ -73,7 +73,7 @@ class AnswerText:
         return Pieces(reasoning, content, calls)
 
 
-def thinking_splitter(state: ServerState, prompt_ids: list[int]) -> ReasoningSplitter | None:
+def thinking_splitter(state: ModelState, prompt_ids: list[int]) -> ReasoningSplitter | None:
     """A splitter for an answer to `prompt_ids` when the model thinks, else None."""
     if not state.thinks:
         return None

@@ -5,8 +5,8 @@ pool, scheduler, thread). A route asks `ModelPool.acquire` for the model its bod
 under a lease, held until the request's response, stream included, has been sent (`ReleaseLeases`,
 an ASGI middleware, gives it back). The rules:
 
-- Loading: the first request for an unloaded model loads it in a thread, so the event loop keeps
-  serving the other models; requests for it meanwhile wait on the same load, so a burst of first
+- Loading: the first request for an unloaded model loads it on the pool's worker thread, so the
+  event loop keeps serving the other models; requests for it meanwhile wait on the same load, so a burst of first
   requests loads it once. One load runs at a time (memory is counted one model at a time).
 - Room: before a load, idle models (no lease) are unloaded, least recently used first, until the
   new one fits `max_loaded` and `memory_budget`. A model under a lease is never unloaded; when
@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -117,6 +119,7 @@ class ModelPool:
         self.entries: dict[str, PoolEntry] = {}
         self._lock = asyncio.Lock()  # one load or unload at a time
         self._released = asyncio.Event()  # set when a lease ends: a waiting load looks again
+        self.worker = PoolWorker()
 
     # ---- the models --------------------------------------------------------------------------
 
@@ -140,7 +143,7 @@ class ModelPool:
         servable at once; a model gone from it stops being servable once it is idle."""
         if self.loader is None:
             return
-        catalog = await in_own_thread(self.loader.catalog)
+        catalog = await asyncio.to_thread(self.loader.catalog)  # the store's files alone, no MLX
         names = {s.name for s in catalog}
         for servable in catalog:
             self.add(servable)
@@ -198,12 +201,25 @@ class ModelPool:
         return entry
 
     async def wait_loaded(self, entry: PoolEntry) -> ModelState:
-        """`entry`'s state, loading it first when it is not loaded (one load for every waiter)."""
+        """`entry`'s state, loading it first when it is not loaded (one load for every waiter).
+
+        NOTE: the caller takes its lease (or starts the keep-alive) before it next awaits: between
+        the load's end and that, nothing may unload the model."""
         while entry.state is None:
             if entry.loading is None:
                 entry.loading = asyncio.ensure_future(self._load(entry))
+                entry.loading.add_done_callback(lambda _: self._if_unclaimed(entry))
             await asyncio.shield(entry.loading)  # a waiter that leaves does not cancel the others' load
         return entry.state
+
+    def _if_unclaimed(self, entry: PoolEntry) -> None:
+        """After a load: when every waiter left, nobody takes a lease, so the keep-alive starts now
+        (looked at once the waiters have run)."""
+        asyncio.get_running_loop().call_soon(self._start_unclaimed_keep_alive, entry)
+
+    def _start_unclaimed_keep_alive(self, entry: PoolEntry) -> None:
+        if entry.num_leases == 0 and entry.timer is None:
+            self._start_keep_alive(entry)
 
     def release(self, entry: PoolEntry) -> None:
         """Ends one lease; the last one starts the model's keep-alive."""
@@ -248,7 +264,7 @@ class ModelPool:
                 await self._make_room(entry)
                 started = time.monotonic()
                 try:
-                    state = await in_own_thread(self.loader.load, entry.servable, self.server)
+                    state = await self.worker.run(self.loader.load, entry.servable, self.server)
                 except Exception as exc:
                     logger.exception("loading %s failed", entry.name, exc_info=exc)
                     raise APIError(500, f"model {entry.name!r} could not be loaded: {exc}") from None
@@ -258,8 +274,6 @@ class ModelPool:
                 logger.info("loaded %s in %.2f s (%d MiB)", entry.name, time.monotonic() - started, entry.size >> 20)
         finally:
             entry.loading = None
-        if entry.num_leases == 0:
-            self._start_keep_alive(entry)  # loaded for a lease nobody took (the waiter left): idle now
 
     async def _make_room(self, entry: PoolEntry) -> None:
         """Unloads idle models, least recently used first, until `entry` fits; waits while only
@@ -294,58 +308,67 @@ class ModelPool:
             return False
         state, entry.state = entry.state, None
         self._touch(entry)
-        await in_own_thread(self.loader.unload, state)
+        await self.worker.run(self.loader.unload, state)
         del state  # NOTE: the last reference to its engine, weights and KV pool, before the memory is freed
-        await in_own_thread(self.loader.free)
+        await self.worker.run(self.loader.free)
         logger.info("unloaded %s", entry.name)
         return True
 
     async def load(self, entry: PoolEntry, keep_alive: float | str | None = NOT_GIVEN) -> ModelState:
         """Loads `entry` without a request's lease (an empty Ollama request, POST /models/load); its
         keep-alive starts at once."""
-        state = await self.wait_loaded(entry)
         self._set_keep_alive(entry, keep_alive)
+        state = await self.wait_loaded(entry)
         if entry.num_leases == 0:
             self._touch(entry)
             self._start_keep_alive(entry)
         return state
 
     def stop(self, stop_client: Callable[[ModelState], None]) -> None:
-        """Stops every loaded model's engine (at shutdown), pinned ones too."""
+        """Stops every loaded model's engine (at shutdown), pinned ones too, then the worker."""
         for entry in self.loaded():
             stop_client(entry.state)  # type: ignore[arg-type]
+        self.worker.stop()
 
     def __iter__(self) -> Iterator[PoolEntry]:
         return iter(sorted(self.entries.values(), key=lambda e: e.name))
 
 
-async def in_own_thread(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` in a thread of its own that ends with it, off the event loop.
+class PoolWorker:
+    """The one thread that loads and frees the pool's models, for the server's life.
 
-    NOTE: not asyncio's pooled threads: MLX keeps per-thread state that is freed when the thread
-    exits; a pooled thread would keep it to the interpreter's teardown, where freeing it can abort
-    (see server.exit_process)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future = loop.create_future()
+    NOTE: one thread, not one per load nor asyncio's pool: MLX gives every thread that touches it
+    a stream and a scheduler thread of its own, which outlive it; `stop` ends this thread while
+    the interpreter is alive (its MLX state must not be freed in the interpreter's teardown)."""
 
-    def settle(exc: BaseException | None, result: Any) -> None:
-        if future.done():  # the awaiting task was cancelled
-            return
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
 
-    def run() -> None:
-        try:
-            result = fn(*args)
-        except BaseException as exc:  # handed to the awaiting task
-            loop.call_soon_threadsafe(settle, exc, None)
-        else:
-            loop.call_soon_threadsafe(settle, None, result)
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the worker, off the event loop; its result or its exception."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="base-pool", daemon=True)
+            self._thread.start()
+        future: Future = Future()
+        self._jobs.put((fn, args, future))
+        return await asyncio.wrap_future(future)
 
-    threading.Thread(target=run, name="base-pool", daemon=True).start()
-    return await future
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, args, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to the awaiting task
+                future.set_exception(exc)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(60)
+            self._thread = None
 
 
 def loaded_size(state: ModelState) -> int:

@@ -112,9 +112,10 @@ def _file_part(name: str) -> str:
 
 
 def free_memory() -> None:
-    """Gives an unloaded model's memory back, once its last reference is dropped: a collection
-    (its engine may sit in reference cycles), then MLX's buffer cache emptied."""
-    import mlx.core as mx
+    """Gives an unloaded model's memory back, once its last reference is dropped: a collection (its
+    engine may sit in reference cycles), then MLX's buffer cache and glibc's free heap pages
+    returned (baselm/memory.py)."""
+    from baselm.memory import release_freed_memory
 
     gc.collect()
-    mx.clear_cache()
+    release_freed_memory()

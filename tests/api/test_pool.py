@@ -167,6 +167,8 @@ def test_the_router_endpoints_load_unload_and_list_every_model_with_its_state(mo
         assert card["max_model_len"] > 0 and "sampling_defaults" in card
         assert http.post("/models/unload", json={"model": models[1]}).json() == {"success": True}
         assert statuses("/models") == dict.fromkeys(models, "unloaded")
+        assert http.post("/models/load", json={"model": models[1]}).json() == {"success": True}  # once more
+        assert statuses("/models")[models[1]] == "loaded" and server.pool.entries[models[1]].num_loads == 2
 
 
 def test_an_empty_ollama_request_loads_and_with_keep_alive_zero_unloads(models, pool_server):

@@ -1,6 +1,6 @@
 """Figures of `base serve` with no model (api/pool.py): a model's load time, the time to first token
 of a cold model (its load included) and of a warm one, and the server's RSS with 0, 1 and 2 models
-loaded and after they unload.
+loaded, after they unload, and after loading and unloading both once more.
 
 The store is a temporary one holding SmolLM2-135M-Instruct (its Q4_1 GGUF, fetched once as the tests
 do) under two names; both names point at one file, and each loads as a model of its own (its own
@@ -106,6 +106,13 @@ def measure(kv_memory: str) -> dict[str, float]:
             httpx.post(f"{url}/models/unload", json={"model": model}, timeout=60).raise_for_status()
         _wait_unloaded(url)
         figures["rss_after_unload_mib"] = _rss_mib(server.pid)
+        for model in models:  # once more: what the first loads left (imports, caches) stays, a load adds nothing
+            httpx.post(f"{url}/models/load", json={"model": model}, timeout=300).raise_for_status()
+        figures["rss_2_models_again_mib"] = _rss_mib(server.pid)
+        for model in models:
+            httpx.post(f"{url}/models/unload", json={"model": model}, timeout=60).raise_for_status()
+        _wait_unloaded(url)
+        figures["rss_after_second_unload_mib"] = _rss_mib(server.pid)
     finally:
         server.terminate()
         server.wait(60)

@@ -235,11 +235,19 @@ def test_a_local_folder_pulled_through_the_api_is_served_at_once(models, pool_se
         assert done["model"] not in [m["name"] for m in http.get("/api/tags").json()["models"]]
 
 
-def test_the_ollama_client_lists_shows_chats_copies_and_deletes(models, pool_server):
+def test_the_ollama_client_lists_shows_chats_pulls_copies_and_deletes(models, pool_server, tmp_path):
     import ollama
+
+    from tests.tiny_model import write_model_folder
 
     server = pool_server()
     client = ollama.Client(host=server.url)
+    assert [m.model for m in client.list().models] == sorted(models)
+    folder = write_model_folder(tmp_path / "client-pulled", max_position_embeddings=512)
+    assert client.pull(str(folder)).status == "success"
+    (pulled,) = {m.model for m in client.list().models} - set(models)
+    assert client.generate(model=pulled, prompt="Hi").done
+    assert client.delete(pulled).status == "success"
     assert [m.model for m in client.list().models] == sorted(models)
     shown = client.show(models[0])  # read from the file's header: not loaded
     assert shown.modelinfo["general.architecture"] == "llama" and server.loaded() == []

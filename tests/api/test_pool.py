@@ -296,3 +296,14 @@ def test_smollm2_beside_a_tiny_model_answers_as_it_does_alone(models, pool_serve
         tiny = both.submit(lambda: [_ask(client, models[0], p) for p in PROMPTS * 3])
         real = [_ask(client, name, prompt) for prompt in PROMPTS]
     assert real == expected and tiny.result() == tiny_expected * 3
+
+
+def test_an_unloaded_model_saves_its_prefix_cache_to_a_file_of_its_own(models, pool_server, tmp_path):
+    cache_file = tmp_path / "prefix-cache"
+    server = pool_server(prefix_cache_file=str(cache_file))
+    client = server.openai()
+    for ref in models[:2]:
+        _ask(client, ref, PROMPTS[1])
+    with server.http() as http:
+        assert http.post("/models/unload", json={"model": models[0]}).json() == {"success": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["prefix-cache.org-tiny-q8"]  # the loaded one saves at exit

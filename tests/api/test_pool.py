@@ -307,3 +307,26 @@ def test_an_unloaded_model_saves_its_prefix_cache_to_a_file_of_its_own(models, p
     with server.http() as http:
         assert http.post("/models/unload", json={"model": models[0]}).json() == {"success": True}
     assert [p.name for p in tmp_path.iterdir()] == ["prefix-cache.org-tiny-q8"]  # the loaded one saves at exit
+
+
+def test_every_api_answers_with_the_model_its_request_names(models, pool_server):
+    server = pool_server()
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    bodies = {
+        "/v1/chat/completions": chat,
+        "/v1/completions": {"prompt": "Hi", "max_tokens": 4},
+        "/v1/responses": {"input": "Hi", "max_output_tokens": 4},
+        "/v1/messages": chat,
+        "/v1/embeddings": {"input": "Hi"},
+        "/api/chat": {"messages": chat["messages"], "options": {"num_predict": 4}, "stream": False},
+        "/api/generate": {"prompt": "Hi", "options": {"num_predict": 4}, "stream": False},
+        "/api/embed": {"input": "Hi"},
+    }
+    with server.http() as http:
+        for ref in models:
+            for path, body in bodies.items():
+                answer = http.post(path, json={"model": ref, **body})
+                assert answer.status_code == 200 and answer.json()["model"] == ref, path
+            tokens = http.post("/tokenize", json={"model": ref, "prompt": "Hi"})
+            assert tokens.status_code == 200 and tokens.json()["count"] > 0
+    assert server.loaded() == sorted(models)

@@ -3,15 +3,17 @@
 Request flow, one module per step: app.py (routes; auth.py's Gate checks the key and counts
 the request, cors.py answers browsers) -> a protocol subpackage reads its body:
 openai/ (chat.py, completions.py, responses*.py), anthropic/ (messages.py, request.py),
-ollama/ (chat.py, embed.py, models.py, request.py) -> chat.py, the protocol-neutral chat core
+ollama/ (chat.py, embed.py, models.py, store_routes.py, request.py) -> chat.py, the protocol-neutral chat core
 (a ChatRequest's prompt ids through the chat template, the prompt checked, SamplingParams with a
 grammar when the answer's shape is forced; every chat protocol calls its `prepare`) ->
 serving.py, the serving core (handler opening, engine submission, merged outputs, usage, the
-response envelope and stream skeleton) -> sse.py (SSE events and the stream that sends them,
-NDJSON lines too). answer_text.py splits every chat answer into thinking (baselm/reasoning.py), content and tool calls
-(baselm/toolcalls); schemas.py reads fields, errors.py words refusals, embeddings.py and
-metrics.py hold /v1/embeddings and /metrics, request_log.py the one log line of each request,
-server.py runs uvicorn. A new protocol is one
+response envelope and stream skeleton; the model a body names comes from pool.py, the models
+loaded on demand, and state.py holds the server's and each model's state) -> sse.py (SSE
+events and the stream that sends them, NDJSON lines too). answer_text.py splits every chat
+answer into thinking (baselm/reasoning.py), content and tool calls (baselm/toolcalls);
+schemas.py reads fields, errors.py words refusals, embeddings.py and
+metrics.py hold /v1/embeddings and /metrics, models.py /v1/models and llama-server's router,
+request_log.py the one log line of each request, server.py runs uvicorn. A new protocol is one
 more subpackage on the two cores.
 
 Choices made where the OpenAI API leaves room:

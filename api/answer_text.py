@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from baselm.api.serving import ServerState
+from baselm.api.state import ModelState
 from baselm.harmony import HarmonySplitter
 from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking
 from baselm.toolcalls import parsers
@@ -51,7 +51,7 @@ class AnswerText:
     @classmethod
     def for_prompt(
         cls,
-        state: ServerState,
+        state: ModelState,
         prompt_ids: list[int],
         tool_format: str | None,
         tool_list: Sequence[Mapping[str, Any]] = (),
@@ -79,7 +79,7 @@ class AnswerText:
         return Pieces(reasoning, content, calls if self._calls_wanted else [])
 
 
-def thinking_splitter(state: ServerState, prompt_ids: list[int]) -> ReasoningSplitter | HarmonySplitter | None:
+def thinking_splitter(state: ModelState, prompt_ids: list[int]) -> ReasoningSplitter | HarmonySplitter | None:
     """A splitter for an answer to `prompt_ids` when the model thinks (gpt-oss in harmony's
     analysis channel), else None."""
     if state.tool_format == HARMONY:

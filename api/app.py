@@ -1,13 +1,14 @@
-"""The starlette application: routes, error handlers, auth, and the engine's lifetime.
+"""The starlette application: routes, error handlers, auth, and the model pool.
 
-`create_app(client, model_name)` serves an already started AsyncEngine; server.py builds
-one from a model path and runs it under uvicorn.
+`create_app(client, model_name)` serves an already started AsyncEngine; with a `PoolSetup` it
+serves the models a loader starts on demand (pool.py). server.py runs it under uvicorn.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
@@ -23,54 +24,30 @@ from baselm.api.cors import cors_middleware
 from baselm.api.embeddings import embeddings
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
 from baselm.api.guard import BrowserGuard, allowed_host_names
+from baselm.api.models import get_model, list_models, load_model, unload_model
 from baselm.api.ollama.chat import ollama_chat, ollama_generate
 from baselm.api.ollama.embed import ollama_embed, ollama_embeddings
 from baselm.api.ollama.models import (
     ollama_ps,
-    ollama_pull,
     ollama_root,
     ollama_show,
     ollama_tags,
     ollama_version,
 )
+from baselm.api.ollama.store_routes import ollama_copy, ollama_delete, ollama_pull
 from baselm.api.openai.chat import chat_completions, read_message
 from baselm.api.openai.completions import completions
 from baselm.api.openai.responses import create_response, delete_response, get_response
 from baselm.api.openai.responses_store import ResponseStore
+from baselm.api.pool import ModelLoader, ModelPool, PoolLimits, ReleaseLeases, Servable, pool_of
 from baselm.api.rerank import rerank
 from baselm.api.schemas import Body, array_field
-from baselm.api.serving import DEFAULT_MAX_BODY_BYTES, ServerState, check_model, read_json
+from baselm.api.serving import read_json
+from baselm.api.state import DEFAULT_MAX_BODY_BYTES, ModelState, ServerState
 from baselm.api.webui import is_public, with_page
 from baselm.async_engine import AsyncEngine
-from baselm.reasoning import template_thinks
 from baselm.sampling.defaults import NO_DEFAULTS, SamplingDefaults
 from baselm.tokenizer.errors import ChatTemplateError
-from baselm.toolcalls.markers import detect_format
-
-
-def _model_card(state: ServerState) -> dict:
-    return {
-        "id": state.model_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "base",
-        "root": state.model_name,  # vLLM's and SGLang's cards name the base model here
-        "max_model_len": state.max_model_len,
-        # What a request gets for what it leaves out: the token cap (None: the context's room) and sampling.
-        "max_tokens": state.generation.max_tokens,
-        "sampling_defaults": {k: v for k, v in state.generation.resolved().as_dict().items() if k != "max_tokens"},
-    }
-
-
-async def list_models(request: Request) -> Response:
-    state: ServerState = request.app.state.base
-    return JSONResponse({"object": "list", "data": [_model_card(state)]})
-
-
-async def get_model(request: Request) -> Response:
-    state: ServerState = request.app.state.base
-    check_model(state, request.path_params["model"])
-    return JSONResponse(_model_card(state))
 
 
 async def health(request: Request) -> Response:
@@ -78,22 +55,30 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    state: ServerState = request.app.state.base
-    stats = await state.client.run_on_engine(lambda engine: engine.stats())
-    return PlainTextResponse(state.metrics.render(stats, state.model_name), media_type="text/plain; version=0.0.4")
+    server: ServerState = request.app.state.base
+    stats = {}
+    for entry in pool_of(request).loaded():
+        try:
+            stats[entry.name] = await entry.state.client.run_on_engine(lambda engine: engine.stats())  # type: ignore[union-attr]
+        except RuntimeError:  # it stopped meanwhile: unloaded
+            continue
+    return PlainTextResponse(server.metrics.render(stats), media_type="text/plain; version=0.0.4")
 
 
-async def _read_body(request: Request) -> tuple[ServerState, Body]:
-    """The body of a tokenizer route, whose `model` field is optional."""
-    state: ServerState = request.app.state.base
-    body = Body(await read_json(request, state))
+async def _read_body(request: Request) -> tuple[ModelState, Body]:
+    """The body of a tokenizer route and the model it names; with one model served, `model` may be left out."""
+    server: ServerState = request.app.state.base
+    body = Body(await read_json(request, server))
     model = body.string("model")
-    if model is not None:
-        check_model(state, model)
-    return state, body
+    if model is None:
+        names = pool_of(request).names()
+        if len(names) != 1:
+            raise bad_request(f"model is required: this server serves {len(names)} models", "model")
+        model = names[0]
+    return await pool_of(request).acquire(request.scope, model), body
 
 
-def _tokens(state: ServerState, body: Body) -> list[int]:
+def _tokens(state: ModelState, body: Body) -> list[int]:
     """The ids of a /tokenize body: its prompt (llama.cpp: content) or its messages through the chat template."""
     add_special = body.boolean("add_special_tokens", default=True)
     text_field = "content" if body.has("content") and not body.has("prompt") else "prompt"
@@ -119,7 +104,7 @@ async def tokenize(request: Request) -> Response:
     return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len})
 
 
-def _text(state: ServerState, tokens: Any) -> str:
+def _text(state: ModelState, tokens: Any) -> str:
     """The text of a /detokenize body's `tokens`."""
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad_request("tokens must be an array of token ids", "tokens")
@@ -147,6 +132,10 @@ ROUTES = [
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+    # llama-server's router (see models.py)
+    Route("/models", list_models, methods=["GET"]),
+    Route("/models/load", load_model, methods=["POST"]),
+    Route("/models/unload", unload_model, methods=["POST"]),
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/health", health, methods=["GET"]),
@@ -164,12 +153,23 @@ ROUTES = [
     Route("/api/ps", ollama_ps, methods=["GET"]),
     Route("/api/version", ollama_version, methods=["GET"]),
     Route("/api/pull", ollama_pull, methods=["POST"]),
+    Route("/api/copy", ollama_copy, methods=["POST"]),
+    Route("/api/delete", ollama_delete, methods=["DELETE"]),
 ]
 
 
+@dataclass(slots=True)
+class PoolSetup:
+    """The models a server loads itself: how (`loader`), which (`servables`), and when it unloads them."""
+
+    loader: ModelLoader
+    servables: list[Servable] = field(default_factory=list)
+    limits: PoolLimits = field(default_factory=PoolLimits)
+
+
 def create_app(
-    client: AsyncEngine,
-    model_name: str,
+    client: AsyncEngine | None,
+    model_name: str = "",
     *,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -179,8 +179,10 @@ def create_app(
     allowed_hosts: Sequence[str] = (),
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
     webui: bool = True,
+    pool: PoolSetup | None = None,
 ) -> Starlette:
-    """The OpenAI-compatible app over a started AsyncEngine; `api_key` None serves without auth.
+    """The app over the models of `pool` and, when `client` is given, over that started AsyncEngine
+    as `model_name` (pinned: never unloaded); `api_key` None serves without auth.
 
     `cors_origins`: the web origins whose pages may call the API from a browser ("*": any;
     "localhost": any page served from this machine, on any port); none by default. CORS sits
@@ -190,14 +192,17 @@ def create_app(
     `sampling_defaults`: the command line's, for what requests leave out (baselm/sampling/defaults.py).
     `webui`: the chat page at `/` for browsers (webui/); off, `/` is Ollama's probe alone.
     """
-    key = api_key or None
-    state = ServerState(client, model_name, key, max_body_bytes, read_timeout, sampling_defaults=sampling_defaults)
-    chat_template = state.tokenizer.to_hf_files()[1].get("chat_template")
-    state.tool_format = detect_format(chat_template)
-    state.thinks = template_thinks(chat_template)
+    state = ServerState(api_key or None, max_body_bytes, read_timeout, sampling_defaults=sampling_defaults)
+    models = ModelPool(state, pool.loader if pool else None, pool.limits if pool else None)
+    for servable in pool.servables if pool else []:
+        models.add(servable)
+    if client is not None:
+        path = str(client.engine.loaded.path)
+        models.pin(ModelState.serving(client, model_name, state), Servable(model_name, path, 0))
     middleware = [
         Middleware(Gate, api_key=state.api_key, metrics=state.metrics, is_public=is_public if webui else None),
         Middleware(BrowserGuard, host_names=allowed_host_names(host, allowed_hosts), cors_origins=cors_origins),
+        Middleware(ReleaseLeases, pool=models),
     ]
     if cors_origins:
         middleware.insert(0, cors_middleware(cors_origins))
@@ -205,6 +210,7 @@ def create_app(
         routes=with_page(ROUTES) if webui else ROUTES, exception_handlers=EXCEPTION_HANDLERS, middleware=middleware
     )
     app.state.base = state
+    app.state.pool = models
     app.state.responses = ResponseStore()
     return app
 

@@ -24,7 +24,7 @@ KNOWN_ENDPOINTS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}
     | {"/v1/models", "/v1/embeddings", "/tokenize", "/detokenize", "/health", "/metrics", "/"}
     | {"/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/tags", "/api/show", "/api/ps"}
-    | {"/api/version", "/api/pull"}
+    | {"/api/version", "/api/pull", "/api/delete", "/api/copy", "/models", "/models/load", "/models/unload"}
 )
 _PREFIXED = ("/v1/models/", "/v1/responses/", "/webui/")  # counted as "<prefix>{id}"
 
@@ -85,7 +85,7 @@ class Gate:
             else:
                 await self.app(scope, receive, counting_send)
         finally:
-            self.metrics.count_request(endpoint, record.status)
+            self.metrics.count_request(endpoint, record.status, record.model or "")
             record.write()
 
 

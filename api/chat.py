@@ -19,6 +19,7 @@ from baselm.api import serving
 from baselm.api.constrained import constrained_params
 from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, Common
+from baselm.api.state import ModelState
 from baselm.sampling.params import SamplingParams
 from baselm.structured import grammar
 from baselm.tokenizer.errors import ChatTemplateError
@@ -65,7 +66,7 @@ def forces_call(chat: ChatRequest) -> bool:
 # ---- prompt and SamplingParams ------------------------------------------------------------
 
 
-def prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
+def prepare(state: ModelState, chat: ChatRequest) -> list[serving.Job]:
     """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
     if parses_tools(chat):
         markers.check_supported(state.tool_format, forced=forces_call(chat))
@@ -76,7 +77,7 @@ def prepare(state: serving.ServerState, chat: ChatRequest) -> list[serving.Job]:
     return [serving.Job(prompt_ids, sampling_params(state, chat), 0)]
 
 
-def encode_prompt(state: serving.ServerState, chat: ChatRequest) -> list[int]:
+def encode_prompt(state: ModelState, chat: ChatRequest) -> list[int]:
     """The prompt ids of the messages (and the tools it parses) through the chat template; a
     template's refusal is a 400 naming messages."""
     tool_list = chat.tools if parses_tools(chat) else None
@@ -92,7 +93,7 @@ def encode_prompt(state: serving.ServerState, chat: ChatRequest) -> list[int]:
         raise bad_request(str(exc), "messages") from None
 
 
-def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] | None:
+def _grammar(state: ModelState, chat: ChatRequest) -> tuple[str, str] | None:
     """(grammar, the field it enforces) when the answer's shape is constrained."""
     if chat.regex is not None:
         return grammar.regex_grammar(chat.regex), "regex"
@@ -110,13 +111,13 @@ def _grammar(state: serving.ServerState, chat: ChatRequest) -> tuple[str, str] |
     return None
 
 
-def _template_text(state: serving.ServerState) -> str:
+def _template_text(state: ModelState) -> str:
     """The model's chat template, its named templates joined (forced_formats tells variants by it)."""
     template = state.tokenizer.chat_template
     return " ".join(template.values()) if isinstance(template, dict) else template or ""
 
 
-def sampling_params(state: serving.ServerState, chat: ChatRequest) -> SamplingParams:
+def sampling_params(state: ModelState, chat: ChatRequest) -> SamplingParams:
     """The request's SamplingParams; with a grammar, each of its n copies makes its own processor."""
     sampling = dict(chat.common.sampling)
     if parses_tools(chat) and markers.needs_special_tokens(state.tool_format, state.tokenizer):

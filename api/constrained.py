@@ -12,13 +12,14 @@ from typing import Any
 import llguidance as llg
 
 from baselm.api import serving
+from baselm.api.state import ModelState
 from baselm.sampling.params import Constraint, SamplingParams
 from baselm.structured.grammar import check_endable, check_grammar, grammar_tokenizer
 from baselm.toolcalls.forcing import processor_factory
 
 
 def constrained_params(
-    state: serving.ServerState,
+    state: ModelState,
     sampling: dict[str, Any],
     max_tokens_field: str,
     text: str,

@@ -12,8 +12,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from baselm.api.errors import bad_request
+from baselm.api.pool import pool_of
 from baselm.api.schemas import Body, check_choice
-from baselm.api.serving import ServerState, check_model, read_json, unless_disconnected
+from baselm.api.serving import read_json, unless_disconnected
+from baselm.api.state import ModelState, ServerState
 from baselm.embedding import POOLINGS, EmbeddingError, check_num_inputs, default_pooling
 
 
@@ -26,7 +28,7 @@ class EmbeddingJob:
     normalize: bool
 
 
-async def run_embeddings(request: Request, state: ServerState, job: EmbeddingJob, param: str) -> list[np.ndarray]:
+async def run_embeddings(request: Request, state: ModelState, job: EmbeddingJob, param: str) -> list[np.ndarray]:
     """The vectors, computed on the engine thread a slice at a time between steps; refusals become
     400s naming `param`, and a client that disconnects drops the work not done yet."""
     for ids in job.inputs:
@@ -47,7 +49,7 @@ def check_count(num_inputs: int, param: str) -> None:
         raise bad_request(str(exc), param) from None
 
 
-def read_pooling(body: Body, state: ServerState) -> str:
+def read_pooling(body: Body, state: ModelState) -> str:
     """The `pooling` extension field, else the model family's default (see baselm/embedding.py)."""
     pooling = body.string("pooling")
     if pooling is None:
@@ -55,7 +57,7 @@ def read_pooling(body: Body, state: ServerState) -> str:
     return check_choice(pooling, POOLINGS, "pooling")
 
 
-def _inputs(value: Any, state: ServerState) -> list[list[int]]:
+def _inputs(value: Any, state: ModelState) -> list[list[int]]:
     """`input` as token ids: a string, an array of strings, an array of ids, or an array of arrays of ids."""
     if isinstance(value, str):
         value = [value]
@@ -85,9 +87,9 @@ def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
 
 async def embeddings(request: Request) -> Response:
     """POST /v1/embeddings."""
-    state: ServerState = request.app.state.base
-    body = Body(await read_json(request, state))
-    check_model(state, body.string("model", required=True))
+    server: ServerState = request.app.state.base
+    body = Body(await read_json(request, server))
+    state = await pool_of(request).acquire(request.scope, body.string("model", required=True))
     raw_input = body.raw("input")
     encoding = body.string("encoding_format", default="float")
     if encoding not in ("float", "base64"):

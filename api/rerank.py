@@ -17,8 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from baselm.api.errors import bad_request
+from baselm.api.pool import pool_of
 from baselm.api.schemas import Body
-from baselm.api.serving import Job, ServerState, Usage, check_model, outputs, read_json, submit, unless_disconnected
+from baselm.api.serving import Job, Usage, outputs, read_json, submit, unless_disconnected
+from baselm.api.state import ModelState, ServerState
 from baselm.rerank import DEFAULT_INSTRUCTION, AnswerLogits, RerankError, answer_ids, is_reranker, prompt_ids, relevance
 from baselm.sampling.params import SamplingParams
 
@@ -27,9 +29,9 @@ MAX_DOCUMENTS = 1024
 
 async def rerank(request: Request) -> Response:
     """POST /v1/rerank."""
-    state: ServerState = request.app.state.base
-    body = Body(await read_json(request, state))
-    check_model(state, body.string("model", required=True))
+    server: ServerState = request.app.state.base
+    body = Body(await read_json(request, server))
+    state = await pool_of(request).acquire(request.scope, body.string("model", required=True))
     query = body.string("query", required=True)
     documents = _documents(body.raw("documents"))
     top_n = body.integer("top_n", low=1, default=len(documents))
@@ -67,12 +69,12 @@ def _params(scorer: AnswerLogits) -> SamplingParams:
     return SamplingParams(max_tokens=1, temperature=0.0, logits_processors=[scorer])
 
 
-async def _run(state: ServerState, jobs: list[Job], usage: Usage) -> None:
+async def _run(state: ModelState, jobs: list[Job], usage: Usage) -> None:
     async for _ in outputs(state, await submit(state, jobs, "documents"), usage):
         pass
 
 
-def _answer_ids(state: ServerState) -> tuple[int, int]:
+def _answer_ids(state: ModelState) -> tuple[int, int]:
     loaded = state.client.engine.loaded
     if not is_reranker(state.model_name, loaded.name):
         raise bad_request(

@@ -190,7 +190,7 @@ class Common:
 
 def read_common(body: Body, defaults: SamplingDefaults = NO_DEFAULTS) -> Common:
     """Reads the shared fields' types; SamplingParams checks the sampling ranges (see make_params).
-    What the body leaves out is None, for the server's defaults (`ServerState.fill_defaults`)."""
+    What the body leaves out is None, for the server's defaults (`ModelState.fill_defaults`)."""
     model = body.string("model", required=True)
     stream = body.boolean("stream")
     include_usage = _stream_options(body, stream)

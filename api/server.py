@@ -23,13 +23,15 @@ from typing import Any, NoReturn
 import uvicorn
 
 from baselm.api import request_log
-from baselm.api.app import create_app
+from baselm.api.app import PoolSetup, create_app
 from baselm.api.connections import DEFAULT_READ_TIMEOUT, DeadlineProtocol
 from baselm.api.guard import is_loopback
+from baselm.api.pool import ModelLoader, PoolLimits
 from baselm.api.request_log import JSONFormatter
-from baselm.api.serving import DEFAULT_MAX_BODY_BYTES
+from baselm.api.state import DEFAULT_MAX_BODY_BYTES
 from baselm.async_engine import AsyncEngine
 from baselm.config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig
+from baselm.duration import describe_duration
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel
 from baselm.sampling.defaults import NO_DEFAULTS, GenerationDefaults, SamplingDefaults
@@ -79,10 +81,14 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def make_server(client: AsyncEngine, model_name: str, options: ServeOptions) -> Server:
+def make_server(
+    client: AsyncEngine | None, model_name: str, options: ServeOptions, pool: PoolSetup | None = None
+) -> Server:
+    """The server of `client`'s model (pinned) and of `pool`'s models (loaded on demand)."""
     app = create_app(
         client,
         model_name,
+        pool=pool,
         api_key=options.api_key,
         max_body_bytes=options.max_body_bytes,
         read_timeout=options.read_timeout,
@@ -131,44 +137,97 @@ def log_config(level: str, log_format: str) -> dict[str, Any]:
 def banner(model_name: str, options: ServeOptions, generation: GenerationDefaults, runaway_guard: int) -> str:
     """What `base serve` prints at start: the URL, a request to paste, and what a request that
     leaves sampling or its length out gets."""
-    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(
-        options.host, options.host
-    )  # a wildcard: any local address
-    host = f"[{host}]" if ":" in host else host
-    url = f"http://{host}:{options.port}"
-    body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}]})
-    auth = ' -H "Authorization: Bearer $BASE_API_KEY"' if options.api_key else ""
+    url = _url(options)
     guard = "no runaway guard (--runaway-guard 0)"
     if runaway_guard:
         guard = f"an answer that repeats one n-gram for {runaway_guard} tokens is cut (--runaway-guard)"
     return (
         f"Serving {model_name} at {url}/v1 (OpenAI-compatible)\n"
         f"Requests that leave them out get {generation.describe()}; {guard}.\n"
-        f"Try:\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n    -d '{body}'\n"
+        f"Try:\n{_curl(url, model_name, options)}"
     )
 
 
-def run_server(loaded: LoadedModel, config: EngineConfig, options: ServeOptions, engine=None) -> int:
-    """Serves `loaded` until SIGINT/SIGTERM; returns the exit status. `engine`: one already built
-    (a prefill/decode group's PDEngine); by default an LLMEngine of `loaded` and `config`."""
+def _url(options: ServeOptions) -> str:
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(
+        options.host, options.host
+    )  # a wildcard: any local address
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{options.port}"
+
+
+def _curl(url: str, model_name: str, options: ServeOptions) -> str:
+    body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}]})
+    auth = ' -H "Authorization: Bearer $BASE_API_KEY"' if options.api_key else ""
+    return f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n    -d '{body}'\n"
+
+
+def warn_without_key(options: ServeOptions) -> None:
     if not options.api_key and not is_loopback(options.host):
         print(
             f"WARNING: serving on {options.host} without an API key: anyone who can reach this port can use the "
             "model. Set --api-key or BASE_API_KEY.",
             file=sys.stderr,
         )
+
+
+MEMORY_SHARE = 0.75  # of the memory free at start, the loaded models' default budget
+
+
+def default_memory_budget() -> int:
+    """A safe share of the memory free now (0: unknown, no budget)."""
+    from baselm.backend import available_memory_bytes
+
+    return int((available_memory_bytes() or 0) * MEMORY_SHARE)
+
+
+def run_pool_server(loader: ModelLoader, options: ServeOptions, limits: PoolLimits) -> int:
+    """Serves the models of `loader`'s catalog, each loaded on its first request and unloaded by
+    `limits`, until SIGINT/SIGTERM; returns the exit status."""
+    warn_without_key(options)
+    servables = loader.catalog()
+    server = make_server(None, "", options, PoolSetup(loader, servables, limits))
+    print(pool_banner([s.name for s in servables], options, limits), flush=True)
+    return serve_until_stopped(server)
+
+
+def pool_banner(names: list[str], options: ServeOptions, limits: PoolLimits) -> str:
+    """What `base serve` with several models prints at start: the URL, the models, when they load and unload."""
+    url = _url(options)
+    listed = ", ".join(names) if names else "none yet (`base pull` or POST /api/pull adds one, servable at once)"
+    most = f"at most {limits.max_loaded} loaded" if limits.max_loaded else "any number loaded"
+    budget = f"within {limits.memory_budget / 2**30:.1f} GiB" if limits.memory_budget else "with no memory budget"
+    text = (
+        f"Serving {len(names)} models at {url}/v1 (OpenAI-compatible) and {url}/api (Ollama): {listed}\n"
+        f"Each loads on its first request and unloads {describe_duration(limits.keep_alive)} after its last "
+        f"(--keep-alive); {most} (--max-loaded-models), {budget} (--memory-budget).\n"
+    )
+    if names:
+        text += f"Try:\n{_curl(url, names[0], options)}"
+    return text
+
+
+def run_server(loaded: LoadedModel, config: EngineConfig, options: ServeOptions, engine=None) -> int:
+    """Serves `loaded` until SIGINT/SIGTERM; returns the exit status. `engine`: one already built
+    (a prefill/decode group's PDEngine); by default an LLMEngine of `loaded` and `config`."""
+    warn_without_key(options)
     engine = engine if engine is not None else LLMEngine(loaded, config)
     client = AsyncEngine(engine).start()
     model_name = options.served_model_name or loaded.name
     server = make_server(client, model_name, options)
-    generation = server.config.app.state.base.generation  # the app's: what its requests get
+    generation = server.config.app.state.pool.entries[model_name].state.generation  # what its requests get
     print(banner(model_name, options, generation, engine.config.runaway_guard), flush=True)
+    return serve_until_stopped(server)
+
+
+def serve_until_stopped(server: Server) -> int:
+    """Runs `server` until a signal, then stops every model's engine; returns the exit status."""
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits when it cannot bind the port (it has logged why)
         return exc.code if isinstance(exc.code, int) else 1
     finally:
-        client.stop()
+        server.config.app.state.pool.stop(lambda state: state.client.stop())
     return 0 if server.started else 1
 
 

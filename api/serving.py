@@ -5,8 +5,9 @@ through the chat core, chat.py; completions itself), and formats its answer; eve
 lives here, in the order a request meets it:
 
 1. `read_request`: the handler's opening: the body read as JSON (size-limited), parsed by the
-   protocol, its model checked, what it leaves out filled in from the server's generation
-   defaults (`ServerState.fill_defaults`; auth and request counting happened before, in auth.Gate).
+   protocol, its model found in the pool (loaded if need be, leased for the request; pool.py),
+   what it leaves out filled in from that model's generation defaults (`ModelState.fill_defaults`;
+   auth and request counting happened before, in auth.Gate).
 2. `make_params`, `check_prompt`: checked fields into engine jobs (one per prompt; the engine
    makes a request's n copies).
 3. `respond`: `submit` the jobs to the engine, merge their `outputs` into one stream of
@@ -31,68 +32,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from baselm.api import request_log, sse
-from baselm.api.connections import DEFAULT_READ_TIMEOUT, BodyBudget
+from baselm.api.connections import BodyBudget
 from baselm.api.errors import APIError, bad_request
-from baselm.api.metrics import Metrics
+from baselm.api.metrics import ModelMetrics
+from baselm.api.pool import pool_of
 from baselm.api.request_log import RequestLog
 from baselm.api.schemas import Common, check_depth
-from baselm.async_engine import AsyncEngine, RequestStream
+from baselm.api.state import ModelState, ServerState
+from baselm.async_engine import RequestStream
 from baselm.engine import QueueFullError
 from baselm.request import RequestOutput
-from baselm.sampling.defaults import NO_DEFAULTS, GenerationDefaults, SamplingDefaults
 from baselm.sampling.params import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer.tokenizer import Tokenizer
-
-DEFAULT_MAX_BODY_BYTES = 8 * 2**20
-
-
-@dataclass(slots=True)
-class ServerState:
-    """Everything a route needs; built once by `create_app`."""
-
-    client: AsyncEngine
-    model_name: str
-    api_key: str | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    read_timeout: float = DEFAULT_READ_TIMEOUT  # seconds for a request's body to arrive
-    body_budget: BodyBudget = field(init=False)  # bytes of bodies read at once (see connections.py)
-    metrics: Metrics = field(default_factory=Metrics)
-    created: int = field(default_factory=lambda: int(time.time()))
-    tool_format: str = ""  # the call format the chat template teaches; set by create_app
-    thinks: bool = False  # the chat template writes <think> blocks (a reasoning model); set by create_app
-    sampling_defaults: SamplingDefaults = NO_DEFAULTS  # the command line's (serve --temperature, ...)
-    generation: GenerationDefaults = field(init=False)  # every default a request may leave out
-
-    def __post_init__(self) -> None:
-        self.body_budget = BodyBudget(self.max_body_bytes)
-        engine = self.client.engine
-        self.generation = GenerationDefaults.for_model(
-            self.sampling_defaults, engine.loaded.config, engine.max_model_len
-        )
-
-    def fill_defaults(self, sampling: dict[str, Any], api: SamplingDefaults = NO_DEFAULTS) -> dict[str, Any]:
-        """A body's SamplingParams keyword arguments with what it leaves out (None) filled in: the command
-        line's, the model's, then `api`'s (the protocol's own), then llama.cpp's (sampling/defaults.py)."""
-        return self.generation.fill(sampling, api)
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.client.engine.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.client.engine.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.client.engine.vocab_size
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        """The ids that end an answer: the model's, else its tokenizer's."""
-        return list(self.client.engine.eos_token_ids or self.tokenizer.eos_token_ids)
-
 
 # ---- the handler's opening ----------------------------------------------------------------
 
@@ -106,12 +58,12 @@ class _Parsed(Protocol):
 ParsedT = TypeVar("ParsedT", bound=_Parsed)
 
 
-async def read_request(request: Request, parse: Callable[[Any], ParsedT]) -> tuple[ServerState, ParsedT]:
-    """A handler's opening: the server state and the body read as JSON, parsed by `parse`, its model
-    checked, and the sampling values it leaves out filled in."""
-    state: ServerState = request.app.state.base
-    parsed = parse(await read_json(request, state))
-    check_model(state, parsed.common.model)
+async def read_request(request: Request, parse: Callable[[Any], ParsedT]) -> tuple[ModelState, ParsedT]:
+    """A handler's opening: the body read as JSON and parsed by `parse`, the model it names (loaded,
+    under a lease the request holds to its end; pool.py), and the sampling values it leaves out filled in."""
+    server: ServerState = request.app.state.base
+    parsed = parse(await read_json(request, server))
+    state = await pool_of(request).acquire(request.scope, parsed.common.model)
     parsed.common.sampling = state.fill_defaults(parsed.common.sampling, parsed.common.defaults)
     return state, parsed
 
@@ -179,14 +131,6 @@ async def _read_body(request: Request, limit: int, budget: BodyBudget | None) ->
     return b"".join(chunks)
 
 
-def check_model(state: ServerState, name: str) -> None:
-    """A 404 unless `name` is the model this server serves."""
-    if name != state.model_name:
-        raise APIError(
-            404, f"model {name!r} does not exist; this server serves {state.model_name!r}", "model", "model_not_found"
-        )
-
-
 def make_params(
     sampling: dict[str, Any], max_tokens_field: str, logprobs_field: str = "logprobs", **extra: Any
 ) -> SamplingParams:
@@ -199,7 +143,7 @@ def make_params(
 
 
 def check_prompt(
-    state: ServerState, prompt_ids: list[int], prompt_field: str, max_tokens: int | None, max_tokens_field: str
+    state: ModelState, prompt_ids: list[int], prompt_field: str, max_tokens: int | None, max_tokens_field: str
 ) -> None:
     """Refuses prompts that are empty, hold unknown ids, or leave no room for the answer."""
     if not prompt_ids:
@@ -251,12 +195,12 @@ class Usage:
 # ---- submitting, then streaming or collecting the answer ----------------------------------
 
 
-async def respond(request: Request, state: ServerState, jobs: list[Job], prompt_field: str, answer: Answer) -> Response:
+async def respond(request: Request, state: ModelState, jobs: list[Job], prompt_field: str, answer: Answer) -> Response:
     """Submits `jobs`, then answers from their outputs: SSE chunks when streamed, else one JSON body."""
     started = await submit(state, jobs, prompt_field)
     record = request_log.of(request.scope)
     if record is not None:
-        record.model, record.usage = state.model_name, answer.usage
+        record.usage = answer.usage
     merged = outputs(state, started, answer.usage, record)
     if answer.common.stream:
         return sse.EventStream(answer.stream(merged), answer.media_type)
@@ -285,7 +229,7 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def submit(state: ServerState, jobs: list[Job], prompt_field: str) -> list[tuple[Job, RequestStream]]:
+async def submit(state: ModelState, jobs: list[Job], prompt_field: str) -> list[tuple[Job, RequestStream]]:
     """Queues every job on the engine; on a refusal, aborts those already queued and raises an APIError."""
     started: list[tuple[Job, RequestStream]] = []
     try:
@@ -309,7 +253,7 @@ async def submit(state: ServerState, jobs: list[Job], prompt_field: str) -> list
 
 
 async def outputs(
-    state: ServerState, started: list[tuple[Job, RequestStream]], usage: Usage, record: RequestLog | None = None
+    state: ModelState, started: list[tuple[Job, RequestStream]], usage: Usage, record: RequestLog | None = None
 ) -> AsyncIterator[RequestOutput]:
     """The outputs of all jobs as they come, `index` set to the choice index; counts usage and latency,
     and shows each output to the request's log line (`record`).
@@ -358,7 +302,7 @@ async def _pump(job: Job, stream: RequestStream, queue: asyncio.Queue) -> None:
         await stream.aclose()
 
 
-def _observe_latency(metrics: Metrics, out: RequestOutput, arrival: float, last_seen: dict[int, float]) -> None:
+def _observe_latency(metrics: ModelMetrics, out: RequestOutput, arrival: float, last_seen: dict[int, float]) -> None:
     if not out.token_ids:
         return
     now = time.monotonic()
@@ -385,7 +329,7 @@ class Answer(ABC):
     end: ClassVar[str] = ""  # the stream's last event
     media_type: ClassVar[str] = "text/event-stream"  # of a streamed answer
 
-    def __init__(self, state: ServerState, common: Common, num_choices: int) -> None:
+    def __init__(self, state: ModelState, common: Common, num_choices: int) -> None:
         self.state = state
         self.common = common
         self.num_choices = num_choices
@@ -447,7 +391,7 @@ class ChoicesAnswer(Answer):
     chunk_object: ClassVar[str]  # a streamed chunk's "object"
     end = sse.DONE
 
-    def __init__(self, state: ServerState, common: Common, num_choices: int) -> None:
+    def __init__(self, state: ModelState, common: Common, num_choices: int) -> None:
         super().__init__(state, common, num_choices)
         self.finish_reasons = ["stop"] * num_choices  # of the whole answer, set by `add`
 

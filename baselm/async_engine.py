@@ -80,8 +80,12 @@ class AsyncEngine:
         _wait_native_exit(self._thread.native_id, deadline=time.monotonic() + timeout)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Future:
-        """Runs `fn(engine, *args)` on the engine thread; returns a concurrent Future."""
+        """Runs `fn(engine, *args)` on the engine thread; returns a concurrent Future (failed at once
+        once the engine is stopping: its thread may never read the command)."""
         future: Future = Future()
+        if self._stopping:
+            future.set_exception(RuntimeError("the engine has stopped"))
+            return future
         self._commands.put((fn, args, future))
         self._wake.set()
         return future
@@ -155,6 +159,7 @@ class AsyncEngine:
                 self._deliver(out.request_id, out)
         try:
             self._fail_all(RuntimeError("the engine is shutting down"))
+            self._drain_commands()  # those sent before it stopped still get their answer
         finally:
             self._save_prefix_cache()
 

@@ -80,6 +80,18 @@ def system_memory_bytes() -> int | None:
         return None
 
 
+def available_memory_bytes() -> int | None:
+    """Memory the OS could give this process now (Linux's MemAvailable), else the machine's physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return system_memory_bytes()
+
+
 def device_memory_bytes() -> int | None:
     """Memory MLX may use on the default device, when MLX reports it."""
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import typer
@@ -377,6 +378,25 @@ def _set_browser_access(server: ServeOptions, cors_origins: str, allowed_hosts: 
     server.webui = webui
 
 
+def _serve_engine(
+    kv_memory: str | None,
+    kv_bits: int,
+    max_num_seqs: int,
+    max_model_len: int | None,
+    max_num_batched_tokens: int,
+    max_waiting: int,
+) -> EngineConfig:
+    """The engine `base serve` runs (each model's, with several): its KV pool, batch and queue limits."""
+    return EngineConfig(
+        kv_memory=parse_optional_size(kv_memory),
+        kv_bits=kv_bits,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_waiting=max_waiting,
+    )
+
+
 def _prefix_cache_settings(off: bool, file: str | None, save_interval: float, max_size: str | None) -> dict:
     """EngineConfig's prefix-cache fields from serve's four options (--pd: a file per prefill rank; TP: per rank)."""
     return {
@@ -391,7 +411,7 @@ def _prefix_cache_settings(off: bool, file: str | None, save_interval: float, ma
 @generation_options
 def serve(
     generation: GenerationOptions,
-    model: str = typer.Argument(..., help=MODEL_HELP),
+    models: list[str] | None = opt.SERVE_MODELS,
     host: str = opt.HOST,
     port: int = opt.PORT,
     served_model_name: str | None = opt.SERVED_MODEL_NAME,
@@ -413,6 +433,9 @@ def serve(
     max_connections: int = opt.MAX_CONNECTIONS,
     read_timeout: float = opt.READ_TIMEOUT,
     shutdown_timeout: float = opt.SHUTDOWN_TIMEOUT,
+    keep_alive: str = opt.KEEP_ALIVE,
+    max_loaded_models: int = opt.MAX_LOADED_MODELS,
+    memory_budget: str | None = opt.MEMORY_BUDGET,
     tensor_parallel: int = TENSOR_PARALLEL,
     hostfile: str | None = HOSTFILE,
     rank: int | None = RANK,
@@ -426,28 +449,25 @@ def serve(
     require_signature: bool = REQUIRE_SIGNATURE,
     log_format: str = opt.LOG_FORMAT,
 ) -> None:
-    """Serve a model over HTTP, on one port: the OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs."""
+    """Serve models over HTTP, on one port: the OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs."""
     from baselm.commands import serve as command
 
     with report_user_errors():
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
-        config = EngineConfig(
-            kv_memory=parse_optional_size(kv_memory),
-            kv_bits=kv_bits,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_waiting=max_waiting,
+        dist_with_file = with_prefix_cache_file(dist, prefix_cache_file)
+        config = replace(
+            _serve_engine(kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting),
+            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
             **_prefix_cache_settings(
                 no_prefix_caching, prefix_cache_file, prefix_cache_save_interval, prefix_cache_max_size
             ),
-            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
         )
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
         _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format)
         _set_browser_access(server, cors_origins, allowed_hosts, webui)
-        model_args = ModelArgs(model, device, require_signature, with_prefix_cache_file(dist, prefix_cache_file))
-        args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist))
+        model_args = ModelArgs(command.single_model(models), device, require_signature, dist_with_file)
+        pool = command.pool_args(models, keep_alive, max_loaded_models, parse_optional_size(memory_budget))
+        args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist), pool)
     command.serve(args)
 
 

@@ -27,6 +27,7 @@ from baselm.api.answer_text import AnswerText
 from baselm.api.anthropic.request import parse_messages
 from baselm.api.chat import ChatRequest, encode_prompt, parses_tools, prepare
 from baselm.api.errors import FIELD_ERRORS, APIError, anthropic_error_body, api_error, logger
+from baselm.api.state import ModelState
 from baselm.request import RequestOutput
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -71,7 +72,7 @@ class MessageAnswer(serving.Answer):
 
     id_prefix = "msg_"
 
-    def __init__(self, state: serving.ServerState, chat: ChatRequest, prompt_ids: list[int]) -> None:
+    def __init__(self, state: ModelState, chat: ChatRequest, prompt_ids: list[int]) -> None:
         super().__init__(state, chat.common, 1)
         self.chat = chat
         self.num_prompt_tokens = len(prompt_ids)

@@ -25,14 +25,19 @@ from baselm.api.errors import APIError, bad_request, logger
 from baselm.api.ollama.lines import line, now_rfc3339
 from baselm.api.ollama.request import (
     OLLAMA_DEFAULTS,
-    read_body,
+    keep_alive_field,
+    model_field,
+    model_for,
     read_format,
     read_images,
     read_messages,
+    read_plain,
     read_tools,
     sampling_from_options,
 )
+from baselm.api.pool import pool_of
 from baselm.api.schemas import Body, Common
+from baselm.api.state import ModelState, ServerState
 from baselm.request import RequestOutput
 from baselm.sampling.params import SamplingParams
 from baselm.structured import grammar
@@ -42,7 +47,7 @@ from baselm.toolcalls import parsers
 MAX_TOKENS_FIELD = "options.num_predict"
 
 
-def _params(state: serving.ServerState, sampling: dict[str, Any], fmt: dict[str, Any] | None) -> SamplingParams:
+def _params(state: ModelState, sampling: dict[str, Any], fmt: dict[str, Any] | None) -> SamplingParams:
     """/api/generate's SamplingParams; `format` is enforced by a grammar."""
     if fmt is None:
         return serving.make_params(sampling, MAX_TOKENS_FIELD)
@@ -59,7 +64,7 @@ class _OllamaAnswer(serving.Answer):
 
     def __init__(
         self,
-        state: serving.ServerState,
+        state: ModelState,
         common: Common,
         prompt_ids: list[int],
         tool_fmt: str | None,
@@ -166,11 +171,10 @@ def _ollama_call(call: parsers.ToolCall) -> dict[str, Any]:
     return {"id": call.id, "function": {"index": call.index, "name": call.name, "arguments": arguments}}
 
 
-def _common(body: Body, state: serving.ServerState) -> tuple[Common, dict[str, Any] | None]:
+def _common(body: Body, state: ModelState) -> tuple[Common, dict[str, Any] | None]:
     stream = body.boolean("stream", default=True)
     sampling = state.fill_defaults(sampling_from_options(body), OLLAMA_DEFAULTS)
     fmt = read_format(body.raw("format"))
-    body.raw("keep_alive")  # the model stays loaded while the server runs
     return Common(state.model_name, stream, False, 1, sampling, MAX_TOKENS_FIELD, OLLAMA_DEFAULTS), fmt
 
 
@@ -184,9 +188,29 @@ def _think(body: Body) -> dict[str, Any]:
     return {"enable_thinking": think is not False}
 
 
+async def _unload_reply(request: Request, server: ServerState, body: Body, text: dict[str, Any]) -> Response | None:
+    """An empty request with `keep_alive` 0 unloads its model (loaded or not) and answers at once,
+    as Ollama documents; None for any other request, and for a model the server was started with."""
+    if keep_alive_field(body) != 0 or body.raw("messages") or body.raw("prompt") or body.raw("context"):
+        return None
+    entry = await pool_of(request).lookup(model_field(body))
+    if entry.pinned:  # started with the server, it stays: the request is answered as a load
+        return None
+    for field in body.data:  # an unload reads nothing else
+        body.raw(field)
+    entry.keep_alive = 0  # in use: it unloads once its requests end
+    await pool_of(request).unload(entry)
+    reply = {"model": entry.name, "created_at": now_rfc3339(), **text, "done_reason": "unload", "done": True}
+    return JSONResponse(reply)
+
+
 async def ollama_chat(request: Request) -> Response:
-    """POST /api/chat."""
-    state, body = await read_body(request)
+    """POST /api/chat; without messages it loads the model (keep_alive 0: unloads it) and answers at once."""
+    server, body = await read_plain(request)
+    unloaded = await _unload_reply(request, server, body, {"message": {"role": "assistant", "content": ""}})
+    if unloaded is not None:
+        return unloaded
+    state = await model_for(request, server, body)
     messages = read_messages(body)
     tool_list = read_tools(body)
     common, fmt = _common(body, state)
@@ -203,7 +227,7 @@ async def ollama_chat(request: Request) -> Response:
     return await serving.respond(request, state, jobs, "messages", answer)
 
 
-def _generate_ids(state: serving.ServerState, body: Body, extra: dict[str, Any]) -> list[int]:
+def _generate_ids(state: ModelState, body: Body, extra: dict[str, Any]) -> list[int]:
     """Prompt ids of /api/generate: the prompt through the chat template (unless `raw`), after `context`."""
     prompt = body.string("prompt", default="")
     system = body.string("system")
@@ -228,7 +252,7 @@ def _generate_ids(state: serving.ServerState, body: Body, extra: dict[str, Any])
 
 
 def _generate_job(
-    state: serving.ServerState, body: Body, common: Common, fmt: dict[str, Any] | None, extra: dict[str, Any]
+    state: ModelState, body: Body, common: Common, fmt: dict[str, Any] | None, extra: dict[str, Any]
 ) -> serving.Job:
     """/api/generate's one engine job: its prompt ids, checked, and its params (`format`'s grammar compiled)."""
     ids = _generate_ids(state, body, extra)
@@ -238,8 +262,12 @@ def _generate_job(
 
 
 async def ollama_generate(request: Request) -> Response:
-    """POST /api/generate."""
-    state, body = await read_body(request)
+    """POST /api/generate; without a prompt it loads the model (keep_alive 0: unloads it) and answers at once."""
+    server, body = await read_plain(request)
+    unloaded = await _unload_reply(request, server, body, {"response": ""})
+    if unloaded is not None:
+        return unloaded
+    state = await model_for(request, server, body)
     common, fmt = _common(body, state)
     read_images(body, "the request")
     extra = _think(body)

@@ -10,13 +10,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from baselm.api import serving
 from baselm.api.embeddings import EmbeddingJob, check_count, read_pooling, run_embeddings
 from baselm.api.errors import bad_request
 from baselm.api.ollama.request import read_body, sampling_from_options
+from baselm.api.state import ModelState
 
 
-def _embed_inputs(state: serving.ServerState, value: Any, truncate: bool, name: str) -> list[list[int]]:
+def _embed_inputs(state: ModelState, value: Any, truncate: bool, name: str) -> list[list[int]]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(s, str) for s in items):
         raise bad_request(f"{name} must be a string or a non-empty array of strings", name)

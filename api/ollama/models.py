@@ -1,17 +1,14 @@
-"""Ollama's model routes: /api/tags, /api/show, /api/ps, /api/version, /api/pull, and `GET /`.
+"""Ollama's model routes that read: /api/tags, /api/show, /api/ps, /api/version, and `GET /`.
 
-/api/tags lists the local store (`base list`) with the served model first; only the served
-model answers /api/chat and the others (start `base serve NAME` for them). /api/pull brings a
-hub model into the store through the same code as `base pull`, streaming its progress.
+/api/tags lists the served models, then the rest of the local store (`base list`); /api/ps the
+loaded ones with when they unload; /api/show reads a stored model's header without loading it.
+The routes that change the store (/api/pull, /api/copy, /api/delete) are store_routes.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import queue
-import threading
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -20,15 +17,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from baselm import version
-from baselm.api import serving, sse
-from baselm.api.errors import APIError, bad_request, logger
-from baselm.api.ollama.lines import line, now_rfc3339
-from baselm.api.ollama.request import check_model_name
+from baselm.api import serving
+from baselm.api.errors import bad_request
+from baselm.api.ollama.lines import now_rfc3339
+from baselm.api.pool import PoolEntry, pool_of
 from baselm.api.schemas import Body
+from baselm.api.state import ModelState, ServerState
 from baselm.store.model_card import architecture, parameter_label
 
 
-def _digest(*parts: Any) -> str:
+def digest(*parts: Any) -> str:
     return hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()
 
 
@@ -47,12 +45,12 @@ def _stored_entry(model: Any) -> dict[str, Any]:
         "model": model.ref,
         "modified_at": model.pulled or now_rfc3339(),
         "size": model.size,
-        "digest": _digest(model.ref, model.size, model.pulled),
+        "digest": digest(model.ref, model.size, model.pulled),
         "details": details,
     }
 
 
-def served_entry(state: serving.ServerState) -> dict[str, Any]:
+def served_entry(state: ModelState) -> dict[str, Any]:
     """The served model as Ollama lists it."""
     loaded = state.client.engine.loaded
     config = loaded.config
@@ -72,7 +70,7 @@ def served_entry(state: serving.ServerState) -> dict[str, Any]:
         "model": state.model_name,
         "modified_at": datetime.fromtimestamp(loaded.path.stat().st_mtime, timezone.utc).isoformat(),
         "size": size,
-        "digest": _digest(loaded.path.resolve(), size),
+        "digest": digest(loaded.path.resolve(), size),
         "details": details,
     }
 
@@ -112,38 +110,88 @@ async def ollama_version(request: Request) -> Response:
 
 
 async def ollama_tags(request: Request) -> Response:
-    """GET /api/tags: the served model, then the rest of the local store."""
+    """GET /api/tags: the served models (a loaded one as it runs), then the rest of the local store."""
     from baselm.store.registry import Store
 
-    state: serving.ServerState = request.app.state.base
-    served = served_entry(state)
-    stored = await asyncio.to_thread(lambda: Store().list())
-    loaded_path = state.client.engine.loaded.path.resolve()
-    others = [_stored_entry(m) for m in stored if m.path.resolve() != loaded_path]
-    return JSONResponse({"models": [served, *others]})
+    await pool_of(request).refresh()
+    stored = {m.ref: m for m in await asyncio.to_thread(lambda: Store().list())}
+    listed = []
+    for entry in pool_of(request):
+        model = stored.pop(entry.servable.ref, None)
+        if entry.state is not None:
+            listed.append(served_entry(entry.state))
+        elif model is not None:
+            listed.append({**_stored_entry(model), "name": entry.name, "model": entry.name})
+        else:
+            listed.append(_path_entry(entry))
+    served_paths = {e.state.client.engine.loaded.path.resolve() for e in pool_of(request).loaded()}  # type: ignore[union-attr]
+    others = [_stored_entry(m) for m in stored.values() if m.path.resolve() not in served_paths]
+    return JSONResponse({"models": listed + others})
+
+
+def _path_entry(entry: PoolEntry) -> dict[str, Any]:
+    """A model named by its path and not loaded: what is known without reading it."""
+    details = {"parent_model": "", "format": Path(entry.servable.ref).suffix.lstrip(".") or "folder", "family": ""}
+    return {
+        "name": entry.name,
+        "model": entry.name,
+        "modified_at": now_rfc3339(),
+        "size": entry.size,
+        "digest": digest(entry.servable.ref, entry.size),
+        "details": {**details, "families": [], "parameter_size": "", "quantization_level": ""},
+    }
+
+
+def _expires_at(entry: PoolEntry) -> str:
+    """When a loaded model unloads: its keep-alive's end, or (in use, or kept for ever) far ahead."""
+    if entry.expires_at is not None:
+        return datetime.fromtimestamp(entry.expires_at, timezone.utc).isoformat()
+    ahead = timedelta(days=365 * 100) if entry.keep_alive is None or entry.pinned else timedelta(0)
+    return (datetime.now(timezone.utc) + ahead).isoformat() if ahead else now_rfc3339()
 
 
 async def ollama_ps(request: Request) -> Response:
-    """GET /api/ps: the model this server holds in memory."""
-    state: serving.ServerState = request.app.state.base
-    entry = served_entry(state)
-    on_gpu = state.client.engine.loaded.backend.is_gpu
-    entry.update(
-        expires_at=(datetime.now(timezone.utc) + timedelta(days=365)).isoformat(),
-        size_vram=entry["size"] if on_gpu else 0,
-        context_length=state.max_model_len,
-    )
-    return JSONResponse({"models": [entry]})
+    """GET /api/ps: the models this server holds in memory, with their size and when they unload."""
+    models = []
+    for entry in pool_of(request).loaded():
+        state = entry.state
+        assert state is not None
+        listed = served_entry(state)
+        on_gpu = state.client.engine.loaded.backend.is_gpu
+        listed.update(
+            size=entry.size,
+            expires_at=_expires_at(entry),
+            size_vram=entry.size if on_gpu else 0,
+            context_length=state.max_model_len,
+        )
+        models.append(listed)
+    return JSONResponse({"models": models})
 
 
 async def ollama_show(request: Request) -> Response:
-    """POST /api/show: the served model's details, template and hyperparameters."""
-    state: serving.ServerState = request.app.state.base
-    body = Body(await serving.read_json(request, state))
+    """POST /api/show: a model's details, template and hyperparameters; a stored model is read from
+    its file without loading it, any other is loaded to be shown."""
+    server: ServerState = request.app.state.base
+    body = Body(await serving.read_json(request, server))
     name = body.string("model") or body.string("name")
     body.boolean("verbose")
     body.finish()
-    check_model_name(state, name)
+    if not name:
+        raise bad_request("model is required", "model")
+    entry = await pool_of(request).lookup(name)
+    if entry.state is None and _has_header(entry):
+        return JSONResponse(await asyncio.to_thread(stored_show, entry))
+    state = entry.state or await pool_of(request).load(entry)
+    return JSONResponse(_loaded_show(state))
+
+
+def _has_header(entry: PoolEntry) -> bool:
+    """A store model or a `.base` file: its header says what /api/show tells."""
+    path = Path(entry.servable.ref).expanduser()
+    return not path.exists() or (path.is_file() and path.suffix == ".base")
+
+
+def _loaded_show(state: ModelState) -> dict[str, Any]:
     entry = served_entry(state)
     config = state.client.engine.loaded.config
     arch = entry["details"]["family"]
@@ -152,120 +200,42 @@ async def ollama_show(request: Request) -> Response:
     shape = {**architecture(config), "context_length": state.max_model_len, "vocab_size": state.vocab_size}
     info.update({f"{arch}.{key}": value for key, value in shape.items() if value is not None})
     template = state.tokenizer.to_hf_files()[1].get("chat_template") or ""
+    return _show_body(state.model_name, template, entry["details"], info, entry["modified_at"])
+
+
+def _show_body(name: str, template: Any, details: dict, info: dict, modified_at: str) -> dict[str, Any]:
     capabilities = ["completion", "embedding"] + (["tools"] if "tools" in str(template) else [])
-    return JSONResponse(
-        {
-            "license": "",
-            "modelfile": f"# served by base\nFROM {state.model_name}\n",  # never a path on this machine
-            "parameters": "",
-            "template": template if isinstance(template, str) else "",
-            "details": entry["details"],
-            "model_info": info,
-            "capabilities": capabilities,
-            "modified_at": entry["modified_at"],
-        }
-    )
+    return {
+        "license": "",
+        "modelfile": f"# served by base\nFROM {name}\n",  # never a path on this machine
+        "parameters": "",
+        "template": template if isinstance(template, str) else "",
+        "details": details,
+        "model_info": info,
+        "capabilities": capabilities,
+        "modified_at": modified_at,
+    }
 
 
-_STATUS = "_status"  # the HTTP status of a pull's error, for a whole (unstreamed) answer; never sent
+def stored_show(entry: PoolEntry) -> dict[str, Any]:
+    """/api/show of a model not loaded, from its `.base` file's header (store/model_card.py)."""
+    from baselm.loader import resolve
+    from baselm.store.base_reader import BaseFile
+    from baselm.store.model_card import model_card
 
-
-class _QueueProgress:
-    """A pull's download progress as Ollama's status objects, handed to the event loop through a queue."""
-
-    def __init__(self, out: queue.SimpleQueue) -> None:
-        self.out = out
-        self.label, self.total, self.done = "", 0, 0
-
-    def start(self, label: str, total: int, done: int) -> None:
-        self.label, self.total, self.done = label, total, done
-        self._send()
-
-    def advance(self, num_bytes: int) -> None:
-        self.done += num_bytes
-        self._send()
-
-    def finish(self) -> None:
-        self.done = self.total
-        self._send()
-
-    def _send(self) -> None:
-        digest = _digest(self.label)
-        self.out.put(
-            {
-                "status": f"pulling {self.label}",
-                "digest": f"sha256:{digest}",
-                "total": self.total,
-                "completed": self.done,
-            }
-        )
-
-
-def _without_store_path(message: str) -> str:
-    """A store error as the API says it: the store's folder named `$BASE_HOME`, never its place on this machine."""
-    from baselm.store.default_model import base_home
-
-    home = base_home()
-    for place in sorted({str(home.resolve()), str(home)}, key=len, reverse=True):
-        message = message.replace(place, "$BASE_HOME")
-    return message
-
-
-def _pull_worker(ref: str, out: queue.SimpleQueue) -> None:
-    from baselm.models import supported_model_types
-    from baselm.store import pull as pulling
-    from baselm.store.errors import StoreError
-
-    try:
-        out.put({"status": "pulling manifest"})
-        stored = pulling.pull(ref, supported=set(supported_model_types()), progress=_QueueProgress(out))
-        out.put({"status": "writing manifest"})
-        out.put({"status": "success", "model": stored.ref})
-    except (StoreError, OSError, ValueError) as exc:
-        out.put({"error": _without_store_path(str(exc)), _STATUS: 400})
-    except Exception as exc:  # a bug: say so without a traceback on the wire
-        logger.exception("pull of %s failed", ref, exc_info=exc)
-        out.put({"error": "the pull failed with an internal error; see the server log", _STATUS: 500})
-    finally:
-        out.put(None)
-
-
-async def _pull_events(ref: str) -> AsyncIterator[dict[str, Any]]:
-    out: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_pull_worker, args=(ref, out), name="base-pull", daemon=True).start()
-    while True:
-        try:
-            item = out.get_nowait()
-        except queue.Empty:
-            await asyncio.sleep(0.05)
-            continue
-        if item is None:
-            return
-        yield item
-
-
-async def ollama_pull(request: Request) -> Response:
-    """POST /api/pull: a hub model (org/name[:tag]) into the store, with progress lines when streamed."""
-    state: serving.ServerState = request.app.state.base
-    body = Body(await serving.read_json(request, state))
-    ref = body.string("model") or body.string("name")
-    body.boolean("insecure")
-    stream = body.boolean("stream", default=True)
-    body.finish()
-    if not ref or "/" not in ref.split(":", 1)[0] or ref.startswith(("/", ".", "~")):
-        raise bad_request("model must be a hub repository, org/name[:tag]", "model")
-    events = _pull_events(ref)
-    if stream:
-        return sse.EventStream(_as_lines(events), "application/x-ndjson")
-    last: dict[str, Any] = {}
-    async for item in events:
-        last = item
-    if "error" in last:
-        raise APIError(last[_STATUS], last["error"], "model")
-    return JSONResponse({"status": last.get("status", "success")})
-
-
-async def _as_lines(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
-    async for item in events:
-        item.pop(_STATUS, None)
-        yield line(item)
+    path = resolve(entry.servable.ref)[1]
+    card = model_card(BaseFile.open(path))
+    arch = card["arch"]
+    details = {
+        "parent_model": "",
+        "format": "base",
+        "family": arch,
+        "families": [arch],
+        "parameter_size": parameter_label(card["params"]),
+        "quantization_level": str(card["quantization"]["scheme"]).upper(),
+    }
+    info = {"general.architecture": arch, "general.parameter_count": card["params"]}
+    shape = {**card["architecture"], "context_length": card["context_length"]}
+    info.update({f"{arch}.{key}": value for key, value in shape.items() if value is not None})
+    modified_at = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat()
+    return _show_body(entry.name, card["chat_template"] or "", details, info, modified_at)

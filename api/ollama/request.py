@@ -16,9 +16,12 @@ from typing import Any
 from starlette.requests import Request
 
 from baselm.api.chat import read_tool
-from baselm.api.errors import APIError, bad_request
+from baselm.api.errors import bad_request
+from baselm.api.keep_alive import parse_keep_alive
+from baselm.api.pool import NOT_GIVEN, pool_of
 from baselm.api.schemas import Body, array_field, check_choice
-from baselm.api.serving import ServerState, read_json
+from baselm.api.serving import read_json
+from baselm.api.state import ModelState, ServerState
 from baselm.sampling.defaults import SAMPLING_NAMES, SamplingDefaults
 
 OLLAMA_DEFAULTS = SamplingDefaults(temperature=0.8, top_p=0.9, top_k=40, min_p=0.0, repetition_penalty=1.1)
@@ -43,21 +46,38 @@ _IGNORED_OPTIONS = frozenset(
 _ROLES = ("system", "user", "assistant", "tool")
 
 
-async def read_body(request: Request) -> tuple[ServerState, Body]:
-    """A route's opening: the server state and the body, its `model` checked (Ollama's names)."""
-    state: ServerState = request.app.state.base
-    body = Body(await read_json(request, state))
-    check_model_name(state, body.string("model"))
-    return state, body
+async def read_body(request: Request) -> tuple[ModelState, Body]:
+    """A route's opening: the body, and the model it names (Ollama's names: `:latest` implied), loaded
+    and leased for the request with the body's `keep_alive` (pool.py)."""
+    server, body = await read_plain(request)
+    return await model_for(request, server, body), body
 
 
-def check_model_name(state: ServerState, name: str | None) -> None:
-    """A 404 unless `name` is the served model (Ollama's implicit `:latest` tag allowed)."""
-    if name is None:
-        raise bad_request("model is required", "model")
-    if name in (state.model_name, f"{state.model_name}:latest") or name.removesuffix(":latest") == state.model_name:
-        return
-    raise APIError(404, f"model '{name}' not found; this server serves '{state.model_name}'", "model")
+async def read_plain(request: Request) -> tuple[ServerState, Body]:
+    """The server's state and the body, its model not yet looked up."""
+    server: ServerState = request.app.state.base
+    return server, Body(await read_json(request, server))
+
+
+def model_field(body: Body, *names: str) -> str:
+    """The model a body names (in `model`, or Ollama's older `name`); a 400 when it names none."""
+    for name in names or ("model",):
+        value = body.string(name)
+        if value:
+            return value
+    raise bad_request("model is required", "model")
+
+
+def keep_alive_field(body: Body) -> float | str | None:
+    """The body's `keep_alive` in seconds (None: for ever), or NOT_GIVEN when it sets none."""
+    value = body.raw("keep_alive")
+    return NOT_GIVEN if value is None else parse_keep_alive(value)
+
+
+async def model_for(request: Request, server: ServerState, body: Body) -> ModelState:
+    """The model `body` names, under a lease that keeps it loaded to the request's end."""
+    name = model_field(body)
+    return await pool_of(request).acquire(request.scope, name, keep_alive_field(body))
 
 
 def sampling_from_options(body: Body) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from baselm.api.answer_text import AnswerText
 from baselm.api.chat import ChatRequest, forces_call, parses_tools, prepare, read_tool, template_kwargs
 from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, array_field, check_choice, check_json_text, read_common
+from baselm.api.state import ModelState
 from baselm.request import RequestOutput
 from baselm.sampling.params import TokenLogprobs
 from baselm.toolcalls import parsers
@@ -43,7 +44,7 @@ class _ChatAnswer(serving.ChoicesAnswer):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, state: serving.ServerState, chat: ChatRequest, prompt_ids: list[int]) -> None:
+    def __init__(self, state: ModelState, chat: ChatRequest, prompt_ids: list[int]) -> None:
         super().__init__(state, chat.common, chat.common.n)
         self.chat = chat
         fmt = state.tool_format if parses_tools(chat) else None

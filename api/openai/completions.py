@@ -20,6 +20,7 @@ from starlette.responses import Response
 from baselm.api import serving
 from baselm.api.errors import bad_request
 from baselm.api.schemas import Body, Common, read_common
+from baselm.api.state import ModelState
 from baselm.request import RequestOutput
 from baselm.sampling.defaults import SamplingDefaults
 from baselm.sampling.params import TokenLogprobs
@@ -37,7 +38,7 @@ async def completions(request: Request) -> Response:
     return await serving.respond(request, state, jobs, "prompt", answer)
 
 
-def _prepare(state: serving.ServerState, req: CompletionRequest) -> list[serving.Job]:
+def _prepare(state: ModelState, req: CompletionRequest) -> list[serving.Job]:
     """The engine requests: one job for each prompt (the engine makes its n copies). Scoring only
     (max_tokens 0) still draws one token, which the answer leaves out."""
     prompt_ids = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
@@ -61,7 +62,7 @@ class _Logprobs:
         self.top_logprobs: list[dict[str, float] | None] = []
         self.text_offset: list[int] = []
 
-    def add_prompt(self, state: serving.ServerState, prompt_ids: list[int], scored: list[TokenLogprobs]) -> int:
+    def add_prompt(self, state: ModelState, prompt_ids: list[int], scored: list[TokenLogprobs]) -> int:
         """The prompt's tokens from offset 0: the first unscored (null), the rest as the engine scored them."""
         text = serving.token_text(state.tokenizer, prompt_ids[0])
         self.tokens.append(text)
@@ -70,7 +71,7 @@ class _Logprobs:
         self.text_offset.append(0)
         return self.add(state, scored, len(text))
 
-    def add(self, state: serving.ServerState, entries: list[TokenLogprobs], offset: int) -> int:
+    def add(self, state: ModelState, entries: list[TokenLogprobs], offset: int) -> int:
         """Appends `entries`, the first starting at character `offset`; returns the offset after them."""
         for e in entries:
             text = serving.token_text(state.tokenizer, e.token_id)
@@ -106,7 +107,7 @@ class _CompletionAnswer(serving.ChoicesAnswer):
     object = "text_completion"
     chunk_object = "text_completion"
 
-    def __init__(self, state: serving.ServerState, req: CompletionRequest, prompt_ids: list[list[int]]) -> None:
+    def __init__(self, state: ModelState, req: CompletionRequest, prompt_ids: list[list[int]]) -> None:
         super().__init__(state, req.common, len(req.prompts) * req.common.n)
         self.req = req
         self.prompt_ids = prompt_ids

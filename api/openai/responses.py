@@ -27,6 +27,7 @@ from baselm.api.chat import parses_tools, prepare
 from baselm.api.errors import FIELD_ERRORS, APIError
 from baselm.api.openai.responses_request import ResponsesRequest, parse_responses, with_instructions
 from baselm.api.openai.responses_store import ResponseStore
+from baselm.api.state import ModelState
 from baselm.request import RequestOutput
 
 
@@ -52,7 +53,7 @@ async def create_response(request: Request) -> Response:
     return await serving.respond(request, state, jobs, "input", answer)
 
 
-def _prepare(state: serving.ServerState, req: ResponsesRequest) -> list[serving.Job]:
+def _prepare(state: ModelState, req: ResponsesRequest) -> list[serving.Job]:
     try:
         return prepare(state, req.chat)
     except (APIError, *FIELD_ERRORS) as exc:  # chat's names for the fields, in this API's words
@@ -89,7 +90,7 @@ class ResponseAnswer(serving.Answer):
 
     def __init__(
         self,
-        state: serving.ServerState,
+        state: ModelState,
         req: ResponsesRequest,
         prompt_ids: list[int],
         store: ResponseStore,

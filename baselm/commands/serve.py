@@ -13,10 +13,46 @@ from baselm.commands.errors import report_user_errors
 from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower, warn_without_cpu_kernels
 from baselm.commands.options import GenerationOptions
 from baselm.config import ConfigError, EngineConfig
+from baselm.duration import parse_duration
 
 if TYPE_CHECKING:
+    from baselm.api.pool import PoolLimits
     from baselm.commands.serve_pd import PDOptions
     from baselm.distributed.tp.launch import DistOptions
+
+
+@dataclass(frozen=True, slots=True)
+class PoolArgs:
+    """`base serve` with none or several models: which (none: every model in the store), and when
+    they unload (api/pool.py)."""
+
+    refs: tuple[str, ...]
+    keep_alive: float | None  # seconds a model stays loaded after its last request; None: for ever
+    max_loaded: int = 0  # 0: no limit
+    memory_budget: int | None = None  # bytes; None: a safe share of the memory free at start
+
+    def limits(self) -> PoolLimits:
+        from baselm.api.pool import PoolLimits
+        from baselm.api.server import default_memory_budget
+
+        budget = default_memory_budget() if self.memory_budget is None else self.memory_budget
+        return PoolLimits(self.keep_alive, self.max_loaded, budget)
+
+
+def single_model(models: list[str] | None) -> str:
+    """The model `base serve` serves alone (loaded at start, kept), or "" when it serves a pool."""
+    return models[0] if models and len(models) == 1 else ""
+
+
+def pool_args(models: list[str] | None, keep_alive: str, max_loaded: int, memory_budget: int | None) -> PoolArgs | None:
+    """The pool `base serve` runs with none or several models named; None with one."""
+    if models and len(models) == 1:
+        return None
+    try:
+        seconds = parse_duration(keep_alive)
+    except ValueError as exc:
+        raise ConfigError(f"--keep-alive: {exc}") from None
+    return PoolArgs(tuple(models or ()), None if seconds < 0 else seconds, max_loaded, memory_budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +66,17 @@ class ServeArgs:
     server: ServeOptions
     generation: GenerationOptions
     pd: PDOptions | None = None  # --pd (and --role): a prefill/decode group; None: one engine
+    pool: PoolArgs | None = None  # none or several models, loaded on demand; None: `model` alone
 
     def __post_init__(self) -> None:
         if self.server.log_format not in LOG_FORMATS:
             raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}, not {self.server.log_format!r}")
+        if self.pool is None:
+            return
+        if self.pd is not None or self.model.is_distributed:
+            raise ConfigError("--pd and --tensor-parallel serve one model; name exactly one")
+        if self.server.served_model_name:
+            raise ConfigError("--served-model-name names one model; with several, each keeps its own name")
 
     def engine_config(self) -> EngineConfig:
         """The engine's settings with the seed of requests that bring none and the runaway guard."""
@@ -89,8 +132,24 @@ def serve(args: ServeArgs) -> NoReturn:
         with report_user_errors():
             code = serve_pd(args)
         exit_process(code)  # NOTE: every rank of the group ends here, rank 0 once its server stopped
+    if args.pool is not None:
+        exit_process(serve_pool(args, args.pool))
     with report_user_errors():
         loaded, group = open_model(args.model)
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, args.model.dist))
     exit_process(run_server(loaded, args.engine_config(), args.serve_options()))
+
+
+def serve_pool(args: ServeArgs, pool: PoolArgs) -> int:
+    """Serves the pool's models (api/pool.py), each with an engine of `args`' settings; the exit status."""
+    from baselm.api.server import run_pool_server
+    from baselm.api.store_models import StoreLoader
+
+    with report_user_errors():
+        refs = list(pool.refs) or None
+        loader = StoreLoader(args.engine_config(), args.model.device, args.model.require_signature, refs)
+        loader.num_models = len(refs) if refs else 0
+        limits = pool.limits()
+        loader.catalog()  # a model named that is not there fails now, not at its first request
+    return run_pool_server(loader, args.serve_options(), limits)

@@ -49,7 +49,12 @@ API_KEY_FILE_HELP = "Read the key from this file (its one line), out of sight of
 # Options (the basics; --device is options.py's)
 HOST = typer.Option(DEFAULT_HOST, "--host", help="Address to listen on (0.0.0.0: every interface).")
 PORT = typer.Option(DEFAULT_PORT, "--port", help="Port to listen on.")
-SERVED_MODEL_NAME = typer.Option(None, "--served-model-name", help="Model name clients send.")
+SERVED_MODEL_NAME = typer.Option(None, "--served-model-name", help="Model name clients send (one model served).")
+SERVE_MODELS_HELP = (
+    "Models to serve: store names (org/name[:variant] or an alias), .base or .gguf files, or HF folders. "
+    "None: every model in the store, each loaded on its first request."
+)
+SERVE_MODELS = typer.Argument(None, help=SERVE_MODELS_HELP, show_default=False)
 WEBUI = typer.Option(True, "--webui/--no-webui", help="Serve the chat page at / to browsers.")
 
 # Sampling defaults: options.py's generation options, in their own panel
@@ -80,6 +85,19 @@ MAX_BODY = typer.Option(
 MAX_CONNECTIONS = typer.Option(512, "--max-connections", min=1, help=MAX_CONNECTIONS_HELP, rich_help_panel=LIMITS)
 READ_TIMEOUT = typer.Option(30.0, "--read-timeout", min=0.1, help=READ_TIMEOUT_HELP, rich_help_panel=LIMITS)
 SHUTDOWN_TIMEOUT = typer.Option(30.0, "--shutdown-timeout", help=SHUTDOWN_HELP, rich_help_panel=LIMITS)
+
+KEEP_ALIVE_HELP = (
+    "With several models: how long one stays loaded after its last request, e.g. 5m, 1h30m, 0 (at once), "
+    "-1 (for ever); a request's keep_alive overrides it."
+)
+MAX_LOADED_HELP = "With several models: most loaded at once (0: no limit); the least recently used idle one unloads."
+MEMORY_BUDGET_HELP = (
+    "With several models: memory the loaded ones may hold, e.g. 8GiB; the least recently used idle one unloads "
+    "to make room (default: 3/4 of the memory free at start; 0: no limit)."
+)
+KEEP_ALIVE = typer.Option("5m", "--keep-alive", help=KEEP_ALIVE_HELP, rich_help_panel=LIMITS)
+MAX_LOADED_MODELS = typer.Option(0, "--max-loaded-models", min=0, help=MAX_LOADED_HELP, rich_help_panel=LIMITS)
+MEMORY_BUDGET = typer.Option(None, "--memory-budget", help=MEMORY_BUDGET_HELP, rich_help_panel=LIMITS)
 
 # Distributed (--tensor-parallel, --hostfile, --rank and --moe-split are options.py's, in this panel already)
 PD = typer.Option(None, "--pd", help=PD_HELP, rich_help_panel=DISTRIBUTED)

@@ -184,7 +184,7 @@ VANISHING = {
 
 
 def _answered(metrics: dict[str, float], path: str, status: int) -> float:
-    return metrics.get(f'base_requests_total{{endpoint="{path}",status="{status}"}}', 0.0)
+    return metrics.get(f'base_requests_total{{endpoint="{path}",status="{status}",model="tiny"}}', 0.0)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])

@@ -244,4 +244,4 @@ def test_a_real_bug_is_500_without_a_traceback(make_server_with):
     assert "secret" not in error["message"] and error["type"] == "server_error"
     assert_serving(server)
     counts = server.http().get("/metrics").text
-    assert 'base_requests_total{endpoint="other",status="500"} 1' in counts
+    assert 'base_requests_total{endpoint="other",status="500",model=""} 1' in counts

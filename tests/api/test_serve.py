@@ -34,9 +34,11 @@ def _free_port() -> int:
 
 
 class ServeProcess:
-    def __init__(self, model: Path | str, *args: str, timeout: float = 120.0) -> None:
+    def __init__(self, model: Path | str | None, *args: str, timeout: float = 120.0) -> None:
+        """`base serve MODEL ARGS`; `model` None serves every model of the store (`$BASE_HOME`)."""
         self.port = _free_port()
-        command = [sys.executable, "-m", "baselm.cli", "serve", str(model), "--port", str(self.port), *args]
+        models = [] if model is None else [str(model)]
+        command = [sys.executable, "-m", "baselm.cli", "serve", *models, "--port", str(self.port), *args]
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self._output = threading.Condition()  # notified on each line read and at the end of the output

@@ -12,7 +12,7 @@ from baselm.api.errors import APIError
 from baselm.api.openai.responses import ResponseAnswer
 from baselm.api.openai.responses_request import parse_responses
 from baselm.api.openai.responses_store import ResponseStore
-from baselm.api.serving import ServerState
+from baselm.api.state import ModelState, ServerState
 from baselm.request import RequestOutput
 from tests.api.conftest import MODEL
 
@@ -35,7 +35,7 @@ def _events(answer, error: Exception) -> list[tuple[str, dict]]:
 
 
 def test_responses_stream_ends_with_a_typed_error_event(server):
-    state = ServerState(server.client, MODEL)
+    state = ModelState.serving(server.client, MODEL, ServerState())
     req = parse_responses({"model": MODEL, "input": "Hi", "stream": True})
     answer = ResponseAnswer(state, req, [1, 2, 3], ResponseStore(), [])
     events = _events(answer, APIError(503, "the server is shutting down"))
@@ -53,7 +53,7 @@ def test_responses_stream_ends_with_a_typed_error_event(server):
 
 
 def test_messages_stream_ends_with_an_anthropic_error_event(server):
-    state = ServerState(server.client, MODEL)
+    state = ModelState.serving(server.client, MODEL, ServerState())
     chat = parse_messages({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
     events = _events(MessageAnswer(state, chat, [1, 2, 3]), APIError(503, "the server is shutting down"))
     assert [name for name, _ in events] == [

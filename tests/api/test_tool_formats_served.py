@@ -29,7 +29,7 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 @pytest.fixture
 def served_format(server):
     """Sets the shared server's tool-call format for one test, as if its model's template taught it."""
-    state = server.server.config.app.state.base
+    state = server.server.config.app.state.pool.entries[server.model_name].state
     before = state.tool_format
 
     def set_format(fmt: str) -> None:

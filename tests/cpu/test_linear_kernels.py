@@ -146,3 +146,30 @@ def test_weights_large_enough_to_split_across_threads(kernels) -> None:
     for rows in (1, 7):
         xq = mx.random.normal((rows, 128))
         _close(kernels.affine_linear(xq, codes, scales, biases, 32, 8), xq @ dense.T, xq, dense)
+
+
+def test_callers_on_several_threads_at_once_each_get_their_own_answer(kernels) -> None:
+    """Each thread evaluates on its own MLX stream (one engine a thread, as a server of several
+    models runs them): calls at once must not share a scratch buffer."""
+    import threading
+
+    mx.random.seed(11)
+    k = 256
+    codes, scales, biases = mx.quantize(mx.random.normal((96, k)), 32, 4)  # small: each call runs on its caller
+    inputs = [mx.random.normal((9, k)) for _ in range(2)]  # 9 rows: decoded through the scratch buffer
+    expected = [np.array(kernels.affine_linear(x, codes, scales, biases, 32, 4)) for x in inputs]
+    start = threading.Barrier(2)
+    mismatches = [0, 0]
+
+    def call(index: int) -> None:
+        start.wait()
+        for _ in range(1000):
+            got = np.array(kernels.affine_linear(inputs[index], codes, scales, biases, 32, 4))
+            mismatches[index] += not np.array_equal(got, expected[index])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert mismatches == [0, 0]

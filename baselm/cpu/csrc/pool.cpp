@@ -200,8 +200,12 @@ void parallel_for(int num_chunks, const std::function<void(int, int, int)>& fn) 
 }
 
 float* thread_scratch(int thread, size_t count) {
+  // NOTE: thread 0 is the caller, and callers may be several at once (each MLX stream runs its own
+  // thread, and a process may run several engines): its buffer is the calling thread's own. The
+  // workers' slots are used only inside `Pool::run`, one job at a time.
+  thread_local std::vector<float> caller;
   pool();  // the slots are sized for every pool thread when the pool starts
-  auto& buffer = scratch_slots()[thread];
+  auto& buffer = thread == 0 ? caller : scratch_slots()[thread];
   if (buffer.size() < count) buffer.resize(count);
   return buffer.data();
 }

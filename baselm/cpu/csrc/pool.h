@@ -24,7 +24,8 @@ void parallel_for(int num_chunks, size_t bytes, const std::function<void(int, in
 void parallel_for(int num_chunks, const std::function<void(int, int, int)>& fn);
 int num_threads();
 
-// A float buffer of at least `count` floats owned by pool thread `thread` (reused across calls).
+// A float buffer of at least `count` floats owned by pool thread `thread` (reused across calls);
+// thread 0's is the calling thread's own, so callers on several threads never share one.
 float* thread_scratch(int thread, size_t count);
 
 void register_runtime(nanobind::module_& m);

@@ -52,6 +52,7 @@ class Adapter:
 
     path: Path
     deltas: dict[str, Delta]
+    scale: float = 1.0  # the `:scale` asked for (already in the deltas' factors)
 
 
 def read_adapter(spec: str) -> Adapter:
@@ -62,7 +63,7 @@ def read_adapter(spec: str) -> Adapter:
         path_text, scale = head, float(tail)
     path = Path(path_text).expanduser()
     if path.suffix == ".gguf":
-        return Adapter(path, _gguf(path, scale))
+        return Adapter(path, _gguf(path, scale), scale)
     config_file = path / "adapter_config.json"
     if not config_file.is_file():
         raise AdapterError(f"{path}: no adapter_config.json; an adapter is an mlx-lm or PEFT adapter folder")
@@ -71,9 +72,9 @@ def read_adapter(spec: str) -> Adapter:
     except ValueError as exc:
         raise AdapterError(f"{config_file}: not valid JSON ({exc})") from None
     if (path / "adapters.safetensors").is_file():
-        return Adapter(path, _mlx_lm(path, config, scale))
+        return Adapter(path, _mlx_lm(path, config, scale), scale)
     if (path / "adapter_model.safetensors").is_file():
-        return Adapter(path, _peft(path, config, scale))
+        return Adapter(path, _peft(path, config, scale), scale)
     raise AdapterError(f"{path}: neither adapters.safetensors (mlx-lm) nor adapter_model.safetensors (PEFT)")
 
 

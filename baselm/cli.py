@@ -417,6 +417,7 @@ def serve(
     served_model_name: str | None = opt.SERVED_MODEL_NAME,
     webui: bool = opt.WEBUI,
     device: str = DEVICE,
+    adapter: list[str] = ADAPTER,
     kv_memory: str | None = opt.KV_MEMORY,
     kv_bits: int = opt.SERVE_KV_BITS,
     max_num_seqs: int = opt.MAX_NUM_SEQS,
@@ -454,7 +455,6 @@ def serve(
 
     with report_user_errors():
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
-        dist_with_file = with_prefix_cache_file(dist, prefix_cache_file)
         config = replace(
             _serve_engine(kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
@@ -465,7 +465,7 @@ def serve(
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
         _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format)
         _set_browser_access(server, cors_origins, allowed_hosts, webui)
-        model_args = ModelArgs(command.single_model(models), device, require_signature, dist_with_file)
+        model_args = command.model_args(models, device, require_signature, dist, prefix_cache_file, adapter)
         pool = command.pool_args(models, keep_alive, max_loaded_models, parse_optional_size(memory_budget))
         args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist), pool)
     command.serve(args)

@@ -114,8 +114,10 @@ class LLMEngine:
         if not config.prefix_cache_file:
             return None
         open_file = getattr(loaded.model, "open_prefix_cache", PersistentPrefixCache.open)  # a group's: one per rank
+        # LoRA adapters (one process alone: they are refused over several) are part of the K/V's identity.
+        adapters = {"adapters": [(a.path, a.scale) for a in loaded.adapters]} if loaded.adapters else {}
         return open_file(
-            config.prefix_cache_file, loaded.path, self.kv_manager, self.cache, config.prefix_cache_max_size
+            config.prefix_cache_file, loaded.path, self.kv_manager, self.cache, config.prefix_cache_max_size, **adapters
         )
 
     def save_prefix_cache(self) -> int | None:

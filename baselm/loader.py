@@ -39,6 +39,7 @@ class LoadedModel:
     config: dict[str, Any]
     eos_token_ids: tuple[int, ...]
     backend: Backend
+    adapters: tuple[Adapter, ...] = ()  # the LoRA adapters in its weights (its K/V differ from the file's)
 
     @property
     def max_model_len(self) -> int:
@@ -209,4 +210,5 @@ def load_model(
         config=config,
         eos_token_ids=_eos_ids(config, tokenizer),
         backend=backend,
+        adapters=tuple(adapters),
     )

@@ -143,3 +143,26 @@ def test_base_run_takes_adapters_and_refuses_a_bad_one_in_one_line(tmp_path):
     assert json.loads(plain.stdout)["token_ids"] != json.loads(adapted.stdout)["token_ids"]
     refused = run("--adapter", str(tmp_path / "nothing"))
     assert refused.returncode == 1 and refused.stderr.strip().endswith("an adapter is an mlx-lm or PEFT adapter folder")
+
+
+def test_the_prefix_cache_file_of_an_adapted_model_is_its_own(tmp_path):
+    """K/V saved for the model with an adapter are not loaded for it without (or at another scale)."""
+    from baselm.config import EngineConfig
+    from baselm.engine import LLMEngine
+    from baselm.sampling.params import SamplingParams
+
+    cache_file = str(tmp_path / "prefix.kvc")
+    prompt = list(range(3, 40))
+
+    def cached_after_restart(*adapters: str) -> int:
+        loaded = load_model(str(LLAMA), select_backend("cpu"), adapters=[read_adapter(a) for a in adapters])
+        engine = LLMEngine(loaded, EngineConfig(prefix_cache_file=cache_file, block_size=16))
+        result = engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))[0]
+        engine.save_prefix_cache()
+        return result.num_cached_tokens
+
+    adapter = str(ADAPTERS / "peft-llama")
+    assert cached_after_restart(adapter) == 0  # a new file
+    assert cached_after_restart(adapter) == 32  # its own K/V, two full blocks
+    assert cached_after_restart() == 0  # the plain model does not take the adapter's K/V
+    assert cached_after_restart(f"{adapter}:0.5") == 0  # nor another scale

@@ -44,6 +44,24 @@ def single_model(models: list[str] | None) -> str:
     return models[0] if models and len(models) == 1 else ""
 
 
+def model_args(
+    models: list[str] | None,
+    device: str,
+    require_signature: bool,
+    dist: DistOptions | None,
+    prefix_cache_file: str | None,
+    adapters: list[str],
+) -> ModelArgs:
+    """The model `base serve` serves alone ("" when it serves a pool), over `dist` (which keeps the
+    prefix cache file for the group), with its `--adapter`s: a pool's models are loaded as they are."""
+    from baselm.commands.options import with_prefix_cache_file
+
+    if adapters and not (models and len(models) == 1):
+        raise ConfigError("--adapter applies to the one model served: base serve MODEL --adapter PATH")
+    dist = with_prefix_cache_file(dist, prefix_cache_file)
+    return ModelArgs(single_model(models), device, require_signature, dist, tuple(adapters))
+
+
 def pool_args(models: list[str] | None, keep_alive: str, max_loaded: int, memory_budget: int | None) -> PoolArgs | None:
     """The pool `base serve` runs with none or several models named; None with one."""
     if models and len(models) == 1:

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -301,11 +302,20 @@ class PersistentPrefixCache:
 
     @classmethod
     def open(
-        cls, path: str, weights: Path, kv: KVCacheManager, cache: PagedKVCache, max_size: int | None
+        cls,
+        path: str,
+        weights: Path,
+        kv: KVCacheManager,
+        cache: PagedKVCache,
+        max_size: int | None,
+        adapters: Sequence[tuple[Path, float]] = (),
     ) -> PersistentPrefixCache:
-        """The file at `path` for the model at `weights`, its blocks loaded into the pool; it keeps at
-        most `max_size` bytes of K/V (None: the pool's size)."""
-        stamp = fingerprint(weights_fingerprint(weights), cache)
+        """The file at `path` for the model at `weights` (with LoRA `adapters` at their scales in its
+        weights, which change every K/V), its blocks loaded into the pool; it keeps at most `max_size`
+        bytes of K/V (None: the pool's size)."""
+        weights_id = weights_fingerprint(weights)
+        weights_id += "".join(f"+{weights_fingerprint(p)}*{scale!r}" for p, scale in adapters)
+        stamp = fingerprint(weights_id, cache)
         max_bytes = cache.nbytes if max_size is None else max_size
         persistent = cls(Path(path).expanduser(), kv, cache, stamp, max_bytes)
         persistent.load()

@@ -55,6 +55,7 @@ def test_serve_with_several_models_serves_those_alone(store):
         (["--served-model-name", "x"], "--served-model-name names one model"),
         (["--keep-alive", "soon"], "--keep-alive"),
         (["org/nothing:q4", "org/tiny:q8"], "no stored model named"),
+        (["--adapter", "some/folder"], "--adapter applies to the one model served"),
     ],
 )
 def test_serve_refuses_what_a_pool_cannot_do_with_one_line(store, args, says):
@@ -62,3 +63,18 @@ def test_serve_refuses_what_a_pool_cannot_do_with_one_line(store, args, says):
         [sys.executable, "-m", "baselm.cli", "serve", *args], capture_output=True, text=True, timeout=120
     )
     assert result.returncode != 0 and says in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_one_model_with_an_adapter_answers_as_the_adapted_model(store):
+    from tests.paths import FIXTURES
+
+    answers = []
+    for extra in ((), ("--adapter", str(FIXTURES / "adapters" / "peft-llama"))):
+        served = ServeProcess(store[0], "--kv-memory", "4MiB", *extra)
+        try:
+            served.output_through("Try:")
+            completion = served.openai().completions.create(model=store[0], prompt="hello", max_tokens=8, temperature=0)
+            answers.append(completion.choices[0].text)
+        finally:
+            served.close()
+    assert answers[0] != answers[1]

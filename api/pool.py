@@ -60,6 +60,15 @@ class ModelLoader(Protocol):
         """Every model the server may serve, read again after the store changed."""
         ...
 
+    def add(self, ref: str) -> None:
+        """Serves the store model `ref` too (pulled or copied through the API) when the server
+        serves a chosen set; serving the whole store, it is in the next catalog anyway."""
+        ...
+
+    def remove(self, ref: str) -> None:
+        """Serves `ref` no more (deleted from the store through the API)."""
+        ...
+
     def load(self, servable: Servable, server: ServerState) -> ModelState:
         """The model started: its engine running."""
         ...

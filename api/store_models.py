@@ -86,6 +86,15 @@ class StoreLoader:
         kv_memory = self.config.kv_memory
         return named_servables(self.refs, kv_memory) if self.refs is not None else store_servables(kv_memory)
 
+    def add(self, ref: str) -> None:
+        if self.refs is not None and ref not in self.refs:
+            self.refs.append(ref)
+            self.num_models = len(self.refs)
+
+    def remove(self, ref: str) -> None:
+        if self.refs is not None and ref in self.refs:
+            self.refs.remove(ref)
+
     def load(self, servable: Servable, server: ServerState) -> ModelState:
         from baselm.backend import select_backend
         from baselm.engine import LLMEngine

@@ -122,6 +122,8 @@ async def _pull_events(ref: str, pool: ModelPool) -> AsyncIterator[dict[str, Any
         if item is None:
             return
         if item.get("status") == "success":
+            if pool.loader is not None:
+                pool.loader.add(item["model"])
             await pool.refresh()
         yield item
 
@@ -166,7 +168,9 @@ async def ollama_copy(request: Request) -> Response:
     destination = body.string("destination", required=True)
     body.finish()
     entry = pool_of(request).find(source)
-    await _in_store(lambda: Store().copy(entry.servable.ref if entry else source, destination), "source")
+    copied = await _in_store(lambda: Store().copy(entry.servable.ref if entry else source, destination), "source")
+    if pool_of(request).loader is not None:
+        pool_of(request).loader.add(copied.ref)
     await pool_of(request).refresh()
     return Response(status_code=200)
 
@@ -184,7 +188,9 @@ async def ollama_delete(request: Request) -> Response:
     entry = pool_of(request).find(name)
     if entry is not None and entry.state is not None and not await pool_of(request).unload(entry):
         raise APIError(409, f"model {entry.name!r} is answering requests; delete it once they end", "model")
-    await _in_store(lambda: Store().remove(entry.servable.ref if entry else name), "model")
+    removed = await _in_store(lambda: Store().remove(entry.servable.ref if entry else name), "model")
+    if pool_of(request).loader is not None:
+        pool_of(request).loader.remove(entry.servable.ref if entry else removed.ref)
     await pool_of(request).refresh()
     return Response(status_code=200)
 

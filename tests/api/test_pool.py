@@ -330,3 +330,21 @@ def test_every_api_answers_with_the_model_its_request_names(models, pool_server)
             tokens = http.post("/tokenize", json={"model": ref, "prompt": "Hi"})
             assert tokens.status_code == 200 and tokens.json()["count"] > 0
     assert server.loaded() == sorted(models)
+
+
+def test_a_server_of_a_chosen_set_serves_what_is_pulled_or_copied_into_it_and_drops_what_is_deleted(
+    models, pool_server, tmp_path
+):
+    from tests.tiny_model import write_model_folder
+
+    folder = write_model_folder(tmp_path / "set-pulled", max_position_embeddings=512)
+    server = pool_server(refs=[models[0]])
+    with server.http() as http:
+        done = json.loads(http.post("/api/pull", json={"model": str(folder)}).text.splitlines()[-1])
+        assert http.post("/api/generate", json={"model": done["model"], "prompt": "Hi", "stream": False}).json()["done"]
+        assert http.post("/api/copy", json={"source": models[0], "destination": "org/set-copy"}).status_code == 200
+        names = [m["id"] for m in http.get("/v1/models").json()["data"]]  # the served set
+        assert done["model"] in names and "org/set-copy:q8" in names and models[1] not in names
+        for name in (done["model"], "org/set-copy"):
+            assert http.request("DELETE", "/api/delete", json={"model": name}).status_code == 200
+        assert [m["id"] for m in http.get("/v1/models").json()["data"]] == [models[0]]

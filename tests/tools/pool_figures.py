@@ -1,6 +1,7 @@
 """Figures of `base serve` with no model (api/pool.py): a model's load time, the time to first token
 of a cold model (its load included) and of a warm one, and the server's RSS with 0, 1 and 2 models
-loaded, after they unload, and after loading and unloading both once more.
+loaded, after they unload, and after loading and unloading both once more; and how two loaded
+models share the CPU when both answer at once.
 
 The store is a temporary one holding SmolLM2-135M-Instruct (its Q4_1 GGUF, fetched once as the tests
 do) under two names; both names point at one file, and each loads as a model of its own (its own
@@ -64,6 +65,25 @@ def _first_token_seconds(url: str, model: str) -> float:
     raise RuntimeError("no token came")
 
 
+def _shares(url: str, models: list[str], streams: int = 4, tokens: int = 64) -> dict[str, float]:
+    """Each model's decode tok/s while both answer `streams` requests at once (two engines sharing
+    the CPU), and the slower's share of the faster's: 1.0 is an even split."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(model: str) -> tuple[str, int, float]:
+        body = {"model": model, "prompt": "Once upon a time", "max_tokens": tokens, "temperature": 0}
+        body["ignore_eos"] = True
+        started = time.perf_counter()
+        answer = httpx.post(f"{url}/v1/completions", json=body, timeout=600).json()
+        return model, answer["usage"]["completion_tokens"], time.perf_counter() - started
+
+    with ThreadPoolExecutor(len(models) * streams) as pool:
+        done = list(pool.map(one, [m for m in models for _ in range(streams)]))
+    rates = {m: sum(n for name, n, _ in done if name == m) / max(s for name, _, s in done if name == m) for m in models}
+    slower, faster = sorted(rates.values())
+    return {"two_engines_tok_s_min": slower, "two_engines_tok_s_max": faster, "two_engines_share": slower / faster}
+
+
 def _wait_unloaded(url: str) -> None:
     deadline = time.monotonic() + 120
     while httpx.get(f"{url}/api/ps", timeout=30).json()["models"]:
@@ -102,6 +122,7 @@ def measure(kv_memory: str) -> dict[str, float]:
         figures["warm_ttft_seconds"] = min(_first_token_seconds(url, models[0]) for _ in range(3))
         figures["cold_ttft_seconds"] = _first_token_seconds(url, models[1])  # loads the second model first
         figures["rss_2_models_mib"] = _rss_mib(server.pid)
+        figures |= _shares(url, models)
         for model in models:
             httpx.post(f"{url}/models/unload", json={"model": model}, timeout=60).raise_for_status()
         _wait_unloaded(url)

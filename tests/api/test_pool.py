@@ -348,3 +348,33 @@ def test_a_server_of_a_chosen_set_serves_what_is_pulled_or_copied_into_it_and_dr
         for name in (done["model"], "org/set-copy"):
             assert http.request("DELETE", "/api/delete", json={"model": name}).status_code == 200
         assert [m["id"] for m in http.get("/v1/models").json()["data"]] == [models[0]]
+
+
+def test_clients_that_leave_while_their_model_loads_leave_no_lease_and_the_model_serves_the_next(
+    models, pool_server, monkeypatch
+):
+    import threading
+
+    import httpx
+
+    from baselm.api.store_models import StoreLoader
+
+    may_finish = threading.Event()
+    real_load = StoreLoader.load
+
+    def slow_load(self, servable, server):
+        assert may_finish.wait(60), "the test never let the load finish"
+        return real_load(self, servable, server)
+
+    monkeypatch.setattr(StoreLoader, "load", slow_load)
+    server = pool_server()
+    body = {"model": models[1], "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    for _ in range(3):  # three clients give up while the load runs
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.3)
+    may_finish.set()
+    server.wait_for(lambda: server.loaded() == [models[1]], "loaded")
+    entry = server.pool.entries[models[1]]
+    server.wait_for(lambda: entry.num_leases == 0, "without leases")
+    assert entry.num_loads == 1
+    assert server.openai().completions.create(**body).choices[0].text is not None

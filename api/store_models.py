@@ -14,12 +14,12 @@ from __future__ import annotations
 import gc
 import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from baselm.api.pool import Servable
 from baselm.api.state import ModelState, ServerState
-from baselm.async_engine import AsyncEngine
+from baselm.async_engine import AsyncEngine, EngineThreads
 from baselm.config import EngineConfig
 
 
@@ -81,6 +81,8 @@ class StoreLoader:
     require_signature: bool = False
     refs: list[str] | None = None
     num_models: int = 0  # how many the server may serve: a prefix-cache file is split past one
+    # The engines' threads, reused from one load to the next (see EngineThreads).
+    threads: EngineThreads = field(default_factory=EngineThreads)
 
     def catalog(self) -> list[Servable]:
         kv_memory = self.config.kv_memory
@@ -102,7 +104,7 @@ class StoreLoader:
 
         loaded = load_model(servable.ref, select_backend(self.device), require_signature=self.require_signature)
         engine = LLMEngine(loaded, self._config_for(servable.name))
-        return ModelState.serving(AsyncEngine(engine).start(), servable.name, server)
+        return ModelState.serving(AsyncEngine(engine, self.threads).start(), servable.name, server)
 
     def _config_for(self, name: str) -> EngineConfig:
         if not self.config.prefix_cache_file or self.num_models == 1:

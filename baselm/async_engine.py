@@ -39,6 +39,41 @@ def _wait_native_exit(native_id: int | None, deadline: float) -> None:
         time.sleep(0.005)
 
 
+class EngineThreads:
+    """Long-lived threads that run engines one after another, for a server that loads and unloads
+    models: MLX keeps each thread's stream, with its scheduler thread, after the thread ends, so a
+    new thread a load would leave one thread behind each time. A thread whose engine stopped waits
+    for the next; there are as many as engines ever ran at once."""
+
+    def __init__(self) -> None:
+        self._idle: list[queue.SimpleQueue] = []
+        self._lock = threading.Lock()
+
+    def run(self, target: Callable[[], None]) -> threading.Event:
+        """Runs `target` on an idle thread (a new one when none is); the event is set once it returned."""
+        done = threading.Event()
+        with self._lock:
+            jobs = self._idle.pop() if self._idle else self._new_thread()
+        jobs.put((target, done))
+        return done
+
+    def _new_thread(self) -> queue.SimpleQueue:
+        jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._work, args=(jobs,), name="base-engine", daemon=True).start()
+        return jobs
+
+    def _work(self, jobs: queue.SimpleQueue) -> None:
+        while True:
+            target, done = jobs.get()
+            try:
+                target()
+            finally:
+                target = None  # the engine it ran, and its memory, must not wait here for the next
+                with self._lock:
+                    self._idle.append(jobs)  # first: a load right after this stop takes this thread
+                done.set()
+
+
 def _add_request(engine: LLMEngine, *args: Any) -> str:
     return engine.add_request(*args)  # NOTE: looked up on the engine, which may be LLMEngine's look-alike (PDEngine)
 
@@ -55,8 +90,11 @@ class AsyncEngine:
     at the engine's next step.
     """
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, threads: EngineThreads | None = None):
+        """`threads`: run on one of those (reused after this engine stops) instead of a thread of its own."""
         self.engine = engine
+        self._threads = threads
+        self._done: threading.Event | None = None  # set once `_run` returned on one of `threads`
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # request id -> its reader
         self.embeddings = EmbeddingQueue(engine)  # touched on the engine thread only
@@ -65,17 +103,24 @@ class AsyncEngine:
         self._wake = threading.Event()
 
     def start(self) -> AsyncEngine:
-        self._thread.start()
+        if self._threads is not None:
+            self._done = self._threads.run(self._run)
+        else:
+            self._thread.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
         """Aborts what is in flight and stops the thread.
 
         NOTE: returns only once the OS thread is gone, not just its Python part: MLX frees
-        per-thread state in thread-exit destructors, which must not race interpreter shutdown.
+        per-thread state in thread-exit destructors, which must not race interpreter shutdown. On
+        `EngineThreads` it returns once the engine's loop has, the thread kept for the next engine.
         """
         self._stopping = True
         self._wake.set()
+        if self._done is not None:
+            self._done.wait(timeout)
+            return
         self._thread.join(timeout)
         _wait_native_exit(self._thread.native_id, deadline=time.monotonic() + timeout)
 

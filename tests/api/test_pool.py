@@ -378,3 +378,25 @@ def test_clients_that_leave_while_their_model_loads_leave_no_lease_and_the_model
     server.wait_for(lambda: entry.num_leases == 0, "without leases")
     assert entry.num_loads == 1
     assert server.openai().completions.create(**body).choices[0].text is not None
+
+
+def test_loads_and_unloads_leave_no_thread_behind(models, pool_server):
+    """Each engine runs on a thread the pool reuses: MLX keeps every thread's stream (and its
+    scheduler thread) after the thread ends, so one new thread a load would leave one behind."""
+    import os
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    server = pool_server()
+    with server.http() as http:
+        ask = {"prompt": "Hi", "stream": False, "keep_alive": 0, "options": {"num_predict": 2}}
+        for model in models:  # warm: the first loads start what any load needs once
+            assert http.post("/api/generate", json={"model": model, **ask}).json()["done"]
+        server.wait_for(lambda: server.loaded() == [], "unloaded")
+        before = threads()
+        for _ in range(3):
+            for model in models:
+                assert http.post("/api/generate", json={"model": model, **ask}).json()["done"]
+            server.wait_for(lambda: server.loaded() == [], "unloaded")
+        assert threads() <= before, (before, threads())

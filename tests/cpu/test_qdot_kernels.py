@@ -206,15 +206,15 @@ def test_the_bandwidth_probe_reads_every_word() -> None:
     assert cpu.kernels.read_xor(mx.array(words.view(np.uint32))) == expected
 
 
-def test_by_default_generic_keeps_float_activations(kernels) -> None:
-    """Left to the instruction set (BASE_CPU_EXACT unset), the SIMD builds take integer
-    activations and `generic`, whose integer loops are plain scalar C++, float32 ones."""
+def test_by_default_every_instruction_set_takes_integer_activations(kernels) -> None:
+    """Left to itself (BASE_CPU_EXACT unset) every build, `generic` included (its plain loops
+    vectorized by the compiler), takes integer activations; set_exact(True) takes float32 ones."""
     before = kernels.exact_setting()
     try:
         kernels.set_exact(None)
         assert kernels.exact_setting() is None
-        assert kernels.exact() is (kernels.qdot_isa() == "generic")
-        kernels.set_exact(False)
-        assert kernels.exact() is False and kernels.exact_setting() is False
+        assert kernels.exact() is False
+        kernels.set_exact(True)
+        assert kernels.exact() is True and kernels.exact_setting() is True
     finally:
         kernels.set_exact(before)

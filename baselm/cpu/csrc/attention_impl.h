@@ -108,23 +108,32 @@ static inline void transpose_keys(const float* v, int head_dim, float* kt) {
   }
 }
 
+// Query rows a tile of the score and accumulate loops takes at once: their sums (R x 16 lanes)
+// must stay in registers (32 with AVX-512, 16 otherwise).
+constexpr int kRowTile = kNative == 16 ? 8 : (kNative == 8 ? 4 : 2);
+
 // scores (rows, 16) of the query rows against 16 keys held transposed in kt (head_dim, 16).
 // R rows at a time: R independent multiply-add chains keep both FMA pipes busy.
 template <int R>
 static inline void scores_rows(const Scratch& w, int m, int head_dim, vf* s) {
-  vf acc[R] = {};
+  vn acc[R][kParts] = {};
   const float* q = &w.q[size_t(m) * head_dim];
   for (int d = 0; d < head_dim; ++d) {
-    const vf k = vload(&w.kt[size_t(d) * kLanes]);
-    for (int r = 0; r < R; ++r) acc[r] += q[size_t(r) * head_dim + d] * k;
+    vn k[kParts];
+    for (int i = 0; i < kParts; ++i) k[i] = nload(&w.kt[size_t(d) * kLanes + i * kNative]);
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < kParts; ++i) acc[r][i] += q[size_t(r) * head_dim + d] * k[i];
   }
-  for (int r = 0; r < R; ++r) s[m + r] = acc[r];
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float out[kLanes];
+    for (int i = 0; i < kParts; ++i) nstore(out + i * kNative, acc[r][i]);
+    s[m + r] = vload(out);
+  }
 }
 
 static inline void scores_transposed(const Scratch& w, int rows, int head_dim, vf* s) {
   int m = 0;
-  for (; m + 8 <= rows; m += 8) scores_rows<8>(w, m, head_dim, s);
-  for (; m + 4 <= rows; m += 4) scores_rows<4>(w, m, head_dim, s);
+  for (; m + kRowTile <= rows; m += kRowTile) scores_rows<kRowTile>(w, m, head_dim, s);
   for (; m < rows; ++m) scores_rows<1>(w, m, head_dim, s);
 }
 
@@ -146,9 +155,12 @@ static inline void scores_dot(const Scratch& w, const float* const* keys, int ro
     alignas(64) float out[kLanes] = {};
     for (int j = 0; j < num_keys; ++j) {
       const float* k = keys[j];
-      vf a{};
-      for (int d = 0; d < head_dim; d += kLanes) a += vload(q + d) * vload(k + d);
-      out[j] = hsum(a);
+      vn a[kParts] = {};
+      for (int d = 0; d < head_dim; d += kLanes)
+        for (int i = 0; i < kParts; ++i) a[i] += nload(q + d + i * kNative) * nload(k + d + i * kNative);
+      alignas(64) float lanes[kLanes];
+      for (int i = 0; i < kParts; ++i) nstore(lanes + i * kNative, a[i]);
+      out[j] = hsum(vload(lanes));
     }
     s[m] = vload(out);
   }
@@ -202,20 +214,23 @@ static inline void accumulate_rows(Scratch& w, const float* const* values, int m
                                    int num_keys) {
   float* acc = &w.acc[size_t(m) * head_dim + d];
   const float* p = &w.p[size_t(m) * kLanes];
-  vf a[R];
-  for (int r = 0; r < R; ++r) a[r] = vload(acc + size_t(r) * head_dim);
+  vn a[R][kParts];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < kParts; ++i) a[r][i] = nload(acc + size_t(r) * head_dim + i * kNative);
   for (int j = 0; j < num_keys; ++j) {
-    const vf v = vload(values[j] + d);
-    for (int r = 0; r < R; ++r) a[r] += p[r * kLanes + j] * v;
+    vn v[kParts];
+    for (int i = 0; i < kParts; ++i) v[i] = nload(values[j] + d + i * kNative);
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < kParts; ++i) a[r][i] += p[r * kLanes + j] * v[i];
   }
-  for (int r = 0; r < R; ++r) vstore(acc + size_t(r) * head_dim, a[r]);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < kParts; ++i) nstore(acc + size_t(r) * head_dim + i * kNative, a[r][i]);
 }
 
 static inline void accumulate(Scratch& w, const float* const* values, int rows, int head_dim, int num_keys) {
   for (int d = 0; d < head_dim; d += kLanes) {
     int m = 0;
-    for (; m + 8 <= rows; m += 8) accumulate_rows<8>(w, values, m, d, head_dim, num_keys);
-    for (; m + 4 <= rows; m += 4) accumulate_rows<4>(w, values, m, d, head_dim, num_keys);
+    for (; m + kRowTile <= rows; m += kRowTile) accumulate_rows<kRowTile>(w, values, m, d, head_dim, num_keys);
     for (; m < rows; ++m) accumulate_rows<1>(w, values, m, d, head_dim, num_keys);
   }
 }

@@ -153,6 +153,16 @@ def test_large_weights_split_across_threads(fast) -> None:
     _check(fast.affine_linear(x, codes, scales, biases, 32, 5), x, codes, scales, biases, 32, 5)
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
+def test_rows_longer_than_a_run_of_unpacked_blocks(fast, bits: int) -> None:
+    """K of 35 blocks: `generic` unpacks a weight row 32 blocks at a time, so its rows end in a
+    short run; 1, 3 and 32 activation rows (the most the integer path takes)."""
+    codes, scales, biases = _quantized(21, 35 * BLOCK, 32, bits, seed=13)
+    for rows in (1, 3, 32):
+        x = mx.random.normal((rows, 35 * BLOCK))
+        _check(fast.affine_linear(x, codes, scales, biases, 32, bits), x, codes, scales, biases, 32, bits)
+
+
 def test_the_exact_path_keeps_float_activations(kernels) -> None:
     """set_exact(True) (BASE_CPU_EXACT=1) multiplies float32 activations: the dequantized
     matmul up to float rounding, which 8-bit activations do not reach."""

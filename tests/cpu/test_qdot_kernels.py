@@ -153,6 +153,16 @@ def test_large_weights_split_across_threads(fast) -> None:
     _check(fast.affine_linear(x, codes, scales, biases, 32, 5), x, codes, scales, biases, 32, 5)
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
+def test_rows_longer_than_a_run_of_unpacked_blocks(fast, bits: int) -> None:
+    """K of 35 blocks: `generic` unpacks a weight row 32 blocks at a time, so its rows end in a
+    short run; 1, 3 and 32 activation rows (the most the integer path takes)."""
+    codes, scales, biases = _quantized(21, 35 * BLOCK, 32, bits, seed=13)
+    for rows in (1, 3, 32):
+        x = mx.random.normal((rows, 35 * BLOCK))
+        _check(fast.affine_linear(x, codes, scales, biases, 32, bits), x, codes, scales, biases, 32, bits)
+
+
 def test_the_exact_path_keeps_float_activations(kernels) -> None:
     """set_exact(True) (BASE_CPU_EXACT=1) multiplies float32 activations: the dequantized
     matmul up to float rounding, which 8-bit activations do not reach."""
@@ -206,15 +216,15 @@ def test_the_bandwidth_probe_reads_every_word() -> None:
     assert cpu.kernels.read_xor(mx.array(words.view(np.uint32))) == expected
 
 
-def test_by_default_generic_keeps_float_activations(kernels) -> None:
-    """Left to the instruction set (BASE_CPU_EXACT unset), the SIMD builds take integer
-    activations and `generic`, whose integer loops are plain scalar C++, float32 ones."""
+def test_by_default_every_instruction_set_takes_integer_activations(kernels) -> None:
+    """Left to itself (BASE_CPU_EXACT unset) every build, `generic` included (its plain loops
+    vectorized by the compiler), takes integer activations; set_exact(True) takes float32 ones."""
     before = kernels.exact_setting()
     try:
         kernels.set_exact(None)
         assert kernels.exact_setting() is None
-        assert kernels.exact() is (kernels.qdot_isa() == "generic")
-        kernels.set_exact(False)
-        assert kernels.exact() is False and kernels.exact_setting() is False
+        assert kernels.exact() is False
+        kernels.set_exact(True)
+        assert kernels.exact() is True and kernels.exact_setting() is True
     finally:
         kernels.set_exact(before)

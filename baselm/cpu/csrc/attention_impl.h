@@ -108,39 +108,61 @@ static inline void transpose_keys(const float* v, int head_dim, float* kt) {
   }
 }
 
+// Query rows a tile of the score and accumulate loops takes at once: their sums (R x 16 lanes)
+// must stay in registers (32 with AVX-512, 16 otherwise).
+constexpr int kRowTile = kNative == 16 ? 8 : (kNative == 8 ? 4 : 2);
+
 // scores (rows, 16) of the query rows against 16 keys held transposed in kt (head_dim, 16).
 // R rows at a time: R independent multiply-add chains keep both FMA pipes busy.
 template <int R>
 static inline void scores_rows(const Scratch& w, int m, int head_dim, vf* s) {
-  vf acc[R] = {};
+  vn acc[R][kParts] = {};
   const float* q = &w.q[size_t(m) * head_dim];
   for (int d = 0; d < head_dim; ++d) {
-    const vf k = vload(&w.kt[size_t(d) * kLanes]);
-    for (int r = 0; r < R; ++r) acc[r] += q[size_t(r) * head_dim + d] * k;
+    vn k[kParts];
+    for (int i = 0; i < kParts; ++i) k[i] = nload(&w.kt[size_t(d) * kLanes + i * kNative]);
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < kParts; ++i) acc[r][i] += q[size_t(r) * head_dim + d] * k[i];
   }
-  for (int r = 0; r < R; ++r) s[m + r] = acc[r];
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float out[kLanes];
+    for (int i = 0; i < kParts; ++i) nstore(out + i * kNative, acc[r][i]);
+    s[m + r] = vload(out);
+  }
 }
 
 static inline void scores_transposed(const Scratch& w, int rows, int head_dim, vf* s) {
   int m = 0;
-  for (; m + 8 <= rows; m += 8) scores_rows<8>(w, m, head_dim, s);
-  for (; m + 4 <= rows; m += 4) scores_rows<4>(w, m, head_dim, s);
+  for (; m + kRowTile <= rows; m += kRowTile) scores_rows<kRowTile>(w, m, head_dim, s);
   for (; m < rows; ++m) scores_rows<1>(w, m, head_dim, s);
 }
 
-// The same scores from the keys as rows of v-layout (16, head_dim): for few query rows (decode),
-// where transposing the keys would cost more than the dot products.
-static inline void scores_dot(const Scratch& w, const float* keys, int rows, int head_dim, int num_keys, vf* s) {
+// Row `row` of the pool as floats: in place for a float32 pool, else decoded into `scratch`.
+static inline const float* pool_row(const PoolView& pool, int64_t row, int head_dim, float* scratch) {
+  if (pool.bits == 0 && pool.dtype == 0) return static_cast<const float*>(pool.data) + row * head_dim;
+  load_row(pool, row, head_dim, scratch);
+  return scratch;
+}
+
+// The same scores from the key rows themselves (keys[j], head_dim floats each): for few query
+// rows (decode), where transposing the keys would cost more than the dot products. Each score
+// goes to a plain float array first: inserting lanes into a vector one at a time compiles, on
+// AVX2, to a round trip through the stack per key.
+static inline void scores_dot(const Scratch& w, const float* const* keys, int rows, int head_dim, int num_keys,
+                              vf* s) {
   for (int m = 0; m < rows; ++m) {
     const float* q = &w.q[size_t(m) * head_dim];
-    vf out{};
+    alignas(64) float out[kLanes] = {};
     for (int j = 0; j < num_keys; ++j) {
-      const float* k = keys + size_t(j) * head_dim;
-      vf a{};
-      for (int d = 0; d < head_dim; d += kLanes) a += vload(q + d) * vload(k + d);
-      out[j] = hsum(a);
+      const float* k = keys[j];
+      vn a[kParts] = {};
+      for (int d = 0; d < head_dim; d += kLanes)
+        for (int i = 0; i < kParts; ++i) a[i] += nload(q + d + i * kNative) * nload(k + d + i * kNative);
+      alignas(64) float lanes[kLanes];
+      for (int i = 0; i < kParts; ++i) nstore(lanes + i * kNative, a[i]);
+      out[j] = hsum(vload(lanes));
     }
-    s[m] = out;
+    s[m] = vload(out);
   }
 }
 
@@ -186,26 +208,30 @@ static inline void softmax_chunk(Scratch& w, vf* s, int rows, int head_dim, int 
   }
 }
 
-// acc (rows, head_dim) += p (rows, 16) . v (16, head_dim), R rows of one 16-wide column at a time.
+// acc (rows, head_dim) += p (rows, 16) . v (16 rows values[j]), R rows of one 16-wide column at a time.
 template <int R>
-static inline void accumulate_rows(Scratch& w, int m, int d, int head_dim, int num_keys) {
+static inline void accumulate_rows(Scratch& w, const float* const* values, int m, int d, int head_dim,
+                                   int num_keys) {
   float* acc = &w.acc[size_t(m) * head_dim + d];
   const float* p = &w.p[size_t(m) * kLanes];
-  vf a[R];
-  for (int r = 0; r < R; ++r) a[r] = vload(acc + size_t(r) * head_dim);
+  vn a[R][kParts];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < kParts; ++i) a[r][i] = nload(acc + size_t(r) * head_dim + i * kNative);
   for (int j = 0; j < num_keys; ++j) {
-    const vf v = vload(&w.v[size_t(j) * head_dim + d]);
-    for (int r = 0; r < R; ++r) a[r] += p[r * kLanes + j] * v;
+    vn v[kParts];
+    for (int i = 0; i < kParts; ++i) v[i] = nload(values[j] + d + i * kNative);
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < kParts; ++i) a[r][i] += p[r * kLanes + j] * v[i];
   }
-  for (int r = 0; r < R; ++r) vstore(acc + size_t(r) * head_dim, a[r]);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < kParts; ++i) nstore(acc + size_t(r) * head_dim + i * kNative, a[r][i]);
 }
 
-static inline void accumulate(Scratch& w, int rows, int head_dim, int num_keys) {
+static inline void accumulate(Scratch& w, const float* const* values, int rows, int head_dim, int num_keys) {
   for (int d = 0; d < head_dim; d += kLanes) {
     int m = 0;
-    for (; m + 8 <= rows; m += 8) accumulate_rows<8>(w, m, d, head_dim, num_keys);
-    for (; m + 4 <= rows; m += 4) accumulate_rows<4>(w, m, d, head_dim, num_keys);
-    for (; m < rows; ++m) accumulate_rows<1>(w, m, d, head_dim, num_keys);
+    for (; m + kRowTile <= rows; m += kRowTile) accumulate_rows<kRowTile>(w, values, m, d, head_dim, num_keys);
+    for (; m < rows; ++m) accumulate_rows<1>(w, values, m, d, head_dim, num_keys);
   }
 }
 
@@ -231,28 +257,33 @@ static void attend_tile_impl(const AttentionShape& a, const float* queries, floa
   first -= first % kLanes;
   const bool transpose = rows >= 8;
   vf* s = w.s.data();
+  const float* rows_of[kLanes];  // the chunk's key (then value) rows
   for (int c = first; c <= last; c += kLanes) {
     const int num_keys = std::min(kLanes, last + 1 - c);
     for (int j = 0; j < num_keys; ++j) {
       const int p = c + j;
       const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-      const int64_t row = slot * a.num_kv_heads + h;
-      load_row(keys, row, head_dim, &w.v[size_t(j) * head_dim]);
+      float* into = &w.v[size_t(j) * head_dim];
+      if (transpose) {
+        load_row(keys, slot * a.num_kv_heads + h, head_dim, into);
+      } else {
+        rows_of[j] = pool_row(keys, slot * a.num_kv_heads + h, head_dim, into);
+      }
     }
     if (transpose) {
       std::fill(w.v.begin() + size_t(num_keys) * head_dim, w.v.end(), 0.0f);
       transpose_keys(w.v.data(), head_dim, w.kt.data());
       scores_transposed(w, rows, head_dim, s);
     } else {
-      scores_dot(w, w.v.data(), rows, head_dim, num_keys, s);
+      scores_dot(w, rows_of, rows, head_dim, num_keys, s);
     }
     softmax_chunk(w, s, rows, head_dim, c, num_keys, a);
     for (int j = 0; j < num_keys; ++j) {
       const int p = c + j;
       const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-      load_row(values, slot * a.num_kv_heads + h, head_dim, &w.v[size_t(j) * head_dim]);
+      rows_of[j] = pool_row(values, slot * a.num_kv_heads + h, head_dim, &w.v[size_t(j) * head_dim]);
     }
-    accumulate(w, rows, head_dim, num_keys);
+    accumulate(w, rows_of, rows, head_dim, num_keys);
   }
   for (int i = i0; i < i1; ++i) {
     for (int g = 0; g < group; ++g) {

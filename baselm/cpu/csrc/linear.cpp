@@ -58,11 +58,10 @@ const QdotKernels& qdot_kernels() {
 // windows: 32 s exact against 124 s on 16-bit activations).
 constexpr int kQdotMaxRows = 32;
 
-// Which activations quantized weights meet: kExactAuto takes integer ones where the ISA has SIMD
-// integer kernels (avx2, avx512) and float32 ones on `generic`, whose float loops the compiler
-// vectorizes and whose integer loops are plain scalar C++ (the reference of the others; an ARM
-// build runs it until it has NEON kernels). BASE_CPU_EXACT=1 / set_exact(True): always float32
-// (the exact path); BASE_CPU_EXACT=0 / set_exact(False): always integer.
+// Which activations quantized weights meet: kExactAuto takes integer ones on every instruction
+// set (`generic`'s integer loops are plain C++ the compiler vectorizes: SSE2 on x86-64, NEON on
+// ARM). BASE_CPU_EXACT=1 / set_exact(True): always float32 (the exact path); BASE_CPU_EXACT=0 /
+// set_exact(False): always integer.
 enum Exact : int { kExactAuto = -1, kExactNo = 0, kExactYes = 1 };
 
 std::atomic<int>& exact_slot() {
@@ -74,12 +73,8 @@ std::atomic<int>& exact_slot() {
   return exact;
 }
 
-// Whether quantized weights meet float32 activations now, `q` being the active integer kernels.
-bool exact_now(const QdotKernels& q) {
-  int exact = exact_slot().load(std::memory_order_relaxed);
-  if (exact == kExactAuto) return &q == &generic::qdot_kernels();
-  return exact == kExactYes;
-}
+// Whether quantized weights meet float32 activations now.
+bool exact_now() { return exact_slot().load(std::memory_order_relaxed) == kExactYes; }
 
 // Output rows are handed to threads in chunks of this many weight rows.
 constexpr int kChunkRows = 16;
@@ -287,7 +282,10 @@ mx::array affine_linear(const mx::array& x, const mx::array& codes, const mx::ar
 void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
   const LinearKernels& kern = kernels();
   const int n = w.N, k = w.K;
-  const size_t bytes = static_cast<size_t>(w.bytes);
+  // The pool is woken for calls with at least kMinParallelBytes of weight reads per activation
+  // row, times the rows: several rows make a small weight's call compute-bound (SmolLM2's q/k/v
+  // at 8 rows took 400 us on one thread), one row keeps the 512 KiB rule.
+  const size_t bytes = static_cast<size_t>(w.bytes) * static_cast<size_t>(M);
   if (w.bits == 0) {
     DenseArgs args{x, k, M, static_cast<const float*>(w.w), k, k, w.bias, y, n};
     const int chunk = dense_chunk_rows(n, bytes);
@@ -296,7 +294,7 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
     return;
   }
   const QdotKernels& q = qdot_kernels();
-  if (M <= kQdotMaxRows && !exact_now(q) && qdot_supports(w.bits, w.group_size, k)) {
+  if (M <= kQdotMaxRows && !exact_now() && qdot_supports(w.bits, w.group_size, k)) {
     QdotArgs args{quantized_buffers(q, x, M, k, w.bits, w.group_size),
                   M,
                   k,
@@ -365,7 +363,7 @@ void register_linear(nb::module_& m) {
       "Quantized matmuls with float32 activations (True, the exact path), integer ones (False), or "
       "integer ones where the ISA has SIMD integer kernels (None, the default).");
   m.def(
-      "exact", [] { return exact_now(qdot_kernels()); }, "Whether quantized matmuls keep float32 activations now.");
+      "exact", [] { return exact_now(); }, "Whether quantized matmuls keep float32 activations now.");
   m.def(
       "exact_setting",
       [] {

@@ -58,8 +58,12 @@ inline bool qdot_supports(int bits, int group_size, int K) {
   return width && group_size % kQBlock == 0 && K % group_size == 0;
 }
 
-constexpr int kQdotMaxTileRows = 4;  // weight rows per register tile
-inline int64_t qdot_scratch_floats(int K) { return (2 * kQdotMaxTileRows + 1) * (K / kQBlock) + 16; }
+constexpr int kQdotMaxTileRows = 4;  // weight rows per register tile (and activation rows)
+// Per block: a tile's weight scales and biases, one row's block scales, a tile's per-block weight
+// scales and their products with 4 activation rows' block scales.
+inline int64_t qdot_scratch_floats(int K) {
+  return (2 * kQdotMaxTileRows + 1 + kQdotMaxTileRows + kQdotMaxTileRows * kQdotMaxTileRows) * (K / kQBlock) + 16;
+}
 
 namespace generic {
 const QdotKernels& qdot_kernels();

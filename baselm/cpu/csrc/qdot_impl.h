@@ -30,14 +30,13 @@ constexpr int B = kQBlock;
 
 // Position p of a block holds value lane_value(bits, p) of the block.
 inline int lane_value(int bits, int p) {
+  if (bits == 4) return p < 16 ? 2 * p : 2 * (p - 16) + 1;
 #if defined(__AVX2__)
   if (bits == 8) return p;
-  if (bits == 4) return p < 16 ? 2 * p : 2 * (p - 16) + 1;
   static const int kQuarters[4] = {0, 16, 8, 24};
   return kQuarters[p / 8] + p % 8;
 #else
-  (void)bits;
-  return p;
+  return p;  // generic: natural order but for 4 bits
 #endif
 }
 
@@ -286,18 +285,16 @@ inline float hsum(__m256 v) {
 }
 
 // out[m][r] = sum over blocks of s_rb * d_mb * (integer dot of block b), for R weight rows from
-// n (their per-block scales at s, R x blocks) against MT activation rows from m0.
+// n against MT activation rows from m0; sd holds the products s_rb * d_mb, (MT x R) x blocks, so
+// the loop takes each as a broadcast load instead of a multiply and a broadcast.
 template <int R, int MT, int BITS, class T>
-__attribute__((always_inline)) inline void tile(const QdotArgs& a, int n, int m0, const float* s,
+__attribute__((always_inline)) inline void tile(const QdotArgs& a, int n, int m0, const float* sd,
                                                 const Decoder& dec, float (*out)[kQdotMaxTileRows]) {
   const int blocks = a.K / B;
   const uint8_t* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = a.codes + static_cast<int64_t>(n + r) * a.ld_bytes;
   const T* xq = static_cast<const T*>(a.x.q) + static_cast<int64_t>(m0) * a.K;
   const int64_t prefetch_ahead = 2 * R * a.ld_bytes > 4096 ? 2 * R * a.ld_bytes : 4096;
-  const float* xd = a.x.d + static_cast<int64_t>(m0) * blocks;
-  const int groups = a.K / a.group_size;
-  const int shift = a.group_size == 32 ? 0 : (a.group_size == 64 ? 1 : (a.group_size == 128 ? 2 : -1));
   __m256 acc[MT][R];
   for (int m = 0; m < MT; ++m)
     for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
@@ -309,13 +306,11 @@ __attribute__((always_inline)) inline void tile(const QdotArgs& a, int n, int m0
       __builtin_prefetch(rows[r] + prefetch_ahead + b * 4 * BITS, 0, 3);
       w[r] = weight_block<BITS, T>(rows[r] + b * 4 * BITS, dec);
     }
-    const int g = shift >= 0 ? b >> shift : b / (a.group_size / B);
     for (int m = 0; m < MT; ++m) {
       const T* x = xq + static_cast<int64_t>(m) * a.K + b * B;
-      const float dm = xd[static_cast<int64_t>(m) * blocks + b];
       for (int r = 0; r < R; ++r) {
         __m256 prod = _mm256_cvtepi32_ps(block_dot<BITS>(w[r], x));
-        acc[m][r] = _mm256_fmadd_ps(prod, _mm256_set1_ps(s[r * groups + g] * dm), acc[m][r]);
+        acc[m][r] = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(sd + (m * R + r) * blocks + b), acc[m][r]);
       }
     }
   }
@@ -329,20 +324,48 @@ constexpr int kWideRows = 4;  // 32 registers: 4 weight rows x 4 activation rows
 constexpr int kWideRows = 2;  // 16 registers: 2 x 4
 #endif
 
+// sd[(m * rows + r) * blocks + b] = sb[r * blocks + b] * d of block b of activation row m0 + m.
+inline void tile_scales(const QdotArgs& a, int m0, int mt, int rows, const float* sb, float* sd) {
+  const int blocks = a.K / B;
+  for (int m = 0; m < mt; ++m) {
+    const float* d = a.x.d + static_cast<int64_t>(m0 + m) * blocks;
+    for (int r = 0; r < rows; ++r) {
+      const float* w = sb + r * blocks;
+      float* out = sd + (m * rows + r) * blocks;
+      int b = 0;
+      for (; b + 8 <= blocks; b += 8)
+        _mm256_storeu_ps(out + b, _mm256_mul_ps(_mm256_loadu_ps(w + b), _mm256_loadu_ps(d + b)));
+      for (; b < blocks; ++b) out[b] = w[b] * d[b];
+    }
+  }
+}
+
+// sb (R x blocks) = each weight row's group scales, one per block.
+inline void per_block(const QdotArgs& a, int rows, const float* s, float* sb) {
+  const int blocks = a.K / B, groups = a.K / a.group_size, per_group = a.group_size / B;
+  for (int r = 0; r < rows; ++r)
+    for (int b = 0; b < blocks; ++b) sb[r * blocks + b] = s[r * groups + b / per_group];
+}
+
 template <int R, int BITS, class T>
-void rows_against_all(const QdotArgs& a, int n, const float* s, const float* c, const Decoder& dec) {
-  const int groups = a.K / a.group_size;
+void rows_against_all(const QdotArgs& a, int n, const float* s, const float* c, float* tables,
+                      const Decoder& dec) {
+  const int groups = a.K / a.group_size, blocks = a.K / B;
+  float* sb = tables;
+  float* sd = tables + kQdotMaxTileRows * blocks;
+  per_block(a, R, s, sb);
   float out[4][kQdotMaxTileRows];
   for (int m0 = 0; m0 < a.M;) {
-    int left = a.M - m0, mt;
-    if (left >= 4) {
-      tile<R, 4, BITS, T>(a, n, m0, s, dec, out), mt = 4;
-    } else if (left == 3) {
-      tile<R, 3, BITS, T>(a, n, m0, s, dec, out), mt = 3;
-    } else if (left == 2) {
-      tile<R, 2, BITS, T>(a, n, m0, s, dec, out), mt = 2;
+    const int left = a.M - m0, mt = left >= 4 ? 4 : left;
+    tile_scales(a, m0, mt, R, sb, sd);
+    if (mt == 4) {
+      tile<R, 4, BITS, T>(a, n, m0, sd, dec, out);
+    } else if (mt == 3) {
+      tile<R, 3, BITS, T>(a, n, m0, sd, dec, out);
+    } else if (mt == 2) {
+      tile<R, 2, BITS, T>(a, n, m0, sd, dec, out);
     } else {
-      tile<R, 1, BITS, T>(a, n, m0, s, dec, out), mt = 1;
+      tile<R, 1, BITS, T>(a, n, m0, sd, dec, out);
     }
     for (int m = 0; m < mt; ++m) {
       float* y = a.y + static_cast<int64_t>(m0 + m) * a.ldy + n;
@@ -416,18 +439,19 @@ void matmul_bits(const QdotArgs& a, int n0, int n1, float* scratch) {
     return;
   }
   const int wide = a.M == 2 ? 4 : kWideRows;
+  float* tables = scratch + (2 * kQdotMaxTileRows + 1) * (a.K / B);
   int n = n0;
   for (; n + wide <= n1; n += wide) {
     widen_rows(a, n, wide, s, c);
     if (wide == 4) {
-      rows_against_all<4, BITS, T>(a, n, s, c, dec);
+      rows_against_all<4, BITS, T>(a, n, s, c, tables, dec);
     } else {
-      rows_against_all<kWideRows, BITS, T>(a, n, s, c, dec);
+      rows_against_all<kWideRows, BITS, T>(a, n, s, c, tables, dec);
     }
   }
   for (; n < n1; ++n) {
     widen_rows(a, n, 1, s, c);
-    rows_against_all<1, BITS, T>(a, n, s, c, dec);
+    rows_against_all<1, BITS, T>(a, n, s, c, tables, dec);
   }
 }
 
@@ -448,34 +472,78 @@ void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
   matmul_as<int8_t>(a, n0, n1, scratch);
 }
 
-#else  // generic: one weight row at a time, codes read from the bit stream
+#else  // generic: plain C++ loops the compiler vectorizes (SSE2 on x86-64, NEON on ARM)
+
+// The 32 codes of the block at p (4 * BITS bytes of MLX's little-endian bit stream) as 16-bit
+// integers, in the order quantize() gave the activations (natural; 4 bits: low nibbles, then high).
+template <int BITS>
+inline void unpack_block(const uint8_t* p, int16_t* out) {
+  if constexpr (BITS == 8) {
+    for (int i = 0; i < B; ++i) out[i] = p[i];
+  } else if constexpr (BITS == 4) {
+    for (int i = 0; i < B / 2; ++i) out[i] = static_cast<int16_t>(p[i] & 15);
+    for (int i = 0; i < B / 2; ++i) out[B / 2 + i] = static_cast<int16_t>(p[i] >> 4);
+  } else {  // 8 codes in every BITS bytes
+    for (int c = 0; c < B / 8; ++c) {
+      uint64_t v = 0;
+      for (int j = 0; j < BITS; ++j) v |= static_cast<uint64_t>(p[c * BITS + j]) << (8 * j);
+      for (int i = 0; i < 8; ++i) out[8 * c + i] = static_cast<int16_t>((v >> (BITS * i)) & ((1u << BITS) - 1));
+    }
+  }
+}
 
 template <class T>
-void matmul_as(const QdotArgs& a, int n0, int n1, float* scratch) {
-  const int blocks = a.K / B;
-  const uint32_t mask = (1u << a.bits) - 1u;
-  const int per_group = a.group_size / B;
+inline int32_t block_dot(const int16_t* w, const T* x) {
+  int32_t dot = 0;
+  for (int i = 0; i < B; ++i) dot += static_cast<int32_t>(w[i]) * static_cast<int32_t>(x[i]);
+  return dot;
+}
+
+constexpr int kUnpackBlocks = 32;  // blocks of a weight row unpacked at a time (2 KiB, in L1)
+constexpr int kRowsAtOnce = 32;  // activation rows whose sums a weight row keeps at once
+
+// One weight row at a time: a run of its blocks unpacked to 16 bits, then met by every
+// activation row. Each row sums its blocks in one order, so a row's result is the same in any batch.
+template <int BITS, class T>
+void matmul_bits(const QdotArgs& a, int n0, int n1, float* scratch) {
+  const int blocks = a.K / B, per_group = a.group_size / B;
   float* s = scratch;
   float* c = scratch + a.K / a.group_size;
+  alignas(64) int16_t w[kUnpackBlocks * B];
+  float total[kRowsAtOnce];
   for (int n = n0; n < n1; ++n) {
     widen_rows(a, n, 1, s, c);
     const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
-    for (int m = 0; m < a.M; ++m) {
-      const T* xq = static_cast<const T*>(a.x.q) + static_cast<int64_t>(m) * a.K;
-      const float* xd = a.x.d + static_cast<int64_t>(m) * blocks;
-      float total = 0.0f;
-      for (int b = 0; b < blocks; ++b) {
-        int32_t dot = 0;
-        for (int i = 0; i < B; ++i) {
-          int64_t bit = static_cast<int64_t>(b * B + i) * a.bits;
-          uint32_t v = row[bit >> 3];
-          if ((bit & 7) + a.bits > 8) v |= static_cast<uint32_t>(row[(bit >> 3) + 1]) << 8;
-          dot += static_cast<int32_t>((v >> (bit & 7)) & mask) * xq[b * B + i];
+    for (int m0 = 0; m0 < a.M; m0 += kRowsAtOnce) {
+      const int rows = a.M - m0 < kRowsAtOnce ? a.M - m0 : kRowsAtOnce;
+      for (int m = 0; m < rows; ++m) total[m] = 0.0f;
+      for (int b0 = 0; b0 < blocks; b0 += kUnpackBlocks) {
+        const int count = blocks - b0 < kUnpackBlocks ? blocks - b0 : kUnpackBlocks;
+        for (int j = 0; j < count; ++j) unpack_block<BITS>(row + (b0 + j) * 4 * BITS, w + j * B);
+        for (int m = 0; m < rows; ++m) {
+          const T* xq = static_cast<const T*>(a.x.q) + static_cast<int64_t>(m0 + m) * a.K + b0 * B;
+          const float* xd = a.x.d + static_cast<int64_t>(m0 + m) * blocks + b0;
+          float t = total[m];
+          for (int j = 0; j < count; ++j)
+            t += s[(b0 + j) / per_group] * xd[j] * static_cast<float>(block_dot(w + j * B, xq + j * B));
+          total[m] = t;
         }
-        total += s[b / per_group] * xd[b] * static_cast<float>(dot);
       }
-      a.y[static_cast<int64_t>(m) * a.ldy + n] = total + row_terms(a, n, m, s, c, 0);
+      for (int m = 0; m < rows; ++m)
+        a.y[static_cast<int64_t>(m0 + m) * a.ldy + n] = total[m] + row_terms(a, n, m0 + m, s, c, 0);
     }
+  }
+}
+
+template <class T>
+void matmul_as(const QdotArgs& a, int n0, int n1, float* scratch) {
+  switch (a.bits) {
+    case 2: return matmul_bits<2, T>(a, n0, n1, scratch);
+    case 3: return matmul_bits<3, T>(a, n0, n1, scratch);
+    case 4: return matmul_bits<4, T>(a, n0, n1, scratch);
+    case 5: return matmul_bits<5, T>(a, n0, n1, scratch);
+    case 6: return matmul_bits<6, T>(a, n0, n1, scratch);
+    default: return matmul_bits<8, T>(a, n0, n1, scratch);
   }
 }
 

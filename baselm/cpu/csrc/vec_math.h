@@ -24,6 +24,30 @@ static inline vf vsplat(float x) {
 typedef float vf8 __attribute__((vector_size(32)));
 typedef float vf4 __attribute__((vector_size(16)));
 
+// The build's own register width. Without AVX-512, GCC keeps a `vf` that a loop carries (an
+// accumulator) in memory, moving it through the stack 8 bytes at a time on every iteration, so
+// the inner loops carry their sums in `vn` instead: 16 lanes as kParts native vectors, each lane
+// summed in the same order, so the results are the same bit for bit.
+#if defined(__AVX512F__)
+typedef float vn __attribute__((vector_size(64)));
+#elif defined(__AVX__)
+typedef vf8 vn;
+#else
+typedef vf4 vn;
+#endif
+constexpr int kNative = static_cast<int>(sizeof(vn) / sizeof(float));
+constexpr int kParts = kLanes / kNative;
+
+static inline vn nload(const float* p) {
+  vn v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+static inline void nstore(float* p, vn v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
 static inline vf4 fold(vf v, bool take_max) {  // 16 lanes -> 4, by halves
   vf8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
   vf8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);

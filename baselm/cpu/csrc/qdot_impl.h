@@ -455,23 +455,6 @@ void matmul_bits(const QdotArgs& a, int n0, int n1, float* scratch) {
   }
 }
 
-template <class T>
-void matmul_as(const QdotArgs& a, int n0, int n1, float* scratch) {
-  switch (a.bits) {
-    case 2: return matmul_bits<2, T>(a, n0, n1, scratch);
-    case 3: return matmul_bits<3, T>(a, n0, n1, scratch);
-    case 4: return matmul_bits<4, T>(a, n0, n1, scratch);
-    case 5: return matmul_bits<5, T>(a, n0, n1, scratch);
-    case 6: return matmul_bits<6, T>(a, n0, n1, scratch);
-    default: return matmul_bits<8, T>(a, n0, n1, scratch);
-  }
-}
-
-void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
-  if (a.x.width == 16) return matmul_as<int16_t>(a, n0, n1, scratch);
-  matmul_as<int8_t>(a, n0, n1, scratch);
-}
-
 #else  // generic: plain C++ loops the compiler vectorizes (SSE2 on x86-64, NEON on ARM)
 
 // The 32 codes of the block at p (4 * BITS bytes of MLX's little-endian bit stream) as 16-bit
@@ -535,6 +518,8 @@ void matmul_bits(const QdotArgs& a, int n0, int n1, float* scratch) {
   }
 }
 
+#endif
+
 template <class T>
 void matmul_as(const QdotArgs& a, int n0, int n1, float* scratch) {
   switch (a.bits) {
@@ -551,8 +536,6 @@ void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
   if (a.x.width == 16) return matmul_as<int16_t>(a, n0, n1, scratch);
   matmul_as<int8_t>(a, n0, n1, scratch);
 }
-
-#endif
 
 }  // namespace
 

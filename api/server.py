@@ -207,14 +207,17 @@ def pool_banner(names: list[str], options: ServeOptions, limits: PoolLimits) -> 
     return text
 
 
-def run_server(loaded: LoadedModel, config: EngineConfig, options: ServeOptions, engine=None) -> int:
+def run_server(
+    loaded: LoadedModel, config: EngineConfig, options: ServeOptions, engine=None, pool: PoolSetup | None = None
+) -> int:
     """Serves `loaded` until SIGINT/SIGTERM; returns the exit status. `engine`: one already built
-    (a prefill/decode group's PDEngine); by default an LLMEngine of `loaded` and `config`."""
+    (a prefill/decode group's PDEngine); by default an LLMEngine of `loaded` and `config`. `pool`:
+    the models served beside it, loaded on demand (those pulled or copied through the API)."""
     warn_without_key(options)
     engine = engine if engine is not None else LLMEngine(loaded, config)
     client = AsyncEngine(engine).start()
     model_name = options.served_model_name or loaded.name
-    server = make_server(client, model_name, options)
+    server = make_server(client, model_name, options, pool)
     generation = server.config.app.state.pool.entries[model_name].state.generation  # what its requests get
     print(banner(model_name, options, generation, engine.config.runaway_guard), flush=True)
     return serve_until_stopped(server)

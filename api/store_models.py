@@ -91,7 +91,7 @@ class StoreLoader:
     def add(self, ref: str) -> None:
         if self.refs is not None and ref not in self.refs:
             self.refs.append(ref)
-            self.num_models = len(self.refs)
+            self.num_models = max(self.num_models, len(self.refs))
 
     def remove(self, ref: str) -> None:
         if self.refs is not None and ref in self.refs:

@@ -156,7 +156,21 @@ def serve(args: ServeArgs) -> NoReturn:
         loaded, group = open_model(args.model)
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, args.model.dist))
-    exit_process(run_server(loaded, args.engine_config(), args.serve_options()))
+    pool = pulled_models(args) if group is None else None
+    exit_process(run_server(loaded, args.engine_config(), args.serve_options(), pool=pool))
+
+
+def pulled_models(args: ServeArgs):
+    """Beside the one model it serves, a server serves what is pulled or copied into the store
+    through its API, loaded on demand and unloaded when idle (5 minutes) or to fit free memory."""
+    from baselm.api.app import PoolSetup
+    from baselm.api.pool import PoolLimits
+    from baselm.api.server import default_memory_budget
+    from baselm.api.store_models import StoreLoader
+
+    loader = StoreLoader(args.engine_config(), args.model.device, args.model.require_signature, [])
+    loader.num_models = 2  # the served model and any pulled one: a prefix-cache file is split
+    return PoolSetup(loader, [], PoolLimits(memory_budget=default_memory_budget()))
 
 
 def serve_pool(args: ServeArgs, pool: PoolArgs) -> int:

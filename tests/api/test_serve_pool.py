@@ -3,6 +3,7 @@ request; and the command line's refusals of what a pool cannot do."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -78,3 +79,26 @@ def test_serve_one_model_with_an_adapter_answers_as_the_adapted_model(store):
         finally:
             served.close()
     assert answers[0] != answers[1]
+
+
+def test_serve_one_model_serves_a_model_pulled_through_its_api_beside_it(store, tmp_path):
+    import httpx
+
+    from tests.tiny_model import write_model_folder
+
+    folder = write_model_folder(tmp_path / "pulled-beside", max_position_embeddings=512)
+    served = ServeProcess(store[0], "--kv-memory", "4MiB")
+    try:
+        served.output_through("Try:")
+        with httpx.Client(base_url=f"http://127.0.0.1:{served.port}", timeout=120) as http:
+            done = json.loads(http.post("/api/pull", json={"model": str(folder)}).text.splitlines()[-1])
+            assert done["status"] == "success" and done["model"] not in store
+            body = {"model": done["model"], "prompt": "Hi", "stream": False, "options": {"num_predict": 3}}
+            assert http.post("/api/generate", json=body).json()["done"]
+            assert sorted(m["id"] for m in http.get("/v1/models").json()["data"]) == sorted([store[0], done["model"]])
+            assert http.request("DELETE", "/api/delete", json={"model": done["model"]}).status_code == 200
+            assert [m["id"] for m in http.get("/v1/models").json()["data"]] == [store[0]]
+            body["model"] = store[0]  # the model the server started with is still there, and answers
+            assert http.post("/api/generate", json=body).json()["done"]
+    finally:
+        served.close()

@@ -65,3 +65,15 @@ inline __m256i decode(const uint8_t* p, const Decoder& dec) {
   }
 }
 
+
+// The same 32 codes as two vectors of 16-bit integers in natural order (values 0-15, then 16-31),
+// for 2, 3, 5 and 6 bits: the decoder's 16-bit lanes before they are packed to bytes.
+template <int BITS>
+inline void decode_wide(const uint8_t* p, const Decoder& dec, __m256i& lo, __m256i& hi) {
+  constexpr int kSource = BITS <= 3 ? 8 : 16;
+  const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
+  __m256i a = _mm256_shuffle_epi8(source(p, kSource), dec.shuffle_lo);
+  __m256i b = _mm256_shuffle_epi8(source(p + 4 * BITS - kSource, kSource), dec.shuffle_hi);
+  lo = _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(a, dec.multiply), 8), mask);
+  hi = _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(b, dec.multiply), 8), mask);
+}

@@ -8,7 +8,8 @@
 // are quantized into that same order once per call (a permutation inside each block leaves the
 // block's integer sum as it is):
 //   8 bits: natural;  4 bits: the even values then the odd ones (low nibbles, then high);
-//   2, 3, 5, 6 bits: values 0-7, 16-23, 8-15, 24-31 (two 16-bit lanes of codes packed to bytes).
+//   2, 3, 5, 6 bits: values 0-7, 16-23, 8-15, 24-31 (two 16-bit lanes of codes packed to bytes)
+//   against 8-bit activations, natural against 16-bit ones (the two 16-bit lanes as they are).
 // NOTE: as in linear_impl.h, nothing here may instantiate a std:: template.
 #include <cmath>
 #include <cstdint>
@@ -73,8 +74,8 @@ inline void quantize_block(const float* v, int bits, float top, T* out, float& s
   __m256 p0 = a0, p1 = a1, p2 = a2, p3 = a3;
   if (bits == 4) {
     p0 = evens(a0, a1), p1 = evens(a2, a3), p2 = odds(a0, a1), p3 = odds(a2, a3);
-  } else if (bits != 8) {
-    p1 = a2, p2 = a1;  // values 0-7, 16-23, 8-15, 24-31
+  } else if (bits != 8 && sizeof(T) == 1) {
+    p1 = a2, p2 = a1;  // values 0-7, 16-23, 8-15, 24-31 (16-bit codes keep the natural order)
   }
   const __m256 hi = _mm256_set1_ps(top), lo = _mm256_set1_ps(-top);
   __m256i i0 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(p0, inverse), lo), hi));
@@ -240,6 +241,11 @@ inline WeightBlock<T> weight_block(const uint8_t* p, const Decoder& dec) {
   } else if constexpr (sizeof(T) == 2 && BITS == 8) {
     return WeightBlock<int16_t>{_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
                                 _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+  }
+  if constexpr (sizeof(T) == 2) {  // 2, 3, 5, 6 bits: the decoder's 16-bit lanes, unpacked
+    WeightBlock<int16_t> w;
+    decode_wide<BITS>(p, dec, w.lo, w.hi);
+    return w;
   }
   __m256i v = decode<BITS, code_offset<BITS, T>()>(p, dec);
   if constexpr (sizeof(T) == 1) {
@@ -415,22 +421,111 @@ inline void block_scales(const QdotArgs& a, const float* s, float* out) {
   for (int b = 0; b < blocks; ++b) out[b] = s[b / per_group] * a.x.d[b];
 }
 
+// Every line of weight row n's scales and biases: two streams beside the codes', each a few lines
+// a row (float32 groups of 32: K / 8 bytes), too short for the hardware's stream prefetchers.
+inline void prefetch_row_scales(const QdotArgs& a, int n) {
+  const int64_t scale_bytes = a.scale_type == kScaleF32 ? 4 : 2;
+  const int64_t at = static_cast<int64_t>(n) * a.ld_scales * scale_bytes;
+  for (int64_t line = 0; line < static_cast<int64_t>(a.K / a.group_size) * scale_bytes; line += 64) {
+    __builtin_prefetch(static_cast<const char*>(a.scales) + at + line, 0, 3);
+    __builtin_prefetch(static_cast<const char*>(a.biases) + at + line, 0, 3);
+  }
+}
+
+// Eight of a weight row's group scales (or biases) from element i, as float32.
+inline __m256 load8_scales(const void* base, int type, int64_t i) {
+  if (type == kScaleF32) return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+  if (type == kScaleF16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bfloat16
+}
+
+// A weight row in groups of 32 against one activation row, in one pass, as 8 lanes whose sum is
+// the product (the layer's bias aside): every 8 blocks, their 8 group scales and biases are read
+// and widened in registers, the scales times the blocks' activation scales feed the blocks'
+// FMAs, and the biases meet the group sums of x (with an offset, the scales the quantized sums).
+// No per-row tables and no reduction here (the caller sums 8 rows' lanes at once): a small
+// model's rows are short (SmolLM2: 18 blocks), and those fixed costs were most of a row.
+template <int BITS, class T>
+inline __m256 row_lanes_groups_of_32(const QdotArgs& a, int n, const Decoder& dec) {
+  constexpr int offset = code_offset<BITS, T>();
+  const int blocks = a.K / B;
+  const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
+  const int64_t at = static_cast<int64_t>(n) * a.ld_scales;
+  const T* xq = static_cast<const T*>(a.x.q);
+  constexpr int64_t ahead = 2048;  // as row_dot
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  alignas(32) float sd[8];
+  auto add_block = [&](int b, float scale, __m256& into) {
+    WeightBlock<T> w = weight_block<BITS, T>(row + b * 4 * BITS, dec);
+    __m256 prod = _mm256_cvtepi32_ps(block_dot<BITS>(w, xq + b * B));
+    into = _mm256_fmadd_ps(prod, _mm256_set1_ps(scale), into);
+  };
+  int b = 0;
+  for (; b + 8 <= blocks; b += 8) {
+    for (int line = 0; line < 32 * BITS; line += 64) __builtin_prefetch(row + ahead + b * 4 * BITS + line, 0, 3);
+    __m256 s = load8_scales(a.scales, a.scale_type, at + b);
+    acc[3] = _mm256_fmadd_ps(load8_scales(a.biases, a.scale_type, at + b), _mm256_loadu_ps(a.x.sum + b), acc[3]);
+    if constexpr (offset != 0)
+      acc[2] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_set1_ps(static_cast<float>(-offset))),
+                               _mm256_loadu_ps(a.x.qsum + b), acc[2]);
+    _mm256_store_ps(sd, _mm256_mul_ps(s, _mm256_loadu_ps(a.x.d + b)));
+    for (int j = 0; j < 8; ++j) add_block(b + j, sd[j], acc[j & 3]);
+  }
+  float tail = 0.0f;  // the last blocks of a row whose blocks are not a multiple of 8
+  for (; b < blocks; ++b) {
+    const float scale = scale_at(a.scales, a.scale_type, at + b);
+    tail += scale_at(a.biases, a.scale_type, at + b) * a.x.sum[b] - static_cast<float>(offset) * scale * a.x.qsum[b];
+    add_block(b, scale * a.x.d[b], acc[0]);
+  }
+  __m256 total = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  return _mm256_add_ps(total, _mm256_setr_ps(tail, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f));
+}
+
+// The sums of 8 vectors' lanes, as one vector (lane i: the sum of v[i]).
+inline __m256 sum_lanes_of_8(const __m256* v) {
+  __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+  __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+  __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// One activation row against weight rows n0..n1 in groups of 32: 8 rows at a time, their lanes
+// summed together.
+template <int BITS, class T>
+void rows_groups_of_32(const QdotArgs& a, int n0, int n1, const Decoder& dec) {
+  __m256 lanes[8];
+  int n = n0;
+  for (; n + 8 <= n1; n += 8) {
+    for (int r = 0; r < 8; ++r) {
+      prefetch_row_scales(a, n + r + 8);
+      lanes[r] = row_lanes_groups_of_32<BITS, T>(a, n + r, dec);
+    }
+    __m256 y = sum_lanes_of_8(lanes);
+    if (a.bias != nullptr) y = _mm256_add_ps(y, _mm256_loadu_ps(a.bias + n));
+    _mm256_storeu_ps(a.y + n, y);
+  }
+  for (; n < n1; ++n) {
+    prefetch_row_scales(a, n + 8);
+    a.y[n] = hsum(row_lanes_groups_of_32<BITS, T>(a, n, dec)) + (a.bias != nullptr ? a.bias[n] : 0.0f);
+  }
+}
+
 template <int BITS, class T>
 void matmul_bits(const QdotArgs& a, int n0, int n1, float* scratch) {
   static const Decoder dec = BITS == 4 || BITS == 8 ? Decoder{} : make_decoder<BITS>();  // built once
   const int groups = a.K / a.group_size;
   float* s = scratch;
   float* c = scratch + kQdotMaxTileRows * groups;
-  // One activation row (decode) takes one weight row at a time (row_dot): a single forward
-  // stream through the weight, which the prefetchers keep fed (four interleaved rows read the LM
-  // head from DRAM 20-30% slower); two rows share four weight rows; more, kWideRows.
+  // One activation row (decode) takes one weight row at a time (row_dot, or in groups of 32
+  // rows_groups_of_32): a single forward stream through the weight, which the prefetchers keep
+  // fed (four interleaved rows read the LM head from DRAM 20-30% slower); two rows share four
+  // weight rows; more, kWideRows.
+  if (a.M == 1 && a.group_size == B) return rows_groups_of_32<BITS, T>(a, n0, n1, dec);
   if (a.M == 1) {
     float* scale = scratch + 2 * kQdotMaxTileRows * (a.K / B);
-    const int64_t scale_bytes = a.scale_type == kScaleF32 ? 4 : 2;
     for (int n = n0; n < n1; ++n) {
-      const int64_t later = static_cast<int64_t>(n + 8) * a.ld_scales * scale_bytes;  // rows ahead
-      __builtin_prefetch(static_cast<const char*>(a.scales) + later, 0, 3);
-      __builtin_prefetch(static_cast<const char*>(a.biases) + later, 0, 3);
+      prefetch_row_scales(a, n + 8);  // 8 rows on
       widen_rows(a, n, 1, s, c);
       block_scales(a, s, scale);
       const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;

@@ -105,17 +105,20 @@ def test_every_number_of_rows_up_to_32_then_float_activations(fast, bits: int) -
 
 
 @pytest.mark.parametrize("bits", [4, 5, 8])
-def test_a_row_is_the_same_in_any_batch(fast, bits: int) -> None:
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_a_row_is_the_same_in_any_batch(fast, bits: int, group_size: int) -> None:
     """Up to qdot_max_rows rows, a row's result does not depend on its neighbours: bit for bit in
-    any batch of 2 or more rows (every tile sums a row's blocks in one order), and alone (one row
-    sums its blocks on four accumulators, for speed) equal up to float32 rounding."""
-    codes, scales, biases = _quantized(70, 256, 64, bits, seed=5)
-    x = mx.random.normal((32, 256))
-    together = np.array(fast.affine_linear(x, codes, scales, biases, 64, bits))
+    any batch of 2 or more rows (every tile sums a row's blocks in one order, whatever the size
+    of its chunk), and alone (one row sums its blocks on four accumulators, for speed) equal up
+    to float32 rounding. 70 weight rows: runs of 8 and a remainder; 320 columns: 10 blocks."""
+    codes, scales, biases = _quantized(70, 320, group_size, bits, seed=5)
+    x = mx.random.normal((32, 320))
+    together = np.array(fast.affine_linear(x, codes, scales, biases, group_size, bits))
+    for i, rows in ((0, 2), (4, 3), (17, 5), (30, 2), (8, 9)):
+        batch = np.array(fast.affine_linear(x[i : i + rows], codes, scales, biases, group_size, bits))
+        assert np.array_equal(batch, together[i : i + rows])
     for i in (0, 4, 17, 30):
-        pair = np.array(fast.affine_linear(x[i : i + 2], codes, scales, biases, 64, bits))
-        assert np.array_equal(pair, together[i : i + 2])
-        alone = np.array(fast.affine_linear(x[i : i + 1], codes, scales, biases, 64, bits))
+        alone = np.array(fast.affine_linear(x[i : i + 1], codes, scales, biases, group_size, bits))
         np.testing.assert_allclose(alone[0], together[i], rtol=1e-5, atol=1e-6 * np.abs(together[i]).max())
 
 

@@ -440,46 +440,72 @@ inline __m256 load8_scales(const void* base, int type, int64_t i) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bfloat16
 }
 
-// A weight row in groups of 32 against one activation row, in one pass, as 8 lanes whose sum is
-// the product (the layer's bias aside): every 8 blocks, their 8 group scales and biases are read
-// and widened in registers, the scales times the blocks' activation scales feed the blocks'
-// FMAs, and the biases meet the group sums of x (with an offset, the scales the quantized sums).
-// No per-row tables and no reduction here (the caller sums 8 rows' lanes at once): a small
-// model's rows are short (SmolLM2: 18 blocks), and those fixed costs were most of a row.
-template <int BITS, class T>
-inline __m256 row_lanes_groups_of_32(const QdotArgs& a, int n, const Decoder& dec) {
+// A weight row in groups of 32 against MR activation rows from m0, in one pass: lanes[m] gets 8
+// lanes whose sum is the product with row m0 + m (the layer's bias aside). Every 8 blocks, their
+// 8 group scales and biases are read and widened in registers, the scales times each row's block
+// scales feed the blocks' FMAs and the biases meet the rows' group sums of x (with an offset, the
+// scales the quantized sums); each weight block is decoded once for the MR rows. No per-row or
+// per-tile tables and no reduction here (the caller sums 8 weight rows' lanes at once): a small
+// model's rows are short (SmolLM2: 18 blocks), and those fixed costs were most of a row. ACCS
+// accumulators per row: 4 alone (so the FMA's latency does not chain block to block), 2 in a
+// batch (MR x 2 of them beside a decoded block and an activation block fill AVX2's 16
+// registers); every row of a batch sums in the same order, whatever MR its chunk has.
+template <int BITS, class T, int MR, int ACCS>
+inline void row_lanes_groups_of_32(const QdotArgs& a, int n, int m0, const Decoder& dec, __m256* lanes) {
   constexpr int offset = code_offset<BITS, T>();
   const int blocks = a.K / B;
   const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
   const int64_t at = static_cast<int64_t>(n) * a.ld_scales;
-  const T* xq = static_cast<const T*>(a.x.q);
+  const T* xq[MR];
+  const float* d[MR];
+  const float* sums[MR];
+  const float* qsums[MR];
+  for (int m = 0; m < MR; ++m) {
+    xq[m] = static_cast<const T*>(a.x.q) + static_cast<int64_t>(m0 + m) * a.K;
+    d[m] = a.x.d + static_cast<int64_t>(m0 + m) * blocks;
+    sums[m] = a.x.sum + static_cast<int64_t>(m0 + m) * blocks;  // groups of 32: one per block
+    qsums[m] = a.x.qsum + static_cast<int64_t>(m0 + m) * blocks;
+  }
   constexpr int64_t ahead = 2048;  // as row_dot
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  alignas(32) float sd[8];
-  auto add_block = [&](int b, float scale, __m256& into) {
+  __m256 acc[MR][ACCS];
+  for (int m = 0; m < MR; ++m)
+    for (int i = 0; i < ACCS; ++i) acc[m][i] = _mm256_setzero_ps();
+  alignas(32) float sd[MR][8];
+  auto add_block = [&](int b, const float* scale, int into) {
     WeightBlock<T> w = weight_block<BITS, T>(row + b * 4 * BITS, dec);
-    __m256 prod = _mm256_cvtepi32_ps(block_dot<BITS>(w, xq + b * B));
-    into = _mm256_fmadd_ps(prod, _mm256_set1_ps(scale), into);
+    for (int m = 0; m < MR; ++m) {
+      __m256 prod = _mm256_cvtepi32_ps(block_dot<BITS>(w, xq[m] + b * B));
+      acc[m][into] = _mm256_fmadd_ps(prod, _mm256_set1_ps(scale[m * 8]), acc[m][into]);
+    }
   };
   int b = 0;
   for (; b + 8 <= blocks; b += 8) {
     for (int line = 0; line < 32 * BITS; line += 64) __builtin_prefetch(row + ahead + b * 4 * BITS + line, 0, 3);
     __m256 s = load8_scales(a.scales, a.scale_type, at + b);
-    acc[3] = _mm256_fmadd_ps(load8_scales(a.biases, a.scale_type, at + b), _mm256_loadu_ps(a.x.sum + b), acc[3]);
-    if constexpr (offset != 0)
-      acc[2] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_set1_ps(static_cast<float>(-offset))),
-                               _mm256_loadu_ps(a.x.qsum + b), acc[2]);
-    _mm256_store_ps(sd, _mm256_mul_ps(s, _mm256_loadu_ps(a.x.d + b)));
-    for (int j = 0; j < 8; ++j) add_block(b + j, sd[j], acc[j & 3]);
+    __m256 c = load8_scales(a.biases, a.scale_type, at + b);
+    for (int m = 0; m < MR; ++m) {
+      acc[m][ACCS - 1] = _mm256_fmadd_ps(c, _mm256_loadu_ps(sums[m] + b), acc[m][ACCS - 1]);
+      if constexpr (offset != 0)
+        acc[m][ACCS - 1] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_set1_ps(static_cast<float>(-offset))),
+                                           _mm256_loadu_ps(qsums[m] + b), acc[m][ACCS - 1]);
+      _mm256_store_ps(sd[m], _mm256_mul_ps(s, _mm256_loadu_ps(d[m] + b)));
+    }
+    for (int j = 0; j < 8; ++j) add_block(b + j, &sd[0][j], j % ACCS);
   }
-  float tail = 0.0f;  // the last blocks of a row whose blocks are not a multiple of 8
+  float tail[MR] = {};  // the last blocks of a row whose blocks are not a multiple of 8
   for (; b < blocks; ++b) {
-    const float scale = scale_at(a.scales, a.scale_type, at + b);
-    tail += scale_at(a.biases, a.scale_type, at + b) * a.x.sum[b] - static_cast<float>(offset) * scale * a.x.qsum[b];
-    add_block(b, scale * a.x.d[b], acc[0]);
+    const float scale = scale_at(a.scales, a.scale_type, at + b), bias = scale_at(a.biases, a.scale_type, at + b);
+    for (int m = 0; m < MR; ++m) {
+      tail[m] += bias * sums[m][b] - static_cast<float>(offset) * scale * qsums[m][b];
+      sd[m][0] = scale * d[m][b];
+    }
+    add_block(b, &sd[0][0], 0);
   }
-  __m256 total = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-  return _mm256_add_ps(total, _mm256_setr_ps(tail, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f));
+  for (int m = 0; m < MR; ++m) {
+    __m256 total = acc[m][0];
+    for (int i = 1; i < ACCS; ++i) total = _mm256_add_ps(total, acc[m][i]);
+    lanes[m * 8] = _mm256_add_ps(total, _mm256_setr_ps(tail[m], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f));
+  }
 }
 
 // The sums of 8 vectors' lanes, as one vector (lane i: the sum of v[i]).
@@ -490,24 +516,51 @@ inline __m256 sum_lanes_of_8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// One activation row against weight rows n0..n1 in groups of 32: 8 rows at a time, their lanes
-// summed together.
-template <int BITS, class T>
-void rows_groups_of_32(const QdotArgs& a, int n0, int n1, const Decoder& dec) {
-  __m256 lanes[8];
+// Activation rows m0..m0+MR against weight rows n0..n1 in groups of 32: 8 weight rows at a time,
+// their lanes summed together (lanes[m][r] of weight row n + r).
+template <int BITS, class T, int MR, int ACCS>
+void rows_groups_of_32(const QdotArgs& a, int n0, int n1, int m0, const Decoder& dec) {
+  __m256 lanes[MR][8];
+  auto y_at = [&](int m, int n) { return a.y + static_cast<int64_t>(m0 + m) * a.ldy + n; };
   int n = n0;
   for (; n + 8 <= n1; n += 8) {
     for (int r = 0; r < 8; ++r) {
       prefetch_row_scales(a, n + r + 8);
-      lanes[r] = row_lanes_groups_of_32<BITS, T>(a, n + r, dec);
+      row_lanes_groups_of_32<BITS, T, MR, ACCS>(a, n + r, m0, dec, &lanes[0][r]);
     }
-    __m256 y = sum_lanes_of_8(lanes);
-    if (a.bias != nullptr) y = _mm256_add_ps(y, _mm256_loadu_ps(a.bias + n));
-    _mm256_storeu_ps(a.y + n, y);
+    for (int m = 0; m < MR; ++m) {
+      __m256 y = sum_lanes_of_8(lanes[m]);
+      if (a.bias != nullptr) y = _mm256_add_ps(y, _mm256_loadu_ps(a.bias + n));
+      _mm256_storeu_ps(y_at(m, n), y);
+    }
   }
   for (; n < n1; ++n) {
     prefetch_row_scales(a, n + 8);
-    a.y[n] = hsum(row_lanes_groups_of_32<BITS, T>(a, n, dec)) + (a.bias != nullptr ? a.bias[n] : 0.0f);
+    row_lanes_groups_of_32<BITS, T, MR, ACCS>(a, n, m0, dec, &lanes[0][0]);
+    for (int m = 0; m < MR; ++m) *y_at(m, n) = hsum(lanes[m][0]) + (a.bias != nullptr ? a.bias[n] : 0.0f);
+  }
+}
+
+// Every activation row against weight rows n0..n1 in groups of 32: one row alone, or chunks of up
+// to 4 (each weight row's 8-row run stays in L1 while the chunks take it).
+template <int BITS, class T>
+void activations_groups_of_32(const QdotArgs& a, int n0, int n1, const Decoder& dec) {
+  if (a.M == 1) return rows_groups_of_32<BITS, T, 1, 4>(a, n0, n1, 0, dec);
+  constexpr int kRun = 64;  // weight rows per pass of the chunks
+  for (int n = n0; n < n1; n += kRun) {
+    const int end = n + kRun < n1 ? n + kRun : n1;
+    for (int m0 = 0; m0 < a.M;) {
+      const int left = a.M - m0;
+      if (left >= 4) {
+        rows_groups_of_32<BITS, T, 4, 2>(a, n, end, m0, dec), m0 += 4;
+      } else if (left == 3) {
+        rows_groups_of_32<BITS, T, 3, 2>(a, n, end, m0, dec), m0 += 3;
+      } else if (left == 2) {
+        rows_groups_of_32<BITS, T, 2, 2>(a, n, end, m0, dec), m0 += 2;
+      } else {
+        rows_groups_of_32<BITS, T, 1, 2>(a, n, end, m0, dec), m0 += 1;
+      }
+    }
   }
 }
 
@@ -521,7 +574,7 @@ void matmul_bits(const QdotArgs& a, int n0, int n1, float* scratch) {
   // rows_groups_of_32): a single forward stream through the weight, which the prefetchers keep
   // fed (four interleaved rows read the LM head from DRAM 20-30% slower); two rows share four
   // weight rows; more, kWideRows.
-  if (a.M == 1 && a.group_size == B) return rows_groups_of_32<BITS, T>(a, n0, n1, dec);
+  if (a.group_size == B) return activations_groups_of_32<BITS, T>(a, n0, n1, dec);
   if (a.M == 1) {
     float* scale = scratch + 2 * kQdotMaxTileRows * (a.K / B);
     for (int n = n0; n < n1; ++n) {

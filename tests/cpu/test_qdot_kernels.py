@@ -78,7 +78,7 @@ def _quantized(n: int, k: int, group_size: int, bits: int, scale_dtype=mx.float1
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
 def test_every_width_group_and_scale_type(fast, bits: int, group_size: int, scale_dtype: mx.Dtype) -> None:
-    k = group_size * 3  # tails: 3 groups of 1, 2 or 4 blocks
+    k = group_size * 3  # 3 groups of 1, 2 or 4 blocks: runs of 8 blocks and tails
     codes, scales, biases = _quantized(37, k, group_size, bits, scale_dtype, seed=bits * 13 + group_size)
     for rows in (1, 2, 3, 4, 5, 9):
         x = mx.random.normal((rows, k))
@@ -105,14 +105,14 @@ def test_every_number_of_rows_up_to_32_then_float_activations(fast, bits: int) -
 
 
 @pytest.mark.parametrize("bits", [4, 5, 8])
-@pytest.mark.parametrize("group_size", [32, 64])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
 def test_a_row_is_the_same_in_any_batch(fast, bits: int, group_size: int) -> None:
     """Up to qdot_max_rows rows, a row's result does not depend on its neighbours: bit for bit in
     any batch of 2 or more rows (every tile sums a row's blocks in one order, whatever the size
     of its chunk), and alone (one row sums its blocks on four accumulators, for speed) equal up
-    to float32 rounding. 70 weight rows: runs of 8 and a remainder; 320 columns: 10 blocks."""
-    codes, scales, biases = _quantized(70, 320, group_size, bits, seed=5)
-    x = mx.random.normal((32, 320))
+    to float32 rounding. 70 weight rows: runs of 8 and a remainder; 384 columns: 12 blocks."""
+    codes, scales, biases = _quantized(70, 384, group_size, bits, seed=5)
+    x = mx.random.normal((32, 384))
     together = np.array(fast.affine_linear(x, codes, scales, biases, group_size, bits))
     for i, rows in ((0, 2), (4, 3), (17, 5), (30, 2), (8, 9)):
         batch = np.array(fast.affine_linear(x[i : i + rows], codes, scales, biases, group_size, bits))

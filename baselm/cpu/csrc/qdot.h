@@ -52,18 +52,15 @@ struct QdotKernels {
   void (*matmul)(const QdotArgs&, int n0, int n1, float* scratch);
 };
 
-// Bit widths the integer path decodes (MLX affine layout, groups a multiple of 32).
+// Bit widths and group sizes the integer path decodes (MLX affine layout).
 inline bool qdot_supports(int bits, int group_size, int K) {
   bool width = bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
-  return width && group_size % kQBlock == 0 && K % group_size == 0;
+  bool groups = group_size == 32 || group_size == 64 || group_size == 128;  // MLX's
+  return width && groups && K % group_size == 0;
 }
 
-constexpr int kQdotMaxTileRows = 4;  // weight rows per register tile (and activation rows)
-// Per block: a tile's weight scales and biases, one row's block scales, a tile's per-block weight
-// scales and their products with 4 activation rows' block scales.
-inline int64_t qdot_scratch_floats(int K) {
-  return (2 * kQdotMaxTileRows + 1 + kQdotMaxTileRows + kQdotMaxTileRows * kQdotMaxTileRows) * (K / kQBlock) + 16;
-}
+// A weight row's group scales and biases as float32 (the generic loops widen them there).
+inline int64_t qdot_scratch_floats(int K) { return 2 * (K / kQBlock) + 16; }
 
 namespace generic {
 const QdotKernels& qdot_kernels();

@@ -42,7 +42,7 @@ inline int lane_value(int bits, int p) {
 }
 
 // Block scales, then the codes round(x / d) with d = max|x| / 127 (ties to even, as the
-// reference in the tests does it), and the group sums row_terms takes.
+// reference in the tests does it), and the group sums of each row the products take.
 #if defined(__AVX2__)
 inline __m256 evens(__m256 a, __m256 b) {
   const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
@@ -153,56 +153,6 @@ void quantize(const float* x, int64_t ldx, int M, int K, int bits, int group_siz
   quantize_as(x, ldx, M, K, bits, group_size, static_cast<int8_t*>(q), d, sum, qsum);
 }
 
-// The tile's weight rows' scales and biases per group, as float32 (rows x K / gs each).
-void widen_rows(const QdotArgs& a, int n, int rows, float* s, float* c) {
-  const int groups = a.K / a.group_size;
-  for (int r = 0; r < rows; ++r) {
-    const int64_t at = static_cast<int64_t>(n + r) * a.ld_scales;
-    float* sr = s + r * groups;
-    float* cr = c + r * groups;
-    int g = 0;
-#if defined(__F16C__)
-    if (a.scale_type == kScaleF16) {
-      const uint16_t* hs = static_cast<const uint16_t*>(a.scales) + at;
-      const uint16_t* hc = static_cast<const uint16_t*>(a.biases) + at;
-      for (; g + 8 <= groups; g += 8) {
-        _mm256_storeu_ps(sr + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hs + g))));
-        _mm256_storeu_ps(cr + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hc + g))));
-      }
-    }
-#endif
-    for (; g < groups; ++g) {
-      sr[g] = scale_at(a.scales, a.scale_type, at + g);
-      cr[g] = scale_at(a.biases, a.scale_type, at + g);
-    }
-  }
-}
-
-inline float dot_floats(const float* a, const float* b, int n) {
-  int i = 0;
-  float total = 0.0f;
-#if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  total = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-#endif
-  for (; i < n; ++i) total += a[i] * b[i];
-  return total;
-}
-
-// What a weight row adds to an activation row besides the integer dots: its biases against the
-// group sums, minus the code offset's share (the dot took the codes as q + offset, against the
-// quantized values, so the same quantized sums take it back out), plus the layer's bias.
-inline float row_terms(const QdotArgs& a, int n, int m, const float* s, const float* c, int offset) {
-  const int groups = a.K / a.group_size;
-  const int64_t at = static_cast<int64_t>(m) * groups;
-  float total = dot_floats(c, a.x.sum + at, groups);
-  if (offset != 0) total -= static_cast<float>(offset) * dot_floats(s, a.x.qsum + at, groups);
-  return total + (a.bias != nullptr ? a.bias[n] : 0.0f);
-}
-
 #if defined(__AVX2__)
 
 // The value added to codes before the multiply: against 8-bit activations maddubs takes
@@ -290,137 +240,6 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// out[m][r] = sum over blocks of s_rb * d_mb * (integer dot of block b), for R weight rows from
-// n against MT activation rows from m0; sd holds the products s_rb * d_mb, (MT x R) x blocks, so
-// the loop takes each as a broadcast load instead of a multiply and a broadcast.
-template <int R, int MT, int BITS, class T>
-__attribute__((always_inline)) inline void tile(const QdotArgs& a, int n, int m0, const float* sd,
-                                                const Decoder& dec, float (*out)[kQdotMaxTileRows]) {
-  const int blocks = a.K / B;
-  const uint8_t* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = a.codes + static_cast<int64_t>(n + r) * a.ld_bytes;
-  const T* xq = static_cast<const T*>(a.x.q) + static_cast<int64_t>(m0) * a.K;
-  const int64_t prefetch_ahead = 2 * R * a.ld_bytes > 4096 ? 2 * R * a.ld_bytes : 4096;
-  __m256 acc[MT][R];
-  for (int m = 0; m < MT; ++m)
-    for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
-  for (int b = 0; b < blocks; ++b) {
-    WeightBlock<T> w[R];
-    for (int r = 0; r < R; ++r) {
-      // Two tiles on (at least 4 KiB ahead in the one stream the rows make), so their DRAM
-      // misses are in flight while this tile multiplies.
-      __builtin_prefetch(rows[r] + prefetch_ahead + b * 4 * BITS, 0, 3);
-      w[r] = weight_block<BITS, T>(rows[r] + b * 4 * BITS, dec);
-    }
-    for (int m = 0; m < MT; ++m) {
-      const T* x = xq + static_cast<int64_t>(m) * a.K + b * B;
-      for (int r = 0; r < R; ++r) {
-        __m256 prod = _mm256_cvtepi32_ps(block_dot<BITS>(w[r], x));
-        acc[m][r] = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(sd + (m * R + r) * blocks + b), acc[m][r]);
-      }
-    }
-  }
-  for (int m = 0; m < MT; ++m)
-    for (int r = 0; r < R; ++r) out[m][r] = hsum(acc[m][r]);
-}
-
-#if defined(__AVX512VNNI__)
-constexpr int kWideRows = 4;  // 32 registers: 4 weight rows x 4 activation rows of accumulators
-#else
-constexpr int kWideRows = 2;  // 16 registers: 2 x 4
-#endif
-
-// sd[(m * rows + r) * blocks + b] = sb[r * blocks + b] * d of block b of activation row m0 + m.
-inline void tile_scales(const QdotArgs& a, int m0, int mt, int rows, const float* sb, float* sd) {
-  const int blocks = a.K / B;
-  for (int m = 0; m < mt; ++m) {
-    const float* d = a.x.d + static_cast<int64_t>(m0 + m) * blocks;
-    for (int r = 0; r < rows; ++r) {
-      const float* w = sb + r * blocks;
-      float* out = sd + (m * rows + r) * blocks;
-      int b = 0;
-      for (; b + 8 <= blocks; b += 8)
-        _mm256_storeu_ps(out + b, _mm256_mul_ps(_mm256_loadu_ps(w + b), _mm256_loadu_ps(d + b)));
-      for (; b < blocks; ++b) out[b] = w[b] * d[b];
-    }
-  }
-}
-
-// sb (R x blocks) = each weight row's group scales, one per block.
-inline void per_block(const QdotArgs& a, int rows, const float* s, float* sb) {
-  const int blocks = a.K / B, groups = a.K / a.group_size, per_group = a.group_size / B;
-  for (int r = 0; r < rows; ++r)
-    for (int b = 0; b < blocks; ++b) sb[r * blocks + b] = s[r * groups + b / per_group];
-}
-
-template <int R, int BITS, class T>
-void rows_against_all(const QdotArgs& a, int n, const float* s, const float* c, float* tables,
-                      const Decoder& dec) {
-  const int groups = a.K / a.group_size, blocks = a.K / B;
-  float* sb = tables;
-  float* sd = tables + kQdotMaxTileRows * blocks;
-  per_block(a, R, s, sb);
-  float out[4][kQdotMaxTileRows];
-  for (int m0 = 0; m0 < a.M;) {
-    const int left = a.M - m0, mt = left >= 4 ? 4 : left;
-    tile_scales(a, m0, mt, R, sb, sd);
-    if (mt == 4) {
-      tile<R, 4, BITS, T>(a, n, m0, sd, dec, out);
-    } else if (mt == 3) {
-      tile<R, 3, BITS, T>(a, n, m0, sd, dec, out);
-    } else if (mt == 2) {
-      tile<R, 2, BITS, T>(a, n, m0, sd, dec, out);
-    } else {
-      tile<R, 1, BITS, T>(a, n, m0, sd, dec, out);
-    }
-    for (int m = 0; m < mt; ++m) {
-      float* y = a.y + static_cast<int64_t>(m0 + m) * a.ldy + n;
-      for (int r = 0; r < R; ++r)
-        y[r] = out[m][r] + row_terms(a, n + r, m0 + m, s + r * groups, c + r * groups, code_offset<BITS, T>());
-    }
-    m0 += mt;
-  }
-}
-
-// One weight row against one activation row (a decode step): four accumulators on alternate
-// blocks, so the float FMA's latency does not chain block to block, and each block's scale
-// s * d read from a row's worth of products computed before the loop.
-template <int BITS, class T>
-inline float row_dot(const QdotArgs& a, const uint8_t* row, const float* scale, const Decoder& dec) {
-  const int blocks = a.K / B;
-  const T* xq = static_cast<const T*>(a.x.q);
-  // Every line of the row 2 KiB ahead: a decode's loop is long enough (15-20 operations a block)
-  // that the out-of-order window alone keeps only a few lines in flight (8 GB/s on one core from
-  // DRAM without it, 14 with it, against 20 for a plain read).
-  constexpr int64_t ahead = 2048;
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  auto add_block = [&](int b, __m256& into) {
-    WeightBlock<T> w = weight_block<BITS, T>(row + b * 4 * BITS, dec);
-    __m256 prod = _mm256_cvtepi32_ps(block_dot<BITS>(w, xq + b * B));
-    into = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(scale + b), into);
-  };
-  int b = 0;
-  for (; b + 4 <= blocks; b += 4) {
-    for (int line = 0; line < 16 * BITS; line += 64) __builtin_prefetch(row + ahead + b * 4 * BITS + line, 0, 3);
-    for (int j = 0; j < 4; ++j) add_block(b + j, acc[j]);
-  }
-  for (; b < blocks; ++b) add_block(b, acc[0]);
-  return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-}
-
-// Per block of a weight row: its group's scale times the activation block's (s widened per group).
-inline void block_scales(const QdotArgs& a, const float* s, float* out) {
-  const int blocks = a.K / B, per_group = a.group_size / B;
-  if (per_group == 1) {
-    int b = 0;
-    for (; b + 8 <= blocks; b += 8)
-      _mm256_storeu_ps(out + b, _mm256_mul_ps(_mm256_loadu_ps(s + b), _mm256_loadu_ps(a.x.d + b)));
-    for (; b < blocks; ++b) out[b] = s[b] * a.x.d[b];
-    return;
-  }
-  for (int b = 0; b < blocks; ++b) out[b] = s[b / per_group] * a.x.d[b];
-}
-
 // Every line of weight row n's scales and biases: two streams beside the codes', each a few lines
 // a row (float32 groups of 32: K / 8 bytes), too short for the hardware's stream prefetchers.
 inline void prefetch_row_scales(const QdotArgs& a, int n) {
@@ -440,6 +259,41 @@ inline __m256 load8_scales(const void* base, int type, int64_t i) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bfloat16
 }
 
+// The 8 blocks' values of a per-group array whose low 8 / PER lanes hold the groups (PER blocks a
+// group: 1, 2 or 4), each repeated over its blocks; with `first_only`, the repeats are zero
+// (for the terms taken once a group).
+template <int PER>
+inline __m256 per_block(__m256 groups, bool first_only) {
+  if constexpr (PER == 1) {
+    return groups;
+  } else {
+    const __m256i order = _mm256_setr_epi32(0, 1 / PER, 2 / PER, 3 / PER, 4 / PER, 5 / PER, 6 / PER, 7 / PER);
+    __m256 v = _mm256_permutevar8x32_ps(groups, order);
+    if (!first_only) return v;
+    constexpr int kFirsts = PER == 2 ? 0x55 : 0x11;
+    return _mm256_blend_ps(_mm256_setzero_ps(), v, kFirsts);
+  }
+}
+
+// The 8 / PER group scales (or biases, or floats) from element i in the low lanes, the rest zero.
+template <int PER>
+inline __m256 load_groups(const void* base, int type, int64_t i) {
+  if constexpr (PER == 1) {
+    return load8_scales(base, type, i);
+  } else if constexpr (PER == 2) {
+    __m128 v;
+    if (type == kScaleF32) {
+      v = _mm_loadu_ps(static_cast<const float*>(base) + i);
+    } else {
+      __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+      v = type == kScaleF16 ? _mm_cvtph_ps(h) : _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_zextps128_ps256(v);
+  } else {
+    return _mm256_setr_ps(scale_at(base, type, i), scale_at(base, type, i + 1), 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
 // A weight row in groups of 32 against MR activation rows from m0, in one pass: lanes[m] gets 8
 // lanes whose sum is the product with row m0 + m (the layer's bias aside). Every 8 blocks, their
 // 8 group scales and biases are read and widened in registers, the scales times each row's block
@@ -450,21 +304,22 @@ inline __m256 load8_scales(const void* base, int type, int64_t i) {
 // accumulators per row: 4 alone (so the FMA's latency does not chain block to block), 2 in a
 // batch (MR x 2 of them beside a decoded block and an activation block fill AVX2's 16
 // registers); every row of a batch sums in the same order, whatever MR its chunk has.
-template <int BITS, class T, int MR, int ACCS>
+template <int BITS, class T, int MR, int ACCS, int PER>
 inline void row_lanes_groups_of_32(const QdotArgs& a, int n, int m0, const Decoder& dec, __m256* lanes) {
   constexpr int offset = code_offset<BITS, T>();
   const int blocks = a.K / B;
   const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
-  const int64_t at = static_cast<int64_t>(n) * a.ld_scales;
   const T* xq[MR];
   const float* d[MR];
   const float* sums[MR];
   const float* qsums[MR];
+  const int groups = blocks / PER;
+  const int64_t at = static_cast<int64_t>(n) * a.ld_scales;
   for (int m = 0; m < MR; ++m) {
     xq[m] = static_cast<const T*>(a.x.q) + static_cast<int64_t>(m0 + m) * a.K;
     d[m] = a.x.d + static_cast<int64_t>(m0 + m) * blocks;
-    sums[m] = a.x.sum + static_cast<int64_t>(m0 + m) * blocks;  // groups of 32: one per block
-    qsums[m] = a.x.qsum + static_cast<int64_t>(m0 + m) * blocks;
+    sums[m] = a.x.sum + static_cast<int64_t>(m0 + m) * groups;
+    qsums[m] = a.x.qsum + static_cast<int64_t>(m0 + m) * groups;
   }
   constexpr int64_t ahead = 2048;  // as row_dot
   __m256 acc[MR][ACCS];
@@ -481,22 +336,29 @@ inline void row_lanes_groups_of_32(const QdotArgs& a, int n, int m0, const Decod
   int b = 0;
   for (; b + 8 <= blocks; b += 8) {
     for (int line = 0; line < 32 * BITS; line += 64) __builtin_prefetch(row + ahead + b * 4 * BITS + line, 0, 3);
-    __m256 s = load8_scales(a.scales, a.scale_type, at + b);
-    __m256 c = load8_scales(a.biases, a.scale_type, at + b);
+    const int g = b / PER;
+    const __m256 s_groups = load_groups<PER>(a.scales, a.scale_type, at + g);
+    const __m256 s = per_block<PER>(s_groups, false);
+    const __m256 c = per_block<PER>(load_groups<PER>(a.biases, a.scale_type, at + g), true);
     for (int m = 0; m < MR; ++m) {
-      acc[m][ACCS - 1] = _mm256_fmadd_ps(c, _mm256_loadu_ps(sums[m] + b), acc[m][ACCS - 1]);
-      if constexpr (offset != 0)
-        acc[m][ACCS - 1] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_set1_ps(static_cast<float>(-offset))),
-                                           _mm256_loadu_ps(qsums[m] + b), acc[m][ACCS - 1]);
+      __m256 x_sums = per_block<PER>(load_groups<PER>(sums[m] + g, kScaleF32, 0), false);
+      acc[m][ACCS - 1] = _mm256_fmadd_ps(c, x_sums, acc[m][ACCS - 1]);
+      if constexpr (offset != 0) {
+        __m256 x_qsums = per_block<PER>(load_groups<PER>(qsums[m] + g, kScaleF32, 0), false);
+        acc[m][ACCS - 1] = _mm256_fmadd_ps(
+            _mm256_mul_ps(per_block<PER>(s_groups, true), _mm256_set1_ps(static_cast<float>(-offset))), x_qsums,
+            acc[m][ACCS - 1]);
+      }
       _mm256_store_ps(sd[m], _mm256_mul_ps(s, _mm256_loadu_ps(d[m] + b)));
     }
     for (int j = 0; j < 8; ++j) add_block(b + j, &sd[0][j], j % ACCS);
   }
   float tail[MR] = {};  // the last blocks of a row whose blocks are not a multiple of 8
   for (; b < blocks; ++b) {
-    const float scale = scale_at(a.scales, a.scale_type, at + b), bias = scale_at(a.biases, a.scale_type, at + b);
+    const int g = b / PER;
+    const float scale = scale_at(a.scales, a.scale_type, at + g), bias = scale_at(a.biases, a.scale_type, at + g);
     for (int m = 0; m < MR; ++m) {
-      tail[m] += bias * sums[m][b] - static_cast<float>(offset) * scale * qsums[m][b];
+      if (b % PER == 0) tail[m] += bias * sums[m][g] - static_cast<float>(offset) * scale * qsums[m][g];
       sd[m][0] = scale * d[m][b];
     }
     add_block(b, &sd[0][0], 0);
@@ -518,7 +380,7 @@ inline __m256 sum_lanes_of_8(const __m256* v) {
 
 // Activation rows m0..m0+MR against weight rows n0..n1 in groups of 32: 8 weight rows at a time,
 // their lanes summed together (lanes[m][r] of weight row n + r).
-template <int BITS, class T, int MR, int ACCS>
+template <int BITS, class T, int MR, int ACCS, int PER>
 void rows_groups_of_32(const QdotArgs& a, int n0, int n1, int m0, const Decoder& dec) {
   __m256 lanes[MR][8];
   auto y_at = [&](int m, int n) { return a.y + static_cast<int64_t>(m0 + m) * a.ldy + n; };
@@ -526,7 +388,7 @@ void rows_groups_of_32(const QdotArgs& a, int n0, int n1, int m0, const Decoder&
   for (; n + 8 <= n1; n += 8) {
     for (int r = 0; r < 8; ++r) {
       prefetch_row_scales(a, n + r + 8);
-      row_lanes_groups_of_32<BITS, T, MR, ACCS>(a, n + r, m0, dec, &lanes[0][r]);
+      row_lanes_groups_of_32<BITS, T, MR, ACCS, PER>(a, n + r, m0, dec, &lanes[0][r]);
     }
     for (int m = 0; m < MR; ++m) {
       __m256 y = sum_lanes_of_8(lanes[m]);
@@ -536,74 +398,78 @@ void rows_groups_of_32(const QdotArgs& a, int n0, int n1, int m0, const Decoder&
   }
   for (; n < n1; ++n) {
     prefetch_row_scales(a, n + 8);
-    row_lanes_groups_of_32<BITS, T, MR, ACCS>(a, n, m0, dec, &lanes[0][0]);
+    row_lanes_groups_of_32<BITS, T, MR, ACCS, PER>(a, n, m0, dec, &lanes[0][0]);
     for (int m = 0; m < MR; ++m) *y_at(m, n) = hsum(lanes[m][0]) + (a.bias != nullptr ? a.bias[n] : 0.0f);
   }
 }
 
-// Every activation row against weight rows n0..n1 in groups of 32: one row alone, or chunks of up
-// to 4 (each weight row's 8-row run stays in L1 while the chunks take it).
-template <int BITS, class T>
-void activations_groups_of_32(const QdotArgs& a, int n0, int n1, const Decoder& dec) {
-  if (a.M == 1) return rows_groups_of_32<BITS, T, 1, 4>(a, n0, n1, 0, dec);
+// Every activation row against weight rows n0..n1 in groups of 32 * PER: one row alone, or chunks
+// of up to 4 (each weight row's 8-row run stays in L1 while the chunks take it).
+template <int BITS, class T, int PER>
+void activations_in_groups(const QdotArgs& a, int n0, int n1, const Decoder& dec) {
+  if (a.M == 1) return rows_groups_of_32<BITS, T, 1, 4, PER>(a, n0, n1, 0, dec);
   constexpr int kRun = 64;  // weight rows per pass of the chunks
   for (int n = n0; n < n1; n += kRun) {
     const int end = n + kRun < n1 ? n + kRun : n1;
     for (int m0 = 0; m0 < a.M;) {
       const int left = a.M - m0;
       if (left >= 4) {
-        rows_groups_of_32<BITS, T, 4, 2>(a, n, end, m0, dec), m0 += 4;
+        rows_groups_of_32<BITS, T, 4, 2, PER>(a, n, end, m0, dec), m0 += 4;
       } else if (left == 3) {
-        rows_groups_of_32<BITS, T, 3, 2>(a, n, end, m0, dec), m0 += 3;
+        rows_groups_of_32<BITS, T, 3, 2, PER>(a, n, end, m0, dec), m0 += 3;
       } else if (left == 2) {
-        rows_groups_of_32<BITS, T, 2, 2>(a, n, end, m0, dec), m0 += 2;
+        rows_groups_of_32<BITS, T, 2, 2, PER>(a, n, end, m0, dec), m0 += 2;
       } else {
-        rows_groups_of_32<BITS, T, 1, 2>(a, n, end, m0, dec), m0 += 1;
+        rows_groups_of_32<BITS, T, 1, 2, PER>(a, n, end, m0, dec), m0 += 1;
       }
     }
   }
 }
 
 template <int BITS, class T>
-void matmul_bits(const QdotArgs& a, int n0, int n1, float* scratch) {
+void matmul_bits(const QdotArgs& a, int n0, int n1, float*) {
   static const Decoder dec = BITS == 4 || BITS == 8 ? Decoder{} : make_decoder<BITS>();  // built once
-  const int groups = a.K / a.group_size;
-  float* s = scratch;
-  float* c = scratch + kQdotMaxTileRows * groups;
-  // One activation row (decode) takes one weight row at a time (row_dot, or in groups of 32
-  // rows_groups_of_32): a single forward stream through the weight, which the prefetchers keep
-  // fed (four interleaved rows read the LM head from DRAM 20-30% slower); two rows share four
-  // weight rows; more, kWideRows.
-  if (a.group_size == B) return activations_groups_of_32<BITS, T>(a, n0, n1, dec);
-  if (a.M == 1) {
-    float* scale = scratch + 2 * kQdotMaxTileRows * (a.K / B);
-    for (int n = n0; n < n1; ++n) {
-      prefetch_row_scales(a, n + 8);  // 8 rows on
-      widen_rows(a, n, 1, s, c);
-      block_scales(a, s, scale);
-      const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
-      a.y[n] = row_dot<BITS, T>(a, row, scale, dec) + row_terms(a, n, 0, s, c, code_offset<BITS, T>());
-    }
-    return;
-  }
-  const int wide = a.M == 2 ? 4 : kWideRows;
-  float* tables = scratch + (2 * kQdotMaxTileRows + 1) * (a.K / B);
-  int n = n0;
-  for (; n + wide <= n1; n += wide) {
-    widen_rows(a, n, wide, s, c);
-    if (wide == 4) {
-      rows_against_all<4, BITS, T>(a, n, s, c, tables, dec);
-    } else {
-      rows_against_all<kWideRows, BITS, T>(a, n, s, c, tables, dec);
-    }
-  }
-  for (; n < n1; ++n) {
-    widen_rows(a, n, 1, s, c);
-    rows_against_all<1, BITS, T>(a, n, s, c, tables, dec);
-  }
+  // One activation row (decode) takes one weight row at a time: a single forward stream through
+  // the weight, which the prefetchers keep fed (four interleaved rows read the LM head from DRAM
+  // 20-30% slower); more take each weight row in chunks of up to 4 activation rows.
+  if (a.group_size == B) return activations_in_groups<BITS, T, 1>(a, n0, n1, dec);
+  if (a.group_size == 2 * B) return activations_in_groups<BITS, T, 2>(a, n0, n1, dec);
+  return activations_in_groups<BITS, T, 4>(a, n0, n1, dec);  // qdot_supports: groups of 32, 64 or 128
 }
 
 #else  // generic: plain C++ loops the compiler vectorizes (SSE2 on x86-64, NEON on ARM)
+
+// The tile's weight rows' scales and biases per group, as float32 (rows x K / gs each).
+void widen_rows(const QdotArgs& a, int n, int rows, float* s, float* c) {
+  const int groups = a.K / a.group_size;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t at = static_cast<int64_t>(n + r) * a.ld_scales;
+    float* sr = s + r * groups;
+    float* cr = c + r * groups;
+    int g = 0;
+    for (; g < groups; ++g) {
+      sr[g] = scale_at(a.scales, a.scale_type, at + g);
+      cr[g] = scale_at(a.biases, a.scale_type, at + g);
+    }
+  }
+}
+
+inline float dot_floats(const float* a, const float* b, int n) {
+  float total = 0.0f;
+  for (int i = 0; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+// What a weight row adds to an activation row besides the integer dots: its biases against the
+// group sums, minus the code offset's share (the dot took the codes as q + offset, against the
+// quantized values, so the same quantized sums take it back out), plus the layer's bias.
+inline float row_terms(const QdotArgs& a, int n, int m, const float* s, const float* c, int offset) {
+  const int groups = a.K / a.group_size;
+  const int64_t at = static_cast<int64_t>(m) * groups;
+  float total = dot_floats(c, a.x.sum + at, groups);
+  if (offset != 0) total -= static_cast<float>(offset) * dot_floats(s, a.x.qsum + at, groups);
+  return total + (a.bias != nullptr ? a.bias[n] : 0.0f);
+}
 
 // The 32 codes of the block at p (4 * BITS bytes of MLX's little-endian bit stream) as 16-bit
 // integers, in the order quantize() gave the activations (natural; 4 bits: low nibbles, then high).

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +31,9 @@ def _spawn(chat_model: Path, home: Path, *args: str) -> pexpect.spawn:
         encoding="utf-8",
         timeout=TIMEOUT_S,
         dimensions=(40, 200),
+        # A shell that runs the suite in the background hands its children SIGINT ignored, and
+        # Python then leaves it ignored: Ctrl-C would do nothing. The chat gets it as a terminal would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     child.expect_exact(">>> ")
     return child

@@ -16,6 +16,7 @@ from baselm.config import ConfigError, EngineConfig
 from baselm.duration import parse_duration
 
 if TYPE_CHECKING:
+    from baselm.api.app import PoolSetup
     from baselm.api.pool import PoolLimits
     from baselm.commands.serve_pd import PDOptions
     from baselm.distributed.tp.launch import DistOptions
@@ -160,7 +161,7 @@ def serve(args: ServeArgs) -> NoReturn:
     exit_process(run_server(loaded, args.engine_config(), args.serve_options(), pool=pool))
 
 
-def pulled_models(args: ServeArgs):
+def pulled_models(args: ServeArgs) -> PoolSetup:
     """Beside the one model it serves, a server serves what is pulled or copied into the store
     through its API, loaded on demand and unloaded when idle (5 minutes) or to fit free memory."""
     from baselm.api.app import PoolSetup

@@ -87,6 +87,12 @@ def test_batch_of_8_gives_the_reference_tokens_to_the_end(smollm2, smollm2_refer
         assert tokens[: len(expected)] == expected, case["prompt"]
 
 
+def first_departure(case: dict, tokens: list[int]) -> tuple[int, int, int] | None:
+    """(step, token, the reference's token) where `tokens` first leave the reference's first 16."""
+    steps = zip(tokens, case["generated_token_ids"][:16])
+    return next(((step, token, want) for step, (token, want) in enumerate(steps) if token != want), None)
+
+
 def test_q8_kv_cache_keeps_the_first_16_greedy_tokens(smollm2_widened, smollm2_reference, monkeypatch):
     """The reference path throughout: MLX's own attention, norms and RoPE too. Each prompt follows
     the reference for 16 tokens, or up to a step where q8 K/V leaves a near-tie: there the
@@ -101,14 +107,12 @@ def test_q8_kv_cache_keeps_the_first_16_greedy_tokens(smollm2_widened, smollm2_r
     for case in smollm2_reference["cases"]:
         engine = LLMEngine(smollm2_widened, EngineConfig(kv_memory=64 * 2**20, kv_bits=8))
         completion = engine.generate([case["prompt_token_ids"]], params)[0].completions[0]
-        expected = case["generated_token_ids"][:16]  # a reference may end early, at its eos
-        for step, (token, want) in enumerate(zip(completion.token_ids, expected)):
-            if token != want:
-                (first, best), (second, runner_up) = completion.logprobs[step].top
-                assert (first, second) == (token, want), f"{case['prompt']!r} step {step}: {want} not runner-up"
-                gap = best - runner_up
-                assert gap < 0.1, f"{case['prompt']!r} step {step}: {token} beats {want} by {gap}"
-                break
+        assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+        if departure := first_departure(case, completion.token_ids):
+            step, token, want = departure
+            (first, best), (second, runner_up) = completion.logprobs[step].top
+            assert (first, second) == (token, want), f"{case['prompt']!r} step {step}: {want} not runner-up"
+            assert best - runner_up < 0.1, f"{case['prompt']!r} step {step}: {token} beats {want} by {best - runner_up}"
 
 
 def test_q8_kv_cache_on_the_served_path_departs_only_at_a_near_tie(smollm2, smollm2_reference):
@@ -117,10 +121,8 @@ def test_q8_kv_cache_on_the_served_path_departs_only_at_a_near_tie(smollm2, smol
     kernel sums in) decides which way a key code rounds, so that near-tie can flip either way:
     tokens follow the reference until the first step where the winner leads by under 0.1."""
     for case in smollm2_reference["cases"]:
-        expected = case["generated_token_ids"][:16]
-        tokens, logits = greedy(smollm2.model, case["prompt_token_ids"], len(expected), kv_bits=8)
-        for step, (token, want) in enumerate(zip(tokens, expected)):
-            if token != want:
-                gap = (logits[step][token] - logits[step][want]).item()
-                assert gap < 0.1, f"{case['prompt']!r} step {step}: {token} beats {want} by {gap}"
-                break
+        tokens, logits = greedy(smollm2.model, case["prompt_token_ids"], 16, kv_bits=8)
+        if departure := first_departure(case, tokens):
+            step, token, want = departure
+            gap = (logits[step][token] - logits[step][want]).item()
+            assert gap < 0.1, f"{case['prompt']!r} step {step}: {token} beats {want} by {gap}"

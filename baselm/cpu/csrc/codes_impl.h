@@ -45,6 +45,17 @@ inline __m256i source(const uint8_t* p, int bytes) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// Values 0-15 (a) and 16-31 (b) of a 2/3/5/6-bit block, each in the low byte of its 16-bit lane
+// with the next value's low bits above it (masked by the caller).
+template <int BITS>
+inline void shifted_lanes(const uint8_t* p, const Decoder& dec, __m256i& a, __m256i& b) {
+  constexpr int kSource = BITS <= 3 ? 8 : 16;
+  a = _mm256_shuffle_epi8(source(p, kSource), dec.shuffle_lo);
+  b = _mm256_shuffle_epi8(source(p + 4 * BITS - kSource, kSource), dec.shuffle_hi);
+  a = _mm256_srli_epi16(_mm256_mullo_epi16(a, dec.multiply), 8);
+  b = _mm256_srli_epi16(_mm256_mullo_epi16(b, dec.multiply), 8);
+}
+
 // The 32 codes of the block at p, in the width's lane order.
 template <int BITS, int OFFSET>
 inline __m256i decode(const uint8_t* p, const Decoder& dec) {
@@ -56,11 +67,8 @@ inline __m256i decode(const uint8_t* p, const Decoder& dec) {
     const __m128i low = _mm_set1_epi8(0x0f);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
   } else {
-    constexpr int kSource = BITS <= 3 ? 8 : 16;
-    __m256i a = _mm256_shuffle_epi8(source(p, kSource), dec.shuffle_lo);
-    __m256i b = _mm256_shuffle_epi8(source(p + 4 * BITS - kSource, kSource), dec.shuffle_hi);
-    a = _mm256_srli_epi16(_mm256_mullo_epi16(a, dec.multiply), 8);
-    b = _mm256_srli_epi16(_mm256_mullo_epi16(b, dec.multiply), 8);
+    __m256i a, b;
+    shifted_lanes<BITS>(p, dec, a, b);
     return _mm256_and_si256(_mm256_packus_epi16(a, b), dec.mask);
   }
 }
@@ -70,10 +78,8 @@ inline __m256i decode(const uint8_t* p, const Decoder& dec) {
 // for 2, 3, 5 and 6 bits: the decoder's 16-bit lanes before they are packed to bytes.
 template <int BITS>
 inline void decode_wide(const uint8_t* p, const Decoder& dec, __m256i& lo, __m256i& hi) {
-  constexpr int kSource = BITS <= 3 ? 8 : 16;
   const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
-  __m256i a = _mm256_shuffle_epi8(source(p, kSource), dec.shuffle_lo);
-  __m256i b = _mm256_shuffle_epi8(source(p + 4 * BITS - kSource, kSource), dec.shuffle_hi);
-  lo = _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(a, dec.multiply), 8), mask);
-  hi = _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(b, dec.multiply), 8), mask);
+  shifted_lanes<BITS>(p, dec, lo, hi);
+  lo = _mm256_and_si256(lo, mask);
+  hi = _mm256_and_si256(hi, mask);
 }

@@ -29,17 +29,11 @@ namespace {
 
 constexpr int B = kQBlock;
 
-// Position p of a block holds value lane_value(bits, p) of the block.
-inline int lane_value(int bits, int p) {
-  if (bits == 4) return p < 16 ? 2 * p : 2 * (p - 16) + 1;
-#if defined(__AVX2__)
-  if (bits == 8) return p;
-  static const int kQuarters[4] = {0, 16, 8, 24};
-  return kQuarters[p / 8] + p % 8;
-#else
-  return p;  // generic: natural order but for 4 bits
+#if !defined(__AVX2__)
+// Position p of a block holds value lane_value(bits, p) of the block (generic: natural order but
+// for 4 bits; the AVX2 builds order each block as quantize_block writes it).
+inline int lane_value(int bits, int p) { return bits == 4 ? (p < 16 ? 2 * p : 2 * (p - 16) + 1) : p; }
 #endif
-}
 
 // Block scales, then the codes round(x / d) with d = max|x| / 127 (ties to even, as the
 // reference in the tests does it), and the group sums of each row the products take.

@@ -13,6 +13,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from baselm import kquant_blocks
 from baselm.adapters import Adapter, apply_adapters
 from baselm.backend import Backend
 from baselm.memory import release_freed_memory
@@ -65,6 +66,10 @@ def model_from_checkpoint(
     first. GGUF's `rope_freqs` tensor (llama 3 scaling as per-frequency divisors, also kept by `.base`
     files converted from GGUF) has no HF name: it goes to the model's RoPE, not among its weights."""
     factors = weights.pop(ROPE_FREQS, None)
+    if any(kquant_blocks.split_name(name) for name in weights) and (adapters or shard or not backend.cpu_kernels):
+        from baselm.store.gguf_kquants import blocks_as_triplets  # deltas and slices take affine triplets
+
+        blocks_as_triplets(weights)
     if adapters:
         apply_adapters(weights, list(adapters), config)
     release_freed_memory()
@@ -98,7 +103,8 @@ def _load_gguf(
     tokenizer = Tokenizer.from_gguf_metadata(checkpoint.metadata)
     checkpoint.release_metadata()
     release_freed_memory()
-    model = model_from_checkpoint(checkpoint.config, checkpoint.mx_weights(), backend, shard=shard, adapters=adapters)
+    weights = checkpoint.mx_weights(keep_blocks=backend.cpu_kernels and kquant_blocks.kept_on_load())
+    model = model_from_checkpoint(checkpoint.config, weights, backend, shard=shard, adapters=adapters)
     return model, tokenizer, checkpoint.config
 
 

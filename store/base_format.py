@@ -1,8 +1,8 @@
-"""The `.base` v1 container format: its layout, alignment, size and checksum rules.
+"""The `.base` container format (versions 1 and 2): its layout, alignment, size and checksum rules.
 
 Layout (all integers little-endian):
 
-    0x00  b"BASE" | u32 version = 1 | u64 header_len | header JSON (UTF-8, header_len bytes)
+    0x00  b"BASE" | u32 version (1 or 2) | u64 header_len | header JSON (UTF-8, header_len bytes)
           zero padding to the next 64 KiB boundary            <- blob start
           tensor blob: one region per tensor, each aligned     <- offsets are blob-relative
           (optional slots after the last region)
@@ -12,8 +12,8 @@ so the same inputs give the same bytes. Offsets are relative to the blob start, 
 the tensor layout independent of the header's length: the writer streams the blob first and
 writes the header last (see `write_base_file`).
 
-Alignment rule: a "matrix" region (every quantized tensor, and every float tensor of two or
-more dimensions) starts on a 16 KiB boundary, the page size of Apple GPUs, so each weight can
+Alignment rule: a "matrix" region (every quantized or block tensor, and every float tensor of two
+or more dimensions) starts on a 16 KiB boundary, the page size of Apple GPUs, so each weight can
 later be wrapped as its own no-copy Metal buffer; every other region (norms, biases, scalars)
 starts on a 64-byte boundary.
 
@@ -21,6 +21,16 @@ A quantized tensor (`base_q2` .. `base_q8`) is one region `[codes | scales | bia
 gaps: codes are MLX's affine packing, uint32 `(out, in * bits / 32)`; scales and biases are
 `(out, in / group_size)` in `scale_dtype`; `w = scale * q + bias`. They load straight into
 `mx.quantized_matmul` / `mx.dequantize`.
+
+A block tensor (`gguf_q4_k`, `gguf_q5_k`, `gguf_q6_k`) holds a GGUF K-quant matrix exactly as
+llama.cpp writes it (`baselm/kquant_blocks.py`): one region of the rows' bytes, uint8
+`(out, in / 256 * block_bytes)`, shape 2-D `(out, in)` with `in % 256 == 0`, no scales or biases
+(each super-block of 256 values carries its own). Its entry has the float entry's keys. Bits per
+weight: Q4_K 4.5, Q5_K 5.5, Q6_K 6.5625.
+
+Versions: a file with any block tensor is version 2, every other file version 1 (byte for byte
+what a version-1-only writer makes), so a build that reads only version 1 refuses a file it
+could not load by its version alone. A block dtype in a version-1 file is an error.
 
 `checksum_xxh64` (16 hex digits) covers each tensor's whole region; `header_xxh64` covers the
 header itself (its canonical JSON without that key). Both are checked on request (`verify`).
@@ -34,14 +44,19 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Iterable
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import xxhash
 
+from baselm import kquant_blocks
+
 MAGIC = b"BASE"
-VERSION = 1
+VERSION = 1  # a file of float and affine tensors only
+BLOCK_VERSION = 2  # a file with block tensors
+VERSIONS = (VERSION, BLOCK_VERSION)
 SCHEMA = "base.v1"
 PREAMBLE = struct.Struct("<4sIQ")  # magic, version, header_len
 BLOB_ALIGN = 64 * 1024
@@ -56,7 +71,8 @@ GROUP_SIZES = (32, 64, 128)
 # Float dtypes as stored: numpy dtype of the raw little-endian values (bf16 as its uint16 bits).
 FLOAT_DTYPES: dict[str, np.dtype] = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
 QUANT_BITS = {f"base_q{b}": b for b in (2, 3, 4, 5, 6, 8)}
-DTYPES = (*FLOAT_DTYPES, *QUANT_BITS)
+BLOCK_DTYPES = tuple(kquant_blocks.BY_DTYPE)  # gguf_q4_k, gguf_q5_k, gguf_q6_k
+DTYPES = (*FLOAT_DTYPES, *QUANT_BITS, *BLOCK_DTYPES)
 HEADER_TYPES: dict[str, tuple[type, ...]] = {
     "schema": (str,),
     "arch": (str,),
@@ -85,14 +101,21 @@ def region_sizes(
     if dtype in FLOAT_DTYPES:
         return numel * FLOAT_DTYPES[dtype].itemsize, 0
     out_features, in_features = shape
+    if dtype in BLOCK_DTYPES:
+        return out_features * kquant_blocks.row_bytes(dtype, in_features), 0
     codes = out_features * in_features * QUANT_BITS[dtype] // 8
     scales = out_features * (in_features // group_size) * FLOAT_DTYPES[scale_dtype].itemsize
     return codes, scales
 
 
 def region_alignment(dtype: str, shape: tuple[int, ...]) -> int:
-    """16 KiB for matrix regions (quantized or >= 2-D), 64 B for the rest."""
-    return MATRIX_ALIGN if dtype in QUANT_BITS or len(shape) >= 2 else VECTOR_ALIGN
+    """16 KiB for matrix regions (quantized, blocks or >= 2-D), 64 B for the rest."""
+    return MATRIX_ALIGN if dtype in QUANT_BITS or dtype in BLOCK_DTYPES or len(shape) >= 2 else VECTOR_ALIGN
+
+
+def file_version(dtypes: Iterable[str]) -> int:
+    """The version a file of tensors of `dtypes` is written as: 2 with any block dtype, else 1."""
+    return BLOCK_VERSION if any(dtype in BLOCK_DTYPES for dtype in dtypes) else VERSION
 
 
 def align(value: int, alignment: int) -> int:

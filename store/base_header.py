@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from baselm import kquant_blocks
 from baselm.store.base_format import (
     ALIGNMENT,
+    BLOCK_DTYPES,
+    BLOCK_VERSION,
     DTYPES,
     FLOAT_DTYPES,
     GROUP_SIZES,
@@ -24,7 +27,7 @@ from baselm.store.base_format import (
     PREAMBLE,
     QUANT_BITS,
     SCHEMA,
-    VERSION,
+    VERSIONS,
     header_checksum,
     region_alignment,
     region_sizes,
@@ -52,28 +55,41 @@ class TensorEntry:
 
     @property
     def bits(self) -> int | None:
+        """The affine codes' width of a `base_q*` tensor, else None (also for block tensors)."""
         return QUANT_BITS.get(self.dtype)
+
+    @property
+    def kquant(self) -> kquant_blocks.BlockType | None:
+        """The block type of a tensor of kept GGUF K-quant blocks, else None."""
+        return kquant_blocks.BY_DTYPE.get(self.dtype)
 
     @property
     def num_params(self) -> int:
         return math.prod(self.shape)
 
 
-def read_preamble(path: Path, f: Any, file_size: int) -> int:
-    """The header length the preamble gives, after checking magic, version and that length."""
+def read_preamble(path: Path, f: Any, file_size: int) -> tuple[int, int]:
+    """(version, header length) the preamble gives, after checking magic, version and that length."""
     preamble = f.read(PREAMBLE.size)
     if len(preamble) < PREAMBLE.size:
         raise BaseFileError(path, f"it is {file_size} bytes long, shorter than the {PREAMBLE.size}-byte preamble")
     magic, version, header_len = PREAMBLE.unpack(preamble)
     if magic != MAGIC:
         raise BaseFileError(path, f"its magic is {magic!r}, not {MAGIC!r}")
-    if version != VERSION:
-        raise BaseFileError(path, f"its version is {version}, and this build reads version {VERSION}")
+    if version not in VERSIONS:
+        newer = "; a newer base wrote it, so upgrade base to read it" if version > max(VERSIONS) else ""
+        raise BaseFileError(path, f"its version is {version}, and this build reads {_versions_read()}{newer}")
     if header_len > file_size - PREAMBLE.size:
         raise BaseFileError(path, f"its header length {header_len} runs past the end of the {file_size}-byte file")
     if header_len > MAX_HEADER_LEN:
         raise BaseFileError(path, f"its header length {header_len} exceeds the {MAX_HEADER_LEN}-byte limit")
-    return header_len
+    return version, header_len
+
+
+def _versions_read() -> str:
+    """The versions this build reads, in words: "version 1", "versions 1 and 2"."""
+    *others, last = VERSIONS
+    return f"versions {', '.join(map(str, others))} and {last}" if others else f"version {last}"
 
 
 def _reject_constant(name: str) -> None:
@@ -105,8 +121,9 @@ def check_padding(path: Path, f: Any, start: int, blob_start: int, file_size: in
         )
 
 
-def check_header(path: Path, header: dict[str, Any]) -> dict[str, TensorEntry]:
-    """Checks the header's keys and types and returns its tensor table."""
+def check_header(path: Path, header: dict[str, Any], version: int) -> dict[str, TensorEntry]:
+    """Checks the header's keys and types and returns its tensor table; `version` is the preamble's
+    (block dtypes need version 2)."""
     missing = sorted(set(HEADER_TYPES) - set(header))
     if missing:
         raise BaseFileError(path, f"its header lacks {', '.join(missing)}")
@@ -128,7 +145,7 @@ def check_header(path: Path, header: dict[str, Any]) -> dict[str, TensorEntry]:
         raise BaseFileError(path, "header field 'flags' must be a list of strings")
     tensors: dict[str, TensorEntry] = {}
     for index, item in enumerate(header["tensors"]):
-        entry = _parse_entry(path, index, item)
+        entry = _parse_entry(path, index, item, version)
         if entry.name in tensors:
             raise BaseFileError(path, f"tensor {entry.name!r} appears twice in its header")
         tensors[entry.name] = entry
@@ -139,7 +156,7 @@ def _is_int(value: Any) -> bool:
     return type(value) is int and value >= 0
 
 
-def _parse_entry(path: Path, index: int, item: Any) -> TensorEntry:
+def _parse_entry(path: Path, index: int, item: Any, version: int) -> TensorEntry:
     """One tensor entry: keys, types, dtype, shape and the sizes its dtype and shape imply."""
     if not isinstance(item, dict):
         raise BaseFileError(path, f"tensor entry {index} is not a JSON object")
@@ -148,6 +165,12 @@ def _parse_entry(path: Path, index: int, item: Any) -> TensorEntry:
     dtype = item.get("dtype")
     if dtype not in DTYPES:
         raise BaseFileError(path, f"{label} has dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    if dtype in BLOCK_DTYPES and version < BLOCK_VERSION:
+        raise BaseFileError(
+            path,
+            f"{label} has block dtype {dtype}, which needs a version-{BLOCK_VERSION} file, but the file is version "
+            f"{version}",
+        )
     keys = _COMMON_KEYS | (_QUANT_KEYS if dtype in QUANT_BITS else set())
     if set(item) != keys:
         wrong = sorted(set(item) ^ keys)
@@ -179,6 +202,8 @@ def _parse_entry(path: Path, index: int, item: Any) -> TensorEntry:
 
 
 def _check_sizes(path: Path, label: str, entry: TensorEntry) -> None:
+    if entry.dtype in BLOCK_DTYPES:
+        _check_block_shape(path, label, entry)
     if entry.bits is not None:
         if len(entry.shape) != 2:
             raise BaseFileError(path, f"{label} is quantized but has {len(entry.shape)} dimensions, not 2")
@@ -207,6 +232,18 @@ def _check_sizes(path: Path, label: str, entry: TensorEntry) -> None:
             f"{label} has scale_offset {entry.scale_offset} and bias_offset {entry.bias_offset}, "
             f"expected {entry.offset + data_len} and {entry.offset + data_len + scales_len} (codes, scales, biases "
             "back to back)",
+        )
+
+
+def _check_block_shape(path: Path, label: str, entry: TensorEntry) -> None:
+    """A block tensor is a matrix of whole 256-value super-blocks along its input."""
+    if len(entry.shape) != 2:
+        raise BaseFileError(path, f"{label} holds {entry.dtype} blocks but has {len(entry.shape)} dimensions, not 2")
+    if entry.shape[1] % kquant_blocks.SUPER_BLOCK:
+        raise BaseFileError(
+            path,
+            f"{label} has {entry.shape[1]} input features, not a multiple of the {kquant_blocks.SUPER_BLOCK} values "
+            f"of a {entry.dtype} block",
         )
 
 

@@ -25,7 +25,14 @@ def inspect_report(path: str | os.PathLike, verify: bool = False) -> dict[str, A
         base.verify()
     header = base.header
     rows = [
-        {"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "group_size": e.group_size, "bytes": e.length}
+        {
+            "name": e.name,
+            "dtype": e.dtype,
+            "shape": list(e.shape),
+            "group_size": e.group_size,
+            "bytes": e.length,
+            "bits_per_weight": bits_per_weight(e.length, e.num_params),
+        }
         for e in sorted(base.tensors.values(), key=lambda e: natural_key(e.name))  # layers.2 before layers.10
     ]
     profile = header["quant_profile"]
@@ -47,6 +54,11 @@ def inspect_report(path: str | os.PathLike, verify: bool = False) -> dict[str, A
     }
 
 
+def bits_per_weight(num_bytes: int, num_params: int) -> float:
+    """Stored bits a weight, scales and biases included (a block tensor's: Q4_K 4.5, Q5_K 5.5, Q6_K 6.5625)."""
+    return round(8 * num_bytes / num_params, 4) if num_params else 0.0
+
+
 def render_inspect(report: dict[str, Any], console: Any, max_rows: int | None = None) -> None:
     """Prints an `inspect_report` on a rich console: a summary, then the tensor table."""
     totals = report["totals"]
@@ -62,18 +74,20 @@ def render_inspect(report: dict[str, Any], console: Any, max_rows: int | None = 
     console.print("checksums: " + ("verified" if report["verified"] else "not checked (use --verify)"))
     console.print(f"context length: {report['context_length']} tokens")
     _render_template(report["chat_template"], console)
-    table = Table("name", "dtype", "shape", "group", "bytes")
+    table = Table("name", "dtype", "shape", "group", "bits/w", "bytes")
     table.columns[0].overflow = "fold"  # a narrow terminal wraps a long name, never cuts it
     rows = report["tensors"] if max_rows is None else report["tensors"][:max_rows]
     for row in rows:
         shape = "x".join(str(d) for d in row["shape"]) or "scalar"
-        table.add_row(row["name"], row["dtype"], shape, str(row["group_size"] or ""), human_size(row["bytes"]))
+        group = str(row["group_size"] or "")
+        table.add_row(row["name"], row["dtype"], shape, group, f"{row['bits_per_weight']:g}", human_size(row["bytes"]))
     console.print(table)
     if len(rows) < len(report["tensors"]):
         console.print(f"... {len(report['tensors']) - len(rows)} more tensors")
-    summary = Table("dtype", "tensors", "params", "bytes")
+    summary = Table("dtype", "tensors", "params", "bits/w", "bytes")
     for dtype, t in sorted(report["totals"]["by_dtype"].items()):
-        summary.add_row(dtype, str(t["tensors"]), f"{t['params']:,}", human_size(t["bytes"]))
+        bits = f"{bits_per_weight(t['bytes'], t['params']):g}"
+        summary.add_row(dtype, str(t["tensors"]), f"{t['params']:,}", bits, human_size(t["bytes"]))
     console.print(summary)
 
 

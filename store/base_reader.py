@@ -12,7 +12,8 @@ import mlx.core as mx
 import numpy as np
 import xxhash
 
-from baselm.store.base_format import BLOB_ALIGN, FLOAT_DTYPES, PREAMBLE, align
+from baselm import kquant_blocks
+from baselm.store.base_format import BLOB_ALIGN, FLOAT_DTYPES, PREAMBLE, VERSION, align
 from baselm.store.base_header import (
     TensorEntry,
     check_digest,
@@ -41,6 +42,21 @@ class QuantizedArray(NamedTuple):
         return mx.dequantize(self.codes, self.scales, self.biases, group_size=self.group_size, bits=self.bits)
 
 
+class BlockArray(NamedTuple):
+    """A loaded tensor of GGUF K-quant blocks (baselm/kquant_blocks.py): the rows' bytes as stored."""
+
+    data: mx.array  # (out, in / 256 * block_bytes) uint8
+    dtype: str  # gguf_q4_k | gguf_q5_k | gguf_q6_k
+    shape: tuple[int, int]  # logical (out, in)
+
+    def dequantize(self) -> mx.array:
+        """The float32 values (out, in), as llama.cpp decodes the blocks."""
+        return mx.array(kquant_blocks.block_values(self.dtype, np.array(self.data), self.shape))
+
+
+Tensor = mx.array | QuantizedArray | BlockArray  # what `read` and `load` give for one tensor
+
+
 class BaseFile:
     """An opened, validated `.base` file. Tensors are read on demand with `read`/`load`.
 
@@ -48,11 +64,19 @@ class BaseFile:
     is trusted; checksums are read and compared only on request (`verify`).
     """
 
-    def __init__(self, path: Path, header: dict[str, Any], tensors: dict[str, TensorEntry], blob_start: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        header: dict[str, Any],
+        tensors: dict[str, TensorEntry],
+        blob_start: int,
+        version: int = VERSION,
+    ) -> None:
         self.path = path
         self.header = header
         self.tensors = tensors
         self.blob_start = blob_start
+        self.version = version  # the preamble's: 2 when the file holds block tensors
         self.bytes_read = 0  # tensor bytes read from the file so far (header and checksums aside)
 
     @classmethod
@@ -61,15 +85,15 @@ class BaseFile:
         try:
             with open(path, "rb") as f:
                 file_size = os.fstat(f.fileno()).st_size
-                header_len = read_preamble(path, f, file_size)
+                version, header_len = read_preamble(path, f, file_size)
                 header = parse_header(path, f.read(header_len), header_len)
                 blob_start = align(PREAMBLE.size + header_len, BLOB_ALIGN)
                 check_padding(path, f, PREAMBLE.size + header_len, blob_start, file_size)
         except OSError as exc:
             raise BaseFileError(path, f"it cannot be read ({exc.strerror or exc})") from None
-        tensors = check_header(path, header)
+        tensors = check_header(path, header, version)
         check_layout(path, tensors, file_size - blob_start)
-        return cls(path, header, tensors, blob_start)
+        return cls(path, header, tensors, blob_start, version)
 
     def verify(self) -> None:
         """Checks the header checksum and every region's checksum, streaming; raises on the first mismatch."""
@@ -81,8 +105,8 @@ class BaseFile:
                     digest.update(chunk)
                 check_digest(self.path, entry, digest.hexdigest())
 
-    def read(self, name: str, verify: bool = False) -> mx.array | QuantizedArray:
-        """One tensor as MLX arrays (a float array, or a quantized triplet)."""
+    def read(self, name: str, verify: bool = False) -> Tensor:
+        """One tensor as MLX arrays (a float array, a quantized triplet, or a block tensor's bytes)."""
         if name not in self.tensors:
             raise KeyError(f"{self.path} has no tensor named {name!r}")
         with self.file() as f:
@@ -94,7 +118,7 @@ class BaseFile:
         digests: dict[str, str] | None = None,
         cuts: dict[str, list[Cut]] | None = None,
         skip: set[str] | None = None,
-    ) -> dict[str, mx.array | QuantizedArray]:
+    ) -> dict[str, Tensor]:
         """All tensors, in file order. Each region is read once, hashed if asked, then copied into MLX.
 
         `digests` (tensor name -> SHA-256 hex, a checked signature's): each region's SHA-256 is
@@ -125,15 +149,15 @@ class BaseFile:
         except OSError as exc:
             raise BaseFileError(self.path, f"it cannot be read ({exc.strerror or exc})") from None
 
-    def _read_entry(
-        self, f: Any, entry: TensorEntry, verify: bool, sha256: str | None = None
-    ) -> mx.array | QuantizedArray:
+    def _read_entry(self, f: Any, entry: TensorEntry, verify: bool, sha256: str | None = None) -> Tensor:
         raw = _read_exact(self.path, f, self.blob_start + entry.offset, entry.length)  # (length,) uint8
         if verify:
             check_digest(self.path, entry, xxhash.xxh64(raw).hexdigest())
         if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
             raise SignatureError(f"{self.path}: tensor {entry.name!r} differs from the one that was signed")
         self.bytes_read += entry.length
+        if entry.kquant is not None:
+            return _blocks(entry, raw, entry.shape)
         if entry.bits is None:
             return _mx_float(raw, entry.dtype, entry.shape)
         out_features, in_features = entry.shape
@@ -145,15 +169,18 @@ class BaseFile:
         biases = raw[codes_len + scales_len :].reshape(groups[0], -1)
         return _quantized(entry, codes, scales, biases, (out_features, in_features))
 
-    def _read_cut(self, f: Any, entry: TensorEntry, cuts: list[Cut]) -> mx.array | QuantizedArray:
+    def _read_cut(self, f: Any, entry: TensorEntry, cuts: list[Cut]) -> Tensor:
         if not cuts or any(not cut_fits(entry, cut) or cut.axis != cuts[0].axis for cut in cuts):
-            raise ValueError(f"{entry.name}: {cuts} do not fit its shape {entry.shape} and groups on one axis")
+            unit = f"{entry.dtype}'s blocks of 256 values" if entry.kquant is not None else "groups"
+            raise ValueError(f"{entry.name}: {cuts} do not fit its shape {entry.shape} and {unit} on one axis")
         axis = cuts[0].axis
         parts = [read_cut(self.path, f, self.blob_start, entry, cut) for cut in cuts]
         arrays = parts[0] if len(parts) == 1 else [np.concatenate(same, axis=axis) for same in zip(*parts)]
         self.bytes_read += sum(a.nbytes for a in arrays)
         shape = list(entry.shape)
         shape[axis] = sum(cut.stop - cut.start for cut in cuts)
+        if entry.kquant is not None:
+            return _blocks(entry, arrays[0], tuple(shape))
         if entry.bits is None:
             return _mx_float(arrays[0], entry.dtype, tuple(shape))
         return _quantized(entry, *arrays, tuple(shape))
@@ -174,18 +201,23 @@ def _quantized(
     )
 
 
-def read_base_file(
-    path: str | os.PathLike, verify: bool = False
-) -> tuple[dict[str, Any], dict[str, mx.array | QuantizedArray]]:
+def _blocks(entry: TensorEntry, raw: np.ndarray, shape: tuple[int, int]) -> BlockArray:
+    """A block tensor of logical `shape` from its rows' bytes as stored (any layout of that many bytes)."""
+    rows = raw.reshape(shape[0], kquant_blocks.row_bytes(entry.dtype, shape[1]))  # (out, in / 256 * block_bytes)
+    return BlockArray(mx.array(rows), entry.dtype, shape)
+
+
+def read_base_file(path: str | os.PathLike, verify: bool = False) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """(header, tensors) of a `.base` file, validated first; `verify` also checks every checksum."""
     base = BaseFile.open(path)
     return base.header, base.load(verify=verify)
 
 
-def model_weights(tensors: dict[str, mx.array | QuantizedArray]) -> tuple[dict[str, mx.array], dict[str, int]]:
+def model_weights(tensors: dict[str, Tensor]) -> tuple[dict[str, mx.array], dict[str, int]]:
     """Flat weights as the model builder takes them, plus the group size of each quantized prefix.
 
-    A quantized `x.weight` becomes `x.weight` (codes), `x.scales` and `x.biases`.
+    A quantized `x.weight` becomes `x.weight` (codes), `x.scales` and `x.biases`; a block tensor
+    `x.weight` becomes its uint8 rows under `x.q4_k` | `x.q5_k` | `x.q6_k` (baselm/kquant_blocks.py).
     """
     weights: dict[str, mx.array] = {}
     group_sizes: dict[str, int] = {}
@@ -198,6 +230,8 @@ def model_weights(tensors: dict[str, mx.array | QuantizedArray]) -> tuple[dict[s
                 f"{prefix}.biases": value.biases,
             }
             group_sizes[prefix] = value.group_size
+        elif isinstance(value, BlockArray):
+            weights[f"{name.removesuffix('.weight')}.{kquant_blocks.BY_DTYPE[value.dtype].suffix}"] = value.data
         else:
             weights[name] = value
     return weights, group_sizes

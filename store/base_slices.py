@@ -5,6 +5,8 @@ tensor's logical shape (`BaseFile.load` reads several on one axis and joins them
 tensor's parts). Regions are row-major, so:
 - a row cut of a 2-D tensor is one contiguous range of each sub-region (codes, scales, biases);
 - a column cut is one range per row of each sub-region.
+A block tensor (`gguf_q4_k` ...) is one region of rows of 256-value blocks: a row cut takes whole
+rows, a column cut whole blocks (columns on 256-value boundaries, a byte range of each row).
 Each sub-region is mapped (`mmap`), the window copied out, and the mapping closed before the next,
 so the process never holds more than one region's mapping.
 
@@ -23,6 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from baselm import kquant_blocks
 from baselm.store.base_format import FLOAT_DTYPES
 from baselm.store.base_header import TensorEntry
 from baselm.store.errors import BaseFileError
@@ -38,18 +41,26 @@ class Cut(NamedTuple):
 
 def cut_fits(entry: TensorEntry, cut: Cut) -> bool:
     """Whether `cut` can be read from `entry` as stored: inside its shape, and for a quantized
-    tensor's columns on its quantization groups (codes are then whole uint32 words)."""
+    tensor's columns on its quantization groups (codes are then whole uint32 words), for a block
+    tensor's on its 256-value blocks."""
     if len(entry.shape) < 2 or cut.axis not in (-1, -2) or not 0 <= cut.start < cut.stop <= entry.shape[cut.axis]:
         return False
-    if entry.bits is None or cut.axis == -2:
+    if cut.axis == -2 or (entry.bits is None and entry.kquant is None):
         return True
-    return cut.start % entry.group_size == 0 and cut.stop % entry.group_size == 0
+    unit = entry.group_size if entry.kquant is None else kquant_blocks.SUPER_BLOCK
+    return cut.start % unit == 0 and cut.stop % unit == 0
 
 
 def read_cut(path: Path, f: Any, blob_start: int, entry: TensorEntry, cut: Cut) -> list[np.ndarray]:
     """The cut of `entry`'s arrays, copied from the file: [values] of a float tensor, [codes,
-    scales, biases] of a quantized one (scales and biases as stored: raw `FLOAT_DTYPES`)."""
+    scales, biases] of a quantized one (scales and biases as stored: raw `FLOAT_DTYPES`), [bytes]
+    of a block tensor (uint8 rows of whole blocks)."""
     position = blob_start + entry.offset
+    if entry.kquant is not None:
+        out_features, in_features = entry.shape
+        row_bytes = kquant_blocks.row_bytes(entry.dtype, in_features)
+        byte_cut = _scaled(cut, entry.kquant.block_bytes, kquant_blocks.SUPER_BLOCK)
+        return [_window(path, f, position, np.dtype(np.uint8), (out_features, row_bytes), byte_cut)]
     if entry.bits is None:
         return [_window(path, f, position, FLOAT_DTYPES[entry.dtype], entry.shape, cut)]
     out_features, in_features = entry.shape
@@ -64,7 +75,7 @@ def read_cut(path: Path, f: Any, blob_start: int, entry: TensorEntry, cut: Cut) 
 
 
 def _scaled(cut: Cut, numerator: int, denominator: int) -> Cut:
-    """A column cut in another unit (code words, groups); row cuts keep their rows."""
+    """A column cut in another unit (code words, groups, block bytes); row cuts keep their rows."""
     if cut.axis == -2:
         return cut
     return Cut(cut.axis, cut.start * numerator // denominator, cut.stop * numerator // denominator)

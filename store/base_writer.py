@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 import xxhash
 
+from baselm import kquant_blocks
 from baselm.store.base_format import (
     ALIGNMENT,
     BLOB_ALIGN,
@@ -26,9 +27,9 @@ from baselm.store.base_format import (
     PREAMBLE,
     QUANT_BITS,
     SCHEMA,
-    VERSION,
     align,
     canonical_json,
+    file_version,
     float_numpy,
     header_checksum,
     region_alignment,
@@ -100,12 +101,39 @@ class TensorRecord:
             scale_dtype=scale_dtype,
         )
 
+    @classmethod
+    def from_blocks(cls, dtype: str, data: np.ndarray, shape: tuple[int, int]) -> TensorRecord:
+        """A matrix of GGUF K-quant blocks kept as they are (baselm/kquant_blocks.py), dtype `gguf_q4_k` |
+        `gguf_q5_k` | `gguf_q6_k` of logical `shape` (out, in): `data` the rows' bytes, uint8
+        (out, in / 256 * block bytes) or flat. A contiguous `data` is kept as it is, not copied."""
+        if dtype not in kquant_blocks.BY_DTYPE:
+            raise ValueError(f"{dtype!r} is not a block dtype; expected one of {', '.join(kquant_blocks.BY_DTYPE)}")
+        if len(shape) != 2:
+            raise ValueError(f"a {dtype} tensor is a matrix (out, in), not shape {list(shape)}")
+        rows, row_bytes = shape[0], kquant_blocks.row_bytes(dtype, shape[1])
+        data = np.asarray(data)
+        if data.dtype != np.uint8:
+            raise ValueError(f"{dtype} blocks are uint8 bytes, not {data.dtype}")
+        if data.size != rows * row_bytes or data.shape not in ((rows * row_bytes,), (rows, row_bytes)):
+            raise ValueError(
+                f"{dtype} blocks of shape {list(data.shape)} are not a matrix of shape {list(shape)} "
+                f"({rows} rows of {row_bytes} bytes)"
+            )
+        return cls(dtype=dtype, shape=(rows, shape[1]), data=np.ascontiguousarray(data).reshape(rows, row_bytes))
+
     @property
     def bits(self) -> int | None:
+        """The affine codes' width of a `base_q*` record, else None (float and block records)."""
         return QUANT_BITS.get(self.dtype)
 
+    @property
+    def kquant(self) -> kquant_blocks.BlockType | None:
+        """The block type of a record of kept K-quant blocks, else None."""
+        return kquant_blocks.BY_DTYPE.get(self.dtype)
+
     def buffers(self) -> list[np.ndarray]:
-        """The region's parts in file order."""
+        """The region's parts in file order: [data] of a float or block record, [codes, scales, biases] of an
+        affine one."""
         return [self.data] if self.bits is None else [self.codes, self.scales, self.biases]
 
     def check(self, name: str) -> None:
@@ -116,6 +144,9 @@ class TensorRecord:
                 raise ValueError(f"{name}: quantized tensors must be 2-D with in_features divisible by 32/64/128")
             if scale_dtype not in FLOAT_DTYPES:
                 raise ValueError(f"{name}: scale_dtype must be f32, f16 or bf16, not {scale_dtype!r}")
+        elif self.kquant is not None:
+            if len(self.shape) != 2 or self.shape[1] % kquant_blocks.SUPER_BLOCK or self.data.dtype != np.uint8:
+                raise ValueError(f"{name}: {self.dtype} tensors are 2-D uint8 blocks with in_features % 256 == 0")
         elif self.dtype not in FLOAT_DTYPES:
             raise ValueError(f"{name}: unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         expected = region_sizes(self.dtype, self.shape, group, scale_dtype)
@@ -138,7 +169,8 @@ def write_base_file(
     created: str | None = None,
     _reserve_bytes: int | None = None,
 ) -> Path:
-    """Writes a `.base` v1 file atomically (temp file in the same folder, fsync, rename).
+    """Writes a `.base` file atomically (temp file in the same folder, fsync, rename): version 2 when any
+    tensor is a block record, else version 1.
 
     Tensors are consumed one at a time and never held together: the blob is streamed into the
     file behind a reserved header area; the header, known only at the end, then goes in front,
@@ -181,7 +213,8 @@ def _write_header(f: Any, header: dict[str, Any], reserve: int, blob_len: int) -
     _move(f, reserve, blob_start, blob_len)
     f.truncate(blob_start + blob_len)
     f.seek(0)
-    f.write(PREAMBLE.pack(MAGIC, VERSION, len(header_bytes)) + header_bytes)
+    version = file_version(t["dtype"] for t in header["tensors"])  # a rewritten header keeps its blocks' version
+    f.write(PREAMBLE.pack(MAGIC, version, len(header_bytes)) + header_bytes)
     f.write(bytes(blob_start - PREAMBLE.size - len(header_bytes)))
 
 

@@ -29,6 +29,7 @@ import mlx.core as mx
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from baselm import kquant_blocks
 from baselm.store import gguf_arch, gguf_gpt_oss, gguf_split
 from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
@@ -36,9 +37,18 @@ from baselm.store.errors import ModelFileError, UnsupportedModelError
 from baselm.store.gguf_arch import ROPE_FACTORS, ROPE_FREQS, Placement
 from baselm.store.gguf_kquants import K_SCHEMES, RequantError, is_exact, k_record, k_values, requantized_record
 from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, check_readable, exact_record, float_record
+from baselm.store.gguf_rows import put_back, unpermute_rows
 from baselm.store.mxfp4 import gguf_mxfp4_record
 
-__all__ = ["ROPE_FREQS", "GGUFCheckpoint", "GGUFFile", "TensorInfo", "load_checkpoint", "read_metadata"]
+__all__ = [
+    "ROPE_FREQS",
+    "GGUFCheckpoint",
+    "GGUFFile",
+    "TensorInfo",
+    "load_checkpoint",
+    "read_metadata",
+    "unpermute_rows",
+]
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -126,11 +136,17 @@ class GGUFFile:
                 )
 
     def read(
-        self, info: TensorInfo, errors: dict[str, RequantError] | None = None, inexact_as_float: bool = False
+        self,
+        info: TensorInfo,
+        errors: dict[str, RequantError] | None = None,
+        inexact_as_float: bool = False,
+        keep_blocks: bool = False,
     ) -> TensorRecord:
         """One tensor as a `.base` record. Quantized ones are 2-D, (rows, inputs), a stack's matrices
         one under the other; a Q2_K/Q6_K tensor is re-quantized and its error added to `errors`, or
-        with `inexact_as_float` given as its float32 values (for a caller that quantizes anyway)."""
+        with `inexact_as_float` given as its float32 values (for a caller that quantizes anyway).
+        With `keep_blocks`, a Q4_K/Q5_K/Q6_K matrix comes as its blocks (baselm/kquant_blocks.py), a
+        view of the mapped file; stacks of them (experts) are converted as without."""
         check_readable(info.type_name, info.name, self.path.name)
         raw = self.raw(info)
         if info.type_name in FLOAT_TYPES:
@@ -138,6 +154,9 @@ class GGUFFile:
         if info.type_name == "MXFP4":  # exact as floats: `.base` has no MXFP4 dtype
             return gguf_mxfp4_record(raw, info.shape)
         shape = (math.prod(info.shape[:-1]), info.shape[-1])
+        block_type = kquant_blocks.BY_GGUF_TYPE.get(info.type_name)
+        if keep_blocks and block_type and len(info.shape) == 2 and not inexact_as_float:
+            return TensorRecord.from_blocks(block_type.dtype, raw.reshape(shape[0], -1), shape)
         try:
             if info.type_name in EXACT_TYPES:
                 return exact_record(info.type_name, raw, shape)
@@ -322,18 +341,19 @@ class GGUFCheckpoint:
             scaling[key] = to_float32(record.data, record.dtype).reshape(-1).tolist()
 
     def records(
-        self, inexact_as_float: bool = False, skip: frozenset[str] = frozenset()
+        self, inexact_as_float: bool = False, skip: frozenset[str] = frozenset(), keep_blocks: bool = False
     ) -> Iterator[tuple[str, str, TensorRecord]]:
         """(HF name, GGUF type, record) per tensor, sorted by HF name, converted a few tensors ahead
         of the consumer (`_read_ahead`); HF tensors named in `skip` are left out.
 
         Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end;
         with `inexact_as_float` they come as float32 values instead (the caller quantizes them once).
+        With `keep_blocks`, Q4_K/Q5_K/Q6_K matrices come as their blocks (`GGUFFile.read`).
         """
         self.requant_errors = {}
         fused_parts: dict[str, dict[str, tuple[TensorRecord, tuple[int, ...]]]] = {}
         placed = [item for item in self._placed if item[0] not in skip]
-        for (hf_name, name, where), record, errors in self._read_ahead(placed, inexact_as_float):
+        for (hf_name, name, where), record, errors in self._read_ahead(placed, inexact_as_float, keep_blocks):
             info = self.file.tensors[name]
             for type_name, error in errors.items():
                 self.requant_errors.setdefault(type_name, RequantError(type_name, error.bits)).merge(error)
@@ -344,7 +364,7 @@ class GGUFCheckpoint:
                 if set(parts) == set(gguf_gpt_oss.PARTS[kind]):
                     yield hf_name, info.type_name, gguf_gpt_oss.fused_record(kind, fused_parts.pop(hf_name))
                 continue
-            for out_name, part in _put_back(record, where):
+            for out_name, part in put_back(record, where):
                 yield out_name, info.type_name, part
         if fused_parts:
             raise ModelFileError(f"{self.file.path.name}: {next(iter(fused_parts))} lacks its gate or up experts")
@@ -352,7 +372,7 @@ class GGUFCheckpoint:
             log.warning("%s: %s", self.file.path.name, error.describe())
 
     def _read_ahead(
-        self, placed: list[tuple[str, str, Placement]], inexact_as_float: bool
+        self, placed: list[tuple[str, str, Placement]], inexact_as_float: bool, keep_blocks: bool
     ) -> Iterator[tuple[tuple[str, str, Placement], TensorRecord, dict[str, RequantError]]]:
         """(placed item, its record, its re-quantization errors) for each of `placed`, in order, converted
         on a few threads: numpy releases the GIL inside its loops, so tensors convert side by side.
@@ -362,9 +382,9 @@ class GGUFCheckpoint:
 
         def read(info: TensorInfo) -> tuple[TensorRecord, dict[str, RequantError]]:
             errors: dict[str, RequantError] = {}
-            record = self.file.read(info, errors, inexact_as_float)
-            # A converted tensor is a copy already, and a float one (a view of the mapping) maps its
-            # pages back in from the page cache as it is read: the mapped pages can go now.
+            record = self.file.read(info, errors, inexact_as_float, keep_blocks)
+            # A converted tensor is a copy already, and a float or block one (a view of the mapping)
+            # maps its pages back in from the page cache as it is read: the mapped pages can go now.
             self.file.release(info)
             return record, errors
 
@@ -383,8 +403,10 @@ class GGUFCheckpoint:
         finally:
             pool.shutdown(cancel_futures=True)
 
-    def mx_weights(self) -> dict[str, mx.array]:
-        """Every tensor as MLX arrays under HF names (quantized ones as `.weight`/`.scales`/`.biases`).
+    def mx_weights(self, keep_blocks: bool = False) -> dict[str, mx.array]:
+        """Every tensor as MLX arrays under HF names (quantized ones as `.weight`/`.scales`/`.biases`,
+        Q4_K/Q5_K/Q6_K matrices with `keep_blocks` as their blocks, `x.q4_k` ...: the model decides
+        whether it runs them so or converts them, `blocks_as_triplets`).
 
         gpt-oss experts stored as MXFP4 come back as the HF checkpoint's `_blocks`/`_scales`, so the
         model runs them as MXFP4 (a `.base` file, which has no MXFP4 dtype, gets `records`' floats).
@@ -395,7 +417,7 @@ class GGUFCheckpoint:
             if where.expert_part is not None and info.type_name == "MXFP4":
                 mxfp4.setdefault(hf_name, {})[where.expert_part] = (self.file.raw(info), info.shape)
         weights: dict[str, mx.array] = {}
-        for name, _, record in self.records(skip=frozenset(mxfp4)):
+        for name, _, record in self.records(skip=frozenset(mxfp4), keep_blocks=keep_blocks):
             weights.update(record_arrays(name, record))
         for hf_name, parts in mxfp4.items():
             weights.update(gguf_gpt_oss.hf_mxfp4(hf_name, parts))
@@ -425,6 +447,8 @@ def read_metadata(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]
 
 def record_arrays(name: str, record: TensorRecord) -> dict[str, mx.array]:
     """A record as MLX arrays: `{name: values}`, or a quantized triplet under `.weight`/`.scales`/`.biases`."""
+    if record.kquant is not None:
+        return {f"{name.removesuffix('.weight')}.{record.kquant.suffix}": mx.array(record.data)}
     if record.bits is None:
         value = mx.array(record.data)
         return {name: value.view(mx.bfloat16) if record.dtype == "bf16" else value}
@@ -433,64 +457,3 @@ def record_arrays(name: str, record: TensorRecord) -> dict[str, mx.array]:
         scales, biases = scales.view(mx.bfloat16), biases.view(mx.bfloat16)
     prefix = name.removesuffix(".weight")
     return {name: mx.array(record.codes), f"{prefix}.scales": scales, f"{prefix}.biases": biases}
-
-
-def _put_back(record: TensorRecord, where: Placement) -> Iterator[tuple[str, TensorRecord]]:
-    """The HF tensor(s) of one GGUF tensor: experts split, q/k rows unpermuted, Gemma norms shifted."""
-    parts = _split_rows(record, where.num_experts) if where.num_experts else [record]
-    for expert, part in enumerate(parts):
-        if where.unpermute_heads:
-            part = _map_rows(part, lambda rows: unpermute_rows(rows, where.unpermute_heads))
-        if where.norm_shift:
-            part = _shifted(part, where.norm_shift)
-        yield where.hf_name.replace("{e}", str(expert)), part
-
-
-def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undoes llama.cpp's q/k row permutation (interleaved RoPE pairs back to HF halves).
-
-    The permutation moves whole rows, and quantization groups run along the input, so codes,
-    scales and biases of a quantized tensor are all unpermuted the same way.
-    """
-    head_dim = w.shape[0] // num_heads
-    return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _map_rows(record: TensorRecord, fn: Any) -> TensorRecord:
-    """`record` with `fn` applied to the rows of its values, or of its codes, scales and biases alike."""
-    moved = {
-        k: None if getattr(record, k) is None else np.ascontiguousarray(fn(getattr(record, k)))
-        for k in ("data", "codes", "scales", "biases")
-    }
-    return TensorRecord(
-        record.dtype, record.shape, group_size=record.group_size, scale_dtype=record.scale_dtype, **moved
-    )
-
-
-def _split_rows(record: TensorRecord, num_parts: int) -> list[TensorRecord]:
-    """A stack of `num_parts` matrices (experts) as one record each, (rows / num_parts, inputs)."""
-    if record.bits is None:
-        data = record.data.reshape(num_parts, -1, record.shape[-1])
-        return [TensorRecord(record.dtype, tuple(part.shape), data=np.ascontiguousarray(part)) for part in data]
-    rows = record.shape[0] // num_parts
-    return [
-        TensorRecord(
-            record.dtype,
-            (rows, record.shape[1]),
-            **{
-                k: np.ascontiguousarray(getattr(record, k)[e * rows : (e + 1) * rows])
-                for k in ("codes", "scales", "biases")
-            },
-            group_size=record.group_size,
-            scale_dtype=record.scale_dtype,
-        )
-        for e in range(num_parts)
-    ]
-
-
-def _shifted(record: TensorRecord, shift: float) -> TensorRecord:
-    """A float norm weight less `shift`, in float32 (Gemma GGUFs store `1 + w`, HF stores `w`)."""
-    if record.bits is not None:
-        raise ModelFileError(f"a norm weight of shape {list(record.shape)} is quantized; GGUF norms are float")
-    values = to_float32(record.data, record.dtype) - np.float32(shift)
-    return TensorRecord("f32", record.shape, data=np.ascontiguousarray(values, dtype=np.float32))

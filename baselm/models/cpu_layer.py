@@ -21,13 +21,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from baselm import cpu
+from baselm import cpu, kquant_blocks
 from baselm.cpu import fused
 from baselm.cpu.fused import GATED_ACTIVATIONS
 from baselm.kv.cache import LayerKV
 from baselm.metal import AttentionMetadata
 from baselm.models.attention import Attention
-from baselm.models.linear import DENSE_KERNEL_MAX_ROWS, KernelLinear, KernelQuantizedLinear
+from baselm.models.linear import DENSE_KERNEL_MAX_ROWS, KernelLinear, KernelQuantizedLinear, KQuantLinear
 from baselm.models.mlp import MLP
 from baselm.models.norm import RMSNorm
 from baselm.paged_attention import query_starts
@@ -46,7 +46,26 @@ def _linear_parts(layer: nn.Module) -> tuple[list[mx.array], int, int] | None:
         return [layer.weight, *bias], 0, 0
     if type(layer) is KernelQuantizedLinear:
         return [layer.weight, layer.scales, layer.biases, *bias], layer.bits, layer.group_size
+    if type(layer) is KQuantLinear:  # the kernels take the block type where they take bits
+        return [layer.weight, *bias], kquant_blocks.BY_SUFFIX[layer.kind].kernel_kind, 32
     return None
+
+
+QKV, GATE_UP = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
+
+
+def _fused(module: nn.Module, fused: str, names: tuple[str, ...]) -> list[nn.Module]:
+    """[the fused projection], or its parts where they could not be fused (K-quant files mix formats)."""
+    layer = getattr(module, fused, None)
+    return [layer[0]] if layer is not None else [getattr(module, name) for name in names]
+
+
+def _projection(linears: list[nn.Module]) -> tuple[Any, Any, Any] | None:
+    """The kernel's (arrays, bits, group size) of one layer, or lists of them for several stacked."""
+    parts = [_linear_parts(lin) for lin in linears]
+    if any(p is None for p in parts):
+        return None
+    return parts[0] if len(parts) == 1 else tuple(list(column) for column in zip(*parts, strict=True))
 
 
 def _plan(layer: nn.Module) -> dict[str, Any] | None:
@@ -57,14 +76,17 @@ def _plan(layer: nn.Module) -> dict[str, Any] | None:
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if any(type(n) is not RMSNorm or n.weight.dtype != mx.float32 for n in norms):
         return None
-    if attn.has_qk_norm or attn.has_sinks or getattr(attn, "_qkv", None) is None or attn.head_dim % 16:
+    if attn.has_qk_norm or attn.has_sinks or attn.head_dim % 16:
         return None
-    if type(mlp) is not MLP or getattr(mlp, "_gate_up", None) is None or mlp.act_name not in GATED_ACTIVATIONS:
+    if type(mlp) is not MLP or mlp.act_name not in GATED_ACTIVATIONS:
         return None
     rope = attn.rope
     if rope is not None and (rope._long_freqs is not None or rope._freqs.dtype != mx.float32):
         return None
-    parts = [_linear_parts(lin) for lin in (attn._qkv[0], attn.o_proj, mlp._gate_up[0], mlp.down_proj)]
+    parts = [
+        _projection(lin)
+        for lin in (_fused(attn, "_qkv", QKV), [attn.o_proj], _fused(mlp, "_gate_up", GATE_UP), [mlp.down_proj])
+    ]
     if any(p is None for p in parts):
         return None
     return {

@@ -15,7 +15,8 @@ import copy
 import mlx.core as mx
 import mlx.nn as nn
 
-from baselm import cpu
+from baselm import cpu, kquant_blocks
+from baselm.models.base import ModelConfigError
 
 # Activation rows up to which the float32 kernel beats OpenBLAS GEMM. Measured per call on
 # SmolLM2's shapes (CPU ms, kernel vs GEMM): 1 row 0.19 vs 0.24, 8 rows 0.31 vs 0.53, 32 rows
@@ -95,6 +96,73 @@ class KernelQuantizedEmbedding(nn.Module):
         return _affine_linear(x, self, None)
 
 
+class KQuantLinear(nn.Module):
+    """A linear layer whose weight is rows of GGUF K-quant blocks (baselm/kquant_blocks.py), decoded
+    inside the kernel at every number of rows. `kind` is the blocks' suffix (q4_k, q5_k, q6_k)."""
+
+    def __init__(self, blocks: mx.array, kind: str, bias: mx.array | None = None):
+        super().__init__()
+        self.weight = blocks  # (out, in / 256 * block bytes) uint8
+        if bias is not None:
+            self.bias = bias  # (out,)
+        self.kind = kind
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return _kquant_linear(x, self.weight, self.kind, self.get("bias"))
+
+
+def _kquant_linear(x: mx.array, blocks: mx.array, kind: str, bias: mx.array | None) -> mx.array:
+    if x.dtype == mx.float32:
+        return cpu.kernels.kquant_linear(x, blocks, kind, bias)
+    dense = cpu.kernels.kquant_dequantize(blocks, kind).astype(x.dtype)
+    return x @ dense.T if bias is None else mx.addmm(bias, x, dense.T)
+
+
+class KQuantEmbedding(nn.Module):
+    """An embedding of GGUF K-quant rows: rows gathered then decoded; `as_linear` (a tied LM head) runs the kernel."""
+
+    def __init__(self, blocks: mx.array, kind: str):
+        super().__init__()
+        self.weight = blocks  # (vocab, dims / 256 * block bytes) uint8
+        self.kind = kind
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        rows = self.weight[ids.reshape(-1)]
+        return cpu.kernels.kquant_dequantize(rows, self.kind).reshape(*ids.shape, -1)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        """x (..., dims) @ the embedding table.T: the tied LM head."""
+        return _kquant_linear(x, self.weight, self.kind, None)
+
+
+def use_kquant_layers(model: nn.Module, weights: dict[str, mx.array], runs_blocks: bool) -> None:
+    """Puts a K-quant layer in place of each linear layer or embedding of `model` whose weight
+    `weights` holds as GGUF K-quant blocks (`x.q4_k` ..., baselm/kquant_blocks.py), and names the
+    blocks `x.weight`, the new layer's parameter, so loading `weights` fills it. Only the CPU
+    kernels, unsharded, run blocks (`runs_blocks`); others get them converted by the loader."""
+    modules = dict(model.named_modules())
+    names = [n for n in weights if kquant_blocks.split_name(n)]
+    if names and not runs_blocks:
+        raise ModelConfigError(f"{names[0]}: K-quant blocks run on the CPU kernels only, unsharded")
+    for name in names:
+        prefix, block_type = kquant_blocks.split_name(name)
+        module, blocks = modules.get(prefix), weights.pop(name)
+        if type(module) not in (nn.Linear, nn.Embedding):
+            raise ModelConfigError(f"{name}: K-quant blocks for {prefix}, which is not a linear layer or an embedding")
+        shape = (blocks.shape[0], kquant_blocks.in_features(block_type.dtype, blocks.shape[1]))
+        if tuple(module.weight.shape) != shape:
+            raise ModelConfigError(
+                f"tensor {name} holds a {shape} matrix, the config implies {tuple(module.weight.shape)}"
+            )
+        if type(module) is nn.Embedding:
+            twin = KQuantEmbedding(blocks, block_type.suffix)
+        else:
+            twin = KQuantLinear(blocks, block_type.suffix, module.get("bias"))
+        parent, _, leaf = prefix.rpartition(".")
+        setattr(modules[parent] if parent else model, leaf, twin)
+        weights[f"{prefix}.weight"] = blocks
+
+
 def _kernel_twin(module: nn.Module) -> nn.Module | None:
     """The kernel-backed layer holding `module`'s arrays, or None when it has none."""
     if type(module) is nn.Linear and module.weight.dtype == mx.float32:
@@ -107,7 +175,7 @@ def _kernel_twin(module: nn.Module) -> nn.Module | None:
     return None
 
 
-KERNEL_LAYERS = (KernelLinear, KernelQuantizedLinear, KernelQuantizedEmbedding)
+KERNEL_LAYERS = (KernelLinear, KernelQuantizedLinear, KernelQuantizedEmbedding, KQuantLinear, KQuantEmbedding)
 
 
 def use_cpu_kernels(model: nn.Module) -> int:
@@ -130,7 +198,7 @@ def use_cpu_kernels(model: nn.Module) -> int:
     return swapped
 
 
-FUSABLE = (nn.Linear, KernelLinear, KernelQuantizedLinear)
+FUSABLE = (nn.Linear, KernelLinear, KernelQuantizedLinear, KQuantLinear)
 
 
 def can_fuse(linears: list[nn.Module]) -> bool:
@@ -143,6 +211,8 @@ def can_fuse(linears: list[nn.Module]) -> bool:
     if type(first) is KernelQuantizedLinear:
         fmt = (first.group_size, first.bits, first.scales.dtype)
         return all((lin.group_size, lin.bits, lin.scales.dtype) == fmt for lin in linears)
+    if type(first) is KQuantLinear:
+        return all(lin.kind == first.kind for lin in linears)
     return True
 
 

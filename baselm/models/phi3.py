@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from baselm import kquant_blocks
 from baselm.models import llama, mistral
 
 
@@ -18,10 +19,11 @@ class ModelArgs(mistral.ModelArgs):
 def _split_rows(weights: dict[str, mx.array], fused: str, parts: dict[str, int]) -> None:
     """Splits `{fused}.*` along its output rows into `parts` (name -> row count), in place.
 
-    Rows are whole output features, so a quantized triplet's codes, scales and biases split alike.
+    Rows are whole output features, so a quantized triplet's codes, scales and biases split alike,
+    as do the rows of K-quant blocks.
     """
     prefix = fused.rsplit(".", 1)[0]
-    for suffix in ("weight", "scales", "biases", "bias"):
+    for suffix in ("weight", "scales", "biases", "bias", *kquant_blocks.BY_SUFFIX):
         value = weights.pop(f"{fused}.{suffix}", None)
         if value is None:
             continue

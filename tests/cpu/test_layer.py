@@ -119,7 +119,9 @@ def _step(model, query_lens: list[int], context_lens: list[int], seed: int):
     return meta, caches, x
 
 
-def _compare(model, layer, query_lens, context_lens, seed=1) -> None:
+def _compare(model, layer, query_lens, context_lens, seed=1, atol=1e-5) -> None:
+    """The kernel's layer against the per-op path; `atol` relative to the largest output (random
+    K-quant blocks make outputs of 1e5, where float32 sums in another order differ in units)."""
     meta, (ref_cache, cache), x = _step(model, query_lens, context_lens, seed)
     fused.layer_enabled = False
     expected = layer(x, meta.positions, meta, ref_cache[0])
@@ -127,7 +129,9 @@ def _compare(model, layer, query_lens, context_lens, seed=1) -> None:
     fused.layer_enabled = True
     got = cpu_layer.decoder_layer(layer, x, meta.positions, meta, cache[0])
     assert got is not None, "the fused layer should apply"
-    np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.array(got), np.array(expected), rtol=1e-5, atol=atol * max(1.0, float(np.abs(np.array(expected)).max()))
+    )
     np.testing.assert_allclose(np.array(cache[0].keys), np.array(ref_cache[0].keys), rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(np.array(cache[0].values), np.array(ref_cache[0].values))
 
@@ -258,5 +262,57 @@ def test_integer_activations_in_the_layer_match_the_per_op_path(kernels, restore
     try:
         model, layer = _layer("llama_gqa", formats)
         _compare(model, layer, *STEPS[step])
+    finally:
+        kernels.set_exact(before)
+
+
+@pytest.mark.parametrize(
+    "formats",
+    [
+        {"q_proj": (32, 4), "k_proj": (32, 4), "v_proj": (32, 8), "gate_proj": (32, 4), "up_proj": (64, 6)},
+        {"q_proj": (32, 4), "up_proj": (32, 8)},  # q quantized, k and v float; gate float
+    ],
+    ids=["v_and_up_of_another_width", "float_and_quantized_pieces"],
+)
+@pytest.mark.parametrize("step", ["one_decode", "mixed"])
+def test_projections_that_do_not_fuse_run_as_pieces(kernels, restore_enabled, formats, step):
+    """q/k/v or gate/up of different formats stay apart; the kernel runs each and stacks their columns."""
+    model, layer = _layer("llama_gqa", formats)
+    assert "_qkv" not in vars(layer.self_attn) and "_gate_up" not in vars(layer.mlp)
+    _compare(model, layer, *STEPS[step])
+
+
+K_LAYER = dict(model_type="qwen2", hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+               intermediate_size=512)  # fmt: skip
+# A Q4_K_M-like mix: q/k and gate Q4_K, v and down Q6_K, up Q5_K, o float.
+K_FORMATS = {"q_proj": "q4_k", "k_proj": "q4_k", "v_proj": "q6_k", "gate_proj": "q4_k", "up_proj": "q5_k",
+             "down_proj": "q6_k"}  # fmt: skip
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "integer"])
+@pytest.mark.parametrize("step", ["one_decode", "three_decodes", "chunk_of_17_and_a_decode"])
+def test_a_k_quant_layer_matches_the_per_op_path(kernels, restore_enabled, exact, step):
+    """GGUF K-quant blocks kept as they are (baselm/kquant_blocks.py) in the one-node layer."""
+    from baselm.models.linear import KQuantLinear
+    from tests.tiny_gguf import random_k_blocks
+
+    CONFIGS["qwen2_k"] = K_LAYER
+    try:
+        config = _config("qwen2_k")
+    finally:
+        CONFIGS.pop("qwen2_k")
+    weights = _weights(config, seed=0)
+    for seed, (proj, kind) in enumerate(K_FORMATS.items()):
+        prefix = next(n for n in weights if n.endswith(f"{proj}.weight")).removesuffix(".weight")
+        rows, cols = weights.pop(f"{prefix}.weight").shape
+        weights[f"{prefix}.{kind}"] = mx.array(random_k_blocks(kind.upper(), rows, cols, seed))
+    before = kernels.exact_setting()
+    kernels.set_exact(exact)
+    try:
+        model = build_model(config, weights, cpu_kernels=True)
+        layer = model.layers[0]
+        assert type(layer.self_attn.v_proj) is KQuantLinear and "_qkv" not in vars(layer.self_attn)
+        # Integer path: a last-bit difference upstream can move an activation code by one unit (1/32767 of its block).
+        _compare(model, layer, *STEPS[step], atol=1e-6 if exact else 1e-5)
     finally:
         kernels.set_exact(before)

@@ -1,4 +1,4 @@
-"""The `.base` v1 reader's validation: every malformed preamble, header, entry, layout and checksum is a clear error."""
+"""The `.base` reader's validation: every malformed preamble, header, entry, layout and checksum is a clear error."""
 
 from __future__ import annotations
 
@@ -44,10 +44,27 @@ def test_bad_magic(tmp_path: Path) -> None:
     assert _problem(path) == "its magic is b'GGUF', not b'BASE'"
 
 
-def test_other_version(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("version", "problem"),
+    [
+        (
+            3,
+            "its version is 3, and this build reads versions 1 and 2; a newer base wrote it, so upgrade base to "
+            "read it",
+        ),
+        (0, "its version is 0, and this build reads versions 1 and 2"),
+    ],
+)
+def test_other_version(tmp_path: Path, version: int, problem: str) -> None:
+    header, blob = split_file(write_small(tmp_path / "m.base"))
+    path = assemble(tmp_path / "m.base", canonical_json(header), blob, version=version)
+    assert _problem(path) == problem
+
+
+def test_a_version_2_file_without_blocks_reads(tmp_path: Path) -> None:
     header, blob = split_file(write_small(tmp_path / "m.base"))
     path = assemble(tmp_path / "m.base", canonical_json(header), blob, version=2)
-    assert _problem(path) == "its version is 2, and this build reads version 1"
+    assert BaseFile.open(path).version == 2 and len(read_base_file(path)[1]) == 7
 
 
 def test_huge_header_len_is_rejected_without_reading(tmp_path: Path) -> None:
@@ -144,7 +161,7 @@ def _set(tensor: str, **fields):
         (
             _set(NORM_NAME, dtype="f64"),
             f"tensor {NORM_NAME!r} has dtype 'f64'; expected one of f32, f16, bf16, base_q2, base_q3, base_q4, "
-            "base_q5, base_q6, base_q8",
+            "base_q5, base_q6, base_q8, gguf_q4_k, gguf_q5_k, gguf_q6_k",
         ),
         (_set(NORM_NAME, group_size=32), f"tensor {NORM_NAME!r} (f32) has missing or unexpected keys: group_size"),
         (

@@ -26,6 +26,7 @@ def test_inspect_report_lists_tensors_and_totals(tmp_path: Path) -> None:
         "shape": [8, 128],
         "group_size": 64,
         "bytes": 576,
+        "bits_per_weight": 4.5,  # 4-bit codes, an f16 scale and bias a group of 64
     }
     assert report["totals"]["tensors"] == 7
     assert report["totals"]["params"] == 8 * 128 + 64 + 4 * 64 + 6 * 128 + 64 + 6 + 15

@@ -21,6 +21,14 @@ struct DenseArgs {
 
 enum ScaleType : int { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
 
+// GGUF K-quant blocks kept as the file holds them, named by a weight's `bits` (above every
+// affine width): 256 values a block, in llama.cpp's layout (ggml-common.h's block_q4_K, block_q5_K
+// and block_q6_K). A row of K values is K / 256 blocks, back to back.
+enum KQuant : int { kQ4K = 104, kQ5K = 105, kQ6K = 106 };
+constexpr int kSuperBlock = 256;
+constexpr bool is_kquant(int bits) { return bits == kQ4K || bits == kQ5K || bits == kQ6K; }
+constexpr int kquant_block_bytes(int bits) { return bits == kQ4K ? 144 : bits == kQ5K ? 176 : 210; }
+
 // The same product over an affine-quantized weight in MLX's layout: value k of row n is
 // scales[n, k / gs] * q + biases[n, k / gs], q the `bits`-bit field at bit k * bits of the
 // row's little-endian uint32 stream.
@@ -28,7 +36,7 @@ struct AffineArgs {
   const float* x;  // (M, K), row stride ldx
   int64_t ldx;
   int M;
-  const uint32_t* codes;  // (N, K * bits / 32), row stride ld_codes
+  const uint32_t* codes;  // (N, K * bits / 32), row stride ld_codes (K-quant blocks: bytes, ld_codes bytes)
   int64_t ld_codes;
   const void* scales;  // (N, K / gs) of scale_type, row stride ld_scales
   const void* biases;  // (N, K / gs) of scale_type, row stride ld_scales
@@ -56,6 +64,8 @@ struct LinearKernels {
   void (*affine_prepare)(const AffineArgs&, float* xp);
   // scratch: kAffineScratchRows * K floats, owned by the calling thread.
   void (*affine)(const AffineArgs&, int n0, int n1, float* scratch);
+  // out (R, K) float32: R rows of K-quant blocks (row stride ld bytes) decoded.
+  void (*kquant_rows)(int type, const uint8_t* rows, int64_t ld, int R, int K, float* out);
 };
 
 namespace generic {

@@ -29,6 +29,7 @@
 #include "mlx/primitives.h"
 #include "pool_write.h"
 #include "primitive.h"
+#include "qdot.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -41,23 +42,30 @@ namespace {
 enum InSlot : int { kX = 0, kPositions, kNorm1, kFreqs };  // the attention's input
 enum OutSlot : int { kResidual = 0, kQueries, kKeyPool, kValuePool, kTables, kContextLens, kStarts, kNorm2 };
 enum Proj : int { kQkv = 0, kO, kGateUp, kDown, kNumProj };
+// A projection is one matrix or up to kMaxPieces stacked along N (q, k, v of different formats,
+// as K-quant files mix them): each piece runs on its own and its columns land in the stacked output.
+constexpr int kMaxPieces = 3;
 
 struct LayerParams {
   float eps, mscale, scale, softcap;
   int rope_dims;  // 0: no rotation
   bool traditional;
   int num_heads, num_kv_heads, head_dim, block_size, window, act;
-  int bits[kNumProj], group_size[kNumProj], first[kNumProj];
-  bool has_bias[kNumProj];
+  int pieces[kNumProj];
+  int bits[kNumProj][kMaxPieces], group_size[kNumProj][kMaxPieces], first[kNumProj][kMaxPieces];
+  bool has_bias[kNumProj][kMaxPieces];
 
   bool operator==(const LayerParams& o) const {
     bool same = eps == o.eps && mscale == o.mscale && scale == o.scale && softcap == o.softcap &&
                 rope_dims == o.rope_dims && traditional == o.traditional && num_heads == o.num_heads &&
                 num_kv_heads == o.num_kv_heads && head_dim == o.head_dim && block_size == o.block_size &&
                 window == o.window && act == o.act;
-    for (int i = 0; i < kNumProj && same; ++i)
-      same = bits[i] == o.bits[i] && group_size[i] == o.group_size[i] && first[i] == o.first[i] &&
-             has_bias[i] == o.has_bias[i];
+    for (int i = 0; i < kNumProj && same; ++i) {
+      same = pieces[i] == o.pieces[i];
+      for (int j = 0; j < pieces[i] && same; ++j)
+        same = bits[i][j] == o.bits[i][j] && group_size[i][j] == o.group_size[i][j] && first[i][j] == o.first[i][j] &&
+               has_bias[i][j] == o.has_bias[i][j];
+    }
     return same;
   }
 };
@@ -70,19 +78,24 @@ int scale_code(mx::Dtype dtype) {
 
 using Held = std::vector<std::vector<uint8_t>>;
 
-LinearWeights weights_of(const LayerParams& p, int proj, const std::vector<mx::array>& in, Held& held) {
-  const int at = p.first[proj];
+LinearWeights weights_of(const LayerParams& p, int proj, int piece, const std::vector<mx::array>& in, Held& held) {
+  const int at = p.first[proj][piece], bits = p.bits[proj][piece];
   const mx::array& w = in[at];
-  const int parts = p.bits[proj] == 0 ? 1 : 3;
-  const float* bias = p.has_bias[proj] ? static_cast<const float*>(row_major(in[at + parts], held)) : nullptr;
-  if (p.bits[proj] == 0) {
+  const int parts = bits == 0 || is_kquant(bits) ? 1 : 3;
+  const float* bias = p.has_bias[proj][piece] ? static_cast<const float*>(row_major(in[at + parts], held)) : nullptr;
+  if (bits == 0) {
     return LinearWeights{0, 0, 0, row_major(w, held), nullptr, nullptr, w.shape(1), 0, w.shape(0), w.shape(1), bias,
+                         static_cast<int64_t>(w.nbytes())};
+  }
+  if (is_kquant(bits)) {  // ld_codes counts bytes
+    return LinearWeights{bits, kQBlock, kScaleF32, row_major(w, held), nullptr, nullptr, w.shape(1), 0,
+                         w.shape(0), w.shape(1) / kquant_block_bytes(bits) * kSuperBlock, bias,
                          static_cast<int64_t>(w.nbytes())};
   }
   const mx::array& s = in[at + 1];
   const mx::array& b = in[at + 2];
-  return LinearWeights{p.bits[proj],
-                       p.group_size[proj],
+  return LinearWeights{bits,
+                       p.group_size[proj][piece],
                        scale_code(s.dtype()),
                        row_major(w, held),
                        row_major(s, held),
@@ -90,16 +103,45 @@ LinearWeights weights_of(const LayerParams& p, int proj, const std::vector<mx::a
                        w.shape(1),
                        s.shape(1),
                        w.shape(0),
-                       static_cast<int>(w.shape(1) * 32 / p.bits[proj]),
+                       static_cast<int>(w.shape(1) * 32 / bits),
                        bias,
                        static_cast<int64_t>(w.nbytes() + s.nbytes() + b.nbytes())};
 }
 
 // A float buffer of `count` floats per slot, reused across calls on the stream's thread.
 float* buffer(int slot, size_t count) {
-  thread_local std::vector<float> storage[4];
+  thread_local std::vector<float> storage[5];
   if (storage[slot].size() < count) storage[slot].resize(count);
   return storage[slot].data();
+}
+
+// y (tokens, width) = x @ the projection's pieces stacked along N; returns width. A piece of
+// several runs into buffer slot 4 and its columns are copied into place.
+int project(const LayerParams& p, int proj, const std::vector<mx::array>& in, Held& held, const float* x, int tokens,
+            float* y) {
+  if (p.pieces[proj] == 1) {
+    const LinearWeights w = weights_of(p, proj, 0, in, held);
+    linear_forward(w, x, tokens, y);
+    return w.N;
+  }
+  int width = 0;
+  for (int j = 0; j < p.pieces[proj]; ++j) width += weights_of(p, proj, j, in, held).N;
+  for (int j = 0, column = 0; j < p.pieces[proj]; ++j) {
+    const LinearWeights w = weights_of(p, proj, j, in, held);
+    float* part = buffer(4, size_t(tokens) * w.N);
+    linear_forward(w, x, tokens, part);
+    for (int t = 0; t < tokens; ++t)
+      std::memcpy(y + int64_t(t) * width + column, part + int64_t(t) * w.N, sizeof(float) * w.N);
+    column += w.N;
+  }
+  return width;
+}
+
+// The output width of a projection: its pieces' N summed.
+int width_of(const LayerParams& p, int proj, const std::vector<mx::array>& in) {
+  int width = 0;
+  for (int j = 0; j < p.pieces[proj]; ++j) width += in[p.first[proj][j]].shape(0);
+  return width;
 }
 
 // The attention's input: q, k, v of x (tokens, hidden), q and k rotated.
@@ -107,12 +149,12 @@ void run_attention_in(const LayerParams& p, const std::vector<mx::array>& in, fl
   Held held;
   const FusedKernels& fk = active_fused_kernels();
   const int tokens = in[kX].shape(0), hidden = in[kX].shape(1);
-  const LinearWeights qkv = weights_of(p, kQkv, in, held);
+  const int qkv_width = width_of(p, kQkv, in);
   float* xn = buffer(0, size_t(tokens) * hidden);
-  float* rows = buffer(1, size_t(tokens) * qkv.N);
+  float* rows = buffer(1, size_t(tokens) * qkv_width);
   const float* x = static_cast<const float*>(row_major(in[kX], held));
   fk.rms_norm(x, static_cast<const float*>(row_major(in[kNorm1], held)), 0.0f, p.eps, hidden, xn, 0, tokens);
-  linear_forward(qkv, xn, tokens, rows);
+  project(p, kQkv, in, held, xn, tokens, rows);
   const int q_width = p.num_heads * p.head_dim, kv_width = p.num_kv_heads * p.head_dim;
   const int32_t* positions = static_cast<const int32_t*>(row_major(in[kPositions], held));
   std::vector<float> inv(p.rope_dims / 2);
@@ -121,7 +163,7 @@ void run_attention_in(const LayerParams& p, const std::vector<mx::array>& in, fl
     for (int i = 0; i < p.rope_dims / 2; ++i) inv[i] = 1.0f / freqs[i];
   }
   for (int t = 0; t < tokens; ++t) {
-    const float* row = rows + int64_t(t) * qkv.N;
+    const float* row = rows + int64_t(t) * qkv_width;
     float* qt = q + int64_t(t) * q_width;
     float* kt = k + int64_t(t) * kv_width;
     if (p.rope_dims > 0) {
@@ -146,12 +188,10 @@ void run_attention_out(const LayerParams& p, const std::vector<mx::array>& in, f
   Held held;
   const FusedKernels& fk = active_fused_kernels();
   const int tokens = in[kResidual].shape(0), hidden = in[kResidual].shape(1);
-  const LinearWeights o = weights_of(p, kO, in, held);
-  const LinearWeights gate_up = weights_of(p, kGateUp, in, held), down = weights_of(p, kDown, in, held);
-  const int inter = gate_up.N / 2;
-  float* attn = buffer(0, size_t(tokens) * o.K);
+  const int inter = width_of(p, kGateUp, in) / 2;
+  float* attn = buffer(0, size_t(tokens) * p.num_heads * p.head_dim);
   float* xn = buffer(1, size_t(tokens) * hidden);
-  float* gu = buffer(2, size_t(tokens) * gate_up.N);
+  float* gu = buffer(2, size_t(tokens) * 2 * inter);
   float* act = buffer(3, size_t(tokens) * (inter > hidden ? inter : hidden));
   const mx::array& tables = in[kTables];
   AttentionArgs args;
@@ -168,12 +208,12 @@ void run_attention_out(const LayerParams& p, const std::vector<mx::array>& in, f
   attend_step(args, in[kContextLens].shape(0));
 
   const float* x = static_cast<const float*>(row_major(in[kResidual], held));
-  linear_forward(o, attn, tokens, act);
+  project(p, kO, in, held, attn, tokens, act);
   add_rows(out, x, act, int64_t(tokens) * hidden);  // h = x + o
   fk.rms_norm(out, static_cast<const float*>(row_major(in[kNorm2], held)), 0.0f, p.eps, hidden, xn, 0, tokens);
-  linear_forward(gate_up, xn, tokens, gu);
+  project(p, kGateUp, in, held, xn, tokens, gu);
   fk.gated(gu, inter, p.act, act, 0, tokens);
-  linear_forward(down, act, tokens, xn);
+  project(p, kDown, in, held, act, tokens, xn);
   add_rows(out, out, xn, int64_t(tokens) * hidden);
 }
 
@@ -220,18 +260,22 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("decoder_layer: " + what);
 }
 
-// Checks one projection's parts (weight, or codes/scales/biases; then an optional bias) and
-// appends them to `inputs`; returns its output width.
-int add_linear(const std::vector<mx::array>& parts, int bits, int group_size, int k, LayerParams& p, int proj,
-               std::vector<mx::array>& inputs) {
-  const size_t base = bits == 0 ? 1 : 3;
-  require(parts.size() == base || parts.size() == base + 1, "a projection is [weight] or [codes, scales, biases], "
-                                                            "then an optional bias");
+// Checks one piece's parts (weight, codes/scales/biases or K-quant blocks; then an optional bias)
+// and appends them to `inputs`; returns its output width.
+int add_piece(const std::vector<mx::array>& parts, int bits, int group_size, int k, LayerParams& p, int proj,
+              int piece, std::vector<mx::array>& inputs) {
+  const size_t base = bits == 0 || is_kquant(bits) ? 1 : 3;
+  require(parts.size() == base || parts.size() == base + 1,
+          "a projection is [weight], [codes, scales, biases] or [K-quant blocks], then an optional bias");
   const mx::array& w = parts[0];
   require(w.ndim() == 2, "projection weights must be 2-D");
   const int n = w.shape(0);
   if (bits == 0) {
     require(w.dtype() == mx::float32 && w.shape(1) == k, "float projection weights must be float32 (N, K)");
+  } else if (is_kquant(bits)) {
+    require(k % kSuperBlock == 0 && w.dtype() == mx::uint8 && w.shape(1) == k / kSuperBlock * kquant_block_bytes(bits),
+            "K-quant blocks must be uint8 (N, K / 256 * block bytes)");
+    group_size = kQBlock;
   } else {
     require(bits >= 1 && bits <= 8 && group_size > 0 && k % group_size == 0 && (int64_t(k) * bits) % 32 == 0,
             "quantized projections need K a multiple of group_size and of 32 / bits");
@@ -244,16 +288,41 @@ int add_linear(const std::vector<mx::array>& parts, int bits, int group_size, in
               "scales and biases must be float (N, K / group_size) of one dtype");
     }
   }
-  p.has_bias[proj] = parts.size() == base + 1;
-  if (p.has_bias[proj]) {
+  p.has_bias[proj][piece] = parts.size() == base + 1;
+  if (p.has_bias[proj][piece]) {
     const mx::array& bias = parts[base];
     require(bias.dtype() == mx::float32 && bias.ndim() == 1 && bias.shape(0) == n, "biases must be float32 (N,)");
   }
-  p.bits[proj] = bits;
-  p.group_size[proj] = bits == 0 ? 0 : group_size;
-  p.first[proj] = static_cast<int>(inputs.size());
+  p.bits[proj][piece] = bits;
+  p.group_size[proj][piece] = bits == 0 ? 0 : group_size;
+  p.first[proj][piece] = static_cast<int>(inputs.size());
   inputs.insert(inputs.end(), parts.begin(), parts.end());
   return n;
+}
+
+// A projection: one piece ([arrays], bits, group size) or several stacked along N (each a list
+// of its arrays, with a list of bits and of group sizes); returns its output width.
+int add_linear(const nb::handle& linear, const nb::handle& bits, const nb::handle& group_size, int k, LayerParams& p,
+               int proj, std::vector<mx::array>& inputs) try {
+  if (nb::isinstance<nb::int_>(bits)) {
+    p.pieces[proj] = 1;
+    return add_piece(nb::cast<std::vector<mx::array>>(linear), nb::cast<int>(bits), nb::cast<int>(group_size), k, p,
+                     proj, 0, inputs);
+  }
+  auto pieces = nb::cast<std::vector<std::vector<mx::array>>>(linear);
+  auto piece_bits = nb::cast<std::vector<int>>(bits), piece_groups = nb::cast<std::vector<int>>(group_size);
+  require(!pieces.empty() && pieces.size() <= kMaxPieces && piece_bits.size() == pieces.size() &&
+              piece_groups.size() == pieces.size(),
+          "a projection of pieces lists 1 to 3 pieces, with one bits and one group size each");
+  p.pieces[proj] = static_cast<int>(pieces.size());
+  int width = 0;
+  for (size_t j = 0; j < pieces.size(); ++j)
+    width += add_piece(pieces[j], piece_bits[j], piece_groups[j], k, p, proj, static_cast<int>(j), inputs);
+  return width;
+} catch (const nb::cast_error&) {
+  throw std::invalid_argument(
+      "decoder_layer: a projection is a list of arrays with an int bits and group size, or a list of such pieces "
+      "with a list of each");
 }
 
 int activation_code(const std::string& act) {
@@ -288,8 +357,8 @@ void check_step(const mx::array& x, const mx::array& positions, const mx::array&
 std::vector<mx::array> decoder_layer(const mx::array& x, const mx::array& positions, const mx::array& slots,
                                      const mx::array& tables, const mx::array& context_lens, const mx::array& starts,
                                      const mx::array& key_pool, const mx::array& value_pool,
-                                     const std::vector<mx::array>& norms, const std::vector<std::vector<mx::array>>& linears,
-                                     const std::vector<int>& bits, const std::vector<int>& group_sizes,
+                                     const std::vector<mx::array>& norms, const std::vector<nb::object>& linears,
+                                     const std::vector<nb::object>& bits, const std::vector<nb::object>& group_sizes,
                                      const std::optional<mx::array>& freqs, int rope_dims, bool traditional,
                                      float mscale, int num_heads, float scale, std::optional<float> softcap,
                                      std::optional<int> window, float eps, const std::string& act) {

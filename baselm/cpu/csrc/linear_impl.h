@@ -23,6 +23,7 @@ typedef float vf __attribute__((vector_size(V * sizeof(float))));
 inline int min_int(int a, int b) { return a < b ? a : b; }
 
 #include "scales_impl.h"
+#include "kquants_impl.h"
 
 inline vf load(const float* p) {
   vf v;
@@ -215,6 +216,8 @@ inline void decode_bits(const uint32_t* row, int64_t first_bit, int bits, int gs
 }
 
 void decode_row(const AffineArgs& a, int n, float* dst) {
+  if (is_kquant(a.bits))  // ld_codes counts bytes
+    return kquant_decode_row(a.bits, reinterpret_cast<const uint8_t*>(a.codes) + n * a.ld_codes, a.K, dst);
   const uint32_t* row = a.codes + n * a.ld_codes;
   const int64_t scale_row = n * a.ld_scales;
   const int groups = a.K / a.group_size;
@@ -429,10 +432,15 @@ void affine_prepare(const AffineArgs&, float*) {}
 void affine(const AffineArgs& a, int n0, int n1, float* scratch) { affine_decoded(a, n0, n1, scratch); }
 #endif
 
+void kquant_rows(int type, const uint8_t* rows, int64_t ld, int R, int K, float* out) {
+  for (int r = 0; r < R; ++r) kquant_decode_row(type, rows + r * ld, K, out + static_cast<int64_t>(r) * K);
+}
+
 }  // namespace
 
 const LinearKernels& linear_kernels() {
-  static const LinearKernels kernels{BASE_ISA_NAME, &dense, &affine_prepared_size, &affine_prepare, &affine};
+  static const LinearKernels kernels{BASE_ISA_NAME, &dense, &affine_prepared_size, &affine_prepare, &affine,
+                                     &kquant_rows};
   return kernels;
 }
 

@@ -1,0 +1,100 @@
+// GGUF K-quant super-blocks (kernels.h's KQuant) block by block, for the integer and float
+// kernels. Included inside each instruction set's anonymous namespace, after scales_impl.h.
+//
+// A super-block of 256 values is 8 blocks of 32, and each block comes out as 32 integer codes
+// in natural order and one affine pair (s, c), value = s * code + c:
+//   Q4_K, Q5_K: code q (4 or 5 bits), s = d * sc_j, c = -dmin * m_j, with sc_j and m_j the 6-bit
+//     scale and minimum of block j (llama.cpp: d1 * q - m1, d1 = d * sc, m1 = dmin * m);
+//   Q6_K: code (q - 32) * sc, the 8-bit scale of each 16-value half folded in (|code| <= 4096), s = d,
+//     c = 0 (llama.cpp: d * sc * (q - 32)).
+// d and dmin are float16, so d * sc and dmin * m are exact in float32 (at most 17 significant bits),
+// and so is s * code: each value is one rounding of the block's own formula, as in llama.cpp (for
+// Q6_K, llama.cpp's d * sc * q can round twice; this form is the exact value).
+
+// The 8 six-bit scales and minimums of a Q4_K/Q5_K super-block's 12 packed bytes q, one a byte
+// (block j in byte j). Blocks 0-3: the low 6 bits of q[j] (scale) and q[j + 4] (minimum); blocks
+// 4-7: the low and high nibbles of q[j + 4] with the top 2 bits of q[j - 4] and q[j] above them.
+inline void kquant_scales_mins(const uint8_t* q, uint64_t& scales, uint64_t& mins) {
+  uint32_t u[3];
+  __builtin_memcpy(u, q, sizeof u);
+  constexpr uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+  const uint32_t high_scales = (u[2] & four) | (((u[0] >> 6) & two) << 4);
+  const uint32_t high_mins = ((u[2] >> 4) & four) | (((u[1] >> 6) & two) << 4);
+  scales = (u[0] & six) | static_cast<uint64_t>(high_scales) << 32;
+  mins = (u[1] & six) | static_cast<uint64_t>(high_mins) << 32;
+}
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return half_to_float(h);
+}
+
+// The 8 blocks' (s, c) of super-block sb.
+template <int TYPE>
+inline void kquant_affine(const uint8_t* sb, float* s, float* c) {
+  if constexpr (TYPE == kQ6K) {
+    const float d = half_at(sb + 208);
+    for (int j = 0; j < 8; ++j) s[j] = d, c[j] = 0.0f;
+  } else {
+    const float d = half_at(sb), dmin = half_at(sb + 2);
+    uint64_t scales, mins;
+    kquant_scales_mins(sb + 4, scales, mins);
+    for (int j = 0; j < 8; ++j) {
+      s[j] = d * static_cast<float>((scales >> (8 * j)) & 63);
+      c[j] = -(dmin * static_cast<float>((mins >> (8 * j)) & 63));
+    }
+  }
+}
+
+// Block j's 32 codes. Q4_K: qs (128 bytes at 16), each 32 bytes holding blocks 2i (low nibbles)
+// and 2i + 1 (high); Q5_K: the same at 48, bit j of qh[l] (32 bytes at 16) the fifth bit of value
+// l; Q6_K: low 4 bits in ql (128 bytes at 0), high 2 in qh (64 at 128), per 128 values 4 blocks:
+// ql[0:32] low, ql[32:64] low, ql[0:32] high, ql[32:64] high nibbles with qh's bits 0-1, 2-3, 4-5, 6-7.
+template <int TYPE>
+inline void kquant_codes(const uint8_t* sb, int j, int16_t* out) {
+  if constexpr (TYPE == kQ6K) {
+    const uint8_t* ql = sb + 64 * (j / 4) + 32 * (j & 1);
+    const uint8_t* qh = sb + 128 + 32 * (j / 4);
+    const int low_shift = j & 2 ? 4 : 0, high_shift = 2 * (j % 4);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192) + 2 * j;
+    for (int half = 0; half < 2; ++half) {
+      const int scale = sc[half];
+      for (int l = 16 * half; l < 16 * half + 16; ++l) {
+        const int q = ((ql[l] >> low_shift) & 15) | (((qh[l] >> high_shift) & 3) << 4);
+        out[l] = static_cast<int16_t>((q - 32) * scale);
+      }
+    }
+  } else {
+    const uint8_t* qs = sb + (TYPE == kQ4K ? 16 : 48) + 32 * (j / 2);
+    const int shift = j & 1 ? 4 : 0;
+    for (int l = 0; l < 32; ++l) {
+      int q = (qs[l] >> shift) & 15;
+      if constexpr (TYPE == kQ5K) q |= ((sb[16 + l] >> j) & 1) << 4;
+      out[l] = static_cast<int16_t>(q);
+    }
+  }
+}
+
+template <int TYPE>
+inline void kquant_decode_row_as(const uint8_t* row, int K, float* dst) {
+  constexpr int kBytes = kquant_block_bytes(TYPE);
+  alignas(64) int16_t codes[32];
+  float s[8], c[8];
+  for (int at = 0; at < K; at += kSuperBlock) {
+    const uint8_t* sb = row + static_cast<int64_t>(at / kSuperBlock) * kBytes;
+    kquant_affine<TYPE>(sb, s, c);
+    for (int j = 0; j < 8; ++j) {
+      kquant_codes<TYPE>(sb, j, codes);
+      float* out = dst + at + 32 * j;
+      for (int l = 0; l < 32; ++l) out[l] = s[j] * static_cast<float>(codes[l]) + c[j];
+    }
+  }
+}
+
+// The K float32 values of one row of K-quant blocks.
+inline void kquant_decode_row(int type, const uint8_t* row, int K, float* dst) {
+  if (type == kQ4K) return kquant_decode_row_as<kQ4K>(row, K, dst);
+  if (type == kQ5K) return kquant_decode_row_as<kQ5K>(row, K, dst);
+  kquant_decode_row_as<kQ6K>(row, K, dst);
+}

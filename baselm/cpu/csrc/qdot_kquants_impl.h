@@ -1,0 +1,121 @@
+// The AVX2 / AVX-512 integer loops over K-quant blocks (kquants_impl.h gives the layouts), included
+// by qdot_impl.h inside its AVX2 section: a super-block is a run of 8 blocks, its 8 (s, c) pairs
+// widened once into registers, each block decoded in registers into two vectors of 16-bit codes
+// (natural order) that meet the 16-bit activation codes in multiply-adds as the affine blocks do.
+// Q6_K's codes carry their 8-bit scale (mullo), so every block is one integer sum and one FMA; its
+// blocks are decoded a super-block at a time into a small buffer (q6k_decode).
+
+template <int TYPE>
+inline WeightBlock<int16_t> kquant_block(const uint8_t* sb, int j) {
+  // Each half (16 values) loaded as bytes widened to 16 bits: the nibble a block takes is then one
+  // AND or one shift, and two blocks sharing bytes (Q4_K/Q5_K j, j + 1) read the same 32 bytes.
+  const __m256i low4 = _mm256_set1_epi16(0x0f);
+  auto widened = [](const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  auto nibble = [&](__m256i v, bool high) { return high ? _mm256_srli_epi16(v, 4) : _mm256_and_si256(v, low4); };
+  static_assert(TYPE != kQ6K, "Q6_K blocks are decoded a super-block at a time (q6k_decode)");
+  const uint8_t* qs = sb + (TYPE == kQ4K ? 16 : 48) + 32 * (j / 2);
+  __m256i lo = nibble(widened(qs), j & 1), hi = nibble(widened(qs + 16), j & 1);
+  if constexpr (TYPE == kQ5K) {  // bit j of byte i of qh: value i's fifth bit, moved to bit 4
+    const __m128i shift = _mm_cvtsi32_si128(j);
+    const __m256i fifth = _mm256_set1_epi16(0x10);
+    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srl_epi16(_mm256_slli_epi16(widened(sb + 16), 4), shift), fifth));
+    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srl_epi16(_mm256_slli_epi16(widened(sb + 32), 4), shift), fifth));
+  }
+  return WeightBlock<int16_t>{lo, hi};
+}
+
+// A Q6_K super-block's 8 blocks as 16-bit codes times their 16-value scales, into w (256 values).
+// Each 128 values share 64 bytes of low nibbles and 32 of high bit pairs: decoded together as bytes
+// (32 values an operation), less 32 as bytes, then widened and scaled.
+inline void q6k_decode(const uint8_t* sb, int16_t* w) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192);
+  for (int g = 0; g < 2; ++g) {
+    const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * g));
+    const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * g + 32));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 128 + 32 * g));
+    // Block 4g + i: low nibbles of l0, l1, then high nibbles; bit pair i of h as bits 4-5.
+    const __m256i q[4] = {
+        _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),
+        _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, bits45)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                        _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45))};
+    for (int i = 0; i < 4; ++i) {
+      const int j = 4 * g + i;
+      const __m256i centred = _mm256_sub_epi8(q[i], offset);  // -32..31
+      const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(centred));
+      const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(centred, 1));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(w + 32 * j), _mm256_mullo_epi16(lo, _mm256_set1_epi16(sc[2 * j])));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(w + 32 * j + 16),
+                         _mm256_mullo_epi16(hi, _mm256_set1_epi16(sc[2 * j + 1])));
+    }
+  }
+}
+
+// kquant_affine in registers: the 8 blocks' s and c of super-block sb.
+template <int TYPE>
+inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
+  if constexpr (TYPE == kQ6K) {
+    s = _mm256_set1_ps(half_at(sb + 208));
+    c = _mm256_setzero_ps();
+  } else {
+    uint64_t scales, mins;
+    kquant_scales_mins(sb + 4, scales, mins);
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(scales))));
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mins))));
+    s = _mm256_mul_ps(_mm256_set1_ps(half_at(sb)), sc);
+    c = _mm256_mul_ps(_mm256_set1_ps(-half_at(sb + 2)), m);
+  }
+}
+
+// weight_row_lanes for a row of K-quant blocks (activation group sums over blocks of 32).
+template <int TYPE, int MR, int ACCS>
+inline void kquant_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
+  constexpr int kBytes = kquant_block_bytes(TYPE);
+  constexpr int64_t ahead = 2048;
+  const int blocks = a.K / B;
+  const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
+  const int16_t* xq[MR];
+  const float* d[MR];
+  const float* sums[MR];
+  for (int m = 0; m < MR; ++m) {
+    xq[m] = static_cast<const int16_t*>(a.x.q) + static_cast<int64_t>(m0 + m) * a.K;
+    d[m] = a.x.d + static_cast<int64_t>(m0 + m) * blocks;
+    sums[m] = a.x.sum + static_cast<int64_t>(m0 + m) * blocks;
+  }
+  __m256 acc[MR][ACCS];
+  for (int m = 0; m < MR; ++m)
+    for (int i = 0; i < ACCS; ++i) acc[m][i] = _mm256_setzero_ps();
+  alignas(32) float sd[MR][8];
+  alignas(32) int16_t q6[TYPE == kQ6K ? kSuperBlock : 1];
+  for (int b = 0; b < blocks; b += 8) {
+    const uint8_t* sb = row + (b / 8) * kBytes;
+    for (int line = 0; line < kBytes; line += 64) __builtin_prefetch(sb + ahead + line, 0, 3);
+    __m256 sv, cv;
+    kquant_affine_lanes<TYPE>(sb, sv, cv);
+    for (int m = 0; m < MR; ++m) {
+      if constexpr (TYPE != kQ6K) acc[m][ACCS - 1] = _mm256_fmadd_ps(cv, _mm256_loadu_ps(sums[m] + b), acc[m][ACCS - 1]);
+      _mm256_store_ps(sd[m], _mm256_mul_ps(sv, _mm256_loadu_ps(d[m] + b)));
+    }
+    if constexpr (TYPE == kQ6K) q6k_decode(sb, q6);
+    for (int j = 0; j < 8; ++j) {
+      WeightBlock<int16_t> w;
+      if constexpr (TYPE == kQ6K) {
+        w = WeightBlock<int16_t>{_mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j)),
+                                 _mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j + 16))};
+      } else {
+        w = kquant_block<TYPE>(sb, j);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const __m256 prod = _mm256_cvtepi32_ps(block_dot<16>(w, xq[m] + (b + j) * B));
+        acc[m][j % ACCS] = _mm256_fmadd_ps(prod, _mm256_set1_ps(sd[m][j]), acc[m][j % ACCS]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    __m256 total = acc[m][0];
+    for (int i = 1; i < ACCS; ++i) total = _mm256_add_ps(total, acc[m][i]);
+    lanes[m * 8] = total;
+  }
+}

@@ -1,0 +1,368 @@
+"""The K-quant kernels (csrc/kquants_impl.h, qdot_kquants_impl.h): matmuls straight on GGUF Q4_K,
+Q5_K and Q6_K blocks, on every instruction set this CPU runs.
+
+What is checked against what:
+- `kquant_dequantize` against the gguf package's decoder (the reference llama.cpp's Python ships),
+  bit for bit.
+- The integer path (up to qdot_max_rows activation rows, the default) against `reference`, which
+  parses the blocks in numpy from ggml's layouts (not through the kernels or gguf) and quantizes the
+  activations as the kernels do: blocks of 32 values, d = max|x| / 32767, codes rint(x * (1 / d))
+  ties to even. Every sub-block's integer dot is then exact, so kernel and reference differ only in
+  float32 rounding of the per-block products and their sum: at most RTOL of the sum of |terms|.
+- The float path (set_exact(True), or more than qdot_max_rows rows) against the float64 product of
+  the gguf-decoded weights, within float32 rounding: FLOAT_RTOL of the sum of |x| * |w|.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from baselm import kquant_blocks
+from tests.tiny_gguf import random_k_blocks, same_bits
+
+KINDS = [t.suffix for t in kquant_blocks.BLOCK_TYPES]  # q4_k, q5_k, q6_k
+BLOCK = 32  # values an activation code block (and a Q4_K/Q5_K sub-block) holds
+SUPER = kquant_blocks.SUPER_BLOCK
+RTOL = 1e-5  # of the sum of |terms|: float32 rounding of a few hundred block products
+FLOAT_RTOL = 1e-5  # of the sum of |x * w|: float32 sums of up to 2816 products
+
+# Byte ranges of one super-block (ggml's block_q4_K, block_q5_K, block_q6_K).
+FIELDS = {
+    "q4_k": {"d": slice(0, 2), "dmin": slice(2, 4), "scales": slice(4, 16), "qs": slice(16, 144)},
+    "q5_k": {"d": slice(0, 2), "dmin": slice(2, 4), "scales": slice(4, 16), "qh": slice(16, 48), "qs": slice(48, 176)},
+    "q6_k": {"ql": slice(0, 128), "qh": slice(128, 192), "scales": slice(192, 208), "d": slice(208, 210)},
+}
+CODE_FIELDS = {"q4_k": ("qs",), "q5_k": ("qh", "qs"), "q6_k": ("ql", "qh")}
+
+
+@contextmanager
+def _exact_set(kernels, exact: bool) -> Iterator[None]:
+    before = kernels.exact_setting()
+    kernels.set_exact(exact)
+    try:
+        yield
+    finally:
+        kernels.set_exact(before)
+
+
+@pytest.fixture
+def integer(kernels) -> Iterator[object]:
+    """The kernels on the integer path (whatever BASE_CPU_EXACT said), restored afterwards."""
+    with _exact_set(kernels, False):
+        yield kernels
+
+
+@pytest.fixture(params=[False, True], ids=["integer", "exact"])
+def path(kernels, request: pytest.FixtureRequest) -> Iterator[object]:
+    """The kernels on the integer path, then on the exact (float activation) one."""
+    with _exact_set(kernels, request.param):
+        yield kernels
+
+
+def _blocks(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """(rows, cols / 256 * block bytes) random blocks, d of either sign (llama.cpp's Q6_K d is
+    negative as often as not; the kernels should not care for any type)."""
+    raw = random_k_blocks(kind.upper(), rows, cols, seed).reshape(rows, cols // SUPER, -1)
+    flip = np.random.default_rng(seed + 1).random((rows, cols // SUPER)) < 0.5
+    raw[..., FIELDS[kind]["d"].start + 1] ^= np.where(flip, 0x80, 0).astype(np.uint8)  # the f16 sign bit
+    return raw.reshape(rows, -1)
+
+
+def _values(kind: str, raw: np.ndarray, cols: int) -> np.ndarray:
+    """The float32 values (rows, cols) as the gguf package decodes them."""
+    return kquant_blocks.block_values(kquant_blocks.BY_SUFFIX[kind].dtype, raw, (raw.shape[0], cols))
+
+
+def _activations(rows: int, cols: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, cols), dtype=np.float32) * 3.0
+
+
+def _field(sb: np.ndarray, kind: str, name: str) -> np.ndarray:
+    return sb[..., FIELDS[kind][name]].astype(np.int64)
+
+
+def _half(sb: np.ndarray, kind: str, name: str) -> np.ndarray:
+    return np.ascontiguousarray(sb[..., FIELDS[kind][name]]).view(np.float16)[..., 0].astype(np.float64)
+
+
+def _scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 6-bit scale and min of each of the 8 sub-blocks from 12 packed bytes (ggml's get_scale_min_k4)."""
+    q = packed
+    sc, mn = np.empty((*q.shape[:-1], 8), np.int64), np.empty((*q.shape[:-1], 8), np.int64)
+    for j in range(4):
+        sc[..., j], mn[..., j] = q[..., j] & 63, q[..., j + 4] & 63
+    for j in range(4, 8):
+        sc[..., j] = (q[..., j + 4] & 15) | ((q[..., j - 4] >> 6) << 4)
+        mn[..., j] = (q[..., j + 4] >> 4) | ((q[..., j] >> 6) << 4)
+    return sc, mn
+
+
+def _codes_q45(sb: np.ndarray, kind: str) -> np.ndarray:
+    """(rows, supers, 256) Q4_K/Q5_K codes: 64 values a chunk of 32 qs bytes, low nibbles (sub-block
+    2c) then high (2c + 1); Q5_K's fifth bit of value l in sub-block b is bit b of qh[l]."""
+    v = np.arange(SUPER)
+    sub, lane = v // BLOCK, v % BLOCK
+    qs = _field(sb, kind, "qs")[..., BLOCK * (sub // 2) + lane]
+    codes = (qs >> (4 * (sub % 2))) & 15
+    if kind == "q5_k":
+        codes |= ((_field(sb, kind, "qh")[..., lane] >> sub) & 1) << 4
+    return codes
+
+
+def _codes_q6(sb: np.ndarray) -> np.ndarray:
+    """(rows, supers, 256) Q6_K codes q - 32: per 128 values, value 32i + l has the low (i < 2) or
+    high nibble of ql[l + 32 (i % 2)] and bits 2i, 2i + 1 of qh[l] (ggml's dequantize_row_q6_K)."""
+    v = np.arange(SUPER)
+    half, quarter, lane = v // 128, (v % 128) // 32, v % 32
+    ql = _field(sb, "q6_k", "ql")[..., 64 * half + lane + 32 * (quarter % 2)]
+    qh = _field(sb, "q6_k", "qh")[..., 32 * half + lane]
+    return (((ql >> (4 * (quarter // 2))) & 15) | (((qh >> (2 * quarter)) & 3) << 4)) - 32
+
+
+def parse(kind: str, raw: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, scales, offsets) of the blocks, value = code * scale + offset: codes (rows, groups,
+    group) with groups of 32 values (Q4_K, Q5_K) or 16 (Q6_K), scales (rows, groups) and offsets
+    (rows, cols / 32) in float64 (Q4_K/Q5_K: d * sc and -dmin * m; Q6_K: d * sc and 0)."""
+    rows = raw.shape[0]
+    sb = raw.reshape(rows, cols // SUPER, kquant_blocks.BY_SUFFIX[kind].block_bytes)
+    d = _half(sb, kind, "d")[..., None]
+    if kind == "q6_k":
+        scales = d * sb[..., FIELDS[kind]["scales"]].view(np.int8)  # (rows, supers, 16)
+        codes, offsets = _codes_q6(sb), np.zeros((rows, cols // BLOCK))
+    else:
+        sc, mn = _scales_mins(_field(sb, kind, "scales"))
+        scales, offsets = d * sc, (-_half(sb, kind, "dmin")[..., None] * mn).reshape(rows, -1)
+        codes = _codes_q45(sb, kind)
+    groups = scales.shape[-1] * (cols // SUPER)
+    return codes.reshape(rows, groups, -1).astype(np.float64), scales.reshape(rows, groups), offsets
+
+
+@cache
+def _weights(kind: str, rows: int, cols: int, seed: int) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray]:
+    """(blocks, parse(blocks), gguf-decoded values), made once for every instruction set's run."""
+    raw = _blocks(kind, rows, cols, seed)
+    return raw, parse(kind, raw, cols), _values(kind, raw, cols)
+
+
+def reference(x: np.ndarray, fields: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(y, bound): x @ W.T with 16-bit activation codes, in float64, and its rounding bound."""
+    codes, scales, offsets = fields
+    m, k = x.shape
+    blocks = x.reshape(m, k // BLOCK, BLOCK)
+    d = np.abs(blocks).max(-1) / np.float32(32767)  # (m, k / 32) float32
+    inverse = np.where(d != 0, np.float32(1) / np.where(d == 0, np.float32(1), d), np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(blocks * inverse[..., None]), -32767, 32767).astype(np.float64)
+    groups, size = codes.shape[1:]
+    # (groups, m, size) @ (groups, size, n): integer sums below 2^33, exact in float64
+    dots = np.matmul(q.reshape(m, groups, size).transpose(1, 0, 2), codes.transpose(1, 2, 0)).transpose(1, 2, 0)
+    terms = dots * scales[None] * np.repeat(d.astype(np.float64), BLOCK // size, axis=1)[:, None, :]  # (m, n, groups)
+    y = terms.sum(-1) + blocks.astype(np.float64).sum(-1) @ offsets.T
+    bound = RTOL * (np.abs(terms).sum(-1) + np.abs(blocks).sum(-1) @ np.abs(offsets).T) + 1e-6
+    return y, bound
+
+
+def _check(kernels, x: np.ndarray, weights: tuple, out: mx.array, bias: np.ndarray | None = None) -> None:
+    """out against the path the kernels take for x: the integer reference, or the float product."""
+    _, fields, values = weights
+    actual = np.array(out, dtype=np.float64)
+    if kernels.exact() or x.shape[0] > kernels.qdot_max_rows():
+        x64, w64 = x.astype(np.float64), values.astype(np.float64)
+        expected, bound = x64 @ w64.T, FLOAT_RTOL * (np.abs(x64) @ np.abs(w64).T) + 1e-6
+    else:
+        expected, bound = reference(x, fields)
+    if bias is not None:
+        expected = expected + bias
+    worst = (np.abs(actual - expected) / bound).max()
+    assert worst <= 1.0, f"error {worst:.2f} times the rounding bound"
+
+
+def _linear(kernels, x: np.ndarray, kind: str, raw: np.ndarray, bias: np.ndarray | None = None) -> mx.array:
+    return kernels.kquant_linear(mx.array(x), mx.array(raw), kind, None if bias is None else mx.array(bias))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cols", [256, 768, 2816])
+def test_blocks_decode_as_the_gguf_package_decodes_them(kernels, kind: str, cols: int) -> None:
+    raw, _, values = _weights(kind, 37, cols, seed=cols)
+    assert same_bits(np.array(kernels.kquant_dequantize(mx.array(raw), kind)), values)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_reference_parses_blocks_as_the_gguf_package_does(kind: str) -> None:
+    """The reference's own parse of the bytes gives gguf's values: codes * scales + offsets."""
+    raw, (codes, scales, offsets), values = _weights(kind, 37, 768, seed=768)
+    parsed = (codes * scales[..., None]).reshape(37, 768) + np.repeat(offsets, BLOCK, axis=1)
+    assert same_bits(parsed.astype(np.float32), values)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_number_of_rows_up_to_32(integer, kind: str) -> None:
+    """Register tiles of 1-4 activation rows and their remainders, one row alone, up to qdot_max_rows."""
+    assert integer.qdot_max_rows() == 32
+    weights = _weights(kind, 37, 768, seed=1)
+    for rows in range(1, 33):
+        x = _activations(rows, 768, seed=rows)
+        _check(integer, x, weights, _linear(integer, x, kind, weights[0]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cols", [256, 2816])
+def test_every_row_width_and_weight_tile_remainder(integer, kind: str, cols: int) -> None:
+    """1 and 11 super-blocks a row; weight rows in runs of 8 and 64 and chunks of 16 threads claim,
+    with their remainders (1, 5, 37, 70)."""
+    for n in (1, 5, 37, 70):
+        weights = _weights(kind, n, cols, seed=n)
+        for rows in (1, 2, 3, 4, 7, 32):
+            x = _activations(rows, cols, seed=100 * n + rows)
+            _check(integer, x, weights, _linear(integer, x, kind, weights[0]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_integer_path_follows_16_bit_codes_not_float_activations(integer, kind: str) -> None:
+    """16-bit codes are within RTOL of the float product too; the kernel is much nearer the codes'
+    product, so the reference checks the quantization, not only the sum."""
+    weights = _weights(kind, 70, 2816, seed=4)
+    x = _activations(8, 2816, seed=4)
+    expected, bound = reference(x, weights[1])
+    float_product = x.astype(np.float64) @ weights[2].astype(np.float64).T
+    kernel_error = (np.abs(np.array(_linear(integer, x, kind, weights[0]), np.float64) - expected) / bound).max()
+    float_error = (np.abs(float_product - expected) / bound).max()
+    assert float_error > 0.2 and kernel_error < float_error / 20
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_past_32_rows_the_dense_float_matmul(integer, kind: str) -> None:
+    weights = _weights(kind, 37, 768, seed=2)
+    for rows in (33, 64):
+        x = _activations(rows, 768, seed=rows)
+        _check(integer, x, weights, _linear(integer, x, kind, weights[0]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cols", [256, 768, 2816])
+def test_the_exact_path_is_the_float_matmul(kernels, kind: str, cols: int) -> None:
+    """set_exact(True) (BASE_CPU_EXACT=1) multiplies float32 activations by the decoded weights."""
+    weights = _weights(kind, 37, cols, seed=3)
+    with _exact_set(kernels, True):
+        for rows in (1, 3, 32):
+            x = _activations(rows, cols, seed=rows)
+            _check(kernels, x, weights, _linear(kernels, x, kind, weights[0]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_is_the_same_in_any_batch(integer, kind: str) -> None:
+    """Up to qdot_max_rows rows, a row's result does not depend on its neighbours: bit for bit in
+    any batch of 2 or more rows, and alone (summed on four accumulators) equal up to float32
+    rounding. 70 weight rows: runs of 8 and a remainder."""
+    raw = _weights(kind, 70, 768, seed=5)[0]
+    x = _activations(32, 768, seed=5)
+    together = np.array(_linear(integer, x, kind, raw))
+    for i, rows in ((0, 2), (4, 3), (17, 5), (30, 2), (8, 9), (1, 31)):
+        assert np.array_equal(np.array(_linear(integer, x[i : i + rows], kind, raw)), together[i : i + rows])
+    for i in (0, 4, 17, 31):
+        alone = np.array(_linear(integer, x[i : i + 1], kind, raw))[0]
+        np.testing.assert_allclose(alone, together[i], rtol=1e-5, atol=1e-6 * np.abs(together[i]).max())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_activation_bits_do_not_apply_to_k_quants(integer, kind: str) -> None:
+    """K-quant codes (Q6_K's times their scale: up to 4096) always meet 16-bit activation codes."""
+    raw = _weights(kind, 37, 768, seed=6)[0]
+    x = _activations(5, 768, seed=6)
+    before = integer.activation_bits()
+    try:
+        results = []
+        for bits in (8, 16):
+            integer.set_activation_bits(bits)
+            results.append(np.array(_linear(integer, x, kind, raw)))
+    finally:
+        integer.set_activation_bits(before)
+    assert np.array_equal(*results)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bias_leading_axes_and_non_contiguous_inputs(path, kind: str) -> None:
+    weights = _weights(kind, 50, 512, seed=7)
+    raw = weights[0]
+    bias = np.random.default_rng(7).standard_normal(50, dtype=np.float32)
+    x = _activations(6, 512, seed=7)
+    out = _linear(path, x.reshape(2, 3, 512), kind, raw, bias)
+    assert out.shape == (2, 3, 50)
+    _check(path, x, weights, out.reshape(6, 50), bias)
+    assert path.kquant_linear(mx.array(x[0]), mx.array(raw), kind).shape == (50,)
+    strided = mx.array(_activations(512, 8, seed=8))[:, ::2].T  # (4, 512) with column strides
+    _check(path, np.array(strided), weights, path.kquant_linear(strided, mx.array(raw), kind))
+    every_other = mx.array(raw)[::2]  # (25, bytes): weight rows with a stride
+    out = path.kquant_linear(mx.array(x), every_other, kind)
+    _check(path, x, (raw[::2], tuple(f[::2] for f in weights[1]), weights[2][::2]), out)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_large_weights_split_across_threads(integer, kind: str) -> None:
+    """4864 x 1536 (Qwen2.5's MLP): weight rows claimed in chunks by every thread of the pool."""
+    weights = _weights(kind, 4864, 1536, seed=9)
+    for rows in (1, 8):
+        x = _activations(rows, 1536, seed=rows)
+        _check(integer, x, weights, _linear(integer, x, kind, weights[0]))
+
+
+def _edge_blocks(kind: str, cols: int) -> np.ndarray:
+    """Five weight rows: all bytes zero; d = dmin = 0 under random codes; every code and scale at
+    its top; codes at their bottom (Q6_K: -32 times -128, the largest |code|, 4096); scales 0."""
+    raw = _blocks(kind, 5, cols, seed=10).reshape(5, cols // SUPER, -1)
+    f = FIELDS[kind]
+    raw[0] = 0
+    for name in ("d", "dmin") if kind != "q6_k" else ("d",):
+        raw[1, :, f[name]] = 0
+    top_scale, bottom_scale = (0x7F, 0x80) if kind == "q6_k" else (0xFF, 0xFF)  # Q6_K: int8 127, -128
+    for row, code_byte, scale_byte in ((2, 0xFF, top_scale), (3, 0x00, bottom_scale)):
+        for name in CODE_FIELDS[kind]:
+            raw[row, :, f[name]] = code_byte
+        raw[row, :, f["scales"]] = scale_byte
+    raw[4, :, f["scales"]] = 0
+    return raw.reshape(5, -1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_zero_blocks_and_extreme_codes(path, kind: str) -> None:
+    """Activation rows: a block of zeros (d = 0), one huge value, every code at 32767 (the largest
+    integer sums), alternating signs (large sums that cancel); against edge weight blocks."""
+    raw = _edge_blocks(kind, 512)
+    weights = (raw, parse(kind, raw, 512), _values(kind, raw, 512))
+    x = _activations(4, 512, seed=11)
+    x[0, :BLOCK] = 0.0
+    x[1, 40] = 1e4
+    x[2] = 1.0
+    x[3] = np.where(np.arange(512) % 2 == 0, 1.0, -1.0)
+    _check(path, x, weights, _linear(path, x, kind, raw))
+
+
+def test_wrong_calls_are_clear_errors(kernels) -> None:
+    raw = mx.array(_weights("q4_k", 4, 512, seed=12)[0])
+    x = mx.array(_activations(2, 512, seed=12))
+    blocks_shape = "blocks must be uint8 of shape (N, K / 256 * 144)"
+    cases = [
+        (lambda: kernels.kquant_linear(x.astype(mx.float16), raw, "q4_k"), "kquant_linear: x must be float32"),
+        (lambda: kernels.kquant_linear(x, raw.astype(mx.int32), "q4_k"), f"kquant_linear: {blocks_shape}"),
+        (lambda: kernels.kquant_linear(x, raw.reshape(-1), "q4_k"), f"kquant_linear: {blocks_shape}"),
+        (lambda: kernels.kquant_linear(x, raw[:, :-1], "q4_k"), f"kquant_linear: {blocks_shape}"),
+        (lambda: kernels.kquant_linear(x[:, :256], raw, "q4_k"), "rows of a different K than x's last axis"),
+        (lambda: kernels.kquant_linear(x, raw, "q3_k"), "unknown K-quant type q3_k: q4_k, q5_k or q6_k"),
+        (lambda: kernels.kquant_linear(x, raw, "q4_k", mx.zeros((5,))), "bias must be float32 of shape (N,)"),
+        (lambda: kernels.kquant_linear(x, raw, "q4_k", mx.zeros((4,), mx.float16)), "bias must be float32"),
+        (lambda: kernels.kquant_dequantize(raw.astype(mx.int8), "q4_k"), f"kquant_dequantize: {blocks_shape}"),
+        (lambda: kernels.kquant_dequantize(raw[:, :100], "q6_k"), "blocks must be uint8 of shape (N, K / 256 * 210)"),
+        (lambda: kernels.kquant_dequantize(raw, "Q4_K"), "unknown K-quant type Q4_K"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        kernels.kquant_linear(x, raw, kquant_blocks.BY_SUFFIX["q4_k"].kernel_kind)  # the kind is a name

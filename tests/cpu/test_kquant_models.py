@@ -1,0 +1,78 @@
+"""A K-quant GGUF run with its Q4_K/Q5_K/Q6_K matrices kept as blocks (BASE_KQUANT_BLOCKS=1) on the
+CPU kernels: the layers it gets, and its logits against the same file's values run in float32
+(the gguf package's decode), on the exact and the integer paths; Q3_K and Q2_K tensors of the same
+model load as before (affine triplets), so one model mixes both kinds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from baselm.backend import Backend
+from baselm.loader import load_model
+from baselm.models.linear import KQuantEmbedding, KQuantLinear
+from tests.cpu.conftest import requires_kernels
+from tests.forward import prefill_logits
+from tests.store.test_gguf_kquants import k_quant_llama
+from tests.tiny_gguf import oracle
+
+pytestmark = requires_kernels
+KERNELS = Backend("cpu", mx.float32, keep_quantized=True, cpu_kernels=True)
+FLOAT = Backend("cpu", mx.float32, keep_quantized=False)
+IDS = np.arange(3, 19)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the K-quant llama, the same values as F32 tensors but its Q2_K head, which loads re-quantized either way)."""
+    folder = tmp_path_factory.mktemp("kquant")
+    path = k_quant_llama(folder / "k.gguf")
+    values = {name: (v.astype(np.float32), "F32") for name, v in oracle(path).items()}
+    head = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "output.weight")
+    values["output.weight"] = (np.array(head.data).reshape(head.shape[-1], -1), "Q2_K")
+    return path, k_quant_llama(folder / "values.gguf", values)
+
+
+@pytest.fixture
+def blocks_kept(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("BASE_KQUANT_BLOCKS", "1")
+    yield
+
+
+def test_the_k_quant_matrices_become_block_layers(files, blocks_kept) -> None:
+    model = load_model(files[0], KERNELS).model
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    assert type(model.embed_tokens) is KQuantEmbedding and model.embed_tokens.kind == "q4_k"
+    kinds = {name: getattr(attn, name).kind for name in ("q_proj", "k_proj", "o_proj")}
+    assert kinds == {"q_proj": "q4_k", "k_proj": "q5_k", "o_proj": "q6_k"}
+    assert [getattr(mlp, n).kind for n in ("gate_proj", "up_proj", "down_proj")] == ["q4_k", "q5_k", "q6_k"]
+    assert type(attn.v_proj) is not KQuantLinear  # Q3_K: an affine triplet, as without blocks
+    assert type(model.lm_head) is not KQuantLinear  # Q2_K: re-quantized, as without blocks
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "integer"])
+def test_logits_match_the_values_run_in_float32(files, blocks_kept, kernels, exact: bool) -> None:
+    """Q3_K and Q2_K are the same (affine triplets) in both; the rest are blocks against their
+    values. The exact path agrees to float32 rounding; the integer path to its activation codes."""
+    before = kernels.exact_setting()
+    kernels.set_exact(exact)
+    try:
+        kept = prefill_logits(load_model(files[0], KERNELS).model, IDS)
+    finally:
+        kernels.set_exact(before)
+    expected = prefill_logits(load_model(files[1], FLOAT).model, IDS)
+    assert np.abs(kept - expected).max() <= (1e-5 if exact else 1e-3) * np.abs(expected).max()
+
+
+def test_without_the_setting_the_file_loads_as_before(files, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BASE_KQUANT_BLOCKS", raising=False)
+    model = load_model(files[0], KERNELS).model
+    assert not any(isinstance(m, (KQuantLinear, KQuantEmbedding)) for _, m in model.named_modules())
+    # Its Q6_K matrices are re-quantized to 8 bits then: the logits move by more than the blocks' integer path does.
+    expected = prefill_logits(load_model(files[1], FLOAT).model, IDS)
+    assert np.abs(prefill_logits(model, IDS) - expected).max() > 1e-3 * np.abs(expected).max()

@@ -406,7 +406,7 @@ class GGUFCheckpoint:
     def mx_weights(self, keep_blocks: bool = False) -> dict[str, mx.array]:
         """Every tensor as MLX arrays under HF names (quantized ones as `.weight`/`.scales`/`.biases`,
         Q4_K/Q5_K/Q6_K matrices with `keep_blocks` as their blocks, `x.q4_k` ...: the model decides
-        whether it runs them so or converts them, `blocks_as_triplets`).
+        whether it runs them so or the loader converts them, `gguf_kquants.blocks_as_triplets`).
 
         gpt-oss experts stored as MXFP4 come back as the HF checkpoint's `_blocks`/`_scales`, so the
         model runs them as MXFP4 (a `.base` file, which has no MXFP4 dtype, gets `records`' floats).

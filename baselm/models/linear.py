@@ -141,11 +141,10 @@ def use_kquant_layers(model: nn.Module, weights: dict[str, mx.array], runs_block
     blocks `x.weight`, the new layer's parameter, so loading `weights` fills it. Only the CPU
     kernels, unsharded, run blocks (`runs_blocks`); others get them converted by the loader."""
     modules = dict(model.named_modules())
-    names = [n for n in weights if kquant_blocks.split_name(n)]
-    if names and not runs_blocks:
-        raise ModelConfigError(f"{names[0]}: K-quant blocks run on the CPU kernels only, unsharded")
-    for name in names:
-        prefix, block_type = kquant_blocks.split_name(name)
+    kept = [(name, split) for name in weights if (split := kquant_blocks.split_name(name))]
+    if kept and not runs_blocks:
+        raise ModelConfigError(f"{kept[0][0]}: K-quant blocks run on the CPU kernels only, unsharded")
+    for name, (prefix, block_type) in kept:
         module, blocks = modules.get(prefix), weights.pop(name)
         if type(module) not in (nn.Linear, nn.Embedding):
             raise ModelConfigError(f"{name}: K-quant blocks for {prefix}, which is not a linear layer or an embedding")

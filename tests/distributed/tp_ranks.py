@@ -181,7 +181,12 @@ def rank_dies(folder: str) -> dict:
     client = server.openai()
     messages = [{"role": "user", "content": "Hello!"}]
     seen: dict = {
-        "before": client.chat.completions.create(model="tiny", messages=messages, max_tokens=4).choices[0].finish_reason
+        # ignore_eos: the request samples at the model's defaults, and a sampled end token would stop it early.
+        "before": client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=4, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .finish_reason
     }
     stream = client.chat.completions.create(
         model="tiny", messages=messages, max_tokens=400, stream=True, extra_body={"ignore_eos": True}

@@ -2,8 +2,9 @@
 // by qdot_impl.h inside its AVX2 section: a super-block is a run of 8 blocks, its 8 (s, c) pairs
 // widened once into registers, each block decoded in registers into two vectors of 16-bit codes
 // (natural order) that meet the 16-bit activation codes in multiply-adds as the affine blocks do.
-// Q6_K's codes carry their 8-bit scale (mullo), so every block is one integer sum and one FMA; its
-// blocks are decoded a super-block at a time into a small buffer (q6k_decode).
+// For a batch of rows, Q6_K's codes carry their 8-bit scale (mullo), so every block is one integer
+// sum and one FMA, and its blocks are decoded a super-block at a time into a small buffer
+// (q6k_decode); a row alone (one decode stream) takes them in registers (q6k_row_alone).
 
 template <int TYPE>
 inline WeightBlock<int16_t> kquant_block(const uint8_t* sb, int j) {
@@ -69,9 +70,86 @@ inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
   }
 }
 
+// A Q6_K weight row against one activation row alone, its blocks decoded in registers: each
+// 128 values' 64 bytes of low nibbles and 32 of high bit pairs give 4 blocks of centred codes as
+// bytes (32 values an operation), widened once and taken in one dpwssd (AVX-512) or two maddwd
+// (AVX2). The 16-value scales stay out of the integer sums and go into the float ones: the lanes
+// of the first 16 values' pairs times d sc[2j] dx_j, the second's times d sc[2j + 1] dx_j (a batch
+// of rows takes q6k_decode's scaled codes instead, decoded once for all its rows).
+inline __m256 q6k_row_alone(const QdotArgs& a, int n, int m0) {
+  constexpr int kBytes = kquant_block_bytes(kQ6K);
+  constexpr int64_t ahead = 2048;
+  const int blocks = a.K / B;
+  const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
+  const int16_t* xq = static_cast<const int16_t*>(a.x.q) + static_cast<int64_t>(m0) * a.K;
+  const float* d = a.x.d + static_cast<int64_t>(m0) * blocks;
+  const __m256i low4 = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32);
+#if defined(__AVX512VNNI__)
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+#else
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  alignas(32) float scale[16];
+#endif
+  for (int b = 0; b < blocks; b += 8) {
+    const uint8_t* sb = row + (b / 8) * kBytes;
+    for (int line = 0; line < kBytes; line += 64) __builtin_prefetch(sb + ahead + line, 0, 3);
+    const int16_t* x = xq + b * B;
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 192));
+    const __m256 dx = _mm256_mul_ps(_mm256_loadu_ps(d + b), _mm256_set1_ps(half_at(sb + 208)));
+#if defined(__AVX512VNNI__)
+    const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512 scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)),
+                                        _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(dx)));
+#else
+    _mm256_store_ps(scale, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)),
+                                         _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3))));
+    _mm256_store_ps(scale + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))),
+                                             _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7))));
+#endif
+    for (int g = 0; g < 2; ++g) {
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * g));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * g + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 128 + 32 * g));
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),
+          _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                          _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45))};
+      for (int i = 0; i < 4; ++i) {
+        const int j = 4 * g + i;
+        const __m256i centred = _mm256_sub_epi8(q[i], offset);  // -32..31
+#if defined(__AVX512VNNI__)
+        const __m512i dot =
+            _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(centred), _mm512_loadu_si512(x + j * B));
+        const __m512i halves = _mm512_add_epi32(_mm512_set1_epi32(2 * j),
+                                                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+        acc[j % 4] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(halves, scales), acc[j % 4]);
+#else
+        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j * B));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j * B + 16));
+        const __m256i p0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(centred)), x0);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(centred, 1)), x1);
+        acc[j % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(scale[2 * j]), acc[j % 2]);
+        acc[2 + j % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(scale[2 * j + 1]), acc[2 + j % 2]);
+#endif
+      }
+    }
+  }
+#if defined(__AVX512VNNI__)
+  const __m512 total = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+  return _mm256_add_ps(_mm512_castps512_ps256(total), _mm512_extractf32x8_ps(total, 1));
+#else
+  return _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+#endif
+}
 // weight_row_lanes for a row of K-quant blocks (activation group sums over blocks of 32).
 template <int TYPE, int MR, int ACCS>
 inline void kquant_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
+  if constexpr (TYPE == kQ6K && MR == 1 && ACCS == 4) {  // a row alone (a batch's rows sum as one another)
+    lanes[0] = q6k_row_alone(a, n, m0);
+    return;
+  }
   constexpr int kBytes = kquant_block_bytes(TYPE);
   constexpr int64_t ahead = 2048;
   const int blocks = a.K / B;

@@ -25,26 +25,32 @@ inline WeightBlock<int16_t> kquant_block(const uint8_t* sb, int j) {
   return WeightBlock<int16_t>{lo, hi};
 }
 
-// A Q6_K super-block's 8 blocks as 16-bit codes times their 16-value scales, into w (256 values).
-// Each 128 values share 64 bytes of low nibbles and 32 of high bit pairs: decoded together as bytes
-// (32 values an operation), less 32 as bytes, then widened and scaled.
-inline void q6k_decode(const uint8_t* sb, int16_t* w) {
+// Blocks 4g..4g + 3 of a Q6_K super-block as centred codes (-32..31), a block's 32 bytes a vector.
+// Each 128 values share 64 bytes of low nibbles and 32 of high bit pairs: block 4g + i takes the
+// low nibbles of l0, l1, then the high nibbles, with bit pair i of h as bits 4-5.
+inline void q6k_centred(const uint8_t* sb, int g, __m256i* q) {
   const __m256i low4 = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32);
+  const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * g));
+  const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * g + 32));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 128 + 32 * g));
+  q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45));
+  q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45));
+  q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, bits45));
+  q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                         _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45));
+  for (int i = 0; i < 4; ++i) q[i] = _mm256_sub_epi8(q[i], offset);
+}
+
+// A Q6_K super-block's 8 blocks as 16-bit codes times their 16-value scales, into w (256 values):
+// decoded as bytes (32 values an operation, q6k_centred), then widened and scaled.
+inline void q6k_decode(const uint8_t* sb, int16_t* w) {
   const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192);
   for (int g = 0; g < 2; ++g) {
-    const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * g));
-    const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * g + 32));
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 128 + 32 * g));
-    // Block 4g + i: low nibbles of l0, l1, then high nibbles; bit pair i of h as bits 4-5.
-    const __m256i q[4] = {
-        _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),
-        _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45)),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, bits45)),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                        _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45))};
+    __m256i q[4];
+    q6k_centred(sb, g, q);
     for (int i = 0; i < 4; ++i) {
       const int j = 4 * g + i;
-      const __m256i centred = _mm256_sub_epi8(q[i], offset);  // -32..31
+      const __m256i centred = q[i];
       const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(centred));
       const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(centred, 1));
       _mm256_store_si256(reinterpret_cast<__m256i*>(w + 32 * j), _mm256_mullo_epi16(lo, _mm256_set1_epi16(sc[2 * j])));
@@ -83,7 +89,6 @@ inline __m256 q6k_row_alone(const QdotArgs& a, int n, int m0) {
   const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
   const int16_t* xq = static_cast<const int16_t*>(a.x.q) + static_cast<int64_t>(m0) * a.K;
   const float* d = a.x.d + static_cast<int64_t>(m0) * blocks;
-  const __m256i low4 = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32);
 #if defined(__AVX512VNNI__)
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
 #else
@@ -107,18 +112,11 @@ inline __m256 q6k_row_alone(const QdotArgs& a, int n, int m0) {
                                              _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7))));
 #endif
     for (int g = 0; g < 2; ++g) {
-      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * g));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * g + 32));
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 128 + 32 * g));
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),
-          _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, bits45)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                          _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45))};
+      __m256i q[4];
+      q6k_centred(sb, g, q);
       for (int i = 0; i < 4; ++i) {
         const int j = 4 * g + i;
-        const __m256i centred = _mm256_sub_epi8(q[i], offset);  // -32..31
+        const __m256i centred = q[i];
 #if defined(__AVX512VNNI__)
         const __m512i dot =
             _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(centred), _mm512_loadu_si512(x + j * B));

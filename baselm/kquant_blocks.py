@@ -41,10 +41,11 @@ BY_SUFFIX = {t.suffix: t for t in BLOCK_TYPES}
 
 def kept_on_load() -> bool:
     """Whether `base run`/`serve` of a GGUF file keep its K-quant matrices as blocks on the CPU kernels
-    (`BASE_KQUANT_BLOCKS=1`). Off by default: they then take the bytes llama.cpp's do and lose nothing to
-    re-quantization, but with 16-bit activation codes a block costs more to decode than an affine one,
-    so 8 streams run slower (docs/cpu.md); without, Q4_K/Q5_K load as exact affine triplets, Q6_K at 8 bits."""
-    return os.environ.get("BASE_KQUANT_BLOCKS", "0") == "1"
+    (the default; `BASE_KQUANT_BLOCKS=0` turns it off). Kept, they take the bytes llama.cpp's do, load
+    with nothing converted and lose nothing to re-quantization; one stream and prefill run faster than on
+    the affine form, 8 streams about a tenth slower (docs/measurements.md). Off, Q4_K/Q5_K load as exact
+    affine triplets and Q6_K is re-quantized to 8 bits."""
+    return os.environ.get("BASE_KQUANT_BLOCKS", "1") != "0"
 
 
 def row_bytes(dtype: str, in_features: int) -> int:

@@ -366,6 +366,10 @@ class GGUFCheckpoint:
                 continue
             for out_name, part in put_back(record, where):
                 yield out_name, info.type_name, part
+            # The consumer has taken the record (a view of the mapping is copied into MLX arrays as
+            # it is read, which maps its pages back in): they can go again, so that a load holds the
+            # file's bytes once, not twice.
+            self.file.release(info)
         if fused_parts:
             raise ModelFileError(f"{self.file.path.name}: {next(iter(fused_parts))} lacks its gate or up experts")
         for error in self.requant_errors.values():

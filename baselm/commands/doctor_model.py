@@ -59,6 +59,7 @@ def _types(gguf_file: Any) -> list[dict[str, Any]]:
 
 def gguf_type_action(type_name: str) -> str:
     """What a pull does with tensors of one GGUF type, in a few words."""
+    from baselm.kquant_blocks import BY_GGUF_TYPE as KEPT_AT_RUN
     from baselm.store.gguf_kquants import K_SCHEMES, is_exact
     from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, READABLE
 
@@ -72,6 +73,8 @@ def gguf_type_action(type_name: str) -> str:
         bits = K_SCHEMES[type_name][0]
         if is_exact(type_name):
             return f"kept exactly (base_q{bits})"
+        if type_name in KEPT_AT_RUN:
+            return f"re-quantized to base_q{bits} by a pull; base run keeps its blocks on the CPU kernels"
         return f"re-quantized to base_q{bits}: no .base dtype holds its blocks exactly"
     if type_name not in READABLE:
         return "refused: base cannot read this type (convert the model to a type it reads)"

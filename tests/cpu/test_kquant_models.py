@@ -1,7 +1,7 @@
-"""A K-quant GGUF run with its Q4_K/Q5_K/Q6_K matrices kept as blocks (BASE_KQUANT_BLOCKS=1) on the
-CPU kernels: the layers it gets, and its logits against the same file's values run in float32
-(the gguf package's decode), on the exact and the integer paths; Q3_K and Q2_K tensors of the same
-model load as before (affine triplets), so one model mixes both kinds."""
+"""A K-quant GGUF run with its Q4_K/Q5_K/Q6_K matrices kept as blocks (the default;
+BASE_KQUANT_BLOCKS=0 turns it off) on the CPU kernels: the layers it gets, and its logits against the
+same file's values run in float32 (the gguf package's decode), on the exact and the integer paths;
+Q3_K and Q2_K tensors of the same model load as before (affine triplets), so one model mixes both kinds."""
 
 from __future__ import annotations
 
@@ -69,8 +69,14 @@ def test_logits_match_the_values_run_in_float32(files, blocks_kept, kernels, exa
     assert np.abs(kept - expected).max() <= (1e-5 if exact else 1e-3) * np.abs(expected).max()
 
 
-def test_without_the_setting_the_file_loads_as_before(files, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocks_are_the_default(files, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BASE_KQUANT_BLOCKS", raising=False)
+    model = load_model(files[0], KERNELS).model
+    assert any(isinstance(m, KQuantLinear) for _, m in model.named_modules())
+
+
+def test_turned_off_the_file_loads_in_the_affine_form(files, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BASE_KQUANT_BLOCKS", "0")
     model = load_model(files[0], KERNELS).model
     assert not any(isinstance(m, (KQuantLinear, KQuantEmbedding)) for _, m in model.named_modules())
     # Its Q6_K matrices are re-quantized to 8 bits then: the logits move by more than the blocks' integer path does.

@@ -1,9 +1,10 @@
 """The real Gemma 3 270M Q4_K_M GGUF against transformers' greedy reference (tests/fixtures).
 
 transformers ran the file's weights exactly dequantized, in float32
-(tests/tools/make_gemma_reference.py). base keeps the file's Q4_K, Q5_0 and Q8_0 blocks as they
-are and requantizes its nine Q6_K tensors to 8 bits (they have no exact `.base` form yet), so a
-step whose top-2 margin is small may flip: the tokens must match up to the first step whose
+(tests/tools/make_gemma_reference.py). base keeps the file's blocks as they are (Q4_K and Q6_K on
+the CPU kernels as blocks, Q5_0 and Q8_0 as exact affine triplets; a pulled copy requantizes the nine
+Q6_K tensors to 8 bits) and sums in another order than transformers, so a step whose top-2 margin
+is small may flip: the tokens must match up to the first step whose
 reference margin is under 0.05, and the first step's log-probabilities within 0.05.
 """
 

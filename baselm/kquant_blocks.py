@@ -39,13 +39,16 @@ BY_DTYPE = {t.dtype: t for t in BLOCK_TYPES}
 BY_SUFFIX = {t.suffix: t for t in BLOCK_TYPES}
 
 
-def kept_on_load() -> bool:
-    """Whether `base run`/`serve` of a GGUF file keep its K-quant matrices as blocks on the CPU kernels
-    (the default; `BASE_KQUANT_BLOCKS=0` turns it off). Kept, they take the bytes llama.cpp's do, load
-    with nothing converted and lose nothing to re-quantization; one stream and prefill run faster than on
-    the affine form, 8 streams about a tenth slower (docs/measurements.md). Off, Q4_K/Q5_K load as exact
-    affine triplets and Q6_K is re-quantized to 8 bits."""
-    return os.environ.get("BASE_KQUANT_BLOCKS", "1") != "0"
+def kept_on_load(isa: str) -> bool:
+    """Whether `base run`/`serve` of a GGUF file keep its K-quant matrices as blocks on CPU kernels of
+    instruction set `isa`: by default where they have SIMD loops for them (avx2, avx512), and as
+    `BASE_KQUANT_BLOCKS=1`/`=0` says. Kept, they take the bytes llama.cpp's do, load with nothing
+    converted and lose nothing to re-quantization; one stream and prefill run faster than on the affine
+    form, 8 streams about a tenth slower (docs/measurements.md), and the generic build's plain loops over
+    them a third of the affine form's speed. Off, Q4_K/Q5_K load as exact affine triplets and Q6_K is
+    re-quantized to 8 bits."""
+    setting = os.environ.get("BASE_KQUANT_BLOCKS")
+    return setting != "0" if setting in ("0", "1") else isa != "generic"
 
 
 def row_bytes(dtype: str, in_features: int) -> int:

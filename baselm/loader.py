@@ -92,6 +92,15 @@ def model_from_checkpoint(
     return model
 
 
+def _keeps_kquant_blocks(backend: Backend) -> bool:
+    """Whether a GGUF file's K-quant matrices stay blocks on this backend (`kquant_blocks.kept_on_load`)."""
+    if not backend.cpu_kernels:
+        return False
+    from baselm import cpu
+
+    return kquant_blocks.kept_on_load(cpu.kernels.isa())
+
+
 def _load_gguf(
     path: Path, backend: Backend, shard: Any = None, adapters: Sequence[Adapter] = ()
 ) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
@@ -103,7 +112,7 @@ def _load_gguf(
     tokenizer = Tokenizer.from_gguf_metadata(checkpoint.metadata)
     checkpoint.release_metadata()
     release_freed_memory()
-    weights = checkpoint.mx_weights(keep_blocks=backend.cpu_kernels and kquant_blocks.kept_on_load())
+    weights = checkpoint.mx_weights(keep_blocks=_keeps_kquant_blocks(backend))
     model = model_from_checkpoint(checkpoint.config, weights, backend, shard=shard, adapters=adapters)
     return model, tokenizer, checkpoint.config
 

@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from baselm import cpu
 from baselm.backend import Backend
 from baselm.loader import load_model
 from baselm.models.linear import KQuantEmbedding, KQuantLinear
@@ -69,10 +70,25 @@ def test_logits_match_the_values_run_in_float32(files, blocks_kept, kernels, exa
     assert np.abs(kept - expected).max() <= (1e-5 if exact else 1e-3) * np.abs(expected).max()
 
 
-def test_blocks_are_the_default(files, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocks_are_the_default_where_the_kernels_have_simd_loops_for_them(
+    files, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """avx2/avx512 keep them; the generic build's plain loops (a third of the affine form's speed on
+    a 1.5B file) get the affine form unless BASE_KQUANT_BLOCKS=1 asks."""
     monkeypatch.delenv("BASE_KQUANT_BLOCKS", raising=False)
-    model = load_model(files[0], KERNELS).model
-    assert any(isinstance(m, KQuantLinear) for _, m in model.named_modules())
+    isas = cpu.kernels.supported_isas()
+    before = cpu.kernels.isa()
+    try:
+        for isa in isas:
+            cpu.kernels.set_isa(isa)
+            model = load_model(files[0], KERNELS).model
+            kept = any(isinstance(m, KQuantLinear) for _, m in model.named_modules())
+            assert kept == (isa != "generic"), isa
+        cpu.kernels.set_isa("generic")
+        monkeypatch.setenv("BASE_KQUANT_BLOCKS", "1")
+        assert any(isinstance(m, KQuantLinear) for _, m in load_model(files[0], KERNELS).model.named_modules())
+    finally:
+        cpu.kernels.set_isa(before)
 
 
 def test_turned_off_the_file_loads_in_the_affine_form(files, monkeypatch: pytest.MonkeyPatch) -> None:

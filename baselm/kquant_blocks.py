@@ -48,7 +48,7 @@ def kept_on_load(isa: str) -> bool:
     them a third of the affine form's speed. Off, Q4_K/Q5_K load as exact affine triplets and Q6_K is
     re-quantized to 8 bits."""
     setting = os.environ.get("BASE_KQUANT_BLOCKS")
-    return setting != "0" if setting in ("0", "1") else isa != "generic"
+    return setting == "1" if setting in ("0", "1") else isa != "generic"
 
 
 def row_bytes(dtype: str, in_features: int) -> int:

@@ -66,7 +66,8 @@ def model_from_checkpoint(
     first. GGUF's `rope_freqs` tensor (llama 3 scaling as per-frequency divisors, also kept by `.base`
     files converted from GGUF) has no HF name: it goes to the model's RoPE, not among its weights."""
     factors = weights.pop(ROPE_FREQS, None)
-    if any(kquant_blocks.split_name(name) for name in weights) and (adapters or shard or not backend.cpu_kernels):
+    has_blocks = any(kquant_blocks.split_name(name) for name in weights)  # a GGUF's or a version-2 `.base`'s
+    if has_blocks and (adapters or shard or not _keeps_kquant_blocks(backend)):
         from baselm.store.gguf_kquants import blocks_as_triplets  # deltas and slices take affine triplets
 
         blocks_as_triplets(weights)

@@ -1,11 +1,13 @@
 """The GGUF converter: a `.gguf` file read as a `SourceModel`.
 
-With no `quant` asked for, the file keeps its own quantization: F32/F16/BF16, the legacy
-Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks and the Q3_K/Q4_K/Q5_K K-quants exactly (see `gguf_quants.py`
-and `gguf_kquants.py`); Q2_K and Q6_K, which no affine group of 32 holds, are re-quantized on a
-finer grid and the measured error is logged. With a `quant`, blocks bound for at least as many
-bits in groups of the same size are widened exactly and the rest quantized anew; each
-re-quantization logs one line saying that it compounds error.
+With no `quant` asked for, the file keeps its own quantization: F32/F16/BF16 and the legacy
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks as exact affine records (`gguf_quants.py`), Q4_K/Q5_K/Q6_K
+matrices as their own blocks byte for byte (the `.base` block dtypes, a version-2 file, which the
+CPU kernels run as they are: `baselm/kquant_blocks.py`), Q3_K as its exact affine form; Q2_K alone,
+which no affine group of 32 holds and no kernel reads, is re-quantized on a finer grid and the
+measured error logged (`gguf_kquants.py`). With a `quant`, blocks bound for at least as many bits in
+groups of the same size are widened exactly and the rest quantized anew; each re-quantization logs
+one line saying that it compounds error.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_n
     checkpoint = gguf.GGUFCheckpoint.open(path)
     gguf_file, config = checkpoint.file, checkpoint.config
     tokenizer = gguf_tokenizer(gguf_file.metadata)
-    # Asked for a quant, Q2_K/Q6_K tensors are quantized once, from the GGUF's own values.
-    records = checkpoint.records(inexact_as_float=quant is not None)
+    # Kept as it is, a Q4_K/Q5_K/Q6_K matrix is stored as its blocks (a version-2 `.base`); asked for a
+    # quant, Q2_K/Q6_K tensors are quantized once, from the GGUF's own values.
+    records = checkpoint.records(inexact_as_float=quant is not None, keep_blocks=quant is None)
     body = gguf_body_type(gguf_file)
     arch = config["model_type"]
     if quant is None:
@@ -85,10 +88,10 @@ def _about(gguf_file: gguf.GGUFFile) -> dict[str, str]:
 def _noting_requantized(
     records: Iterator[tuple[str, str, Any]], not_exact: dict[str, str]
 ) -> Iterator[tuple[str, Any]]:
-    """The records as they are, those whose GGUF type has no exact `.base` form (Q2_K, Q6_K:
-    `GGUFFile.read` re-quantized them) noted in `not_exact` on the way."""
+    """The records as they are, those of a GGUF type that has no exact `.base` form and came as no
+    blocks (Q2_K: `GGUFFile.read` re-quantized it) noted in `not_exact` on the way."""
     for name, type_name, record in records:
-        if type_name in K_SCHEMES and not is_exact(type_name):
+        if type_name in K_SCHEMES and not is_exact(type_name) and record.kquant is None:
             not_exact[name] = "requantized"
         yield name, record
 

@@ -1,5 +1,10 @@
-"""GGUF K-quants as `.base` records: exact where an affine group of 32 can hold them, else
+"""GGUF K-quants as affine `.base` records: exact where an affine group of 32 can hold them, else
 re-quantized with the error measured.
+
+This is the form for the paths that run no K-quant kernel (a GPU, a sharded or adapted model, the
+generic CPU build) and for a pull asked for a quant. `base pull` of a K-quant file stores its
+Q4_K/Q5_K/Q6_K matrices as their blocks instead (the `.base` block dtypes, baselm/kquant_blocks.py),
+and `blocks_as_triplets` turns them into these records when such a path loads them.
 
 A K-quant super-block holds 256 values of a row. What each type stores, and what it becomes:
 
@@ -88,7 +93,7 @@ class RequantError:
 
     def describe(self) -> str:
         return (
-            f"{len(self.tensors)} {self.type_name} tensor(s) have no exact .base form and were requantized to "
+            f"{len(self.tensors)} {self.type_name} tensor(s) have no exact affine form and were requantized to "
             f"q{self.bits} (groups of {GROUP_SIZE}): RMS error {100 * self.relative_rms:.3f}% of the weights' RMS, "
             f"largest error {self.max_error:.3g}"
         )

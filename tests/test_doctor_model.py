@@ -51,6 +51,8 @@ def test_types_base_requantizes_or_cannot_read_and_a_refused_tokenizer_are_named
     report = json.loads(doctor(str(path), "--json", home=tmp_path).stdout)["model"]
     actions = {row["type"]: row["action"] for row in report["tensors"]}
     assert actions["Q6_K"] == gguf_type_action("Q6_K") and actions["IQ4_NL"].startswith("refused")
+    assert actions["Q6_K"].startswith("kept as its blocks (gguf_q6_k)") and "re-quantized on other" in actions["Q6_K"]
+    assert gguf_type_action("Q2_K").startswith("re-quantized to base_q4")
     assert report["tokenizer"]["status"].startswith("refused: ")
     assert "IQ4_NL" in report["refused"]  # the file as a whole: the type base cannot read
     text = doctor(str(path), home=tmp_path).stdout

@@ -71,10 +71,14 @@ def gguf_type_action(type_name: str) -> str:
         return f"kept exactly (base_q{EXACT_TYPES[type_name].bits})"
     if type_name in K_SCHEMES:
         bits = K_SCHEMES[type_name][0]
+        if type_name in KEPT_AT_RUN:
+            elsewhere = "exactly" if is_exact(type_name) else "re-quantized"
+            return (
+                f"kept as its blocks ({KEPT_AT_RUN[type_name].dtype}), which the CPU kernels run; "
+                f"base_q{bits} {elsewhere} on other backends"
+            )
         if is_exact(type_name):
             return f"kept exactly (base_q{bits})"
-        if type_name in KEPT_AT_RUN:
-            return f"re-quantized to base_q{bits} by a pull; base run keeps its blocks on the CPU kernels"
         return f"re-quantized to base_q{bits}: no .base dtype holds its blocks exactly"
     if type_name not in READABLE:
         return "refused: base cannot read this type (convert the model to a type it reads)"

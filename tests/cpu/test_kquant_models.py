@@ -98,3 +98,17 @@ def test_turned_off_the_file_loads_in_the_affine_form(files, monkeypatch: pytest
     # Its Q6_K matrices are re-quantized to 8 bits then: the logits move by more than the blocks' integer path does.
     expected = prefill_logits(load_model(files[1], FLOAT).model, IDS)
     assert np.abs(prefill_logits(model, IDS) - expected).max() > 1e-3 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("setting", ["1", "0"], ids=["blocks", "affine"])
+def test_a_pulled_base_file_runs_as_the_gguf_does(files, tmp_path: Path, monkeypatch, setting: str) -> None:
+    """`base pull` keeps the blocks in the `.base` file: loaded, it gets the layers and the logits the
+    GGUF file gets, with blocks kept and with them turned off (converted at load in both cases)."""
+    from baselm.store.convert import convert
+
+    convert(files[0], tmp_path / "k.base", None, None, "default")
+    monkeypatch.setenv("BASE_KQUANT_BLOCKS", setting)
+    direct, pulled = (load_model(path, KERNELS).model for path in (files[0], tmp_path / "k.base"))
+    kinds = [[type(m).__name__ for _, m in model.named_modules()] for model in (direct, pulled)]
+    assert kinds[0] == kinds[1] and ("KQuantLinear" in kinds[0]) == (setting == "1")
+    assert np.array_equal(prefill_logits(direct, IDS), prefill_logits(pulled, IDS))

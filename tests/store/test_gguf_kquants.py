@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from baselm.backend import Backend
 from baselm.loader import load_model
 from baselm.store import gguf as gguf_store
 from baselm.store import gguf_kquants
-from baselm.store.base_reader import read_base_file
+from baselm.store.base_reader import BaseFile, read_base_file
 from baselm.store.convert import convert
 from baselm.store.gguf_kquants import K_SCHEMES, RequantError
 from tests.forward import prefill_logits
@@ -130,19 +131,34 @@ def k_quant_llama(path: Path, types: dict[str, str] | None = None) -> Path:
 
 
 def test_running_and_pulling_a_k_quant_gguf_give_the_same_logits(tmp_path: Path, caplog) -> None:
+    """Pulled with its own quantization, the file's Q4_K/Q5_K/Q6_K matrices are stored as their blocks
+    byte for byte (a version-2 `.base`), Q3_K as its exact affine form, and only Q2_K re-quantized:
+    this backend runs no K-quant kernel, so both loads convert the blocks the same way."""
     path = k_quant_llama(tmp_path / "llama.gguf")
     ids = np.arange(3, 19)
     with caplog.at_level(logging.WARNING, logger="baselm.store.gguf"):
         direct = prefill_logits(load_model(path, CPU).model, ids)
+        caplog.clear()
         convert(path, tmp_path / "llama.base", None, None, "default")
+    notes = [m for m in caplog.messages if "requantized" in m]  # the pull's: Q2_K alone
+    assert len(notes) == 1 and notes[0].startswith("llama.gguf: 1 Q2_K tensor(s) have no exact affine form")
     pulled = prefill_logits(load_model(tmp_path / "llama.base", CPU).model, ids)
-    assert np.array_equal(direct, pulled)
+    assert np.array_equal(direct, pulled) and np.isfinite(direct).all()
     _, tensors = read_base_file(tmp_path / "llama.base", verify=True)
-    widths = {name: K_SCHEMES[kind][0] for name, (_, kind) in K_TENSORS.items()}
-    assert tensors["model.layers.0.self_attn.v_proj.weight"].bits == widths["blk.0.attn_v"] == 8
-    assert tensors["model.embed_tokens.weight"].bits == 4 and tensors["lm_head.weight"].bits == 4
-    assert np.isfinite(direct).all()
-    assert any("Q2_K tensor(s) have no exact .base form and were requantized to q4" in m for m in caplog.messages)
+    assert BaseFile.open(tmp_path / "llama.base").version == 2
+    raw = {t.name: np.array(t.data) for t in gguf.GGUFReader(str(path)).tensors}
+    kept = {"model.embed_tokens": "token_embd", "model.layers.0.self_attn.q_proj": "blk.0.attn_q"}
+    kept |= {"model.layers.0.self_attn.k_proj": "blk.0.attn_k", "model.layers.0.self_attn.o_proj": "blk.0.attn_output"}
+    kept |= {"model.layers.0.mlp.up_proj": "blk.0.ffn_up", "model.layers.0.mlp.down_proj": "blk.0.ffn_down"}
+    for hf_name, stem in kept.items():
+        stored, (rows, kind) = tensors[f"{hf_name}.weight"], K_TENSORS[stem]
+        assert stored.dtype == f"gguf_{kind.lower()}", hf_name
+        got, want = np.array(stored.data).reshape(rows, -1), raw[f"{stem}.weight"].reshape(rows, -1)
+        if stem in ("blk.0.attn_q", "blk.0.attn_k"):  # rows in HF's order: the converter permuted them for RoPE
+            got, want = np.unique(got, axis=0), np.unique(want, axis=0)
+        assert np.array_equal(got, want), hf_name
+    assert tensors["model.layers.0.self_attn.v_proj.weight"].bits == K_SCHEMES["Q3_K"][0] == 8  # exact affine
+    assert tensors["lm_head.weight"].bits == 4  # Q2_K, re-quantized
 
 
 def test_tensors_converted_on_threads_merge_their_errors_in_file_order(

@@ -93,6 +93,30 @@ def test_affine_q4_rows_and_bias(kernels, rows: int) -> None:
     _close(kernels.affine_linear(x, codes, scales, biases, 32, 4, bias), x @ dense.T + bias, x, dense)
 
 
+@pytest.mark.parametrize("rows", [33, 34, 38, 45, 100])
+@pytest.mark.parametrize("k", [7, 300, 608, 2080])
+def test_many_rows_run_as_a_gemm_over_panels(kernels, rows: int, k: int) -> None:
+    """From 33 activation rows the float32 product runs over panels of 16 decoded weight rows, K in
+    slices of 1,024: tiles of activation rows and their remainders, weight rows moved in by eights and
+    a short last panel (43 = 16 + 16 + 8 + 3 rows), K tails of the 8x8 transposes, with a bias."""
+    mx.random.seed(rows * 7 + k)
+    x, w, b = mx.random.normal((rows, k)), mx.random.normal((43, k)), mx.random.normal((43,))
+    _close(kernels.dense_linear(x, w, b), x @ w.T + b, x, w)
+    if k % 32 == 0:
+        codes, scales, biases = mx.quantize(w, 32, 4)
+        dense = _reference_weight(codes, scales, biases, 32, 4)
+        _close(kernels.affine_linear(x, codes, scales, biases, 32, 4, b), x @ dense.T + b, x, dense)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 5, 6, 8])
+def test_many_rows_of_every_width(kernels, bits: int) -> None:
+    mx.random.seed(bits)
+    x, w = mx.random.normal((41, 640)), mx.random.normal((50, 640))
+    codes, scales, biases = mx.quantize(w, 64, bits)
+    dense = _reference_weight(codes, scales, biases, 64, bits)
+    _close(kernels.affine_linear(x, codes, scales, biases, 64, bits), x @ dense.T, x, dense)
+
+
 def test_affine_takes_non_contiguous_activations(kernels) -> None:
     mx.random.seed(4)
     w = mx.random.normal((20, 64))

@@ -54,11 +54,18 @@ struct AffineArgs {
 
 // Rows of weights decoded per block of the affine kernel (the scratch holds this many rows of K).
 constexpr int kAffineBlockRows = 4;
-constexpr int kAffineScratchRows = kAffineBlockRows + 2;  // + the block's scales and biases as float32
+// Activation rows from which the float32 kernels run as a GEMM over panels of decoded weight rows
+// (gemm_impl.h): one past the integer path's rows (linear.cpp's kQdotMaxRows), so that up to there
+// a row's result is the same in any batch on either path.
+constexpr int kGemmMinRows = 33;
+// Scratch rows of K floats per thread: the few-row block's rows and their scales and biases as
+// float32, or a GEMM panel of 16 rows and 8 decoded rows.
+constexpr int kAffineScratchRows = 24;
 
 struct LinearKernels {
   const char* isa;
-  void (*dense)(const DenseArgs&, int n0, int n1);
+  // scratch: kAffineScratchRows * K floats, owned by the calling thread.
+  void (*dense)(const DenseArgs&, int n0, int n1, float* scratch);
   // Floats affine_prepare writes for these args: 0 when the fused path does not apply.
   int64_t (*affine_prepared_size)(const AffineArgs&);
   void (*affine_prepare)(const AffineArgs&, float* xp);

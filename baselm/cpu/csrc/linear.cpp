@@ -57,6 +57,7 @@ const QdotKernels& qdot_kernels() {
 // instruction than integer blocks that each need their own float scale (SmolLM2's 512-token
 // windows: 32 s exact against 124 s on 16-bit activations).
 constexpr int kQdotMaxRows = 32;
+static_assert(kGemmMinRows == kQdotMaxRows + 1, "the float32 GEMM starts where the integer path ends");
 
 // Which activations quantized weights meet: kExactAuto takes integer ones on every instruction
 // set (`generic`'s integer loops are plain C++ the compiler vectorizes: SSE2 on x86-64, NEON on
@@ -366,8 +367,10 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
   if (w.bits == 0) {
     DenseArgs args{x, k, M, static_cast<const float*>(w.w), k, k, w.bias, y, n};
     const int chunk = dense_chunk_rows(n, bytes);
-    parallel_for((n + chunk - 1) / chunk, bytes,
-                 [&](int begin, int end, int) { kern.dense(args, begin * chunk, end * chunk < n ? end * chunk : n); });
+    parallel_for((n + chunk - 1) / chunk, bytes, [&](int begin, int end, int thread) {
+      float* scratch = M >= kGemmMinRows ? thread_scratch(thread, static_cast<size_t>(kAffineScratchRows) * k) : nullptr;
+      kern.dense(args, begin * chunk, end * chunk < n ? end * chunk : n, scratch);
+    });
     return;
   }
   const QdotKernels& q = qdot_kernels();

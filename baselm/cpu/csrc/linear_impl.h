@@ -120,7 +120,7 @@ inline void block(const float* const* w, int rows, int n, const float* x, int64_
   }
 }
 
-void dense(const DenseArgs& a, int n0, int n1) {
+void dense_few(const DenseArgs& a, int n0, int n1) {
   for (int n = n0; n < n1; n += NR) {
     int rows = min_int(NR, n1 - n);
     const float* w[NR];
@@ -276,6 +276,14 @@ void affine_decoded(const AffineArgs& a, int n0, int n1, float* scratch) {
   }
 }
 
+#include "gemm_impl.h"
+static_assert(kAffineScratchRows >= kPanelRows + 8, "the scratch holds a panel and 8 decoded rows");
+
+void dense(const DenseArgs& a, int n0, int n1, float* scratch) {
+  if (a.M >= kGemmMinRows) return dense_gemm(a, n0, n1, scratch);
+  dense_few(a, n0, n1);
+}
+
 #if defined(__AVX512BW__) || defined(__AVX2__)
 // The fused few-row path: codes are decoded into registers and multiplied straight away, no
 // scratch. Per group, sum_k x_k (s q_k + b) = s * sum_k x_k q_k + b * sum_k x_k, so the inner
@@ -422,6 +430,7 @@ void fused(const AffineArgs& a, int n0, int n1, float* scratch) {
 }
 
 void affine(const AffineArgs& a, int n0, int n1, float* scratch) {
+  if (a.M >= kGemmMinRows) return affine_gemm(a, n0, n1, scratch);
   if (a.xp == nullptr) return affine_decoded(a, n0, n1, scratch);
   if (a.bits == 4) return fused<4>(a, n0, n1, scratch);
   return fused<8>(a, n0, n1, scratch);
@@ -429,7 +438,10 @@ void affine(const AffineArgs& a, int n0, int n1, float* scratch) {
 #else
 int64_t affine_prepared_size(const AffineArgs&) { return 0; }
 void affine_prepare(const AffineArgs&, float*) {}
-void affine(const AffineArgs& a, int n0, int n1, float* scratch) { affine_decoded(a, n0, n1, scratch); }
+void affine(const AffineArgs& a, int n0, int n1, float* scratch) {
+  if (a.M >= kGemmMinRows) return affine_gemm(a, n0, n1, scratch);
+  affine_decoded(a, n0, n1, scratch);
+}
 #endif
 
 void kquant_rows(int type, const uint8_t* rows, int64_t ld, int R, int K, float* out) {

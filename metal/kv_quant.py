@@ -23,6 +23,7 @@ So |x - dequantized| <= scale / 2 plus the rounding of bias to the pool dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import mlx.core as mx
@@ -70,19 +71,29 @@ def kv_group_size(head_dim: int) -> int:
     raise ValueError(f"a quantized KV cache needs head_dim divisible by 16, got {head_dim}")
 
 
+Zeros = Callable[[tuple[int, ...], mx.Dtype], mx.array]
+
+
 def allocate_pool(
-    num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: mx.Dtype, kv_bits: int = 16
+    num_blocks: int,
+    block_size: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: mx.Dtype,
+    kv_bits: int = 16,
+    zeros: Zeros = mx.zeros,
 ) -> Pool:
-    """A zeroed K or V pool: a float array for kv_bits=16, else a QuantizedPool of `dtype` scales."""
+    """A zeroed K or V pool: a float array for kv_bits=16, else a QuantizedPool of `dtype` scales.
+    `zeros(shape, dtype)` makes each array (the CPU's lazily mapped zeros, say)."""
     if kv_bits not in KV_BITS:
         raise ValueError(f"kv_bits must be one of {KV_BITS}, got {kv_bits}")
     if kv_bits == 16:
-        return mx.zeros((num_blocks, block_size, kv_heads, head_dim), dtype=dtype)
+        return zeros((num_blocks, block_size, kv_heads, head_dim), dtype)
     group_size = kv_group_size(head_dim)
     lead = (num_blocks, block_size, kv_heads)
-    codes = mx.zeros((*lead, head_dim * kv_bits // 32), dtype=mx.uint32)
-    scales = mx.zeros((*lead, head_dim // group_size), dtype=dtype)
-    biases = mx.zeros((*lead, head_dim // group_size), dtype=dtype)
+    codes = zeros((*lead, head_dim * kv_bits // 32), mx.uint32)
+    scales = zeros((*lead, head_dim // group_size), dtype)
+    biases = zeros((*lead, head_dim // group_size), dtype)
     return QuantizedPool(codes, scales, biases, kv_bits, group_size)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import mlx.core as mx
 
+from baselm import cpu
 from baselm.metal import AttentionMetadata, KVWrite, Pool, allocate_pool
 from baselm.metal.kv_quant import kv_group_size
 from baselm.paged_attention import write_kv
@@ -28,6 +30,18 @@ def set_pool_rows(layer: LayerKV, kind: str, index: int, ids: mx.array, rows: mx
     parts = pool_arrays(pool)
     parts[index][ids] = rows
     setattr(layer, kind, pool._replace(**dict(zip(_QUANTIZED_PARTS, parts))))
+
+
+def _zeros_here() -> Callable[[tuple[int, ...], mx.Dtype], mx.array]:
+    """How pools are zeroed on this device: on the CPU with the kernels, as pages mapped on first
+    touch (a pool sized for a whole context then costs no start time and no memory until its
+    blocks are written); elsewhere `mx.zeros`."""
+    if mx.default_device() != mx.cpu or cpu.kernels is None:
+        return mx.zeros
+    return lambda shape, dtype: cpu.kernels.zeroed(list(shape), _DTYPE_NAMES[dtype])
+
+
+_DTYPE_NAMES = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16", mx.uint32: "uint32"}
 
 
 class KVShaped(Protocol):
@@ -53,8 +67,9 @@ class LayerKV:
     def __init__(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, kv_bits: int
     ):
-        self.keys = allocate_pool(num_blocks, block_size, num_kv_heads, head_dim, dtype, kv_bits)
-        self.values = allocate_pool(num_blocks, block_size, num_kv_heads, head_dim, dtype, kv_bits)
+        zeros = _zeros_here()
+        self.keys = allocate_pool(num_blocks, block_size, num_kv_heads, head_dim, dtype, kv_bits, zeros)
+        self.values = allocate_pool(num_blocks, block_size, num_kv_heads, head_dim, dtype, kv_bits, zeros)
 
     def write(self, keys: mx.array, values: mx.array, meta: AttentionMetadata) -> None:
         """Stores this step's rows, (num_tokens, kv_heads, head_dim), at `meta.slot_mapping`.

@@ -5,6 +5,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <mutex>
+#include <unordered_set>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -12,6 +14,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "attention.h"
 #include "pool_write.h"
@@ -222,13 +226,44 @@ mx::array paged_attention(const mx::array& q, const std::vector<mx::array>& keys
 // The KV write: rows (num_tokens, kv_heads, head_dim) into a float pool at slot_mapping. Like
 // MLX's scatter, the output takes over the pool's buffer when the graph holds the only
 // reference (LayerKV rebinds its pool to the result), so a step writes in place.
+// How many array handles share `a`'s description (graph inputs and Python handles alike). MLX
+// keeps the description private; an explicit instantiation may name a private member (the
+// standard waives access checks there), which is how its use count is read here.
+template <class Tag, auto Member>
+struct Expose {
+  friend auto member(Tag) { return Member; }
+};
+struct DescTag {
+  friend auto member(DescTag);
+};
+template struct Expose<DescTag, &mx::array::array_desc_>;
+
+long handles_on(const mx::array& a) { return (a.*member(DescTag{})).use_count(); }
+
+// Buffers zeroed() mapped; guarded by the mutex (pools are made on one thread, written on MLX's).
+std::mutex mapped_mutex;
+std::unordered_set<const void*> mapped_buffers;
+
+bool is_mapped(const mx::array& a) {
+  std::lock_guard<std::mutex> lock(mapped_mutex);
+  return mapped_buffers.count(a.buffer().ptr()) != 0;
+}
+
+// Whether the write may take the pool's buffer: MLX's is_donatable(), or, for a mapped pool
+// (which is_donatable() refuses as not its allocator's), the same two conditions it checks
+// otherwise: this graph input is the pool's only handle and the buffer has no other array.
+bool can_take(const mx::array& pool) {
+  if (pool.is_donatable()) return true;
+  return handles_on(pool) == 1 && pool.data_shared_ptr().use_count() == 1 && is_mapped(pool);
+}
+
 class WritePool : public mx::UnaryPrimitive {
  public:
   explicit WritePool(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& pool = inputs[0];
-    if (pool.is_donatable() && pool.flags().row_contiguous) {
+    if (can_take(pool) && pool.flags().row_contiguous) {
       out.copy_shared_buffer(pool);
     } else {
       out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -274,6 +309,46 @@ mx::array write_pool(const mx::array& pool, const mx::array& rows, const mx::arr
                    {pool, rows, slots});
 }
 
+// An array of zeros in pages the kernel maps on first touch (an anonymous mapping), not written
+// here: a KV pool sized for a whole context costs no time at start and no memory until its
+// blocks are used (mx.zeros writes every byte: 4.6 s and all of it resident for a 1.8 GiB pool).
+// NOTE: MLX's CPU allocator keeps a buffer's size in the 8 bytes before its data, so the data
+// starts one page into the mapping and the size sits just before it.
+mx::array zeroed(const mx::Shape& shape, mx::Dtype dtype) {
+  size_t count = 1;
+  for (int d : shape) {
+    if (d < 0) throw std::invalid_argument("zeroed: a negative dimension");
+    count *= static_cast<size_t>(d);
+  }
+  const size_t nbytes = count * mx::size_of(dtype), page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t length = page + nbytes;
+  void* mapped = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mapped == MAP_FAILED) throw std::runtime_error("zeroed: could not map " + std::to_string(nbytes) + " bytes");
+  auto* header = reinterpret_cast<size_t*>(static_cast<char*>(mapped) + page) - 1;
+  *header = nbytes;
+  mx::allocator::Data data(mx::allocator::Buffer(header), [mapped, length](mx::allocator::Buffer buffer) {
+    {
+      std::lock_guard<std::mutex> lock(mapped_mutex);
+      mapped_buffers.erase(buffer.ptr());
+    }
+    munmap(mapped, length);
+  });
+  {
+    std::lock_guard<std::mutex> lock(mapped_mutex);
+    mapped_buffers.insert(header);
+  }
+  return mx::array(std::move(data), shape, dtype);
+}
+
+mx::Dtype dtype_named(const std::string& name) {
+  if (name == "float32") return mx::float32;
+  if (name == "float16") return mx::float16;
+  if (name == "bfloat16") return mx::bfloat16;
+  if (name == "uint32") return mx::uint32;
+  if (name == "uint8") return mx::uint8;
+  throw std::invalid_argument("zeroed: dtype must be float32, float16, bfloat16, uint32 or uint8, not " + name);
+}
+
 void check_step_indices(const AttentionArgs& args, int num_seqs, int64_t num_tokens, int64_t num_blocks) {
   const AttentionShape& a = args.shape;
   const int32_t* starts = args.query_starts;
@@ -317,6 +392,10 @@ void register_attention(nb::module_& m) {
         "Paged attention of flattened queries (num_tokens, heads, head_dim) float32 over paged K/V pools.");
   m.def("write_pool", &write_pool, nb::arg("pool"), nb::arg("rows"), nb::arg("slot_mapping"),
         "The pool with rows (num_tokens, kv_heads, head_dim) at the slots; in place when the pool is donated.");
+  m.def(
+      "zeroed", [](const std::vector<int>& shape, const std::string& dtype) { return zeroed(mx::Shape(shape.begin(), shape.end()), dtype_named(dtype)); },
+      nb::arg("shape"), nb::arg("dtype"),
+      "An array of zeros whose pages are mapped on first touch (no time or memory until written): for KV pools.");
   m.def("attention_isa", [] { return std::string(attention_kernels_for(active_isa()).isa); });
 }
 

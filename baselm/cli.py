@@ -431,6 +431,7 @@ def serve(
     num_speculative_tokens: int = opt.SERVE_NUM_SPECULATIVE_TOKENS,
     max_waiting: int = opt.MAX_WAITING,
     max_body: str = opt.MAX_BODY,
+    allow_image_urls: bool = opt.ALLOW_IMAGE_URLS,
     max_connections: int = opt.MAX_CONNECTIONS,
     read_timeout: float = opt.READ_TIMEOUT,
     shutdown_timeout: float = opt.SHUTDOWN_TIMEOUT,
@@ -465,6 +466,7 @@ def serve(
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
         _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format)
         _set_browser_access(server, cors_origins, allowed_hosts, webui)
+        server.allow_image_urls = allow_image_urls
         model_args = command.model_args(models, device, require_signature, dist, prefix_cache_file, adapter)
         pool = command.pool_args(models, keep_alive, max_loaded_models, parse_optional_size(memory_budget))
         args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist), pool)

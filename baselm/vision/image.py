@@ -78,6 +78,8 @@ def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), what: str = "
             return Image.of_pixels(np.asarray(_upright_rgb(picture)))
     except ImageError:
         raise
+    except (PILImage.DecompressionBombError, PILImage.DecompressionBombWarning):  # past Pillow's own limit
+        raise ImageError(f"{what} declares too many pixels; images are limited to {limits.max_pixels} pixels") from None
     except Exception as exc:  # noqa: BLE001 - Pillow's decoders raise many kinds; each is a bad file
         raise ImageError(f"{what} could not be read as PNG, JPEG, WebP or GIF ({_reason(exc)})") from None
 

@@ -27,7 +27,6 @@ import jinja2
 import numpy as np
 import torch
 from PIL import Image
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     Gemma3Config,
@@ -39,7 +38,8 @@ from transformers import (
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "models" / "gemma3_vlm"
 SEED = 1234
-SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]  # fmt: skip
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+SPECIALS += ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 IMAGE_SIZE, PATCH_SIZE, TOKENS_PER_IMAGE = 32, 4, 16
 NUM_GREEDY = 8
 
@@ -51,7 +51,9 @@ CHAT_TEMPLATE = """{{ bos_token }}
 {{ message['content'] | trim }}
 {%- else -%}
 {%- for part in message['content'] -%}
-{%- if part['type'] == 'image' -%}<start_of_image>{%- elif part['type'] == 'text' -%}{{ part['text'] | trim }}{%- endif -%}
+{%- if part['type'] == 'image' -%}<start_of_image>
+{%- elif part['type'] == 'text' -%}{{ part['text'] | trim }}
+{%- endif -%}
 {%- endfor -%}
 {%- endif -%}
 <end_of_turn>
@@ -60,9 +62,8 @@ CHAT_TEMPLATE = """{{ bos_token }}
 {% endif -%}"""
 
 MESSAGES_1 = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}]}]
-MESSAGES_2 = [
-    {"role": "user", "content": [{"type": "text", "text": "Compare"}, {"type": "image"}, {"type": "text", "text": "with"}, {"type": "image"}]},
-]  # fmt: skip
+COMPARE = [{"type": "text", "text": "Compare"}, {"type": "image"}, {"type": "text", "text": "with"}, {"type": "image"}]
+MESSAGES_2 = [{"role": "user", "content": COMPARE}]
 
 CORPUS = [
     "What is in this picture? Compare the two images with each other.",
@@ -77,7 +78,10 @@ def make_tokenizer() -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=320, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        vocab_size=320,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(CORPUS, trainer)
     return tokenizer
@@ -150,8 +154,12 @@ def main() -> None:
         eos_token="<eos>",
         pad_token="<pad>",
         unk_token="<unk>",
-        extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"},
-    )  # fmt: skip
+        extra_special_tokens={
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
+        },
+    )
     image_processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     processor = Gemma3Processor(image_processor, tokenizer, image_seq_length=TOKENS_PER_IMAGE)
 
@@ -172,7 +180,8 @@ def main() -> None:
         reference[f"pixel_values_{tag}"] = inputs["pixel_values"].numpy().astype(np.float32)
         reference[f"logits_{tag}"] = out.logits[0].numpy().astype(np.float32)
         reference[f"greedy_{tag}"] = generated[0, inputs["input_ids"].shape[1] :].numpy().astype(np.int32)
-        print(tag, "prompt", inputs["input_ids"].shape[1], "greedy", reference[f"greedy_{tag}"].tolist(), file=sys.stderr)
+        greedy = reference[f"greedy_{tag}"].tolist()
+        print(tag, "prompt", inputs["input_ids"].shape[1], "greedy", greedy, file=sys.stderr)
     np.savez(OUT / "reference.npz", **reference)
     config_out = json.loads((OUT / "config.json").read_text())
     print("written", sorted(p.name for p in OUT.iterdir()), config_out.get("architectures"), file=sys.stderr)

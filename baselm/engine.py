@@ -153,12 +153,23 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"prompt token id {bad} is outside the model's vocabulary of {self.vocab_size} tokens"
             )
-        if images and self.image_processor is None:
-            raise InvalidRequestError(f"model {self.loaded.name} reads text only; it cannot take images")
+        if images:
+            self._check_images(images)
         requests = copy_requests(request_id, prompt_ids, params, images)
         self.scheduler.add_request(requests[0])  # validates the length for all copies and fills in max_tokens
         self.output_processor.add(requests)
         return request_id
+
+    def _check_images(self, images: Sequence[PromptImage]) -> None:
+        """Images need a vision model, and one computed whole (two-way attention) must fit a step."""
+        if self.image_processor is None:
+            raise InvalidRequestError(f"model {self.loaded.name} reads text only; it cannot take images")
+        whole = max((i.num_tokens for i in images if i.bidirectional), default=0)
+        if whole > self.config.max_num_batched_tokens:
+            raise InvalidRequestError(
+                f"an image takes {whole} tokens, computed in one step, but a step computes at most "
+                f"{self.config.max_num_batched_tokens} (max_num_batched_tokens)"
+            )
 
     # ---- one step ----------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from baselm.kv.inflight import InflightBlocks
 from baselm.kv.manager import KVCacheManager
 from baselm.request import FINISHED_STATUS_BY_REASON, Request, RequestOutput, RequestStatus
+from baselm.vision.prompt import chunk_end
 
 
 class RequestTooLongError(ValueError):
@@ -399,14 +400,11 @@ class Scheduler:
         return decoding and request.num_output_tokens + 1 < request.max_tokens
 
     def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
-        """Tokens the request gets this step: what it lacks, within the budget and the chunk cap; 0
-        when its next tokens are an image that must be computed whole and the budget cannot hold it."""
+        """Tokens the request gets this step; 0 when next is an image to compute whole that the budget cannot hold."""
         num_new = min(request.num_tokens - num_computed, budget)
         if self.long_prefill_token_threshold:
             num_new = min(num_new, self.long_prefill_token_threshold)
-        if request.images:
-            num_new = _whole_images(request, num_computed, num_computed + num_new, budget) - num_computed
-        return num_new
+        return chunk_end(request.images, num_computed, num_computed + num_new, budget) - num_computed
 
     def _num_drafts(self, request: Request, num_new: int, budget: int) -> int:
         """How many of the request's proposed tokens fit this step: only a request that samples
@@ -451,13 +449,6 @@ class Scheduler:
 
     def _check_fits(self, request: Request) -> None:
         """Raises RequestTooLongError unless the request fits; fills in a missing max_tokens."""
-        for image in request.images:
-            if image.bidirectional and image.num_tokens > self.max_num_batched_tokens:
-                raise RequestTooLongError(
-                    f"an image takes {image.num_tokens} tokens, computed in one step, but a step computes at most "
-                    f"{self.max_num_batched_tokens}; raise max_num_batched_tokens",
-                    field="prompt",
-                )
         request.max_tokens = effective_max_tokens(request.num_prompt_tokens, request.max_tokens, self.max_model_len)
         total = request.num_prompt_tokens + request.max_tokens
         # The last sampled token is never fed back, so its K/V is never stored.
@@ -467,18 +458,6 @@ class Scheduler:
                 f"the request needs up to {num_blocks} KV blocks of {self.kv.block_size} tokens but the cache has "
                 f"only {self.kv.num_blocks}; lower max_tokens or give the KV cache more memory"
             )
-
-
-def _whole_images(request: Request, start: int, end: int, budget: int) -> int:
-    """Where a chunk from `start` that would end at `end` ends: never inside the placeholders of an
-    image computed whole (bidirectional), so before such an image, or after it when the chunk starts
-    inside it and the budget holds the rest; `start` (nothing this step) when it cannot."""
-    for image in request.images:
-        if image.bidirectional and image.start < end < image.end:
-            if image.start > start:
-                return image.start
-            return image.end if image.end - start <= budget else start
-    return end
 
 
 def _decode_shape(plan: SchedulerOutput, block_size: int) -> tuple:

@@ -97,6 +97,18 @@ def place_images(
     return ids, prompt_images
 
 
+def chunk_end(images: Sequence[PromptImage], start: int, end: int, budget: int) -> int:
+    """Where a prompt chunk from `start` that would end at `end` ends: never inside the placeholders
+    of an image computed whole (bidirectional): before such an image, or past its end when the chunk
+    starts inside it and `budget` holds the rest; `start` (nothing this step) when it cannot."""
+    for image in images:
+        if image.bidirectional and image.start < end < image.end:
+            if image.start > start:
+                return image.start
+            return image.end if image.end - start <= budget else start
+    return end
+
+
 def _marker_starts(rendered: RenderedChat, marker: str) -> list[int]:
     """Offsets of the markers the template wrote: those outside the request's own (plain) text."""
     starts, at = [], rendered.text.find(marker)

@@ -117,22 +117,12 @@ def test_greedy_answers_are_transformers_with_a_text_request_beside(config):
 def test_prompt_logprobs_through_chunks_are_one_pass_logits():
     """Every prompt position's score, prefilled in chunks of 5 (some starting inside an image, none
     ending inside one), is transformers' log-softmax at that position."""
-    engine = LLMEngine(loaded_vlm(), EngineConfig(long_prefill_token_threshold=5, block_size=8))
-    ids, images = prompt("2", engine)
-    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0, ignore_eos=True)
-    engine.add_request(ids, params, images=images)
-    scored = []
-    while engine.has_unfinished:
-        for out in engine.step():
-            scored += [e.logprob for e in out.prompt_logprobs]
+    ids, images = prompt("2")
+    scored = _prompt_logprobs(EngineConfig(long_prefill_token_threshold=5, block_size=8), ids, images)
     logits = reference()["logits_2"].astype(np.float64)
-    log_softmax = (
-        logits
-        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
-        - logits.max(-1, keepdims=True)
-    )
-    expected = [log_softmax[i - 1, ids[i]] for i in range(1, len(ids))]
-    np.testing.assert_allclose(scored, expected, rtol=0, atol=1e-4)
+    top = logits.max(-1, keepdims=True)
+    log_softmax = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    np.testing.assert_allclose(scored, [log_softmax[i - 1, ids[i]] for i in range(1, len(ids))], rtol=0, atol=1e-4)
 
 
 def test_a_preempted_image_request_recomputes_without_the_vision_tower_again():
@@ -170,3 +160,24 @@ def test_a_text_model_refuses_images_by_name():
     _, images = prompt("1")
     with pytest.raises(InvalidRequestError, match="model llama reads text only; it cannot take images"):
         engine.add_request([1] * 60, GREEDY, images=images)
+
+
+def _prompt_logprobs(config: EngineConfig, ids: list[int], images: list[PromptImage]) -> list[float]:
+    engine = LLMEngine(loaded_vlm(), config)
+    engine.add_request(ids, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0), images=images)
+    scored = []
+    while engine.has_unfinished:
+        for out in engine.step():
+            scored += [e.logprob for e in out.prompt_logprobs]
+    return scored
+
+
+def test_a_causal_image_cut_by_chunks_gives_the_one_pass_scores():
+    """Images whose tokens attend causally may start or end a chunk mid-image: each chunk takes its rows
+    of the tower's output, and the scores equal those of one pass."""
+    ids, images = prompt("2")
+    causal = [PromptImage(i.pixels, i.positions, i.key, bidirectional=False) for i in images]
+    one_pass = _prompt_logprobs(EngineConfig(), ids, causal)
+    copies = [PromptImage(i.pixels, i.positions, i.key, bidirectional=False) for i in images]
+    chunked = _prompt_logprobs(EngineConfig(long_prefill_token_threshold=5, block_size=8), ids, copies)
+    np.testing.assert_allclose(chunked, one_pass, rtol=0, atol=1e-5)

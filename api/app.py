@@ -180,6 +180,7 @@ def create_app(
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
     webui: bool = True,
     pool: PoolSetup | None = None,
+    allow_image_urls: bool = False,
 ) -> Starlette:
     """The app over the models of `pool` and, when `client` is given, over that started AsyncEngine
     as `model_name` (pinned: never unloaded); `api_key` None serves without auth.
@@ -191,8 +192,10 @@ def create_app(
     which Host names are answered; guard.py refuses the rest, foreign origins and non-JSON bodies.
     `sampling_defaults`: the command line's, for what requests leave out (baselm/sampling/defaults.py).
     `webui`: the chat page at `/` for browsers (webui/); off, `/` is Ollama's probe alone.
+    `allow_image_urls`: fetch http(s) image URLs in messages (else only data URLs are taken).
     """
     state = ServerState(api_key or None, max_body_bytes, read_timeout, sampling_defaults=sampling_defaults)
+    state.allow_image_urls = allow_image_urls
     models = ModelPool(state, pool.loader if pool else None, pool.limits if pool else None)
     for servable in pool.servables if pool else []:
         models.add(servable)

@@ -3,7 +3,8 @@
 Every chat protocol (OpenAI's chat completions and Responses, Anthropic's Messages, Ollama's
 /api/chat) reads its body into a ChatRequest, its tools through `read_tool`/`read_function`,
 then calls `prepare`, in this order: the tools checked against the call format the chat
-template teaches, the messages through the chat template into prompt ids (`encode_prompt`),
+template teaches, the messages through the chat template into prompt ids and the images it
+places (`encode_prompt`; images.py owns a message's image parts),
 the prompt checked against the context (serving.check_prompt), and the SamplingParams
 (`sampling_params`: a grammar when the answer's shape is forced). Each protocol formats the
 answer in its own words; answer_text.py splits it into thinking, content and tool calls.
@@ -18,12 +19,14 @@ from typing import Any
 from baselm.api import serving
 from baselm.api.constrained import constrained_params
 from baselm.api.errors import bad_request
+from baselm.api.images import encode_messages
 from baselm.api.schemas import Body, Common
 from baselm.api.state import ModelState
 from baselm.sampling.params import SamplingParams
 from baselm.structured import grammar
 from baselm.tokenizer.errors import ChatTemplateError
 from baselm.toolcalls import forcing, markers
+from baselm.vision import PromptImage
 
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # fullmatch: `$` takes a trailing newline
 # The chat template's own arguments, which template variables cannot set.
@@ -67,22 +70,23 @@ def forces_call(chat: ChatRequest) -> bool:
 
 
 def prepare(state: ModelState, chat: ChatRequest) -> list[serving.Job]:
-    """The engine requests for a checked chat request: prompt ids and SamplingParams per job."""
+    """The engine requests for a checked chat request: prompt ids, images and SamplingParams per job."""
     if parses_tools(chat):
         markers.check_supported(state.tool_format, forced=forces_call(chat))
-    prompt_ids = encode_prompt(state, chat)
+    prompt_ids, images = encode_prompt(state, chat)
     serving.check_prompt(
         state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field
     )
-    return [serving.Job(prompt_ids, sampling_params(state, chat), 0)]
+    return [serving.Job(prompt_ids, sampling_params(state, chat), 0, images=images)]
 
 
-def encode_prompt(state: ModelState, chat: ChatRequest) -> list[int]:
-    """The prompt ids of the messages (and the tools it parses) through the chat template; a
-    template's refusal is a 400 naming messages."""
+def encode_prompt(state: ModelState, chat: ChatRequest) -> tuple[list[int], list[PromptImage]]:
+    """The prompt ids of the messages (and the tools it parses) through the chat template, and the
+    images the template placed (images.py); a template's refusal is a 400 naming messages."""
     tool_list = chat.tools if parses_tools(chat) else None
     try:
-        return state.tokenizer.encode_chat(
+        return encode_messages(
+            state,
             chat.messages,
             add_generation_prompt=chat.add_generation_prompt,
             tools=tool_list,

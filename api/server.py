@@ -63,6 +63,7 @@ class ServeOptions:
     log_format: str = "text"  # or "json": one object a line (request_log.py)
     sampling: SamplingDefaults = NO_DEFAULTS  # --temperature, --top-p, ...: for what requests leave out
     webui: bool = True  # the chat page at / (--no-webui: off)
+    allow_image_urls: bool = False  # fetch http(s) image URLs in requests (--allow-image-urls)
 
 
 class Server(uvicorn.Server):
@@ -97,6 +98,7 @@ def make_server(
         allowed_hosts=options.allowed_hosts,
         sampling_defaults=options.sampling,
         webui=options.webui,
+        allow_image_urls=options.allow_image_urls,
     )
     config = uvicorn.Config(
         app,

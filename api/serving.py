@@ -45,6 +45,7 @@ from baselm.request import RequestOutput
 from baselm.sampling.params import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.vision.prompt import PromptImage
 
 # ---- the handler's opening ----------------------------------------------------------------
 
@@ -167,6 +168,7 @@ class Job:
     index_offset: int
     prompt_index: int = 0  # which prompt of the API request (usage counts each prompt once)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    images: list[PromptImage] = field(default_factory=list)  # the prompt's images (images.py)
 
 
 @dataclass(slots=True)
@@ -234,7 +236,8 @@ async def submit(state: ModelState, jobs: list[Job], prompt_field: str) -> list[
     started: list[tuple[Job, RequestStream]] = []
     try:
         for job in jobs:
-            started.append((job, await state.client.submit(job.prompt_ids, job.params, job.request_id)))
+            stream = await state.client.submit(job.prompt_ids, job.params, job.request_id, job.images)
+            started.append((job, stream))
     except BaseException as exc:
         for _, stream in started:
             await stream.aclose()  # aborts it

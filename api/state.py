@@ -21,6 +21,7 @@ from baselm.reasoning import template_thinks
 from baselm.sampling.defaults import NO_DEFAULTS, GenerationDefaults, SamplingDefaults
 from baselm.tokenizer.tokenizer import Tokenizer
 from baselm.toolcalls.markers import detect_format
+from baselm.vision.image import ImageLimits
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 
@@ -36,6 +37,8 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
     sampling_defaults: SamplingDefaults = NO_DEFAULTS  # the command line's (serve --temperature, ...)
+    image_limits: ImageLimits = ImageLimits()  # bytes, pixels and count of a request's images
+    allow_image_urls: bool = False  # fetch http(s) image URLs (serve --allow-image-urls); else data URLs only
 
     def __post_init__(self) -> None:
         self.body_budget = BodyBudget(self.max_body_bytes)

@@ -25,6 +25,7 @@ from baselm.embedding import EmbeddingQueue
 from baselm.engine import LLMEngine
 from baselm.request import RequestOutput
 from baselm.sampling.params import SamplingParams
+from baselm.vision.prompt import PromptImage
 
 log = logging.getLogger("baselm.engine")
 
@@ -139,15 +140,20 @@ class AsyncEngine:
         return await asyncio.wrap_future(self.call(fn, *args))
 
     async def submit(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        images: Sequence[PromptImage] = (),
     ) -> RequestStream:
-        """Async iterator over a request's outputs; raises at once if the engine refuses it."""
+        """Async iterator over a request's outputs; raises at once if the engine refuses it.
+        `images`: the prompt's images (`LLMEngine.add_request`)."""
         params = params or SamplingParams()
         request_id = request_id or self.engine.new_request_id()
         stream = RequestStream(self, request_id, params.n)
         self._streams[request_id] = (asyncio.get_running_loop(), stream.queue)
         try:
-            await self.run_on_engine(_add_request, prompt, params, request_id)
+            await self.run_on_engine(_add_request, prompt, params, request_id, *((images,) if images else ()))
         except BaseException:
             self._streams.pop(request_id, None)
             self.abort(request_id)  # cancelled after the engine took it: nobody would read it

@@ -365,11 +365,15 @@ def _bench_pd(
     bench_pd(PDBenchArgs(model, Layout.parse(pd), engine, batch, as_json))
 
 
-def _set_limits(server: ServeOptions, max_body: str, shutdown: float, connections: int, read: float, log: str) -> None:
+def _set_limits(
+    server: ServeOptions, max_body: str, shutdown: float, connections: int, read: float, log: str, image_urls: bool
+) -> None:
     """What one client may hold of the server (a body's size, open connections, time to send a request,
-    what a request in flight gets at shutdown), and how the server logs each request."""
+    what a request in flight gets at shutdown, whether it may have image URLs fetched), and how the
+    server logs each request."""
     server.max_body_bytes, server.shutdown_timeout = parse_size(max_body), shutdown
     server.max_connections, server.read_timeout, server.log_format = connections, read, log
+    server.allow_image_urls = image_urls
 
 
 def _set_browser_access(server: ServeOptions, cors_origins: str, allowed_hosts: str, webui: bool) -> None:
@@ -431,6 +435,7 @@ def serve(
     num_speculative_tokens: int = opt.SERVE_NUM_SPECULATIVE_TOKENS,
     max_waiting: int = opt.MAX_WAITING,
     max_body: str = opt.MAX_BODY,
+    allow_image_urls: bool = opt.ALLOW_IMAGE_URLS,
     max_connections: int = opt.MAX_CONNECTIONS,
     read_timeout: float = opt.READ_TIMEOUT,
     shutdown_timeout: float = opt.SHUTDOWN_TIMEOUT,
@@ -455,15 +460,14 @@ def serve(
 
     with report_user_errors():
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
+        prefix_cache = (no_prefix_caching, prefix_cache_file, prefix_cache_save_interval, prefix_cache_max_size)
         config = replace(
             _serve_engine(kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting),
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
-            **_prefix_cache_settings(
-                no_prefix_caching, prefix_cache_file, prefix_cache_save_interval, prefix_cache_max_size
-            ),
+            **_prefix_cache_settings(*prefix_cache),
         )
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
-        _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format)
+        _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format, allow_image_urls)
         _set_browser_access(server, cors_origins, allowed_hosts, webui)
         model_args = command.model_args(models, device, require_signature, dist, prefix_cache_file, adapter)
         pool = command.pool_args(models, keep_alive, max_loaded_models, parse_optional_size(memory_budget))

@@ -29,6 +29,7 @@ from baselm.sampling.sampler import Sampler
 from baselm.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from baselm.speculative.draft import DraftModelProposer, check_same_vocabulary
 from baselm.speculative.speculator import SpecStats, Speculator
+from baselm.vision import PromptImage, image_processor
 
 
 class QueueFullError(RuntimeError):
@@ -85,6 +86,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, config.runaway_guard)
         self.scheduler = make_scheduler(self.kv_manager, config, self.max_model_len)
         self.runner = ModelRunner(loaded.model, self.cache, Sampler(self.eos_token_ids, seed=config.seed))
+        self.image_processor = image_processor(loaded.config, loaded.tokenizer)  # None: the model reads text only
         self.last_step = StepStats()
         self._ids = itertools.count()
         self._inflight: tuple[SchedulerOutput, Launched] | None = None  # a step launched ahead
@@ -130,9 +132,14 @@ class LLMEngine:
         return f"req-{next(self._ids)}"
 
     def add_request(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        images: Sequence[PromptImage] = (),
     ) -> str:
-        """Queues a prompt (text or token ids); returns the request id. Raises on requests that can't fit."""
+        """Queues a prompt (text or token ids); returns the request id. Raises on requests that can't fit.
+        `images`: the prompt's images (`baselm.vision.place_images`), for a model with a vision tower."""
         params = params or SamplingParams()
         params.check_vocab(self.vocab_size)
         if self.scheduler.num_waiting >= self.config.max_waiting:
@@ -146,10 +153,23 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"prompt token id {bad} is outside the model's vocabulary of {self.vocab_size} tokens"
             )
-        requests = copy_requests(request_id, prompt_ids, params)
+        if images:
+            self._check_images(images)
+        requests = copy_requests(request_id, prompt_ids, params, images)
         self.scheduler.add_request(requests[0])  # validates the length for all copies and fills in max_tokens
         self.output_processor.add(requests)
         return request_id
+
+    def _check_images(self, images: Sequence[PromptImage]) -> None:
+        """Images need a vision model, and one computed whole (two-way attention) must fit a step."""
+        if self.image_processor is None:
+            raise InvalidRequestError(f"model {self.loaded.name} reads text only; it cannot take images")
+        whole = max((i.num_tokens for i in images if i.bidirectional), default=0)
+        if whole > self.config.max_num_batched_tokens:
+            raise InvalidRequestError(
+                f"an image takes {whole} tokens, computed in one step, but a step computes at most "
+                f"{self.config.max_num_batched_tokens} (max_num_batched_tokens)"
+            )
 
     # ---- one step ----------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from baselm.sampling.stop import FINISH_LENGTH, StopChecker
 from baselm.scheduler import Scheduler, SchedulerOutput
 from baselm.tokenizer.detokenizer import StreamingDetokenizer
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.vision.prompt import PromptImage
 
 log = logging.getLogger("baselm.engine")
 
@@ -144,10 +145,15 @@ class OutputState:
         return True
 
 
-def copy_requests(request_id: str, prompt_ids: list[int], params: SamplingParams) -> list[Request]:
-    """The scheduler requests of all n copies; the first is admitted, the others fork from it."""
-    requests = [Request(request_id, prompt_ids, params)]
-    requests += [Request(f"{request_id}#{i}", prompt_ids, params.for_copy(i)) for i in range(1, params.n)]
+def copy_requests(
+    request_id: str, prompt_ids: list[int], params: SamplingParams, images: Sequence[PromptImage] = ()
+) -> list[Request]:
+    """The scheduler requests of all n copies; the first is admitted, the others fork from it (the
+    copies share the prompt's images, and so the vision tower's output)."""
+    requests = [Request(request_id, prompt_ids, params, images=images)]
+    requests += [
+        Request(f"{request_id}#{i}", prompt_ids, params.for_copy(i), images=images) for i in range(1, params.n)
+    ]
     return requests
 
 

@@ -36,10 +36,11 @@ def paged_attention(call: AttentionCall) -> mx.array:
 
     Returns (num_tokens, heads, head_dim): the CPU kernel's result where it applies, else the
     Metal kernel's or the reference's. Attention sinks (gpt-oss: one learned logit per head) are
-    not in the CPU kernel: such layers take the other path.
+    not in the CPU kernel, nor are queries that see past their own position (`meta.attend_until`:
+    Gemma 3's image tokens): such layers and steps take the other path.
     """
     key_pool, meta = call.key_pool, call.meta
-    if call.sinks is not None or not kernel_applies(call.queries, key_pool):
+    if call.sinks is not None or meta.attend_until is not None or not kernel_applies(call.queries, key_pool):
         return metal.paged_attention(call)
     bits, group_size = (key_pool.bits, key_pool.group_size) if isinstance(key_pool, QuantizedPool) else (0, 0)
     return cpu.kernels.paged_attention(

@@ -6,9 +6,12 @@ import enum
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baselm.sampling.params import TokenLogprobs
+
+if TYPE_CHECKING:
+    from baselm.vision.prompt import PromptImage
 
 
 class InvalidRequestError(ValueError):
@@ -58,7 +61,7 @@ class Request:
         "request_id", "prompt_token_ids", "output_token_ids", "_all_token_ids", "sampling_params",
         "max_tokens", "arrival_time", "cache_salt", "status", "num_computed_tokens",
         "num_cached_tokens", "num_preemptions", "block_hashes", "draft_token_ids", "draft_probs",
-        "num_draft_tokens", "num_accepted_tokens",
+        "num_draft_tokens", "num_accepted_tokens", "images",
     )  # fmt: skip
 
     def __init__(
@@ -70,8 +73,10 @@ class Request:
         max_tokens: int | None = None,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        images: Sequence[PromptImage] = (),
     ):
-        """`max_tokens` defaults to `sampling_params.max_tokens`; None lets the scheduler fill it in."""
+        """`max_tokens` defaults to `sampling_params.max_tokens`; None lets the scheduler fill it in.
+        `images`: the prompt's images (baselm/vision/prompt.py), each over placeholder positions of the prompt."""
         if len(prompt_token_ids) == 0:
             raise InvalidRequestError(f"request {request_id} has an empty prompt; give it at least one token")
         if max_tokens is None:
@@ -97,6 +102,10 @@ class Request:
         self.draft_probs: Any = None
         self.num_draft_tokens = 0  # drafts verified so far
         self.num_accepted_tokens = 0  # of which accepted
+        self.images = tuple(images)
+        for image in self.images:
+            if image.num_tokens == 0 or image.end > len(self.prompt_token_ids):
+                raise InvalidRequestError(f"request {request_id} has an image outside its prompt's positions")
 
     @property
     def all_token_ids(self) -> list[int]:

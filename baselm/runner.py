@@ -6,10 +6,11 @@ import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
 
 from baselm import prompt_logprobs
 from baselm.kv import AttentionMetadata, PagedKVCache
-from baselm.models.base import DecoderModel
+from baselm.models.base import DecoderModel, ImageEmbeddings
 from baselm.prompt_logprobs import PromptRows
 from baselm.sampling.acceptance import emitted_tokens
 from baselm.sampling.params import TokenLogprobs
@@ -77,13 +78,16 @@ class ModelRunner:
         """
         t0 = time.perf_counter()
         prompt_rows = prompt_logprobs.rows(output.requests)
-        ids, meta, sampling = self._prepare(output, prompt_rows.flat_rows)
+        ids, meta, sampling, images = self._prepare(output, prompt_rows.flat_rows)
         rows, draft_ids, draft_probs = _sampling_rows(sampling)
         if after is not None:
             ids = after.sampled.token_ids  # (num_seqs,) int32, on the device
             rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, [*r.output_token_ids, 0]) for r in rows]
         t1 = time.perf_counter()
-        logits = self.model(ids, meta.positions, meta, self.cache)
+        if images is None:
+            logits = self.model(ids, meta.positions, meta, self.cache)
+        else:
+            logits = self.model(ids, meta.positions, meta, self.cache, images=images)
         if prompt_rows.flat_rows:  # (sampling rows + prompt rows, vocab): the prompt's rows come last
             num_sampling_rows = sum(s.num_draft_tokens + 1 for s in sampling)
             prompt_rows.score(logits[num_sampling_rows:])
@@ -136,12 +140,17 @@ class ModelRunner:
         return result
 
     def _prepare(self, output: SchedulerOutput, extra_rows: list[int]):
-        """Flattened input ids, the attention metadata, and the requests that sample; logits are
-        wanted at each sampling request's last fed token (k + 1 rows when verifying k drafts), then
-        at `extra_rows` (prompt logprobs)."""
+        """Flattened input ids, the attention metadata, the requests that sample, and the step's
+        image rows (None without any); logits are wanted at each sampling request's last fed token
+        (k + 1 rows when verifying k drafts), then at `extra_rows` (prompt logprobs)."""
         input_ids: list[int] = []
         block_tables, query_lens, context_lens, logits_rows, sampling = [], [], [], [], []
+        image_parts: list[tuple[mx.array, mx.array]] = []
+        two_way_spans: list[list[tuple[int, int]]] = []
         for scheduled in output.requests:
+            if scheduled.request.images:
+                image_parts += self._image_rows(scheduled, len(input_ids))
+            two_way_spans.append(_two_way_spans(scheduled))
             input_ids.extend(scheduled.token_ids)
             block_tables.append(scheduled.block_ids)
             query_lens.append(scheduled.num_scheduled_tokens)
@@ -152,8 +161,37 @@ class ModelRunner:
                 sampling.append(scheduled)
         # A step where nobody samples (all mid-prefill) still needs one row to keep shapes valid.
         rows = logits_rows + extra_rows or [len(input_ids) - 1]
-        meta = AttentionMetadata.build(block_tables, query_lens, context_lens, self.cache.block_size, rows)
-        return mx.array(input_ids, dtype=mx.int32), meta, sampling
+        meta = AttentionMetadata.build(
+            block_tables, query_lens, context_lens, self.cache.block_size, rows, two_way_spans
+        )
+        images = None
+        if image_parts:
+            images = ImageEmbeddings(
+                mx.concatenate([r for r, _ in image_parts]), mx.concatenate([e for _, e in image_parts])
+            )
+        return mx.array(input_ids, dtype=mx.int32), meta, sampling, images
+
+    def _image_rows(self, scheduled: ScheduledRequest, first_row: int) -> list[tuple[mx.array, mx.array]]:
+        """(rows, embeddings) of each image whose placeholders this step feeds, its rows counted from
+        `first_row`; the vision tower runs on an image the first time its placeholders are fed, and
+        its embeddings stay with the request (a preempted request recomputes without it)."""
+        start, end = scheduled.num_computed_tokens, scheduled.num_computed_tokens + len(scheduled.token_ids)
+        parts = []
+        for image in scheduled.request.images:
+            if image.end <= start or image.start >= end:
+                continue
+            if image.embeddings is None:
+                image.embeddings = self.model.embed_image(mx.array(image.pixels), image.extra)
+            fed = np.flatnonzero((image.positions >= start) & (image.positions < end))  # (n,)
+            rows = mx.array((image.positions[fed] - start + first_row).astype(np.int32))
+            parts.append((rows, image.embeddings[mx.array(fed.astype(np.int32))]))
+        return parts
+
+
+def _two_way_spans(scheduled: ScheduledRequest) -> list[tuple[int, int]]:
+    """The fed images' placeholder spans that attend both ways (the scheduler feeds each whole)."""
+    start, end = scheduled.num_computed_tokens, scheduled.context_len
+    return [(i.start, i.end) for i in scheduled.request.images if i.bidirectional and i.start < end and start < i.end]
 
 
 def _sampling_rows(

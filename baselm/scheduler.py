@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from baselm.kv.inflight import InflightBlocks
 from baselm.kv.manager import KVCacheManager
 from baselm.request import FINISHED_STATUS_BY_REASON, Request, RequestOutput, RequestStatus
+from baselm.vision.prompt import chunk_end
 
 
 class RequestTooLongError(ValueError):
@@ -339,6 +340,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
+            if num_new == 0:  # an image to compute whole, larger than what the budget has left
+                i += 1
+                continue
             num_drafts = self._num_drafts(request, num_new, budget)
             if num_drafts and not self.kv.allocate_slots(request, num_new + num_drafts):
                 num_drafts = 0  # short of blocks: drop the drafts before preempting anybody
@@ -373,7 +377,7 @@ class Scheduler:
                 deferred.append(self.waiting.popleft())
                 continue
             num_new = self._num_new_tokens(request, num_hit, budget)
-            if not self.kv.allocate_slots(request, num_new, computed_blocks):
+            if num_new == 0 or not self.kv.allocate_slots(request, num_new, computed_blocks):
                 break
             self.waiting.popleft()
             if inflight is not None:
@@ -396,10 +400,11 @@ class Scheduler:
         return decoding and request.num_output_tokens + 1 < request.max_tokens
 
     def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
+        """Tokens the request gets this step; 0 when next is an image to compute whole that the budget cannot hold."""
         num_new = min(request.num_tokens - num_computed, budget)
         if self.long_prefill_token_threshold:
             num_new = min(num_new, self.long_prefill_token_threshold)
-        return num_new
+        return chunk_end(request.images, num_computed, num_computed + num_new, budget) - num_computed
 
     def _num_drafts(self, request: Request, num_new: int, budget: int) -> int:
         """How many of the request's proposed tokens fit this step: only a request that samples

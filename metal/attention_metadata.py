@@ -72,6 +72,9 @@ class AttentionMetadata:
     query_lens: tuple[int, ...]  # host copies: no device sync needed to read them
     context_lens_host: tuple[int, ...]
     mask_cache: dict = field(default_factory=dict)  # attention masks of this step, shared by the layers
+    # (num_seqs, max_query_len) int32: the last key position each padded query row sees, where some
+    # rows see past their own position (a span of image tokens that attend both ways); None: causal.
+    attend_until: mx.array | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -97,8 +100,12 @@ class AttentionMetadata:
         context_lens: list[int],
         block_size: int,
         logits_indices: list[int] | None = None,
+        two_way_spans: list[list[tuple[int, int]]] | None = None,
     ) -> AttentionMetadata:
-        """Builds the metadata on the host in one pass (numpy), then hands arrays to MLX."""
+        """Builds the metadata on the host in one pass (numpy), then hands arrays to MLX.
+
+        `two_way_spans`: per sequence, position ranges [start, end) whose tokens see each other
+        both ways (each wholly in the cache after this step); their queries see keys up to end - 1."""
         _check_sequences(block_tables, query_lens, context_lens, block_size)
         tables = np.zeros((len(query_lens), max(len(t) for t in block_tables)), dtype=np.int32)  # (num_seqs, max_b)
         for s, table in enumerate(block_tables):
@@ -120,6 +127,7 @@ class AttentionMetadata:
             logits_indices=None if logits_indices is None else _i32(logits_indices),
             query_lens=tuple(int(q) for q in query_lens),
             context_lens_host=tuple(int(c) for c in context_lens),
+            attend_until=_attend_until(layout.query_pos, two_way_spans),
         )
 
     def token_indices(self, seq_ids: np.ndarray) -> np.ndarray:
@@ -146,7 +154,20 @@ class AttentionMetadata:
             logits_indices=None,
             query_lens=tuple(int(q) for q in q_lens),
             context_lens_host=tuple(int(c) for c in c_lens),
+            attend_until=None if self.attend_until is None else self.attend_until[index][:, : int(q_lens.max())],
         )
+
+
+def _attend_until(query_pos: np.ndarray, spans: list[list[tuple[int, int]]] | None) -> mx.array | None:
+    """(num_seqs, max_q) int32: each query's own position, or end - 1 inside a two-way span; None without spans."""
+    if not spans or not any(spans):
+        return None
+    until = query_pos.copy()  # (num_seqs, max_q)
+    for s, seq_spans in enumerate(spans):
+        for start, end in seq_spans:
+            inside = (query_pos[s] >= start) & (query_pos[s] < end)
+            until[s, inside] = end - 1
+    return _i32(until)
 
 
 def _check_sequences(

@@ -81,8 +81,9 @@ def kernel_status() -> dict[str, str]:
 
 def paged_attention(call: AttentionCall) -> mx.array:
     """Paged attention: the Metal kernel where it is available and passed its self-check, else the
-    reference. Returns (num_tokens, heads, head_dim)."""
-    if kernel_supports(call.queries, call.key_pool):
+    reference (also for a step with two-way spans, which the kernel does not mask). Returns
+    (num_tokens, heads, head_dim)."""
+    if kernel_supports(call.queries, call.key_pool) and call.meta.attend_until is None:
         check = functools.partial(self_check.check_attention, call)
         if use_kernel("paged_attention", _attention_variant(call), check):
             return paged_attention_kernel(call)

@@ -60,10 +60,11 @@ def paged_attention_reference(call: AttentionCall) -> mx.array:
 
     Gathers every sequence's blocks into a dense tensor (the copy the Metal kernel avoids),
     dequantizing quantized pools, pads queries to the longest query, and attends with a
-    causal mask (keys at positions <= the query's, and, with `window`, > the query's
-    position - window), optional tanh soft-capping of the scores and optional attention
-    sinks (heads,): one learned logit per head that joins each row's softmax as an extra
-    key with no value, so a query may give part of its weight to nothing (gpt-oss).
+    causal mask (keys at positions <= the query's, or <= `meta.attend_until` inside a span of
+    tokens that see each other both ways, and, with `window`, > the query's position - window),
+    optional tanh soft-capping of the scores and optional attention sinks (heads,): one learned
+    logit per head that joins each row's softmax as an extra key with no value, so a query may
+    give part of its weight to nothing (gpt-oss).
     A step that mixes decodes with longer query chunks attends in groups (all decodes
     together, each chunk alone), so a long prompt chunk does not pad every decode to its
     length and context. Returns (num_tokens, heads, head_dim).
@@ -150,14 +151,16 @@ def _attention_mask(meta: AttentionMetadata, num_keys: int, window: int | None) 
     None when nothing needs masking: one sequence decoding one token over exactly its keys.
     Built once per step and window, then shared by every layer through `meta.mask_cache`.
     """
-    if meta.num_seqs == 1 and meta.max_query_len == 1 and num_keys == meta.max_context_len and window is None:
+    plain = meta.num_seqs == 1 and meta.max_query_len == 1 and meta.attend_until is None
+    if plain and num_keys == meta.max_context_len and window is None:
         return None
     key = (num_keys, window)
     if key in meta.mask_cache:
         return meta.mask_cache[key]
     key_pos = mx.arange(num_keys)  # (num_keys,)
     query_pos = meta.query_pos[:, :, None]  # (num_seqs, max_query_len, 1)
-    mask = (key_pos <= query_pos) & (key_pos < meta.context_lens[:, None, None])
+    until = query_pos if meta.attend_until is None else meta.attend_until[:, :, None]
+    mask = (key_pos <= until) & (key_pos < meta.context_lens[:, None, None])
     if window is not None:
         mask = mask & (key_pos > query_pos - window)
     mask = mask[:, None]

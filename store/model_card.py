@@ -22,8 +22,10 @@ REQUANTIZED_GGUF_TYPES = ("Q2_K", "Q6_K")
 
 
 def context_length(config: dict[str, Any]) -> int:
-    """The longest sequence the model was made for: its config's `max_position_embeddings`."""
-    return int(config.get("max_position_embeddings") or DEFAULT_CONTEXT_LENGTH)
+    """The longest sequence the model was made for: its config's `max_position_embeddings` (a
+    vision-language model's is its `text_config`'s)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    return int(config.get("max_position_embeddings") or text.get("max_position_embeddings") or DEFAULT_CONTEXT_LENGTH)
 
 
 def architecture(config: dict[str, Any]) -> dict[str, int]:

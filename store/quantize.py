@@ -268,9 +268,13 @@ class QuantProfile:
 
 # q-bits one step up for the tensors that hurt most when coarse (value and down projections).
 _MIXED_UP = {2: "q4", 3: "q5", 4: "q6", 5: "q6", 6: "q8", 8: "q8"}
-# Norms and MoE routers (Qwen3-MoE's `mlp.gate`, Mixtral's `block_sparse_moe.gate`, gpt-oss's `mlp.router`).
+# Norms and MoE routers (Qwen3-MoE's `mlp.gate`, Mixtral's `block_sparse_moe.gate`, gpt-oss's `mlp.router`),
+# and a vision-language model's vision tower and projector: small beside the decoder, sensitive to
+# rounding, and holding arrays no quantized layer takes (position embeddings, a bare projection matrix).
 _FLOAT_RULES = (
     Rule("*norm*", KEEP_FLOAT),
+    Rule("*vision_tower.*", KEEP_FLOAT),
+    Rule("*multi_modal_projector.*", KEEP_FLOAT),
     Rule("*.mlp.gate.weight", KEEP_FLOAT),
     Rule("*.block_sparse_moe.gate.weight", KEEP_FLOAT),
     Rule("*.mlp.router.weight", KEEP_FLOAT),

@@ -63,7 +63,7 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: {"input_tokens": the prompt's length}."""
     state, chat = await serving.read_request(request, lambda data: parse_messages(data, counting=True))
-    prompt_ids = await asyncio.to_thread(encode_prompt, state, chat)
+    prompt_ids, _ = await asyncio.to_thread(encode_prompt, state, chat)
     return JSONResponse({"input_tokens": len(prompt_ids)})
 
 

@@ -5,7 +5,7 @@ blocks become chat messages: text as content, `tool_use` blocks as the assistant
 tool_calls, `tool_result` blocks as tool messages, `thinking` blocks as the assistant's
 reasoning_content. Tools (`input_schema`), `tool_choice` (auto, any, tool, none) and
 `thinking` map to their chat equivalents. `cache_control` marks and `metadata` are accepted
-and ignored (prefix caching is automatic here); images and documents are refused.
+and ignored (prefix caching is automatic here); images go to the chat core (images.py), documents are refused.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 from baselm.api.chat import ChatRequest, read_function
 from baselm.api.errors import bad_request
-from baselm.api.schemas import Body, Common, array_field
+from baselm.api.images import ImageInput, from_base64, from_url, image_part
+from baselm.api.schemas import Body, Common, array_field, check_choice
 
 _IGNORED = ("metadata", "service_tier", "cache_control", "inference_geo", "speed")
 
@@ -121,7 +122,7 @@ def _block(data: Any, where: str, allowed: tuple[str, ...]) -> tuple[str, Body]:
     kind = body.string("type", required=True)
     if kind not in allowed:
         raise bad_request(
-            f"{where} has type {kind!r}; this server reads {', '.join(allowed)} blocks here (no images or documents)",
+            f"{where} has type {kind!r}; this server reads {', '.join(allowed)} blocks here (no documents)",
             f"{where}.type",
         )
     body.raw("cache_control")
@@ -129,14 +130,17 @@ def _block(data: Any, where: str, allowed: tuple[str, ...]) -> tuple[str, Body]:
 
 
 def _user_blocks(blocks: list[Any], where: str) -> list[dict[str, Any]]:
-    """A user turn: its tool results as tool messages, then its text as one user message."""
-    results, texts = [], []
+    """A user turn: its tool results as tool messages, then its text (and images, in place) as one user message."""
+    results: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
     for i, data in enumerate(blocks):
         block_where = f"{where}.content[{i}]"
-        kind, body = _block(data, block_where, ("text", "tool_result"))
+        kind, body = _block(data, block_where, ("text", "image", "tool_result"))
         if kind == "text":
-            texts.append(body.string("text", required=True))
+            parts.append({"type": "text", "text": body.string("text", required=True)})
             body.raw("citations")
+        elif kind == "image":
+            parts.append(image_part(_image_source(body.raw("source"), f"{block_where}.source")))
         else:
             call_id = body.string("tool_use_id", required=True)
             content = _result_content(body.raw("content"), block_where)
@@ -144,7 +148,24 @@ def _user_blocks(blocks: list[Any], where: str) -> list[dict[str, Any]]:
                 content = f"Error: {content}"
             results.append({"role": "tool", "tool_call_id": call_id, "content": content})
         body.finish()
-    return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+    if any(p["type"] == "image" for p in parts):
+        return [*results, {"role": "user", "content": parts}]
+    text = "".join(p["text"] for p in parts)
+    return results + ([{"role": "user", "content": text}] if parts or not results else [])
+
+
+def _image_source(value: Any, where: str) -> ImageInput:
+    """An image block's source: {"type": "base64", "media_type", "data"} or {"type": "url", "url"}."""
+    body = Body(value, where)
+    kind = check_choice(body.string("type", required=True), ("base64", "url"), f"{where}.type")
+    if kind == "url":
+        image = from_url(body.string("url", required=True), f"{where}.url")
+    else:
+        media = body.string("media_type", required=True)
+        check_choice(media, ("image/jpeg", "image/png", "image/gif", "image/webp"), f"{where}.media_type")
+        image = from_base64(body.string("data", required=True), f"{where}.data")
+    body.finish()
+    return image
 
 
 def _result_content(value: Any, where: str) -> str:

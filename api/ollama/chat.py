@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from starlette.requests import Request
@@ -22,6 +23,7 @@ from baselm.api.answer_text import AnswerText, Pieces
 from baselm.api.chat import ChatRequest, parses_tools, prepare
 from baselm.api.constrained import constrained_params
 from baselm.api.errors import APIError, bad_request, logger
+from baselm.api.images import ImageInput, encode_messages, image_part
 from baselm.api.ollama.lines import line, now_rfc3339
 from baselm.api.ollama.request import (
     OLLAMA_DEFAULTS,
@@ -43,6 +45,7 @@ from baselm.sampling.params import SamplingParams
 from baselm.structured import grammar
 from baselm.tokenizer.errors import ChatTemplateError
 from baselm.toolcalls import parsers
+from baselm.vision import PromptImage
 
 MAX_TOKENS_FIELD = "options.num_predict"
 
@@ -227,8 +230,11 @@ async def ollama_chat(request: Request) -> Response:
     return await serving.respond(request, state, jobs, "messages", answer)
 
 
-def _generate_ids(state: ModelState, body: Body, extra: dict[str, Any]) -> list[int]:
-    """Prompt ids of /api/generate: the prompt through the chat template (unless `raw`), after `context`."""
+def _generate_ids(
+    state: ModelState, body: Body, extra: dict[str, Any], images: list[ImageInput]
+) -> tuple[list[int], list[PromptImage]]:
+    """Prompt ids of /api/generate: the prompt (after `images`) through the chat template (unless
+    `raw`), after `context`; and the images placed in it."""
     prompt = body.string("prompt", default="")
     system = body.string("system")
     raw = body.boolean("raw")
@@ -239,26 +245,37 @@ def _generate_ids(state: ModelState, body: Body, extra: dict[str, Any]) -> list[
         if body.string(name):
             raise bad_request(f"{name} is not supported; the model's own chat template is used", name)
     if raw:
-        return context + state.tokenizer.encode(prompt, add_special_tokens=not context)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        if images:
+            raise bad_request("a raw prompt takes no images; leave raw off for the chat template to place them", "raw")
+        return context + state.tokenizer.encode(prompt, add_special_tokens=not context), []
+    content: str | list[dict[str, Any]] = prompt
+    if images:  # before the prompt, as in a chat message
+        content = [*map(image_part, images), {"type": "text", "text": prompt}]
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
     try:
-        ids = state.tokenizer.encode_chat(messages, add_generation_prompt=True, **extra)
+        ids, prompt_images = encode_messages(state, messages, add_generation_prompt=True, **extra)
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "prompt") from None
     bos = state.tokenizer.bos_token_id
-    if context and ids and ids[0] == bos:
-        ids = ids[1:]
-    return context + ids
+    dropped = int(bool(context and ids and ids[0] == bos))  # the context already began with BOS
+    shift = len(context) - dropped
+    return context + ids[dropped:], [replace(i, positions=i.positions + shift) for i in prompt_images]
 
 
 def _generate_job(
-    state: ModelState, body: Body, common: Common, fmt: dict[str, Any] | None, extra: dict[str, Any]
+    state: ModelState,
+    body: Body,
+    common: Common,
+    fmt: dict[str, Any] | None,
+    extra: dict[str, Any],
+    images: list[ImageInput],
 ) -> serving.Job:
-    """/api/generate's one engine job: its prompt ids, checked, and its params (`format`'s grammar compiled)."""
-    ids = _generate_ids(state, body, extra)
+    """/api/generate's one engine job: its prompt ids and images, checked, and its params (`format`'s
+    grammar compiled)."""
+    ids, prompt_images = _generate_ids(state, body, extra, images)
     body.finish()
     serving.check_prompt(state, ids, "prompt", common.sampling["max_tokens"], MAX_TOKENS_FIELD)
-    return serving.Job(ids, _params(state, common.sampling, fmt), 0)
+    return serving.Job(ids, _params(state, common.sampling, fmt), 0, images=prompt_images)
 
 
 async def ollama_generate(request: Request) -> Response:
@@ -269,13 +286,13 @@ async def ollama_generate(request: Request) -> Response:
         return unloaded
     state = await model_for(request, server, body)
     common, fmt = _common(body, state)
-    read_images(body, "the request")
+    images = read_images(body)
     extra = _think(body)
     if not body.string("prompt") and not body.raw("context"):  # a load request: no prompt at all
         for name in ("system", "raw", "suffix", "template", "context"):
             body.raw(name)
         body.finish()
         return JSONResponse({**_GenerateAnswer(state, common, [], None, False).whole(), "done_reason": "load"})
-    job = await asyncio.to_thread(_generate_job, state, body, common, fmt, extra)  # a format grammar compiles
+    job = await asyncio.to_thread(_generate_job, state, body, common, fmt, extra, images)  # a format grammar compiles
     answer = _GenerateAnswer(state, common, job.prompt_ids, None, not body.data.get("raw"))
     return await serving.respond(request, state, [job], "prompt", answer)

@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from baselm.api.chat import read_tool
 from baselm.api.errors import bad_request
+from baselm.api.images import ImageInput, from_base64, image_part
 from baselm.api.keep_alive import parse_keep_alive
 from baselm.api.pool import NOT_GIVEN, pool_of
 from baselm.api.schemas import Body, array_field, check_choice
@@ -115,10 +116,10 @@ def read_format(value: Any) -> dict[str, Any] | None:
     raise bad_request('format must be "json" or a JSON Schema object', "format")
 
 
-def read_images(body: Body, where: str) -> None:
-    images = body.raw("images")
-    if images:
-        raise bad_request(f"{where}.images: this server reads text only", f"{where}.images")
+def read_images(body: Body, field: str = "images") -> list[ImageInput]:
+    """`images`: a list of base64-encoded images (Ollama's shape), for the chat core (images.py)."""
+    items = array_field(body.raw("images"), field)
+    return [from_base64(item, f"{field}[{i}]") for i, item in enumerate(items)]
 
 
 def read_messages(body: Body) -> list[dict[str, Any]]:
@@ -131,7 +132,9 @@ def _message(data: Any, index: int) -> dict[str, Any]:
     body = Body(data, where)
     role = check_choice(body.string("role", required=True), _ROLES, f"{where}.role")
     message: dict[str, Any] = {"role": role, "content": body.string("content", default="")}
-    read_images(body, where)
+    images = read_images(body, f"{where}.images")
+    if images:  # Ollama puts a message's images before its text
+        message["content"] = [*map(image_part, images), {"type": "text", "text": message["content"]}]
     body.string("thinking")  # earlier thinking is not shown to the model again, as Ollama does
     name = body.string("tool_name")
     if role == "tool" and name is not None:

@@ -17,6 +17,7 @@ from baselm.api import serving
 from baselm.api.answer_text import AnswerText
 from baselm.api.chat import ChatRequest, forces_call, parses_tools, prepare, read_tool, template_kwargs
 from baselm.api.errors import bad_request
+from baselm.api.images import ImageInput, from_url, image_part
 from baselm.api.schemas import Body, array_field, check_choice, check_json_text, read_common
 from baselm.api.state import ModelState
 from baselm.request import RequestOutput
@@ -200,7 +201,7 @@ def read_message(data: Any, index: int) -> dict[str, Any]:
     return message
 
 
-def _content(content: Any, where: str) -> str | list[dict[str, str]]:
+def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -210,14 +211,28 @@ def _content(content: Any, where: str) -> str | list[dict[str, str]]:
         part_where = f"{where}.content[{i}]"
         body = Body(part, part_where)
         kind = body.string("type", required=True)
-        if kind != "text":
+        if kind == "text":
+            parts.append({"type": "text", "text": body.string("text", required=True)})
+        elif kind == "image_url":
+            parts.append(image_part(_image_url(body.raw("image_url"), f"{part_where}.image_url")))
+        else:
             raise bad_request(
-                f"{part_where} has type {kind!r}; this server reads text parts only (no images, audio or files)",
+                f"{part_where} has type {kind!r}; this server reads text and image_url parts (no audio or files)",
                 f"{part_where}.type",
             )
-        parts.append({"type": "text", "text": body.string("text", required=True)})
         body.finish()
     return parts
+
+
+def _image_url(value: Any, where: str) -> ImageInput:
+    """`image_url`: {"url": ..., "detail": ...} (a bare URL string also taken); detail is not used."""
+    if isinstance(value, str):
+        return from_url(value, where)
+    body = Body(value, where)
+    image = from_url(body.string("url", required=True), f"{where}.url")
+    check_choice(body.string("detail", default="auto"), ("auto", "low", "high"), f"{where}.detail")
+    body.finish()
+    return image
 
 
 def _history_call(data: Any, where: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from baselm.api.chat import ChatRequest, read_function
 from baselm.api.errors import bad_request
+from baselm.api.images import ImageInput, from_url, image_part
 from baselm.api.schemas import Body, Common, array_field, check_choice, check_json_text
 
 _IGNORED = ("include", "metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier")
@@ -153,26 +154,41 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
 
 
 def _message(body: Body, where: str) -> dict[str, Any]:
+    """A message item; its text parts joined, or kept as parts beside `input_image` ones."""
     role = check_choice(body.string("role", required=True), _ROLES, f"{where}.role")
     content = body.raw("content")
     if isinstance(content, str):
         return {"role": _ROLES[role], "content": content}
-    parts = array_field(content, f"{where}.content", required=True)
-    texts = []
-    for i, part in enumerate(parts):
+    items = array_field(content, f"{where}.content", required=True)
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(items):
         part_where = f"{where}.content[{i}]"
         part_body = Body(part, part_where)
         kind = part_body.string("type", required=True)
-        if kind not in _TEXT_PARTS:
+        if kind == "input_image":
+            parts.append(image_part(_input_image(part_body, part_where)))
+        elif kind in _TEXT_PARTS:
+            parts.append({"type": "text", "text": part_body.string("text", required=True)})
+            part_body.raw("annotations")
+            part_body.raw("logprobs")
+        else:
             raise bad_request(
-                f"{part_where} has type {kind!r}; this server reads text parts only (no images, audio or files)",
+                f"{part_where} has type {kind!r}; this server reads text and input_image parts (no audio or files)",
                 f"{part_where}.type",
             )
-        texts.append(part_body.string("text", required=True))
-        part_body.raw("annotations")
-        part_body.raw("logprobs")
         part_body.finish()
-    return {"role": _ROLES[role], "content": "".join(texts)}
+    if any(p["type"] == "image" for p in parts):
+        return {"role": _ROLES[role], "content": parts}
+    return {"role": _ROLES[role], "content": "".join(p["text"] for p in parts)}
+
+
+def _input_image(body: Body, where: str) -> ImageInput:
+    """An `input_image` part: its `image_url` (a data URL or http(s)); uploaded files are not kept here."""
+    if body.raw("file_id") is not None:
+        raise bad_request(f"{where}.file_id is not supported; send the image as image_url", f"{where}.file_id")
+    image = from_url(body.string("image_url", required=True), f"{where}.image_url")
+    check_choice(body.string("detail", default="auto"), ("auto", "low", "high"), f"{where}.detail")
+    return image
 
 
 def _append_call(messages: list[dict[str, Any]], body: Body, where: str) -> None:

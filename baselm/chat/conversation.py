@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from baselm.chat.settings import ChatCommandError
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.vision import Image, ImageProcessor, PromptImage, place_images
 
 
 @dataclass(slots=True)
@@ -17,6 +18,7 @@ class Prompt:
     text: str
     token_ids: list[int]
     num_reused_ids: int = 0
+    images: list[PromptImage] = field(default_factory=list)  # every image of the conversation, placed
 
 
 class Conversation:
@@ -36,6 +38,7 @@ class Conversation:
         self.system = system
         self.turns: list[dict[str, str]] = []  # user and assistant messages, alternating
         self._known: list[tuple[str, list[int]]] = []  # (text, ids) the next render may extend
+        self._images: dict[int, list[Image]] = {}  # index in turns of a user message -> its images
 
     @property
     def messages(self) -> list[dict[str, str]]:
@@ -49,6 +52,7 @@ class Conversation:
     def clear(self) -> None:
         self.turns = []
         self._known = []
+        self._images = {}
 
     def load(self, messages: Sequence[Mapping[str, Any]]) -> None:
         """Replaces the conversation with `messages` (OpenAI shaped; a system message first, if any)."""
@@ -63,7 +67,7 @@ class Conversation:
                 turns.append({"role": role, "content": m["content"]})
             else:
                 raise ChatCommandError(f"message {i} has role {role!r}; expected user or assistant (system only first)")
-        self.system, self.turns, self._known = system, turns, []
+        self.system, self.turns, self._known, self._images = system, turns, [], {}
 
     @property
     def known(self) -> list[tuple[str, list[int]]]:
@@ -78,8 +82,14 @@ class Conversation:
             if isinstance(text, str) and isinstance(ids, list) and all(isinstance(i, int) for i in ids)
         ]
 
-    def next_prompt(self, user_text: str) -> Prompt:
-        """The prompt for the next turn, with `user_text` as the new message (nothing is recorded yet)."""
+    def next_prompt(
+        self, user_text: str, images: Sequence[Image] = (), processor: ImageProcessor | None = None
+    ) -> Prompt:
+        """The prompt for the next turn, with `user_text` (after `images`) as the new message (nothing
+        is recorded yet). A conversation with images is encoded whole, its images placed by `processor`;
+        raises ImageError when they cannot be."""
+        if images or self._images:
+            return self._prompt_with_images(user_text, images, processor)
         messages = self.messages + [{"role": "user", "content": user_text}]
         rendered = self.tokenizer.render_chat(messages, add_generation_prompt=True)
         text = rendered.text
@@ -89,10 +99,39 @@ class Conversation:
                 return Prompt(text, known_ids + tail, len(known_ids))
         return Prompt(text, self.tokenizer.encode_chat(messages, add_generation_prompt=True))
 
-    def add_turn(self, prompt: Prompt, user_text: str, answer: str, answer_ids: Sequence[int]) -> None:
+    def _prompt_with_images(self, user_text: str, images: Sequence[Image], processor: ImageProcessor | None) -> Prompt:
+        if processor is None:
+            raise ChatCommandError("this model reads text only; it cannot take images")
+        messages = [self._with_images(i, m) for i, m in enumerate(self.turns)]
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        new = _user_message(user_text, len(images))
+        rendered = self.tokenizer.render_chat(head + messages + [new], add_generation_prompt=True)
+        every = [image for i in sorted(self._images) for image in self._images[i]] + list(images)
+        ids, placed = place_images(self.tokenizer, rendered, every, processor)
+        return Prompt(rendered.text, ids, images=placed)
+
+    def _with_images(self, index: int, message: dict[str, str]) -> dict[str, Any]:
+        images = self._images.get(index)
+        return _user_message(message["content"], len(images)) if images else dict(message)
+
+    def add_turn(
+        self, prompt: Prompt, user_text: str, answer: str, answer_ids: Sequence[int], images: Sequence[Image] = ()
+    ) -> None:
         """Records a finished (or stopped) turn: `answer` is the text shown, `answer_ids` the ids
-        generated for it, without a final end-of-sequence id."""
+        generated for it, without a final end-of-sequence id; `images` went with the user's message."""
+        if images:
+            self._images[len(self.turns)] = list(images)
         self.turns += [{"role": "user", "content": user_text}, {"role": "assistant", "content": answer}]
         self._known = [(prompt.text, list(prompt.token_ids))]
         if answer_ids and self.tokenizer.decode(list(answer_ids)) == answer:
             self._known.insert(0, (prompt.text + answer, list(prompt.token_ids) + list(answer_ids)))
+
+
+def _user_message(text: str, num_images: int) -> dict[str, Any]:
+    """A user message with `num_images` image parts before its text (as `/image` attaches them)."""
+    if not num_images:
+        return {"role": "user", "content": text}
+    return {
+        "role": "user",
+        "content": [*({"type": "image"} for _ in range(num_images)), {"type": "text", "text": text}],
+    }

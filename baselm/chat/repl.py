@@ -32,6 +32,7 @@ from baselm.reasoning import ReasoningSplitter, prompt_opens_thinking, template_
 from baselm.sampling.params import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer.errors import ChatTemplateError
+from baselm.vision import Image, ImageError, decode_image
 
 PROMPT = ">>> "
 REQUEST_PREFIX = "repl-"  # this REPL's request ids
@@ -46,6 +47,7 @@ Type a message and press Enter. Commands:
                           (or none: the context's room) or seed (or none); alone: show them
   /save FILE, /load FILE  the conversation and settings as JSON
   /model [NAME]           go on with another model (a store name or a file); alone: show it
+  /image PATH             attach an image (PNG, JPEG, WebP, GIF) to your next message
   /stats                  the last turn's and the session's numbers
   /quit                   leave (or Ctrl-D)
 Multi-line input: end a line with \\ to continue it on the next, or put the text between
@@ -53,7 +55,7 @@ two lines of three quotes (\"\"\"). Ctrl-C stops an answer (what came so far sta
 conversation); at the prompt it clears the line. Arrow keys browse the input history, kept
 in $BASE_HOME/chat_history (default ~/.cache/base/chat_history)."""
 
-COMMAND_HINT = "commands: /help /clear /system /set /save /load /model /stats /quit"
+COMMAND_HINT = "commands: /help /clear /system /set /save /load /model /image /stats /quit"
 
 
 @contextlib.contextmanager
@@ -95,6 +97,7 @@ class ChatREPL:
         self.notes = self.console if self.rich_output else Console(stderr=True, highlight=False)
         self.reader = LineReader(history_path, interactive=sys.stdin.isatty())
         self._num_requests = 0
+        self._images: list[Image] = []  # attached with /image, for the next message
         self.last_chat = last_chat  # the conversation is kept here after each turn, for --resume
 
     def _use(self, client: AsyncEngine, model_name: str) -> None:
@@ -151,7 +154,11 @@ class ChatREPL:
     # ---- turns ---------------------------------------------------------------------------
 
     def _turn(self, runner: asyncio.Runner, user_text: str) -> None:
-        prompt = self.conversation.next_prompt(user_text)
+        try:
+            prompt = self.conversation.next_prompt(user_text, self._images, self.engine.image_processor)
+        except (ImageError, ChatCommandError) as exc:
+            self.note(f"error: {exc}", style="red")
+            return
         answer = Answer()
         self._num_requests += 1
         request_id = f"{REQUEST_PREFIX}{self._num_requests}"
@@ -189,7 +196,7 @@ class ChatREPL:
         splitter = ReasoningSplitter(prompt_opens_thinking(prompt.text)) if self._thinks else None
         with AnswerView(self.console, self.rich_output, splitter) as view:
             start = time.perf_counter()
-            outputs = await self.client.submit(prompt.token_ids, params, request_id)
+            outputs = await self.client.submit(prompt.token_ids, params, request_id, prompt.images)
             try:
                 async with contextlib.aclosing(outputs):  # leaving early aborts the request
                     async for out in outputs:
@@ -202,7 +209,8 @@ class ChatREPL:
         ids = answer.token_ids
         if answer.stats.finish_reason == "stop" and ids and ids[-1] in self._eos_ids:
             ids = ids[:-1]  # the template writes the end of turn itself
-        self.conversation.add_turn(prompt, user_text, answer.text, ids)
+        self.conversation.add_turn(prompt, user_text, answer.text, ids, self._images)
+        self._images = []
         self.session.turns.append(answer.stats)
         self.note(turn_line(answer.stats, self.engine.max_model_len))
         if self.last_chat is not None:
@@ -238,12 +246,30 @@ class ChatREPL:
             "/load": self._load,
             "/model": self._model,
             "/stats": self._stats,
+            "/image": self._image,
             "/quit": lambda arg: False,
             "/exit": lambda arg: False,
         }
 
+    def _image(self, arg: str) -> None:
+        """/image PATH: decodes the file now, so a bad one is told before the message is typed."""
+        if not arg:
+            raise ChatCommandError("/image needs the path of an image file")
+        if self.engine.image_processor is None:
+            raise ChatCommandError(f"{self.model_name} reads text only; it cannot take images")
+        try:
+            image = decode_image(Path(arg).expanduser().read_bytes(), what=arg)
+        except OSError as exc:
+            raise ChatCommandError(f"cannot read {arg}: {exc.strerror or exc}") from None
+        except ImageError as exc:
+            raise ChatCommandError(str(exc)) from None
+        self._images.append(image)
+        width, height = image.size
+        self.note(f"{arg} ({width}x{height}) goes with your next message")
+
     def _clear(self, arg: str) -> None:
         self.conversation.clear()
+        self._images = []
         self.note("conversation cleared")
 
     def _system(self, arg: str) -> None:

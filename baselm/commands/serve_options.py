@@ -82,6 +82,12 @@ MAX_WAITING = typer.Option(256, "--max-waiting", help="Queued requests beyond th
 MAX_BODY = typer.Option(
     "8MiB", "--max-body", help="Largest request body accepted (413 past it).", rich_help_panel=LIMITS
 )
+ALLOW_IMAGE_URLS = typer.Option(
+    False,
+    "--allow-image-urls",
+    help="Fetch http(s) image URLs in requests (within 20 MiB and 10 s each); otherwise images come as data URLs.",
+    rich_help_panel=LIMITS,
+)
 MAX_CONNECTIONS = typer.Option(512, "--max-connections", min=1, help=MAX_CONNECTIONS_HELP, rich_help_panel=LIMITS)
 READ_TIMEOUT = typer.Option(30.0, "--read-timeout", min=0.1, help=READ_TIMEOUT_HELP, rich_help_panel=LIMITS)
 SHUTDOWN_TIMEOUT = typer.Option(30.0, "--shutdown-timeout", help=SHUTDOWN_HELP, rich_help_panel=LIMITS)

@@ -190,12 +190,18 @@ class KVCacheManager:
         size = self.block_size
         for i in range(len(hashes), num_blocks):
             parent = hashes[i - 1] if i else None
-            hashes.append(hash_block(parent, tokens[i * size : (i + 1) * size], _extra_keys(request, i)))
+            hashes.append(hash_block(parent, tokens[i * size : (i + 1) * size], _extra_keys(request, i, size)))
         return hashes
 
 
-def _extra_keys(request: Request, block_index: int) -> tuple[ExtraKey, ...]:
-    """What besides tokens goes into a block's hash: the cache salt, on the first block (the chain carries it)."""
+def _extra_keys(request: Request, block_index: int, block_size: int) -> tuple[ExtraKey, ...]:
+    """What besides tokens goes into a block's hash: the cache salt, on the first block (the chain
+    carries it), and the key of each image whose placeholders the block holds, so two images never
+    share K/V (their placeholder ids are the same) and the same image in the next turn hits."""
+    keys: tuple[ExtraKey, ...] = ()
     if block_index == 0 and request.cache_salt is not None:
-        return (request.cache_salt,)
-    return ()
+        keys = (request.cache_salt,)
+    if request.images:
+        first, end = block_index * block_size, (block_index + 1) * block_size
+        keys += tuple(image.key for image in request.images if image.start < end and first < image.end)
+    return keys

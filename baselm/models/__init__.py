@@ -22,6 +22,7 @@ ARCHITECTURES = {
     "qwen3": "qwen3",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
+    "gemma3": "gemma3_vlm",
     "phi3": "phi3",
     "qwen3_moe": "qwen3_moe",
     "mixtral": "mixtral",

@@ -35,6 +35,19 @@ class BaseModelArgs:
         """Raises ModelConfigError for values the model cannot run with."""
 
 
+@dataclasses.dataclass(slots=True)
+class ImageEmbeddings:
+    """A step's image rows: flattened tokens whose embeddings come from a vision tower, not the vocabulary."""
+
+    rows: mx.array  # (num_image_rows,) int32 rows of the step's flattened tokens
+    embeddings: mx.array  # (num_image_rows, hidden)
+
+    def merge(self, h: mx.array) -> mx.array:
+        """`h` (num_tokens, hidden), the token embeddings, with the image rows put in."""
+        h[self.rows] = self.embeddings.astype(h.dtype)
+        return h
+
+
 class DecoderModel(nn.Module):
     """Interface of every model: flattened tokens of several sequences in, logits out.
 
@@ -62,6 +75,11 @@ class DecoderModel(nn.Module):
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Maps checkpoint tensors to this module's parameter names (drops unused ones)."""
         return weights
+
+    def embed_image(self, pixels: mx.array, extra: dict[str, Any]) -> mx.array:
+        """A vision-language model's embeddings of one preprocessed image: (num_image_tokens, hidden),
+        one row per placeholder token, in prompt order. Text-only models have none."""
+        raise ModelConfigError(f"{type(self).__module__} reads text only; it has no vision tower")
 
     def divide_rope_frequencies(self, factors: mx.array) -> None:
         """Divides each RoPE frequency by its factor, (rotary_dims // 2,): llama 3 scaling as llama.cpp's

@@ -135,8 +135,9 @@ def decoder_layer(
     layer: nn.Module, x: mx.array, positions: mx.array, meta: AttentionMetadata, layer_kv: LayerKV
 ) -> mx.array | None:
     """x + attn(norm(x)), then + mlp(norm(.)), as one kernel call writing this step's K/V into
-    `layer_kv` (rebound to the pools the call returns); None when the kernel does not apply."""
-    if not applies(x, layer_kv):
+    `layer_kv` (rebound to the pools the call returns); None when the kernel does not apply (also
+    when some queries see past their own position: its attention is causal only)."""
+    if meta.attend_until is not None or not applies(x, layer_kv):
         return None
     plan = plan_for(layer)
     if plan is None:

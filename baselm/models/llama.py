@@ -17,7 +17,7 @@ from baselm.kv.cache import LayerKV, PagedKVCache
 from baselm.metal import AttentionMetadata
 from baselm.models import cpu_layer
 from baselm.models.attention import Attention
-from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError, select_logits
+from baselm.models.base import BaseModelArgs, DecoderModel, ImageEmbeddings, ModelConfigError, select_logits
 from baselm.models.mlp import MLP
 from baselm.models.norm import RMSNorm
 from baselm.models.rope import make_rope, rope_type
@@ -174,10 +174,18 @@ class Model(DecoderModel):
         return self.embed_tokens.as_linear(h) if self.args.tie_word_embeddings else self.lm_head(h)
 
     def last_hidden(
-        self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
+        self,
+        input_ids: mx.array,
+        positions: mx.array,
+        meta: AttentionMetadata,
+        cache: PagedKVCache,
+        images: ImageEmbeddings | None = None,
     ) -> mx.array:
-        """The last layer's output for every token, before the final norm: (num_tokens, hidden)."""
+        """The last layer's output for every token, before the final norm: (num_tokens, hidden).
+        `images`: rows whose embeddings come from a vision tower instead of the vocabulary."""
         h = self.embed(input_ids)  # (num_tokens, hidden)
+        if images is not None:
+            h = images.merge(h)
         for i, layer in enumerate(self.layers):
             h = layer(h, positions, meta, cache[i])
         return h
@@ -189,9 +197,14 @@ class Model(DecoderModel):
         return self.norm(self.last_hidden(input_ids, positions, meta, cache))
 
     def __call__(
-        self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
+        self,
+        input_ids: mx.array,
+        positions: mx.array,
+        meta: AttentionMetadata,
+        cache: PagedKVCache,
+        images: ImageEmbeddings | None = None,
     ) -> mx.array:
-        h = self.last_hidden(input_ids, positions, meta, cache)
+        h = self.last_hidden(input_ids, positions, meta, cache, images)
         return self.lm_logits(self.norm(select_logits(h, meta)))
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -293,6 +293,11 @@ class Tokenizer:
         the template did not already write it; EOS is never added.
         """
         rendered = self.render_chat(messages, add_generation_prompt, tools, continue_final_message, **extra)
+        return self.encode_prompt(rendered)
+
+    def encode_prompt(self, rendered: RenderedChat) -> list[int]:
+        """Prompt ids of a rendered chat (`render_chat`, perhaps rewritten: images placed in it):
+        `encode_rendered`, with BOS prepended as `encode_chat` says."""
         ids = self.encode_rendered(rendered)
         bos = self.bos_token_id
         if self.add_bos_token and bos is not None and ids[:1] != [bos]:

@@ -39,6 +39,7 @@ class RunningServer:
         host: str = "127.0.0.1",
         read_timeout: float = 30.0,
         sampling: SamplingDefaults = NO_DEFAULTS,
+        allow_image_urls: bool = False,
         **config,
     ) -> None:
         config.setdefault("kv_memory", 4 * 2**20)
@@ -61,6 +62,7 @@ class RunningServer:
             allowed_hosts=allowed_hosts,
             read_timeout=read_timeout,
             sampling=sampling,
+            allow_image_urls=allow_image_urls,
         )
         self.server = make_server(self.client, model_name, options)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

@@ -81,11 +81,16 @@ def test_a_function_name_with_a_trailing_newline_is_refused(server):
     assert "must be 1-64 letters" in error["message"]
 
 
-def test_image_parts_and_unknown_roles_are_refused_clearly(server):
+def test_images_for_a_text_model_audio_parts_and_unknown_roles_are_refused_clearly(server):
     http = server.http()
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]
-    error = assert_error(http.post(CHAT, json={"model": MODEL, "messages": image}), 400, "messages[0].content[0].type")
-    assert "text parts only" in error["message"]
+    error = assert_error(
+        http.post(CHAT, json={"model": MODEL, "messages": image}), 400, "messages[0].content[0].image_url.url"
+    )
+    assert error["message"] == f"model {MODEL} reads text only; it cannot take images"
+    audio = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]
+    error = assert_error(http.post(CHAT, json={"model": MODEL, "messages": audio}), 400, "messages[0].content[0].type")
+    assert "text and image_url parts" in error["message"]
     assert_error(
         http.post(CHAT, json={"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}), 400, "messages[0].role"
     )

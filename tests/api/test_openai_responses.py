@@ -202,7 +202,12 @@ def test_refusals_name_the_field(server):
     body = {"model": MODEL, "input": "Hi"}
     assert_error(http.post("/v1/responses", json={**body, "tools": [{"type": "web_search"}]}), 400, "tools[0].type")
     image = [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]
-    assert_error(http.post("/v1/responses", json={**body, "input": image}), 400, "input[0].content[0].type")
+    error = assert_error(
+        http.post("/v1/responses", json={**body, "input": image}), 400, "input[0].content[0].image_url"
+    )
+    assert error["message"] == f"model {MODEL} reads text only; it cannot take images"
+    audio = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]
+    assert_error(http.post("/v1/responses", json={**body, "input": audio}), 400, "input[0].content[0].type")
     assert_error(http.post("/v1/responses", json={**body, "max_output_tokens": 0}), 400, "max_output_tokens")
     assert_error(http.post("/v1/responses", json={**body, "background": True}), 400, "background")
     assert_error(http.post("/v1/responses", json={**body, "temprature": 1}), 400, "temprature")

@@ -10,6 +10,8 @@ from baselm.config import EngineConfig
 from baselm.engine import LLMEngine
 from baselm.loader import load_model
 from baselm.sampling.params import SamplingParams
+from baselm.vision import decode_image
+from tests.vision_fixture import IMAGE_A, IMAGE_B, PROMPT_1, loaded_vlm, reference
 
 
 def test_fixture_template_renders_append_only(tokenizer):
@@ -127,3 +129,20 @@ def test_smollm2_turns_extend_each_other_and_hit_the_cache(smollm2_gguf):
     computed = len(first.token_ids) + len(answer.token_ids) - 1
     assert cached == min(computed, len(second.token_ids) - 1) // 16 * 16
     assert cached > 0
+
+
+def test_images_go_before_their_message_and_stay_in_later_turns():
+    loaded = loaded_vlm()
+    processor = LLMEngine(loaded).image_processor
+    conversation = Conversation(loaded.tokenizer)
+    image_a, image_b = decode_image(IMAGE_A.read_bytes()), decode_image(IMAGE_B.read_bytes())
+    first = conversation.next_prompt(PROMPT_1, [image_a], processor)
+    assert first.token_ids == reference()["input_ids_1"].tolist()  # transformers' ids for that message
+    conversation.add_turn(first, PROMPT_1, "a cat", [], [image_a])
+    second = conversation.next_prompt("and this?", [image_b], processor)
+    assert [(i.start, i.num_tokens) for i in second.images] == [
+        (first.images[0].start, 16),
+        (second.images[1].start, 16),
+    ]
+    assert second.token_ids[: first.images[0].end] == first.token_ids[: first.images[0].end]
+    assert second.images[0].key == first.images[0].key and second.images[1].key != first.images[0].key

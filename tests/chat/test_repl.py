@@ -17,6 +17,7 @@ from pathlib import Path
 import pexpect
 
 from tests.tiny_model import thinking_template, write_model_folder
+from tests.vision_fixture import FOLDER, IMAGE_A, PROMPT_1, loaded_vlm, reference
 
 BASE = shutil.which("base") or str(Path(sys.executable).parent / "base")
 TIMEOUT_S = 60  # for any one expected output of the REPL: it only bounds a hang, so generous on a loaded machine
@@ -294,3 +295,19 @@ def test_model_switches_to_another_model_and_the_conversation_goes_on(chat_model
         assert _quit(child) == 0
     finally:
         child.close(force=True)
+
+
+def test_image_command_attaches_an_image_to_the_next_message(tmp_path):
+    env = {**os.environ, "BASE_HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [BASE, "chat", str(FOLDER), "--device", "cpu", "--temperature", "0", "--max-tokens", "8"],
+        input=f"/image {tmp_path / 'missing.png'}\n/image {IMAGE_A}\n{PROMPT_1}\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "cannot read" in result.stderr and f"{IMAGE_A} (40x30) goes with your next message" in result.stderr
+    expected = loaded_vlm().tokenizer.decode(reference()["greedy_1"].tolist(), skip_special_tokens=True)
+    assert result.stdout.rstrip("\n") == expected.rstrip("\n")

@@ -29,6 +29,7 @@ def build(
 def test_all_architectures_are_registered():
     assert supported_model_types() == [
         "gemma2",
+        "gemma3",
         "gemma3_text",
         "gpt_oss",
         "llama",

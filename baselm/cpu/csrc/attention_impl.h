@@ -144,25 +144,61 @@ static inline const float* pool_row(const PoolView& pool, int64_t row, int head_
   return scratch;
 }
 
+// The sum of a native vector's lanes, by halves.
+static inline float nsum(vn v) {
+#if defined(__AVX512F__)
+  vf8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#elif defined(__AVX__)
+  vf8 h = v;
+#endif
+#if defined(__AVX__)
+  vf4 a = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+#else
+  vf4 a = v;
+#endif
+  return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+// Scores of R query rows from m against J keys from j0 (out[r][j0 + j]): the rows' query vectors
+// meet each key's vector as it is loaded, R x J sums in registers (3 x 4 of them beside 3 query
+// and one key vector fill AVX2's 16), one horizontal sum per score at the end.
+template <int R, int J>
+static inline void scores_tile(const Scratch& w, const float* const* keys, int m, int j0, int head_dim,
+                               float (*out)[kLanes]) {
+  vn acc[R][J] = {};
+  const float* q = &w.q[size_t(m) * head_dim];
+  for (int d = 0; d < head_dim; d += kNative) {
+    vn qv[R];
+    for (int r = 0; r < R; ++r) qv[r] = nload(q + size_t(r) * head_dim + d);
+    for (int j = 0; j < J; ++j) {
+      const vn k = nload(keys[j0 + j] + d);
+      for (int r = 0; r < R; ++r) acc[r][j] += qv[r] * k;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) out[r][j0 + j] = nsum(acc[r][j]);
+}
+
+template <int R>
+static inline void scores_rows_of_keys(const Scratch& w, const float* const* keys, int m, int head_dim, int num_keys,
+                                       float (*out)[kLanes]) {
+  int j = 0;
+  for (; j + 4 <= num_keys; j += 4) scores_tile<R, 4>(w, keys, m, j, head_dim, out);
+  for (; j < num_keys; ++j) scores_tile<R, 1>(w, keys, m, j, head_dim, out);
+}
+
 // The same scores from the key rows themselves (keys[j], head_dim floats each): for few query
-// rows (decode), where transposing the keys would cost more than the dot products. Each score
-// goes to a plain float array first: inserting lanes into a vector one at a time compiles, on
-// AVX2, to a round trip through the stack per key.
+// rows (decode), where transposing the keys would cost more than the dot products. Rows go three
+// at a time, keys four at a time.
 static inline void scores_dot(const Scratch& w, const float* const* keys, int rows, int head_dim, int num_keys,
                               vf* s) {
-  for (int m = 0; m < rows; ++m) {
-    const float* q = &w.q[size_t(m) * head_dim];
-    alignas(64) float out[kLanes] = {};
-    for (int j = 0; j < num_keys; ++j) {
-      const float* k = keys[j];
-      vn a[kParts] = {};
-      for (int d = 0; d < head_dim; d += kLanes)
-        for (int i = 0; i < kParts; ++i) a[i] += nload(q + d + i * kNative) * nload(k + d + i * kNative);
-      alignas(64) float lanes[kLanes];
-      for (int i = 0; i < kParts; ++i) nstore(lanes + i * kNative, a[i]);
-      out[j] = hsum(vload(lanes));
-    }
-    s[m] = vload(out);
+  alignas(64) float out[3][kLanes] = {};
+  for (int m = 0; m < rows; m += 3) {
+    const int tile = std::min(3, rows - m);
+    if (tile == 3) scores_rows_of_keys<3>(w, keys, m, head_dim, num_keys, out);
+    if (tile == 2) scores_rows_of_keys<2>(w, keys, m, head_dim, num_keys, out);
+    if (tile == 1) scores_rows_of_keys<1>(w, keys, m, head_dim, num_keys, out);
+    for (int r = 0; r < tile; ++r) s[m + r] = vload(out[r]);
   }
 }
 
@@ -231,7 +267,10 @@ static inline void accumulate(Scratch& w, const float* const* values, int rows, 
   for (int d = 0; d < head_dim; d += kLanes) {
     int m = 0;
     for (; m + kRowTile <= rows; m += kRowTile) accumulate_rows<kRowTile>(w, values, m, d, head_dim, num_keys);
-    for (; m < rows; ++m) accumulate_rows<1>(w, values, m, d, head_dim, num_keys);
+    // The rest together: each value vector loaded once for up to three rows.
+    for (; rows - m >= 3; m += 3) accumulate_rows<3>(w, values, m, d, head_dim, num_keys);
+    if (rows - m == 2) accumulate_rows<2>(w, values, m, d, head_dim, num_keys);
+    if (rows - m == 1) accumulate_rows<1>(w, values, m, d, head_dim, num_keys);
   }
 }
 

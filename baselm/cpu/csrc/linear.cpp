@@ -88,7 +88,7 @@ int num_chunks(int n) { return (n + kChunkRows - 1) / kChunkRows; }
 constexpr int kClaimsPerThread = 32;
 
 int dense_chunk_rows(int n, size_t bytes) {
-  if (bytes < kMinParallelBytes) return kChunkRows;  // one thread: no pool to size for
+  if (bytes < min_parallel_bytes()) return kChunkRows;  // one thread: no pool to size for
   int rows = n / (num_threads() * kClaimsPerThread) / kChunkRows * kChunkRows;
   return rows > kChunkRows ? rows : kChunkRows;
 }
@@ -360,7 +360,7 @@ mx::array kquant_dequantize(const mx::array& blocks, const std::string& kind) {
 void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
   const LinearKernels& kern = kernels();
   const int n = w.N, k = w.K;
-  // The pool is woken for calls with at least kMinParallelBytes of weight reads per activation
+  // The pool is woken for calls with at least min_parallel_bytes() of weight reads per activation
   // row, times the rows: several rows make a small weight's call compute-bound (SmolLM2's q/k/v
   // at 8 rows took 400 us on one thread), one row keeps the 512 KiB rule.
   const size_t bytes = static_cast<size_t>(w.bytes) * static_cast<size_t>(M);

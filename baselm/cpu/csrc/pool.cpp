@@ -19,12 +19,10 @@
 #define BASE_PAUSE() std::this_thread::yield()
 #endif
 
-// How long an idle worker spins before sleeping. Claiming is dynamic, so a sleeping worker's
-// wake-up is not on the caller's path; a long spin only takes a core from MLX's own thread,
-// which on a busy machine costs more than it saves.
-#ifndef BASE_WORKER_SPIN_US
-#define BASE_WORKER_SPIN_US 20
-#endif
+// How long an idle worker spins before sleeping (BASE_CPU_SPIN_US, else 20 us). Claiming is
+// dynamic, so a sleeping worker's wake-up is not on the caller's path; a long spin only takes a
+// core from MLX's own thread, which on a busy machine costs more than it saves.
+constexpr int kDefaultSpinUs = 20;
 
 namespace nb = nanobind;
 
@@ -62,6 +60,24 @@ std::string initial_isa() {
 std::string& isa_slot() {
   static std::string isa = initial_isa();
   return isa;
+}
+
+// A positive integer from the environment variable `name`, else `fallback`.
+long env_count(const char* name, long fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return fallback;
+  const long n = std::atol(env);
+  return n > 0 ? n : fallback;
+}
+
+std::atomic<long>& spin_us() {
+  static std::atomic<long> us{env_count("BASE_CPU_SPIN_US", kDefaultSpinUs)};
+  return us;
+}
+
+std::atomic<size_t>& parallel_bytes() {
+  static std::atomic<size_t> bytes{static_cast<size_t>(env_count("BASE_CPU_PARALLEL_BYTES", 512 * 1024))};
+  return bytes;
 }
 
 int initial_threads() {
@@ -132,7 +148,7 @@ class Pool {
   void work(int thread) {
     uint64_t seen = 0;
     for (;;) {
-      auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(BASE_WORKER_SPIN_US);
+      auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us().load(std::memory_order_relaxed));
       while ((claim_.load(std::memory_order_acquire) >> 32) == seen) {
         if (std::chrono::steady_clock::now() >= spin_until) {
           std::unique_lock<std::mutex> lock(mutex_);
@@ -186,9 +202,11 @@ const std::string& active_isa() { return isa_slot(); }
 
 int num_threads() { return pool().threads(); }
 
+size_t min_parallel_bytes() { return parallel_bytes().load(std::memory_order_relaxed); }
+
 void parallel_for(int num_chunks, size_t bytes, const std::function<void(int, int, int)>& fn) {
   if (num_chunks <= 0) return;
-  if (bytes < kMinParallelBytes) {
+  if (bytes < min_parallel_bytes()) {
     fn(0, num_chunks, 0);
     return;
   }
@@ -196,7 +214,7 @@ void parallel_for(int num_chunks, size_t bytes, const std::function<void(int, in
 }
 
 void parallel_for(int num_chunks, const std::function<void(int, int, int)>& fn) {
-  parallel_for(num_chunks, kMinParallelBytes, fn);
+  if (num_chunks > 0) pool().run(num_chunks, fn);
 }
 
 float* thread_scratch(int thread, size_t count) {
@@ -225,6 +243,12 @@ void register_runtime(nb::module_& m) {
         throw std::invalid_argument("instruction set " + isa + " is not supported on this CPU");
       },
       nb::arg("isa"), "Runs the kernels with `isa` (one of supported_isas()).");
+  m.def(
+      "set_parallel_bytes", [](size_t bytes) { parallel_bytes().store(bytes); }, nb::arg("bytes"),
+      "Weight bytes per activation row from which a matmul is shared out among the threads (BASE_CPU_PARALLEL_BYTES).");
+  m.def(
+      "set_spin_us", [](long us) { spin_us().store(us); }, nb::arg("us"),
+      "How long an idle worker spins before it sleeps, in microseconds (BASE_CPU_SPIN_US).");
   m.def("num_threads", &num_threads, "Threads a kernel call uses (BASE_CPU_THREADS, else all cores).");
 }
 

@@ -16,9 +16,10 @@ const std::string& active_isa();
 
 // Runs fn(begin, end, thread) over [0, num_chunks) split into dynamically claimed runs of
 // chunks, on up to num_threads() threads; returns when all chunks are done. A call reading
-// fewer than kMinParallelBytes runs on the calling thread alone: waking a worker costs more
+// fewer than min_parallel_bytes() runs on the calling thread alone: waking a worker costs more
 // than it saves there, and on a busy machine a worker the OS has preempted stalls the call.
-constexpr size_t kMinParallelBytes = 512 * 1024;
+// 512 KiB, or BASE_CPU_PARALLEL_BYTES.
+size_t min_parallel_bytes();
 void parallel_for(int num_chunks, size_t bytes, const std::function<void(int, int, int)>& fn);
 // The same with no size: always shared out among the threads.
 void parallel_for(int num_chunks, const std::function<void(int, int, int)>& fn);

@@ -23,7 +23,7 @@ import numpy as np
 
 from baselm.embedding import EmbeddingQueue
 from baselm.engine import LLMEngine
-from baselm.request import RequestOutput
+from baselm.request import AdapterChoice, RequestOutput
 from baselm.sampling.params import SamplingParams
 
 log = logging.getLogger("baselm.engine")
@@ -139,15 +139,20 @@ class AsyncEngine:
         return await asyncio.wrap_future(self.call(fn, *args))
 
     async def submit(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        adapters: AdapterChoice | None = None,
     ) -> RequestStream:
-        """Async iterator over a request's outputs; raises at once if the engine refuses it."""
+        """Async iterator over a request's outputs, run with the LoRA `adapters` (None: the plain model);
+        raises at once if the engine refuses it."""
         params = params or SamplingParams()
         request_id = request_id or self.engine.new_request_id()
         stream = RequestStream(self, request_id, params.n)
         self._streams[request_id] = (asyncio.get_running_loop(), stream.queue)
         try:
-            await self.run_on_engine(_add_request, prompt, params, request_id)
+            await self.run_on_engine(_add_request, prompt, params, request_id, adapters)
         except BaseException:
             self._streams.pop(request_id, None)
             self.abort(request_id)  # cancelled after the engine took it: nobody would read it

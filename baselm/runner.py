@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from baselm import prompt_logprobs
-from baselm.kv import AttentionMetadata, PagedKVCache
+from baselm.kv import AdapterRows, AttentionMetadata, PagedKVCache
 from baselm.models.base import DecoderModel
 from baselm.prompt_logprobs import PromptRows
 from baselm.sampling.acceptance import emitted_tokens
@@ -152,8 +153,28 @@ class ModelRunner:
                 sampling.append(scheduled)
         # A step where nobody samples (all mid-prefill) still needs one row to keep shapes valid.
         rows = logits_rows + extra_rows or [len(input_ids) - 1]
-        meta = AttentionMetadata.build(block_tables, query_lens, context_lens, self.cache.block_size, rows)
+        adapters = _adapter_rows(output.requests)
+        meta = AttentionMetadata.build(block_tables, query_lens, context_lens, self.cache.block_size, rows, adapters)
         return mx.array(input_ids, dtype=mx.int32), meta, sampling
+
+
+def _adapter_rows(requests: list[ScheduledRequest]) -> tuple[AdapterRows, ...]:
+    """Each LoRA adapter the step's requests run with: the flattened rows of those requests (all
+    their fed tokens, drafts included) and each row's scale; () when every request is plain."""
+    rows: dict[int, list[int]] = defaultdict(list)
+    scales: dict[int, list[float]] = defaultdict(list)
+    start = 0
+    for scheduled in requests:
+        num_fed = scheduled.num_scheduled_tokens
+        adapters = scheduled.request.adapters
+        for slot, scale in adapters.slots if adapters is not None else ():
+            rows[slot] += range(start, start + num_fed)
+            scales[slot] += [scale] * num_fed
+        start += num_fed
+    return tuple(
+        AdapterRows(slot, mx.array(rows[slot], dtype=mx.int32), mx.array(scales[slot], dtype=mx.float32)[:, None])
+        for slot in sorted(rows)
+    )
 
 
 def _sampling_rows(

@@ -1,4 +1,5 @@
-"""The seam between the engine and a model: where each token's K/V goes and what it attends to.
+"""The seam between the engine and a model: where each token's K/V goes, what it attends to, and
+which LoRA adapters its projections add (`AdapterRows`).
 
 Defined here, in the kernel package, because the attention paths (reference and kernels) read
 it and this package imports nothing from the engine; the engine builds it (`baselm.kv` exports it).
@@ -40,6 +41,15 @@ class _QueryLayout(NamedTuple):
         )
 
 
+class AdapterRows(NamedTuple):
+    """The flattened token rows one LoRA adapter applies to in a step, and each row's scale: the
+    rows of every request that runs with the adapter (baselm/models/lora.py adds its delta)."""
+
+    slot: int  # the adapter's slot in the model's projections (baselm/served_adapters.py)
+    rows: mx.array  # (num_rows,) int32
+    scales: mx.array  # (num_rows, 1) float32: the request's scale of the adapter
+
+
 def _starts(q_lens: np.ndarray) -> np.ndarray:
     """(num_seqs,) first flattened row of each sequence."""
     return np.concatenate([[0], np.cumsum(q_lens)[:-1]]).astype(np.int64)
@@ -72,6 +82,7 @@ class AttentionMetadata:
     query_lens: tuple[int, ...]  # host copies: no device sync needed to read them
     context_lens_host: tuple[int, ...]
     mask_cache: dict = field(default_factory=dict)  # attention masks of this step, shared by the layers
+    adapter_rows: tuple[AdapterRows, ...] = ()  # LoRA adapters this step applies, one entry each; () = none
 
     @property
     def num_seqs(self) -> int:
@@ -97,6 +108,7 @@ class AttentionMetadata:
         context_lens: list[int],
         block_size: int,
         logits_indices: list[int] | None = None,
+        adapter_rows: tuple[AdapterRows, ...] = (),
     ) -> AttentionMetadata:
         """Builds the metadata on the host in one pass (numpy), then hands arrays to MLX."""
         _check_sequences(block_tables, query_lens, context_lens, block_size)
@@ -120,6 +132,7 @@ class AttentionMetadata:
             logits_indices=None if logits_indices is None else _i32(logits_indices),
             query_lens=tuple(int(q) for q in query_lens),
             context_lens_host=tuple(int(c) for c in context_lens),
+            adapter_rows=adapter_rows,
         )
 
     def token_indices(self, seq_ids: np.ndarray) -> np.ndarray:
@@ -129,7 +142,8 @@ class AttentionMetadata:
         return np.concatenate([np.arange(starts[s], starts[s] + q_lens[s]) for s in seq_ids])
 
     def select(self, seq_ids: np.ndarray) -> AttentionMetadata:
-        """The step of sequences `seq_ids` alone: their tokens (`token_indices(seq_ids)` here) numbered from 0."""
+        """The step of sequences `seq_ids` alone: their tokens (`token_indices(seq_ids)` here) numbered from 0,
+        for attention (no adapter rows: projections run on the whole step)."""
         q_lens = np.asarray(self.query_lens, dtype=np.int64)[seq_ids]
         c_lens = np.asarray(self.context_lens_host, dtype=np.int64)[seq_ids]
         layout = _QueryLayout.of(q_lens, c_lens)

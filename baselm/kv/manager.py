@@ -137,13 +137,17 @@ class KVCacheManager:
             raise ValueError(f"request {child.request_id} has already started; only a new request can be forked")
         if parent.all_token_ids[: child.num_tokens] != child.all_token_ids:
             raise ValueError(f"request {child.request_id} does not start with the tokens of {parent.request_id}")
+        if child.adapters != parent.adapters:
+            raise ValueError(
+                f"request {child.request_id} runs other adapters than {parent.request_id}; their K/V differ"
+            )
         num_shared = min(parent.num_computed_tokens, child.num_tokens - 1) // self.block_size
         shared = self._blocks.get(parent.request_id, [])[:num_shared]
         self._blocks[child.request_id] = []
         self._block_ids[child.request_id] = []
         self._take(child.request_id, shared, touch=True)
         self._num_cached_blocks[child.request_id] = min(num_shared, self._num_cached_blocks.get(parent.request_id, 0))
-        if child.cache_salt == parent.cache_salt:
+        if (child.cache_salt, child.adapters) == (parent.cache_salt, parent.adapters):
             child.block_hashes = parent.block_hashes[:num_shared]
         child.num_computed_tokens = num_shared * self.block_size
 
@@ -195,7 +199,9 @@ class KVCacheManager:
 
 
 def _extra_keys(request: Request, block_index: int) -> tuple[ExtraKey, ...]:
-    """What besides tokens goes into a block's hash: the cache salt, on the first block (the chain carries it)."""
-    if block_index == 0 and request.cache_salt is not None:
-        return (request.cache_salt,)
-    return ()
+    """What besides tokens goes into a block's hash, on the first block (the chain carries it): the
+    cache salt, then the LoRA adapters the request runs with (their `cache_key`)."""
+    if block_index:
+        return ()
+    salt = () if request.cache_salt is None else (request.cache_salt,)
+    return salt if request.adapters is None else (*salt, request.adapters.cache_key)

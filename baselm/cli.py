@@ -418,6 +418,7 @@ def serve(
     webui: bool = opt.WEBUI,
     device: str = DEVICE,
     adapter: list[str] = ADAPTER,
+    lora: list[str] = opt.LORA,
     kv_memory: str | None = opt.KV_MEMORY,
     kv_bits: int = opt.SERVE_KV_BITS,
     max_num_seqs: int = opt.MAX_NUM_SEQS,
@@ -465,7 +466,7 @@ def serve(
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
         _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format)
         _set_browser_access(server, cors_origins, allowed_hosts, webui)
-        model_args = command.model_args(models, device, require_signature, dist, prefix_cache_file, adapter)
+        model_args = command.model_args(models, device, require_signature, dist, prefix_cache_file, adapter, lora)
         pool = command.pool_args(models, keep_alive, max_loaded_models, parse_optional_size(memory_budget))
         args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist), pool)
     command.serve(args)

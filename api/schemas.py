@@ -230,7 +230,7 @@ def read_lora(value: Any, field: str) -> list[tuple[int, float]]:
         scale = entry.number("scale")
         entry.finish()
         if adapter_id is None or scale is None:
-            raise bad_request(f"{field}[{i}] needs an id and a scale, as {{\"id\": 0, \"scale\": 1.0}}", field)
+            raise bad_request(f'{field}[{i}] needs an id and a scale, as {{"id": 0, "scale": 1.0}}', field)
         pairs.append((adapter_id, scale))
     ids = [adapter_id for adapter_id, _ in pairs]
     twice = next((i for i in ids if ids.count(i) > 1), None)

@@ -456,13 +456,11 @@ def serve(
 
     with report_user_errors():
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
-        config = replace(
-            _serve_engine(kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting),
-            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
-            **_prefix_cache_settings(
-                no_prefix_caching, prefix_cache_file, prefix_cache_save_interval, prefix_cache_max_size
-            ),
+        prefix = _prefix_cache_settings(
+            no_prefix_caching, prefix_cache_file, prefix_cache_save_interval, prefix_cache_max_size
         )
+        engine = _serve_engine(kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting)
+        config = replace(engine, speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens), **prefix)
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
         _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format)
         _set_browser_access(server, cors_origins, allowed_hosts, webui)

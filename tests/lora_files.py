@@ -58,11 +58,13 @@ def gguf_lora(path: Path) -> Path:
     return path
 
 
-def peft_adapter(folder: Path, targets: tuple[str, ...], seed: int, rank: int = 2, alpha: float = 4.0) -> Path:
-    """A PEFT adapter folder on `targets` (projection names) of both tiny llama layers, its A and B
-    drawn from a seeded normal distribution (0.2 sd): an adapter with no training behind it, whose
-    reference is the same adapter merged as the model loads."""
-    config = json.loads((LLAMA_FIXTURE / "config.json").read_text())
+def peft_adapter(
+    folder: Path, targets: tuple[str, ...], seed: int, config: dict | None = None, rank: int = 2, alpha: float = 4.0
+) -> Path:
+    """A PEFT adapter folder on `targets` (projection names) of every layer of the llama `config` (the
+    tiny llama's by default), its A and B drawn from a seeded normal distribution (0.2 sd): an adapter
+    with no training behind it, whose reference is the same adapter merged as the model loads."""
+    config = config or json.loads((LLAMA_FIXTURE / "config.json").read_text())
     hidden, inner = config["hidden_size"], config["intermediate_size"]
     head_dim = config["head_dim"]
     q_out, kv_out = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim

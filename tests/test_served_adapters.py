@@ -122,6 +122,41 @@ def test_an_adapter_on_a_quantized_model_adds_its_float_delta_to_the_quantized_w
         assert np.abs(got - prefill(served.model, PROMPT)).max() > 4 * rounding  # and the adapter took
 
 
+def test_an_adapter_on_k_quant_blocks_adds_its_float_delta_to_their_values(tmp_path, monkeypatch):
+    """A GGUF's Q4_K/Q5_K/Q6_K matrices kept as blocks on the CPU kernels (exact path): against the same
+    file's values in float32 with the adapter merged, to float32 rounding (their test's bound, 1e-5 of the
+    largest logit)."""
+    import gguf
+
+    from baselm import cpu
+    from tests.cpu.test_kquant_models import FLOAT, IDS, KERNELS
+    from tests.store.test_gguf_kquants import K_MODEL, k_quant_llama
+    from tests.tiny_gguf import oracle
+
+    if cpu.kernels is None:
+        pytest.skip("the CPU kernels are not built here")
+    monkeypatch.setenv("BASE_KQUANT_BLOCKS", "1")
+    path = k_quant_llama(tmp_path / "k.gguf")
+    values = {name: (v.astype(np.float32), "F32") for name, v in oracle(path).items()}
+    head = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "output.weight")
+    values["output.weight"] = (np.array(head.data).reshape(head.shape[-1], -1), "Q2_K")  # re-quantized in both
+    values = k_quant_llama(tmp_path / "values.gguf", values)
+    adapter = peft_adapter(
+        tmp_path / "lora", ("q_proj", "k_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 2, K_MODEL
+    )
+    before = cpu.kernels.exact_setting()
+    cpu.kernels.set_exact(True)
+    try:
+        served = load_model(path, KERNELS, served_adapters=[AdapterSpec.read(f"a={adapter}")])
+        assert type(served.model.layers[0].self_attn.q_proj).__name__ == "KQuantLinear"
+        got = prefill(served.model, IDS.tolist(), all_rows(len(IDS)))
+    finally:
+        cpu.kernels.set_exact(before)
+    expected = prefill(load_model(values, FLOAT, adapters=[read_adapter(str(adapter))]).model, IDS.tolist())
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+    assert np.abs(got - prefill(served.model, IDS.tolist())).max() > 1e-2 * np.abs(expected).max()
+
+
 # ---- choosing adapters --------------------------------------------------------------------
 
 

@@ -173,7 +173,10 @@ class ModelPool:
             matches = [e for e in self.entries.values() if candidate in e.servable.aliases]
             if len(matches) == 1:
                 return matches[0]
-        return next((e for e in self.loaded() if name in adapter_names(e)), None)
+            adapted = next((e for e in self.loaded() if candidate in adapter_names(e)), None)
+            if adapted is not None:
+                return adapted
+        return None
 
     def names(self) -> list[str]:
         return sorted(self.entries)

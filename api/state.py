@@ -93,9 +93,9 @@ class ModelState:
         if served is None:
             return self
         view = copy.copy(self)
-        view.adapter = served.find(name)
+        view.adapter = served.find(name) or served.find(name.removesuffix(":latest"))  # Ollama's tag, as pool.py
         if view.adapter is not None:
-            view.model_name, view.adapters = name, served.named(name)
+            view.model_name, view.adapters = view.adapter.name, served.named(view.adapter.name)
         else:
             view.adapters = served.defaults()
         return view

@@ -164,7 +164,7 @@ class LLMEngine:
         if served is None:
             raise InvalidRequestError(f"{self.loaded.name} serves no LoRA adapters (base serve MODEL --lora NAME=PATH)")
         try:
-            served.check(adapters)
+            served.check(slot for slot, _ in adapters.slots)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
 

@@ -18,7 +18,7 @@ across restarts with a prefix cache file.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ class ServedAdapter:
     path: Path
     scale: float  # what a request naming it gets
     fingerprint: str  # of its file(s): what its K/V are keyed by
+    nbytes: int  # what its factors hold in memory, beside the model's weights
 
 
 class ServedAdapters:
@@ -82,9 +83,10 @@ class ServedAdapters:
             raise AdapterError(f"--lora names {twice!r} twice; give each adapter its own name")
         served = []
         for slot, spec in enumerate(specs):
-            mx.eval(_attach_one(model, slot, spec.adapter, config))
-            path = spec.adapter.path
-            served.append(ServedAdapter(slot, spec.name, path, spec.scale, weights_fingerprint(path)))
+            factors = _attach_one(model, slot, spec.adapter, config)
+            mx.eval(factors)
+            path, nbytes = spec.adapter.path, sum(f.nbytes for f in factors)
+            served.append(ServedAdapter(slot, spec.name, path, spec.scale, weights_fingerprint(path), nbytes))
         return cls(served)
 
     def __len__(self) -> int:
@@ -123,15 +125,15 @@ class ServedAdapters:
             {"id": a.id, "name": a.name, "path": str(a.path), "scale": self.default_scales[a.id]} for a in self.adapters
         ]
 
-    def check(self, choice: AdapterChoice) -> None:
-        """Raises AdapterError unless every slot of `choice` is one of these adapters'."""
-        bad = next((slot for slot, _ in choice.slots if not 0 <= slot < len(self.adapters)), None)
+    def check(self, ids: Iterable[int]) -> None:
+        """Raises AdapterError unless every one of `ids` is one of these adapters'."""
+        bad = next((i for i in ids if not 0 <= i < len(self.adapters)), None)
         if bad is not None:
             raise AdapterError(f"adapter id {bad} is not one of this model's; it serves {self._listing()}")
 
     def _by_id(self, scales: Sequence[tuple[int, float]]) -> dict[int, float]:
         by_id = dict(scales)
-        self.check(AdapterChoice(tuple(by_id.items()), ""))
+        self.check(by_id)
         return by_id
 
     def _choice(self, scales: dict[int, float]) -> AdapterChoice | None:

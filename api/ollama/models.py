@@ -78,17 +78,16 @@ def served_entry(state: ModelState) -> dict[str, Any]:
 
 def adapter_entries(state: ModelState, entry: dict[str, Any], on_disk: bool) -> list[dict[str, Any]]:
     """The LoRA adapters `state`'s model serves, as Ollama lists models: its `entry` under each
-    adapter's name and digest, with the model as `details.parent_model`; `on_disk`: the size is the
-    adapter's files' (/api/tags), else the model's in memory, which the adapter runs in (/api/ps)."""
+    adapter's name and digest, with the model as `details.parent_model`; the size is the adapter's
+    files' when `on_disk` (/api/tags), else what its factors hold in memory beside the model (/api/ps)."""
     served = state.served_adapters
     listed = []
     for adapter in served.adapters if served is not None else []:
         path = adapter.path
+        size = (path.stat().st_size if path.is_file() else _folder_size(path)) if on_disk else adapter.nbytes
         named = {"name": adapter.name, "model": adapter.name, "digest": digest(adapter.fingerprint, adapter.scale)}
-        if on_disk:
-            named["size"] = path.stat().st_size if path.is_file() else _folder_size(path)
         details = {**entry["details"], "parent_model": state.model_name}
-        listed.append({**entry, **named, "details": details})
+        listed.append({**entry, **named, "size": size, "details": details})
     return listed
 
 
@@ -182,7 +181,8 @@ async def ollama_ps(request: Request) -> Response:
             size_vram=entry.size if on_gpu else 0,
             context_length=state.max_model_len,
         )
-        models += [listed, *adapter_entries(state, listed, on_disk=False)]
+        adapters = adapter_entries(state, listed, on_disk=False)
+        models += [listed, *({**a, "size_vram": a["size"] if on_gpu else 0} for a in adapters)]
     return JSONResponse({"models": models})
 
 

@@ -11,6 +11,7 @@ request on an engine whose model has that adapter merged at load.
 from __future__ import annotations
 
 import httpx
+import mlx.core as mx
 import openai
 import pytest
 
@@ -87,7 +88,7 @@ def test_every_protocol_takes_an_adapters_name(server, expected):
         body = {"model": "a", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0}
         anthropic = http.post("/v1/messages", json=body).json()
         assert (anthropic["model"], anthropic["content"][0]["text"]) == ("a", expected["a"])
-        ollama_body = {"model": "b", "messages": MESSAGES, "stream": False}
+        ollama_body = {"model": "b:latest", "messages": MESSAGES, "stream": False}  # Ollama's clients add the tag
         ollama = http.post(
             "/api/chat",
             json={**ollama_body, "options": {"temperature": 0, "num_predict": MAX_TOKENS, "repeat_penalty": 1.0}},
@@ -113,7 +114,9 @@ def test_the_adapters_are_listed_as_models_with_their_parent(server, files):
     for listing in (tags, ps):
         assert listing["a"]["details"]["parent_model"] == listing["b"]["details"]["parent_model"] == MODEL
         assert listing[MODEL]["details"]["parent_model"] == ""
-    assert tags["a"]["size"] == sum(f.stat().st_size for f in files["a"].iterdir())
+    assert tags["a"]["size"] == sum(f.stat().st_size for f in files["a"].iterdir())  # its files
+    factors = mx.load(str(files["a"] / "adapter_model.safetensors")).values()
+    assert ps["a"]["size"] == sum(f.nbytes for f in factors)  # its float32 factors in memory
 
 
 def test_llama_servers_lora_field_and_default_scales(server, files, expected):

@@ -24,6 +24,7 @@ from baselm.api.cors import cors_middleware
 from baselm.api.embeddings import embeddings
 from baselm.api.errors import EXCEPTION_HANDLERS, bad_request
 from baselm.api.guard import BrowserGuard, allowed_host_names
+from baselm.api.lora_adapters import list_adapters, set_adapters
 from baselm.api.models import get_model, list_models, load_model, unload_model
 from baselm.api.ollama.chat import ollama_chat, ollama_generate
 from baselm.api.ollama.embed import ollama_embed, ollama_embeddings
@@ -136,6 +137,8 @@ ROUTES = [
     Route("/models", list_models, methods=["GET"]),
     Route("/models/load", load_model, methods=["POST"]),
     Route("/models/unload", unload_model, methods=["POST"]),
+    Route("/lora-adapters", list_adapters, methods=["GET"]),
+    Route("/lora-adapters", set_adapters, methods=["POST"]),
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/health", health, methods=["GET"]),

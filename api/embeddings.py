@@ -30,7 +30,14 @@ class EmbeddingJob:
 
 async def run_embeddings(request: Request, state: ModelState, job: EmbeddingJob, param: str) -> list[np.ndarray]:
     """The vectors, computed on the engine thread a slice at a time between steps; refusals become
-    400s naming `param`, and a client that disconnects drops the work not done yet."""
+    400s naming `param`, and a client that disconnects drops the work not done yet. Embeddings are the
+    model's own: a LoRA adapter's name is refused (adapters serve generation)."""
+    if state.adapter is not None:
+        raise bad_request(
+            f"{state.model_name!r} is a LoRA adapter, which serves generation; embeddings come from the model it "
+            "adapts: name that model",
+            "model",
+        )
     for ids in job.inputs:
         bad = [t for t in ids if not 0 <= t < state.vocab_size]
         if bad:

@@ -3,7 +3,9 @@ router endpoints (`GET /models`, `POST /models/load`, `POST /models/unload`).
 
 Both listings name every servable model with its state as llama-server's router writes it,
 `"status": {"value": "loaded" | "loading" | "unloaded"}`; a loaded model's card adds what a
-request gets for what it leaves out (its context, token cap and sampling defaults).
+request gets for what it leaves out (its context, token cap and sampling defaults). The LoRA
+adapters a model serves follow it, each a card of its own as vLLM lists them: `root` its path,
+`parent` the model it adapts.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from baselm.api.errors import APIError
-from baselm.api.pool import PoolEntry, pool_of
+from baselm.api.pool import PoolEntry, adapter_names, pool_of
 from baselm.api.schemas import Body
 from baselm.api.serving import read_json
 from baselm.api.state import ServerState
@@ -27,6 +29,7 @@ def model_card(server: ServerState, entry: PoolEntry) -> dict[str, Any]:
         "created": server.created,
         "owned_by": "base",
         "root": entry.name,  # vLLM's and SGLang's cards name the base model here
+        "parent": None,  # an adapter's card names the model it adapts here
         "status": {"value": entry.status},
     }
     state = entry.state
@@ -39,17 +42,32 @@ def model_card(server: ServerState, entry: PoolEntry) -> dict[str, Any]:
     return card
 
 
+def adapter_card(server: ServerState, entry: PoolEntry, name: str) -> dict[str, Any]:
+    """The card of the LoRA adapter `name` of `entry`'s model (loaded: adapters are served by loaded models)."""
+    adapter = entry.state.served_adapters.find(name)  # type: ignore[union-attr]
+    card = model_card(server, entry)
+    return {**card, "id": name, "root": str(adapter.path), "parent": entry.name}
+
+
 async def list_models(request: Request) -> Response:
-    """GET /v1/models and GET /models: every servable model, loaded or not."""
+    """GET /v1/models and GET /models: every servable model, loaded or not, each followed by its adapters."""
     server: ServerState = request.app.state.base
     await pool_of(request).refresh()
-    return JSONResponse({"object": "list", "data": [model_card(server, e) for e in pool_of(request)]})
+    cards = []
+    for entry in pool_of(request):
+        cards.append(model_card(server, entry))
+        cards += [adapter_card(server, entry, name) for name in adapter_names(entry)]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 async def get_model(request: Request) -> Response:
     """GET /v1/models/{model}."""
     server: ServerState = request.app.state.base
-    return JSONResponse(model_card(server, await pool_of(request).lookup(request.path_params["model"])))
+    name = request.path_params["model"]
+    entry = await pool_of(request).lookup(name)
+    if name in adapter_names(entry):
+        return JSONResponse(adapter_card(server, entry, name))
+    return JSONResponse(model_card(server, entry))
 
 
 async def _named(request: Request) -> PoolEntry:

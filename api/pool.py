@@ -15,6 +15,8 @@ an ASGI middleware, gives it back). The rules:
 - Keep-alive: once a model's last lease ends it stays loaded for its keep-alive (the latest
   request's `keep_alive`, else the entry's default), then unloads; 0 unloads at once, None never.
 - A pinned model (an engine handed in already started, as `make_server` does) is never unloaded.
+- A loaded model's LoRA adapters (baselm/served_adapters.py) are served under their own names: a
+  request naming one leases the model it adapts and gets it as that adapter (`ModelState.for_request`).
 """
 
 from __future__ import annotations
@@ -163,13 +165,17 @@ class ModelPool:
                 self.entries.pop(entry.name, None)  # in use: kept until a later reading finds it idle
 
     def find(self, name: str) -> PoolEntry | None:
-        """The entry `name` names: its own name, an alias, either with Ollama's ":latest"."""
+        """The entry `name` names: its own name, an alias, either with Ollama's ":latest", or the name
+        of a loaded model's adapter (its entry is that model's)."""
         for candidate in dict.fromkeys((name, name.removesuffix(":latest"))):
             if candidate in self.entries:
                 return self.entries[candidate]
             matches = [e for e in self.entries.values() if candidate in e.servable.aliases]
             if len(matches) == 1:
                 return matches[0]
+            adapted = next((e for e in self.loaded() if candidate in adapter_names(e)), None)
+            if adapted is not None:
+                return adapted
         return None
 
     def names(self) -> list[str]:
@@ -179,14 +185,16 @@ class ModelPool:
         return [e for e in self.entries.values() if e.state is not None]
 
     def unknown(self, name: str) -> APIError:
-        """The 404 of a model this server does not serve, naming those it does."""
-        served = ", ".join(repr(n) for n in self.names()) or "none"
+        """The 404 of a model this server does not serve, naming those it does (adapters among them)."""
+        names = self.names() + [a for e in self.loaded() for a in adapter_names(e)]
+        served = ", ".join(repr(n) for n in names) or "none"
         return APIError(404, f"model {name!r} not found; this server serves {served}", "model", "model_not_found")
 
     # ---- leases ------------------------------------------------------------------------------
 
     async def acquire(self, scope: Scope, name: str, keep_alive: float | str | None = NOT_GIVEN) -> ModelState:
-        """The loaded model `name` names, under a lease that ends with the request (404 when unknown).
+        """The loaded model `name` names, as that name asks for it (`ModelState.for_request`: an
+        adapter's name runs the adapter), under a lease that ends with the request (404 when unknown).
         `keep_alive`: the request's (seconds; None: for ever), else the model's default."""
         entry = await self.lookup(name)
         state = await self.wait_loaded(entry)
@@ -194,9 +202,10 @@ class ModelPool:
         self._touch(entry)
         self._set_keep_alive(entry, keep_alive)
         scope.setdefault(_LEASES, []).append(entry)
+        state = state.for_request(name)
         record = request_log.of(scope)
         if record is not None:
-            record.model = entry.name
+            record.model = state.model_name
         return state
 
     async def lookup(self, name: str) -> PoolEntry:
@@ -388,6 +397,12 @@ def loaded_size(state: ModelState) -> int:
     weights = sum(v.nbytes for _, v in tree_flatten(engine.loaded.model.parameters()))
     cache = getattr(engine, "cache", None)
     return weights + (cache.nbytes if cache is not None else 0)
+
+
+def adapter_names(entry: PoolEntry) -> list[str]:
+    """The names of the LoRA adapters a loaded entry's model serves."""
+    served = entry.state.served_adapters if entry.state is not None else None
+    return served.names if served is not None else []
 
 
 def pool_of(request: Request) -> ModelPool:

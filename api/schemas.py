@@ -186,6 +186,7 @@ class Common:
     sampling: dict[str, Any]  # keyword arguments for SamplingParams; None: left to the defaults
     max_tokens_field: str = "max_tokens"
     defaults: SamplingDefaults = NO_DEFAULTS  # the API's own, for what the body leaves out (see sampling/defaults.py)
+    lora: list[tuple[int, float]] | None = None  # llama-server's `lora`: (adapter id, scale) pairs; None: not given
 
 
 def read_common(body: Body, defaults: SamplingDefaults = NO_DEFAULTS) -> Common:
@@ -214,7 +215,28 @@ def read_common(body: Body, defaults: SamplingDefaults = NO_DEFAULTS) -> Common:
             raise bad_request("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
         max_tokens, max_field = body.integer("max_completion_tokens"), "max_completion_tokens"
     sampling["max_tokens"] = max_tokens
-    return Common(model, stream, include_usage, n, sampling, max_field, defaults)
+    lora = body.raw("lora")
+    lora = None if lora is None else read_lora(lora, "lora")
+    return Common(model, stream, include_usage, n, sampling, max_field, defaults, lora)
+
+
+def read_lora(value: Any, field: str) -> list[tuple[int, float]]:
+    """llama-server's list of LoRA scales, `[{"id": 0, "scale": 0.5}, ...]`, as (id, scale) pairs; the
+    ids are checked against the model's adapters where they are used (baselm/served_adapters.py)."""
+    pairs = []
+    for i, item in enumerate(array_field(value, field)):
+        entry = Body(item, f"{field}[{i}]")
+        adapter_id = entry.integer("id", low=0)
+        scale = entry.number("scale")
+        entry.finish()
+        if adapter_id is None or scale is None:
+            raise bad_request(f'{field}[{i}] needs an id and a scale, as {{"id": 0, "scale": 1.0}}', field)
+        pairs.append((adapter_id, scale))
+    ids = [adapter_id for adapter_id, _ in pairs]
+    twice = next((i for i in ids if ids.count(i) > 1), None)
+    if twice is not None:
+        raise bad_request(f"{field} lists adapter id {twice} twice", field)
+    return pairs
 
 
 def _stream_options(body: Body, stream: bool) -> bool:

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -136,15 +136,24 @@ def log_config(level: str, log_format: str) -> dict[str, Any]:
     return config
 
 
-def banner(model_name: str, options: ServeOptions, generation: GenerationDefaults, runaway_guard: int) -> str:
-    """What `base serve` prints at start: the URL, a request to paste, and what a request that
-    leaves sampling or its length out gets."""
+def banner(
+    model_name: str,
+    options: ServeOptions,
+    generation: GenerationDefaults,
+    runaway_guard: int,
+    adapter_names: Sequence[str] = (),
+) -> str:
+    """What `base serve` prints at start: the URL, the LoRA adapters served as models of their own, a
+    request to paste, and what a request that leaves sampling or its length out gets."""
     url = _url(options)
     guard = "no runaway guard (--runaway-guard 0)"
     if runaway_guard:
         guard = f"an answer that repeats one n-gram for {runaway_guard} tokens is cut (--runaway-guard)"
+    adapters = ""
+    if adapter_names:
+        adapters = f"LoRA adapters of {model_name}, each a model name of its own: {', '.join(adapter_names)}\n"
     return (
-        f"Serving {model_name} at {url}/v1 (OpenAI-compatible)\n"
+        f"Serving {model_name} at {url}/v1 (OpenAI-compatible)\n{adapters}"
         f"Requests that leave them out get {generation.describe()}; {guard}.\n"
         f"Try:\n{_curl(url, model_name, options)}"
     )
@@ -221,7 +230,8 @@ def run_server(
     model_name = options.served_model_name or loaded.name
     server = make_server(client, model_name, options, pool)
     generation = server.config.app.state.pool.entries[model_name].state.generation  # what its requests get
-    print(banner(model_name, options, generation, engine.config.runaway_guard), flush=True)
+    adapters = loaded.served_adapters.names if loaded.served_adapters is not None else []
+    print(banner(model_name, options, generation, engine.config.runaway_guard, adapters), flush=True)
     return serve_until_stopped(server)
 
 

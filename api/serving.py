@@ -5,9 +5,10 @@ through the chat core, chat.py; completions itself), and formats its answer; eve
 lives here, in the order a request meets it:
 
 1. `read_request`: the handler's opening: the body read as JSON (size-limited), parsed by the
-   protocol, its model found in the pool (loaded if need be, leased for the request; pool.py),
-   what it leaves out filled in from that model's generation defaults (`ModelState.fill_defaults`;
-   auth and request counting happened before, in auth.Gate).
+   protocol, its model found in the pool (loaded if need be, leased for the request; pool.py) as
+   the request asks for it (an adapter's name, a `lora` list: state.py), what it leaves out filled
+   in from that model's generation defaults (`ModelState.fill_defaults`; auth and request counting
+   happened before, in auth.Gate).
 2. `make_params`, `check_prompt`: checked fields into engine jobs (one per prompt; the engine
    makes a request's n copies).
 3. `respond`: `submit` the jobs to the engine, merge their `outputs` into one stream of
@@ -65,6 +66,8 @@ async def read_request(request: Request, parse: Callable[[Any], ParsedT]) -> tup
     server: ServerState = request.app.state.base
     parsed = parse(await read_json(request, server))
     state = await pool_of(request).acquire(request.scope, parsed.common.model)
+    if parsed.common.lora is not None:
+        state = state.with_lora(parsed.common.lora)
     parsed.common.sampling = state.fill_defaults(parsed.common.sampling, parsed.common.defaults)
     return state, parsed
 
@@ -236,7 +239,9 @@ async def submit(state: ModelState, jobs: list[Job], prompt_field: str) -> list[
     started: list[tuple[Job, RequestStream]] = []
     try:
         for job in jobs:
-            stream = await state.client.submit(job.prompt_ids, job.params, job.request_id, job.images)
+            stream = await state.client.submit(
+                job.prompt_ids, job.params, job.request_id, images=job.images, adapters=state.adapters
+            )
             started.append((job, stream))
     except BaseException as exc:
         for _, stream in started:

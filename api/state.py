@@ -5,20 +5,27 @@ limits, the metrics and the command line's sampling defaults; the model pool (po
 beside it on `app.state.pool`. A
 `ModelState` is one loaded model as the routes see it: its engine client, the name it answers to,
 its template's tool-call format and reasoning, and the generation defaults of that model. A route
-reads its body with the server's state, then asks the pool for the model the body names.
+reads its body with the server's state, then asks the pool for the model the body names; for a
+model that serves LoRA adapters (baselm/served_adapters.py) it gets the model as that request
+asked for it (`for_request`): under an adapter's name, or with the adapters a `lora` list picks.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from baselm.adapters import AdapterError
 from baselm.api.connections import DEFAULT_READ_TIMEOUT, BodyBudget
+from baselm.api.errors import bad_request
 from baselm.api.metrics import Metrics, ModelMetrics
 from baselm.async_engine import AsyncEngine
 from baselm.reasoning import template_thinks
+from baselm.request import AdapterChoice
 from baselm.sampling.defaults import NO_DEFAULTS, GenerationDefaults, SamplingDefaults
+from baselm.served_adapters import ServedAdapter, ServedAdapters
 from baselm.tokenizer.tokenizer import Tokenizer
 from baselm.toolcalls.markers import detect_format
 from baselm.vision.image import ImageLimits
@@ -55,6 +62,8 @@ class ModelState:
     thinks: bool = False  # the chat template writes <think> blocks (a reasoning model)
     generation: GenerationDefaults = field(init=False)  # every default a request may leave out
     metrics: ModelMetrics = field(init=False)  # this model's series in /metrics
+    adapter: ServedAdapter | None = None  # the LoRA adapter a request named as its model (`for_request`)
+    adapters: AdapterChoice | None = None  # the LoRA adapters a request runs with; None: the plain model
 
     def __post_init__(self) -> None:
         engine = self.client.engine
@@ -73,6 +82,49 @@ class ModelState:
         """A body's SamplingParams keyword arguments with what it leaves out (None) filled in: the command
         line's, the model's, then `api`'s (the protocol's own), then llama.cpp's (sampling/defaults.py)."""
         return self.generation.fill(sampling, api)
+
+    @property
+    def served_adapters(self) -> ServedAdapters | None:
+        """The LoRA adapters this model serves beside itself (base serve MODEL --lora), if any."""
+        return self.client.engine.loaded.served_adapters
+
+    def for_request(self, name: str) -> ModelState:
+        """The model as a request naming it `name` gets it: an adapter's name runs that adapter and
+        answers as `name`; its own name runs the default scales (none until POST /lora-adapters).
+        NOTE: a copy per request of a model that serves adapters, sharing its client and series."""
+        served = self.served_adapters
+        if served is None:
+            return self
+        view = copy.copy(self)
+        view.adapter = served.find(name) or served.find(name.removesuffix(":latest"))  # Ollama's tag, as pool.py
+        if view.adapter is not None:
+            view.model_name, view.adapters = view.adapter.name, served.named(view.adapter.name)
+        else:
+            view.adapters = served.defaults()
+        return view
+
+    def with_lora(self, lora: list[tuple[int, float]]) -> ModelState:
+        """This request's state running exactly the adapters `lora` lists, by id (llama-server's
+        field): each at its scale, every other at 0. A 400 naming `lora` for ids the model does not
+        serve, or when the request named an adapter as its model already."""
+        served = self.served_adapters
+        if self.adapter is not None:
+            raise bad_request(
+                f"lora picks adapters for requests to the model they adapt; {self.model_name!r} is an adapter "
+                "already: name the model it adapts, or leave lora out",
+                "lora",
+            )
+        if served is None:
+            if lora:
+                raise bad_request(f"model {self.model_name!r} serves no LoRA adapters; leave lora out", "lora")
+            return self
+        try:
+            choice = served.listed(lora)
+        except AdapterError as exc:
+            raise bad_request(str(exc), "lora") from None
+        view = copy.copy(self)
+        view.adapters = choice
+        return view
 
     @property
     def tokenizer(self) -> Tokenizer:

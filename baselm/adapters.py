@@ -1,4 +1,6 @@
-"""LoRA adapters, applied to a model's weights as it loads (`--adapter PATH[:scale]`).
+"""LoRA adapters: read from disk, then merged into a model's weights as it loads (`--adapter
+PATH[:scale]`), or served beside the plain model and chosen per request (`--lora NAME=PATH[:scale]`,
+baselm/served_adapters.py, which applies them at run time through baselm/models/lora.py).
 
 Read from the two folder layouts people train with:
 
@@ -56,11 +58,8 @@ class Adapter:
 
 
 def read_adapter(spec: str) -> Adapter:
-    """`PATH[:scale]`: an mlx-lm or PEFT adapter folder, its factor multiplied by `scale`."""
-    path_text, scale = spec, 1.0
-    head, sep, tail = spec.rpartition(":")
-    if sep and head and _is_number(tail):
-        path_text, scale = head, float(tail)
+    """`PATH[:scale]`: an mlx-lm or PEFT adapter folder or a GGUF LoRA, its factor multiplied by `scale`."""
+    path_text, scale = split_scale(spec)
     path = Path(path_text).expanduser()
     if path.suffix == ".gguf":
         return Adapter(path, _gguf(path, scale), scale)
@@ -78,6 +77,14 @@ def read_adapter(spec: str) -> Adapter:
     raise AdapterError(f"{path}: neither adapters.safetensors (mlx-lm) nor adapter_model.safetensors (PEFT)")
 
 
+def split_scale(spec: str) -> tuple[str, float]:
+    """`PATH[:scale]` as (PATH, scale); 1 when no scale is given."""
+    head, sep, tail = spec.rpartition(":")
+    if sep and head and _is_number(tail):
+        return head, float(tail)
+    return spec, 1.0
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -86,7 +93,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _mlx_lm(path: Path, config: dict[str, Any], scale: float) -> dict[str, tuple[mx.array, mx.array, float]]:
+def _mlx_lm(path: Path, config: dict[str, Any], scale: float) -> dict[str, Delta]:
     kind = config.get("fine_tune_type", "lora")
     if kind != "lora":
         raise AdapterError(f"{path}: a {kind!r} adapter; base applies LoRA adapters")
@@ -105,7 +112,7 @@ def _mlx_lm(path: Path, config: dict[str, Any], scale: float) -> dict[str, tuple
     return deltas
 
 
-def _peft(path: Path, config: dict[str, Any], scale: float) -> dict[str, tuple[mx.array, mx.array, float]]:
+def _peft(path: Path, config: dict[str, Any], scale: float) -> dict[str, Delta]:
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{path}: a {config.get('peft_type')} adapter; base applies LoRA adapters")
     rank, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
@@ -163,20 +170,27 @@ def _gguf(path: Path, scale: float) -> dict[str, Delta]:
     return deltas
 
 
-def apply_adapters(weights: dict[str, mx.array], adapters: list[Adapter], config: dict[str, Any]) -> None:
-    """Adds each adapter's deltas to `weights` (HF names; quantized triplets re-quantized), in place;
+def factors(change: Delta, config: dict[str, Any]) -> tuple[mx.array, mx.array]:
+    """(up (out, r), down (r, in)) of one module's change in float32, `up`'s rows in HF order;
     `config`, the model's, gives the head counts a GGUF adapter's q/k rows are put back with."""
     from baselm.store.gguf import unpermute_rows
 
+    up = change.up.astype(mx.float32)
+    if change.heads is not None:
+        up = mx.array(unpermute_rows(np.array(up), int(config[change.heads])))
+    return up, change.down.astype(mx.float32)
+
+
+def apply_adapters(weights: dict[str, mx.array], adapters: list[Adapter], config: dict[str, Any]) -> None:
+    """Adds each adapter's deltas to `weights` (HF names; quantized triplets re-quantized), in place;
+    `config` is the model's (see `factors`)."""
     for adapter in adapters:
         for module, change in adapter.deltas.items():
             key = f"{module}.weight"
             if key not in weights:
                 raise AdapterError(f"{adapter.path}: it adapts {module}, which this model does not have")
-            up = change.up.astype(mx.float32)
-            if change.heads is not None:
-                up = mx.array(unpermute_rows(np.array(up), int(config[change.heads])))
-            delta = change.factor * (up @ change.down.astype(mx.float32))
+            up, down = factors(change, config)
+            delta = change.factor * (up @ down)
             if f"{module}.scales" in weights:
                 _add_quantized(weights, module, delta, adapter.path)
             elif weights[key].shape != delta.shape:

@@ -23,7 +23,7 @@ import numpy as np
 
 from baselm.embedding import EmbeddingQueue
 from baselm.engine import LLMEngine
-from baselm.request import RequestOutput
+from baselm.request import AdapterChoice, RequestOutput
 from baselm.sampling.params import SamplingParams
 from baselm.vision.prompt import PromptImage
 
@@ -75,8 +75,11 @@ class EngineThreads:
                 done.set()
 
 
-def _add_request(engine: LLMEngine, *args: Any) -> str:
-    return engine.add_request(*args)  # NOTE: looked up on the engine, which may be LLMEngine's look-alike (PDEngine)
+def _add_request(
+    engine: LLMEngine, prompt: str | Sequence[int], params: SamplingParams, request_id: str, extras: dict[str, Any]
+) -> str:
+    # NOTE: looked up on the engine, which may be LLMEngine's look-alike (PDEngine)
+    return engine.add_request(prompt, params, request_id, **extras)
 
 
 def _abort(engine: LLMEngine, request_id: str) -> None:
@@ -145,15 +148,20 @@ class AsyncEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         images: Sequence[PromptImage] = (),
+        adapters: AdapterChoice | None = None,
     ) -> RequestStream:
-        """Async iterator over a request's outputs; raises at once if the engine refuses it.
-        `images`: the prompt's images (`LLMEngine.add_request`)."""
+        """Async iterator over a request's outputs, with the prompt's `images` (`LLMEngine.add_request`),
+        run with the LoRA `adapters` (None: the plain model); raises at once if the engine refuses it."""
         params = params or SamplingParams()
         request_id = request_id or self.engine.new_request_id()
         stream = RequestStream(self, request_id, params.n)
         self._streams[request_id] = (asyncio.get_running_loop(), stream.queue)
         try:
-            await self.run_on_engine(_add_request, prompt, params, request_id, *((images,) if images else ()))
+            # Only what the request has: PDEngine, LLMEngine's look-alike, takes no images.
+            extras = {"images": images} if images else {}
+            if adapters is not None:
+                extras["adapters"] = adapters
+            await self.run_on_engine(_add_request, prompt, params, request_id, extras)
         except BaseException:
             self._streams.pop(request_id, None)
             self.abort(request_id)  # cancelled after the engine took it: nobody would read it

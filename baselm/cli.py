@@ -422,6 +422,7 @@ def serve(
     webui: bool = opt.WEBUI,
     device: str = DEVICE,
     adapter: list[str] = ADAPTER,
+    lora: list[str] = opt.LORA,
     kv_memory: str | None = opt.KV_MEMORY,
     kv_bits: int = opt.SERVE_KV_BITS,
     max_num_seqs: int = opt.MAX_NUM_SEQS,
@@ -460,16 +461,15 @@ def serve(
 
     with report_user_errors():
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
-        prefix_cache = (no_prefix_caching, prefix_cache_file, prefix_cache_save_interval, prefix_cache_max_size)
-        config = replace(
-            _serve_engine(kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting),
-            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
-            **_prefix_cache_settings(*prefix_cache),
+        prefix = _prefix_cache_settings(
+            no_prefix_caching, prefix_cache_file, prefix_cache_save_interval, prefix_cache_max_size
         )
+        engine = _serve_engine(kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting)
+        config = replace(engine, speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens), **prefix)
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
         _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format, allow_image_urls)
         _set_browser_access(server, cors_origins, allowed_hosts, webui)
-        model_args = command.model_args(models, device, require_signature, dist, prefix_cache_file, adapter)
+        model_args = command.model_args(models, device, require_signature, dist, prefix_cache_file, adapter, lora)
         pool = command.pool_args(models, keep_alive, max_loaded_models, parse_optional_size(memory_budget))
         args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist), pool)
     command.serve(args)

@@ -22,7 +22,7 @@ from baselm.kv.persist import PersistentPrefixCache
 from baselm.kv.sizing import kv_pool_size
 from baselm.loader import LoadedModel, load_model
 from baselm.outputs import OutputProcessor, copy_requests
-from baselm.request import InvalidRequestError, RequestOutput
+from baselm.request import AdapterChoice, InvalidRequestError, RequestOutput
 from baselm.runner import Launched, ModelRunner, RunnerOutput, StepStats
 from baselm.sampling.params import SamplingParams
 from baselm.sampling.sampler import Sampler
@@ -137,11 +137,16 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         images: Sequence[PromptImage] = (),
+        adapters: AdapterChoice | None = None,
     ) -> str:
         """Queues a prompt (text or token ids); returns the request id. Raises on requests that can't fit.
-        `images`: the prompt's images (`baselm.vision.place_images`), for a model with a vision tower."""
+        `images`: the prompt's images (`baselm.vision.place_images`), for a model with a vision tower;
+        `adapters`: the LoRA adapters of the model's served ones it runs with (`loaded.served_adapters`;
+        None: the plain model)."""
         params = params or SamplingParams()
         params.check_vocab(self.vocab_size)
+        if adapters is not None:
+            self._check_adapters(adapters)
         if self.scheduler.num_waiting >= self.config.max_waiting:
             raise QueueFullError(f"{self.scheduler.num_waiting} requests are already waiting; try again shortly")
         request_id = request_id or self.new_request_id()
@@ -155,7 +160,7 @@ class LLMEngine:
             )
         if images:
             self._check_images(images)
-        requests = copy_requests(request_id, prompt_ids, params, images)
+        requests = copy_requests(request_id, prompt_ids, params, images, adapters)
         self.scheduler.add_request(requests[0])  # validates the length for all copies and fills in max_tokens
         self.output_processor.add(requests)
         return request_id
@@ -170,6 +175,15 @@ class LLMEngine:
                 f"an image takes {whole} tokens, computed in one step, but a step computes at most "
                 f"{self.config.max_num_batched_tokens} (max_num_batched_tokens)"
             )
+
+    def _check_adapters(self, adapters: AdapterChoice) -> None:
+        served = self.loaded.served_adapters
+        if served is None:
+            raise InvalidRequestError(f"{self.loaded.name} serves no LoRA adapters (base serve MODEL --lora NAME=PATH)")
+        try:
+            served.check(slot for slot, _ in adapters.slots)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
 
     # ---- one step ----------------------------------------------------------------------
 
@@ -277,11 +291,16 @@ class LLMEngine:
                     yield out
 
     def generate(
-        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        adapters: Sequence[AdapterChoice | None] | None = None,
     ) -> list[GenerationResult]:
-        """Runs all prompts together (continuous batching) and returns them in order."""
+        """Runs all prompts together (continuous batching), each with its LoRA `adapters` (None: all
+        plain), and returns them in order."""
         params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        choices = list(adapters) if adapters is not None else [None] * len(prompts)
+        ids = [self.add_request(p, sp, adapters=a) for p, sp, a in zip(prompts, params_list, choices)]
         results = {rid: GenerationResult(rid, self.output_processor.prompt_token_ids(rid), []) for rid in ids}
         merged: dict[tuple[str, int], RequestOutput] = {}
         while self.has_unfinished:

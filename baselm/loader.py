@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
 from baselm import kquant_blocks
-from baselm.adapters import Adapter, apply_adapters
+from baselm.adapters import Adapter, AdapterError, apply_adapters
 from baselm.backend import Backend
 from baselm.memory import release_freed_memory
 from baselm.models import build_model
@@ -27,6 +27,9 @@ from baselm.store.gguf_split import first_part_in
 from baselm.store.model_card import context_length
 from baselm.store.registry import Store
 from baselm.tokenizer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from baselm.served_adapters import AdapterSpec, ServedAdapters
 
 
 @dataclass(slots=True)
@@ -41,6 +44,7 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]
     backend: Backend
     adapters: tuple[Adapter, ...] = ()  # the LoRA adapters in its weights (its K/V differ from the file's)
+    served_adapters: ServedAdapters | None = None  # the LoRA adapters requests choose (baselm/served_adapters.py)
 
     @property
     def max_model_len(self) -> int:
@@ -193,13 +197,15 @@ def load_model(
     require_signature: bool = False,
     shard: Any = None,
     adapters: Sequence[Adapter] = (),
+    served_adapters: Sequence[AdapterSpec] = (),
 ) -> LoadedModel:
     """Loads a store name, a `.base` file, an HF model folder, a `.gguf` file (a split one by its
     first part) or a folder holding one GGUF model.
 
     `require_signature`: only a `.base` file with a good signature by a trusted key loads.
     `shard`: one rank's slice of the model (`baselm.distributed.tp.layers.Sharding`, see `build_model`).
-    `adapters`: LoRA adapters added to its weights (baselm/adapters.py)."""
+    `adapters`: LoRA adapters added to its weights (baselm/adapters.py).
+    `served_adapters`: LoRA adapters requests choose by name, beside the plain model (baselm/served_adapters.py)."""
     name, path = resolve(ref)
     if require_signature and not (path.is_file() and path.suffix == ".base"):
         # NOTE: the file, not its name: a folder called `x.base` would load unsigned as an HF folder.
@@ -218,6 +224,13 @@ def load_model(
         # the older layout into blobs/): the name points at the new place now.
         name, path = resolve(ref)
         model, tokenizer, config = _load_path(path, backend, require_signature, shard, adapters)
+    served = None
+    if served_adapters:
+        from baselm.served_adapters import ServedAdapters
+
+        if shard is not None:
+            raise AdapterError("adapters chosen per request run in one process; serve the model in one")
+        served = ServedAdapters.attach(model, served_adapters, config)
     return LoadedModel(
         name=name,
         path=path,
@@ -227,4 +240,5 @@ def load_model(
         eos_token_ids=_eos_ids(config, tokenizer),
         backend=backend,
         adapters=tuple(adapters),
+        served_adapters=served,
     )

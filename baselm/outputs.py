@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from baselm.request import Request, RequestOutput, RequestStatus
+from baselm.request import AdapterChoice, Request, RequestOutput, RequestStatus
 from baselm.runner import RunnerOutput
 from baselm.sampling.params import SamplingParams, TokenLogprobs
 from baselm.sampling.stop import FINISH_LENGTH, StopChecker
@@ -146,13 +146,19 @@ class OutputState:
 
 
 def copy_requests(
-    request_id: str, prompt_ids: list[int], params: SamplingParams, images: Sequence[PromptImage] = ()
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    images: Sequence[PromptImage] = (),
+    adapters: AdapterChoice | None = None,
 ) -> list[Request]:
-    """The scheduler requests of all n copies; the first is admitted, the others fork from it (the
-    copies share the prompt's images, and so the vision tower's output)."""
-    requests = [Request(request_id, prompt_ids, params, images=images)]
+    """The scheduler requests of all n copies, with the LoRA `adapters` they run with; the first is
+    admitted, the others fork from it (the copies share the prompt's images, and so the vision
+    tower's output)."""
+    requests = [Request(request_id, prompt_ids, params, images=images, adapters=adapters)]
     requests += [
-        Request(f"{request_id}#{i}", prompt_ids, params.for_copy(i), images=images) for i in range(1, params.n)
+        Request(f"{request_id}#{i}", prompt_ids, params.for_copy(i), images=images, adapters=adapters)
+        for i in range(1, params.n)
     ]
     return requests
 

@@ -18,6 +18,16 @@ class InvalidRequestError(ValueError):
     """A request the engine cannot take as given (empty prompt, unknown token ids, ...)."""
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterChoice:
+    """The LoRA adapters one request runs with (baselm/served_adapters.py makes it): each adapter's
+    slot in the served model and the request's scale of it, and `cache_key`, what names their K/V
+    in block hashes (the adapters' contents and scales: equal keys compute equal K/V)."""
+
+    slots: tuple[tuple[int, float], ...]  # (slot, scale) by slot; no scale is 0
+    cache_key: str
+
+
 class RequestStatus(enum.IntEnum):
     """Where a request is; every status from FINISHED_STOPPED on is final."""
 
@@ -61,7 +71,7 @@ class Request:
         "request_id", "prompt_token_ids", "output_token_ids", "_all_token_ids", "sampling_params",
         "max_tokens", "arrival_time", "cache_salt", "status", "num_computed_tokens",
         "num_cached_tokens", "num_preemptions", "block_hashes", "draft_token_ids", "draft_probs",
-        "num_draft_tokens", "num_accepted_tokens", "images",
+        "num_draft_tokens", "num_accepted_tokens", "images", "adapters",
     )  # fmt: skip
 
     def __init__(
@@ -74,9 +84,11 @@ class Request:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
         images: Sequence[PromptImage] = (),
+        adapters: AdapterChoice | None = None,
     ):
         """`max_tokens` defaults to `sampling_params.max_tokens`; None lets the scheduler fill it in.
-        `images`: the prompt's images (baselm/vision/prompt.py), each over placeholder positions of the prompt."""
+        `images`: the prompt's images (baselm/vision/prompt.py), each over placeholder positions of the
+        prompt; `adapters`: the LoRA adapters it runs with (None: the plain model)."""
         if len(prompt_token_ids) == 0:
             raise InvalidRequestError(f"request {request_id} has an empty prompt; give it at least one token")
         if max_tokens is None:
@@ -91,6 +103,7 @@ class Request:
         self.max_tokens = max_tokens
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.cache_salt = cache_salt  # mixed into the first block's hash: no sharing across salts
+        self.adapters = adapters  # mixed into the first block's hash too: their K/V are their own
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache when first scheduled

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
 from baselm import prompt_logprobs
-from baselm.kv import AttentionMetadata, PagedKVCache
+from baselm.kv import AdapterRows, AttentionMetadata, PagedKVCache
 from baselm.models.base import DecoderModel, ImageEmbeddings
 from baselm.prompt_logprobs import PromptRows
 from baselm.sampling.acceptance import emitted_tokens
@@ -161,8 +162,15 @@ class ModelRunner:
                 sampling.append(scheduled)
         # A step where nobody samples (all mid-prefill) still needs one row to keep shapes valid.
         rows = logits_rows + extra_rows or [len(input_ids) - 1]
+        adapters = _adapter_rows(output.requests)
         meta = AttentionMetadata.build(
-            block_tables, query_lens, context_lens, self.cache.block_size, rows, two_way_spans
+            block_tables,
+            query_lens,
+            context_lens,
+            self.cache.block_size,
+            rows,
+            two_way_spans=two_way_spans,
+            adapter_rows=adapters,
         )
         images = None
         if image_parts:
@@ -192,6 +200,25 @@ def _two_way_spans(scheduled: ScheduledRequest) -> list[tuple[int, int]]:
     """The fed images' placeholder spans that attend both ways (the scheduler feeds each whole)."""
     start, end = scheduled.num_computed_tokens, scheduled.context_len
     return [(i.start, i.end) for i in scheduled.request.images if i.bidirectional and i.start < end and start < i.end]
+
+
+def _adapter_rows(requests: list[ScheduledRequest]) -> tuple[AdapterRows, ...]:
+    """Each LoRA adapter the step's requests run with: the flattened rows of those requests (all
+    their fed tokens, drafts included) and each row's scale; () when every request is plain."""
+    rows: dict[int, list[int]] = defaultdict(list)
+    scales: dict[int, list[float]] = defaultdict(list)
+    start = 0
+    for scheduled in requests:
+        num_fed = scheduled.num_scheduled_tokens
+        adapters = scheduled.request.adapters
+        for slot, scale in adapters.slots if adapters is not None else ():
+            rows[slot] += range(start, start + num_fed)
+            scales[slot] += [scale] * num_fed
+        start += num_fed
+    return tuple(
+        AdapterRows(slot, mx.array(rows[slot], dtype=mx.int32), mx.array(scales[slot], dtype=mx.float32)[:, None])
+        for slot in sorted(rows)
+    )
 
 
 def _sampling_rows(

@@ -7,13 +7,14 @@ The step they serve is described by `AttentionMetadata`, and each call by one ob
 from the engine.
 """
 
-from baselm.metal.attention_metadata import AttentionMetadata
+from baselm.metal.attention_metadata import AdapterRows, AttentionMetadata
 from baselm.metal.calls import AttentionCall, KVWrite
 from baselm.metal.dispatch import kernel_status, paged_attention, write_kv
 from baselm.metal.kv_quant import Pool, QuantizedPool, allocate_pool
 from baselm.metal.reference import paged_attention_reference, write_kv_reference
 
 __all__ = [
+    "AdapterRows",
     "AttentionCall",
     "AttentionMetadata",
     "KVWrite",

@@ -1,4 +1,5 @@
-"""The seam between the engine and a model: where each token's K/V goes and what it attends to.
+"""The seam between the engine and a model: where each token's K/V goes, what it attends to, and
+which LoRA adapters its projections add (`AdapterRows`).
 
 Defined here, in the kernel package, because the attention paths (reference and kernels) read
 it and this package imports nothing from the engine; the engine builds it (`baselm.kv` exports it).
@@ -40,6 +41,15 @@ class _QueryLayout(NamedTuple):
         )
 
 
+class AdapterRows(NamedTuple):
+    """The flattened token rows one LoRA adapter applies to in a step, and each row's scale: the
+    rows of every request that runs with the adapter (baselm/models/lora.py adds its delta)."""
+
+    slot: int  # the adapter's slot in the model's projections (baselm/served_adapters.py)
+    rows: mx.array  # (num_rows,) int32
+    scales: mx.array  # (num_rows, 1) float32: the request's scale of the adapter
+
+
 def _starts(q_lens: np.ndarray) -> np.ndarray:
     """(num_seqs,) first flattened row of each sequence."""
     return np.concatenate([[0], np.cumsum(q_lens)[:-1]]).astype(np.int64)
@@ -75,6 +85,7 @@ class AttentionMetadata:
     # (num_seqs, max_query_len) int32: the last key position each padded query row sees, where some
     # rows see past their own position (a span of image tokens that attend both ways); None: causal.
     attend_until: mx.array | None = None
+    adapter_rows: tuple[AdapterRows, ...] = ()  # LoRA adapters this step applies, one entry each; () = none
 
     @property
     def num_seqs(self) -> int:
@@ -100,7 +111,9 @@ class AttentionMetadata:
         context_lens: list[int],
         block_size: int,
         logits_indices: list[int] | None = None,
+        *,
         two_way_spans: list[list[tuple[int, int]]] | None = None,
+        adapter_rows: tuple[AdapterRows, ...] = (),
     ) -> AttentionMetadata:
         """Builds the metadata on the host in one pass (numpy), then hands arrays to MLX.
 
@@ -128,6 +141,7 @@ class AttentionMetadata:
             query_lens=tuple(int(q) for q in query_lens),
             context_lens_host=tuple(int(c) for c in context_lens),
             attend_until=_attend_until(layout.query_pos, two_way_spans),
+            adapter_rows=adapter_rows,
         )
 
     def token_indices(self, seq_ids: np.ndarray) -> np.ndarray:
@@ -137,7 +151,8 @@ class AttentionMetadata:
         return np.concatenate([np.arange(starts[s], starts[s] + q_lens[s]) for s in seq_ids])
 
     def select(self, seq_ids: np.ndarray) -> AttentionMetadata:
-        """The step of sequences `seq_ids` alone: their tokens (`token_indices(seq_ids)` here) numbered from 0."""
+        """The step of sequences `seq_ids` alone: their tokens (`token_indices(seq_ids)` here) numbered from 0,
+        for attention (no adapter rows: projections run on the whole step)."""
         q_lens = np.asarray(self.query_lens, dtype=np.int64)[seq_ids]
         c_lens = np.asarray(self.context_lens_host, dtype=np.int64)[seq_ids]
         layout = _QueryLayout.of(q_lens, c_lens)

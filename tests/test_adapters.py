@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
-import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -16,22 +14,19 @@ from baselm.adapters import AdapterError, read_adapter
 from baselm.backend import select_backend
 from baselm.loader import load_model
 from tests.forward import prefill_logits
-from tests.paths import BPE_TOKENIZER, FIXTURES, LLAMA_FIXTURE
-from tests.tiny_gguf import llama_cpp_permute, tiny_llama_gguf
+from tests.lora_files import ADAPTERS, gguf_lora, llama_folder
+from tests.paths import LLAMA_FIXTURE
+from tests.tiny_gguf import tiny_llama_gguf
 
-ADAPTERS = FIXTURES / "adapters"
 REFERENCE = np.load(ADAPTERS / "peft-llama-logits.npz")
 LLAMA = LLAMA_FIXTURE  # with a tokenizer beside it: set by `llama_folder`
 
 
 @pytest.fixture(scope="module", autouse=True)
-def llama_folder(tmp_path_factory):
+def llama_folder_with_tokenizer(tmp_path_factory):
     """The tiny llama fixture with the fixture tokenizer beside it, as a folder `load_model` reads."""
     global LLAMA
-    LLAMA = tmp_path_factory.mktemp("llama") / "llama"
-    shutil.copytree(LLAMA_FIXTURE, LLAMA)
-    for file in BPE_TOKENIZER.iterdir():
-        shutil.copy(file, LLAMA / file.name)
+    LLAMA = llama_folder(tmp_path_factory.mktemp("llama") / "llama")
     return LLAMA
 
 
@@ -39,35 +34,6 @@ def _logits(*adapters: str, model=None) -> np.ndarray:
     model = model or LLAMA
     loaded = load_model(str(model), select_backend("cpu"), adapters=[read_adapter(a) for a in adapters])
     return prefill_logits(loaded.model, REFERENCE["prompt"].tolist())
-
-
-def gguf_lora(path: Path) -> Path:
-    """The PEFT fixture as llama.cpp's convert_lora_to_gguf.py writes it: GGUF names, `lora_a` (r, in),
-    `lora_b` (out, r) with q/k rows permuted as the base model's (llama), alpha in the metadata."""
-    config = json.loads((ADAPTERS / "peft-llama" / "adapter_config.json").read_text())
-    model_config = json.loads((LLAMA_FIXTURE / "config.json").read_text())
-    tensors = {k: np.array(v) for k, v in mx.load(str(ADAPTERS / "peft-llama" / "adapter_model.safetensors")).items()}
-    stems = {"self_attn.q_proj": "attn_q", "self_attn.v_proj": "attn_v", "mlp.down_proj": "ffn_down"}
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_type("adapter")
-    writer.add_string("adapter.type", "lora")
-    writer.add_float32("adapter.lora.alpha", float(config["lora_alpha"]))
-    for name in sorted(tensors):
-        if ".lora_A." not in name:
-            continue
-        module = name.split(".lora_A.")[0].removeprefix("base_model.model.model.layers.")
-        layer, hf_stem = module.split(".", 1)
-        up = tensors[name.replace(".lora_A.", ".lora_B.")]
-        if hf_stem == "self_attn.q_proj":
-            up = llama_cpp_permute(up, model_config["num_attention_heads"])
-        base = f"blk.{layer}.{stems[hf_stem]}.weight"
-        writer.add_tensor(f"{base}.lora_a", np.ascontiguousarray(tensors[name]))
-        writer.add_tensor(f"{base}.lora_b", np.ascontiguousarray(up))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 @pytest.mark.parametrize("layout", ["peft-llama", "mlx-llama", "gguf"])

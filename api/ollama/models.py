@@ -1,7 +1,8 @@
 """Ollama's model routes that read: /api/tags, /api/show, /api/ps, /api/version, and `GET /`.
 
 /api/tags lists the served models, then the rest of the local store (`base list`); /api/ps the
-loaded ones with when they unload; /api/show reads a stored model's header without loading it.
+loaded ones with when they unload; in both, a model's LoRA adapters follow it, each an entry whose
+`details.parent_model` names it. /api/show reads a stored model's header without loading it.
 The routes that change the store (/api/pull, /api/copy, /api/delete) are store_routes.py's.
 """
 
@@ -75,6 +76,21 @@ def served_entry(state: ModelState) -> dict[str, Any]:
     }
 
 
+def adapter_entries(state: ModelState, entry: dict[str, Any], on_disk: bool) -> list[dict[str, Any]]:
+    """The LoRA adapters `state`'s model serves, as Ollama lists models: its `entry` under each
+    adapter's name and digest, with the model as `details.parent_model`; the size is the adapter's
+    files' when `on_disk` (/api/tags), else what its factors hold in memory beside the model (/api/ps)."""
+    served = state.served_adapters
+    listed = []
+    for adapter in served.adapters if served is not None else []:
+        path = adapter.path
+        size = (path.stat().st_size if path.is_file() else _folder_size(path)) if on_disk else adapter.nbytes
+        named = {"name": adapter.name, "model": adapter.name, "digest": digest(adapter.fingerprint, adapter.scale)}
+        details = {**entry["details"], "parent_model": state.model_name}
+        listed.append({**entry, **named, "size": size, "details": details})
+    return listed
+
+
 def num_params(model: Any) -> int:
     """The model's weights, counted as values: a quantized weight's packed codes count as the values they
     hold, its scales and biases not at all."""
@@ -120,6 +136,7 @@ async def ollama_tags(request: Request) -> Response:
         model = stored.pop(entry.servable.ref, None)
         if entry.state is not None:
             listed.append(served_entry(entry.state))
+            listed += adapter_entries(entry.state, listed[-1], on_disk=True)
         elif model is not None:
             listed.append({**_stored_entry(model), "name": entry.name, "model": entry.name})
         else:
@@ -164,7 +181,8 @@ async def ollama_ps(request: Request) -> Response:
             size_vram=entry.size if on_gpu else 0,
             context_length=state.max_model_len,
         )
-        models.append(listed)
+        adapters = adapter_entries(state, listed, on_disk=False)
+        models += [listed, *({**a, "size_vram": a["size"] if on_gpu else 0} for a in adapters)]
     return JSONResponse({"models": models})
 
 

@@ -28,6 +28,7 @@ class ModelArgs:
     require_signature: bool = False  # refuse a model without a good signature by a trusted key
     dist: DistOptions | None = None  # the model over several processes; None: this one alone
     adapters: tuple[str, ...] = ()  # LoRA adapters added as it loads, each `PATH[:scale]` (baselm/adapters.py)
+    served_adapters: tuple[str, ...] = ()  # LoRA adapters served per request, `NAME=PATH[:scale]` (serve --lora)
 
     @property
     def is_distributed(self) -> bool:
@@ -108,10 +109,16 @@ def load_alone(args: ModelArgs) -> LoadedModel:
     from baselm.adapters import read_adapter
     from baselm.backend import select_backend
     from baselm.loader import load_model
+    from baselm.served_adapters import AdapterSpec
 
     adapters = [read_adapter(spec) for spec in args.adapters]  # first: a bad adapter costs no model load
+    served = [AdapterSpec.read(spec) for spec in args.served_adapters]
     return load_model(
-        args.ref, select_backend(args.device), require_signature=args.require_signature, adapters=adapters
+        args.ref,
+        select_backend(args.device),
+        require_signature=args.require_signature,
+        adapters=adapters,
+        served_adapters=served,
     )
 
 
@@ -120,10 +127,11 @@ def open_model(args: ModelArgs) -> tuple[LoadedModel, DistGroup | None]:
     the model leads the group's forwards; on another rank the caller runs `run_follower`."""
     if not args.is_distributed:
         return load_alone(args), None
-    if args.adapters:
+    if args.adapters or args.served_adapters:
         from baselm.adapters import AdapterError
 
-        raise AdapterError("--adapter is not supported over several processes yet; run the model in one")
+        option = "--adapter" if args.adapters else "--lora"
+        raise AdapterError(f"{option} is not supported over several processes yet; run the model in one")
     from baselm.distributed.tp.launch import load
 
     return load(args.ref, args.device, args.require_signature, args.dist)

@@ -64,7 +64,10 @@ DEVICE = typer.Option("auto", "--device", help=DEVICE_HELP)
 ADAPTER = typer.Option(
     [],
     "--adapter",
-    help="A LoRA adapter added as the model loads: an mlx-lm or PEFT folder or a GGUF LoRA, PATH[:scale]; repeatable.",
+    help=(
+        "A LoRA adapter merged into the weights as the model loads, for every request: an mlx-lm or PEFT folder "
+        "or a GGUF LoRA, PATH[:scale]; repeatable (serve --lora serves adapters chosen per request instead)."
+    ),
 )
 REQUIRE_SIGNATURE = typer.Option(
     False,

@@ -48,7 +48,10 @@ def ps(args: PsArgs) -> None:
         details = model.get("details") or {}
         processor = "GPU" if model.get("size_vram") else "CPU"
         size = format_size(model.get("size", 0), "MiB", 0)
-        row = (model.get("name", "?"), size, processor, str(model.get("context_length", "?")))
+        name = model.get("name", "?")
+        if details.get("parent_model"):  # a LoRA adapter: its size is what it adds to its model's
+            name = f"{name} (adapter of {details['parent_model']})"
+        row = (name, size, processor, str(model.get("context_length", "?")))
         table.add_row(*row, details.get("quantization_level", ""), details.get("format", ""))
     table_console().print(table)
 

@@ -4,6 +4,7 @@ server's exit status (see `baselm.api.server.exit_process`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from baselm.api.pool import PoolLimits
     from baselm.commands.serve_pd import PDOptions
     from baselm.distributed.tp.launch import DistOptions
+    from baselm.loader import LoadedModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +54,19 @@ def model_args(
     dist: DistOptions | None,
     prefix_cache_file: str | None,
     adapters: list[str],
+    served_adapters: Sequence[str] = (),
 ) -> ModelArgs:
     """The model `base serve` serves alone ("" when it serves a pool), over `dist` (which keeps the
-    prefix cache file for the group), with its `--adapter`s: a pool's models are loaded as they are."""
+    prefix cache file for the group), with its `--adapter`s merged and its `--lora`s served per
+    request: a pool's models are loaded as they are."""
     from baselm.commands.options import with_prefix_cache_file
 
     if adapters and not (models and len(models) == 1):
         raise ConfigError("--adapter applies to the one model served: base serve MODEL --adapter PATH")
+    if served_adapters and not (models and len(models) == 1):
+        raise ConfigError("--lora serves adapters of the one model served: base serve MODEL --lora NAME=PATH")
     dist = with_prefix_cache_file(dist, prefix_cache_file)
-    return ModelArgs(single_model(models), device, require_signature, dist, tuple(adapters))
+    return ModelArgs(single_model(models), device, require_signature, dist, tuple(adapters), tuple(served_adapters))
 
 
 def pool_args(models: list[str] | None, keep_alive: str, max_loaded: int, memory_budget: int | None) -> PoolArgs | None:
@@ -90,6 +96,8 @@ class ServeArgs:
     def __post_init__(self) -> None:
         if self.server.log_format not in LOG_FORMATS:
             raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}, not {self.server.log_format!r}")
+        if self.model.served_adapters and (self.pd is not None or self.model.is_distributed):
+            raise ConfigError("--lora serves adapters from one process; it does not run with --pd or --tensor-parallel")
         if self.pool is None:
             return
         if self.pd is not None or self.model.is_distributed:
@@ -155,10 +163,18 @@ def serve(args: ServeArgs) -> NoReturn:
         exit_process(serve_pool(args, args.pool))
     with report_user_errors():
         loaded, group = open_model(args.model)
+        check_adapter_names(loaded, args.server.served_model_name or loaded.name)
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, args.model.dist))
     pool = pulled_models(args) if group is None else None
     exit_process(run_server(loaded, args.engine_config(), args.serve_options(), pool=pool))
+
+
+def check_adapter_names(loaded: LoadedModel, model_name: str) -> None:
+    """Refuses an adapter (--lora) named as the served model: requests for that name must mean one thing."""
+    served = loaded.served_adapters
+    if served is not None and served.find(model_name) is not None:
+        raise ConfigError(f"--lora {model_name}=...: that is the served model's name; give the adapter another")
 
 
 def pulled_models(args: ServeArgs) -> PoolSetup:

@@ -50,6 +50,15 @@ API_KEY_FILE_HELP = "Read the key from this file (its one line), out of sight of
 HOST = typer.Option(DEFAULT_HOST, "--host", help="Address to listen on (0.0.0.0: every interface).")
 PORT = typer.Option(DEFAULT_PORT, "--port", help="Port to listen on.")
 SERVED_MODEL_NAME = typer.Option(None, "--served-model-name", help="Model name clients send (one model served).")
+LORA = typer.Option(
+    [],
+    "--lora",
+    help=(
+        "A LoRA adapter served beside the plain model, NAME=PATH[:scale] (an mlx-lm or PEFT folder or a GGUF LoRA); "
+        "a request whose model is NAME runs with it, batched with the others; repeatable (one model served)."
+    ),
+    show_default=False,
+)
 SERVE_MODELS_HELP = (
     "Models to serve: store names (org/name[:variant] or an alias), .base or .gguf files, or HF folders. "
     "None: every model in the store, each loaded on its first request."

@@ -7,6 +7,15 @@ package imports nothing from the engine); the engine takes it from here with the
 from baselm.kv.block_pool import BlockPool, KVBlock, hash_block
 from baselm.kv.cache import LayerKV, PagedKVCache
 from baselm.kv.manager import KVCacheManager
-from baselm.metal import AttentionMetadata
+from baselm.metal import AdapterRows, AttentionMetadata
 
-__all__ = ["AttentionMetadata", "BlockPool", "KVBlock", "KVCacheManager", "LayerKV", "PagedKVCache", "hash_block"]
+__all__ = [
+    "AdapterRows",
+    "AttentionMetadata",
+    "BlockPool",
+    "KVBlock",
+    "KVCacheManager",
+    "LayerKV",
+    "PagedKVCache",
+    "hash_block",
+]

@@ -137,13 +137,17 @@ class KVCacheManager:
             raise ValueError(f"request {child.request_id} has already started; only a new request can be forked")
         if parent.all_token_ids[: child.num_tokens] != child.all_token_ids:
             raise ValueError(f"request {child.request_id} does not start with the tokens of {parent.request_id}")
+        if child.adapters != parent.adapters:
+            raise ValueError(
+                f"request {child.request_id} runs other adapters than {parent.request_id}; their K/V differ"
+            )
         num_shared = min(parent.num_computed_tokens, child.num_tokens - 1) // self.block_size
         shared = self._blocks.get(parent.request_id, [])[:num_shared]
         self._blocks[child.request_id] = []
         self._block_ids[child.request_id] = []
         self._take(child.request_id, shared, touch=True)
         self._num_cached_blocks[child.request_id] = min(num_shared, self._num_cached_blocks.get(parent.request_id, 0))
-        if child.cache_salt == parent.cache_salt:
+        if (child.cache_salt, child.adapters) == (parent.cache_salt, parent.adapters):
             child.block_hashes = parent.block_hashes[:num_shared]
         child.num_computed_tokens = num_shared * self.block_size
 
@@ -195,12 +199,15 @@ class KVCacheManager:
 
 
 def _extra_keys(request: Request, block_index: int, block_size: int) -> tuple[ExtraKey, ...]:
-    """What besides tokens goes into a block's hash: the cache salt, on the first block (the chain
-    carries it), and the key of each image whose placeholders the block holds, so two images never
-    share K/V (their placeholder ids are the same) and the same image in the next turn hits."""
+    """What besides tokens goes into a block's hash. On the first block (the chain carries them): the
+    cache salt, then the LoRA adapters the request runs with (their `cache_key`). On every block: the
+    key of each image whose placeholders it holds, so two images never share K/V (their placeholder
+    ids are the same) and the same image in the next turn hits."""
     keys: tuple[ExtraKey, ...] = ()
     if block_index == 0 and request.cache_salt is not None:
         keys = (request.cache_salt,)
+    if block_index == 0 and request.adapters is not None:
+        keys += (request.adapters.cache_key,)
     if request.images:
         first, end = block_index * block_size, (block_index + 1) * block_size
         keys += tuple(image.key for image in request.images if image.start < end and first < image.end)

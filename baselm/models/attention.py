@@ -9,6 +9,7 @@ from baselm.kv.cache import LayerKV
 from baselm.metal import AttentionCall, AttentionMetadata
 from baselm.models.base import ModelConfigError
 from baselm.models.linear import fuse_linears, fused_linear
+from baselm.models.lora import add_lora
 from baselm.models.norm import RMSNorm
 from baselm.models.rope import RoPE
 from baselm.paged_attention import paged_attention
@@ -19,8 +20,11 @@ class Attention(nn.Module):
 
     Options cover the architectures here: projection biases (qwen2), q/k RMS norms (qwen3,
     gemma3), score soft-capping and a sliding window (gemma2/3), no position rotation in some
-    layers (`rope=None`, smollm3), and a learned sink logit per head (`sinks`, gpt-oss).
+    layers (`rope=None`, smollm3), and a learned sink logit per head (`sinks`, gpt-oss). The
+    projections take LoRA adapters chosen per request (`lora_projections`, baselm/models/lora.py).
     """
+
+    lora_projections = ("q_proj", "k_proj", "v_proj", "o_proj")
 
     def __init__(
         self,
@@ -63,12 +67,15 @@ class Attention(nn.Module):
         dispatch-bound). The separate weights become views of the fused one: no extra memory."""
         self._qkv = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
 
-    def _project(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    def _project(self, x: mx.array, meta: AttentionMetadata) -> list[mx.array]:
         qkv = getattr(self, "_qkv", None)
+        linears = (self.q_proj, self.k_proj, self.v_proj)
         if qkv is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return mx.split(fused_linear(x, *qkv), [q_size, q_size + kv_size], axis=-1)
+            outs = [linear(x) for linear in linears]
+        else:
+            q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            outs = mx.split(fused_linear(x, *qkv), [q_size, q_size + kv_size], axis=-1)
+        return [add_lora(linear, x, out, meta) for linear, out in zip(linears, outs)]
 
     def __call__(self, x: mx.array, positions: mx.array, meta: AttentionMetadata, layer_kv: LayerKV) -> mx.array:
         """x: (num_tokens, hidden); positions: (num_tokens,); returns (num_tokens, hidden).
@@ -77,7 +84,7 @@ class Attention(nn.Module):
         the pools: each token sees its sequence's cached keys up to its own position.
         """
         num_tokens = x.shape[0]
-        q, k, v = self._project(x)
+        q, k, v = self._project(x, meta)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # (num_tokens, heads, head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # (num_tokens, kv_heads, head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # (num_tokens, kv_heads, head_dim)
@@ -89,4 +96,5 @@ class Attention(nn.Module):
         sinks = self.sinks if self.has_sinks else None
         call = AttentionCall(q, layer_kv.keys, layer_kv.values, meta, self.scale, self.softcap, self.window, sinks)
         out = paged_attention(call)  # (num_tokens, heads, head_dim)
-        return self.o_proj(out.reshape(num_tokens, -1))
+        out = out.reshape(num_tokens, -1)  # (num_tokens, heads * head_dim)
+        return add_lora(self.o_proj, out, self.o_proj(out), meta)

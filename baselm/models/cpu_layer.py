@@ -7,7 +7,8 @@ one node, calling the same loops as the per-op kernels; the per-op path stays as
 and serves everything else.
 
 It applies when the kernels module is loaded, MLX runs on the CPU, the step has at most
-`LAYER_MAX_ROWS` tokens in float32, the pools are plain float32, and the layer is the plain
+`LAYER_MAX_ROWS` tokens in float32 and no rows of a LoRA adapter (the per-op path adds their
+deltas, baselm/models/lora.py), the pools are plain float32, and the layer is the plain
 shape: RMSNorm (no weight offset), fused q/k/v and gate/up projections on float32 or affine
 weights, RoPE (any kind but LongRoPE) or none, no q/k norms or attention sinks, a gated
 activation the kernel knows. `BASE_CPU_LAYER=0` (`baselm.cpu.fused.layer_enabled`) keeps the
@@ -116,9 +117,9 @@ def plan_for(layer: nn.Module) -> dict[str, Any] | None:
     return None if plan is _NOT_FUSABLE else plan
 
 
-def applies(x: mx.array, layer_kv: LayerKV) -> bool:
+def applies(x: mx.array, meta: AttentionMetadata, layer_kv: LayerKV) -> bool:
     """Whether this step's inputs suit the kernel (the layer's own shape is `plan_for`'s)."""
-    if not fused.layer_enabled or cpu.kernels is None or mx.default_device() != mx.cpu:
+    if not fused.layer_enabled or cpu.kernels is None or mx.default_device() != mx.cpu or meta.adapter_rows:
         return False
     keys = layer_kv.keys
     return (
@@ -137,7 +138,7 @@ def decoder_layer(
     """x + attn(norm(x)), then + mlp(norm(.)), as one kernel call writing this step's K/V into
     `layer_kv` (rebound to the pools the call returns); None when the kernel does not apply (also
     when some queries see past their own position: its attention is causal only)."""
-    if meta.attend_until is not None or not applies(x, layer_kv):
+    if meta.attend_until is not None or not applies(x, meta, layer_kv):
         return None
     plan = plan_for(layer)
     if plan is None:

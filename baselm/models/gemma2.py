@@ -59,7 +59,7 @@ class SandwichDecoderLayer(llama.DecoderLayer):
 
     def __call__(self, x: mx.array, positions: mx.array, meta: AttentionMetadata, layer_kv: LayerKV) -> mx.array:
         h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), positions, meta, layer_kv))
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h), meta))
 
 
 class Model(llama.Model):

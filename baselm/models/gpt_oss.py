@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.metal import AttentionMetadata
 from baselm.models import llama
 from baselm.models.base import ModelConfigError
 from baselm.models.moe import SwitchLinear
@@ -103,8 +104,8 @@ class TopKSoftmaxMoE(nn.Module):
             args.hidden_size, args.intermediate_size, args.num_local_experts, args.swiglu_alpha, args.swiglu_limit
         )
 
-    def __call__(self, x: mx.array) -> mx.array:
-        """x: (num_tokens, hidden) -> (num_tokens, hidden)."""
+    def __call__(self, x: mx.array, meta: AttentionMetadata | None = None) -> mx.array:
+        """x: (num_tokens, hidden) -> (num_tokens, hidden). `meta` is not read: experts take no adapters."""
         expert_ids, weights = self.route(x)
         out = self.experts(x, expert_ids)  # (num_tokens, k, hidden)
         return (out * weights[..., None].astype(out.dtype)).sum(axis=1)

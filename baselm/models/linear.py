@@ -45,6 +45,15 @@ class KernelLinear(nn.Module):
         return x @ self.weight.T if bias is None else mx.addmm(bias, x, self.weight.T)
 
 
+def linear_shape(layer: nn.Module) -> tuple[int, int]:
+    """(out, in) of a linear layer of any kind here: float, quantized, kernel-backed, K-quant blocks."""
+    rows, columns = layer.weight.shape
+    if type(layer) is KQuantLinear:
+        return rows, kquant_blocks.in_features(kquant_blocks.BY_SUFFIX[layer.kind].dtype, columns)
+    bits = getattr(layer, "bits", None)
+    return rows, columns if bits is None else columns * 32 // bits
+
+
 def _dequantized(codes: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
     """The float32 values of an affine triplet (float16/bfloat16 scales widen exactly)."""
     return mx.dequantize(codes, scales.astype(mx.float32), biases.astype(mx.float32), group_size, bits)

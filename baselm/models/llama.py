@@ -124,7 +124,7 @@ class DecoderLayer(nn.Module):
             if out is not None:
                 return out
         h = x + self.self_attn(self.input_layernorm(x), positions, meta, layer_kv)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h), meta)
 
 
 class Model(DecoderModel):

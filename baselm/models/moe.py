@@ -8,6 +8,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.metal import AttentionMetadata
 from baselm.models.base import ModelConfigError
 from baselm.models.mlp import activation
 
@@ -116,8 +117,8 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = SwitchGLU(hidden_size, intermediate_size, num_experts, act)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        """x: (num_tokens, hidden) -> (num_tokens, hidden)."""
+    def __call__(self, x: mx.array, meta: AttentionMetadata | None = None) -> mx.array:
+        """x: (num_tokens, hidden) -> (num_tokens, hidden). `meta` is not read: experts take no adapters."""
         expert_ids, weights = self.route(x)
         out = self.experts(x, expert_ids)  # (num_tokens, k, hidden)
         return (out * weights[..., None].astype(out.dtype)).sum(axis=1)

@@ -303,3 +303,46 @@ def test_serve_refuses_an_unknown_log_format_with_one_line(model_folder):
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "--log-format must be one of text, json, not 'yaml'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_serves_lora_adapters_by_name_beside_the_model(model_folder):
+    from tests.lora_files import PEFT
+
+    served = ServeProcess(model_folder, "--kv-memory", "4MiB", "--lora", f"sql={PEFT}:0.5")
+    try:
+        assert f"LoRA adapters of {model_folder.name}, each a model name of its own: sql\n" in served.output_through(
+            "Try:"
+        )
+        client = served.openai()
+        cards = {card.id: card for card in client.models.list().data}
+        assert (cards["sql"].parent, cards["sql"].root) == (model_folder.name, str(PEFT))
+        messages = [{"role": "user", "content": "hi"}]
+        answers = [
+            client.chat.completions.create(model=name, messages=messages, temperature=0, max_tokens=6)
+            for name in ("sql", model_folder.name)
+        ]
+        assert answers[0].model == "sql"
+        assert answers[0].choices[0].message.content != answers[1].choices[0].message.content
+        scales = httpx.get(f"{served.url}/lora-adapters").json()
+        assert scales == [{"id": 0, "name": "sql", "path": str(PEFT), "scale": 0.0}]
+    finally:
+        served.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--lora", "nameless"], "--lora 'nameless': give NAME=PATH[:scale], a name without spaces"),
+        (["--lora", "a=/nowhere"], "/nowhere: no adapter_config.json"),
+        (["--lora", "a=ADAPTER", "--tensor-parallel", "2"], "--lora serves adapters from one process"),
+        (["--lora", "MODEL=ADAPTER"], "that is the served model's name; give the adapter another"),
+    ],
+)
+def test_serve_refuses_lora_adapters_it_cannot_serve_with_one_line(model_folder, args, says):
+    from tests.lora_files import PEFT
+
+    args = [a.replace("ADAPTER", str(PEFT)).replace("MODEL", model_folder.name) for a in args]
+    command = [sys.executable, "-m", "baselm.cli", "serve", str(model_folder), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert says in result.stderr and "Traceback" not in result.stderr, result.stderr

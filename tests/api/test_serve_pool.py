@@ -57,6 +57,7 @@ def test_serve_with_several_models_serves_those_alone(store):
         (["--keep-alive", "soon"], "--keep-alive"),
         (["org/nothing:q4", "org/tiny:q8"], "no stored model named"),
         (["--adapter", "some/folder"], "--adapter applies to the one model served"),
+        (["--lora", "a=some/folder"], "--lora serves adapters of the one model served"),
     ],
 )
 def test_serve_refuses_what_a_pool_cannot_do_with_one_line(store, args, says):

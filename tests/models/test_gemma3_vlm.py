@@ -40,7 +40,9 @@ def all_logits(ids: list[int], images: list[PromptImage], block_size: int = 4) -
     num_blocks = -(-len(ids) // block_size)
     cache = PagedKVCache.for_model(model, num_blocks=num_blocks, block_size=block_size)
     spans = [[(i.start, i.end) for i in images if i.bidirectional]]
-    meta = AttentionMetadata.build([list(range(num_blocks))[::-1]], [len(ids)], [len(ids)], block_size, None, spans)
+    meta = AttentionMetadata.build(
+        [list(range(num_blocks))[::-1]], [len(ids)], [len(ids)], block_size, two_way_spans=spans
+    )
     rows = mx.array(np.concatenate([i.positions for i in images]).astype(np.int32))
     embeddings = mx.concatenate([model.embed_image(mx.array(i.pixels), i.extra) for i in images])
     return np.array(model(mx.array(ids), meta.positions, meta, cache, images=ImageEmbeddings(rows, embeddings)))

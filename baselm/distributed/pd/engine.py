@@ -40,7 +40,7 @@ from baselm.distributed.watchdog import Watchdog
 from baselm.engine import LLMEngine, QueueFullError
 from baselm.loader import LoadedModel
 from baselm.outputs import copy_requests
-from baselm.request import InvalidRequestError, RequestOutput
+from baselm.request import AdapterChoice, InvalidRequestError, RequestOutput
 from baselm.sampling.params import ConstraintFactory, SamplingParams
 from baselm.scheduler import RequestTooLongError, SchedulerStats, effective_max_tokens
 
@@ -102,8 +102,14 @@ class PDEngine:
         return f"req-{next(self._ids)}"
 
     def add_request(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        adapters: AdapterChoice | None = None,
     ) -> str:
+        if adapters is not None:
+            raise InvalidRequestError("a prefill/decode group serves no LoRA adapters; serve the model in one process")
         if self.fallback is not None:
             return self.fallback.add_request(prompt, params, request_id)
         params = params or SamplingParams()

@@ -28,6 +28,7 @@ import mlx.nn as nn
 import numpy as np
 
 from baselm.distributed.comm import run_collective
+from baselm.metal import AttentionMetadata
 from baselm.models.base import ModelConfigError
 from baselm.models.moe import SwitchGLU, SwitchLinear
 
@@ -82,8 +83,9 @@ class RankExperts(nn.Module):
         self.moe = moe
         self.first = first
 
-    def __call__(self, x: mx.array) -> mx.array:
-        """x: (num_tokens, hidden) -> this rank's part of the output, (num_tokens, hidden)."""
+    def __call__(self, x: mx.array, meta: AttentionMetadata | None = None) -> mx.array:
+        """x: (num_tokens, hidden) -> this rank's part of the output, (num_tokens, hidden). `meta` is not
+        read: experts take no adapters."""
         expert_ids, weights = self.moe.route(x)  # (num_tokens, k) each
         ids = np.array(run_collective(_evaluated, expert_ids))  # NOTE: waits for the router's answer
         local = ids.astype(np.int64) - self.first  # (num_tokens, k); signed: other ranks' experts go negative

@@ -13,7 +13,7 @@ from baselm.api.pool import PoolLimits
 from baselm.backend import select_backend
 from baselm.loader import load_model
 from tests.api.conftest import RunningServer
-from tests.api.pool_server import PoolServer, rss_bytes, tiny_store
+from tests.api.pool_server import PoolServer, mapped_bytes, tiny_store
 
 PROMPTS = ["Hello there", "Tell me a story", "What is two plus two?", "Name a colour"]
 GREEDY = {"temperature": 0, "max_tokens": 12}
@@ -263,16 +263,16 @@ def test_the_ollama_client_lists_shows_chats_pulls_copies_and_deletes(models, po
 
 
 def test_keep_alive_zero_gives_the_models_memory_back(models, pool_server):
-    kv_pool = 128 * 2**20  # a KV pool far larger than the tiny weights, so the process's RSS shows it
+    kv_pool = 128 * 2**20  # a KV pool far larger than the tiny weights, so the process's memory shows it
     server = pool_server(kv_memory=kv_pool)
-    before = rss_bytes()
+    before = mapped_bytes()
     with server.http() as http:
         assert http.post("/api/generate", json={"model": models[0]}).json()["done_reason"] == "load"
-        loaded = rss_bytes()
+        loaded = mapped_bytes()
         body = {"model": models[0], "prompt": "Hi", "stream": False, "keep_alive": 0}
         assert http.post("/api/generate", json=body).json()["done"]
     server.wait_for(lambda: server.loaded() == [], "unloaded")
-    after = rss_bytes()
+    after = mapped_bytes()
     assert loaded - before > 0.9 * kv_pool
     assert loaded - after > 0.9 * kv_pool
 

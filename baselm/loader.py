@@ -18,7 +18,7 @@ from baselm.adapters import Adapter, apply_adapters
 from baselm.backend import Backend
 from baselm.memory import release_freed_memory
 from baselm.models import build_model
-from baselm.models.base import DecoderModel
+from baselm.models.base import DecoderModel, ModelConfigError
 from baselm.store import hf
 from baselm.store.base_reader import BaseFile, model_weights
 from baselm.store.errors import BaseFileError, ModelFileError, SignatureError
@@ -45,6 +45,15 @@ class LoadedModel:
     @property
     def max_model_len(self) -> int:
         return context_length(self.config)
+
+    def check_writes_text(self, name: str | None = None) -> None:
+        """NOTE: the one rule that a classifier writes no text: its logits are its head's labels, not
+        the vocabulary's, so generating from it would only spell label numbers as tokens."""
+        if self.model.is_classifier:
+            raise ModelConfigError(
+                f"{name or self.name} is a reranker with a classification head: it ranks documents "
+                "(POST /v1/rerank on `base serve`) and writes no text"
+            )
 
 
 def _eos_ids(config: dict[str, Any], tokenizer: Tokenizer) -> tuple[int, ...]:

@@ -220,6 +220,11 @@ class Tokenizer:
         """
         return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """Token ids of a pair of texts, framed by the special tokens the tokenizer puts around a pair
+        (its post-processor's pair template), as transformers' `tokenizer(first, second)` gives them."""
+        return self._backend.encode_batch([(first, second)], add_special_tokens=True)[0].ids
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of `token_ids` (through `decode_batch`, which releases the GIL, as `encode` does)."""
         return self._backend.decode_batch([list(token_ids)], skip_special_tokens=skip_special_tokens)[0]

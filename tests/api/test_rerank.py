@@ -169,7 +169,10 @@ def test_a_classifier_writes_no_text_and_says_where_it_ranks(classifier):
         message = response.json()["error"]
         message = message["message"] if isinstance(message, dict) else message
         assert response.status_code == 400, path
-        assert message == f"{name} is a reranker with a classification head: it ranks documents (POST /v1/rerank on `base serve`) and writes no text"
+        assert message == (
+            f"{name} is a reranker with a classification head: it ranks documents (POST /v1/rerank on `base serve`) "
+            "and writes no text"
+        )
 
 
 def test_a_gguf_with_llama_cpps_rerank_head_scores_as_llama_server_defines_it(head_gguf):

@@ -27,6 +27,7 @@ from baselm.store.gguf_split import first_part_in
 from baselm.store.model_card import context_length
 from baselm.store.registry import Store
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.tokenizer.vocab_cache import default_cache_dir
 
 
 @dataclass(slots=True)
@@ -119,7 +120,7 @@ def _load_gguf(
     checkpoint = gguf.GGUFCheckpoint.open(path)
     # NOTE: the tokenizer first, and its vocabulary's strings freed, before any weight is read:
     # building it briefly takes several times what it keeps, which then never adds to the weights.
-    tokenizer = Tokenizer.from_gguf_metadata(checkpoint.metadata)
+    tokenizer = Tokenizer.from_gguf_metadata(checkpoint.metadata, default_cache_dir())
     checkpoint.release_metadata()
     release_freed_memory()
     weights = checkpoint.mx_weights(keep_blocks=_keeps_kquant_blocks(backend))
@@ -181,7 +182,7 @@ def _load_path(
 def tokenizer_from_header(spec: dict[str, Any]) -> Tokenizer:
     """The tokenizer a `.base` header carries: GGUF vocabulary metadata, or HF tokenizer files."""
     if "gguf" in spec:
-        return Tokenizer.from_gguf_metadata(spec["gguf"])
+        return Tokenizer.from_gguf_metadata(spec["gguf"], default_cache_dir())
     return Tokenizer.from_hf_files(
         spec["tokenizer.json"], spec.get("tokenizer_config.json") or {}, spec.get("chat_template")
     )

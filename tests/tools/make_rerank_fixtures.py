@@ -31,21 +31,17 @@ import torch
 import transformers
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
 
 from make_model_fixtures import _redraw  # noqa: E402
+from make_rerank_reference import DOCUMENTS as GGUF_DOCUMENTS  # noqa: E402
+from make_rerank_reference import QUERY  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "rerankers"
 TOKENIZERS = ROOT / "tests" / "fixtures" / "tokenizers"
 SEED = 4321
-QUERY = "What is the capital of France?"
-DOCUMENTS = [
-    "Paris is the capital and largest city of France.",
-    "The Great Wall of China is thousands of kilometres long.",
-    "Berlin is the capital of Germany.",
-    "def capital(country):\n    return {'France': 'Paris'}[country]",
-    "France's capital? Paris.<|endoftext|>",
-]
+DOCUMENTS = [*GGUF_DOCUMENTS, "France's capital? Paris.<|endoftext|>"]  # the GGUF rerankers' and one ending in padding
 COMMON = dict(
     hidden_size=32,
     intermediate_size=64,

@@ -18,7 +18,6 @@ special tokens), and for some texts the ids with BOS added.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
 
-from make_gemma_tokenizer_fixtures import cases, corpus, one_case_a_line  # noqa: E402
+from make_gemma_tokenizer_fixtures import corpus, write_outputs  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "gguf_tokenizers" / "llama-spm.json"
 SOURCE = "ggml-vocab-llama-spm.gguf"
@@ -58,9 +57,6 @@ WITH_BOS = ["Hello world", "", " leading space", "<s>already", "[INST] hi [/INST
 
 
 def main() -> None:
-    import transformers
-    from transformers import AutoTokenizer
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--llama-cpp-models", type=Path, default=None, help="llama.cpp's models/ folder")
     args = parser.parse_args()
@@ -68,17 +64,7 @@ def main() -> None:
         from tests.llama_cpp_files import fetch_models_dir
 
     models = args.llama_cpp_models or fetch_models_dir()[0]
-    texts = list(dict.fromkeys([*corpus(models), *SPM_TEXTS]))
-    source = models / SOURCE
-    tok = AutoTokenizer.from_pretrained(str(models), gguf_file=SOURCE)
-    result = {
-        "source": {"file": SOURCE, "sha256": hashlib.sha256(source.read_bytes()).hexdigest()},
-        "transformers": transformers.__version__,
-        "cases": cases(tok, texts),
-        "with_bos": [{"text": t, "ids": tok.encode(t)} for t in WITH_BOS],
-    }
-    OUT.write_text(one_case_a_line(result), encoding="utf-8")
-    print(f"{OUT}: {len(texts)} texts")
+    write_outputs(models / SOURCE, list(dict.fromkeys([*corpus(models), *SPM_TEXTS])), WITH_BOS, OUT)
 
 
 if __name__ == "__main__":

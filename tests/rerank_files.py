@@ -27,6 +27,7 @@ from tests.paths import MODEL_FIXTURES
 from tests.toolcalls.qwen_vocab import VOCAB_SIZE, qwen25_vocab_gguf
 
 QWEN3_FIXTURE = MODEL_FIXTURES / "qwen3"
+CLS_OUT = "cls.output.weight"
 YES, NO = 9693, 2152  # "yes" and "no" in Qwen2.5's vocabulary
 # The converter's rerank template, as `Qwen3Model.set_gguf_parameters` writes it.
 RERANK_TEMPLATE = (
@@ -38,8 +39,9 @@ RERANK_TEMPLATE = (
 )
 
 
-def qwen3_reranker_gguf(path: Path, llama_cpp_models: Path, with_head: bool = True) -> Path:
-    """Writes the reranker (`with_head`) or its causal twin to `path` (F16 matrices, about 40 MB)."""
+def qwen3_reranker_gguf(path: Path, llama_cpp_models: Path, with_head: bool = True, head_type: str = "F16") -> Path:
+    """Writes the reranker (`with_head`, its head of GGUF type `head_type`: llama-quantize quantizes
+    `cls.output` with the body) or its causal twin to `path` (F16 matrices, about 40 MB)."""
     config = {
         **json.loads((QWEN3_FIXTURE / "config.json").read_text()),
         "vocab_size": VOCAB_SIZE,
@@ -59,4 +61,5 @@ def qwen3_reranker_gguf(path: Path, llama_cpp_models: Path, with_head: bool = Tr
         writer.add_array("qwen3.classifier.output_labels", ["yes", "no"])
         writer.add_chat_template([{"name": "rerank", "template": RERANK_TEMPLATE}])
 
-    return qwen25_vocab_gguf(path, llama_cpp_models, config, weights, "qwen3", rerank_keys, {"cls.output.weight": head})
+    extra, types = {CLS_OUT: head}, {CLS_OUT: head_type}
+    return qwen25_vocab_gguf(path, llama_cpp_models, config, weights, "qwen3", rerank_keys, extra, types)

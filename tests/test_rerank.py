@@ -8,9 +8,10 @@ import math
 import re
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
-from baselm.backend import select_backend
+from baselm.backend import Backend, select_backend
 from baselm.loader import load_model
 from baselm.models.base import ModelConfigError, classifier_labels
 from baselm.rerank import HeadRanker, RerankError, ranker_for
@@ -124,3 +125,18 @@ def test_a_pulled_gguf_rerank_head_is_kept_as_the_classifiers_score(tmp_path, ll
     assert list(prefill_logits(loaded.model, ids)[-1]) == list(
         prefill_logits(load_model(str(gguf_path), select_backend("cpu")).model, ids)[-1]
     )
+
+
+def test_a_quantized_gguf_rerank_head_ranks_alike_with_and_without_the_cpu_kernels(tmp_path, llama_cpp_models):
+    # llama-quantize quantizes `cls.output` with the body; its rows then hold Q8_0's rounding.
+    reference = json.loads((RERANKERS / "qwen3-gguf.json").read_text())
+    path = qwen3_reranker_gguf(tmp_path / "tiny-qwen3-q8-head.gguf", llama_cpp_models, head_type="Q8_0")
+    scores = {}
+    for cpu_kernels in (True, False):
+        backend = Backend("cpu", mx.float32, keep_quantized=True, cpu_kernels=cpu_kernels)
+        loaded = load_model(str(path), backend)
+        ranker = ranker_for("tiny-qwen3-q8-head", loaded.config, loaded.tokenizer)
+        rows = [prefill_logits(loaded.model, ids)[-1] for ids in reference["prompt_ids"]]
+        scores[cpu_kernels] = [ranker.relevance([float(x) for x in row]) for row in rows]
+    assert scores[True] == pytest.approx(scores[False], abs=1e-5)
+    assert scores[True] == pytest.approx(reference["scores"], abs=5e-3)

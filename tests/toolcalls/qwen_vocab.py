@@ -21,7 +21,7 @@ from safetensors.numpy import load_file
 
 from baselm.store.gguf import GGUFFile
 from tests.paths import FIXTURES
-from tests.tiny_gguf import add_hparams, converter_tensors, write_gguf
+from tests.tiny_gguf import add_hparams, converter_tensors, encode, write_gguf
 
 QWEN2_FIXTURE = FIXTURES / "models" / "qwen2"
 CONTROL, USER_DEFINED = 3, 4
@@ -66,10 +66,11 @@ def qwen25_vocab_gguf(
     arch: str,
     more: Callable[[gguf.GGUFWriter], None] | None = None,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    tensor_types: dict[str, str] | None = None,
 ) -> Path:
     """`weights` (HF names, float32, the vocabulary's size) as the converter writes a model of `arch`
-    with Qwen2.5's vocabulary and template, F16 matrices; `more` adds metadata, `extra_tensors` tensors
-    under their GGUF names."""
+    with Qwen2.5's vocabulary and template, F16 matrices unless `tensor_types` names another type for a
+    tensor (by GGUF name); `more` adds metadata, `extra_tensors` tensors under their GGUF names."""
     vocab = GGUFFile.open(llama_cpp_models / "ggml-vocab-qwen2.gguf").metadata
     tokens = list(vocab["tokenizer.ggml.tokens"])
     types = list(vocab["tokenizer.ggml.token_type"])
@@ -78,8 +79,8 @@ def qwen25_vocab_gguf(
     template = (llama_cpp_models / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
     tensors = {}
     for name, value in {**converter_tensors(config, weights), **(extra_tensors or {})}.items():
-        kind = "F16" if value.ndim >= 2 else "F32"
-        tensors[name] = (value.astype(np.float16) if kind == "F16" else value, kind)
+        kind = (tensor_types or {}).get(name) or ("F16" if value.ndim >= 2 else "F32")
+        tensors[name] = (encode(value, kind), kind)
 
     def metadata(writer: gguf.GGUFWriter) -> None:
         add_hparams(writer, config)

@@ -181,9 +181,8 @@ def test_a_gguf_with_llama_cpps_rerank_head_scores_as_llama_server_defines_it(he
     scores = _scores(answer)
     for i, expected in enumerate(HEAD_GGUF["scores"]):  # P(yes) of the twin's LM head, by transformers
         assert math.isclose(scores[i], expected, abs_tol=SCORE_TOLERANCE), (i, scores[i], expected)
-    if HEAD_GGUF["llama_server_scores"] is not None:  # llama-server computes with float16 activations
-        for i, expected in enumerate(HEAD_GGUF["llama_server_scores"]):
-            assert math.isclose(scores[i], expected, abs_tol=2e-3), (i, scores[i], expected)
+    for i, expected in enumerate(HEAD_GGUF["llama_server_scores"]):  # its /rerank on the same file
+        assert math.isclose(scores[i], expected, abs_tol=5e-4), (i, scores[i], expected)  # float16 activations there
     assert answer["usage"]["prompt_tokens"] == sum(map(len, HEAD_GGUF["prompt_ids"]))
 
 

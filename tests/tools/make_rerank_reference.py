@@ -7,12 +7,14 @@
 - tests/fixtures/rerankers/qwen3-gguf.json: the Qwen3-Reranker GGUF with llama.cpp's `cls.output`
   head (tests/rerank_files.py). transformers reads no such head, so it scores the causal twin, the
   same model with its whole LM head: the prompt is the file's rerank template filled as llama-server
-  fills it and tokenized by transformers, the score P(yes) against "no" at its last token. With
-  `--llama-server BIN`, llama-server's own /rerank answer for the file is recorded beside it.
+  fills it and tokenized by transformers, the score P(yes) against "no" at its last token; and
+  llama-server's own /rerank answer for the file, recorded beside it.
 
-    .venv/bin/python -m tests.tools.make_rerank_reference FIXTURES_PYTHON [--llama-server BIN]
+    .venv/bin/python -m tests.tools.make_rerank_reference FIXTURES_PYTHON --llama-server BIN
 
-FIXTURES_PYTHON is a Python with the `fixtures` extra (torch, transformers, accelerate).
+FIXTURES_PYTHON is a Python with the `fixtures` extra (torch, transformers, accelerate); BIN a
+llama-server of llama-cpp-python's vendored llama.cpp (tests/tools/bench_vs_llamacpp.py builds one
+under base's home, `llama.cpp/VERSION-HASH/build/bin/`).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def causal_reference(fixtures_python: str, models: Path) -> None:
     print(f"wrote {OUT}: scores {reference['scores']}")
 
 
-def head_reference(fixtures_python: str, models: Path, llama_server: str | None) -> None:
+def head_reference(fixtures_python: str, models: Path, llama_server: str) -> None:
     from baselm.rerank import relevance
     from tests.rerank_files import NO, QWEN3_FIXTURE, RERANK_TEMPLATE, YES, qwen3_reranker_gguf
 
@@ -103,10 +105,8 @@ def head_reference(fixtures_python: str, models: Path, llama_server: str | None)
         (Path(tmp) / "head").mkdir()
         twin = qwen3_reranker_gguf(Path(tmp) / "twin" / "tiny-qwen3.gguf", models, with_head=False)
         answer = _transformers(fixtures_python, twin, {"texts": texts, "yes_no": [YES, NO], "head_dim": head_dim})
-        server_scores = None
-        if llama_server:
-            head = qwen3_reranker_gguf(Path(tmp) / "head" / "tiny-qwen3-head.gguf", models)
-            server_scores = _llama_server_scores(llama_server, head)
+        head = qwen3_reranker_gguf(Path(tmp) / "head" / "tiny-qwen3-head.gguf", models)
+        server_scores = _llama_server_scores(llama_server, head)
     reference = {
         "query": QUERY,
         "documents": DOCUMENTS,
@@ -149,7 +149,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("fixtures_python")
-    parser.add_argument("--llama-server", help="a llama-server binary, to record its /rerank answer too")
+    parser.add_argument("--llama-server", required=True, help="a llama-server binary, whose /rerank answer is recorded")
     args = parser.parse_args()
     models = fetch_models_dir()[0]
     causal_reference(args.fixtures_python, models)

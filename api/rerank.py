@@ -4,7 +4,8 @@ Request and response follow llama-server's, Jina's and Cohere's rerank APIs, whi
 `query`, `documents` (strings, or objects with `text`), `top_n` and `return_documents`, and on
 `results[]` of `{index, relevance_score}` ordered best first; `document: {text}` is added when
 `return_documents` is true. `instruction` (an extension) replaces the reranker's default task.
-The model must be a reranker (see baselm/rerank.py); another answers a 400 naming it.
+The model must be a reranker, by what it is (a classification head) or, for a causal-LM reranker
+without one, by its name (see baselm/rerank.py); another answers a 400 naming it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from baselm.api.pool import pool_of
 from baselm.api.schemas import Body
 from baselm.api.serving import Job, Usage, outputs, read_json, submit, unless_disconnected
 from baselm.api.state import ModelState, ServerState
-from baselm.rerank import DEFAULT_INSTRUCTION, AnswerLogits, RerankError, answer_ids, is_reranker, prompt_ids, relevance
+from baselm.rerank import LabelLogits, Ranker, RerankError, ranker_for
 from baselm.sampling.params import SamplingParams
 
 MAX_DOCUMENTS = 1024
@@ -36,15 +37,15 @@ async def rerank(request: Request) -> Response:
     documents = _documents(body.raw("documents"))
     top_n = body.integer("top_n", low=1, default=len(documents))
     return_documents = body.boolean("return_documents", default=False)
-    instruction = body.string("instruction", default=DEFAULT_INSTRUCTION)
+    instruction = body.string("instruction")
     body.finish()
-    yes_no = _answer_ids(state)
-    ids = await asyncio.to_thread(lambda: [prompt_ids(state.tokenizer, query, d, instruction) for d in documents])
-    scorers = [AnswerLogits(yes_no) for _ in documents]
+    ranker = _ranker(state)
+    ids = await asyncio.to_thread(_prompts, ranker, query, documents, instruction)
+    scorers = [LabelLogits(ranker.label_ids) for _ in documents]
     jobs = [Job(p, _params(scorer), i, i) for i, (p, scorer) in enumerate(zip(ids, scorers, strict=True))]
     usage = Usage()
     await unless_disconnected(request, _run(state, jobs, usage))
-    scores = [relevance(*scorer.values) for scorer in scorers]
+    scores = [ranker.relevance(scorer.values) for scorer in scorers]
     order = sorted(range(len(documents)), key=lambda i: -scores[i])[:top_n]
     results: list[dict[str, Any]] = []
     for i in order:
@@ -64,7 +65,7 @@ async def rerank(request: Request) -> Response:
     )
 
 
-def _params(scorer: AnswerLogits) -> SamplingParams:
+def _params(scorer: LabelLogits) -> SamplingParams:
     """One answer token, greedy: the scorer reads the logits it is chosen from."""
     return SamplingParams(max_tokens=1, temperature=0.0, logits_processors=[scorer])
 
@@ -74,18 +75,19 @@ async def _run(state: ModelState, jobs: list[Job], usage: Usage) -> None:
         pass
 
 
-def _answer_ids(state: ModelState) -> tuple[int, int]:
+def _ranker(state: ModelState) -> Ranker:
     loaded = state.client.engine.loaded
-    if not is_reranker(state.model_name, loaded.name):
-        raise bad_request(
-            f"{state.model_name} is not a reranker (its name does not say rerank); serve a reranker such as "
-            "Qwen3-Reranker to rank documents",
-            "model",
-        )
     try:
-        return answer_ids(state.tokenizer)
+        return ranker_for(state.model_name, loaded.config, state.tokenizer, loaded.name)
     except RerankError as exc:
         raise bad_request(str(exc), "model") from None
+
+
+def _prompts(ranker: Ranker, query: str, documents: list[str], instruction: str | None) -> list[list[int]]:
+    try:
+        return [ranker.prompt_ids(query, document, instruction) for document in documents]
+    except RerankError as exc:
+        raise bad_request(str(exc), "instruction") from None
 
 
 def _documents(value: Any) -> list[str]:

@@ -42,6 +42,7 @@ from baselm.api.schemas import Common, check_depth
 from baselm.api.state import ModelState, ServerState
 from baselm.async_engine import RequestStream
 from baselm.engine import QueueFullError
+from baselm.models.base import ModelConfigError
 from baselm.request import RequestOutput
 from baselm.sampling.params import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
@@ -66,10 +67,19 @@ async def read_request(request: Request, parse: Callable[[Any], ParsedT]) -> tup
     server: ServerState = request.app.state.base
     parsed = parse(await read_json(request, server))
     state = await pool_of(request).acquire(request.scope, parsed.common.model)
+    check_writes_text(state)
     if parsed.common.lora is not None:
         state = state.with_lora(parsed.common.lora)
     parsed.common.sampling = state.fill_defaults(parsed.common.sampling, parsed.common.defaults)
     return state, parsed
+
+
+def check_writes_text(state: ModelState) -> None:
+    """A 400 naming the model when it cannot write text (a reranker with a classification head)."""
+    try:
+        state.client.engine.loaded.check_writes_text(state.model_name)
+    except ModelConfigError as exc:
+        raise bad_request(str(exc), "model") from None
 
 
 async def read_json(request: Request, state: ServerState) -> Any:

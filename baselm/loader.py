@@ -18,7 +18,7 @@ from baselm.adapters import Adapter, AdapterError, apply_adapters
 from baselm.backend import Backend
 from baselm.memory import release_freed_memory
 from baselm.models import build_model
-from baselm.models.base import DecoderModel
+from baselm.models.base import DecoderModel, ModelConfigError
 from baselm.store import hf
 from baselm.store.base_reader import BaseFile, model_weights
 from baselm.store.errors import BaseFileError, ModelFileError, SignatureError
@@ -27,6 +27,7 @@ from baselm.store.gguf_split import first_part_in
 from baselm.store.model_card import context_length
 from baselm.store.registry import Store
 from baselm.tokenizer.tokenizer import Tokenizer
+from baselm.tokenizer.vocab_cache import default_cache_dir
 
 if TYPE_CHECKING:
     from baselm.served_adapters import AdapterSpec, ServedAdapters
@@ -49,6 +50,15 @@ class LoadedModel:
     @property
     def max_model_len(self) -> int:
         return context_length(self.config)
+
+    def check_writes_text(self, name: str | None = None) -> None:
+        """NOTE: the one rule that a classifier writes no text: its logits are its head's labels, not
+        the vocabulary's, so generating from it would only spell label numbers as tokens."""
+        if self.model.is_classifier:
+            raise ModelConfigError(
+                f"{name or self.name} is a reranker with a classification head: it ranks documents "
+                "(POST /v1/rerank on `base serve`) and writes no text"
+            )
 
 
 def _eos_ids(config: dict[str, Any], tokenizer: Tokenizer) -> tuple[int, ...]:
@@ -114,7 +124,7 @@ def _load_gguf(
     checkpoint = gguf.GGUFCheckpoint.open(path)
     # NOTE: the tokenizer first, and its vocabulary's strings freed, before any weight is read:
     # building it briefly takes several times what it keeps, which then never adds to the weights.
-    tokenizer = Tokenizer.from_gguf_metadata(checkpoint.metadata)
+    tokenizer = Tokenizer.from_gguf_metadata(checkpoint.metadata, default_cache_dir())
     checkpoint.release_metadata()
     release_freed_memory()
     weights = checkpoint.mx_weights(keep_blocks=_keeps_kquant_blocks(backend))
@@ -176,7 +186,7 @@ def _load_path(
 def tokenizer_from_header(spec: dict[str, Any]) -> Tokenizer:
     """The tokenizer a `.base` header carries: GGUF vocabulary metadata, or HF tokenizer files."""
     if "gguf" in spec:
-        return Tokenizer.from_gguf_metadata(spec["gguf"])
+        return Tokenizer.from_gguf_metadata(spec["gguf"], default_cache_dir())
     return Tokenizer.from_hf_files(
         spec["tokenizer.json"], spec.get("tokenizer_config.json") or {}, spec.get("chat_template")
     )

@@ -21,6 +21,12 @@ has. The conventions are those of llama.cpp's `convert_hf_to_gguf.py` (tensor na
   renormalizes the top-k weights (`norm_topk_prob`), unless `expert_weights_norm` says otherwise.
 - smollm3: llama's layout (q/k rows permuted); llama.cpp skips RoPE in every 4th layer, which
   no key records (HF's `no_rope_layer_interval` 4).
+- qwen3 rerankers (Qwen3-Reranker, as the converter writes them): `cls.output.weight` is a
+  classification head, (labels, hidden), whose `classifier.output_labels` are ["yes", "no"] (the
+  LM head's rows of those two tokens), with `pooling_type` RANK and a `rerank` chat template; the
+  untied LM head itself is left out. It becomes HF's `score.weight` of a
+  `Qwen3ForSequenceClassification` (`architectures`, `id2label` in the config). llama.cpp reads a
+  head in no other decoder architecture (`src/models/qwen3.cpp`), so neither does this reader.
 - gpt-oss: attention sinks `attn_sinks`, a router with a bias, `post_attention_norm` as the
   second norm, experts split from HF's fused tensors (store/gguf_gpt_oss.py puts them back), no
   q/k permutation. llama.cpp fixes what no key records: even layers slide, the SwiGLU clamp is 7
@@ -41,6 +47,8 @@ from baselm.store.errors import ModelFileError, UnsupportedModelError
 
 # Kept under its GGUF name: it has no HF counterpart (HF configs describe llama 3 scaling in rope_scaling).
 ROPE_FREQS = "rope_freqs.weight"
+# A reranker's classification head (llama.cpp's LLM_TENSOR_CLS_OUT), HF's `score` of a sequence classifier.
+CLS_OUT = "cls.output.weight"
 # Read into the config (Phi-3's LongRoPE), not kept as tensors.
 ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -110,6 +118,8 @@ class ArchSpec:
     experts: dict[str, str] = field(default_factory=dict)
     # HF keeps the experts stacked and fused as gpt-oss does (store/gguf_gpt_oss.py)
     fused_experts: bool = False
+    # The HF sequence-classification class a file with a `cls.output` head is (None: llama.cpp reads no head)
+    classifier: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +336,7 @@ ARCHS: dict[str, ArchSpec] = {
         },
     ),
     "qwen2": ArchSpec("qwen2"),
-    "qwen3": ArchSpec("qwen3"),
+    "qwen3": ArchSpec("qwen3", classifier="Qwen3ForSequenceClassification"),
     "qwen3moe": ArchSpec(
         "qwen3_moe",
         _qwen3_moe_config,
@@ -362,6 +372,8 @@ def placement(name: str, spec: ArchSpec, config: dict[str, Any], meta: Meta) -> 
         return Placement(name)
     if name in ROPE_FACTORS:
         return None
+    if name == CLS_OUT and spec.classifier is not None:
+        return Placement("score.weight")
     match = _NAME.fullmatch(name)
     if not match:
         raise UnsupportedModelError(f"GGUF tensor {name!r} has no known place in a {config['model_type']} model")
@@ -412,10 +424,24 @@ def hf_config(metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> t
     config = {"model_type": spec.model_type, **common_config(meta)}
     if spec.config is not None:
         config.update(spec.config(meta))
+    if spec.classifier is not None and meta.has(CLS_OUT):
+        config.update(_classifier_config(spec.classifier, meta))
     if config["vocab_size"] is None:
         raise ModelFileError(f"GGUF file has neither {arch}.vocab_size nor a token_embd tensor")
     check_shapes(config, meta)
     return config, spec, meta
+
+
+def _classifier_config(architecture: str, meta: Meta) -> dict[str, Any]:
+    """The config of a file with a classification head: its HF class and its labels, one per row
+    (`classifier.output_labels`; llama.cpp reads one row when the file names no labels)."""
+    num_rows = meta.shapes[CLS_OUT][0]
+    labels = meta.metadata.get(f"{meta.arch}.classifier.output_labels") or [f"LABEL_{i}" for i in range(num_rows)]
+    if len(labels) != num_rows:
+        raise ModelFileError(
+            f"GGUF metadata contradicts its tensors: {len(labels)} classifier labels, but {CLS_OUT} has {num_rows} rows"
+        )
+    return {"architectures": [architecture], "id2label": {str(i): str(label) for i, label in enumerate(labels)}}
 
 
 def _expect(meta: Meta, name: str, axis: int, size: int, what: str) -> None:

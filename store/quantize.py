@@ -268,11 +268,13 @@ class QuantProfile:
 
 # q-bits one step up for the tensors that hurt most when coarse (value and down projections).
 _MIXED_UP = {2: "q4", 3: "q5", 4: "q6", 5: "q6", 6: "q8", 8: "q8"}
-# Norms and MoE routers (Qwen3-MoE's `mlp.gate`, Mixtral's `block_sparse_moe.gate`, gpt-oss's `mlp.router`),
+# Norms, MoE routers (Qwen3-MoE's `mlp.gate`, Mixtral's `block_sparse_moe.gate`, gpt-oss's `mlp.router`),
+# a classifier's head (`score`: a row or two per label, which alone decide the ranking a reranker gives),
 # and a vision-language model's vision tower and projector: small beside the decoder, sensitive to
 # rounding, and holding arrays no quantized layer takes (position embeddings, a bare projection matrix).
 _FLOAT_RULES = (
     Rule("*norm*", KEEP_FLOAT),
+    Rule("score.weight", KEEP_FLOAT),
     Rule("*vision_tower.*", KEEP_FLOAT),
     Rule("*multi_modal_projector.*", KEEP_FLOAT),
     Rule("*.mlp.gate.weight", KEEP_FLOAT),
@@ -284,7 +286,7 @@ BUILTIN_PROFILES = ("default", "mixed")
 
 
 def builtin_profile(name: str, scheme: str) -> QuantProfile:
-    """`default`: `scheme` for the body; norms and routers float; embeddings and lm_head q8.
+    """`default`: `scheme` for the body; norms, routers and a classifier's head float; embeddings and lm_head q8.
 
     `mixed`: as `default`, with v_proj and down_proj one step finer (q4 body -> q6).
     A float `scheme` (f16/bf16/f32) stores everything in that dtype.

@@ -13,6 +13,7 @@ import pexpect
 import pytest
 
 from baselm.commands.run import one_request_config
+from tests.paths import FIXTURES
 
 BASE = shutil.which("base") or str(Path(sys.executable).parent / "base")
 
@@ -35,6 +36,18 @@ def test_the_run_command_leaves_signature_and_gguf_libraries_unimported():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_reranker_with_a_classification_head_is_refused_as_writing_no_text(tmp_path):
+    command = [BASE, "run", str(FIXTURES / "rerankers" / "qwen3"), "hi", "--device", "cpu"]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env={**os.environ, "BASE_HOME": str(tmp_path)}
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: qwen3 is a reranker with a classification head: it ranks documents (POST /v1/rerank on "
+        "`base serve`) and writes no text"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -221,6 +221,7 @@ async def ollama_chat(request: Request) -> Response:
     body.finish()
     if not messages:  # Ollama loads the model and answers at once
         return JSONResponse({**_ChatAnswer(state, common, [], None, False).whole(), "done_reason": "load"})
+    serving.check_writes_text(state)
     chat = ChatRequest(
         common, messages, response_format=fmt, tools=tool_list, chat_template_kwargs=extra, format_field="format"
     )
@@ -293,6 +294,7 @@ async def ollama_generate(request: Request) -> Response:
             body.raw(name)
         body.finish()
         return JSONResponse({**_GenerateAnswer(state, common, [], None, False).whole(), "done_reason": "load"})
+    serving.check_writes_text(state)
     job = await asyncio.to_thread(_generate_job, state, body, common, fmt, extra, images)  # a format grammar compiles
     answer = _GenerateAnswer(state, common, job.prompt_ids, None, not body.data.get("raw"))
     return await serving.respond(request, state, [job], "prompt", answer)

@@ -67,6 +67,7 @@ def chat(args: ChatArgs) -> None:
         loaded, group = open_model(args.model)
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, args.model.dist))
+    loaded.check_writes_text()
     generation = args.generation
     config = replace(args.chat.engine, runaway_guard=generation.runaway_guard)
     engines = ModelSwitch(

@@ -66,6 +66,7 @@ def run_once(options: RunArgs) -> None:
     loaded, group = open_model(options.model)
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, options.model.dist))
+    loaded.check_writes_text()
     ids = prompt_ids(loaded.tokenizer, options.prompt, options.raw)
     params = sampling_params(options, loaded)
     config = one_request_config(len(ids), params.max_tokens, options.speculative, options.generation.runaway_guard)

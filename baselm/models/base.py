@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import mlx.core as mx
@@ -15,6 +16,30 @@ from baselm.metal import AttentionMetadata
 
 class ModelConfigError(ValueError):
     """A model's config is missing something or holds a value we cannot run."""
+
+
+def classifier_labels(config: Mapping[str, Any]) -> list[str] | None:
+    """The labels of the classification head an HF config describes, in the order of the head's rows,
+    or None for a model without one.
+
+    A `*ForSequenceClassification` checkpoint (transformers' `GenericForSequenceClassification`) is the
+    decoder with a `score` linear layer (num_labels, hidden), no bias, in place of the LM head, read at
+    the last token that is not padding. As transformers: the labels are `id2label`'s, else `num_labels`
+    of them named LABEL_i, else two (a config saved with the default two labels names none).
+    """
+    architectures = config.get("architectures") or []
+    if not any(str(name).endswith("ForSequenceClassification") for name in architectures):
+        return None
+    id2label = config.get("id2label") or {}
+    if id2label:
+        by_index = {int(i): str(label) for i, label in id2label.items()}
+        if sorted(by_index) != list(range(len(by_index))):
+            raise ModelConfigError(f"config.json's id2label numbers its labels {sorted(by_index)}, not 0 to n-1")
+        return [by_index[i] for i in range(len(by_index))]
+    num_labels = config.get("num_labels", 2)
+    if not isinstance(num_labels, int) or num_labels < 1:
+        raise ModelConfigError(f"config.json's num_labels is {num_labels!r}, not a positive count")
+    return [f"LABEL_{i}" for i in range(num_labels)]
 
 
 @dataclasses.dataclass
@@ -59,7 +84,8 @@ class DecoderModel(nn.Module):
     def __call__(
         self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
     ) -> mx.array:
-        """input_ids, positions: (num_tokens,); returns logits (num_logits, vocab_size).
+        """input_ids, positions: (num_tokens,); returns logits (num_logits, vocab_size), or a
+        classifier's (num_logits, num_labels).
 
         Layer `i` writes and reads the pools of `cache[i]`, a LayerKV. Logits are computed only
         at `meta.logits_indices` (all tokens when None).
@@ -71,6 +97,11 @@ class DecoderModel(nn.Module):
     ) -> mx.array:
         """The final normed hidden state of every token, (num_tokens, hidden): what embeddings pool."""
         raise ModelConfigError(f"{type(self).__module__} does not expose its hidden states")
+
+    @property
+    def is_classifier(self) -> bool:
+        """Whether the logits are a classification head's, (num_logits, num_labels), rather than the vocabulary's."""
+        return False
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Maps checkpoint tensors to this module's parameter names (drops unused ones)."""

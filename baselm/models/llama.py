@@ -17,7 +17,14 @@ from baselm.kv.cache import LayerKV, PagedKVCache
 from baselm.metal import AttentionMetadata
 from baselm.models import cpu_layer
 from baselm.models.attention import Attention
-from baselm.models.base import BaseModelArgs, DecoderModel, ImageEmbeddings, ModelConfigError, select_logits
+from baselm.models.base import (
+    BaseModelArgs,
+    DecoderModel,
+    ImageEmbeddings,
+    ModelConfigError,
+    classifier_labels,
+    select_logits,
+)
 from baselm.models.mlp import MLP
 from baselm.models.norm import RMSNorm
 from baselm.models.rope import make_rope, rope_type
@@ -51,6 +58,10 @@ class ModelArgs(BaseModelArgs):
     max_position_embeddings: int = 4096
     sliding_window: int | None = None
     layer_types: list[str] | None = None
+    # A `*ForSequenceClassification` checkpoint has a `score` head in place of the LM head.
+    architectures: list[str] | None = None
+    id2label: dict[str, str] | None = None
+    num_labels: int | None = None
 
     default_rope_theta: ClassVar[float] = 10000.0
 
@@ -82,6 +93,7 @@ class ModelArgs(BaseModelArgs):
             raise ModelConfigError("the config has sliding-attention layers but no sliding_window size")
         for layer_type in sorted(set(self.layer_types)):
             make_rope(self.head_dim, self.rope_params(layer_type), self.max_position_embeddings)
+        self.score_labels()  # a malformed id2label is refused here
 
     def rope_params(self, layer_type: str) -> dict[str, Any]:
         """The resolved RoPE dict for layers of `layer_type`: `rope_theta` plus any scaling keys."""
@@ -98,6 +110,13 @@ class ModelArgs(BaseModelArgs):
                 params["original_max_position_embeddings"] = self.original_max_position_embeddings
             params.setdefault("original_max_position_embeddings", self.max_position_embeddings)
         return params
+
+    def score_labels(self) -> list[str] | None:
+        """The labels of the classification head, one per row of `score`; None for a causal LM."""
+        config: dict[str, Any] = {"architectures": self.architectures, "id2label": self.id2label}
+        if self.num_labels is not None:
+            config["num_labels"] = self.num_labels
+        return classifier_labels(config)
 
     def layer_uses_rope(self, layer_idx: int) -> bool:
         """Whether a layer rotates its queries and keys; every Llama layer does."""
@@ -136,7 +155,10 @@ class Model(DecoderModel):
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [self.make_layer(args, i) for i in range(args.num_hidden_layers)]
         self.norm = self.make_norm()
-        if not args.tie_word_embeddings:
+        labels = args.score_labels()
+        if labels is not None:  # a classifier: its head scores the labels, not the vocabulary
+            self.score = nn.Linear(args.hidden_size, len(labels), bias=False)
+        elif not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     def make_norm(self, dims: int | None = None) -> nn.Module:
@@ -168,6 +190,11 @@ class Model(DecoderModel):
 
     def embed(self, input_ids: mx.array) -> mx.array:
         return self.embed_tokens(input_ids)  # (num_tokens, hidden)
+
+    @property
+    def is_classifier(self) -> bool:
+        """Whether the model's outputs are its classification head's (one per label), not the vocabulary's."""
+        return "score" in self
 
     def lm_logits(self, h: mx.array) -> mx.array:
         """(num_logits, hidden) normed hidden states -> (num_logits, vocab_size)."""
@@ -204,8 +231,10 @@ class Model(DecoderModel):
         cache: PagedKVCache,
         images: ImageEmbeddings | None = None,
     ) -> mx.array:
-        h = self.last_hidden(input_ids, positions, meta, cache, images)
-        return self.lm_logits(self.norm(select_logits(h, meta)))
+        h = self.norm(select_logits(self.last_hidden(input_ids, positions, meta, cache, images), meta))
+        if self.is_classifier:  # (num_logits, num_labels): the head as transformers applies it, no soft-cap
+            return self.score(h)
+        return self.lm_logits(h)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         weights = {k.removeprefix("model."): v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}

@@ -4,10 +4,13 @@
 (`gguf_splits.py`); 'llama' is a SentencePiece BPE with byte fallback, its merges read from the
 file or derived from the token scores (in Gemma 1-3 files, from the vocabulary's order); 'gemma4'
 a BPE over "▁"-spelled lines with byte fallback; 'bert' a WordPiece. Control tokens become
-special added tokens, user-defined ones plain added tokens. Where transformers departs from the
-model's own tokenizer for a GGUF, we follow the model (see `gguf_splits.py` and
-`_sentencepiece_backend`), as llama.cpp does: its own tokenizer test vectors pass
-(tests/tokenizer/test_llama_cpp_vocabs.py).
+special added tokens, user-defined ones plain added tokens. A SentencePiece vocabulary gives the
+ids transformers gives for the same file (`AutoTokenizer.from_pretrained(..., gguf_file=...)`), also
+where it departs from llama.cpp (`_sentencepiece_backend` says where). For a byte-level split whose
+transformers reading departs from the model's own tokenizer, base follows the model, as llama.cpp
+does (`gguf_splits.py`). llama.cpp's own tokenizer test vectors pass
+(tests/tokenizer/test_llama_cpp_vocabs.py), except the texts transformers reads otherwise in Llama 2's
+SentencePiece file (tests/tokenizer/test_llama_spm_gguf.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
@@ -22,34 +26,36 @@ from tokenizers import Tokenizer as Backend
 
 from baselm.tokenizer.errors import TokenizerError
 from baselm.tokenizer.gguf_splits import byte_level_split
+from baselm.tokenizer.vocab_cache import cached_merges
 
 # GGUF `tokenizer.ggml.token_type` values (llama.cpp's llama_token_type).
 _CONTROL, _USER_DEFINED = 3, 4
 # Architectures whose 'llama' (SentencePiece) vocabulary is Gemma's: no "▁" prefix, merges in vocabulary
 # order. Gemma 3n and EmbeddingGemma files carry Gemma 3's vocabulary.
 _GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding")
+# Architectures whose 'llama' vocabulary transformers reads with a "▁" before every run of text (Phi-3's).
+_PREPEND_EVERY_RUN = ("phi3",)
 
 
-def gguf_backend(metadata: Mapping[str, Any]) -> Backend:
+def gguf_backend(metadata: Mapping[str, Any], cache: Path | None = None) -> Backend:
     """The vocabulary, split and decoder of a GGUF's tokenizer metadata, with its added tokens.
 
     Supports `tokenizer.ggml.model` 'gpt2', 'llama', 'gemma4' and 'bert'; anything else is a
-    TokenizerError naming it.
+    TokenizerError naming it. With `cache` (a folder), the merges base derives for a SentencePiece
+    vocabulary whose file has none (the costly part of a build) are kept there and read back after
+    (vocab_cache.py).
     """
     kind = metadata.get("tokenizer.ggml.model")
     if not metadata.get("tokenizer.ggml.tokens"):
         raise TokenizerError("the GGUF file has no tokenizer vocabulary (tokenizer.ggml.tokens)")
-    builders = {
-        "gpt2": _byte_level_backend,
-        "llama": _sentencepiece_backend,
-        "gemma4": _gemma4_backend,
-        "bert": _wordpiece_backend,
-    }
-    if kind not in builders:
-        supported = ", ".join(repr(k) for k in builders)
+    if kind not in _BUILDERS:
+        supported = ", ".join(repr(k) for k in _BUILDERS)
         raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (supported: {supported})")
-    is_gemma = kind == "llama" and metadata.get("general.architecture") in _GEMMA_ARCHITECTURES
-    backend, vocab = (_gemma_backend if is_gemma else builders[kind])(metadata)
+    if kind == "llama":
+        is_gemma = metadata.get("general.architecture") in _GEMMA_ARCHITECTURES
+        backend, vocab = (_gemma_backend if is_gemma else _sentencepiece_backend)(metadata, cache)
+    else:
+        backend, vocab = _BUILDERS[kind](metadata)
     _add_gguf_tokens(backend, metadata, vocab, byte_level=kind == "gpt2")
     return backend
 
@@ -125,11 +131,21 @@ def _byte_level_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[str,
     return backend, vocab
 
 
-def _sentencepiece_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[str, int]]:
-    """SentencePiece vocabulary as a byte-fallback BPE, the way transformers builds it.
+def _sentencepiece_backend(metadata: Mapping[str, Any], cache: Path | None = None) -> tuple[Backend, dict[str, int]]:
+    """A SentencePiece vocabulary (Llama 2, Mistral, Phi-3 ...) as a byte-fallback BPE, as transformers
+    builds it from the same GGUF (tests/tokenizer/test_llama_spm_gguf.py holds its ids).
 
-    NOTE: a file with `tokenizer.ggml.add_space_prefix = false` gets no leading "▁" (as in
-    llama.cpp); transformers ignores that flag.
+    NOTE: where the "▁" goes that marks a text's first word, llama.cpp and transformers part:
+    - llama.cpp (and Llama 2's own legacy tokenizer.json, whose ids llama.cpp's test vectors hold)
+      puts one before every run of text: the first, one that already starts with a space (" hi" is
+      "▁▁hi"), and each run after a special token ("<s>hi" is "<s>", "▁hi"); and it puts none where
+      the file's `tokenizer.ggml.add_space_prefix` is false.
+    - transformers reads a 'llama' GGUF as its current `LlamaTokenizer`: a Metaspace that prepends
+      "▁" to the text's first run only, and not when it starts with a space already (" hi" is "▁hi",
+      "<s>hi" is "<s>", "hi"), whatever `add_space_prefix` says; except for Phi-3 files, which it
+      reads with llama.cpp's rule (a "▁" prepended to every run, by the normalizer).
+    base follows transformers: the ids a GGUF gives must be those transformers gives for the same
+    file, as for every other vocabulary; the decode strips the one leading space the mark adds.
     """
     tokens = metadata["tokenizer.ggml.tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -139,21 +155,18 @@ def _sentencepiece_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[s
         scores = metadata.get("tokenizer.ggml.scores")
         if not scores or len(scores) != len(tokens):
             raise TokenizerError("the GGUF SentencePiece vocabulary has neither merges nor one score per token")
-        merges = _merges_from_scores(tokens, scores, vocab)
+        merges = cached_merges(cache, metadata, tokens, vocab, lambda: _merges_from_scores(tokens, scores, vocab))
     backend = Backend(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True))
-    prefix = metadata.get("tokenizer.ggml.add_space_prefix", True)
-    # As llama.cpp: every run of text (the first, and each one after a special token) gets one
-    # "▁" in front, even when it already starts with a space.
-    steps = [normalizers.Prepend("▁")] if prefix else []
-    backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
-    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-    if prefix:
-        steps.append(decoders.Strip(" ", 1, 0))
+    if metadata.get("general.architecture") in _PREPEND_EVERY_RUN:
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     backend.decoder = decoders.Sequence(steps)
     return backend, vocab
 
 
-def _gemma_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[str, int]]:
+def _gemma_backend(metadata: Mapping[str, Any], cache: Path | None = None) -> tuple[Backend, dict[str, int]]:
     """Gemma 1-3's SentencePiece BPE: spaces spelled "▁" with none prepended, byte fallback.
 
     NOTE: as transformers reads these files (tests/tokenizer/test_gemma_gguf.py). llama.cpp's
@@ -165,7 +178,7 @@ def _gemma_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[str, int]
     tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in metadata["tokenizer.ggml.tokens"]]
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges") or []]
-    merges = merges or _merges_in_vocabulary_order(vocab)
+    merges = merges or cached_merges(cache, metadata, tokens, vocab, lambda: _merges_in_vocabulary_order(vocab))
     unk = gguf_special_tokens(metadata)["unk_token"]
     backend = Backend(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
     backend.normalizer = normalizers.Replace(" ", "▁")
@@ -206,6 +219,15 @@ def _wordpiece_backend(metadata: Mapping[str, Any]) -> tuple[Backend, dict[str, 
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece()
     return backend, vocab
+
+
+# `tokenizer.ggml.model` -> the builder of its vocabulary ('llama': Gemma's or the others', by architecture)
+_BUILDERS = {
+    "gpt2": _byte_level_backend,
+    "llama": _sentencepiece_backend,
+    "gemma4": _gemma4_backend,
+    "bert": _wordpiece_backend,
+}
 
 
 def _merges_from_scores(

@@ -117,16 +117,17 @@ class Tokenizer:
         )
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any], cache: Path | None = None) -> Tokenizer:
         """The tokenizer a GGUF file describes, from its metadata (`store.gguf.read_metadata(path)[1]`).
 
         Supports `tokenizer.ggml.model` 'gpt2' (byte-level BPE; `tokenizer.ggml.pre` picks the
         split), 'llama' (SentencePiece BPE with byte fallback; merges from the file or derived
         from the token scores), 'gemma4' and 'bert' (WordPiece); another model or pre-tokenizer
         is a TokenizerError naming it. Control tokens become special tokens, user-defined ones
-        added tokens.
+        added tokens. `cache`: a folder where a vocabulary whose merges are derived (Gemma's) is kept
+        once built (`vocab_cache.py`; the loader passes base's).
         """
-        backend = gguf_backend(metadata)
+        backend = gguf_backend(metadata, cache)
         special = gguf_special_tokens(metadata)
         _add_named_specials(backend, special)
         # Unless the file says otherwise, llama.cpp adds BOS to a SentencePiece vocabulary and
@@ -219,6 +220,11 @@ class Tokenizer:
         `encode`, whose megabyte of text held the server's event loop for a second from a worker thread.
         """
         return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """Token ids of a pair of texts, framed by the special tokens the tokenizer puts around a pair
+        (its post-processor's pair template), as transformers' `tokenizer(first, second)` gives them."""
+        return self._backend.encode_batch([(first, second)], add_special_tokens=True)[0].ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of `token_ids` (through `decode_batch`, which releases the GIL, as `encode` does)."""

@@ -218,6 +218,39 @@ def test_a_tensor_with_no_place_is_named(tmp_path: Path) -> None:
         gguf_store.GGUFCheckpoint.open(path)  # before any weight is read
 
 
+def _with_head(tmp_path: Path, name: str, rows: int, labels: list[str] | None) -> Path:
+    """The `name` fixture as a GGUF with a classification head of `rows` rows (`cls.output.weight`)."""
+    config = json.loads((MODEL_FIXTURES / name / "config.json").read_text())
+    tensors = {key: (values, "F32") for key, values in oracle(write_variant(tmp_path, name)).items()}
+    tensors["cls.output.weight"] = (np.ones((rows, config["hidden_size"]), np.float32), "F32")
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, config)
+        if labels is not None:
+            writer.add_array(f"{GGUF_ARCH[name]}.classifier.output_labels", labels)
+
+    return write_gguf(tmp_path / "head.gguf", tensors, metadata, arch=GGUF_ARCH[name])
+
+
+def test_a_qwen3_classification_head_becomes_a_sequence_classifiers_score(tmp_path: Path) -> None:
+    checkpoint = gguf_store.GGUFCheckpoint.open(_with_head(tmp_path, "qwen3", 2, ["yes", "no"]))
+    assert checkpoint.config["architectures"] == ["Qwen3ForSequenceClassification"]
+    assert checkpoint.config["id2label"] == {"0": "yes", "1": "no"}
+    assert checkpoint.mx_weights()["score.weight"].shape == (2, 64)
+
+
+def test_a_head_without_labels_has_one_per_row_and_labels_that_contradict_its_rows_are_refused(tmp_path: Path) -> None:
+    unlabelled = gguf_store.GGUFCheckpoint.open(_with_head(tmp_path, "qwen3", 1, None))
+    assert unlabelled.config["id2label"] == {"0": "LABEL_0"}
+    with pytest.raises(ModelFileError, match=r"3 classifier labels, but cls\.output\.weight has 2 rows"):
+        gguf_store.GGUFCheckpoint.open(_with_head(tmp_path, "qwen3", 2, ["a", "b", "c"]))
+
+
+def test_a_classification_head_where_llama_cpp_reads_none_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedModelError, match=r"GGUF tensor 'cls\.output\.weight' has no known place in a llama"):
+        gguf_store.GGUFCheckpoint.open(_with_head(tmp_path, "llama", 1, None))
+
+
 def test_gguf_package_names_match_the_converter_names_used_here() -> None:
     """tests/tiny_gguf.py's names are the gguf package's own (its TENSOR_NAMES), for each architecture."""
     names = set(gguf.TENSOR_NAMES.values())

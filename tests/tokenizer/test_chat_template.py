@@ -13,7 +13,6 @@ from tests.tokenizer.conftest import (
     ALL_NAMES,
     CONVERSATIONS,
     EXPECTED,
-    IDS_FOLLOW_LLAMA_CPP,
     expected,
     load,
     render,
@@ -32,8 +31,7 @@ def test_chat_template_renders_like_transformers(tokenizer, request):
         ids = tokenizer.encode_chat(
             case["messages"], add_generation_prompt=case.get("add_generation_prompt", True), tools=case.get("tools")
         )
-        if name_of_tokenizer not in IDS_FOLLOW_LLAMA_CPP:
-            assert ids == want[name]["ids"], name
+        assert ids == want[name]["ids"], name
 
 
 @pytest.mark.parametrize("tokenizer", ALL_NAMES, indirect=True)

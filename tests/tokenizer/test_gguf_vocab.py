@@ -41,13 +41,12 @@ def test_unknown_gguf_pre_tokenizer_and_model_are_refused():
         Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "gpt2"})
 
 
-def test_gguf_sentencepiece_without_space_prefix_adds_no_leading_space():
+def test_gguf_sentencepiece_space_prefix_flag_is_read_as_transformers_reads_it_not_at_all():
+    # llama.cpp leaves the "▁" out where `add_space_prefix` is false; transformers ignores the flag.
     metadata = {**read_metadata(TOKENIZER_FIXTURES / "spm.gguf")[1], "tokenizer.ggml.add_space_prefix": False}
-    tok = Tokenizer.from_gguf_metadata(metadata)
-    with_prefix = load("spm.gguf")
-    assert with_prefix.id_to_token(with_prefix.encode("hello", add_special_tokens=False)[0]).startswith("▁")
-    assert not tok.id_to_token(tok.encode("hello", add_special_tokens=False)[0]).startswith("▁")
-    assert tok.decode(tok.encode(" hi", add_special_tokens=False)) == " hi"
+    tok, with_prefix = Tokenizer.from_gguf_metadata(metadata), load("spm.gguf")
+    for text in ("hello", " hi", "<s>hello there"):
+        assert tok.encode(text, add_special_tokens=False) == with_prefix.encode(text, add_special_tokens=False)
 
 
 def test_gguf_sentencepiece_of_gemma_adds_no_space_mark_and_ranks_merges_by_vocabulary_order():
@@ -61,13 +60,24 @@ def test_gguf_sentencepiece_of_gemma_adds_no_space_mark_and_ranks_merges_by_voca
         assert pieces[0] == "the" and "".join(pieces) == "the▁cat▁sat"
 
 
-def test_gguf_sentencepiece_puts_a_space_mark_before_every_run_of_text():
-    # llama.cpp's rule (and Llama 2's own tokenizer's): "▁" goes before each run of text, even one
-    # that starts with a space, and again after a special token such as BOS.
+def test_gguf_sentencepiece_puts_a_space_mark_before_the_first_run_of_text_alone():
+    # transformers' rule (llama.cpp's differs: it puts "▁" before every run, also one that starts with a
+    # space or follows a special token such as BOS; see gguf_vocab._sentencepiece_backend).
     tok = load("spm.gguf")
+    pieces = [tok.id_to_token(i) for i in tok.encode(" hello", add_special_tokens=False)]
+    assert "".join(pieces) == "▁hello"
+    after_bos = tok.encode("<s>hello", add_special_tokens=False)
+    assert after_bos[0] == tok.bos_token_id
+    assert "".join(tok.id_to_token(i) for i in after_bos[1:]) == "hello"
+    assert tok.decode(tok.encode(" hello", add_special_tokens=False)) == "hello"
+
+
+def test_a_phi3_sentencepiece_puts_a_space_mark_before_every_run_of_text():
+    # transformers reads a Phi-3 file with llama.cpp's rule (test_pre_tokenizer_names.py holds its ids).
+    metadata = {**read_metadata(TOKENIZER_FIXTURES / "spm.gguf")[1], "general.architecture": "phi3"}
+    tok = Tokenizer.from_gguf_metadata(metadata)
     pieces = [tok.id_to_token(i) for i in tok.encode(" hello", add_special_tokens=False)]
     assert "".join(pieces) == "▁▁hello"
     after_bos = tok.encode("<s>hello", add_special_tokens=False)
-    assert after_bos[0] == tok.bos_token_id
     assert "".join(tok.id_to_token(i) for i in after_bos[1:]) == "▁hello"
     assert tok.decode(tok.encode(" hello", add_special_tokens=False)) == " hello"

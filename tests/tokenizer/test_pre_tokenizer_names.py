@@ -4,9 +4,10 @@ One byte-level vocabulary (bpe-gpt2.gguf) under each name transformers gives a s
 and under the names it reads with GPT-2's split as base does; and one SentencePiece vocabulary
 (spm.gguf) as a Phi-3 file. The expected ids (tests/fixtures/gguf_tokenizers/pre-tokenizers.json, made
 by tests/tools/make_pre_tokenizer_fixtures.py) are transformers' for the same files, over 243
-texts. Where transformers' GGUF reader departs from the model's own tokenizer (smollm, refact,
-command-r, starcoder, deepseek-llm, deepseek-coder, falcon; a Llama 2 SentencePiece text starting
-with a space), base follows the model: llama.cpp's vectors check those (test_llama_cpp_vocabs.py).
+texts. Where transformers' GGUF reader departs from the model's own byte-level split (smollm, refact,
+command-r, starcoder, deepseek-llm, deepseek-coder, falcon), base follows the model: llama.cpp's
+vectors check those (test_llama_cpp_vocabs.py). SentencePiece files follow transformers
+(test_llama_spm_gguf.py).
 Names llama.cpp knows and base does not read are refused by name.
 """
 

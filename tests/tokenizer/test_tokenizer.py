@@ -15,7 +15,6 @@ from tests.tokenizer.conftest import (
     CONVERSATIONS,
     CORPUS,
     EXPECTED,
-    SAME_IDS_AS_TRANSFORMERS,
     expected,
     load,
     render,
@@ -24,7 +23,7 @@ from tests.tokenizer.conftest import (
 # ---- encode / decode against transformers ---------------------------------------------------
 
 
-@pytest.mark.parametrize("tokenizer", SAME_IDS_AS_TRANSFORMERS, indirect=True)
+@pytest.mark.parametrize("tokenizer", ALL_NAMES, indirect=True)
 def test_encode_equals_transformers_on_edge_case_corpus(tokenizer, request):
     want = expected(request.node.callspec.params["tokenizer"])
     got = [tokenizer.encode(text) for text in CORPUS]

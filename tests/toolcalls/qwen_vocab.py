@@ -11,7 +11,9 @@ the point: only a grammar can make its calls parse.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -19,7 +21,7 @@ from safetensors.numpy import load_file
 
 from baselm.store.gguf import GGUFFile
 from tests.paths import FIXTURES
-from tests.tiny_gguf import add_hparams, converter_tensors, write_gguf
+from tests.tiny_gguf import add_hparams, converter_tensors, encode, write_gguf
 
 QWEN2_FIXTURE = FIXTURES / "models" / "qwen2"
 CONTROL, USER_DEFINED = 3, 4
@@ -49,20 +51,36 @@ TOOL_CALL, TOOL_CALL_END = 151_657, 151_658
 
 def qwen25_tool_gguf(path: Path, llama_cpp_models: Path) -> Path:
     """Writes the model to `path` (F16 matrices, about 20 MB) and returns it."""
+    config = {**_config(), "vocab_size": VOCAB_SIZE, "max_position_embeddings": 4096}
+    weights = load_file(str(QWEN2_FIXTURE / "model.safetensors"))
+    rng = np.random.default_rng(0)
+    weights["model.embed_tokens.weight"] = rng.normal(0, 0.5, (VOCAB_SIZE, config["hidden_size"])).astype(np.float32)
+    return qwen25_vocab_gguf(path, llama_cpp_models, config, weights, "qwen2")
+
+
+def qwen25_vocab_gguf(
+    path: Path,
+    llama_cpp_models: Path,
+    config: dict[str, Any],
+    weights: dict[str, np.ndarray],
+    arch: str,
+    more: Callable[[gguf.GGUFWriter], None] | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
+    tensor_types: dict[str, str] | None = None,
+) -> Path:
+    """`weights` (HF names, float32, the vocabulary's size) as the converter writes a model of `arch`
+    with Qwen2.5's vocabulary and template, F16 matrices unless `tensor_types` names another type for a
+    tensor (by GGUF name); `more` adds metadata, `extra_tensors` tensors under their GGUF names."""
     vocab = GGUFFile.open(llama_cpp_models / "ggml-vocab-qwen2.gguf").metadata
     tokens = list(vocab["tokenizer.ggml.tokens"])
     types = list(vocab["tokenizer.ggml.token_type"])
     for i, (text, kind) in ADDED.items():
         tokens[i], types[i] = text, kind
     template = (llama_cpp_models / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
-    config = {**_config(), "vocab_size": VOCAB_SIZE, "max_position_embeddings": 4096}
-    weights = load_file(str(QWEN2_FIXTURE / "model.safetensors"))
-    rng = np.random.default_rng(0)
-    weights["model.embed_tokens.weight"] = rng.normal(0, 0.5, (VOCAB_SIZE, config["hidden_size"])).astype(np.float32)
     tensors = {}
-    for name, value in converter_tensors(config, weights).items():
-        kind = "F16" if value.ndim >= 2 else "F32"
-        tensors[name] = (value.astype(np.float16) if kind == "F16" else value, kind)
+    for name, value in {**converter_tensors(config, weights), **(extra_tensors or {})}.items():
+        kind = (tensor_types or {}).get(name) or ("F16" if value.ndim >= 2 else "F32")
+        tensors[name] = (encode(value, kind), kind)
 
     def metadata(writer: gguf.GGUFWriter) -> None:
         add_hparams(writer, config)
@@ -76,8 +94,10 @@ def qwen25_tool_gguf(path: Path, llama_cpp_models: Path) -> Path:
         writer.add_bos_token_id(ENDOFTEXT)
         writer.add_add_bos_token(False)
         writer.add_chat_template(template)
+        if more is not None:
+            more(writer)
 
-    return write_gguf(path, tensors, metadata, arch="qwen2")
+    return write_gguf(path, tensors, metadata, arch=arch)
 
 
 def _config() -> dict:

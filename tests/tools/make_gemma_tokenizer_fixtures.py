@@ -162,9 +162,6 @@ def one_case_a_line(result: dict) -> str:
 
 
 def main() -> None:
-    import transformers
-    from transformers import AutoTokenizer
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--gguf", type=Path, default=None, help="the joined GGUF (default: the tests' copy)")
     parser.add_argument("--llama-cpp-models", type=Path, default=None, help="llama.cpp's models/ folder")
@@ -178,17 +175,25 @@ def main() -> None:
 
     texts = corpus(models)
     rewrite_gguf(gguf, SMALL_GGUF, ids=SMALL_IDS)
+    with_bos = ["Hello world", "", "<bos>already", "<start_of_turn>user\nhi<end_of_turn>\n"]
     for source, out in ((gguf, OUT), (SMALL_GGUF, SMALL_OUT)):
-        tok = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-        with_bos = ["Hello world", "", "<bos>already", "<start_of_turn>user\nhi<end_of_turn>\n"]
-        result = {
-            "source": {"file": source.name, "sha256": hashlib.sha256(source.read_bytes()).hexdigest()},
-            "transformers": transformers.__version__,
-            "cases": cases(tok, texts),
-            "with_bos": [{"text": t, "ids": tok.encode(t)} for t in with_bos],
-        }
-        out.write_text(one_case_a_line(result), encoding="utf-8")
-        print(f"{out}: {len(texts)} texts")
+        write_outputs(source, texts, with_bos, out)
+
+
+def write_outputs(source: Path, texts: list[str], with_bos: list[str], out: Path) -> None:
+    """transformers' outputs for the GGUF `source` (`cases` of `texts`, ids of `with_bos` with BOS) as `out`."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    result = {
+        "source": {"file": source.name, "sha256": hashlib.sha256(source.read_bytes()).hexdigest()},
+        "transformers": transformers.__version__,
+        "cases": cases(tok, texts),
+        "with_bos": [{"text": t, "ids": tok.encode(t)} for t in with_bos],
+    }
+    out.write_text(one_case_a_line(result), encoding="utf-8")
+    print(f"{out}: {len(texts)} texts")
 
 
 if __name__ == "__main__":

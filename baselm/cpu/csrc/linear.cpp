@@ -80,16 +80,22 @@ bool exact_now() { return exact_slot().load(std::memory_order_relaxed) == kExact
 // Output rows are handed to threads in chunks of this many weight rows.
 constexpr int kChunkRows = 16;
 
-int num_chunks(int n) { return (n + kChunkRows - 1) / kChunkRows; }
+// A large weight's rows go out in larger chunks (the LM head: tens of thousands of rows), about
+// claims_per_thread() claims per thread: each claim is a contended atomic and each chunk boundary
+// a run of rows the hardware and software read-ahead fetch for nothing.
+std::atomic<int>& claims_slot() {
+  static std::atomic<int> claims{[] {
+    const char* env = std::getenv("BASE_CPU_CLAIMS");
+    return env != nullptr && std::atoi(env) >= 0 ? std::atoi(env) : 32;
+  }()};
+  return claims;
+}
 
-// A float32 weight's rows go out in larger chunks when it is large (the LM head: tens of
-// thousands of rows), about kClaimsPerThread claims per thread: each claim is a contended atomic
-// and each chunk boundary a run of rows the hardware and software read-ahead fetch for nothing.
-constexpr int kClaimsPerThread = 32;
-
-int dense_chunk_rows(int n, size_t bytes) {
-  if (bytes < min_parallel_bytes()) return kChunkRows;  // one thread: no pool to size for
-  int rows = n / (num_threads() * kClaimsPerThread) / kChunkRows * kChunkRows;
+// Weight rows a claim takes (a multiple of kChunkRows); claims_per_thread 0: kChunkRows always.
+int chunk_rows(int n, size_t bytes) {
+  const int claims = claims_slot().load(std::memory_order_relaxed);
+  if (claims == 0 || bytes < min_parallel_bytes()) return kChunkRows;  // one thread: no pool to size for
+  int rows = n / (num_threads() * claims) / kChunkRows * kChunkRows;
   return rows > kChunkRows ? rows : kChunkRows;
 }
 
@@ -366,7 +372,7 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
   const size_t bytes = static_cast<size_t>(w.bytes) * static_cast<size_t>(M);
   if (w.bits == 0) {
     DenseArgs args{x, k, M, static_cast<const float*>(w.w), k, k, w.bias, y, n};
-    const int chunk = dense_chunk_rows(n, bytes);
+    const int chunk = chunk_rows(n, bytes);
     parallel_for((n + chunk - 1) / chunk, bytes, [&](int begin, int end, int thread) {
       float* scratch = M >= kGemmMinRows ? thread_scratch(thread, static_cast<size_t>(kAffineScratchRows) * k) : nullptr;
       kern.dense(args, begin * chunk, end * chunk < n ? end * chunk : n, scratch);
@@ -389,9 +395,10 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
                   w.bias,
                   y,
                   n};
-    parallel_for(num_chunks(n), bytes, [&](int begin, int end, int thread) {
+    const int chunk = chunk_rows(n, bytes);
+    parallel_for((n + chunk - 1) / chunk, bytes, [&](int begin, int end, int thread) {
       float* scratch = thread_scratch(thread, static_cast<size_t>(qdot_scratch_floats(k)));
-      q.matmul(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n, scratch);
+      q.matmul(args, begin * chunk, end * chunk < n ? end * chunk : n, scratch);
     });
     return;
   }
@@ -404,9 +411,10 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
     kern.affine_prepare(args, xp);
     args.xp = xp;
   }
-  parallel_for(num_chunks(n), bytes, [&](int begin, int end, int thread) {
+  const int chunk = chunk_rows(n, bytes);
+  parallel_for((n + chunk - 1) / chunk, bytes, [&](int begin, int end, int thread) {
     float* scratch = thread_scratch(thread, static_cast<size_t>(kAffineScratchRows) * k);
-    kern.affine(args, begin * kChunkRows, end * kChunkRows < n ? end * kChunkRows : n, scratch);
+    kern.affine(args, begin * chunk, end * chunk < n ? end * chunk : n, scratch);
   });
 }
 
@@ -460,6 +468,9 @@ void register_linear(nb::module_& m) {
       nb::arg("bits"), "Bits per activation code on the integer path: 16 (default) or 8 (BASE_CPU_ACT_BITS).");
   m.def(
       "activation_bits", [] { return activation_bits_slot().load(); }, "Bits per activation code (8 or 16).");
+  m.def(
+      "set_claims_per_thread", [](int claims) { claims_slot().store(claims < 0 ? 0 : claims); }, nb::arg("claims"),
+      "About how many runs of rows each thread claims of a large matmul (BASE_CPU_CLAIMS; 0: 16 rows a claim).");
   m.def(
       "qdot_max_rows", [] { return kQdotMaxRows; },
       "Activation rows up to which quantized matmuls take integer activations (more: float32).");

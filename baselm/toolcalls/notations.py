@@ -183,9 +183,7 @@ class ArgumentsGrammar:
             return self._any()
         if not isinstance(schema, Mapping):
             raise self._error(where, "is not a schema")
-        unknown = [k for k in schema if k not in _SUPPORTED and k not in _ANNOTATIONS and not k.startswith("x-")]
-        if unknown:
-            raise self._error(where, f"uses {unknown[0]!r}")
+        self._check_keywords(schema, _SUPPORTED, where)
         if schema.get("nullable") is True:  # OpenAPI's way of saying "or null"
             rest = {k: v for k, v in schema.items() if k != "nullable"}
             return self._alternatives([self.value(rest, where), self.lit(self.notation.null)], where)
@@ -207,6 +205,7 @@ class ArgumentsGrammar:
         """An object's listed properties as `key key_sep value` pieces joined by `item_sep` (without the
         braces): required ones always, each other one or not, in the notation's key order.
         `python_names`: keys are written bare as Python keyword arguments."""
+        self._check_keywords(schema, frozenset({"type", "properties", "required"}), where)
         properties = schema.get("properties") or {}
         required = set(schema.get("required") or ())
         keys = sorted(properties, key=str.lower) if self.notation.sorted_keys else list(properties)
@@ -225,6 +224,11 @@ class ArgumentsGrammar:
         if missing:
             raise self._error(where, f"requires {sorted(missing)[0]!r}, which it does not describe")
         return _ordered(pieces, self.lit(item_sep))
+
+    def _check_keywords(self, schema: Schema, supported: frozenset[str], where: str) -> None:
+        unknown = [k for k in schema if k not in supported and k not in _ANNOTATIONS and not k.startswith("x-")]
+        if unknown:
+            raise self._error(where, f"uses {unknown[0]!r}")
 
     # ---- by kind -------------------------------------------------------------------------
 

@@ -193,6 +193,7 @@ def _tool(name: str, parameters: dict) -> dict:
         ("lfm2", _tool("get-weather", {}), "Python cannot name it"),
         ("gemma4", _tool("f{", {}), "its name holds"),
         ("gemma4", _tool("f", {"properties": {"a": {"allOf": [{}, {}]}}}), "more than one schema"),
+        ("lfm2", _tool("f", {"properties": {"a": {}}, "minProperties": 1}), "parameters uses 'minProperties'"),
     ],
 )
 def test_schemas_a_notation_cannot_hold_are_refused_by_name(fmt, tool, message):

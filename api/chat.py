@@ -72,7 +72,7 @@ def forces_call(chat: ChatRequest) -> bool:
 def prepare(state: ModelState, chat: ChatRequest) -> list[serving.Job]:
     """The engine requests for a checked chat request: prompt ids, images and SamplingParams per job."""
     if parses_tools(chat):
-        markers.check_supported(state.tool_format, forced=forces_call(chat))
+        markers.check_supported(state.tool_format)
     prompt_ids, images = encode_prompt(state, chat)
     serving.check_prompt(
         state, prompt_ids, "messages", chat.common.sampling["max_tokens"], chat.common.max_tokens_field

@@ -106,12 +106,38 @@ SPLITS: dict[str, Split] = {
 }
 
 
+# Names real GGUFs carry whose split base does not read yet, and the models that carry them: no
+# reference tokenization is at hand to check a split of them against (llama.cpp's converter names
+# them; its test vocabularies hold none of them).
+UNREAD: dict[str, str] = {
+    "deepseek-v3": "DeepSeek V3, R1, V3.1, V3.2",
+    "superbpe": "OLMo 2 SuperBPE",
+    "glm4": "GLM 4, 4.5, 4.7",
+    "chatglm-bpe": "ChatGLM / GLM 4 chat",
+    "kimi-k2": "Kimi K2",
+    "seed-coder": "Seed-Coder",
+    "hunyuan": "Hunyuan A13B",
+    "hunyuan-dense": "Hunyuan dense",
+    "bailingmoe": "Ling",
+    "bailingmoe2": "Ling 2",
+    "tiny_aya": "Tiny Aya",
+    "cohere2moe": "Cohere North",
+    "granite-docling": "Granite Docling",
+    "exaone4": "EXAONE 4",
+}
+
+
 def byte_level_split(pre: str) -> Split:
-    """The split `tokenizer.ggml.pre` names; a TokenizerError naming it when base does not know it."""
+    """The split `tokenizer.ggml.pre` names; a TokenizerError naming it (and why) when base does not read it."""
     split = SPLITS.get(pre)
-    if split is None:
+    if split is not None:
+        return split
+    if pre in UNREAD:
         raise TokenizerError(
-            f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(SPLITS))}); "
-            "convert the model from its HF folder instead"
+            f"GGUF pre-tokenizer {pre!r} ({UNREAD[pre]}) is not supported: base has no reference tokenization "
+            "to check its split against yet; convert the model from its HF folder instead"
         )
-    return split
+    raise TokenizerError(
+        f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(SPLITS))}); "
+        "convert the model from its HF folder instead"
+    )

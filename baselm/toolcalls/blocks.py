@@ -286,6 +286,10 @@ BLOCK_FORMATS: dict[str, tuple[str, str, BlockReader]] = {
 _INNER_MARKERS = {
     "kimi_k2": ("<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
     "gemma4": (_GEMMA_QUOTE,),
+    "hunyuan_3": tuple(
+        f"<{tag}{_HY}>"
+        for tag in ("tool_call", "/tool_call", "tool_sep", "arg_key", "/arg_key", "arg_value", "/arg_value")
+    ),
 }
 
 

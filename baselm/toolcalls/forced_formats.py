@@ -8,11 +8,15 @@ model would say, and what the format's reader (formats.py, blocks.py) reads back
   without, as the template writes it), `kimi_k2`, `tool_calls_json`, `nemotron_json`, `cohere`,
   `functionary_v3_1`, `apertus`, and gpt-oss's `harmony` (one `commentary to=functions.NAME`
   message, whose closing `<|call|>` is a stop token);
-- XML parameters: `qwen3_xml`, `seed_oss`, `glm`, `minimax_m2`, `minicpm5`, DeepSeek V3.2/V4's
+- XML parameters: `qwen3_xml`, `seed_oss`, `glm`, `minimax_m2`, `minicpm5`, `hunyuan_3` (GLM's with
+  `:opensource` tags), DeepSeek V3.2/V4's
   DSML (`deepseek_v3_2`, `deepseek_v4`, which mark each value `string="true|false"`): a value is its text
-  when the schema makes it a string (an enum's values, or text up to the closing tag, at most
-  `maxLength` characters), else JSON that follows its schema. Required parameters come in the
+  when the schema makes it a string (an enum's values, or text up to the closing tag, of
+  `minLength` to `maxLength` characters), else JSON that follows its schema. Required parameters come in the
   schema's order, then each optional one may follow.
+- a notation of their own (notations.py): `gemma4` (`<|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>`,
+  one block per call) and `lfm2` (`<|tool_call_start|>[NAME(key='text'), ...]<|tool_call_end|>`, a
+  Python list of calls).
 
 `literal` writes a marker that the vocabulary holds as one special token as that token (`<[id]>`),
 since the model writes the token and llguidance matches no text against a special token.
@@ -23,6 +27,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from baselm.structured import json_schemas
+from baselm.toolcalls.errors import ToolCallError
+from baselm.toolcalls.notations import GEMMA4, PYTHON, ArgumentsGrammar, Rules
 
 Tool = Mapping[str, Any]
 # (name, its JSON arguments as a grammar expression) -> one call as a grammar expression
@@ -44,10 +52,18 @@ def literal(text: str, marker_ids: Mapping[str, int]) -> str:
 
 
 class Writer:
-    """How one format writes its calls: what comes before the first, between two and after the last."""
+    """How one format writes its calls: what comes before the first, between two and after the last.
 
-    def __init__(self, call: Callable[..., str], before: str = "", between: str = "", after: str = "") -> None:
-        self.call, self.before, self.between, self.after = call, before, between, after
+    `end`: the text that ends each call after its last argument (`}<tool_call|>`, `)`), where one
+    token may run past it into the next call (nothing stands between two calls, or a token like
+    `), ` holds the separator): `forcing.RepeatStop` keeps a call that can end as a repeat from
+    running on. NOTE: no format's `end` depends on its template's variant.
+    """
+
+    def __init__(
+        self, call: Callable[..., str], before: str = "", between: str = "", after: str = "", end: str = ""
+    ) -> None:
+        self.call, self.before, self.between, self.after, self.end = call, before, between, after, end
 
 
 def _json_object(name_key: str, args_key: str, id_key: str | None = None) -> Callable[..., str]:
@@ -85,11 +101,13 @@ def _xml(
     def call(name: str, _: str, lit: Callable[[str], str], tool: Tool) -> str:
         schema = tool["function"].get("parameters") or {}
         properties = schema.get("properties") or {}
+        defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
         required = [k for k in properties if k in set(schema.get("required") or ())]
         pieces = []
         for key in [*required, *(k for k in properties if k not in required)]:
             between = sep(properties[key]) if callable(sep) else sep
-            piece = f"{lit(param + key + between)} {_xml_value(properties[key])} {lit(close_param)}"
+            value = _xml_value(properties[key], defs)
+            piece = f"{lit(param + key + between)} {value} {lit(close_param)}"
             pieces.append(piece if key in required else f"({piece})?")
         return " ".join([lit(head + name + name_end), *pieces, lit(tail)])
 
@@ -117,16 +135,35 @@ def _dsml(tag: str) -> Writer:
     return Writer(call, f"<｜DSML｜{tag}>\n", "\n", f"\n</｜DSML｜{tag}>")
 
 
-def _xml_value(schema: Mapping[str, Any]) -> str:
+def _xml_value(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> str:
     """A parameter's value: its text where the schema makes it a string (no `<`, which would start
-    the closing tag), else JSON that follows its schema."""
+    the closing tag), else JSON that follows its schema (with the tool's definitions `defs`, which
+    its refs name, and its numbers bounded as json_schemas.py bounds them)."""
     values = schema.get("enum")
     if values and _is_text(schema):
         return "(" + " | ".join(json.dumps(v) for v in values) + ")"
     if _is_text(schema):
-        most = schema.get("maxLength")
-        return f"/[^<]{{0,{int(most)}}}/" if isinstance(most, int) else "/[^<]*/"
-    return f"%json {json.dumps(schema)}"
+        least, most = int(schema.get("minLength") or 0), schema.get("maxLength")
+        return f"/[^<]{{{least},{int(most)}}}/" if isinstance(most, int) else f"/[^<]{{{least},}}/"
+    return f"%json {json.dumps(json_schemas.prepare({**schema, **defs}))}"
+
+
+def _gemma4(name: str, _: str, rules: Rules, tool: Tool) -> str:
+    """`<|tool_call>call:NAME{...}<tool_call|>`: the arguments in Gemma 4's own notation."""
+    if "{" in name or any(f in name for f in GEMMA4.forbidden):
+        raise ToolCallError(f"a call of {name!r} cannot be forced in the gemma4 format: its name holds '{{'", "tools")
+    schema = tool["function"].get("parameters") or {}
+    pairs = ArgumentsGrammar(GEMMA4, schema, rules).pairs(schema, GEMMA4.key_sep, GEMMA4.item_sep, "")
+    return f"{rules('<|tool_call>call:' + name + '{')} {pairs} {rules('}<tool_call|>')}"
+
+
+def _python_call(name: str, _: str, rules: Rules, tool: Tool) -> str:
+    """`NAME(key='text', n=3)`: LFM2's Python call, keyword arguments as Python literals."""
+    if not name.isidentifier():
+        raise ToolCallError(f"a call of {name!r} cannot be forced in the lfm2 format: Python cannot name it", "tools")
+    schema = tool["function"].get("parameters") or {}
+    pairs = ArgumentsGrammar(PYTHON, schema, rules).pairs(schema, "=", PYTHON.item_sep, "", python_names=True)
+    return f"{rules(name + '(')} {pairs} {rules(')')}"
 
 
 def _mistral(template: str) -> Writer:
@@ -189,6 +226,22 @@ WRITERS: dict[str, Callable[[str], Writer]] = {
     "minicpm5": lambda t: Writer(
         _xml('<function name="', '">', '<param name="', '">', "</param>", "</function>"), between="\n"
     ),
+    "hunyuan_3": lambda t: Writer(
+        _xml(
+            "<tool_call:opensource>",
+            "<tool_sep:opensource>\n",
+            "<arg_key:opensource>",
+            "</arg_key:opensource>\n<arg_value:opensource>",
+            "</arg_value:opensource>\n",
+            "</tool_call:opensource>\n",
+        ),
+        "<tool_calls:opensource>\n",
+        "",
+        "</tool_calls:opensource>",
+        end="</tool_call:opensource>\n",
+    ),
+    "gemma4": lambda t: Writer(_gemma4, end="}<tool_call|>"),
+    "lfm2": lambda t: Writer(_python_call, "<|tool_call_start|>[", ", ", "]<|tool_call_end|>", end=")"),
     "minimax_m2": lambda t: Writer(
         _xml(
             '<minimax:tool_call>\n<invoke name="',
@@ -214,14 +267,11 @@ def format_lark(
     """The Lark grammar of forced calls of `tools` in `fmt`; `arguments(i)` names the rule of tool i's
     JSON arguments (forcing.py writes those rules)."""
     writer = WRITERS[fmt](template)
-
-    def lit(text: str) -> str:
-        return literal(text, marker_ids)
-
+    lit = Rules(lambda text: literal(text, marker_ids))
     calls = " | ".join(
         f"({writer.call(tool['function']['name'], arguments(i), lit, tool)})" for i, tool in enumerate(tools)
     )
     repeat = f" ({lit(writer.between) if writer.between else ''} call)*" if parallel and fmt not in ONE_CALL else ""
     before = f"{lit(writer.before)} " if writer.before else ""
     after = f" {lit(writer.after)}" if writer.after else ""
-    return f"start: {before}call{repeat}{after}\ncall: {calls}\n"
+    return f"start: {before}call{repeat}{after}\ncall: {calls}\n" + lit.text()

@@ -2,8 +2,8 @@
 every constrained answer.
 
 `forced_call_lark` is the grammar whose sentences are calls of the request's tools in the
-`hermes` or `llama3_json` format (the formats calls can be forced in; `markers.check_supported`
-refuses the others), each call's arguments following its tool's JSON Schema. `RepeatStop` is its
+model's format (`hermes` and `llama3_json` here, every other format the parser reads in
+forced_formats.py), each call's arguments following its tool's JSON Schema. `RepeatStop` is its
 processor: a GrammarProcessor that also ends the answer once a call repeats an earlier one.
 
 A request's SamplingParams carry its grammar as a `Constraint` (plain data) beside the processors
@@ -117,12 +117,22 @@ def marker_token_ids(
     return ids
 
 
+def forced_call_end(fmt: str) -> str:
+    """What ends each forced call in `fmt` after its arguments, where a token may run past it
+    (forced_formats.Writer.end; "" where no such token is to be feared)."""
+    return forced_formats.WRITERS[fmt]("").end if fmt in forced_formats.WRITERS else ""
+
+
 class RepeatStop(GrammarProcessor):
     """The forced-call grammar's processor that also ends the answer once a call closes that
     repeats an earlier one: the grammar would let a model that never stops call the same function
     until max_tokens. Where the format closes its calls as a whole (`close`: `]`,
     `<｜tool▁calls▁end｜>`, ...) the answer is complete only after that, so a repeat is seen in the
-    answer with `close` added, and the close is then written, token by token, before the end."""
+    answer with `close` added, and the close is then written, token by token, before the end.
+
+    Where one token may run from a call's end into the next call (`end`, forced_call_end), a call
+    that can end here as a repeat may go on with its arguments or end exactly, but no token takes
+    it past its end: else the answer would be inside another call when the repeat shows."""
 
     def __init__(
         self,
@@ -134,9 +144,11 @@ class RepeatStop(GrammarProcessor):
         close: str = "",
     ) -> None:
         super().__init__(lltokenizer, grammar, eos_token_ids)
+        self.lltokenizer = lltokenizer
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.close = close
+        self.end = forced_call_end(fmt)
         self.closing: tuple[int, list[int]] | None = None  # (where the close began, its token ids)
 
     def __call__(self, output_ids: list[int], logits: mx.array) -> mx.array:
@@ -152,7 +164,35 @@ class RepeatStop(GrammarProcessor):
             if 0 <= done < len(ids) and output_ids[start:] == ids[:done] and np.isfinite(logits[ids[done]].item()):
                 return _only(logits, [ids[done]])
             self.closing = None  # taken back (a preemption) or not where the grammar allows it: sample as it says
+        if self.end and not self.is_accepting:
+            rest = self._repeat_rest(output_ids)
+            if rest:
+                return self._not_past(logits, rest.encode("utf-8"))
         return logits
+
+    def _repeat_rest(self, output_ids: list[int]) -> str:
+        """What would end the answer here with the call being written as a repeat ("" when nothing would):
+        the rest of `end` (the answer may stop inside it) and the close."""
+        text = self.tokenizer.decode(output_ids)
+        for size in range(len(self.end) - 1, -1, -1):
+            if text.endswith(self.end[:size]) and self._has_repeated(output_ids, self.end[size:] + self.close):
+                return self.end[size:] + self.close
+        return ""
+
+    def _not_past(self, logits: mx.array, rest: bytes) -> mx.array:
+        """`logits` less the tokens that start on `rest` and leave it: each allowed token either goes on
+        with the arguments (another first byte) or follows `rest`, ending within it."""
+        allowed = np.flatnonzero(np.isfinite(np.array(logits)))
+        cut = [
+            int(i)
+            for i in allowed
+            if (b := self.lltokenizer.decode_bytes([int(i)]))[:1] == rest[:1] and not rest.startswith(b)
+        ]
+        if not cut:
+            return logits
+        keep = np.ones(logits.shape[0], dtype=bool)
+        keep[cut] = False
+        return mx.where(mx.array(keep), logits, -mx.inf)
 
     def _has_repeated(self, output_ids: list[int], close: str = "") -> bool:
         text = self.tokenizer.decode(output_ids) + close

@@ -39,7 +39,6 @@ from baselm.tokenizer.tokenizer import Tokenizer
 from baselm.toolcalls import formats
 from baselm.toolcalls.blocks import BLOCK_FORMATS, block_markers
 from baselm.toolcalls.errors import ToolCallError
-from baselm.toolcalls.forced_formats import WRITERS
 from baselm.toolcalls.parsers import HERMES, HERMES_CLOSE, HERMES_OPEN, LLAMA3_JSON, PYTHON_TAG
 
 HARMONY, DEEPSEEK, MISTRAL, QWEN3_XML, GLM = "harmony", "deepseek", "mistral", "qwen3_xml", "glm"
@@ -105,20 +104,15 @@ def detect_format(chat_template: str | dict[str, str] | None) -> str:
     return HERMES
 
 
-def check_supported(fmt: str, *, forced: bool) -> None:
-    """Raises ToolCallError when requests with tools cannot be served for this format (or not with forcing)."""
+def check_supported(fmt: str) -> None:
+    """Raises ToolCallError when requests with tools cannot be served for this format. Every format
+    base reads can also be forced (forcing.py, forced_formats.py)."""
     if fmt in UNSUPPORTED:
         marker = " ... ".join(UNSUPPORTED[fmt])
         raise ToolCallError(
             f"this model's chat template writes tool calls in the {fmt} format ({marker}), which base "
             "does not parse yet; send the request without tools or with tool_choice 'none'",
             "tools",
-        )
-    if forced and fmt not in (HERMES, LLAMA3_JSON) and fmt not in WRITERS:
-        raise ToolCallError(
-            f"tool_choice 'required' or a named tool is not supported yet for the {fmt} tool-call format; "
-            "use tool_choice 'auto'",
-            "tool_choice",
         )
 
 

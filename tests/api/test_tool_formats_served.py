@@ -52,13 +52,6 @@ def test_tools_for_a_format_base_cannot_read_are_a_clear_400(server, served_form
     assert _chat(server).choices[0].finish_reason == "length"  # no tools: nothing to parse
 
 
-def test_forcing_a_call_in_a_format_without_a_grammar_is_a_clear_400(server, served_format):
-    served_format("gemma4")
-    with pytest.raises(openai.BadRequestError, match="not supported yet for the gemma4 tool-call format"):
-        _chat(server, tools=[WEATHER], tool_choice="required")
-    assert _chat(server, tools=[WEATHER]).choices[0].finish_reason == "length"
-
-
 BOUNDED = {
     "type": "function",
     "function": {
@@ -73,7 +66,7 @@ BOUNDED = {
 }
 
 
-@pytest.mark.parametrize("fmt", [MISTRAL, "qwen3_xml", "deepseek", "granite_3", "glm"])
+@pytest.mark.parametrize("fmt", [MISTRAL, "qwen3_xml", "deepseek", "granite_3", "glm", "gemma4", "lfm2", "hunyuan_3"])
 def test_a_forced_call_in_another_format_comes_back_as_a_call(server, served_format, fmt):
     served_format(fmt)
     answer = server.openai().chat.completions.create(

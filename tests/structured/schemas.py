@@ -47,10 +47,16 @@ TIME = {
 
 def validate(value, schema) -> None:
     """The subset of JSON Schema these tests use; raises AssertionError on a mismatch."""
+    if "const" in schema:
+        assert value == schema["const"], (value, schema["const"])
     if "enum" in schema:
         assert value in schema["enum"], (value, schema["enum"])
+    if "anyOf" in schema:
+        assert any(_valid(value, branch) for branch in schema["anyOf"]), (value, schema["anyOf"])
     kind = schema.get("type")
-    if kind == "object":
+    if isinstance(kind, list):
+        assert any(_valid(value, {**schema, "type": k}) for k in kind), (value, kind)
+    elif kind == "object":
         assert isinstance(value, dict)
         assert set(schema.get("required", [])) <= set(value)
         if schema.get("additionalProperties") is False:
@@ -58,14 +64,27 @@ def validate(value, schema) -> None:
         for key, sub in schema.get("properties", {}).items():
             if key in value:
                 validate(value[key], sub)
-    elif kind == "integer":
-        assert isinstance(value, int) and not isinstance(value, bool)
+    elif kind in ("integer", "number"):
+        assert isinstance(value, int if kind == "integer" else (int, float)) and not isinstance(value, bool), value
         assert schema.get("minimum", value) <= value <= schema.get("maximum", value)
     elif kind == "string":
-        assert isinstance(value, str) and len(value) <= schema.get("maxLength", len(value))
+        assert isinstance(value, str) and schema.get("minLength", 0) <= len(value) <= schema.get(
+            "maxLength", len(value)
+        )
     elif kind == "boolean":
         assert isinstance(value, bool)
+    elif kind == "null":
+        assert value is None
     elif kind == "array":
-        assert isinstance(value, list) and len(value) <= schema.get("maxItems", len(value))
+        assert isinstance(value, list)
+        assert schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value)), value
         for item in value:
             validate(item, schema["items"])
+
+
+def _valid(value, schema) -> bool:
+    try:
+        validate(value, schema)
+    except AssertionError:
+        return False
+    return True

@@ -47,15 +47,24 @@ ADDED |= {
     )
 }  # fmt: skip
 TOOL_CALL, TOOL_CALL_END = 151_657, 151_658
+QWEN25_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 
 
-def qwen25_tool_gguf(path: Path, llama_cpp_models: Path) -> Path:
-    """Writes the model to `path` (F16 matrices, about 20 MB) and returns it."""
+FIRST_FREE = 151_665  # the first of the vocabulary's padding ids, which `markers` may take
+
+
+def qwen25_tool_gguf(
+    path: Path, llama_cpp_models: Path, template: str = QWEN25_TEMPLATE, markers: tuple[str, ...] = ()
+) -> Path:
+    """Writes the model to `path` (F16 matrices, about 20 MB) and returns it: with another of llama.cpp's
+    templates (a file name in its templates/) and `markers` as CONTROL tokens from id FIRST_FREE on, it
+    stands for a model of another tool-call format."""
     config = {**_config(), "vocab_size": VOCAB_SIZE, "max_position_embeddings": 4096}
     weights = load_file(str(QWEN2_FIXTURE / "model.safetensors"))
     rng = np.random.default_rng(0)
     weights["model.embed_tokens.weight"] = rng.normal(0, 0.5, (VOCAB_SIZE, config["hidden_size"])).astype(np.float32)
-    return qwen25_vocab_gguf(path, llama_cpp_models, config, weights, "qwen2")
+    added = {FIRST_FREE + i: (text, CONTROL) for i, text in enumerate(markers)}
+    return qwen25_vocab_gguf(path, llama_cpp_models, config, weights, "qwen2", template=template, added=added)
 
 
 def qwen25_vocab_gguf(
@@ -67,16 +76,19 @@ def qwen25_vocab_gguf(
     more: Callable[[gguf.GGUFWriter], None] | None = None,
     extra_tensors: dict[str, np.ndarray] | None = None,
     tensor_types: dict[str, str] | None = None,
+    template: str = QWEN25_TEMPLATE,
+    added: dict[int, tuple[str, int]] | None = None,
 ) -> Path:
     """`weights` (HF names, float32, the vocabulary's size) as the converter writes a model of `arch`
     with Qwen2.5's vocabulary and template, F16 matrices unless `tensor_types` names another type for a
-    tensor (by GGUF name); `more` adds metadata, `extra_tensors` tensors under their GGUF names."""
+    tensor (by GGUF name); `more` adds metadata, `extra_tensors` tensors under their GGUF names; `template`
+    names another of llama.cpp's templates, `added` more tokens by id (text, GGUF token type)."""
     vocab = GGUFFile.open(llama_cpp_models / "ggml-vocab-qwen2.gguf").metadata
     tokens = list(vocab["tokenizer.ggml.tokens"])
     types = list(vocab["tokenizer.ggml.token_type"])
-    for i, (text, kind) in ADDED.items():
+    for i, (text, kind) in {**ADDED, **(added or {})}.items():
         tokens[i], types[i] = text, kind
-    template = (llama_cpp_models / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    template_text = (llama_cpp_models / "templates" / template).read_text(encoding="utf-8")
     tensors = {}
     for name, value in {**converter_tensors(config, weights), **(extra_tensors or {})}.items():
         kind = (tensor_types or {}).get(name) or ("F16" if value.ndim >= 2 else "F32")
@@ -93,7 +105,7 @@ def qwen25_vocab_gguf(
         writer.add_pad_token_id(ENDOFTEXT)
         writer.add_bos_token_id(ENDOFTEXT)
         writer.add_add_bos_token(False)
-        writer.add_chat_template(template)
+        writer.add_chat_template(template_text)
         if more is not None:
             more(writer)
 

@@ -74,11 +74,13 @@ def test_a_named_tool_that_is_not_among_the_tools_is_refused_naming_tool_choice(
     assert caught.value.param == "tool_choice"
 
 
-def _walk_forced(fmt: str, template: str, tokenizer: Tokenizer, seed: int, parallel: bool = True) -> str:
+def walk_forced(
+    fmt: str, template: str, tokenizer: Tokenizer, seed: int, parallel: bool = True, tools: tuple = (WEATHER, TIME)
+) -> str:
     """A forced answer of seeded random logits, as the server samples it (RepeatStop, the close)."""
     lltokenizer = grammar_tokenizer(tokenizer, tokenizer.vocab_size, [2])
     marker_ids = marker_token_ids(tokenizer, lltokenizer, MARKERS.get(fmt, ()))
-    lark = forced_call_lark([WEATHER, TIME], fmt, None, parallel, marker_ids, template)
+    lark = forced_call_lark(list(tools), fmt, None, parallel, marker_ids, template)
     processor = RepeatStop(lltokenizer, lark_grammar(lark), [2], tokenizer, fmt, forced_close(fmt, template))
     # up to the 16 distinct calls of the two tools, each some 100 tokens in a marker-heavy format
     return tokenizer.decode(random_walk(processor, tokenizer.vocab_size, seed, 2, max_steps=3000))
@@ -89,7 +91,7 @@ def _walk_forced(fmt: str, template: str, tokenizer: Tokenizer, seed: int, paral
 def test_forced_calls_in_every_format_parse_back_to_valid_distinct_calls(fmt, template):
     tokenizer = Tokenizer.from_folder(BPE_TOKENIZER)
     for seed in range(3):
-        text = _walk_forced(fmt, template, tokenizer, seed)
+        text = walk_forced(fmt, template, tokenizer, seed)
         parser = make_parser(fmt, True, [WEATHER, TIME])
         content, calls = parser.feed(text)
         more, more_calls = parser.finish()
@@ -111,7 +113,7 @@ def test_markers_held_as_special_tokens_are_asked_for_as_those_tokens():
     ids = [tokenizer.token_to_id(t) for t in specials]
     lltokenizer = grammar_tokenizer(tokenizer, tokenizer.vocab_size, [2])
     assert marker_token_ids(tokenizer, lltokenizer, MARKERS["deepseek"]) == dict(zip(specials, ids, strict=True))
-    text = _walk_forced("deepseek", "", tokenizer, seed=0)
+    text = walk_forced("deepseek", "", tokenizer, seed=0)
     encoded = tokenizer.encode(text, add_special_tokens=False)
     assert encoded[:2] == ids[:2]  # <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>, each one token
     assert encoded[-1] == ids[-1] and make_parser("deepseek", True).feed(text)[0] == ""

@@ -31,16 +31,12 @@ def test_format_is_detected_from_the_template_markers(template, fmt):
     assert detect_format(template) == fmt
 
 
-def test_unsupported_formats_and_forcing_are_refused_clearly():
+def test_unsupported_formats_are_refused_clearly():
     with pytest.raises(ToolCallError, match="solar_open format .* does not parse yet") as caught:
-        check_supported("solar_open", forced=False)
+        check_supported("solar_open")
     assert caught.value.param == "tools"
-    with pytest.raises(ToolCallError, match="not supported yet for the gemma4 tool-call format") as caught:
-        check_supported("gemma4", forced=True)
-    assert caught.value.param == "tool_choice"
-    check_supported(MISTRAL, forced=False)
-    check_supported(MISTRAL, forced=True)  # forced_formats.py writes its grammar
-    check_supported(HERMES, forced=True)
+    check_supported(MISTRAL)
+    check_supported(HERMES)
 
 
 def test_format_follows_the_chat_template():

@@ -118,3 +118,45 @@ static inline vf vtanh(vf x) {
   return vselect(neg, -t, t);
 }
 
+
+// The same exp on the build's own register width (see vn): lanes below -87 (or -inf) give 0.
+typedef int32_t vni __attribute__((vector_size(sizeof(vn))));
+
+static inline vn nmax(vn a, vn b) {
+  return a > b ? a : b;
+}
+
+static inline float nhmax(vn v) {
+  float m = v[0];
+  for (int i = 1; i < kNative; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+static inline float nhsum(vn v) {
+  float s = 0.0f;
+  for (int i = 0; i < kNative; ++i) s += v[i];
+  return s;
+}
+
+static inline vn nexp(vn x) {
+  const vni tiny = x < -87.0f;
+  x = tiny ? vn{} - 87.0f : x;
+  x = x > 88.0f ? vn{} + 88.0f : x;
+  const vn n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  vn r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  const vn r2 = r * r;
+  vn p = vn{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r2 + r + 1.0f;
+  vni bits;
+  std::memcpy(&bits, &p, sizeof(p));
+  bits = bits + (__builtin_convertvector(n, vni) << 23);
+  vn out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return tiny ? vn{} : out;
+}

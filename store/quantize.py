@@ -275,6 +275,8 @@ _FLOAT_RULES = (
     Rule("*norm*", KEEP_FLOAT),
     Rule("*vision_tower.*", KEEP_FLOAT),
     Rule("*multi_modal_projector.*", KEEP_FLOAT),
+    Rule("*vision_model.*", KEEP_FLOAT),
+    Rule("*connector.*", KEEP_FLOAT),
     Rule("*.mlp.gate.weight", KEEP_FLOAT),
     Rule("*.block_sparse_moe.gate.weight", KEEP_FLOAT),
     Rule("*.mlp.router.weight", KEEP_FLOAT),

@@ -23,6 +23,8 @@ ARCHITECTURES = {
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
     "gemma3": "gemma3_vlm",
+    "idefics3": "idefics3",
+    "smolvlm": "idefics3",
     "phi3": "phi3",
     "qwen3_moe": "qwen3_moe",
     "mixtral": "mixtral",

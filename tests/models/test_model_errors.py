@@ -32,6 +32,7 @@ def test_all_architectures_are_registered():
         "gemma3",
         "gemma3_text",
         "gpt_oss",
+        "idefics3",
         "llama",
         "mistral",
         "mixtral",
@@ -40,6 +41,7 @@ def test_all_architectures_are_registered():
         "qwen3",
         "qwen3_moe",
         "smollm3",
+        "smolvlm",
     ]
 
 

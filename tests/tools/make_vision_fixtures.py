@@ -73,13 +73,14 @@ CORPUS = [
 ] * 4
 
 
-def make_tokenizer() -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+def make_tokenizer(specials: list[str] = SPECIALS, vocab_size: int = 320, unk_token: str | None = "<unk>") -> Tokenizer:
+    """A byte-level BPE trained on CORPUS, `specials` first (ids 0, 1, ...)."""
+    tokenizer = Tokenizer(models.BPE(unk_token=unk_token))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=SPECIALS,
+        vocab_size=vocab_size,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

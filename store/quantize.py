@@ -277,6 +277,7 @@ _FLOAT_RULES = (
     Rule("*multi_modal_projector.*", KEEP_FLOAT),
     Rule("*vision_model.*", KEEP_FLOAT),
     Rule("*connector.*", KEEP_FLOAT),
+    Rule("*visual.*", KEEP_FLOAT),
     Rule("*.mlp.gate.weight", KEEP_FLOAT),
     Rule("*.block_sparse_moe.gate.weight", KEEP_FLOAT),
     Rule("*.mlp.router.weight", KEEP_FLOAT),

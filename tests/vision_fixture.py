@@ -109,7 +109,8 @@ def prompt_logits(model, ids: list[int], images: list[PromptImage], block_size: 
     meta = AttentionMetadata.build([list(range(num_blocks))[::-1]], [len(ids)], [len(ids)], block_size, None, spans)
     rows = mx.array(np.concatenate([i.positions for i in images]).astype(np.int32))
     embeddings = mx.concatenate([model.embed_image(mx.array(i.pixels), i.extra) for i in images])
-    return np.array(model(mx.array(ids), meta.positions, meta, cache, images=ImageEmbeddings(rows, embeddings)))
+    positions = meta.positions if model.position_rows == 1 else mx.array(model.rope_positions(len(ids), images)[0])
+    return np.array(model(mx.array(ids), positions, meta, cache, images=ImageEmbeddings(rows, embeddings)))
 
 
 @functools.cache
@@ -125,3 +126,4 @@ def _reference(folder: Path) -> dict[str, np.ndarray]:
 
 GEMMA3 = VisionFixture("gemma3_vlm", ("image_a.png",), ("image_a.png", "image_b.jpg"))
 IDEFICS3 = VisionFixture("idefics3_vlm", ("image_a.png",), ("image_b.jpg", "image_c.png"))
+QWEN2_5_VL = VisionFixture("qwen2_5_vl", ("image_a.png",), ("image_b.jpg", "image_c.png"))

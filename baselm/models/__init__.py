@@ -19,6 +19,7 @@ ARCHITECTURES = {
     "llama": "llama",
     "mistral": "mistral",
     "qwen2": "qwen2",
+    "qwen2_5_vl": "qwen2_5_vl",
     "qwen3": "qwen3",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",

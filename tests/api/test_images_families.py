@@ -12,9 +12,9 @@ import ollama
 import pytest
 
 from tests.api.conftest import RunningServer
-from tests.vision_fixture import IDEFICS3, PROMPT_1, VisionFixture, data_url, messages_1, messages_2
+from tests.vision_fixture import IDEFICS3, PROMPT_1, QWEN2_5_VL, VisionFixture, data_url, messages_1, messages_2
 
-FAMILIES = {"idefics3": IDEFICS3}
+FAMILIES = {"idefics3": IDEFICS3, "qwen2_5_vl": QWEN2_5_VL}
 GREEDY = {"temperature": 0, "max_tokens": 8}
 
 

@@ -38,6 +38,7 @@ def test_all_architectures_are_registered():
         "mixtral",
         "phi3",
         "qwen2",
+        "qwen2_5_vl",
         "qwen3",
         "qwen3_moe",
         "smollm3",

@@ -11,7 +11,7 @@ from baselm.loader import load_model
 from baselm.sampling.params import SamplingParams
 from baselm.store.base_reader import BaseFile
 from baselm.store.convert import convert
-from tests.vision_fixture import FOLDER, GEMMA3, IDEFICS3, VisionFixture, reference
+from tests.vision_fixture import FOLDER, GEMMA3, IDEFICS3, QWEN2_5_VL, VisionFixture, reference
 
 VISION = ("vision_tower.", "multi_modal_projector.")
 
@@ -59,3 +59,14 @@ def test_an_idefics3_f32_file_answers_as_transformers_does(tmp_path):
     path = tmp_path / "idefics3.base"
     convert(IDEFICS3.folder, path, "f32", None, "default")
     assert _greedy_with_image(path, IDEFICS3) == IDEFICS3.reference()["greedy_1"].tolist()
+
+
+def test_a_qwen2_5_vl_q4_file_keeps_its_tower_float_and_answers_as_transformers_does_from_f32(tmp_path):
+    convert(QWEN2_5_VL.folder, tmp_path / "q4.base", "q4", None, "default")
+    dtypes = {t["name"]: t["dtype"] for t in BaseFile.open(tmp_path / "q4.base").header["tensors"]}
+    vision = {n: d for n, d in dtypes.items() if n.startswith("visual.")}
+    assert len(vision) == 1 + 4 * 12 + 5 and set(vision.values()) == {"f32"}  # patch embed, 4 blocks, merger
+    assert dtypes["model.layers.0.mlp.down_proj.weight"] == "base_q4"
+    assert len(_greedy_with_image(tmp_path / "q4.base", QWEN2_5_VL)) == 8
+    convert(QWEN2_5_VL.folder, tmp_path / "f32.base", "f32", None, "default")
+    assert _greedy_with_image(tmp_path / "f32.base", QWEN2_5_VL) == QWEN2_5_VL.reference()["greedy_1"].tolist()

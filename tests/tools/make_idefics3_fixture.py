@@ -60,17 +60,18 @@ CHAT_TEMPLATE = """<|im_start|>
 {%- if add_generation_prompt -%}Assistant:{% endif -%}"""
 
 
-def make_images() -> list[Image.Image]:
+def make_images(out: Path = OUT) -> list[Image.Image]:
+    """image_a.png (40x30 RGBA), image_b.jpg (50x70), image_c.png (100x20), written to `out`."""
     rng = np.random.default_rng(SEED)
     y, x = np.mgrid[0:30, 0:40]
     rgba = np.stack([x * 6, y * 8, (x + y) * 3, np.where(x < 20, 255, 96)], axis=-1).astype(np.uint8)
     rgba[..., :3] = np.clip(rgba[..., :3] + rng.integers(0, 20, rgba[..., :3].shape), 0, 255)
-    Image.fromarray(rgba, "RGBA").save(OUT / "image_a.png")
-    Image.fromarray(rng.integers(0, 256, (70, 50, 3), dtype=np.uint8), "RGB").save(OUT / "image_b.jpg", quality=90)
+    Image.fromarray(rgba, "RGBA").save(out / "image_a.png")
+    Image.fromarray(rng.integers(0, 256, (70, 50, 3), dtype=np.uint8), "RGB").save(out / "image_b.jpg", quality=90)
     y, x = np.mgrid[0:20, 0:100]
     wide = np.stack([x * 2, y * 12, 255 - x * 2], axis=-1).astype(np.uint8)
-    Image.fromarray(wide, "RGB").save(OUT / "image_c.png")
-    return [Image.open(OUT / name) for name in ("image_a.png", "image_b.jpg", "image_c.png")]
+    Image.fromarray(wide, "RGB").save(out / "image_c.png")
+    return [Image.open(out / name) for name in ("image_a.png", "image_b.jpg", "image_c.png")]
 
 
 def make_config(vocab_size: int, ids: dict[str, int]) -> Idefics3Config:

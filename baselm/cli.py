@@ -26,6 +26,7 @@ from baselm.commands.options import (
     HOSTFILE,
     KV_BITS,
     KV_MEMORY_HELP,
+    MMPROJ,
     MODEL_HELP,
     MOE_SPLIT,
     NUM_SPECULATIVE_TOKENS,
@@ -165,6 +166,7 @@ def run(
     pull: bool = typer.Option(False, "--pull", help="Pull a hub model that is not in the store, without asking."),
     device: str = DEVICE,
     adapter: list[str] = ADAPTER,
+    mmproj: str | None = MMPROJ,
     require_signature: bool = REQUIRE_SIGNATURE,
     speculative: str | None = SPECULATIVE,
     num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
@@ -183,7 +185,7 @@ def run(
         fail("--raw, --json and --logprobs need a prompt: base run MODEL PROMPT")
     with report_user_errors():
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
-        loaded = ModelArgs(model, device, require_signature, dist, tuple(adapter))
+        loaded = ModelArgs(model, device, require_signature, dist, tuple(adapter), mmproj)
         spec = SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation)
         if prompt is None:
             return _chat_instead(command.chat_instead(loaded, generation, spec), pull)
@@ -212,6 +214,7 @@ def chat(
     system: str | None = typer.Option(None, "--system", help="System prompt for the conversation."),
     device: str = DEVICE,
     adapter: list[str] = ADAPTER,
+    mmproj: str | None = MMPROJ,
     kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
     kv_bits: int = KV_BITS,
     serve: bool = typer.Option(False, "--serve", help="Also serve the HTTP API on the same engine."),
@@ -252,7 +255,7 @@ def chat(
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
         )
         args = ChatArgs(
-            ModelArgs(model, device, require_signature, dist, tuple(adapter)),
+            ModelArgs(model, device, require_signature, dist, tuple(adapter), mmproj),
             ChatOptions(config, system=system, resume=resume),
             generation,
             chat_serve_options(host, port) if serve else None,
@@ -422,6 +425,7 @@ def serve(
     webui: bool = opt.WEBUI,
     device: str = DEVICE,
     adapter: list[str] = ADAPTER,
+    mmproj: str | None = MMPROJ,
     kv_memory: str | None = opt.KV_MEMORY,
     kv_bits: int = opt.SERVE_KV_BITS,
     max_num_seqs: int = opt.MAX_NUM_SEQS,
@@ -469,7 +473,7 @@ def serve(
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
         _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format, allow_image_urls)
         _set_browser_access(server, cors_origins, allowed_hosts, webui)
-        model_args = command.model_args(models, device, require_signature, dist, prefix_cache_file, adapter)
+        model_args = command.model_args(models, device, require_signature, dist, prefix_cache_file, adapter, mmproj)
         pool = command.pool_args(models, keep_alive, max_loaded_models, parse_optional_size(memory_budget))
         args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist), pool)
     command.serve(args)

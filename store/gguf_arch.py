@@ -17,6 +17,8 @@ has. The conventions are those of llama.cpp's `convert_hf_to_gguf.py` (tensor na
   base 10000 (or `rope.freq_base_swa`) and no scaling. Soft-caps come from `*_logit_softcapping`.
 - phi3: fused `attn_qkv` and `ffn_up` (gate then up); LongRoPE factors are the tensors
   `rope_factors_long`/`rope_factors_short`, partial rotary is `rope.dimension_count`.
+- qwen2vl (Qwen2-VL, Qwen2.5-VL): qwen2's layout, M-RoPE's sections in `rope.dimension_sections`;
+  alone it runs as qwen2 (text), with an mmproj file as the vision-language model (gguf_mmproj.py).
 - qwen3moe: stacked `ffn_*_exps` experts and an `ffn_gate_inp` router; llama.cpp always
   renormalizes the top-k weights (`norm_topk_prob`), unless `expert_weights_norm` says otherwise.
 - smollm3: llama's layout (q/k rows permuted); llama.cpp skips RoPE in every 4th layer, which
@@ -313,6 +315,14 @@ def _gpt_oss_config(meta: Meta) -> dict[str, Any]:
     }
 
 
+def _qwen2vl_config(meta: Meta) -> dict[str, Any]:
+    """Qwen2-VL's and Qwen2.5-VL's language model: Qwen2 with M-RoPE's sections (llama.cpp pads them to
+    four), which a text-only run does not need (a text token's three positions are one)."""
+    sections = meta.metadata.get(f"{meta.arch}.rope.dimension_sections") or [16, 24, 24]
+    rope = {"rope_type": "default", "rope_theta": meta.get("rope.freq_base", 1_000_000.0)}
+    return {"model_type": "qwen2", "rope_parameters": {**rope, "mrope_section": [int(s) for s in sections[:3]]}}
+
+
 ARCHS: dict[str, ArchSpec] = {
     "llama": ArchSpec(
         "llama",
@@ -326,6 +336,7 @@ ARCHS: dict[str, ArchSpec] = {
         },
     ),
     "qwen2": ArchSpec("qwen2"),
+    "qwen2vl": ArchSpec("qwen2", _qwen2vl_config),
     "qwen3": ArchSpec("qwen3"),
     "qwen3moe": ArchSpec(
         "qwen3_moe",

@@ -28,6 +28,7 @@ class ModelArgs:
     require_signature: bool = False  # refuse a model without a good signature by a trusted key
     dist: DistOptions | None = None  # the model over several processes; None: this one alone
     adapters: tuple[str, ...] = ()  # LoRA adapters added as it loads, each `PATH[:scale]` (baselm/adapters.py)
+    mmproj: str | None = None  # a vision projector GGUF beside a .gguf model (store/gguf_mmproj.py)
 
     @property
     def is_distributed(self) -> bool:
@@ -111,7 +112,11 @@ def load_alone(args: ModelArgs) -> LoadedModel:
 
     adapters = [read_adapter(spec) for spec in args.adapters]  # first: a bad adapter costs no model load
     return load_model(
-        args.ref, select_backend(args.device), require_signature=args.require_signature, adapters=adapters
+        args.ref,
+        select_backend(args.device),
+        require_signature=args.require_signature,
+        adapters=adapters,
+        mmproj=args.mmproj,
     )
 
 
@@ -124,6 +129,10 @@ def open_model(args: ModelArgs) -> tuple[LoadedModel, DistGroup | None]:
         from baselm.adapters import AdapterError
 
         raise AdapterError("--adapter is not supported over several processes yet; run the model in one")
+    if args.mmproj:
+        from baselm.config import ConfigError
+
+        raise ConfigError("--mmproj is not supported over several processes yet; run the model in one")
     from baselm.distributed.tp.launch import load
 
     return load(args.ref, args.device, args.require_signature, args.dist)

@@ -66,6 +66,11 @@ ADAPTER = typer.Option(
     "--adapter",
     help="A LoRA adapter added as the model loads: an mlx-lm or PEFT folder or a GGUF LoRA, PATH[:scale]; repeatable.",
 )
+MMPROJ = typer.Option(
+    None,
+    "--mmproj",
+    help="A vision projector GGUF (llama.cpp's mmproj file) for a .gguf model: the model then reads images.",
+)
 REQUIRE_SIGNATURE = typer.Option(
     False,
     "--require-signature",

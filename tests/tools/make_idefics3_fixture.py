@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-import jinja2
 import numpy as np
 import torch
 from PIL import Image
@@ -36,7 +36,7 @@ from transformers import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_vision_fixtures import MESSAGES_1, MESSAGES_2, NUM_GREEDY, SEED, make_tokenizer  # noqa: E402
+from make_vision_fixtures import MESSAGES_1, MESSAGES_2, NUM_GREEDY, SEED, make_tokenizer, render  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "models" / "idefics3_vlm"
 ROW_COL = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
@@ -94,20 +94,16 @@ def make_config(vocab_size: int, ids: dict[str, int]) -> Idefics3Config:
     )
 
 
-def redraw(model: torch.nn.Module) -> None:
-    """Unit-scale weights (LayerNorm/RMSNorm gains near one), so outputs are not all near zero."""
+def redraw(model: torch.nn.Module, is_norm: Callable[[str], bool] = lambda name: "norm" in name) -> None:
+    """Unit-scale weights, so outputs are not all near zero: norm gains (names `is_norm` picks) near
+    one, the rest normal over the square root of each row's fan-in."""
     gen = torch.Generator().manual_seed(SEED)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
+            if is_norm(name) and name.endswith("weight"):
                 param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
             else:
-                param.copy_(torch.randn(param.shape, generator=gen) / max(param.shape[-1], 1) ** 0.5)
-
-
-def render(messages: list) -> str:
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
+                param.copy_(torch.randn(param.shape, generator=gen) / max(param[0].numel(), 1) ** 0.5)
 
 
 def main() -> None:
@@ -139,7 +135,12 @@ def main() -> None:
     images = make_images()
     reference = {}
     for tag, messages, pictures in (("1", MESSAGES_1, images[:1]), ("2", MESSAGES_2, images[1:])):
-        inputs = processor(text=render(messages), images=pictures, add_special_tokens=False, return_tensors="pt")
+        inputs = processor(
+            text=render(messages, CHAT_TEMPLATE, bos_token=""),
+            images=pictures,
+            add_special_tokens=False,
+            return_tensors="pt",
+        )
         with torch.no_grad():
             out = model(**inputs)
             generated = model.generate(**inputs, max_new_tokens=NUM_GREEDY, do_sample=False, eos_token_id=None)

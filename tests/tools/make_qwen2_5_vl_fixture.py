@@ -26,7 +26,6 @@ import json
 import sys
 from pathlib import Path
 
-import jinja2
 import numpy as np
 import torch
 from transformers import (
@@ -38,8 +37,8 @@ from transformers import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_idefics3_fixture import make_images  # noqa: E402
-from make_vision_fixtures import MESSAGES_1, MESSAGES_2, NUM_GREEDY, SEED, make_tokenizer  # noqa: E402
+from make_idefics3_fixture import make_images, redraw  # noqa: E402
+from make_vision_fixtures import MESSAGES_1, MESSAGES_2, NUM_GREEDY, SEED, make_tokenizer, render  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "models" / "qwen2_5_vl"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
@@ -84,22 +83,6 @@ def make_config(vocab_size: int, ids: dict[str, int]) -> Qwen2_5_VLConfig:
     )
 
 
-def redraw(model: torch.nn.Module) -> None:
-    """Unit-scale weights (RMSNorm gains near one), so outputs are not all near zero."""
-    gen = torch.Generator().manual_seed(SEED)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if ("norm" in name or "ln_q" in name) and name.endswith("weight"):
-                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) / max(param[0].numel(), 1) ** 0.5)
-
-
-def render(messages: list) -> str:
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
-
-
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(SEED)
@@ -121,14 +104,19 @@ def main() -> None:
     processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
     model = Qwen2_5_VLForConditionalGeneration(make_config(backend.get_vocab_size(), ids)).eval()
-    redraw(model)
+    redraw(model, lambda name: "norm" in name or "ln_q" in name)
     model.save_pretrained(OUT, safe_serialization=True)
     for extra in OUT.glob("*.index.json"):
         extra.unlink()
     images = make_images(OUT)
     reference = {}
     for tag, messages, pictures in (("1", MESSAGES_1, images[:1]), ("2", MESSAGES_2, images[1:])):
-        inputs = processor(text=render(messages), images=pictures, add_special_tokens=False, return_tensors="pt")
+        inputs = processor(
+            text=render(messages, CHAT_TEMPLATE, bos_token=""),
+            images=pictures,
+            add_special_tokens=False,
+            return_tensors="pt",
+        )
         with torch.no_grad():
             out = model(**inputs)
             positions, _ = model.model.get_rope_index(

@@ -132,9 +132,11 @@ def redraw(model: torch.nn.Module) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen) / max(param.shape[-1], 1) ** 0.5)
 
 
-def render(messages: list) -> str:
+def render(messages: list, template: str = CHAT_TEMPLATE, **variables: str) -> str:
+    """`template` rendered with jinja2 for `messages` and a generation prompt (Gemma's: with its <bos>)."""
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(CHAT_TEMPLATE).render(messages=messages, bos_token="<bos>", add_generation_prompt=True)
+    variables = variables or {"bos_token": "<bos>"}
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True, **variables)
 
 
 def main() -> None:

@@ -173,7 +173,8 @@ class DenseAttention : public mx::UnaryPrimitive {
 mx::array dense_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                           const mx::array& segments) {
   for (const mx::array* a : {&q, &k, &v})
-    if (a->ndim() != 3 || a->dtype() != mx::float32) fail("queries, keys and values must be float32 (seq, heads, head_dim)");
+    if (a->ndim() != 3 || a->dtype() != mx::float32)
+      fail("queries, keys and values must be float32 (seq, heads, head_dim)");
   if (k.shape() != q.shape() || v.shape() != q.shape()) fail("queries, keys and values must have one shape");
   if (q.shape(0) < 1 || q.shape(1) < 1 || q.shape(2) < 1) fail("every dimension must be at least 1");
   if (segments.dtype() != mx::int32 || segments.ndim() != 1 || segments.shape(0) < 2)

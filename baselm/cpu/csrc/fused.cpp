@@ -185,7 +185,8 @@ mx::array activation(const mx::array& x, const std::string& act) {
 }
 
 mx::array layer_norm(const mx::array& x, std::optional<mx::array> weight, std::optional<mx::array> bias, float eps) {
-  require(x.dtype() == mx::float32 && x.ndim() >= 1 && x.shape(-1) > 0, "layer_norm: x must be float32 (..., D), D at least 1");
+  require(x.dtype() == mx::float32 && x.ndim() >= 1 && x.shape(-1) > 0,
+          "layer_norm: x must be float32 (..., D), D at least 1");
   require(weight.has_value() || !bias.has_value(), "layer_norm: a bias needs a weight (pass ones)");
   std::vector<mx::array> inputs{x};
   for (auto* part : {&weight, &bias}) {
@@ -212,7 +213,8 @@ void register_fused(nb::module_& m) {
         "(dims / 2,) as mx.fast.rope takes them; the rotated part is scaled by mscale.");
   m.def("gated_activation", &gated_activation, nb::arg("gate_up"), nb::arg("act"),
         "act(gate) * up for gate_up = [gate | up] along the last axis (silu, gelu_tanh or gelu).");
-  m.def("activation", &activation, nb::arg("x"), nb::arg("act"), "act(x) elementwise, float32 (silu, gelu_tanh or gelu).");
+  m.def("activation", &activation, nb::arg("x"), nb::arg("act"),
+        "act(x) elementwise, float32 (silu, gelu_tanh or gelu).");
   m.def("layer_norm", &layer_norm, nb::arg("x"), nb::arg("weight").none(), nb::arg("bias").none(), nb::arg("eps"),
         "(x - mean(x, -1)) * rsqrt(var(x, -1) + eps) * weight + bias, float32 (weight, bias (D,) or None).");
   m.def("fused_isa", [] { return std::string(fused_kernels_for(active_isa()).isa); });

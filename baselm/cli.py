@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import typer
@@ -392,8 +391,11 @@ def _serve_engine(
     max_model_len: int | None,
     max_num_batched_tokens: int,
     max_waiting: int,
+    speculative: SpeculativeConfig | None = None,
+    prefix_cache: dict | None = None,
 ) -> EngineConfig:
-    """The engine `base serve` runs (each model's, with several): its KV pool, batch and queue limits."""
+    """The engine `base serve` runs (each model's, with several): its KV pool, batch and queue limits,
+    speculation and prefix cache (`_prefix_cache_settings`)."""
     return EngineConfig(
         kv_memory=parse_optional_size(kv_memory),
         kv_bits=kv_bits,
@@ -401,6 +403,8 @@ def _serve_engine(
         max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens,
         max_waiting=max_waiting,
+        speculative=speculative,
+        **(prefix_cache or {}),
     )
 
 
@@ -465,11 +469,9 @@ def serve(
     with report_user_errors():
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
         prefix_cache = (no_prefix_caching, prefix_cache_file, prefix_cache_save_interval, prefix_cache_max_size)
-        config = replace(
-            _serve_engine(kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting),
-            speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
-            **_prefix_cache_settings(*prefix_cache),
-        )
+        limits = (kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting)
+        spec = SpeculativeConfig.parse(speculative, num_speculative_tokens)
+        config = _serve_engine(*limits, spec, _prefix_cache_settings(*prefix_cache))
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
         _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format, allow_image_urls)
         _set_browser_access(server, cors_origins, allowed_hosts, webui)

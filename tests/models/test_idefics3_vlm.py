@@ -105,3 +105,18 @@ def test_a_preprocessor_whose_tiles_do_not_fit_the_tower_is_refused():
     config = {**loaded.config, "preprocessor_config": {"max_image_size": {"longest_edge": 48}}}
     with pytest.raises(ImageError, match="the model's tiles are 48 pixels but its vision tower takes 32"):
         image_processor(config, loaded.tokenizer)
+
+
+def test_a_tokenizer_without_the_image_tokens_runs_text_and_says_why_images_are_refused():
+    from dataclasses import replace
+
+    from baselm.request import InvalidRequestError
+    from tests.tiny_model import loaded_fixture
+
+    engine = LLMEngine(replace(IDEFICS3.loaded(), name="mismatched", tokenizer=loaded_fixture("llama").tokenizer))
+    assert engine.image_processor is None
+    _, images = IDEFICS3.prompt("1")
+    with pytest.raises(
+        InvalidRequestError, match="model mismatched cannot take images: the model's vocabulary lacks <image>"
+    ):
+        engine.add_request([1] * 120, GREEDY, images=images)

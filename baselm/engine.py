@@ -69,7 +69,6 @@ def make_cache(loaded: LoadedModel, config: EngineConfig) -> tuple[PagedKVCache,
     return cache, size.max_model_len
 
 
-
 def _image_support(loaded: LoadedModel) -> tuple[ImageProcessor | None, str | None]:
     """The model's image processor, or (None, why it takes no images): it reads text only, or its
     tokenizer lacks the image tokens its config names (its text still runs)."""
@@ -78,6 +77,7 @@ def _image_support(loaded: LoadedModel) -> tuple[ImageProcessor | None, str | No
     except ImageError as exc:
         return None, f"cannot take images: {exc}"
     return processor, None if processor is not None else "reads text only; it cannot take images"
+
 
 class LLMEngine:
     """Synchronous engine: `add_request`, then `step` until done; `generate` does both."""

@@ -100,7 +100,7 @@ def prompt_with_images(
     request's images; a 400 for a model that reads text only, too many images, or one that cannot be read."""
     processor = state.client.engine.image_processor
     if processor is None:
-        raise bad_request(f"model {state.model_name} reads text only; it cannot take images", images[0].where)
+        raise bad_request(f"model {state.model_name} {state.client.engine.image_refusal}", images[0].where)
     limits = state.server.image_limits
     if len(images) > limits.max_images:
         raise bad_request(f"the request has {len(images)} images; the limit is {limits.max_images}", images[0].where)

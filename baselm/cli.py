@@ -26,6 +26,7 @@ from baselm.commands.options import (
     HOSTFILE,
     KV_BITS,
     KV_MEMORY_HELP,
+    MMPROJ,
     MODEL_HELP,
     MOE_SPLIT,
     NUM_SPECULATIVE_TOKENS,
@@ -47,7 +48,6 @@ from baselm.config import (
     parse_int_list,
     parse_name_list,
     parse_optional_size,
-    parse_size,
     parse_size_list,
 )
 
@@ -165,6 +165,7 @@ def run(
     pull: bool = typer.Option(False, "--pull", help="Pull a hub model that is not in the store, without asking."),
     device: str = DEVICE,
     adapter: list[str] = ADAPTER,
+    mmproj: str | None = MMPROJ,
     require_signature: bool = REQUIRE_SIGNATURE,
     speculative: str | None = SPECULATIVE,
     num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
@@ -183,7 +184,7 @@ def run(
         fail("--raw, --json and --logprobs need a prompt: base run MODEL PROMPT")
     with report_user_errors():
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
-        loaded = ModelArgs(model, device, require_signature, dist, tuple(adapter))
+        loaded = ModelArgs(model, device, require_signature, dist, tuple(adapter), mmproj=mmproj)
         spec = SpeculativeConfig.parse(speculative, num_speculative_tokens, adaptive=not fixed_speculation)
         if prompt is None:
             return _chat_instead(command.chat_instead(loaded, generation, spec), pull)
@@ -212,6 +213,7 @@ def chat(
     system: str | None = typer.Option(None, "--system", help="System prompt for the conversation."),
     device: str = DEVICE,
     adapter: list[str] = ADAPTER,
+    mmproj: str | None = MMPROJ,
     kv_memory: str | None = typer.Option(None, "--kv-memory", help=KV_MEMORY_HELP),
     kv_bits: int = KV_BITS,
     serve: bool = typer.Option(False, "--serve", help="Also serve the HTTP API on the same engine."),
@@ -252,7 +254,7 @@ def chat(
             speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens),
         )
         args = ChatArgs(
-            ModelArgs(model, device, require_signature, dist, tuple(adapter)),
+            ModelArgs(model, device, require_signature, dist, tuple(adapter), mmproj=mmproj),
             ChatOptions(config, system=system, resume=resume),
             generation,
             chat_serve_options(host, port) if serve else None,
@@ -365,17 +367,6 @@ def _bench_pd(
     bench_pd(PDBenchArgs(model, Layout.parse(pd), engine, batch, as_json))
 
 
-def _set_limits(
-    server: ServeOptions, max_body: str, shutdown: float, connections: int, read: float, log: str, image_urls: bool
-) -> None:
-    """What one client may hold of the server (a body's size, open connections, time to send a request,
-    what a request in flight gets at shutdown, whether it may have image URLs fetched), and how the
-    server logs each request."""
-    server.max_body_bytes, server.shutdown_timeout = parse_size(max_body), shutdown
-    server.max_connections, server.read_timeout, server.log_format = connections, read, log
-    server.allow_image_urls = image_urls
-
-
 def _set_browser_access(server: ServeOptions, cors_origins: str, allowed_hosts: str, webui: bool) -> None:
     """What browsers meet: the web origins whose pages may call the API, the Host names answered, the chat page."""
     server.cors_origins, server.allowed_hosts = parse_name_list(cors_origins), parse_name_list(allowed_hosts)
@@ -413,8 +404,10 @@ def _prefix_cache_settings(off: bool, file: str | None, save_interval: float, ma
 
 @app.command()
 @generation_options
+@opt.server_limit_options
 def serve(
     generation: GenerationOptions,
+    limits: opt.ServerLimits,
     models: list[str] | None = opt.SERVE_MODELS,
     host: str = opt.HOST,
     port: int = opt.PORT,
@@ -423,6 +416,7 @@ def serve(
     device: str = DEVICE,
     adapter: list[str] = ADAPTER,
     lora: list[str] = opt.LORA,
+    mmproj: str | None = MMPROJ,
     kv_memory: str | None = opt.KV_MEMORY,
     kv_bits: int = opt.SERVE_KV_BITS,
     max_num_seqs: int = opt.MAX_NUM_SEQS,
@@ -435,11 +429,6 @@ def serve(
     speculative: str | None = opt.SERVE_SPECULATIVE,
     num_speculative_tokens: int = opt.SERVE_NUM_SPECULATIVE_TOKENS,
     max_waiting: int = opt.MAX_WAITING,
-    max_body: str = opt.MAX_BODY,
-    allow_image_urls: bool = opt.ALLOW_IMAGE_URLS,
-    max_connections: int = opt.MAX_CONNECTIONS,
-    read_timeout: float = opt.READ_TIMEOUT,
-    shutdown_timeout: float = opt.SHUTDOWN_TIMEOUT,
     keep_alive: str = opt.KEEP_ALIVE,
     max_loaded_models: int = opt.MAX_LOADED_MODELS,
     memory_budget: str | None = opt.MEMORY_BUDGET,
@@ -454,22 +443,24 @@ def serve(
     allowed_hosts: str = opt.ALLOWED_HOSTS,
     cors_origins: str = opt.CORS_ORIGINS,
     require_signature: bool = REQUIRE_SIGNATURE,
-    log_format: str = opt.LOG_FORMAT,
 ) -> None:
     """Serve models over HTTP, on one port: the OpenAI (/v1), Anthropic (/v1/messages) and Ollama (/api) APIs."""
     from baselm.commands import serve as command
 
     with report_user_errors():
         dist = dist_options(tensor_parallel, hostfile, rank, moe_split)
+        spec = SpeculativeConfig.parse(speculative, num_speculative_tokens)
         prefix = _prefix_cache_settings(
             no_prefix_caching, prefix_cache_file, prefix_cache_save_interval, prefix_cache_max_size
         )
-        engine = _serve_engine(kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting)
-        config = replace(engine, speculative=SpeculativeConfig.parse(speculative, num_speculative_tokens), **prefix)
+        config = _serve_engine(kv_memory, kv_bits, max_num_seqs, max_model_len, max_num_batched_tokens, max_waiting)
+        config = replace(config, speculative=spec, **prefix)
         server = command.ServeOptions(host, port, command.api_key_option(api_key, api_key_file), served_model_name)
-        _set_limits(server, max_body, shutdown_timeout, max_connections, read_timeout, log_format, allow_image_urls)
+        limits.apply(server)
         _set_browser_access(server, cors_origins, allowed_hosts, webui)
-        model_args = command.model_args(models, device, require_signature, dist, prefix_cache_file, adapter, lora)
+        model_args = command.model_args(
+            models, device, require_signature, dist, prefix_cache_file, adapter, lora, mmproj
+        )
         pool = command.pool_args(models, keep_alive, max_loaded_models, parse_optional_size(memory_budget))
         args = command.ServeArgs(model_args, config, server, generation, command.pd_options(pd, role, dist), pool)
     command.serve(args)

@@ -29,7 +29,7 @@ from baselm.sampling.sampler import Sampler
 from baselm.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from baselm.speculative.draft import DraftModelProposer, check_same_vocabulary
 from baselm.speculative.speculator import SpecStats, Speculator
-from baselm.vision import PromptImage, image_processor
+from baselm.vision import ImageError, ImageProcessor, PromptImage, image_processor
 
 
 class QueueFullError(RuntimeError):
@@ -69,6 +69,16 @@ def make_cache(loaded: LoadedModel, config: EngineConfig) -> tuple[PagedKVCache,
     return cache, size.max_model_len
 
 
+def _image_support(loaded: LoadedModel) -> tuple[ImageProcessor | None, str | None]:
+    """The model's image processor, or (None, why it takes no images): it reads text only, or its
+    tokenizer lacks the image tokens its config names (its text still runs)."""
+    try:
+        processor = image_processor(loaded.config, loaded.tokenizer)
+    except ImageError as exc:
+        return None, f"cannot take images: {exc}"
+    return processor, None if processor is not None else "reads text only; it cannot take images"
+
+
 class LLMEngine:
     """Synchronous engine: `add_request`, then `step` until done; `generate` does both."""
 
@@ -86,7 +96,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, config.runaway_guard)
         self.scheduler = make_scheduler(self.kv_manager, config, self.max_model_len)
         self.runner = ModelRunner(loaded.model, self.cache, Sampler(self.eos_token_ids, seed=config.seed))
-        self.image_processor = image_processor(loaded.config, loaded.tokenizer)  # None: the model reads text only
+        # None: the model takes no images, and `image_refusal` says why (after its name, in a sentence)
+        self.image_processor, self.image_refusal = _image_support(loaded)
         self.last_step = StepStats()
         self._ids = itertools.count()
         self._inflight: tuple[SchedulerOutput, Launched] | None = None  # a step launched ahead
@@ -168,7 +179,7 @@ class LLMEngine:
     def _check_images(self, images: Sequence[PromptImage]) -> None:
         """Images need a vision model, and one computed whole (two-way attention) must fit a step."""
         if self.image_processor is None:
-            raise InvalidRequestError(f"model {self.loaded.name} reads text only; it cannot take images")
+            raise InvalidRequestError(f"model {self.loaded.name} {self.image_refusal}")
         whole = max((i.num_tokens for i in images if i.bidirectional), default=0)
         if whole > self.config.max_num_batched_tokens:
             raise InvalidRequestError(

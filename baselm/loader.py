@@ -23,7 +23,7 @@ from baselm.store import hf
 from baselm.store.base_reader import BaseFile, model_weights
 from baselm.store.errors import BaseFileError, ModelFileError, SignatureError
 from baselm.store.gguf_arch import ROPE_FREQS
-from baselm.store.gguf_split import first_part_in
+from baselm.store.gguf_split import first_part_in, mmproj_in
 from baselm.store.model_card import context_length
 from baselm.store.registry import Store
 from baselm.tokenizer.tokenizer import Tokenizer
@@ -117,19 +117,28 @@ def _keeps_kquant_blocks(backend: Backend) -> bool:
 
 
 def _load_gguf(
-    path: Path, backend: Backend, shard: Any = None, adapters: Sequence[Adapter] = ()
+    path: Path, backend: Backend, shard: Any = None, adapters: Sequence[Adapter] = (), mmproj: Path | None = None
 ) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
+    """A GGUF language model, with the vision tower of the mmproj GGUF `mmproj` beside it when given."""
     from baselm.store import gguf  # and the gguf package (numpy's and yaml's worth of memory): GGUF files only
 
     checkpoint = gguf.GGUFCheckpoint.open(path)
     # NOTE: the tokenizer first, and its vocabulary's strings freed, before any weight is read:
     # building it briefly takes several times what it keeps, which then never adds to the weights.
     tokenizer = Tokenizer.from_gguf_metadata(checkpoint.metadata, default_cache_dir())
+    config, projector = checkpoint.config, None
+    if mmproj is not None:
+        from baselm.store.gguf_mmproj import Mmproj
+
+        projector = Mmproj.open(mmproj)
+        config = projector.model_config(config, checkpoint.metadata.get("tokenizer.ggml.tokens") or [])
     checkpoint.release_metadata()
     release_freed_memory()
     weights = checkpoint.mx_weights(keep_blocks=_keeps_kquant_blocks(backend))
-    model = model_from_checkpoint(checkpoint.config, weights, backend, shard=shard, adapters=adapters)
-    return model, tokenizer, checkpoint.config
+    if projector is not None:
+        weights.update(projector.mx_weights())
+    model = model_from_checkpoint(config, weights, backend, shard=shard, adapters=adapters)
+    return model, tokenizer, config
 
 
 def _load_hf_folder(
@@ -172,12 +181,19 @@ def _load_base_file(
 
 
 def _load_path(
-    path: Path, backend: Backend, require_signature: bool, shard: Any, adapters: Sequence[Adapter]
+    path: Path,
+    backend: Backend,
+    require_signature: bool,
+    shard: Any,
+    adapters: Sequence[Adapter],
+    mmproj: Path | None = None,
 ) -> tuple[DecoderModel, Tokenizer, dict[str, Any]]:
+    if mmproj is not None and path.suffix != ".gguf":
+        raise ModelFileError(f"--mmproj goes with a .gguf language model, not {path.name}")
     if path.is_dir():
         return _load_hf_folder(path, backend, shard, adapters)
     if path.suffix == ".gguf":
-        return _load_gguf(path, backend, shard, adapters)
+        return _load_gguf(path, backend, shard, adapters, mmproj)
     if path.suffix == ".base":
         return _load_base_file(path, backend, require_signature, shard, adapters)
     raise ModelFileError(f"{path}: not a model; give a store name, a .base or .gguf file, or an HF model folder")
@@ -208,14 +224,16 @@ def load_model(
     shard: Any = None,
     adapters: Sequence[Adapter] = (),
     served_adapters: Sequence[AdapterSpec] = (),
+    mmproj: str | Path | None = None,
 ) -> LoadedModel:
     """Loads a store name, a `.base` file, an HF model folder, a `.gguf` file (a split one by its
-    first part) or a folder holding one GGUF model.
+    first part) or a folder holding one GGUF model (and its `mmproj*.gguf`, if it has one).
 
     `require_signature`: only a `.base` file with a good signature by a trusted key loads.
     `shard`: one rank's slice of the model (`baselm.distributed.tp.layers.Sharding`, see `build_model`).
     `adapters`: LoRA adapters added to its weights (baselm/adapters.py).
-    `served_adapters`: LoRA adapters requests choose by name, beside the plain model (baselm/served_adapters.py)."""
+    `served_adapters`: LoRA adapters requests choose by name, beside the plain model (baselm/served_adapters.py).
+    `mmproj`: a vision projector GGUF for a `.gguf` model (store/gguf_mmproj.py)."""
     name, path = resolve(ref)
     if require_signature and not (path.is_file() and path.suffix == ".base"):
         # NOTE: the file, not its name: a folder called `x.base` would load unsigned as an HF folder.
@@ -223,17 +241,21 @@ def load_model(
         raise SignatureError(
             f"{path} is {what}; only .base files carry signatures: `base pull` it, then `base sign` it"
         )
+    mmproj = Path(mmproj).expanduser() if mmproj is not None else None
+    if mmproj is not None and not mmproj.is_file():
+        raise ModelFileError(f"--mmproj {mmproj}: no such file")
     if path.is_dir() and not (path / "config.json").is_file():
+        mmproj = mmproj or mmproj_in(path)
         path = first_part_in(path) or path  # a folder of one GGUF model: a file, or a split's parts
     try:
-        model, tokenizer, config = _load_path(path, backend, require_signature, shard, adapters)
+        model, tokenizer, config = _load_path(path, backend, require_signature, shard, adapters, mmproj)
     except BaseFileError:
         if Path(ref).expanduser().exists() or path.exists():
             raise
         # A store name whose file moved between `resolve` and the open (`base cp` moving a file of
         # the older layout into blobs/): the name points at the new place now.
         name, path = resolve(ref)
-        model, tokenizer, config = _load_path(path, backend, require_signature, shard, adapters)
+        model, tokenizer, config = _load_path(path, backend, require_signature, shard, adapters, mmproj)
     served = None
     if served_adapters:
         from baselm.served_adapters import ServedAdapters

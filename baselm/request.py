@@ -71,7 +71,7 @@ class Request:
         "request_id", "prompt_token_ids", "output_token_ids", "_all_token_ids", "sampling_params",
         "max_tokens", "arrival_time", "cache_salt", "status", "num_computed_tokens",
         "num_cached_tokens", "num_preemptions", "block_hashes", "draft_token_ids", "draft_probs",
-        "num_draft_tokens", "num_accepted_tokens", "images", "adapters",
+        "num_draft_tokens", "num_accepted_tokens", "images", "adapters", "rope_positions",
     )  # fmt: skip
 
     def __init__(
@@ -116,6 +116,9 @@ class Request:
         self.num_draft_tokens = 0  # drafts verified so far
         self.num_accepted_tokens = 0  # of which accepted
         self.images = tuple(images)
+        # An M-RoPE model's positions of the prompt and the delta after it (models/base.py:
+        # rope_positions), computed once by the runner when the request is first scheduled.
+        self.rope_positions: tuple[Any, int] | None = None
         for image in self.images:
             if image.num_tokens == 0 or image.end > len(self.prompt_token_ids):
                 raise InvalidRequestError(f"request {request_id} has an image outside its prompt's positions")

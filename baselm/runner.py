@@ -85,10 +85,11 @@ class ModelRunner:
             ids = after.sampled.token_ids  # (num_seqs,) int32, on the device
             rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, [*r.output_token_ids, 0]) for r in rows]
         t1 = time.perf_counter()
+        positions = self._positions(output, meta)
         if images is None:
-            logits = self.model(ids, meta.positions, meta, self.cache)
+            logits = self.model(ids, positions, meta, self.cache)
         else:
-            logits = self.model(ids, meta.positions, meta, self.cache, images=images)
+            logits = self.model(ids, positions, meta, self.cache, images=images)
         if prompt_rows.flat_rows:  # (sampling rows + prompt rows, vocab): the prompt's rows come last
             num_sampling_rows = sum(s.num_draft_tokens + 1 for s in sampling)
             prompt_rows.score(logits[num_sampling_rows:])
@@ -178,6 +179,28 @@ class ModelRunner:
                 mx.concatenate([r for r, _ in image_parts]), mx.concatenate([e for _, e in image_parts])
             )
         return mx.array(input_ids, dtype=mx.int32), meta, sampling, images
+
+    def _positions(self, output: SchedulerOutput, meta: AttentionMetadata) -> mx.array:
+        """The step's rotary positions: the token indices (`meta.positions`), or for an M-RoPE model
+        each request's own, (3, num_tokens), given as one row when the three agree (text, decode)."""
+        if self.model.position_rows == 1:
+            return meta.positions
+        parts = []
+        for scheduled in output.requests:
+            request, start = scheduled.request, scheduled.num_computed_tokens
+            index = np.arange(start, start + len(scheduled.token_ids))  # (n,)
+            if request.images and request.rope_positions is None:
+                request.rope_positions = self.model.rope_positions(request.num_prompt_tokens, list(request.images))
+            if request.rope_positions is None:
+                parts.append(np.broadcast_to(index, (3, len(index))))
+                continue
+            table, delta = request.rope_positions
+            in_prompt = index < table.shape[1]
+            part = np.broadcast_to(index + delta, (3, len(index))).copy()
+            part[:, in_prompt] = table[:, index[in_prompt]]
+            parts.append(part)
+        positions = np.concatenate(parts, axis=1).astype(np.int32)  # (3, num_tokens)
+        return mx.array(positions[0] if (positions == positions[0]).all() else positions)
 
     def _image_rows(self, scheduled: ScheduledRequest, first_row: int) -> list[tuple[mx.array, mx.array]]:
         """(rows, embeddings) of each image whose placeholders this step feeds, its rows counted from

@@ -18,6 +18,7 @@ from baselm.store.base_writer import TensorRecord, write_base_file
 from baselm.store.convert_gguf import gguf_source
 from baselm.store.convert_hf import hf_source
 from baselm.store.convert_mlx import mlx_source
+from baselm.store.errors import StoreError
 from baselm.store.hub import check_model_type
 from baselm.store.mlx_folder import is_mlx_folder
 from baselm.store.progress import NoProgress, Progress
@@ -54,14 +55,16 @@ def convert(
     source_info: dict[str, Any] | None = None,
     supported: Iterable[str] | None = None,
     progress: Progress | None = None,
+    mmproj: Path | None = None,
 ) -> Converted:
-    """Writes `source` (an HF or MLX model folder, or a .gguf file) as the `.base` file `target`.
+    """Writes `source` (an HF or MLX model folder, or a .gguf file, with `mmproj`, its vision
+    projector GGUF, when given) as the `.base` file `target`.
 
     `quant` None keeps an already-quantized source's own quantization (GGUF, MLX folder); an HF
     folder always gets one (q4 by default). Re-quantizing a quantized source logs that it
     compounds error. `progress` hears of each tensor written.
     """
-    model = _read_source(source, quant, group_size, profile)
+    model = _read_source(source, quant, group_size, profile, mmproj)
     if supported is not None:
         check_model_type(model.config, supported, str(source_info.get("repo") if source_info else source))
     counter = _ParamCounter(model.tensors, progress or NoProgress())
@@ -88,12 +91,16 @@ def source_format(source: Path) -> str:
     return "base" if source.suffix == ".base" else "gguf"
 
 
-def _read_source(source: Path, quant: str | None, group_size: int | None, profile: str) -> SourceModel:
+def _read_source(
+    source: Path, quant: str | None, group_size: int | None, profile: str, mmproj: Path | None = None
+) -> SourceModel:
+    if mmproj is not None and (source.is_dir() or source.suffix != ".gguf"):
+        raise StoreError(f"a vision projector goes with a .gguf language model, not {source.name}")
     if source.is_dir() and is_mlx_folder(hf.read_config(source)):
         return mlx_source(source, quant, group_size, profile)
     if source.is_dir():
         return hf_source(source, quant or DEFAULT_QUANT, group_size, profile)
-    return gguf_source(source, quant, group_size, profile)
+    return gguf_source(source, quant, group_size, profile, mmproj)
 
 
 class _ParamCounter:

@@ -19,6 +19,7 @@ from typing import Any
 
 from baselm.store import gguf
 from baselm.store.gguf_kquants import K_SCHEMES, is_exact
+from baselm.store.gguf_mmproj import Mmproj
 from baselm.store.gguf_quants import GROUP_SIZE
 from baselm.store.hub import gguf_tag
 from baselm.store.quantize import (
@@ -48,14 +49,24 @@ _GGUF_SCHEMES = {
 }
 
 
-def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_name: str) -> SourceModel:
-    """The file's model with its own quantization (`quant` None), or requantized to `quant`."""
+def gguf_source(
+    path: Path, quant: str | None, group_size: int | None, profile_name: str, mmproj: Path | None = None
+) -> SourceModel:
+    """The file's model with its own quantization (`quant` None), or requantized to `quant`; with
+    `mmproj`, a vision projector GGUF, the vision-language model of both (its tower as the projector
+    file holds it, kept float by the profile when requantized)."""
     checkpoint = gguf.GGUFCheckpoint.open(path)
     gguf_file, config = checkpoint.file, checkpoint.config
     tokenizer = gguf_tokenizer(gguf_file.metadata)
     # Kept as it is, a Q4_K/Q5_K/Q6_K matrix is stored as its blocks (a version-2 `.base`); asked for a
     # quant, Q2_K/Q6_K tensors are quantized once, from the GGUF's own values.
     records = checkpoint.records(inexact_as_float=quant is not None, keep_blocks=quant is None)
+    num = len(gguf_file.tensors)
+    if mmproj is not None:
+        projector = Mmproj.open(mmproj)
+        config = projector.model_config(config, gguf_file.metadata.get("tokenizer.ggml.tokens") or [])
+        records = _with_projector(records, projector)
+        num += len(projector.file.tensors)
     body = gguf_body_type(gguf_file)
     arch = config["model_type"]
     if quant is None:
@@ -63,7 +74,6 @@ def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_n
         not_exact: dict[str, str] = {}
         kept = _noting_requantized(records, not_exact)
         scheme = _GGUF_SCHEMES[body]
-        num = len(gguf_file.tensors)
         return SourceModel(arch, config, tokenizer, kept, scheme, f"gguf-{tag}", num, not_exact, _about(gguf_file))
     is_quantized = any(info.type_name not in _FLOAT_TYPES for info in gguf_file.tensors.values())
     if is_quantized and quant not in ("f32", "f16", "bf16"):
@@ -75,8 +85,13 @@ def gguf_source(path: Path, quant: str | None, group_size: int | None, profile_n
     profile = resolve_profile(profile_name, quant, group_size)
     not_exact: dict[str, str] = {}
     tensors = _requantized_gguf(records, profile, not_exact)
-    num = len(gguf_file.tensors)
     return SourceModel(arch, config, tokenizer, tensors, quant, profile.to_json(), num, not_exact, _about(gguf_file))
+
+
+def _with_projector(records: Iterator[tuple[str, str, Any]], projector: Mmproj) -> Iterator[tuple[str, str, Any]]:
+    """The language model's records, then the projector file's (HF name, GGUF type, record)."""
+    yield from records
+    yield from projector.records()
 
 
 def _about(gguf_file: gguf.GGUFFile) -> dict[str, str]:

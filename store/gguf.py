@@ -30,7 +30,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from baselm import kquant_blocks
-from baselm.store import gguf_arch, gguf_gpt_oss, gguf_split
+from baselm.store import gguf_arch, gguf_config, gguf_gpt_oss, gguf_split
 from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
@@ -309,7 +309,7 @@ class GGUFCheckpoint:
         gguf_file.check_types()
         self.file = gguf_file
         shapes = {name: info.shape for name, info in gguf_file.tensors.items()}
-        self.config, self.spec, meta = gguf_arch.hf_config(gguf_file.metadata, shapes)
+        self.config, self.spec, meta = gguf_config.hf_config(gguf_file.metadata, shapes)
         self._add_rope_factors()
         # Every tensor placed before any is read: a tensor base cannot place is refused up front.
         placed = [(name, gguf_arch.placement(name, self.spec, self.config, meta)) for name in gguf_file.tensors]

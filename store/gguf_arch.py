@@ -17,6 +17,8 @@ has. The conventions are those of llama.cpp's `convert_hf_to_gguf.py` (tensor na
   base 10000 (or `rope.freq_base_swa`) and no scaling. Soft-caps come from `*_logit_softcapping`.
 - phi3: fused `attn_qkv` and `ffn_up` (gate then up); LongRoPE factors are the tensors
   `rope_factors_long`/`rope_factors_short`, partial rotary is `rope.dimension_count`.
+- qwen2vl (Qwen2-VL, Qwen2.5-VL): qwen2's layout, M-RoPE's sections in `rope.dimension_sections`;
+  alone it runs as qwen2 (text), with an mmproj file as the vision-language model (gguf_mmproj.py).
 - qwen3moe: stacked `ffn_*_exps` experts and an `ffn_gate_inp` router; llama.cpp always
   renormalizes the top-k weights (`norm_topk_prob`), unless `expert_weights_norm` says otherwise.
 - smollm3: llama's layout (q/k rows permuted); llama.cpp skips RoPE in every 4th layer, which
@@ -32,7 +34,7 @@ has. The conventions are those of llama.cpp's `convert_hf_to_gguf.py` (tensor na
   q/k permutation. llama.cpp fixes what no key records: even layers slide, the SwiGLU clamp is 7
   (alpha 1.702); YaRN follows the released HF config (no truncation of its ramp).
 
-Every size the metadata gives is checked against the tensor shapes (`check_shapes`). Adding an
+Every size the metadata gives is checked against the tensor shapes (`gguf_config.check_shapes`). Adding an
 architecture is one `ArchSpec` and, if it has config keys of its own, one function.
 """
 
@@ -323,6 +325,14 @@ def _gpt_oss_config(meta: Meta) -> dict[str, Any]:
     }
 
 
+def _qwen2vl_config(meta: Meta) -> dict[str, Any]:
+    """Qwen2-VL's and Qwen2.5-VL's language model: Qwen2 with M-RoPE's sections (llama.cpp pads them to
+    four), which a text-only run does not need (a text token's three positions are one)."""
+    sections = meta.metadata.get(f"{meta.arch}.rope.dimension_sections") or [16, 24, 24]
+    rope = {"rope_type": "default", "rope_theta": meta.get("rope.freq_base", 1_000_000.0)}
+    return {"model_type": "qwen2", "rope_parameters": {**rope, "mrope_section": [int(s) for s in sections[:3]]}}
+
+
 ARCHS: dict[str, ArchSpec] = {
     "llama": ArchSpec(
         "llama",
@@ -336,6 +346,7 @@ ARCHS: dict[str, ArchSpec] = {
         },
     ),
     "qwen2": ArchSpec("qwen2"),
+    "qwen2vl": ArchSpec("qwen2", _qwen2vl_config),
     "qwen3": ArchSpec("qwen3", classifier="Qwen3ForSequenceClassification"),
     "qwen3moe": ArchSpec(
         "qwen3_moe",
@@ -414,83 +425,3 @@ def _layer_target(stem: str, expert: str | None, spec: ArchSpec, meta: Meta, lay
 
 
 # ---------------------------------------------------------------------------------------------
-# The config, checked against the tensors
-
-
-def hf_config(metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, Any], ArchSpec, Meta]:
-    """(HF config.json equivalent, architecture spec, metadata view) of a GGUF header and tensor table."""
-    arch, spec = arch_spec(metadata)
-    meta = Meta(arch, metadata, shapes)
-    config = {"model_type": spec.model_type, **common_config(meta)}
-    if spec.config is not None:
-        config.update(spec.config(meta))
-    if spec.classifier is not None and meta.has(CLS_OUT):
-        config.update(_classifier_config(spec.classifier, meta))
-    if config["vocab_size"] is None:
-        raise ModelFileError(f"GGUF file has neither {arch}.vocab_size nor a token_embd tensor")
-    check_shapes(config, meta)
-    return config, spec, meta
-
-
-def _classifier_config(architecture: str, meta: Meta) -> dict[str, Any]:
-    """The config of a file with a classification head: its HF class and its labels, one per row
-    (`classifier.output_labels`; llama.cpp reads one row when the file names no labels)."""
-    num_rows = meta.shapes[CLS_OUT][0]
-    labels = meta.metadata.get(f"{meta.arch}.classifier.output_labels") or [f"LABEL_{i}" for i in range(num_rows)]
-    if len(labels) != num_rows:
-        raise ModelFileError(
-            f"GGUF metadata contradicts its tensors: {len(labels)} classifier labels, but {CLS_OUT} has {num_rows} rows"
-        )
-    return {"architectures": [architecture], "id2label": {str(i): str(label) for i, label in enumerate(labels)}}
-
-
-def _expect(meta: Meta, name: str, axis: int, size: int, what: str) -> None:
-    shape = meta.shapes.get(name)
-    if shape is not None and shape[axis] != size:
-        raise ModelFileError(
-            f"GGUF metadata contradicts its tensors: {what} gives {size}, but {name} has shape {list(shape)}"
-        )
-
-
-def check_shapes(config: dict[str, Any], meta: Meta) -> None:
-    """A clear error when the metadata's sizes disagree with the tensors (a broken or mislabelled file)."""
-    hidden, head_dim = config["hidden_size"], config["head_dim"]
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    num_layers = config["num_hidden_layers"]
-    _expect(meta, "token_embd.weight", 0, config["vocab_size"], "vocab_size")
-    _expect(meta, "token_embd.weight", 1, hidden, "embedding_length")
-    layers = {int(m.group(1)) for n in meta.shapes if (m := _NAME.fullmatch(n)) and m.group(1) is not None}
-    if layers and max(layers) >= num_layers:
-        raise ModelFileError(
-            f"GGUF metadata contradicts its tensors: block_count is {num_layers}, but blk.{max(layers)} exists"
-        )
-    for i in range(num_layers):
-        if f"blk.{i}.attn_norm.weight" not in meta.shapes:
-            raise ModelFileError(f"GGUF file lacks blk.{i}.attn_norm.weight (block_count is {num_layers})")
-        _expect(meta, f"blk.{i}.attn_q.weight", -2, heads * head_dim, f"{heads} heads of {head_dim}")
-        _expect(meta, f"blk.{i}.attn_k.weight", -2, kv_heads * head_dim, f"{kv_heads} kv heads of {head_dim}")
-        _expect(meta, f"blk.{i}.attn_v.weight", -2, kv_heads * head_dim, f"{kv_heads} kv heads of {head_dim}")
-        qkv_rows = (heads + 2 * kv_heads) * head_dim
-        _expect(meta, f"blk.{i}.attn_qkv.weight", -2, qkv_rows, f"{heads} + 2 x {kv_heads} heads of {head_dim}")
-        for stem in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
-            _expect(meta, f"blk.{i}.{stem}.weight", -1, hidden, "embedding_length")
-        _check_ffn_shapes(config, meta, i)
-
-
-def _check_ffn_shapes(config: dict[str, Any], meta: Meta, i: int) -> None:
-    """Feed-forward sizes of layer `i` against feed_forward_length and the expert keys."""
-    ffn = config["intermediate_size"]
-    is_fused = config["model_type"] == "phi3" and f"blk.{i}.ffn_gate.weight" not in meta.shapes
-    _expect(meta, f"blk.{i}.ffn_up.weight", -2, 2 * ffn if is_fused else ffn, "feed_forward_length")
-    _expect(meta, f"blk.{i}.ffn_gate.weight", -2, ffn, "feed_forward_length")
-    _expect(meta, f"blk.{i}.ffn_down.weight", -1, ffn, "feed_forward_length")
-    num_experts = config.get("num_local_experts") or config.get("num_experts")
-    if not num_experts:
-        return
-    expert_ffn = config.get("moe_intermediate_size") or ffn
-    for stem in EXPERT_STEMS:
-        _expect(meta, f"blk.{i}.{stem}.weight", 0, num_experts, "expert_count")
-    _expect(meta, f"blk.{i}.ffn_gate_exps.weight", 1, expert_ffn, "the expert feed-forward length")
-    _expect(meta, f"blk.{i}.ffn_up_exps.weight", 1, expert_ffn, "the expert feed-forward length")
-    _expect(meta, f"blk.{i}.ffn_down_exps.weight", 2, expert_ffn, "the expert feed-forward length")
-    _expect(meta, f"blk.{i}.ffn_gate_inp.weight", 0, num_experts, "expert_count")

@@ -100,3 +100,13 @@ def first_part_in(folder: Path) -> Path | None:
     if len(models) > 1:
         raise ModelFileError(f"{folder} holds more than one GGUF model ({', '.join(p.name for p in models)}); name one")
     return models[0] if models else None
+
+
+def mmproj_in(folder: Path) -> Path | None:
+    """The vision projector (llama.cpp's `mmproj*.gguf`) a folder holds beside its GGUF model, if one."""
+    projectors = sorted(p for p in folder.glob("*.gguf") if p.is_file() and p.name.lower().startswith("mmproj"))
+    if len(projectors) > 1:
+        raise ModelFileError(
+            f"{folder} holds more than one vision projector ({', '.join(p.name for p in projectors)}); keep one"
+        )
+    return projectors[0] if projectors else None

@@ -1,5 +1,5 @@
 """Reads an HF model folder: config.json, (sharded) safetensors, generation_config.json (eos ids and
-sampling defaults), and the tokenizer files."""
+sampling defaults), a vision model's preprocessor_config.json, and the tokenizer files."""
 
 from __future__ import annotations
 
@@ -27,8 +27,12 @@ def read_json(path: Path) -> dict[str, Any]:
 def read_config(folder: Path) -> dict[str, Any]:
     """config.json, with eos ids from generation_config.json when it has them (it wins, as in HF), and
     that file kept whole as `generation_config`: the model's own sampling defaults
-    (baselm/sampling/defaults.py reads them)."""
+    (baselm/sampling/defaults.py reads them). A vision model's preprocessor_config.json (its image
+    sizes, means, tiling: baselm/vision reads them) is kept whole as `preprocessor_config`."""
     config = read_json(folder / "config.json")
+    preprocessor = folder / "preprocessor_config.json"
+    if preprocessor.is_file() and config.get("vision_config"):
+        config["preprocessor_config"] = read_json(preprocessor)
     path = folder / "generation_config.json"
     if path.is_file():
         generation = read_json(path)

@@ -43,6 +43,7 @@ RETRY_DELAY = 0.1  # seconds before the first retry; doubles after each fruitles
 HF_PATTERNS = (
     "config.json",
     "generation_config.json",
+    "preprocessor_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",

@@ -18,7 +18,7 @@ import hashlib
 import re
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,12 @@ class LocalSource:
     format: str  # safetensors | mlx | gguf | base
     default_name: str  # org/name
     own_variant: str | None  # the variant a quantized source keeps when no quant is asked (None: HF folder)
+    mmproj: Path | None = None  # a GGUF model's vision projector, from the folder that holds both
+
+    @property
+    def files(self) -> list[Path]:
+        """Every file the source reads, in name order within each part (see `_source_files`)."""
+        return _source_files(self.path) + ([self.mmproj] if self.mmproj is not None else [])
 
 
 def import_local(
@@ -75,7 +81,7 @@ def import_local(
     check_quant(quant)
     local = inspect_local(Path(path).expanduser().resolve())
     variant = _local_variant(local, quant, profile, group_size)
-    digest = source_sha256(local.path)
+    digest = source_sha256(local.path, local.files)
     source = {"format": local.format, "path": str(local.path), "sha256": digest}
     same = None if force else store.find_source(digest, variant)
     if same is not None and name is None:  # the name the source gives itself, if that is one of the stored
@@ -93,11 +99,19 @@ def import_local(
             )
         if same is not None:
             return pending.link(same, source)
-        store.check_free_space(_num_bytes(local.path))
+        store.check_free_space(sum(p.stat().st_size for p in local.files))
         if local.format == "base":
             return _import_base(local.path, pending, source, supported, progress or NoProgress())
         converted = convert(
-            local.path, pending.temp_path, quant, group_size, profile or DEFAULT_PROFILE, source, supported, progress
+            local.path,
+            pending.temp_path,
+            quant,
+            group_size,
+            profile or DEFAULT_PROFILE,
+            source,
+            supported,
+            progress,
+            mmproj=local.mmproj,
         )
         return converted.commit(pending, source)
 
@@ -109,7 +123,7 @@ def inspect_local(path: Path) -> LocalSource:
             first = gguf_split.first_part_in(path)  # a folder of one GGUF model: a file, or a split's parts
             if first is None:
                 raise StoreError(f"{path}: a model folder needs a config.json (an HF or MLX model folder) or a GGUF")
-            return inspect_local(first)
+            return replace(inspect_local(first), mmproj=gguf_split.mmproj_in(path))
         config = hf.read_config(path)
         name = _repo_name(config.get("_name_or_path"), path.name)
         if is_mlx_folder(config):
@@ -217,10 +231,10 @@ def _import_base(
     )
 
 
-def source_sha256(path: Path) -> str:
-    """sha256 of a file, of a split GGUF's parts, or of a folder's files (relative names and
-    contents, in name order)."""
-    files = _source_files(path)
+def source_sha256(path: Path, files: list[Path] | None = None) -> str:
+    """sha256 of a file, of a split GGUF's parts (and a vision projector beside it: `files`), or of a
+    folder's files (relative names and contents, in name order)."""
+    files = _source_files(path) if files is None else files
     if not path.is_dir() and len(files) == 1:
         return file_sha256(path)
     root = path if path.is_dir() else path.parent
@@ -231,10 +245,6 @@ def source_sha256(path: Path) -> str:
             while chunk := f.read(8 * 1024 * 1024):
                 digest.update(chunk)
     return digest.hexdigest()
-
-
-def _num_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in _source_files(path))
 
 
 def _source_files(path: Path) -> list[Path]:

@@ -30,7 +30,7 @@ CONTENT_SECURITY_POLICY = "; ".join(
         "default-src 'none'",
         "script-src 'self'",
         "style-src 'self'",
-        "img-src 'self' data: blob:",  # data:/blob: for a picked image's preview once a vision model exists
+        "img-src 'self' data: blob:",  # data: for the images a message carries (picked, pasted, dropped)
         "connect-src 'self'",
         "base-uri 'none'",
         "form-action 'none'",

@@ -256,7 +256,7 @@ class ChatREPL:
         if not arg:
             raise ChatCommandError("/image needs the path of an image file")
         if self.engine.image_processor is None:
-            raise ChatCommandError(f"{self.model_name} reads text only; it cannot take images")
+            raise ChatCommandError(f"{self.model_name} {self.engine.image_refusal}")
         try:
             image = decode_image(Path(arg).expanduser().read_bytes(), what=arg)
         except OSError as exc:

@@ -29,6 +29,7 @@ class ModelArgs:
     dist: DistOptions | None = None  # the model over several processes; None: this one alone
     adapters: tuple[str, ...] = ()  # LoRA adapters added as it loads, each `PATH[:scale]` (baselm/adapters.py)
     served_adapters: tuple[str, ...] = ()  # LoRA adapters served per request, `NAME=PATH[:scale]` (serve --lora)
+    mmproj: str | None = None  # a vision projector GGUF beside a .gguf model (store/gguf_mmproj.py)
 
     @property
     def is_distributed(self) -> bool:
@@ -119,6 +120,7 @@ def load_alone(args: ModelArgs) -> LoadedModel:
         require_signature=args.require_signature,
         adapters=adapters,
         served_adapters=served,
+        mmproj=args.mmproj,
     )
 
 
@@ -132,6 +134,10 @@ def open_model(args: ModelArgs) -> tuple[LoadedModel, DistGroup | None]:
 
         option = "--adapter" if args.adapters else "--lora"
         raise AdapterError(f"{option} is not supported over several processes yet; run the model in one")
+    if args.mmproj:
+        from baselm.config import ConfigError
+
+        raise ConfigError("--mmproj is not supported over several processes yet; run the model in one")
     from baselm.distributed.tp.launch import load
 
     return load(args.ref, args.device, args.require_signature, args.dist)

@@ -69,6 +69,11 @@ ADAPTER = typer.Option(
         "or a GGUF LoRA, PATH[:scale]; repeatable (serve --lora serves adapters chosen per request instead)."
     ),
 )
+MMPROJ = typer.Option(
+    None,
+    "--mmproj",
+    help="A vision projector GGUF (llama.cpp's mmproj file) for a .gguf model: the model then reads images.",
+)
 REQUIRE_SIGNATURE = typer.Option(
     False,
     "--require-signature",
@@ -181,6 +186,33 @@ class GenerationOptions:
         from baselm.sampling.defaults import SamplingDefaults  # MLX: not for `base --help`
 
         return cls(SamplingDefaults(repetition_penalty=repeat_penalty, **values), seed, runaway_guard)
+
+
+def option_group(
+    name: str, options: tuple[tuple[str, Any, Any], ...], parse: Callable[..., Any]
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Declares a group of options once: the command takes them as one parsed object, its parameter
+    `name`, made by `parse(**values)` (a bad value is one clear error line). The options go after
+    the command's own, keyword-only (typer calls every option by name)."""
+
+    def declare(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != name]
+        kind = inspect.Parameter.KEYWORD_ONLY
+        added = [inspect.Parameter(key, kind, default=option, annotation=type_) for key, type_, option in options]
+
+        @functools.wraps(command)
+        def parsed(*args: Any, **kwargs: Any) -> None:
+            values = {key: kwargs.pop(key) for key, _, _ in options}
+            with report_user_errors():
+                group = parse(**values)
+            command(*args, **{name: group}, **kwargs)
+
+        parsed.__signature__ = signature.replace(parameters=[*own, *added])
+        parsed.__annotations__ = {k: v for k, v in command.__annotations__.items() if k != name}
+        return parsed
+
+    return declare
 
 
 GENERATION_PANEL = "Sampling defaults"  # where --help shows the generation options

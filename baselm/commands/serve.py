@@ -55,18 +55,23 @@ def model_args(
     prefix_cache_file: str | None,
     adapters: list[str],
     served_adapters: Sequence[str] = (),
+    mmproj: str | None = None,
 ) -> ModelArgs:
     """The model `base serve` serves alone ("" when it serves a pool), over `dist` (which keeps the
-    prefix cache file for the group), with its `--adapter`s merged and its `--lora`s served per
-    request: a pool's models are loaded as they are."""
+    prefix cache file for the group), with its `--adapter`s merged, its `--lora`s served per request
+    and its `--mmproj`: a pool's models are loaded as they are."""
     from baselm.commands.options import with_prefix_cache_file
 
     if adapters and not (models and len(models) == 1):
         raise ConfigError("--adapter applies to the one model served: base serve MODEL --adapter PATH")
     if served_adapters and not (models and len(models) == 1):
         raise ConfigError("--lora serves adapters of the one model served: base serve MODEL --lora NAME=PATH")
+    if mmproj and not (models and len(models) == 1):
+        raise ConfigError("--mmproj applies to the one model served: base serve MODEL.gguf --mmproj MMPROJ.gguf")
     dist = with_prefix_cache_file(dist, prefix_cache_file)
-    return ModelArgs(single_model(models), device, require_signature, dist, tuple(adapters), tuple(served_adapters))
+    return ModelArgs(
+        single_model(models), device, require_signature, dist, tuple(adapters), tuple(served_adapters), mmproj
+    )
 
 
 def pool_args(models: list[str] | None, keep_alive: str, max_loaded: int, memory_budget: int | None) -> PoolArgs | None:

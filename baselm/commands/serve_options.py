@@ -6,6 +6,9 @@ panels with `in_panel`. Declarations only: nothing heavy is imported.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import typer
 
 from baselm.commands.options import (
@@ -17,8 +20,9 @@ from baselm.commands.options import (
     SECURITY,
     SPECULATIVE,
     in_panel,
+    option_group,
 )
-from baselm.config import DEFAULT_HOST, DEFAULT_PORT
+from baselm.config import DEFAULT_HOST, DEFAULT_PORT, parse_size
 
 LIMITS = "Limits"
 
@@ -124,3 +128,37 @@ API_KEY_FILE = typer.Option(None, "--api-key-file", help=API_KEY_FILE_HELP, rich
 ALLOWED_HOSTS = typer.Option("", "--allowed-hosts", help=ALLOWED_HOSTS_HELP, rich_help_panel=SECURITY)
 CORS_ORIGINS = typer.Option("", "--cors-origins", help=CORS_HELP, rich_help_panel=SECURITY)
 LOG_FORMAT = typer.Option("text", "--log-format", help=LOG_FORMAT_HELP)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """What one client may hold of the server (a body's size, open connections, time to send a
+    request, what a request in flight gets at shutdown, whether it may have image URLs fetched),
+    and how the server logs each request: serve's options, parsed."""
+
+    max_body_bytes: int
+    allow_image_urls: bool
+    max_connections: int
+    read_timeout: float
+    shutdown_timeout: float
+    log_format: str
+
+    @classmethod
+    def parse(cls, max_body: str, **values: Any) -> ServerLimits:
+        return cls(max_body_bytes=parse_size(max_body), **values)
+
+    def apply(self, server: Any) -> None:
+        """Sets these on `server` (a ServeOptions)."""
+        for field in self.__slots__:
+            setattr(server, field, getattr(self, field))
+
+
+_LIMIT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("max_body", str, MAX_BODY),
+    ("allow_image_urls", bool, ALLOW_IMAGE_URLS),
+    ("max_connections", int, MAX_CONNECTIONS),
+    ("read_timeout", float, READ_TIMEOUT),
+    ("shutdown_timeout", float, SHUTDOWN_TIMEOUT),
+    ("log_format", str, LOG_FORMAT),
+)
+server_limit_options = option_group("limits", _LIMIT_OPTIONS, ServerLimits.parse)

@@ -80,12 +80,15 @@ class DecoderModel(nn.Module):
     """
 
     args: Any
+    # Rows of the positions the model takes: 1, or 3 for M-RoPE (a temporal, height and width
+    # position per token; `rope_positions` gives a prompt's).
+    position_rows: int = 1
 
     def __call__(
         self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, cache: PagedKVCache
     ) -> mx.array:
-        """input_ids, positions: (num_tokens,); returns logits (num_logits, vocab_size), or a
-        classifier's (num_logits, num_labels).
+        """input_ids, positions: (num_tokens,) (positions (3, num_tokens) where `position_rows` is 3);
+        returns logits (num_logits, vocab_size), or a classifier's (num_logits, num_labels).
 
         Layer `i` writes and reads the pools of `cache[i]`, a LayerKV. Logits are computed only
         at `meta.logits_indices` (all tokens when None).
@@ -111,6 +114,12 @@ class DecoderModel(nn.Module):
         """A vision-language model's embeddings of one preprocessed image: (num_image_tokens, hidden),
         one row per placeholder token, in prompt order. Text-only models have none."""
         raise ModelConfigError(f"{type(self).__module__} reads text only; it has no vision tower")
+
+    def rope_positions(self, num_prompt_tokens: int, images: Any) -> tuple[Any, int]:
+        """An M-RoPE model's (3, num_prompt_tokens) int32 positions of a prompt with `images` (its
+        PromptImages) and the delta of the tokens after it (position = index + delta); other models'
+        positions are the token indices and they have none."""
+        raise ModelConfigError(f"{type(self).__module__} places tokens at their indices; it has no M-RoPE positions")
 
     def divide_rope_frequencies(self, factors: mx.array) -> None:
         """Divides each RoPE frequency by its factor, (rotary_dims // 2,): llama 3 scaling as llama.cpp's

@@ -137,8 +137,9 @@ def decoder_layer(
 ) -> mx.array | None:
     """x + attn(norm(x)), then + mlp(norm(.)), as one kernel call writing this step's K/V into
     `layer_kv` (rebound to the pools the call returns); None when the kernel does not apply (also
-    when some queries see past their own position: its attention is causal only)."""
-    if meta.attend_until is not None or not applies(x, meta, layer_kv):
+    when some queries see past their own position: its attention is causal only, or positions have
+    M-RoPE's three rows)."""
+    if meta.attend_until is not None or positions.ndim != 1 or not applies(x, meta, layer_kv):
         return None
     plan = plan_for(layer)
     if plan is None:

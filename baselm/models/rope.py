@@ -177,3 +177,33 @@ def make_rope(head_dim: int, params: dict[str, Any], max_position_embeddings: in
             f"partial_rotary_factor gives {dims} rotary dims for head_dim {head_dim}; need an even count"
         )
     return RoPE(dims, params["rope_theta"], params, max_position_embeddings=max_position_embeddings)
+
+
+class MRoPE(RoPE):
+    """Multimodal RoPE (Qwen2-VL, Qwen2.5-VL): the rotary frequencies in three sections (`sections`,
+    summing to dims // 2) turned by a token's temporal, height and width positions.
+
+    Positions come as (3, num_tokens), or (num_tokens,) when the three are equal (text, and every
+    decode step), where this is plain RoPE. Three rotations, each with the other sections'
+    frequencies at zero, make the sectioned one exactly: a zero frequency turns by cos 0 = 1, sin 0 = 0.
+    """
+
+    def __init__(self, dims: int, base: float, sections: list[int], max_position_embeddings: int = 4096):
+        super().__init__(dims, base, max_position_embeddings=max_position_embeddings)
+        if len(sections) != 3 or sum(sections) != dims // 2 or min(sections) < 0:
+            raise ModelConfigError(f"mrope_section {sections} must be three counts summing to {dims // 2}")
+        periods, index = np.array(self._freqs), np.arange(dims // 2)  # (dims // 2,)
+        bounds = np.cumsum([0, *sections])
+        self._section_freqs = [  # an infinite period: a zero frequency
+            mx.array(np.where((index >= a) & (index < b), periods, np.inf).astype(np.float32))
+            for a, b in zip(bounds, bounds[1:])
+        ]
+
+    def __call__(self, x: mx.array, positions: mx.array) -> mx.array:
+        """x: (num_tokens, heads, head_dim); positions: (3, num_tokens) or (num_tokens,)."""
+        if positions.ndim == 1:
+            return super().__call__(x, positions)
+        for rows, freqs in zip(positions, self._section_freqs):
+            out = fused.rope(x, rows, freqs, self.dims, self.traditional, 1.0)
+            x = self._rotate(x, rows, freqs) if out is None else out
+        return x

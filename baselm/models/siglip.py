@@ -3,7 +3,9 @@
 Patches of `patch_size` pixels are embedded by one linear map (the checkpoint's stride-`patch_size`
 convolution, kept in its (hidden, channels, patch, patch) shape), a learned position embedding is
 added, and pre-norm blocks of full (two-way) attention and a GELU MLP follow, with a final
-LayerNorm. It runs on one image at a time, on dense arrays: no KV cache, no paging.
+LayerNorm. It runs on one image at a time, on dense arrays: no KV cache, no paging. On the CPU its
+attention, LayerNorms and GELU run through the CPU kernels (dense_attention.py, cpu/fused.py); the
+matmuls are BLAS's.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from baselm.cpu import fused
+from baselm.dense_attention import dense_attention
 from baselm.models.base import BaseModelArgs, ModelConfigError
 from baselm.models.mlp import activation
+from baselm.models.norm import LayerNorm
 
 
 @dataclass
@@ -77,17 +82,13 @@ class EncoderAttention(nn.Module):
         self.v_proj = nn.Linear(hidden_size, hidden_size)
         self.out_proj = nn.Linear(hidden_size, hidden_size)
 
-    def __call__(self, x: mx.array, mask: mx.array | None = None) -> mx.array:
-        """x: (num_patches, hidden); `mask` (num_patches, num_patches) bool: which keys each query sees."""
+    def __call__(self, x: mx.array) -> mx.array:
+        """x: (num_patches, hidden) -> (num_patches, hidden)."""
         n, hidden = x.shape
         head_dim = hidden // self.num_heads
-
-        def heads(t: mx.array) -> mx.array:  # (1, heads, n, head_dim)
-            return t.reshape(1, n, self.num_heads, head_dim).transpose(0, 2, 1, 3)
-
-        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=head_dim**-0.5, mask=mask)
-        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(n, hidden))
+        q, k, v = (p(x).reshape(n, self.num_heads, head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out = dense_attention(q, k, v, head_dim**-0.5)  # (n, heads, head_dim)
+        return self.out_proj(out.reshape(n, hidden))
 
 
 class EncoderMLP(nn.Module):
@@ -96,9 +97,12 @@ class EncoderMLP(nn.Module):
         self.fc1 = nn.Linear(args.hidden_size, args.intermediate_size)
         self.fc2 = nn.Linear(args.intermediate_size, args.hidden_size)
         self.act = activation(args.hidden_act)
+        self.act_name = args.hidden_act
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.fc2(self.act(self.fc1(x)))
+        h = self.fc1(x)
+        out = fused.activation(h, self.act_name)
+        return self.fc2(self.act(h) if out is None else out)
 
 
 class EncoderLayer(nn.Module):
@@ -106,13 +110,13 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, args: VisionArgs):
         super().__init__()
-        self.layer_norm1 = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.layer_norm1 = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.self_attn = EncoderAttention(args.hidden_size, args.num_attention_heads)
-        self.layer_norm2 = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.layer_norm2 = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.mlp = EncoderMLP(args)
 
-    def __call__(self, x: mx.array, mask: mx.array | None = None) -> mx.array:
-        h = x + self.self_attn(self.layer_norm1(x), mask)
+    def __call__(self, x: mx.array) -> mx.array:
+        h = x + self.self_attn(self.layer_norm1(x))
         return h + self.mlp(self.layer_norm2(h))
 
 
@@ -130,7 +134,7 @@ class VisionTransformer(nn.Module):
         self.args = args
         self.embeddings = PatchEmbeddings(args)
         self.encoder = Encoder(args)
-        self.post_layernorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.post_layernorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, pixels: mx.array) -> mx.array:
         """pixels: (channels, image_size, image_size) -> (num_patches, hidden), after the final norm."""

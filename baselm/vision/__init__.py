@@ -1,5 +1,6 @@
 """Images in prompts: decoding (image.py), each model family's preprocessing and prompt layout
-(gemma3.py, ...), and the images a request carries to the engine (prompt.py).
+(gemma3.py, idefics3.py, qwen2_5_vl.py; pixels.py holds what they share), and the images a request carries
+to the engine (prompt.py).
 
 `image_processor` is the one place that says which models read images: a model whose config
 names a vision tower this package can prepare images for gets its family's processor; every
@@ -35,4 +36,12 @@ def image_processor(config: dict[str, Any], tokenizer: Tokenizer) -> ImageProces
         from baselm.vision.gemma3 import Gemma3ImageProcessor
 
         return Gemma3ImageProcessor(config, tokenizer)
+    if model_type in ("idefics3", "smolvlm"):
+        from baselm.vision.idefics3 import Idefics3ImageProcessor
+
+        return Idefics3ImageProcessor(config, tokenizer)
+    if model_type == "qwen2_5_vl":
+        from baselm.vision.qwen2_5_vl import Qwen2_5_VLImageProcessor
+
+        return Qwen2_5_VLImageProcessor(config, tokenizer)
     return None

@@ -15,9 +15,9 @@ import numpy as np
 
 from baselm.tokenizer.tokenizer import Tokenizer
 from baselm.vision.image import Image, ImageError
+from baselm.vision.pixels import normalize, resize
 
 MEAN = STD = (0.5, 0.5, 0.5)
-RESCALE = 1 / 255
 
 
 class Gemma3ImageProcessor:
@@ -41,25 +41,7 @@ class Gemma3ImageProcessor:
 
     def process(self, image: Image) -> tuple[np.ndarray, str]:
         """(3, size, size) float32 pixels, and the marker's expansion."""
-        return normalize(resize(image, self.size, self.size), MEAN, STD), self._text
+        return normalize(resize(image.pixels, self.size, self.size), MEAN, STD), self._text
 
     def key(self) -> bytes:
         return f"gemma3:{self.size}".encode()
-
-
-def resize(image: Image, width: int, height: int) -> np.ndarray:
-    """(height, width, 3) uint8: `image` resized with Pillow's bilinear filter, as transformers resizes."""
-    from PIL import Image as PILImage
-
-    if image.size == (width, height):
-        return image.pixels
-    resized = PILImage.fromarray(image.pixels).resize((width, height), resample=PILImage.Resampling.BILINEAR)
-    return np.asarray(resized)
-
-
-def normalize(pixels: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
-    """(3, height, width) float32 from (height, width, 3) uint8: rescaled by 1/255 in float64, then
-    `(x - mean) / std` in float32 (transformers' `rescale` then `normalize`)."""
-    scaled = (pixels.astype(np.float64) * RESCALE).astype(np.float32)
-    out = (scaled - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
-    return np.ascontiguousarray(out.transpose(2, 0, 1))

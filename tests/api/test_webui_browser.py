@@ -1,6 +1,7 @@
 """The chat page in a real headless Chromium (Debian's `chromium` and `chromium-driver`), against a
 real server on loopback: pick the model, stream an answer, stop one, edit and resend, find the
-conversation after a reload, give the API key when asked. Screenshots go to the test's tmp dir.
+conversation after a reload, give the API key when asked, send an image picked, pasted or dropped
+(to the tiny Gemma 3 with images). Screenshots go to the test's tmp dir.
 
 Driven by Selenium through the system chromedriver: the driver is the browser's own build (one
 Debian source package, always the same version) and works offline. Playwright would need its own
@@ -233,3 +234,91 @@ def test_without_the_libraries_answers_are_plain_escaped_text(browser, page_serv
     body = by_css(browser, ".message.assistant .body")[0]
     assert body.text == MARKDOWN and not body.find_elements("css selector", "h1, img")
     assert "plain text" in by_css(browser, "#notice")[0].text
+
+
+# ---- images: picked, pasted or dropped, sent as image_url parts ----------------------------
+
+
+@pytest.fixture(scope="module")
+def vision_server() -> Iterator[RunningServer]:
+    """The tiny Gemma 3 with images (tests/vision_fixture.py), greedy, as the page leaves sampling to the server."""
+    from tests.vision_fixture import loaded_vlm
+
+    server = RunningServer(
+        loaded=loaded_vlm(), model_name="vlm", sampling=SamplingDefaults(temperature=0, max_tokens=8)
+    )
+    yield server
+    server.stop()
+
+
+def _pick_image(driver, path: Path) -> None:
+    """Chooses `path` in the page's file input, as the Image button's file dialog would."""
+    picker = by_css(driver, "#image-input")[0]
+    driver.execute_script("arguments[0].hidden = false", picker)  # a hidden input takes no keys
+    picker.send_keys(str(path))
+    wait_for(driver, lambda d: len(by_css(d, "#attachments .thumb")) == 1, "the picked image")
+
+
+_IMAGE_EVENT = """
+const [kind, base64, name] = arguments;
+const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+const data = new DataTransfer();
+data.items.add(new File([bytes], name, {type: name.endsWith(".png") ? "image/png" : "image/jpeg"}));
+const target = kind === "paste" ? document.getElementById("prompt") : document.getElementById("composer");
+const event = kind === "paste"
+  ? new ClipboardEvent("paste", {clipboardData: data, bubbles: true, cancelable: true})
+  : new DragEvent("drop", {dataTransfer: data, bubbles: true, cancelable: true});
+target.dispatchEvent(event);
+"""
+
+
+def test_an_image_picked_goes_with_the_message_as_an_image_url_part(browser, vision_server, tmp_path) -> None:
+    from tests.vision_fixture import IMAGE_A, PROMPT_1, reference
+
+    open_page(browser, vision_server)
+    _pick_image(browser, IMAGE_A)
+    assert by_css(browser, "#attachments .thumb")[0].get_attribute("src").startswith("data:image/png;base64,")
+    send(browser, PROMPT_1)
+    wait_answered(browser)
+    assert not by_css(browser, "#attachments .thumb")  # sent with the message, gone from the composer
+    sent = by_css(browser, ".message.user .thumb")
+    assert len(sent) == 1 and sent[0].get_attribute("src").startswith("data:image/png;base64,")
+    # the reference's prompt: the image placed by the chat template (16 image tokens) and its text
+    stats = by_css(browser, ".message.assistant .stats")[0].text
+    assert f"prompt {len(reference()['input_ids_1'])} " in stats and "8 tokens" in stats
+    message = browser.execute_script("return JSON.parse(localStorage.getItem('base.conversations'))[0].messages[0]")
+    assert [part["type"] for part in message["content"]] == ["image_url", "text"]
+    assert message["content"][1]["text"] == PROMPT_1
+    browser.save_screenshot(str(tmp_path / "image-sent.png"))
+
+
+@pytest.mark.parametrize("kind", ["paste", "drop"])
+def test_an_image_pasted_or_dropped_is_attached(browser, vision_server, kind) -> None:
+    import base64
+
+    from tests.vision_fixture import IMAGE_B
+
+    open_page(browser, vision_server)
+    browser.execute_script(_IMAGE_EVENT, kind, base64.b64encode(IMAGE_B.read_bytes()).decode(), IMAGE_B.name)
+    wait_for(browser, lambda d: len(by_css(d, "#attachments .thumb")) == 1, f"the {kind}d image")
+    assert by_css(browser, "#attachments .thumb")[0].get_attribute("src").startswith("data:image/jpeg;base64,")
+    by_css(browser, "#attachments .remove")[0].click()
+    assert not by_css(browser, "#attachments .thumb")
+
+
+def test_a_file_that_is_no_image_the_server_reads_is_named(browser, vision_server) -> None:
+    open_page(browser, vision_server)
+    browser.execute_script(_IMAGE_EVENT.replace('"image/jpeg"', '"image/bmp"'), "drop", "Qk0=", "scan.bmp")
+    reason = "scan.bmp is not a PNG, JPEG, WebP or GIF image"
+    wait_for(browser, lambda d: reason in by_css(d, "#notice")[0].text, "why the file was not attached")
+    assert not by_css(browser, "#attachments .thumb")
+
+
+def test_a_text_model_answers_an_image_with_the_servers_reason(browser, page_server) -> None:
+    from tests.vision_fixture import IMAGE_A
+
+    open_page(browser, page_server)
+    _pick_image(browser, IMAGE_A)
+    send(browser, "What is this?")
+    wait_answered(browser)
+    assert "model tiny reads text only; it cannot take images" in by_css(browser, "#notice")[0].text

@@ -1,4 +1,5 @@
-"""The fused CPU kernels (RMSNorm, RoPE, gated activation) against the MLX ops they replace."""
+"""The fused CPU kernels (RMSNorm, RoPE, gated activation; LayerNorm and a plain activation for the
+vision towers) against the MLX ops they replace."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from baselm import cpu
 from baselm.cpu import fused
 from baselm.models.gemma2 import GemmaRMSNorm
 from baselm.models.mlp import ACTIVATIONS, MLP
-from baselm.models.norm import RMSNorm
+from baselm.models.norm import LayerNorm, RMSNorm
 from baselm.models.rope import RoPE
 from tests.cpu.conftest import requires_kernels
 
@@ -106,6 +107,33 @@ def test_gated_activation_matches_mlx(kernels, act, width):
     assert mx.allclose(got, ACTIVATIONS[act](gate) * up, rtol=2e-5, atol=2e-6).item()
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("shape", [(4096, 43), (3, 17), (1,)])
+def test_activation_matches_mlx(kernels, act, shape):
+    x = 3 * normal(*shape)
+    got = kernels.activation(x, fused.GATED_ACTIVATIONS[act])
+    assert got.shape == x.shape
+    assert mx.allclose(got, ACTIVATIONS[act](x), rtol=2e-5, atol=2e-6).item()
+
+
+@pytest.mark.parametrize("shape", [(4096, 1152), (5, 17), (2, 3, 40), (1, 1)])
+def test_layer_norm_matches_mlx(kernels, shape):
+    x, w, b = 2 + 3 * normal(*shape), normal(shape[-1], seed=1), normal(shape[-1], seed=2)
+    got = kernels.layer_norm(x, w, b, 1e-6)
+    assert mx.allclose(got, mx.fast.layer_norm(x, w, b, 1e-6), rtol=1e-5, atol=2e-5).item()
+    bare = kernels.layer_norm(x, None, None, 1e-6)
+    assert mx.allclose(bare, mx.fast.layer_norm(x, None, None, 1e-6), rtol=1e-5, atol=2e-5).item()
+
+
+def test_the_model_layer_norm_uses_the_kernel_and_keeps_nn_layernorm_parameters():
+    norm = LayerNorm(40, eps=1e-6)
+    norm.weight, norm.bias = normal(40, seed=3), normal(40, seed=4)
+    assert set(dict(nn.utils.tree_flatten(norm.parameters()))) == {"weight", "bias"}
+    x = normal(3, 40)
+    assert fused.layer_norm(x, norm.weight, norm.bias, norm.eps) is not None
+    assert mx.allclose(norm(x), nn.LayerNorm.__call__(norm, x), rtol=1e-5, atol=1e-5).item()
+
+
 def test_gated_activation_of_large_inputs_stays_finite(kernels):
     gate_up = mx.array([[-200.0, -90.0, 0.0, 90.0, 200.0] * 4 + [1.0] * 20], dtype=mx.float32)
     got = kernels.gated_activation(gate_up, "silu")
@@ -125,6 +153,8 @@ def test_fused_mlp_runs_the_kernel_and_matches_the_unfused_one():
 def test_other_activations_and_dtypes_are_not_taken():
     assert fused.gated_activation(normal(2, 8), "gelu_fast") is None
     assert fused.rms_norm(normal(2, 8).astype(mx.float16), normal(8), 1e-5) is None
+    assert fused.activation(normal(2, 8), "gelu_fast") is None
+    assert fused.layer_norm(normal(2, 8).astype(mx.bfloat16), None, None, 1e-5) is None
 
 
 def test_bad_inputs_are_refused_with_a_reason():
@@ -134,6 +164,12 @@ def test_bad_inputs_are_refused_with_a_reason():
         cpu.kernels.rope(normal(2, 2, 8), mx.array([0, 1], dtype=mx.int32), normal(5), 10, False)
     with pytest.raises(ValueError, match="act must be"):
         cpu.kernels.gated_activation(normal(2, 8), "relu")
+    with pytest.raises(ValueError, match="act must be"):
+        cpu.kernels.activation(normal(2, 8), "relu")
+    with pytest.raises(ValueError, match="weight and bias must be"):
+        cpu.kernels.layer_norm(normal(2, 8), normal(7), None, 1e-5)
+    with pytest.raises(ValueError, match="a bias needs a weight"):
+        cpu.kernels.layer_norm(normal(2, 8), None, normal(8), 1e-5)
 
 
 def test_status_names_the_instruction_set_in_use():

@@ -8,44 +8,25 @@ beside other requests, after preemption and with speculation on.
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
 from baselm.config import EngineConfig, SpeculativeConfig
 from baselm.engine import LLMEngine
-from baselm.kv import AttentionMetadata, PagedKVCache
-from baselm.models.base import ImageEmbeddings
 from baselm.request import InvalidRequestError
 from baselm.sampling.params import SamplingParams
-from baselm.vision import PromptImage, decode_image, place_images
-from tests.vision_fixture import IMAGE_A, IMAGE_B, loaded_vlm, messages_1, messages_2, reference
+from baselm.vision import PromptImage
+from tests.vision_fixture import GEMMA3, loaded_vlm, reference
 
-IMAGE = {"type": "image"}
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 def prompt(tag: str, engine: LLMEngine | None = None) -> tuple[list[int], list[PromptImage]]:
     """The reference's prompt `tag` ("1": image A; "2": images A and B) through our chat template and processor."""
-    loaded = loaded_vlm()
-    processor = engine.image_processor if engine is not None else LLMEngine(loaded).image_processor
-    messages, paths = (messages_1(IMAGE), [IMAGE_A]) if tag == "1" else (messages_2(IMAGE, IMAGE), [IMAGE_A, IMAGE_B])
-    images = [decode_image(p.read_bytes()) for p in paths]
-    return place_images(loaded.tokenizer, loaded.tokenizer.render_chat(messages), images, processor)
+    return GEMMA3.prompt(tag, engine.image_processor if engine is not None else None)
 
 
-def all_logits(ids: list[int], images: list[PromptImage], block_size: int = 4) -> np.ndarray:
-    """One forward over the whole prompt through a fresh paged cache: (len(ids), vocab)."""
-    model = loaded_vlm().model
-    num_blocks = -(-len(ids) // block_size)
-    cache = PagedKVCache.for_model(model, num_blocks=num_blocks, block_size=block_size)
-    spans = [[(i.start, i.end) for i in images if i.bidirectional]]
-    meta = AttentionMetadata.build(
-        [list(range(num_blocks))[::-1]], [len(ids)], [len(ids)], block_size, two_way_spans=spans
-    )
-    rows = mx.array(np.concatenate([i.positions for i in images]).astype(np.int32))
-    embeddings = mx.concatenate([model.embed_image(mx.array(i.pixels), i.extra) for i in images])
-    return np.array(model(mx.array(ids), meta.positions, meta, cache, images=ImageEmbeddings(rows, embeddings)))
+all_logits = GEMMA3.logits
 
 
 @pytest.mark.parametrize("tag", ["1", "2"])

@@ -32,14 +32,17 @@ def test_all_architectures_are_registered():
         "gemma3",
         "gemma3_text",
         "gpt_oss",
+        "idefics3",
         "llama",
         "mistral",
         "mixtral",
         "phi3",
         "qwen2",
+        "qwen2_5_vl",
         "qwen3",
         "qwen3_moe",
         "smollm3",
+        "smolvlm",
     ]
 
 

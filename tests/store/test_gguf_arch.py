@@ -61,8 +61,11 @@ def gguf_logits(path: Path, ids: np.ndarray) -> np.ndarray:
 def test_every_architecture_base_runs_is_listed() -> None:
     from baselm.models import ARCHITECTURES
     from baselm.store.gguf_arch import ARCHS as GGUF_ARCHS
+    from baselm.store.gguf_mmproj import PROJECTORS
 
     covered = {spec.model_type for spec in GGUF_ARCHS.values()} | {"mistral", "mixtral"}
+    # vision-language models: a language model GGUF and an mmproj GGUF (SmolVLM's is Idefics3's model)
+    covered |= set(PROJECTORS.values()) | {"smolvlm"}
     assert set(ARCHITECTURES) <= covered
 
 

@@ -73,13 +73,14 @@ CORPUS = [
 ] * 4
 
 
-def make_tokenizer() -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+def make_tokenizer(specials: list[str] = SPECIALS, vocab_size: int = 320, unk_token: str | None = "<unk>") -> Tokenizer:
+    """A byte-level BPE trained on CORPUS, `specials` first (ids 0, 1, ...)."""
+    tokenizer = Tokenizer(models.BPE(unk_token=unk_token))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=SPECIALS,
+        vocab_size=vocab_size,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -131,9 +132,11 @@ def redraw(model: torch.nn.Module) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen) / max(param.shape[-1], 1) ** 0.5)
 
 
-def render(messages: list) -> str:
+def render(messages: list, template: str = CHAT_TEMPLATE, **variables: str) -> str:
+    """`template` rendered with jinja2 for `messages` and a generation prompt (Gemma's: with its <bos>)."""
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(CHAT_TEMPLATE).render(messages=messages, bos_token="<bos>", add_generation_prompt=True)
+    variables = variables or {"bos_token": "<bos>"}
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True, **variables)
 
 
 def main() -> None:

@@ -1,12 +1,14 @@
 // The chat page: a list of conversations, a model picker, the messages and a composer.
 // Each answer streams from /v1/chat/completions; Stop aborts the fetch, which aborts the request.
+// Images picked, pasted or dropped into the composer go with the next message (images.js).
 
 import {listModels, streamChat, Unauthorized} from "./api.js";
+import {contentOf, imageFilesOf, imagesOf, readImage, thumbnail} from "./images.js";
 import {loadLibraries, renderInto} from "./render.js";
 import * as store from "./store.js";
 
 const $ = (id) => document.getElementById(id);
-const state = {conversations: store.loadConversations(), current: null, controller: null};
+const state = {conversations: store.loadConversations(), current: null, controller: null, attachments: []};
 
 function askKey() {
   const dialog = $("key-dialog");
@@ -23,7 +25,9 @@ function notice(text) {
 
 function save() {
   state.current.updated = Date.now();
-  store.saveConversations(state.conversations);
+  if (!store.saveConversations(state.conversations)) {
+    notice("The browser has no room to keep this conversation's images; it stays until the page closes.");
+  }
   renderConversations();
 }
 
@@ -87,6 +91,13 @@ function describe(stats, stopped) {
 function messageElement(message, index) {
   const element = document.createElement("article");
   element.className = `message ${message.role}`;
+  const images = imagesOf(message.content);
+  if (images.length) {
+    const row = document.createElement("div");
+    row.className = "images";
+    row.append(...images.map(thumbnail));
+    element.append(row);
+  }
   const body = document.createElement("div");
   body.className = "body";
   if (message.role === "assistant") renderInto(body, textOf(message.content));
@@ -116,29 +127,31 @@ function editButton(index) {
   return button;
 }
 
-// Replaces the message with a text box; sending it drops everything after and answers again.
+// Replaces the message with a text box; sending it drops everything after and answers again (with
+// the message's images).
 function editMessage(index, element) {
   if (state.controller) return;
   const box = document.createElement("textarea");
   box.className = "edit-box";
   box.value = textOf(state.current.messages[index].content);
+  const images = imagesOf(state.current.messages[index].content);
   const resend = document.createElement("button");
   resend.className = "resend";
   resend.textContent = "Send";
   resend.addEventListener("click", () => {
     state.current.messages = state.current.messages.slice(0, index);
-    send(box.value);
+    send(box.value, images);
   });
   element.replaceChildren(box, resend);
   box.focus();
 }
 
-async function send(text) {
-  if (!text.trim() || state.controller) return;
+async function send(text, images = []) {
+  if ((!text.trim() && !images.length) || state.controller) return;
   const conversation = state.current;
   conversation.model = $("model").value;
-  if (!conversation.messages.length) conversation.title = text.trim().slice(0, 40);
-  conversation.messages.push({role: "user", content: text});
+  if (!conversation.messages.length) conversation.title = text.trim().slice(0, 40) || "Image";
+  conversation.messages.push({role: "user", content: contentOf(text, images)});
   const answer = {role: "assistant", content: "", stats: null};
   conversation.messages.push(answer);
   save();
@@ -178,6 +191,65 @@ async function answerInto(conversation, answer) {
   }
 }
 
+// Reads image files into the composer's attachments; a file the server would refuse is named in the notice.
+async function attach(files) {
+  for (const file of files) {
+    try {
+      state.attachments.push(await readImage(file));
+    } catch (error) {
+      notice(error.message);
+    }
+  }
+  renderAttachments();
+}
+
+function renderAttachments() {
+  const items = state.attachments.map((url, index) => {
+    const item = document.createElement("span");
+    item.className = "attachment";
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "remove";
+    remove.textContent = "×";
+    remove.title = "Remove this image";
+    remove.addEventListener("click", () => {
+      state.attachments.splice(index, 1);
+      renderAttachments();
+    });
+    item.append(thumbnail(url, index), remove);
+    return item;
+  });
+  $("attachments").replaceChildren(...items);
+}
+
+function wireImages() {
+  $("attach").addEventListener("click", () => $("image-input").click());
+  $("image-input").addEventListener("change", () => {
+    attach(imageFilesOf($("image-input").files));
+    $("image-input").value = "";
+  });
+  $("prompt").addEventListener("paste", (event) => {
+    const files = imageFilesOf(event.clipboardData?.files);
+    if (!files.length) return; // text pastes as text
+    event.preventDefault();
+    attach(files);
+  });
+  const composer = $("composer");
+  composer.addEventListener("dragover", (event) => {
+    if (!event.dataTransfer?.types.includes("Files")) return;
+    event.preventDefault();
+    composer.classList.add("dropping");
+  });
+  composer.addEventListener("dragleave", () => composer.classList.remove("dropping"));
+  composer.addEventListener("drop", (event) => {
+    composer.classList.remove("dropping");
+    const files = imageFilesOf(event.dataTransfer?.files);
+    if (!files.length) return;
+    event.preventDefault();
+    attach(files);
+  });
+}
+
 function setBusy(busy) {
   $("send").hidden = busy;
   $("stop").hidden = !busy;
@@ -202,10 +274,15 @@ async function loadModels() {
 function wire() {
   $("composer").addEventListener("submit", (event) => {
     event.preventDefault();
+    if (state.controller) return;
     const text = $("prompt").value;
+    const images = state.attachments;
     $("prompt").value = "";
-    send(text);
+    state.attachments = [];
+    renderAttachments();
+    send(text, images);
   });
+  wireImages();
   $("prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey) {
       event.preventDefault();

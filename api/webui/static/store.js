@@ -1,7 +1,7 @@
 // Conversations and settings kept in the browser's localStorage, never on the server.
 // A conversation: {id, title, model, messages: [{role, content, stats?, stopped?}], updated}.
-// `content` is what the OpenAI API takes: a string, or (once a vision model exists) an array of
-// parts where an image picker would add {type: "image_url", image_url: {url}} beside the text.
+// `content` is what the OpenAI API takes: a string, or an array of parts, the images a message
+// carries as {type: "image_url", image_url: {url}} (data URLs) and its text as {type: "text", text}.
 
 const CONVERSATIONS = "base.conversations";
 const CURRENT = "base.current";
@@ -20,8 +20,15 @@ export function loadConversations() {
   return read(CONVERSATIONS, []);
 }
 
+// Whether the conversations were kept: images can pass the browser's storage quota, and then the
+// conversations live on in the page until it closes.
 export function saveConversations(conversations) {
-  localStorage.setItem(CONVERSATIONS, JSON.stringify(conversations));
+  try {
+    localStorage.setItem(CONVERSATIONS, JSON.stringify(conversations));
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 export function newConversation(model) {

@@ -368,6 +368,8 @@ void check_step_indices(const AttentionArgs& args, int num_seqs, int64_t num_tok
   }
 }
 
+const AttentionKernels& active_attention_kernels() { return attention_kernels_for(active_isa()); }
+
 void attend_step(const AttentionArgs& args, int num_seqs) {
   const int num_kv_heads = args.shape.num_kv_heads;
   int64_t row_keys = 0;

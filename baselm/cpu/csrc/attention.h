@@ -43,9 +43,31 @@ struct AttentionTile {
   int seq, kv_head, row_begin, row_end;
 };
 
+// Attention without a cache (a vision tower's): every query row of a segment sees every key row of
+// that segment, and nothing else. The keys and values come packed (attention.cpp, pack_dense):
+// head_dim zero-padded to a multiple of 16, the keys of each segment 16 at a time, transposed.
+struct DenseAttentionArgs {
+  int num_heads, head_dim, padded_dim, seq_len;
+  float scale;
+  const float* queries;  // (seq_len, heads, head_dim), rows at q_seq_stride, heads at q_head_stride (floats)
+  int64_t q_seq_stride, q_head_stride;
+  float* out;  // (seq_len, heads, head_dim) contiguous
+  const float* key_panels;  // (heads, panels_per_head, padded_dim, 16): a segment's keys from its first panel
+  const float* values;  // (heads, seq_len, padded_dim)
+  const int32_t* segments;  // (num_segments + 1,): segment s is rows [segments[s], segments[s + 1])
+  const int64_t* first_panel;  // (num_segments,): each segment's first panel within a head
+  int64_t panels_per_head;
+};
+
+// Query rows [row_begin, row_end) of segment `segment` (absolute rows), head `head`.
+struct DenseTile {
+  int head, segment, row_begin, row_end;
+};
+
 struct AttentionKernels {
   const char* isa;
   void (*attend)(const AttentionArgs&, const AttentionTile&);
+  void (*attend_dense)(const DenseAttentionArgs&, const DenseTile&);
 };
 
 // One step's attention over `num_seqs` sequences: split into tiles and run with the active
@@ -58,6 +80,9 @@ void attend_step(const AttentionArgs& args, int num_seqs);
 // `num_blocks`. Call it in the dispatched task (only there do the contents exist), before
 // attend_step; it reads what the kernel reads of the tables, a small part of one step's work.
 void check_step_indices(const AttentionArgs& args, int num_seqs, int64_t num_tokens, int64_t num_blocks);
+
+// The loops for the active instruction set (attention.cpp).
+const AttentionKernels& active_attention_kernels();
 
 namespace generic {
 const AttentionKernels& attention_kernels();

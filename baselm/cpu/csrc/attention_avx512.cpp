@@ -12,7 +12,7 @@ namespace base_cpu::avx512 {
 #include "attention_impl.h"
 
 const AttentionKernels& attention_kernels() {
-  static const AttentionKernels kernels{"avx512", attend};
+  static const AttentionKernels kernels{"avx512", attend, attend_dense};
   return kernels;
 }
 

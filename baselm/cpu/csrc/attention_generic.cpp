@@ -12,7 +12,7 @@ namespace base_cpu::generic {
 #include "attention_impl.h"
 
 const AttentionKernels& attention_kernels() {
-  static const AttentionKernels kernels{"generic", attend};
+  static const AttentionKernels kernels{"generic", attend, attend_dense};
   return kernels;
 }
 

@@ -65,7 +65,7 @@ static inline void load_row(const PoolView& pool, int64_t row, int head_dim, flo
 
 // Scratch of one work item: `rows` = query rows x heads per KV head.
 struct Scratch {
-  std::vector<float> q, acc, p, kt, v, row_max;
+  std::vector<float> q, acc, p, kt, v, row_max, row_sum;
   std::vector<vf> s;  // (rows,) scores of one chunk
   std::vector<vf> sums;  // (rows,) running softmax denominators, lane-wise
   std::vector<int> pos;
@@ -76,6 +76,7 @@ struct Scratch {
     kt.resize(size_t(head_dim) * kLanes);
     v.resize(size_t(kLanes) * head_dim);
     row_max.assign(rows, -INFINITY);
+    row_sum.assign(rows, 0.0f);
     pos.resize(rows);
     s.resize(rows);
     sums.assign(rows, vf{});
@@ -112,29 +113,27 @@ static inline void transpose_keys(const float* v, int head_dim, float* kt) {
 // must stay in registers (32 with AVX-512, 16 otherwise).
 constexpr int kRowTile = kNative == 16 ? 8 : (kNative == 8 ? 4 : 2);
 
-// scores (rows, 16) of the query rows against 16 keys held transposed in kt (head_dim, 16).
-// R rows at a time: R independent multiply-add chains keep both FMA pipes busy.
+// scores (rows, 16) of the query rows against 16 keys held transposed in kt (head_dim, 16), row m
+// at s + m * stride. R rows at a time: R independent multiply-add chains keep both FMA pipes busy.
 template <int R>
-static inline void scores_rows(const Scratch& w, int m, int head_dim, vf* s) {
+static inline void scores_rows(const Scratch& w, const float* kt, int m, int head_dim, float* s, int stride) {
   vn acc[R][kParts] = {};
   const float* q = &w.q[size_t(m) * head_dim];
   for (int d = 0; d < head_dim; ++d) {
     vn k[kParts];
-    for (int i = 0; i < kParts; ++i) k[i] = nload(&w.kt[size_t(d) * kLanes + i * kNative]);
+    for (int i = 0; i < kParts; ++i) k[i] = nload(&kt[size_t(d) * kLanes + i * kNative]);
     for (int r = 0; r < R; ++r)
       for (int i = 0; i < kParts; ++i) acc[r][i] += q[size_t(r) * head_dim + d] * k[i];
   }
-  for (int r = 0; r < R; ++r) {
-    alignas(64) float out[kLanes];
-    for (int i = 0; i < kParts; ++i) nstore(out + i * kNative, acc[r][i]);
-    s[m + r] = vload(out);
-  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < kParts; ++i) nstore(s + size_t(m + r) * stride + i * kNative, acc[r][i]);
 }
 
-static inline void scores_transposed(const Scratch& w, int rows, int head_dim, vf* s) {
+static inline void scores_transposed(const Scratch& w, const float* kt, int rows, int head_dim, float* s,
+                                     int stride) {
   int m = 0;
-  for (; m + kRowTile <= rows; m += kRowTile) scores_rows<kRowTile>(w, m, head_dim, s);
-  for (; m < rows; ++m) scores_rows<1>(w, m, head_dim, s);
+  for (; m + kRowTile <= rows; m += kRowTile) scores_rows<kRowTile>(w, kt, m, head_dim, s, stride);
+  for (; m < rows; ++m) scores_rows<1>(w, kt, m, head_dim, s, stride);
 }
 
 // Row `row` of the pool as floats: in place for a float32 pool, else decoded into `scratch`.
@@ -244,12 +243,13 @@ static inline void softmax_chunk(Scratch& w, vf* s, int rows, int head_dim, int 
   }
 }
 
-// acc (rows, head_dim) += p (rows, 16) . v (16 rows values[j]), R rows of one 16-wide column at a time.
+// acc (rows, head_dim) += p (rows, num_keys; row stride p_stride) . v (num_keys rows values[j]),
+// R rows of one 16-wide column at a time.
 template <int R>
 static inline void accumulate_rows(Scratch& w, const float* const* values, int m, int d, int head_dim,
-                                   int num_keys) {
+                                   int num_keys, int p_stride) {
   float* acc = &w.acc[size_t(m) * head_dim + d];
-  const float* p = &w.p[size_t(m) * kLanes];
+  const float* p = &w.p[size_t(m) * p_stride];
   vn a[R][kParts];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < kParts; ++i) a[r][i] = nload(acc + size_t(r) * head_dim + i * kNative);
@@ -257,20 +257,22 @@ static inline void accumulate_rows(Scratch& w, const float* const* values, int m
     vn v[kParts];
     for (int i = 0; i < kParts; ++i) v[i] = nload(values[j] + d + i * kNative);
     for (int r = 0; r < R; ++r)
-      for (int i = 0; i < kParts; ++i) a[r][i] += p[r * kLanes + j] * v[i];
+      for (int i = 0; i < kParts; ++i) a[r][i] += p[r * p_stride + j] * v[i];
   }
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < kParts; ++i) nstore(acc + size_t(r) * head_dim + i * kNative, a[r][i]);
 }
 
-static inline void accumulate(Scratch& w, const float* const* values, int rows, int head_dim, int num_keys) {
+static inline void accumulate(Scratch& w, const float* const* values, int rows, int head_dim, int num_keys,
+                              int p_stride = kLanes) {
   for (int d = 0; d < head_dim; d += kLanes) {
     int m = 0;
-    for (; m + kRowTile <= rows; m += kRowTile) accumulate_rows<kRowTile>(w, values, m, d, head_dim, num_keys);
+    for (; m + kRowTile <= rows; m += kRowTile)
+      accumulate_rows<kRowTile>(w, values, m, d, head_dim, num_keys, p_stride);
     // The rest together: each value vector loaded once for up to three rows.
-    for (; rows - m >= 3; m += 3) accumulate_rows<3>(w, values, m, d, head_dim, num_keys);
-    if (rows - m == 2) accumulate_rows<2>(w, values, m, d, head_dim, num_keys);
-    if (rows - m == 1) accumulate_rows<1>(w, values, m, d, head_dim, num_keys);
+    for (; rows - m >= 3; m += 3) accumulate_rows<3>(w, values, m, d, head_dim, num_keys, p_stride);
+    if (rows - m == 2) accumulate_rows<2>(w, values, m, d, head_dim, num_keys, p_stride);
+    if (rows - m == 1) accumulate_rows<1>(w, values, m, d, head_dim, num_keys, p_stride);
   }
 }
 
@@ -312,7 +314,7 @@ static void attend_tile_impl(const AttentionShape& a, const float* queries, floa
     if (transpose) {
       std::fill(w.v.begin() + size_t(num_keys) * head_dim, w.v.end(), 0.0f);
       transpose_keys(w.v.data(), head_dim, w.kt.data());
-      scores_transposed(w, rows, head_dim, s);
+      scores_transposed(w, w.kt.data(), rows, head_dim, reinterpret_cast<float*>(s), kLanes);
     } else {
       scores_dot(w, rows_of, rows, head_dim, num_keys, s);
     }
@@ -342,4 +344,67 @@ static void attend(const AttentionArgs& args, const AttentionTile& tile) {
   const int32_t* table = args.block_tables + int64_t(tile.seq) * a.max_blocks;
   attend_tile_impl(a, args.queries, args.out, args.keys, args.values, table, args.context_lens[tile.seq], q_start,
                    q_len, tile.kv_head, tile.row_begin, tile.row_end, scratch);
+}
+
+// Keys a dense work item takes at once: each row's softmax update (its max, the rescale of its
+// sums) is paid once per block rather than once per 16 keys.
+constexpr int kDenseBlock = 64;
+
+// The softmax step of one row over a block of scores (num_keys of kDenseBlock valid): raises the
+// row's max (rescaling its output and sum), leaves the weights exp(score - max) in place.
+static inline void dense_softmax_row(float* scores, int num_keys, float& row_max, float& row_sum, float* acc,
+                                     int dim) {
+  for (int j = num_keys; j < kDenseBlock; ++j) scores[j] = -INFINITY;
+  vn top = nload(scores);
+  for (int j = kNative; j < kDenseBlock; j += kNative) top = nmax(top, nload(scores + j));
+  const float block_max = nhmax(top);
+  if (block_max > row_max) {
+    if (row_max != -INFINITY) {
+      const float c = std::exp(row_max - block_max);
+      row_sum *= c;
+      for (int d = 0; d < dim; d += kNative) nstore(acc + d, nload(acc + d) * c);
+    }
+    row_max = block_max;
+  }
+  vn sum{};
+  for (int j = 0; j < kDenseBlock; j += kNative) {
+    const vn e = nexp(nload(scores + j) - row_max);
+    sum += e;
+    nstore(scores + j, e);
+  }
+  row_sum += nhsum(sum);
+}
+
+// One dense work item: query rows [row_begin, row_end) of a segment, one head, against all the
+// segment's keys, kDenseBlock at a time from their packed panels.
+static void attend_dense(const DenseAttentionArgs& a, const DenseTile& t) {
+  static thread_local Scratch w;
+  const int rows = t.row_end - t.row_begin, dim = a.padded_dim;
+  w.size(rows, dim);
+  w.p.resize(size_t(rows) * kDenseBlock);
+  for (int m = 0; m < rows; ++m) {
+    const float* q = a.queries + int64_t(t.row_begin + m) * a.q_seq_stride + int64_t(t.head) * a.q_head_stride;
+    float* into = &w.q[size_t(m) * dim];
+    for (int d = 0; d < a.head_dim; ++d) into[d] = q[d] * a.scale;
+    std::fill(into + a.head_dim, into + dim, 0.0f);
+  }
+  const int first_row = a.segments[t.segment], num_keys_all = a.segments[t.segment + 1] - first_row;
+  const float* panels = a.key_panels + (int64_t(t.head) * a.panels_per_head + a.first_panel[t.segment]) * dim * kLanes;
+  const float* values = a.values + (int64_t(t.head) * a.seq_len + first_row) * dim;
+  const float* rows_of[kDenseBlock];
+  for (int c = 0; c < num_keys_all; c += kDenseBlock) {
+    const int num_keys = std::min(kDenseBlock, num_keys_all - c);
+    for (int k = 0; k < num_keys; k += kLanes)
+      scores_transposed(w, panels + int64_t((c + k) / kLanes) * dim * kLanes, rows, dim, &w.p[k], kDenseBlock);
+    for (int m = 0; m < rows; ++m)
+      dense_softmax_row(&w.p[size_t(m) * kDenseBlock], num_keys, w.row_max[m], w.row_sum[m], &w.acc[size_t(m) * dim],
+                        dim);
+    for (int j = 0; j < num_keys; ++j) rows_of[j] = values + int64_t(c + j) * dim;
+    accumulate(w, rows_of, rows, dim, num_keys, kDenseBlock);
+  }
+  for (int m = 0; m < rows; ++m) {
+    const float inv = 1.0f / w.row_sum[m];
+    float* o = a.out + (int64_t(t.row_begin + m) * a.num_heads + t.head) * a.head_dim;
+    for (int d = 0; d < a.head_dim; ++d) o[d] = w.acc[size_t(m) * dim + d] * inv;
+  }
 }

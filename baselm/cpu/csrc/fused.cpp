@@ -1,10 +1,14 @@
-// RMSNorm, RoPE and the MLP's gated activation as single MLX primitives (see fused.h).
+// RMSNorm, RoPE, the MLP's gated activation, LayerNorm and a plain activation as single MLX
+// primitives (see fused.h).
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include "fused.h"
@@ -43,7 +47,7 @@ void over_rows(int rows, int64_t width, F fn) {
   parallel_for(num_chunks, [&](int begin, int end, int) { fn(begin * chunk, std::min(rows, end * chunk)); });
 }
 
-enum class Op { kRmsNorm, kRope, kGated };
+enum class Op { kRmsNorm, kRope, kGated, kLayerNorm, kActivate };
 
 struct Params {
   Op op;
@@ -71,6 +75,17 @@ void run(const Params& p, const std::vector<mx::array>& in, mx::array& out) {
     over_rows(tokens, int64_t(heads) * head_dim, [&](int t0, int t1) {
       k.rope(x, positions, inv.data(), heads, head_dim, p.dims, p.traditional, p.mscale, y, t0, t1);
     });
+  } else if (p.op == Op::kLayerNorm) {
+    const int d = in[0].shape(-1);
+    const int rows = int(in[0].size() / d);
+    const float* w = in.size() > 1 ? static_cast<const float*>(row_major(in[1], held)) : nullptr;
+    const float* b = in.size() > 2 ? static_cast<const float*>(row_major(in[2], held)) : nullptr;
+    over_rows(rows, d, [&](int r0, int r1) { k.layer_norm(x, w, b, p.eps, d, y, r0, r1); });
+  } else if (p.op == Op::kActivate) {
+    // rows of 4,096 values: whole vectors, and chunks the pool shares out
+    const int64_t size = int64_t(in[0].size()), width = 4096;
+    over_rows(int((size + width - 1) / width), width,
+              [&](int r0, int r1) { k.activate(x, p.act, y, r0 * width, std::min(size, r1 * width)); });
   } else {
     const int n = in[0].shape(-1) / 2;
     const int rows = int(in[0].size() / (2 * int64_t(n)));
@@ -94,7 +109,13 @@ class FusedOp : public mx::UnaryPrimitive {
   }
 
   const char* name() const override {
-    return params_.op == Op::kRmsNorm ? "BaseRmsNorm" : params_.op == Op::kRope ? "BaseRope" : "BaseGatedActivation";
+    switch (params_.op) {
+      case Op::kRmsNorm: return "BaseRmsNorm";
+      case Op::kRope: return "BaseRope";
+      case Op::kGated: return "BaseGatedActivation";
+      case Op::kLayerNorm: return "BaseLayerNorm";
+      default: return "BaseActivation";
+    }
   }
 
   bool is_equivalent(const mx::Primitive& other) const override {
@@ -139,22 +160,44 @@ mx::array rope(const mx::array& x, const mx::array& positions, const mx::array& 
   return mx::array(x.shape(), mx::float32, std::make_shared<FusedOp>(cpu_stream(), p), {x, positions, freqs});
 }
 
+int activation_named(const std::string& act, const std::string& op) {
+  if (act == "silu") return kSilu;
+  if (act == "gelu_tanh") return kGeluTanh;
+  if (act == "gelu") return kGeluErf;
+  throw std::invalid_argument(op + ": act must be silu, gelu_tanh or gelu, got " + act);
+}
+
 mx::array gated_activation(const mx::array& gate_up, const std::string& act) {
   require(gate_up.dtype() == mx::float32 && gate_up.ndim() >= 1 && gate_up.shape(-1) > 0 && gate_up.shape(-1) % 2 == 0,
           "gated_activation: gate_up must be float32 (..., 2 * N), N at least 1");
   Params p{Op::kGated};
-  if (act == "silu") {
-    p.act = kSilu;
-  } else if (act == "gelu_tanh") {
-    p.act = kGeluTanh;
-  } else if (act == "gelu") {
-    p.act = kGeluErf;
-  } else {
-    throw std::invalid_argument("gated_activation: act must be silu, gelu_tanh or gelu, got " + act);
-  }
+  p.act = activation_named(act, "gated_activation");
   mx::Shape shape = gate_up.shape();
   shape.back() /= 2;
   return mx::array(shape, mx::float32, std::make_shared<FusedOp>(cpu_stream(), p), {gate_up});
+}
+
+mx::array activation(const mx::array& x, const std::string& act) {
+  require(x.dtype() == mx::float32, "activation: x must be float32");
+  Params p{Op::kActivate};
+  p.act = activation_named(act, "activation");
+  return mx::array(x.shape(), mx::float32, std::make_shared<FusedOp>(cpu_stream(), p), {x});
+}
+
+mx::array layer_norm(const mx::array& x, std::optional<mx::array> weight, std::optional<mx::array> bias, float eps) {
+  require(x.dtype() == mx::float32 && x.ndim() >= 1 && x.shape(-1) > 0,
+          "layer_norm: x must be float32 (..., D), D at least 1");
+  require(weight.has_value() || !bias.has_value(), "layer_norm: a bias needs a weight (pass ones)");
+  std::vector<mx::array> inputs{x};
+  for (auto* part : {&weight, &bias}) {
+    if (!part->has_value()) break;
+    require(part->value().dtype() == mx::float32 && part->value().ndim() == 1 && part->value().shape(0) == x.shape(-1),
+            "layer_norm: weight and bias must be float32 (D,) for x (..., D)");
+    inputs.push_back(part->value());
+  }
+  Params p{Op::kLayerNorm};
+  p.eps = eps;
+  return mx::array(x.shape(), mx::float32, std::make_shared<FusedOp>(cpu_stream(), p), std::move(inputs));
 }
 
 }  // namespace
@@ -170,6 +213,10 @@ void register_fused(nb::module_& m) {
         "(dims / 2,) as mx.fast.rope takes them; the rotated part is scaled by mscale.");
   m.def("gated_activation", &gated_activation, nb::arg("gate_up"), nb::arg("act"),
         "act(gate) * up for gate_up = [gate | up] along the last axis (silu, gelu_tanh or gelu).");
+  m.def("activation", &activation, nb::arg("x"), nb::arg("act"),
+        "act(x) elementwise, float32 (silu, gelu_tanh or gelu).");
+  m.def("layer_norm", &layer_norm, nb::arg("x"), nb::arg("weight").none(), nb::arg("bias").none(), nb::arg("eps"),
+        "(x - mean(x, -1)) * rsqrt(var(x, -1) + eps) * weight + bias, float32 (weight, bias (D,) or None).");
   m.def("fused_isa", [] { return std::string(fused_kernels_for(active_isa()).isa); });
 }
 

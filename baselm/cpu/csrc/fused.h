@@ -1,5 +1,6 @@
 // The small per-token ops of a decoder layer, each one MLX graph node on the CPU instead of
-// the several MLX's CPU backend runs for it: RMSNorm, RoPE and the gated activation of the MLP.
+// the several MLX's CPU backend runs for it: RMSNorm, RoPE and the gated activation of the MLP,
+// and a vision tower's LayerNorm and plain activation.
 // The interface between the primitives (fused.cpp) and the loops built per instruction set
 // (fused_<isa>.cpp). No MLX types.
 #pragma once
@@ -21,6 +22,10 @@ struct FusedKernels {
                bool traditional, float mscale, float* y, int t0, int t1);
   // y[r, :] = act(gate_up[r, :n]) * gate_up[r, n:], rows [r0, r1).
   void (*gated)(const float* gate_up, int n, int act, float* y, int r0, int r1);
+  // y[r] = (x[r] - mean) * rsqrt(var + eps) * w + b (w, b may be null: 1 and 0), rows [r0, r1) of width d.
+  void (*layer_norm)(const float* x, const float* w, const float* b, float eps, int d, float* y, int r0, int r1);
+  // y[i] = act(x[i]) for i in [i0, i1).
+  void (*activate)(const float* x, int act, float* y, int64_t i0, int64_t i1);
 };
 
 // The loops for the active instruction set (fused.cpp).

@@ -11,7 +11,7 @@ namespace base_cpu::avx2 {
 #include "fused_impl.h"
 
 const FusedKernels& fused_kernels() {
-  static const FusedKernels kernels{"avx2", rms_norm, rope, gated};
+  static const FusedKernels kernels{"avx2", rms_norm, rope, gated, layer_norm, activate};
   return kernels;
 }
 

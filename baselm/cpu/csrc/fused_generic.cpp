@@ -11,7 +11,7 @@ namespace base_cpu::generic {
 #include "fused_impl.h"
 
 const FusedKernels& fused_kernels() {
-  static const FusedKernels kernels{"generic", rms_norm, rope, gated};
+  static const FusedKernels kernels{"generic", rms_norm, rope, gated, layer_norm, activate};
   return kernels;
 }
 

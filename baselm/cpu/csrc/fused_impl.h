@@ -84,3 +84,51 @@ static void gated(const float* gate_up, int n, int act, float* y, int r0, int r1
     for (; i < n; ++i) yr[i] = gelu_scalar(g[i], act) * u[i];
   }
 }
+
+// LayerNorm and the plain activation run over whole images (thousands of rows), so their loops use
+// the build's own register width (vn): 16-float `vf` values compile to stack traffic without AVX-512.
+static void layer_norm(const float* x, const float* w, const float* b, float eps, int d, float* y, int r0, int r1) {
+  for (int r = r0; r < r1; ++r) {
+    const float* xr = x + int64_t(r) * d;
+    float* yr = y + int64_t(r) * d;
+    int i = 0;
+    vn acc{};
+    for (; i + kNative <= d; i += kNative) acc += nload(xr + i);
+    float sum = nhsum(acc);
+    for (; i < d; ++i) sum += xr[i];
+    const float mean = sum / float(d);
+    acc = vn{};
+    for (i = 0; i + kNative <= d; i += kNative) {
+      const vn c = nload(xr + i) - mean;
+      acc += c * c;
+    }
+    float squares = nhsum(acc);
+    for (; i < d; ++i) squares += (xr[i] - mean) * (xr[i] - mean);
+    const float inv = 1.0f / std::sqrt(squares / float(d) + eps);
+    for (i = 0; i + kNative <= d; i += kNative) {
+      vn v = (nload(xr + i) - mean) * inv;
+      if (w != nullptr) v *= nload(w + i);
+      if (b != nullptr) v += nload(b + i);
+      nstore(yr + i, v);
+    }
+    for (; i < d; ++i) yr[i] = (xr[i] - mean) * inv * (w != nullptr ? w[i] : 1.0f) + (b != nullptr ? b[i] : 0.0f);
+  }
+}
+
+static inline vn gelu_tanh_native(vn g) {  // as gelu_tanh, with tanh(u) = 1 - 2 / (exp(2u) + 1) on -|u|
+  const vn u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+  const vn e = nexp(-2.0f * (u < 0.0f ? -u : u));
+  const vn t = (1.0f - e) / (1.0f + e);
+  return 0.5f * g * (1.0f + (u < 0.0f ? -t : t));
+}
+
+static void activate(const float* x, int act, float* y, int64_t i0, int64_t i1) {
+  int64_t i = i0;
+  if (act != kGeluErf) {
+    for (; i + kNative <= i1; i += kNative) {
+      const vn v = nload(x + i);
+      nstore(y + i, act == kSilu ? v / (1.0f + nexp(-v)) : gelu_tanh_native(v));
+    }
+  }
+  for (; i < i1; ++i) y[i] = gelu_scalar(x[i], act);
+}

@@ -11,6 +11,7 @@
 namespace base_cpu {
 void register_linear(nanobind::module_& m);
 void register_attention(nanobind::module_& m);
+void register_dense_attention(nanobind::module_& m);
 void register_fused(nanobind::module_& m);
 void register_layer(nanobind::module_& m);
 }
@@ -20,6 +21,7 @@ NB_MODULE(_kernels, m) {
   base_cpu::register_runtime(m);
   base_cpu::register_linear(m);
   base_cpu::register_attention(m);
+  base_cpu::register_dense_attention(m);
   base_cpu::register_fused(m);
   base_cpu::register_layer(m);
 }

@@ -69,44 +69,51 @@ static inline float hmax(vf v) {
   return x > y ? x : y;
 }
 
-static inline vf vselect(vi mask, vf a, vf b) {  // mask lanes are all ones or all zeros
-  vi ai, bi;
+
+// exp(x) (Cephes' expf: 2^n * p(r), |error| ~ 2 ulp) on any float vector V with int vector I of
+// its lanes; lanes below -87 (or -inf) give 0, as exp's true value is below float's normal range
+// there, and lanes above 88 give exp(88).
+template <class V, class I>
+static inline V pick(I mask, V a, V b) {  // mask lanes are all ones or all zeros: bit operations, not blends
+  I ai, bi;
   std::memcpy(&ai, &a, sizeof(a));
   std::memcpy(&bi, &b, sizeof(b));
-  vi r = (ai & mask) | (bi & ~mask);
-  vf out;
+  const I r = (ai & mask) | (bi & ~mask);
+  V out;
   std::memcpy(&out, &r, sizeof(out));
   return out;
 }
 
-// exp(x) (Cephes' expf: 2^n * p(r), |error| ~ 2 ulp); lanes below -87 give 0, as exp's true
-// value is below float's normal range there, and lanes above 88 give exp(88).
-static inline vf vexp(vf x) {
-  const vf lo = vsplat(-87.0f), hi = vsplat(88.0f);
-  vi tiny = x < lo;
-  x = vselect(tiny, lo, x);
-  x = vselect(x > hi, hi, x);
-  vf fx = x * 1.44269504088896341f;
-  // round to nearest: add and subtract 1.5 * 2^23
-  const vf magic = vsplat(12582912.0f);
-  vf n = (fx + magic) - magic;
-  vf r = x - n * 0.693359375f;
+static inline vf vselect(vi mask, vf a, vf b) {
+  return pick<vf, vi>(mask, a, b);
+}
+
+template <class V, class I>
+static inline V exp_lanes(V x) {
+  const I tiny = x < -87.0f;
+  x = pick<V, I>(tiny, V{} - 87.0f, x);
+  x = pick<V, I>(x > 88.0f, V{} + 88.0f, x);
+  const V n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23)
+  V r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
-  vf r2 = r * r;
-  vf p = vsplat(1.9875691500e-4f);
+  const V r2 = r * r;
+  V p = V{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r2 + r + 1.0f;
-  vi e = __builtin_convertvector(n, vi);
-  vi bits;
+  I bits;
   std::memcpy(&bits, &p, sizeof(p));
-  bits = bits + (e << 23);
-  vf out;
+  bits = bits + (__builtin_convertvector(n, I) << 23);
+  V out;
   std::memcpy(&out, &bits, sizeof(out));
-  return vselect(tiny, vf{}, out);
+  return pick<V, I>(tiny, V{}, out);
+}
+
+static inline vf vexp(vf x) {
+  return exp_lanes<vf, vi>(x);
 }
 
 // tanh(x) = 1 - 2 / (exp(2x) + 1), evaluated on -|x| so exp never overflows.
@@ -118,3 +125,25 @@ static inline vf vtanh(vf x) {
   return vselect(neg, -t, t);
 }
 
+// Helpers on the build's own register width (see vn): loops over whole images use these.
+typedef int32_t vni __attribute__((vector_size(sizeof(vn))));
+
+static inline vn nmax(vn a, vn b) {
+  return a > b ? a : b;
+}
+
+static inline float nhmax(vn v) {
+  float m = v[0];
+  for (int i = 1; i < kNative; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+static inline float nhsum(vn v) {
+  float s = 0.0f;
+  for (int i = 0; i < kNative; ++i) s += v[i];
+  return s;
+}
+
+static inline vn nexp(vn x) {
+  return exp_lanes<vn, vni>(x);
+}

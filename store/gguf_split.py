@@ -93,9 +93,15 @@ def check_tensor_count(first: Path, metadata: Mapping[str, Any], num_tensors: in
         raise ModelFileError(f"{first}: its parts hold {num_tensors} tensors, but {SPLIT_TENSORS} says {expected}")
 
 
+def is_mmproj_name(name: str) -> bool:
+    """Whether a GGUF file's name says it is a vision projector (llama.cpp's `mmproj` files:
+    `mmproj-model-f16.gguf`, `Model-mmproj-F16.gguf`), not a language model."""
+    return "mmproj" in Path(name).name.lower()
+
+
 def first_part_in(folder: Path) -> Path | None:
     """The one GGUF model a folder holds (a file, or a split's first part), None if it holds no GGUF."""
-    ggufs = sorted(p for p in folder.glob("*.gguf") if p.is_file() and not p.name.lower().startswith("mmproj"))
+    ggufs = sorted(p for p in folder.glob("*.gguf") if p.is_file() and not is_mmproj_name(p.name))
     models = [p for p in ggufs if (m := _PART_NAME.match(p.name)) is None or m.group("no") == "00001"]
     if len(models) > 1:
         raise ModelFileError(f"{folder} holds more than one GGUF model ({', '.join(p.name for p in models)}); name one")
@@ -104,9 +110,10 @@ def first_part_in(folder: Path) -> Path | None:
 
 def mmproj_in(folder: Path) -> Path | None:
     """The vision projector (llama.cpp's `mmproj*.gguf`) a folder holds beside its GGUF model, if one."""
-    projectors = sorted(p for p in folder.glob("*.gguf") if p.is_file() and p.name.lower().startswith("mmproj"))
+    projectors = sorted(p for p in folder.glob("*.gguf") if p.is_file() and is_mmproj_name(p.name))
     if len(projectors) > 1:
         raise ModelFileError(
-            f"{folder} holds more than one vision projector ({', '.join(p.name for p in projectors)}); keep one"
+            f"{folder} holds more than one vision projector ({', '.join(p.name for p in projectors)}); "
+            "name one with --mmproj"
         )
     return projectors[0] if projectors else None

@@ -7,7 +7,9 @@ even of a killed process, resumes where it stopped (an HTTP Range request). Ever
 file is checked against what the hub reports: its size, and its sha256 (LFS files) or its
 git blob id (small files). Only the files a model needs are fetched: config, tokenizer and
 safetensors for an HF repo; the one `.gguf` of the requested quant for a GGUF repo (or every
-part of a split one, `NAME-00001-of-0000n.gguf` and on).
+part of a split one, `NAME-00001-of-0000n.gguf` and on), and the repo's vision projector
+(`mmproj*.gguf`) when it has one: the one llama.cpp's `-hf` takes (`choose_mmproj`), another
+named, or none.
 
 Callers hold the model's store lock while downloading, so one `.part` file has one writer.
 """
@@ -21,7 +23,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from huggingface_hub import HfApi
@@ -31,6 +33,7 @@ from huggingface_hub.utils import build_hf_headers, filter_repo_objects, get_ses
 
 from baselm.store.errors import ModelFileError, StoreError, UnsupportedModelError
 from baselm.store.fs import publish
+from baselm.store.gguf_split import is_mmproj_name
 from baselm.store.progress import NoProgress, Progress
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -90,15 +93,33 @@ class RepoSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """The files to fetch for one model: `kind` is "safetensors" or "gguf"."""
+    """The files to fetch for one model: `kind` is "safetensors" or "gguf"; a GGUF model's vision
+    projector, when it has one, apart from its own files."""
 
     kind: str
     files: tuple[HubFile, ...]
     gguf_tag: str | None = None  # the quant tag of the chosen .gguf, e.g. "Q4_K_M"
+    mmproj: HubFile | None = None  # the vision projector GGUF that goes with it
 
     @property
     def num_bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.size for f in self.files) + (self.mmproj.size if self.mmproj else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class MmprojChoice:
+    """Which vision projector a GGUF model takes: the one `name` names (a file of the hub repo, or a
+    local file for a local model), else the default one (see `choose_mmproj`), or none when not `wanted`."""
+
+    name: str | None = None
+    wanted: bool = True
+
+    def __post_init__(self) -> None:
+        if self.name is not None and not self.wanted:
+            raise StoreError("--mmproj and --no-mmproj ask for opposite things; give one")
+
+
+DEFAULT_MMPROJ = MmprojChoice()  # the projector llama.cpp's `-hf` takes, when the repo has one
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,18 +222,81 @@ class HubClient:
                 raise HubError(f"{url} stops sending data at byte {done} of {size}; try again later")
 
 
-def select_files(snapshot: RepoSnapshot, tag: str | None) -> Selection:
-    """The files to fetch: a GGUF file when `tag` names one (or the repo has only GGUF), else the HF files."""
+def select_files(snapshot: RepoSnapshot, tag: str | None, mmproj: MmprojChoice = DEFAULT_MMPROJ) -> Selection:
+    """The files to fetch: a GGUF file when `tag` names one (or the repo has only GGUF), else the HF files.
+
+    A GGUF model comes with the repo's vision projector as `choose_mmproj` picks it, or the one
+    `mmproj` names (its path in the repo, or its file name), or none."""
     ggufs = [f for f in snapshot.files if f.path.endswith(".gguf") and not _is_extra_gguf(f.path)]
     has_safetensors = any(f.path.endswith(".safetensors") for f in snapshot.files)
     tagged = [f for f in ggufs if tag and gguf_tag(f.path).upper() == tag.upper()]
     if has_safetensors and snapshot.file("config.json") and not tagged:
+        if mmproj.name is not None:
+            raise ModelFileError(
+                f"{snapshot.repo} is pulled from its safetensors weights; --mmproj picks a GGUF model's vision "
+                "projector (ask for a GGUF file with :QUANT)"
+            )
         files = filter_repo_objects(snapshot.files, allow_patterns=list(HF_PATTERNS), key=lambda f: f.path)
         return Selection("safetensors", tuple(files))
     if not ggufs:
         raise ModelFileError(f"{snapshot.repo} has neither safetensors weights with a config.json nor .gguf files")
     chosen = _choose_gguf(snapshot.repo, ggufs, tag)
-    return Selection("gguf", _gguf_parts(snapshot, chosen), gguf_tag(chosen.path).upper())
+    if mmproj.name is not None:
+        projector = named_mmproj(snapshot, mmproj.name)
+    else:
+        projector = choose_mmproj(snapshot, chosen) if mmproj.wanted else None
+    return Selection("gguf", _gguf_parts(snapshot, chosen), gguf_tag(chosen.path).upper(), projector)
+
+
+def choose_mmproj(snapshot: RepoSnapshot, model: HubFile) -> HubFile | None:
+    """The vision projector llama.cpp's `-hf` takes beside `model` (`find_best_mmproj` in its
+    common/download.cpp), None when the repo has none.
+
+    A projector is a `.gguf` with `mmproj` in its name, in the model's folder or one above it: the
+    nearest folder wins, then the quantization closest in bits to the model's (the first number of
+    the name's quant tag: `Q4_K_M` 4, `Q8_0` 8, `F16` and `BF16` 16, `F32` 32, none 0), then the first
+    by name (the order the hub lists files in, which llama.cpp keeps)."""
+    folder = PurePosixPath(model.path).parent.parts
+    model_bits = quant_bits(model.path)
+    projectors = [
+        f
+        for f in sorted(snapshot.files, key=lambda f: f.path)
+        if f.path.endswith(".gguf") and is_mmproj_name(f.path) and _is_folder_of(f.path, folder)
+    ]
+    if not projectors:
+        return None
+    return min(
+        projectors,
+        key=lambda f: (-len(PurePosixPath(f.path).parent.parts), abs(quant_bits(f.path) - model_bits)),
+    )
+
+
+def named_mmproj(snapshot: RepoSnapshot, name: str) -> HubFile:
+    """The projector a user named: a `.gguf` of the repo by its path, or by its file name when one file has it."""
+    found = snapshot.file(name)
+    if found is None:
+        found_by_name = [f for f in snapshot.files if f.path.endswith(".gguf") and PurePosixPath(f.path).name == name]
+        if len(found_by_name) > 1:
+            paths = ", ".join(sorted(f.path for f in found_by_name))
+            raise ModelFileError(f"{snapshot.repo} has several files named {name} ({paths}); give its path")
+        found = found_by_name[0] if found_by_name else None
+    if found is None or not found.path.endswith(".gguf"):
+        listed = sorted(f.path for f in snapshot.files if f.path.endswith(".gguf") and is_mmproj_name(f.path))
+        has = f"its projectors are {', '.join(listed)}" if listed else "it has no vision projector"
+        raise ModelFileError(f"{snapshot.repo} has no GGUF file {name!r} to take as the vision projector; {has}")
+    return found
+
+
+def quant_bits(path: str) -> int:
+    """The bits a GGUF file name's quant tag says (`Q4_K_M` 4, `BF16` 16), 0 when it has no number."""
+    digits = re.search(r"\d+", gguf_tag(path))
+    return int(digits.group()) if digits else 0
+
+
+def _is_folder_of(path: str, folder: tuple[str, ...]) -> bool:
+    """Whether the file at `path` lies in `folder` or a folder above it."""
+    parts = PurePosixPath(path).parent.parts
+    return folder[: len(parts)] == parts
 
 
 def gguf_tag(path: str) -> str:
@@ -225,9 +309,8 @@ def gguf_tag(path: str) -> str:
 
 def _is_extra_gguf(path: str) -> bool:
     """Vision projectors and a split's later parts are not whole language models (its first part stands for it)."""
-    name = Path(path).name.lower()
-    part = _SPLIT_PART.search(name)
-    return name.startswith("mmproj") or (part is not None and part.group(1) != "00001")
+    part = _SPLIT_PART.search(Path(path).name)
+    return is_mmproj_name(path) or (part is not None and part.group(1) != "00001")
 
 
 def _gguf_parts(snapshot: RepoSnapshot, chosen: HubFile) -> tuple[HubFile, ...]:

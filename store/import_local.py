@@ -6,7 +6,9 @@ the name it gives itself (a GGUF's `general.organization` and `general.basename`
 name>`, or `--name org/name`. Its variant is the quantization asked for, or the
 source's own when it is already quantized and none is asked (GGUF `q4_1`, MLX `mlx-q4`, a
 `.base` file's). A `.base` file is verified and copied as it is; the rest are converted (see
-`convert.py`). The write is atomic and locked as a hub pull's is (see `registry.py`).
+`convert.py`). The write is atomic and locked as a hub pull's is (see `registry.py`). A GGUF
+model takes the vision projector (`mmproj*.gguf`) its folder holds, or the one `--mmproj` names,
+or none with `--no-mmproj`, into the same `.base` file.
 
 The same source (sha256) asked for as the same variant is converted once: without `--name` the
 stored model is returned, with one the new name points at the stored file.
@@ -29,7 +31,7 @@ from baselm.store.blobs import file_sha256
 from baselm.store.convert import convert
 from baselm.store.convert_gguf import gguf_body_type
 from baselm.store.errors import StoreError
-from baselm.store.hub import check_model_type, gguf_tag
+from baselm.store.hub import DEFAULT_MMPROJ, MmprojChoice, check_model_type, gguf_tag
 from baselm.store.mlx_folder import default_bits, is_mlx_folder
 from baselm.store.progress import NoProgress, Progress
 from baselm.store.pull import wait_note
@@ -54,6 +56,11 @@ class LocalSource:
         """Every file the source reads, in name order within each part (see `_source_files`)."""
         return _source_files(self.path) + ([self.mmproj] if self.mmproj is not None else [])
 
+    def source_info(self, digest: str) -> dict[str, Any]:
+        """What the store records of where the model came from (its files' `digest`: `source_sha256`)."""
+        info = {"format": self.format, "path": str(self.path), "sha256": digest}
+        return info if self.mmproj is None else {**info, "mmproj": str(self.mmproj)}
+
 
 def import_local(
     path: Path,
@@ -66,6 +73,7 @@ def import_local(
     force: bool = False,
     store: Store | None = None,
     progress: Progress | None = None,
+    mmproj: MmprojChoice = DEFAULT_MMPROJ,
 ) -> StoredModel:
     """Stores a local model (HF folder, MLX folder, `.gguf` or `.base` file) as `org/name:variant`.
 
@@ -74,15 +82,15 @@ def import_local(
     (GGUF `q4_1`, MLX `mlx-q4`, a `.base` file's). A `.base` file is verified and copied as it is.
     The write is atomic and locked as a hub pull's is. A variant already stored from the same
     bytes (sha256) is returned as it is unless `force`; one from other bytes needs `force`. The
-    same bytes stored under another name are not converted again (see the module docstring).
-    `progress` hears of each tensor converted, or of the bytes of a signed `.base` file's check.
+    same bytes stored under another name are not converted again (see the module docstring). `progress`
+    hears of each tensor converted, or of a signed `.base` file's bytes; `mmproj`: see `inspect_local`.
     """
     store = store or Store()
     check_quant(quant)
-    local = inspect_local(Path(path).expanduser().resolve())
+    local = inspect_local(Path(path).expanduser().resolve(), mmproj)
     variant = _local_variant(local, quant, profile, group_size)
     digest = source_sha256(local.path, local.files)
-    source = {"format": local.format, "path": str(local.path), "sha256": digest}
+    source = local.source_info(digest)
     same = None if force else store.find_source(digest, variant)
     if same is not None and name is None:  # the name the source gives itself, if that is one of the stored
         own = store.get(local.default_name, variant)
@@ -116,14 +124,29 @@ def import_local(
         return converted.commit(pending, source)
 
 
-def inspect_local(path: Path) -> LocalSource:
-    """The format, default name and own variant of a local model path, or a clear error."""
+def inspect_local(path: Path, mmproj: MmprojChoice = DEFAULT_MMPROJ) -> LocalSource:
+    """The format, default name and own variant of a local model path, or a clear error; a GGUF
+    model's vision projector is the file `mmproj` names, else the one its folder holds, if wanted."""
+    local = _inspect(path)
+    if mmproj.name is not None:
+        projector = Path(mmproj.name).expanduser().resolve()
+        if local.format != "gguf":
+            raise StoreError(f"--mmproj goes with a .gguf language model, not {path.name}")
+        if not projector.is_file():
+            raise StoreError(f"--mmproj {mmproj.name}: no such file")
+        return replace(local, mmproj=projector)
+    if mmproj.wanted and path.is_dir() and local.format == "gguf":
+        return replace(local, mmproj=gguf_split.mmproj_in(path))
+    return local
+
+
+def _inspect(path: Path) -> LocalSource:
     if path.is_dir():
         if not (path / "config.json").is_file():
             first = gguf_split.first_part_in(path)  # a folder of one GGUF model: a file, or a split's parts
             if first is None:
                 raise StoreError(f"{path}: a model folder needs a config.json (an HF or MLX model folder) or a GGUF")
-            return replace(inspect_local(first), mmproj=gguf_split.mmproj_in(path))
+            return _inspect(first)
         config = hf.read_config(path)
         name = _repo_name(config.get("_name_or_path"), path.name)
         if is_mlx_folder(config):
@@ -232,15 +255,15 @@ def _import_base(
 
 
 def source_sha256(path: Path, files: list[Path] | None = None) -> str:
-    """sha256 of a file, of a split GGUF's parts (and a vision projector beside it: `files`), or of a
+    """sha256 of a file, of a split GGUF's parts (and a vision projector with it: `files`), or of a
     folder's files (relative names and contents, in name order)."""
     files = _source_files(path) if files is None else files
     if not path.is_dir() and len(files) == 1:
         return file_sha256(path)
-    root = path if path.is_dir() else path.parent
     digest = hashlib.sha256()
     for file in files:
-        digest.update(str(file.relative_to(root)).encode() + b"\0")
+        name = file.relative_to(path) if path.is_dir() else file.name  # a projector may lie elsewhere
+        digest.update(str(name).encode() + b"\0")
         with open(file, "rb") as f:
             while chunk := f.read(8 * 1024 * 1024):
                 digest.update(chunk)

@@ -4,7 +4,8 @@
 One owner for each: the context length a config gives (`context_length`, which the loader uses
 too), the shape numbers under Ollama's names (`architecture`), the parameter count as a label
 (`parameter_label`), the weights by dtype (`tensor_totals`), where the quantization came from
-(`quant_origin`), and the chat template a header carries (`chat_template`).
+(`quant_origin`), the chat template a header carries (`chat_template`), and what the model does
+under Ollama's names (`capabilities`: `vision` for one with a vision tower).
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ def architecture(config: dict[str, Any]) -> dict[str, int]:
         "vocab_size": config.get("vocab_size"),
     }
     return {key: int(value) for key, value in values.items() if isinstance(value, (int, float))}
+
+
+def has_vision_tower(config: dict[str, Any]) -> bool:
+    """Whether a model reads images: its config names a vision tower (the store keeps one only for the
+    families base runs with images, which `baselm.vision.image_processor` prepares them for)."""
+    return bool(config.get("vision_config"))
+
+
+def capabilities(config: dict[str, Any], template: str | None) -> list[str]:
+    """What the model does, as Ollama's /api/show names it: `completion` and `embedding` (every model
+    base serves), `tools` (a chat template that takes them), `vision` (a vision tower)."""
+    found = ["completion", "embedding"]
+    found += ["tools"] if template and "tools" in template else []
+    return found + (["vision"] if has_vision_tower(config) else [])
 
 
 def parameter_label(num_params: int) -> str:
@@ -106,12 +121,14 @@ def chat_template(tokenizer: dict[str, Any]) -> str | None:
 
 def model_card(base: BaseFile) -> dict[str, Any]:
     """What `base show` prints (and its --json): architecture, parameters, context, quantization,
-    chat template, license and suggested sampling, when the header has them."""
+    chat template, capabilities (`vision`: it reads images), license and suggested sampling, when
+    the header has them."""
     header = base.header
     config = header["config"]
     totals = tensor_totals(base)
     profile = header["quant_profile"]
     license_name = config.get("license") or header["source"].get("license")
+    template = chat_template(header["tokenizer"])
     return {
         "path": str(base.path),
         "arch": header["arch"],
@@ -126,7 +143,8 @@ def model_card(base: BaseFile) -> dict[str, Any]:
             "bytes": totals["bytes"],
             "by_dtype": totals["by_dtype"],
         },
-        "chat_template": chat_template(header["tokenizer"]),
+        "chat_template": template,
+        "capabilities": capabilities(config, template),
         "license": license_name if isinstance(license_name, str) and license_name else None,
         "generation": {key: config[key] for key in GENERATION_KEYS if key in config},
         "source": header["source"],

@@ -3,7 +3,10 @@
 The tag picks the variant (see `variants.py`): for a safetensors repo a quant scheme and/or a
 profile, for a GGUF repo the `.gguf` file by its quant (`Q4_0`, `q8_0`, `Q4_K_M`). The files a
 model needs are downloaded (see `hub.py`) and converted (see `convert.py`); a local path is
-`import_local.py`'s.
+`import_local.py`'s. A GGUF repo's vision projector (`mmproj*.gguf`) comes too, as llama.cpp's
+`-hf` picks it (or as named, or none), and is stored with the model in one `.base` file; it is
+fetched first and its header read, so a projector base cannot read costs one small file: one
+picked by default is then left out with a note (the text model is stored), one named is an error.
 
 The whole pull of one model runs under the store's lock for that model: downloads resume
 from `.part` files left by an interrupted pull, the `.base` file is written under a temp name,
@@ -23,9 +26,19 @@ from typing import Any
 
 from baselm.store import hf
 from baselm.store.convert import convert
-from baselm.store.hub import HubClient, RepoSnapshot, Selection, check_model_type, select_files
+from baselm.store.errors import ModelFileError, UnsupportedModelError
+from baselm.store.gguf_mmproj import Mmproj
+from baselm.store.hub import (
+    DEFAULT_MMPROJ,
+    HubClient,
+    MmprojChoice,
+    RepoSnapshot,
+    Selection,
+    check_model_type,
+    select_files,
+)
 from baselm.store.progress import NoProgress, Progress, default_progress
-from baselm.store.registry import Store, StoredModel, check_model_name, split_ref
+from baselm.store.registry import PendingWrite, Store, StoredModel, check_model_name, split_ref
 from baselm.store.variants import plan_variant
 
 
@@ -43,13 +56,14 @@ def pull(
     force: bool = False,
     keep_download: bool = False,
     convert_progress: Progress | None = None,
+    mmproj: MmprojChoice = DEFAULT_MMPROJ,
 ) -> StoredModel:
     """Pulls `org/name[:tag]` into the store and returns the stored model.
 
     `supported` (the model_types base can run) is checked against config.json before any
-    weights are fetched; None skips the check. A variant already stored from the same commit
-    is returned as it is unless `force`. `progress` hears of each download (bytes),
-    `convert_progress` of the conversion (tensors; nothing by default).
+    weights are fetched; None skips the check. A variant already stored from the same commit and
+    vision projector is returned as it is unless `force`. `progress` hears of each download (bytes),
+    `convert_progress` of the conversion (tensors; none by default). `mmproj`: a GGUF's projector.
     """
     store = store or Store()
     repo, tag = split_ref(ref)
@@ -58,23 +72,22 @@ def pull(
     progress = progress or default_progress()
     snapshot = client.snapshot(repo, revision)
     repo = snapshot.repo
-    selection = select_files(snapshot, tag)
+    selection = select_files(snapshot, tag, mmproj)
     plan = plan_variant(selection, tag, quant, profile, group_size)
     with store.begin_write(repo, plan.variant, on_wait=lambda: wait_note(repo)) as pending:
-        existing = pending.existing
-        if existing and existing.source.get("commit") == snapshot.commit and not force:
-            return existing
-        listed_sha256 = _gguf_sha256(selection)
-        same = store.find_source(listed_sha256, plan.variant) if listed_sha256 and not force else None
-        if same is not None:  # the same GGUF, stored already (imported, or pulled under another name)
-            return pending.link(same, _source_info(snapshot, selection))
+        source = _source_info(snapshot, selection)
+        stored = None if force else _stored_already(store, pending, selection, source, plan.variant)
+        if stored is not None:
+            return stored
         downloads = store.downloads_dir / repo
         _remove_other_commits(downloads, snapshot.commit)
         store.check_free_space(2 * selection.num_bytes)  # the download, and at most as much again for the .base
-        source_path = _download(client, snapshot, selection, downloads / snapshot.commit, supported, progress)
-        source = _source_info(snapshot, selection)
+        folder = downloads / snapshot.commit
+        projector, refusal = _download_projector(client, snapshot, selection, folder, progress, mmproj.name is not None)
+        if refusal is not None:
+            source["mmproj_refused"] = refusal
         converted = convert(
-            source_path,
+            _download(client, snapshot, selection, folder, supported, progress),
             pending.temp_path,
             plan.quant,
             plan.group_size,
@@ -82,12 +95,26 @@ def pull(
             source,
             supported,
             convert_progress or NoProgress(),
+            mmproj=projector,
         )
         stored = converted.commit(pending, source)
         if not keep_download:
             shutil.rmtree(downloads, ignore_errors=True)
             _remove_empty_dir(downloads.parent)
     return stored
+
+
+def _stored_already(
+    store: Store, pending: PendingWrite, selection: Selection, source: dict[str, Any], variant: str
+) -> StoredModel | None:
+    """What a pull returns without downloading: the variant stored from the same commit and vision
+    projector, or a name for the same GGUF stored already (imported, or pulled under another name)."""
+    existing = pending.existing
+    if existing and all(existing.source.get(key) == source.get(key) for key in ("commit", "mmproj")):
+        return existing
+    listed_sha256 = _gguf_sha256(selection)
+    same = store.find_source(listed_sha256, variant) if listed_sha256 else None
+    return pending.link(same, source) if same is not None else None
 
 
 def wait_note(name: str) -> None:
@@ -117,6 +144,25 @@ def _download(
     return folder
 
 
+def _download_projector(
+    client: HubClient, snapshot: RepoSnapshot, selection: Selection, folder: Path, progress: Progress, named: bool
+) -> tuple[Path | None, str | None]:
+    """Fetches the selection's vision projector into `folder` and reads its header: (its path, None),
+    or (None, why) when base cannot read the one picked by default (a note says so, and the text
+    model is stored). A projector the user named that base cannot read is an error."""
+    if selection.mmproj is None:
+        return None, None
+    path = client.download(snapshot, selection.mmproj, folder, progress)
+    try:
+        Mmproj.open(path)
+    except (ModelFileError, UnsupportedModelError) as exc:
+        if named:
+            raise
+        print(f"{exc}; storing the text model alone (--mmproj names another projector)", file=sys.stderr, flush=True)
+        return None, str(exc)
+    return path, None
+
+
 def _remove_other_commits(downloads: Path, commit: str) -> None:
     """Partial downloads of other commits cannot be resumed any more."""
     if downloads.is_dir():
@@ -140,6 +186,9 @@ def _source_info(snapshot: RepoSnapshot, selection: Selection) -> dict[str, Any]
         "commit": snapshot.commit,
         "files": [f.path for f in selection.files],
     }
+    if selection.mmproj is not None:
+        info["files"].append(selection.mmproj.path)
+        info["mmproj"] = selection.mmproj.path
     if _gguf_sha256(selection):
         info["sha256"] = _gguf_sha256(selection)
     return info
@@ -147,5 +196,7 @@ def _source_info(snapshot: RepoSnapshot, selection: Selection) -> dict[str, Any]
 
 def _gguf_sha256(selection: Selection) -> str | None:
     """The sha256 the hub lists for a one-file GGUF: how the same file is known when stored already.
-    A split GGUF's parts have no one digest the hub lists (its import digest covers every part)."""
-    return selection.files[0].sha256 if selection.kind == "gguf" and len(selection.files) == 1 else None
+    A split GGUF's parts, or a GGUF with its projector, have no one digest the hub lists (their
+    import digest covers every file)."""
+    one_file = selection.kind == "gguf" and len(selection.files) == 1 and selection.mmproj is None
+    return selection.files[0].sha256 if one_file else None

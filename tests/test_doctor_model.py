@@ -13,6 +13,8 @@ import numpy as np
 from baselm.commands.doctor_model import gguf_type_action
 from tests.tiny_gguf import add_llama_hparams, random_k_blocks, tiny_llama_gguf, write_gguf
 from tests.tiny_model import write_model_folder
+from tests.vision_fixture import IDEFICS3
+from tests.vision_gguf import write_vision_gguf
 
 
 def doctor(*args: str, home) -> subprocess.CompletedProcess:
@@ -64,3 +66,30 @@ def test_a_folder_and_a_name_that_is_nothing(tmp_path):
     assert report["format"] == "safetensors" and report["action"].startswith("quantized at pull")
     missing = doctor("no/such-model", home=tmp_path)
     assert missing.returncode == 1 and "no stored model named 'no/such-model'" in missing.stderr
+
+
+def test_a_gguf_says_whether_it_takes_images_through_the_projector_beside_it(tmp_path):
+    folder = tmp_path / "smolvlm"
+    folder.mkdir()
+    model, _ = write_vision_gguf(folder, IDEFICS3)
+    alone = json.loads(doctor(str(model), "--json", home=tmp_path).stdout)["model"]
+    assert alone["images"].startswith("no: a GGUF alone reads text; a vision projector")
+    report = json.loads(doctor(str(folder), "--json", home=tmp_path).stdout)["model"]
+    assert (report["format"], report["model_type"]) == ("gguf", "llama")
+    assert report["images"] == "yes, through the vision projector mmproj-idefics3_vlm-F32.gguf (idefics3)"
+    assert "  base can run it" in doctor(str(folder), home=tmp_path).stdout.splitlines()
+
+
+def test_a_projector_base_cannot_read_is_named_with_what_to_do(tmp_path):
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    tiny_llama_gguf(folder / "tiny.Q8_0.gguf", "Q8_0")
+
+    def metadata(writer) -> None:
+        writer.add_clip_has_vision_encoder(True)
+        writer.add_clip_projector_type("pixtral")
+
+    write_gguf(folder / "mmproj-tiny-F16.gguf", {}, metadata, arch="clip")
+    lines = [line.strip() for line in doctor(str(folder), home=tmp_path).stdout.splitlines()]
+    assert "images: refused: mmproj-tiny-F16.gguf: projector type 'pixtral' is not supported" in " ".join(lines)
+    assert "base cannot run it with its vision projector (base pull --no-mmproj stores the text model alone)" in lines

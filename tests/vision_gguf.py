@@ -111,12 +111,15 @@ def mmproj_tensors(config: dict[str, Any], vision: dict[str, np.ndarray]) -> dic
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
-def write_mmproj(path: Path, fixture: VisionFixture) -> Path:
+def write_mmproj(path: Path, fixture: VisionFixture, type_name: str = "F32") -> Path:
+    """The fixture's tower and projector as an mmproj GGUF; with `type_name` F16 its matrices in F16
+    (the converter's `--outtype f16`: 1-D tensors stay F32)."""
     config = json.loads((fixture.folder / "config.json").read_text())
     kind, vision = config["model_type"], config["vision_config"]
     pre = json.loads((fixture.folder / "preprocessor_config.json").read_text()) if kind != "gemma3" else {}
     tensors = mmproj_tensors(config, split_checkpoint(fixture.folder)[1])
-    encoded = {name: (encode(value, "F32"), "F32") for name, value in tensors.items()}
+    types = {name: type_name if value.ndim > 1 else "F32" for name, value in tensors.items()}
+    encoded = {name: (encode(value, types[name]), types[name]) for name, value in tensors.items()}
 
     def metadata(writer: gguf.GGUFWriter) -> None:
         writer.add_type(gguf.GGUFType.MMPROJ)

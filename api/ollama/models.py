@@ -24,7 +24,7 @@ from baselm.api.ollama.lines import now_rfc3339
 from baselm.api.pool import PoolEntry, pool_of
 from baselm.api.schemas import Body
 from baselm.api.state import ModelState, ServerState
-from baselm.store.model_card import architecture, parameter_label
+from baselm.store.model_card import architecture, capabilities, parameter_label
 
 
 def digest(*parts: Any) -> str:
@@ -218,11 +218,13 @@ def _loaded_show(state: ModelState) -> dict[str, Any]:
     shape = {**architecture(config), "context_length": state.max_model_len, "vocab_size": state.vocab_size}
     info.update({f"{arch}.{key}": value for key, value in shape.items() if value is not None})
     template = state.tokenizer.to_hf_files()[1].get("chat_template") or ""
-    return _show_body(state.model_name, template, entry["details"], info, entry["modified_at"])
+    abilities = capabilities(config, template if isinstance(template, str) else str(template))
+    return _show_body(state.model_name, template, entry["details"], info, entry["modified_at"], abilities)
 
 
-def _show_body(name: str, template: Any, details: dict, info: dict, modified_at: str) -> dict[str, Any]:
-    capabilities = ["completion", "embedding"] + (["tools"] if "tools" in str(template) else [])
+def _show_body(
+    name: str, template: Any, details: dict, info: dict, modified_at: str, abilities: list[str]
+) -> dict[str, Any]:
     return {
         "license": "",
         "modelfile": f"# served by base\nFROM {name}\n",  # never a path on this machine
@@ -230,7 +232,7 @@ def _show_body(name: str, template: Any, details: dict, info: dict, modified_at:
         "template": template if isinstance(template, str) else "",
         "details": details,
         "model_info": info,
-        "capabilities": capabilities,
+        "capabilities": abilities,
         "modified_at": modified_at,
     }
 
@@ -256,4 +258,4 @@ def stored_show(entry: PoolEntry) -> dict[str, Any]:
     shape = {**card["architecture"], "context_length": card["context_length"]}
     info.update({f"{arch}.{key}": value for key, value in shape.items() if value is not None})
     modified_at = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat()
-    return _show_body(entry.name, card["chat_template"] or "", details, info, modified_at)
+    return _show_body(entry.name, card["chat_template"] or "", details, info, modified_at, card["capabilities"])

@@ -2,9 +2,11 @@
 
 For a GGUF file, tensor type by tensor type: kept exactly (the block's values as `.base` holds
 them), re-quantized (a type no `.base` dtype holds exactly), kept as floats, or refused (and why);
-the architecture and the tokenizer, read or refused by name with the reason. For an HF folder, the
-weights are quantized at pull (q4 unless asked otherwise) and floats that stay floats are named;
-an MLX folder's weights are kept exactly; a `.base` file is read as it is. Nothing is converted.
+the architecture and the tokenizer, read or refused by name with the reason; in a folder, the
+vision projector (`mmproj*.gguf`) beside it, read or refused. For an HF folder, the weights are
+quantized at pull (q4 unless asked otherwise) and floats that stay floats are named; an MLX
+folder's weights are kept exactly; a `.base` file is read as it is. Each says whether the model
+takes images. Nothing is converted.
 """
 
 from __future__ import annotations
@@ -16,15 +18,44 @@ from typing import Any
 def model_report(ref: str) -> dict[str, Any]:
     """The report of a file, folder or store name."""
     from baselm.loader import resolve
+    from baselm.store.gguf_split import first_part_in, mmproj_in
 
     name, path = resolve(ref)
     if path.is_file() and path.suffix == ".gguf":
-        return {"model": name, "path": str(path), "format": "gguf", **_gguf(path)}
+        return {"model": name, "path": str(path), "format": "gguf", **_gguf(path), "images": IMAGES_GGUF_ALONE}
     if path.is_file() and path.suffix == ".base":
         return {"model": name, "path": str(path), "format": "base", **_base(path)}
+    first = first_part_in(path) if path.is_dir() and not (path / "config.json").is_file() else None
+    if first is not None:  # a folder of one GGUF model, and its vision projector if it has one
+        projector = mmproj_in(path)
+        images = _projector(projector) if projector else IMAGES_NO
+        return {"model": name, "path": str(path), "format": "gguf", **_gguf(first), "images": images}
     if path.is_dir():
         return {"model": name, "path": str(path), **_folder(path)}
     return {"model": name, "path": str(path), "format": "unknown", "refused": f"{path} is no GGUF, .base or folder"}
+
+
+IMAGES_YES = "yes, through its vision tower"
+IMAGES_NO = "no: it reads text only"
+IMAGES_GGUF_ALONE = "no: a GGUF alone reads text; a vision projector (llama.cpp's mmproj file) adds images (--mmproj)"
+
+
+def _images(config: dict[str, Any]) -> str:
+    from baselm.store.model_card import has_vision_tower
+
+    return IMAGES_YES if has_vision_tower(config) else IMAGES_NO
+
+
+def _projector(path: Path) -> str:
+    """Whether the vision projector at `path` gives the model images, or why base refuses it."""
+    from baselm.store.errors import ModelFileError, UnsupportedModelError
+    from baselm.store.gguf_mmproj import Mmproj
+
+    try:
+        projector = Mmproj.open(path)
+    except (ModelFileError, UnsupportedModelError) as exc:
+        return f"refused: {exc}"
+    return f"yes, through the vision projector {path.name} ({projector.model_type})"
 
 
 def _gguf(path: Path) -> dict[str, Any]:
@@ -114,7 +145,8 @@ def _base(path: Path) -> dict[str, Any]:
         {"type": dtype, "tensors": row["tensors"], "weights": row["params"], "action": "read as stored"}
         for dtype, row in card["quantization"]["by_dtype"].items()
     ]
-    return {"architecture": card["arch"], "tensors": rows, "origin": card["quantization"]["origin"]}
+    images = IMAGES_YES if "vision" in card["capabilities"] else IMAGES_NO
+    return {"architecture": card["arch"], "tensors": rows, "origin": card["quantization"]["origin"], "images": images}
 
 
 def _folder(path: Path) -> dict[str, Any]:
@@ -130,6 +162,7 @@ def _folder(path: Path) -> dict[str, Any]:
         "architecture": config.get("model_type"),
         "action": "quantized at pull (q4 unless --quant says otherwise); norms, biases and small tensors stay floats",
         "tokenizer": tokenizer,
+        "images": _images(config),
     }
 
 
@@ -151,15 +184,19 @@ def render_model(report: dict[str, Any]) -> list[str]:
         )
     elif tokenizer:
         lines.append(f"  tokenizer: {tokenizer}")
+    if "images" in report:
+        lines.append(f"  images: {report['images']}")
     if report.get("refused"):
         lines.append(f"  refused: {report['refused']}")
     elif report["format"] != "unknown":
-        lines.append(
-            "  base can run it" if not _tokenizer_refused(report) else "  base cannot run it: see the tokenizer"
-        )
+        lines.append(f"  {_verdict(report)}")
     return lines
 
 
-def _tokenizer_refused(report: dict[str, Any]) -> bool:
+def _verdict(report: dict[str, Any]) -> str:
     tokenizer = report.get("tokenizer")
-    return isinstance(tokenizer, dict) and str(tokenizer.get("status", "")).startswith("refused")
+    if isinstance(tokenizer, dict) and str(tokenizer.get("status", "")).startswith("refused"):
+        return "base cannot run it: see the tokenizer"
+    if str(report.get("images", "")).startswith("refused"):
+        return "base cannot run it with its vision projector (base pull --no-mmproj stores the text model alone)"
+    return "base can run it"

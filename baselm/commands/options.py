@@ -74,6 +74,15 @@ MMPROJ = typer.Option(
     "--mmproj",
     help="A vision projector GGUF (llama.cpp's mmproj file) for a .gguf model: the model then reads images.",
 )
+PULL_MMPROJ = typer.Option(
+    None,
+    "--mmproj",
+    help=(
+        "The vision projector a GGUF model takes into its .base file: a file of the hub repo (by default the one "
+        "llama.cpp's -hf takes), or an mmproj .gguf for a local model."
+    ),
+)
+NO_MMPROJ = typer.Option(False, "--no-mmproj", help="Leave a GGUF repo's or folder's vision projector out: text only.")
 REQUIRE_SIGNATURE = typer.Option(
     False,
     "--require-signature",

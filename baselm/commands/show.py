@@ -62,9 +62,11 @@ def read_card(ref: str) -> dict[str, Any]:
 
 
 def card_lines(card: dict[str, Any]) -> list[str]:
-    """The card as text: Model, Quantization, Chat template, then License and Parameters when known."""
+    """The card as text: Model, Quantization, Capabilities, Chat template, then License and Parameters
+    when known."""
     lines = _section("Model", _model_rows(card))
     lines += _section("Quantization", _quant_rows(card["quantization"]))
+    lines += _section("Capabilities", [(name, "") for name in card["capabilities"]])
     template = card["chat_template"]
     lines += ["", "  Chat template" + ("" if template is None else "  (--template prints it whole)")]
     lines += [f"    {line}" for line in (template_head(template, TEMPLATE_LINES) if template else ["none"])]

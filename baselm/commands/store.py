@@ -12,6 +12,7 @@ import typer
 
 from baselm.commands.errors import fail as _fail
 from baselm.commands.errors import user_errors as _user_errors
+from baselm.commands.options import NO_MMPROJ, PULL_MMPROJ
 
 if TYPE_CHECKING:
     from baselm.store.registry import StoredModel
@@ -31,16 +32,20 @@ def pull(
     revision: str = typer.Option("main", "--revision", help="Hub branch, tag or commit."),
     force: bool = typer.Option(False, "--force", help="Pull and convert again even if already stored."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+    mmproj: str | None = PULL_MMPROJ,
+    no_mmproj: bool = NO_MMPROJ,
 ) -> None:
     """Bring a model into the local store as a .base file."""
     from baselm.models import supported_model_types
     from baselm.store import pull as pulling
+    from baselm.store.hub import MmprojChoice
     from baselm.store.import_local import import_local
     from baselm.store.progress import default_progress
 
     supported = set(supported_model_types())
     started = time.perf_counter()
     try:
+        projector = MmprojChoice(mmproj, wanted=not no_mmproj)
         if Path(source).expanduser().exists():
             stored = import_local(
                 Path(source).expanduser(),
@@ -51,6 +56,7 @@ def pull(
                 supported=supported,
                 force=force,
                 progress=default_progress(quiet, "check" if source.endswith(".base") else "convert"),
+                mmproj=projector,
             )
         else:
             stored = pulling.pull(
@@ -63,6 +69,7 @@ def pull(
                 force=force,
                 progress=default_progress(quiet),
                 convert_progress=default_progress(quiet, "convert"),
+                mmproj=projector,
             )
     except _user_errors() as exc:
         _fail(str(exc))

@@ -21,8 +21,10 @@ from baselm.backend import select_backend
 from baselm.engine import LLMEngine
 from baselm.loader import LoadedModel, load_model
 from baselm.sampling.params import SamplingParams
-from baselm.store.errors import ModelFileError, UnsupportedModelError
+from baselm.store.base_reader import BaseFile
+from baselm.store.errors import ModelFileError, StoreError, UnsupportedModelError
 from baselm.store.gguf_mmproj import Mmproj
+from baselm.store.hub import MmprojChoice
 from baselm.store.import_local import import_local
 from baselm.store.registry import Store
 from tests.vision_fixture import GEMMA3, IDEFICS3, QWEN2_5_VL, prompt_logits
@@ -102,6 +104,25 @@ def test_a_folder_of_both_files_loads_with_its_projector_and_pulls_into_one_base
     pulled = LLMEngine(load_model(stored.path, select_backend("cpu")))
     ids, images = IDEFICS3.prompt("1", pulled.image_processor)
     assert _greedy(pulled, ids, images) == IDEFICS3.reference()["greedy_1"].tolist()
+
+
+def test_a_local_gguf_takes_the_projector_mmproj_names_and_no_mmproj_leaves_a_folders_out(files, tmp_path):
+    model, projector = files["idefics3"]
+    store = Store(tmp_path / "store")
+    paired = import_local(model, supported=None, store=store, mmproj=MmprojChoice(str(projector)))
+    assert paired.source["mmproj"] == str(projector)
+    assert "vision_config" in BaseFile.open(paired.path).header["config"]
+    folder = tmp_path / "both"
+    folder.mkdir()
+    for path in files["idefics3"]:
+        shutil.copy(path, folder / path.name)
+    assert import_local(folder, supported=None, store=store) == paired  # the same two files: not converted again
+    text = import_local(folder, supported=None, store=Store(tmp_path / "text"), mmproj=MmprojChoice(wanted=False))
+    assert "vision_config" not in BaseFile.open(text.path).header["config"] and "mmproj" not in text.source
+    with pytest.raises(StoreError, match="--mmproj goes with a .gguf language model, not idefics3_vlm"):
+        import_local(IDEFICS3.folder, supported=None, store=store, mmproj=MmprojChoice(str(projector)))
+    with pytest.raises(StoreError, match="--mmproj .*no-such.gguf: no such file"):
+        import_local(model, supported=None, store=store, mmproj=MmprojChoice(str(tmp_path / "no-such.gguf")))
 
 
 def test_a_language_model_gguf_is_not_a_projector(files):

@@ -13,8 +13,19 @@ from hub_server import HubServer, git_blob_id
 from huggingface_hub import HfApi, hf_hub_download
 
 from baselm.store import hub as hub_module
-from baselm.store.errors import ModelFileError, UnsupportedModelError
-from baselm.store.hub import HubClient, HubError, check_model_type, gguf_tag, select_files
+from baselm.store.errors import ModelFileError, StoreError, UnsupportedModelError
+from baselm.store.hub import (
+    DEFAULT_MMPROJ,
+    HubClient,
+    HubError,
+    HubFile,
+    MmprojChoice,
+    RepoSnapshot,
+    check_model_type,
+    gguf_tag,
+    quant_bits,
+    select_files,
+)
 from baselm.store.progress import LineProgress
 
 WEIGHTS = bytes(range(256)) * 4096  # 1 MiB, several download chunks
@@ -92,6 +103,73 @@ def test_an_absent_gguf_quant_lists_the_ones_there_are(client: HubClient) -> Non
 )
 def test_the_quant_tag_of_a_gguf_file_name(name: str, tag: str) -> None:
     assert gguf_tag(name) == tag
+
+
+def repo_of(*paths: str) -> RepoSnapshot:
+    """A listing of `paths` as the hub gives it (sizes and hashes do not matter to the choice)."""
+    return RepoSnapshot("org/vlm", "main", "0" * 40, tuple(HubFile(p, 1, None, None) for p in sorted(paths)))
+
+
+def chosen(snapshot: RepoSnapshot, tag: str | None = None, mmproj: MmprojChoice = DEFAULT_MMPROJ) -> list[str]:
+    """The model's files, then its projector, as `select_files` picks them."""
+    selection = select_files(snapshot, tag, mmproj)
+    return [f.path for f in selection.files] + ([selection.mmproj.path] if selection.mmproj else [])
+
+
+@pytest.mark.parametrize(("name", "bits"), [("m-Q4_K_M.gguf", 4), ("mmproj-BF16.gguf", 16), ("mmproj.gguf", 0)])
+def test_the_bits_of_a_quant_tag_are_its_first_number(name: str, bits: int) -> None:
+    assert quant_bits(name) == bits
+
+
+def test_a_gguf_repo_brings_the_projector_closest_in_bits_to_the_model_as_llama_cpp_does() -> None:
+    unsloth = repo_of("M-Q4_K_M.gguf", "M-Q8_0.gguf", "mmproj-F32.gguf", "mmproj-F16.gguf", "mmproj-BF16.gguf")
+    assert chosen(unsloth, "Q8_0") == ["M-Q8_0.gguf", "mmproj-BF16.gguf"]  # 16 bits of each: the first by name
+    mixed = repo_of("M-Q4_0.gguf", "M-F32.gguf", "mmproj-M-f16.gguf", "mmproj-M-q8_0.gguf", "mmproj-M-f32.gguf")
+    assert chosen(mixed) == ["M-Q4_0.gguf", "mmproj-M-q8_0.gguf"]  # the default Q4_0: 8 bits is closest
+    assert chosen(mixed, "F32") == ["M-F32.gguf", "mmproj-M-f32.gguf"]
+
+
+def test_the_projector_in_the_models_own_folder_wins_and_another_folders_is_never_taken() -> None:
+    split = ("Q4_K_M/M-Q4_K_M-00001-of-00002.gguf", "Q4_K_M/M-Q4_K_M-00002-of-00002.gguf")
+    snapshot = repo_of(*split, "Q4_K_M/mmproj-F32.gguf", "mmproj-Q4_0.gguf", "BF16/mmproj-BF16.gguf", "M-F16.gguf")
+    assert chosen(snapshot, "Q4_K_M") == [*split, "Q4_K_M/mmproj-F32.gguf"]
+    assert chosen(snapshot, "F16") == ["M-F16.gguf", "mmproj-Q4_0.gguf"]  # BF16/ is not above the model's folder
+
+
+def test_a_quant_tag_never_picks_a_projector_as_the_model() -> None:
+    snapshot = repo_of("Model-F16.gguf", "Model-mmproj-F16.gguf", "mmproj-model-f16.gguf", "Model-Q4_K_M.gguf")
+    assert chosen(snapshot, "F16") == ["Model-F16.gguf", "Model-mmproj-F16.gguf"]
+    assert chosen(snapshot, "Q4_K_M", MmprojChoice(wanted=False)) == ["Model-Q4_K_M.gguf"]
+    assert chosen(repo_of("Model-Q4_K_M.gguf", "README.md")) == ["Model-Q4_K_M.gguf"]  # no projector: as before
+
+
+def test_a_named_projector_is_taken_by_its_path_or_its_file_name() -> None:
+    snapshot = repo_of("M-Q4_0.gguf", "mmproj-F16.gguf", "extra/mmproj-F32.gguf")
+    assert chosen(snapshot, None, MmprojChoice("extra/mmproj-F32.gguf"))[-1] == "extra/mmproj-F32.gguf"
+    assert chosen(snapshot, None, MmprojChoice("mmproj-F32.gguf"))[-1] == "extra/mmproj-F32.gguf"
+
+
+def test_a_named_projector_the_repo_lacks_is_an_error_naming_it_and_the_ones_there_are() -> None:
+    snapshot = repo_of("M-Q4_0.gguf", "mmproj-F16.gguf", "mmproj-F32.gguf", "README.md")
+    message = (
+        "org/vlm has no GGUF file 'mmproj-Q8_0.gguf' to take as the vision projector; its projectors are "
+        "mmproj-F16.gguf, mmproj-F32.gguf"
+    )
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        select_files(snapshot, None, MmprojChoice("mmproj-Q8_0.gguf"))
+    with pytest.raises(ModelFileError, match="no GGUF file 'README.md' to take as the vision projector"):
+        select_files(snapshot, None, MmprojChoice("README.md"))
+    with pytest.raises(ModelFileError, match="no GGUF file 'mmproj.gguf' .* it has no vision projector"):
+        select_files(repo_of("M-Q4_0.gguf"), None, MmprojChoice("mmproj.gguf"))
+
+
+def test_a_projector_for_a_safetensors_pull_or_with_no_mmproj_is_refused() -> None:
+    snapshot = repo_of("config.json", "model.safetensors", "mmproj-F16.gguf")
+    assert chosen(snapshot) == ["config.json", "model.safetensors"]
+    with pytest.raises(ModelFileError, match="org/vlm is pulled from its safetensors weights; --mmproj picks a GGUF"):
+        select_files(snapshot, None, MmprojChoice("mmproj-F16.gguf"))
+    with pytest.raises(StoreError, match="--mmproj and --no-mmproj ask for opposite things; give one"):
+        MmprojChoice("mmproj-F16.gguf", wanted=False)
 
 
 def test_an_unsupported_model_type_is_refused_by_name() -> None:

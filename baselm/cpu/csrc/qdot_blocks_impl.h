@@ -1,10 +1,12 @@
-// The AVX2 / AVX-512 integer loops over K-quant blocks (kquants_impl.h gives the layouts), included
-// by qdot_impl.h inside its AVX2 section: a super-block is a run of 8 blocks, its 8 (s, c) pairs
-// widened once into registers, each block decoded in registers into two vectors of 16-bit codes
-// (natural order) that meet the 16-bit activation codes in multiply-adds as the affine blocks do.
-// For a batch of rows, Q6_K's codes carry their 8-bit scale (mullo), so every block is one integer
-// sum and one FMA, and its blocks are decoded a super-block at a time into a small buffer
-// (q6k_decode); a row alone (one decode stream) takes them in registers (q6k_row_alone).
+// The AVX2 / AVX-512 integer loops over GGUF blocks (kquants_impl.h and legacy_blocks_impl.h give
+// the layouts), included by qdot_impl.h inside its AVX2 section. A row is taken in runs of 8
+// blocks of 32 values (a K-quant super-block; 8 legacy blocks, the row's last run maybe fewer):
+// the run's 8 (s, c) pairs widened once into registers, each block decoded in registers into two
+// vectors of 16-bit codes (natural order) that meet the 16-bit activation codes in multiply-adds
+// as the affine blocks do. For a batch of rows, Q6_K's codes carry their 8-bit scale (mullo), so
+// every block is one integer sum and one FMA, and its blocks are decoded a super-block at a time
+// into a small buffer (q6k_decode); a row alone (one decode stream) takes them in registers
+// (q6k_row_alone).
 
 template <int TYPE>
 inline WeightBlock<int16_t> kquant_block(const uint8_t* sb, int j) {
@@ -60,6 +62,60 @@ inline void q6k_decode(const uint8_t* sb, int16_t* w) {
   }
 }
 
+// A legacy block's 32 codes (legacy_codes) in registers: its 16 nibble bytes widened to 16 bits
+// give values 0-15 (low nibbles) and 16-31 (high) in natural order; a Q5 block's fifth bits come
+// from qh, 16 a vector, each lane testing its own bit; Q8_0's bytes are widened with their sign.
+template <int TYPE>
+inline WeightBlock<int16_t> legacy_block(const uint8_t* block) {
+  const uint8_t* qs = block + legacy_qs_at(TYPE);
+  auto bytes16 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  if constexpr (TYPE == kQ8_0) {
+    return WeightBlock<int16_t>{_mm256_cvtepi8_epi16(bytes16(qs)), _mm256_cvtepi8_epi16(bytes16(qs + 16))};
+  } else {
+    const __m256i v = _mm256_cvtepu8_epi16(bytes16(qs));
+    __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(0x0f)), hi = _mm256_srli_epi16(v, 4);
+    if constexpr (legacy_has_high_bits(TYPE)) {
+      uint32_t qh;
+      __builtin_memcpy(&qh, qs - 4, sizeof qh);  // x86: little-endian
+      const __m256i lane_bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                                 16384, static_cast<int16_t>(0x8000));
+      const __m256i fifth = _mm256_set1_epi16(0x10);
+      auto high = [&](uint32_t bits) {
+        const __m256i set = _mm256_and_si256(_mm256_set1_epi16(static_cast<int16_t>(bits)), lane_bit);
+        return _mm256_and_si256(_mm256_cmpeq_epi16(set, lane_bit), fifth);
+      };
+      lo = _mm256_or_si256(lo, high(qh & 0xffff));
+      hi = _mm256_or_si256(hi, high(qh >> 16));
+    }
+    return WeightBlock<int16_t>{lo, hi};
+  }
+}
+
+// The float16 field at p, p + stride, ... of `count` (<= 8) blocks as float32 lanes, the rest zero.
+inline __m256 halves_at(const uint8_t* p, int64_t stride, int count) {
+  auto at = [&](int j) {
+    uint16_t h;
+    __builtin_memcpy(&h, p + j * stride, sizeof h);
+    return static_cast<int>(h);
+  };
+  __m128i h = _mm_setzero_si128();
+  if (count == 8) {
+    h = _mm_setr_epi16(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7));
+  } else {
+    alignas(16) uint16_t part[8] = {};
+    for (int j = 0; j < count; ++j) part[j] = static_cast<uint16_t>(at(j));
+    h = _mm_load_si128(reinterpret_cast<const __m128i*>(part));
+  }
+  return _mm256_cvtph_ps(h);
+}
+
+// The first `count` (<= 8) floats at p, the rest zero (nothing past them is read).
+inline __m256 floats_at(const float* p, int count) {
+  if (count == 8) return _mm256_loadu_ps(p);
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_maskload_ps(p, mask);
+}
+
 // kquant_affine in registers: the 8 blocks' s and c of super-block sb.
 template <int TYPE>
 inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
@@ -76,6 +132,35 @@ inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
   }
 }
 
+// run_affine in registers: the s and c of blocks b .. b + count of a row, lanes past count zero.
+template <int TYPE>
+inline void run_affine_lanes(const uint8_t* row, int b, int count, __m256& s, __m256& c) {
+  if constexpr (is_kquant(TYPE)) {
+    kquant_affine_lanes<TYPE>(row + (b / 8) * block_bytes(TYPE), s, c);
+  } else {
+    const uint8_t* first = row + static_cast<int64_t>(b) * block_bytes(TYPE);
+    s = halves_at(first, block_bytes(TYPE), count);
+    if constexpr (legacy_has_min(TYPE)) {
+      c = halves_at(first + 2, block_bytes(TYPE), count);
+    } else {
+      c = _mm256_mul_ps(s, _mm256_set1_ps(-static_cast<float>(legacy_zero(TYPE))));
+    }
+  }
+}
+
+// Whether blocks of TYPE have an offset c that meets the activations' block sums (Q6_K and Q8_0: none).
+constexpr bool has_offsets(int type) { return type != kQ6K && type != kQ8_0; }
+
+// Block j of the run from block b (K-quants: the super-block's sub-block j).
+template <int TYPE>
+inline WeightBlock<int16_t> run_block(const uint8_t* row, int b, int j) {
+  if constexpr (is_kquant(TYPE)) {
+    return kquant_block<TYPE>(row + (b / 8) * block_bytes(TYPE), j);
+  } else {
+    return legacy_block<TYPE>(row + static_cast<int64_t>(b + j) * block_bytes(TYPE));
+  }
+}
+
 // A Q6_K weight row against one activation row alone, its blocks decoded in registers: each
 // 128 values' 64 bytes of low nibbles and 32 of high bit pairs give 4 blocks of centred codes as
 // bytes (32 values an operation), widened once and taken in one dpwssd (AVX-512) or two maddwd
@@ -83,7 +168,7 @@ inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
 // of the first 16 values' pairs times d sc[2j] dx_j, the second's times d sc[2j + 1] dx_j (a batch
 // of rows takes q6k_decode's scaled codes instead, decoded once for all its rows).
 inline __m256 q6k_row_alone(const QdotArgs& a, int n, int m0) {
-  constexpr int kBytes = kquant_block_bytes(kQ6K);
+  constexpr int kBytes = block_bytes(kQ6K);
   constexpr int64_t ahead = 2048;
   const int blocks = a.K / B;
   const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
@@ -141,14 +226,14 @@ inline __m256 q6k_row_alone(const QdotArgs& a, int n, int m0) {
   return _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
 #endif
 }
-// weight_row_lanes for a row of K-quant blocks (activation group sums over blocks of 32).
+// weight_row_lanes for a row of GGUF blocks (activation group sums over blocks of 32).
 template <int TYPE, int MR, int ACCS>
-inline void kquant_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
+inline void block_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
   if constexpr (TYPE == kQ6K && MR == 1 && ACCS == 4) {  // a row alone (a batch's rows sum as one another)
     lanes[0] = q6k_row_alone(a, n, m0);
     return;
   }
-  constexpr int kBytes = kquant_block_bytes(TYPE);
+  constexpr int kBytes = block_bytes(TYPE);
   constexpr int64_t ahead = 2048;
   const int blocks = a.K / B;
   const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
@@ -166,22 +251,28 @@ inline void kquant_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
   alignas(32) float sd[MR][8];
   alignas(32) int16_t q6[TYPE == kQ6K ? kSuperBlock : 1];
   for (int b = 0; b < blocks; b += 8) {
-    const uint8_t* sb = row + (b / 8) * kBytes;
-    for (int line = 0; line < kBytes; line += 64) __builtin_prefetch(sb + ahead + line, 0, 3);
+    const int count = is_kquant(TYPE) || blocks - b >= 8 ? 8 : blocks - b;
+    // Every line of the run's bytes, `ahead` further on (a run's bytes start anywhere in a line).
+    const int64_t at = is_kquant(TYPE) ? (b / 8) * kBytes : static_cast<int64_t>(b) * kBytes;
+    const uintptr_t start = reinterpret_cast<uintptr_t>(row + at + ahead);
+    const uintptr_t end = start + (is_kquant(TYPE) ? kBytes : count * kBytes);
+    for (uintptr_t line = start & ~uintptr_t{63}; line < end; line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
     __m256 sv, cv;
-    kquant_affine_lanes<TYPE>(sb, sv, cv);
+    run_affine_lanes<TYPE>(row, b, count, sv, cv);
     for (int m = 0; m < MR; ++m) {
-      if constexpr (TYPE != kQ6K) acc[m][ACCS - 1] = _mm256_fmadd_ps(cv, _mm256_loadu_ps(sums[m] + b), acc[m][ACCS - 1]);
-      _mm256_store_ps(sd[m], _mm256_mul_ps(sv, _mm256_loadu_ps(d[m] + b)));
+      if constexpr (has_offsets(TYPE))
+        acc[m][ACCS - 1] = _mm256_fmadd_ps(cv, floats_at(sums[m] + b, count), acc[m][ACCS - 1]);
+      _mm256_store_ps(sd[m], _mm256_mul_ps(sv, floats_at(d[m] + b, count)));
     }
-    if constexpr (TYPE == kQ6K) q6k_decode(sb, q6);
-    for (int j = 0; j < 8; ++j) {
+    if constexpr (TYPE == kQ6K) q6k_decode(row + (b / 8) * kBytes, q6);
+    for (int j = 0; j < count; ++j) {
       WeightBlock<int16_t> w;
       if constexpr (TYPE == kQ6K) {
         w = WeightBlock<int16_t>{_mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j)),
                                  _mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j + 16))};
       } else {
-        w = kquant_block<TYPE>(sb, j);
+        w = run_block<TYPE>(row, b, j);
       }
       for (int m = 0; m < MR; ++m) {
         const __m256 prod = _mm256_cvtepi32_ps(block_dot<16>(w, xq[m] + (b + j) * B));

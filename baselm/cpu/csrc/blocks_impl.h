@@ -24,8 +24,32 @@ inline void block_codes(const uint8_t* row, int b, int16_t* out) {
   }
 }
 
+#if defined(__AVX2__)
+// 32 codes as 16-bit lanes (values 0-15, 16-31) to float32 s * code + c at out.
+inline void decode_code_lanes(__m256i lo, __m256i hi, float s, float c, float* out) {
+  const __m256 vs = _mm256_set1_ps(s), vc = _mm256_set1_ps(c);
+  const __m128i parts[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1), _mm256_castsi256_si128(hi),
+                            _mm256_extracti128_si256(hi, 1)};
+  for (int i = 0; i < 4; ++i)
+    _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(parts[i])), vs, vc));
+}
+#endif
+
 template <int TYPE>
 inline void block_decode_row_as(const uint8_t* row, int K, float* dst) {
+#if defined(__AVX2__)
+  if constexpr (is_legacy_block(TYPE)) {  // codes decoded in registers (the prefill GEMM decodes every row)
+    for (int b = 0; b < K / 32; ++b) {
+      const uint8_t* block = row + static_cast<int64_t>(b) * block_bytes(TYPE);
+      float s, c;
+      legacy_affine<TYPE>(block, s, c);
+      __m256i lo, hi;
+      legacy_code_lanes<TYPE>(block, lo, hi);
+      decode_code_lanes(lo, hi, s, c, dst + 32 * b);
+    }
+    return;
+  }
+#endif
   alignas(64) int16_t codes[32];
   float s[8], c[8];
   const int blocks = K / 32;

@@ -58,3 +58,35 @@ inline void legacy_codes(const uint8_t* block, int16_t* out) {
     }
   }
 }
+
+#if defined(__AVX2__)
+// legacy_codes in registers, two vectors of 16-bit codes (values 0-15, 16-31): the 16 nibble bytes
+// widened to 16 bits give the low nibbles (values 0-15) and the high ones (16-31); a Q5 block's fifth
+// bits come from qh, each lane testing its own bit; Q8_0's bytes are widened with their sign.
+template <int TYPE>
+inline void legacy_code_lanes(const uint8_t* block, __m256i& lo, __m256i& hi) {
+  const uint8_t* qs = block + legacy_qs_at(TYPE);
+  auto bytes16 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  if constexpr (TYPE == kQ8_0) {
+    lo = _mm256_cvtepi8_epi16(bytes16(qs));
+    hi = _mm256_cvtepi8_epi16(bytes16(qs + 16));
+  } else {
+    const __m256i v = _mm256_cvtepu8_epi16(bytes16(qs));
+    lo = _mm256_and_si256(v, _mm256_set1_epi16(0x0f));
+    hi = _mm256_srli_epi16(v, 4);
+    if constexpr (legacy_has_high_bits(TYPE)) {
+      uint32_t qh;
+      __builtin_memcpy(&qh, qs - 4, sizeof qh);  // x86: little-endian
+      const __m256i lane_bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                                 16384, static_cast<int16_t>(0x8000));
+      const __m256i fifth = _mm256_set1_epi16(0x10);
+      auto high = [&](uint32_t bits) {
+        const __m256i set = _mm256_and_si256(_mm256_set1_epi16(static_cast<int16_t>(bits)), lane_bit);
+        return _mm256_and_si256(_mm256_cmpeq_epi16(set, lane_bit), fifth);
+      };
+      lo = _mm256_or_si256(lo, high(qh & 0xffff));
+      hi = _mm256_or_si256(hi, high(qh >> 16));
+    }
+  }
+}
+#endif

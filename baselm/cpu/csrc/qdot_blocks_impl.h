@@ -62,58 +62,24 @@ inline void q6k_decode(const uint8_t* sb, int16_t* w) {
   }
 }
 
-// A legacy block's 32 codes (legacy_codes) in registers: its 16 nibble bytes widened to 16 bits
-// give values 0-15 (low nibbles) and 16-31 (high) in natural order; a Q5 block's fifth bits come
-// from qh, 16 a vector, each lane testing its own bit; Q8_0's bytes are widened with their sign.
-template <int TYPE>
-inline WeightBlock<int16_t> legacy_block(const uint8_t* block) {
-  const uint8_t* qs = block + legacy_qs_at(TYPE);
-  auto bytes16 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
-  if constexpr (TYPE == kQ8_0) {
-    return WeightBlock<int16_t>{_mm256_cvtepi8_epi16(bytes16(qs)), _mm256_cvtepi8_epi16(bytes16(qs + 16))};
-  } else {
-    const __m256i v = _mm256_cvtepu8_epi16(bytes16(qs));
-    __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(0x0f)), hi = _mm256_srli_epi16(v, 4);
-    if constexpr (legacy_has_high_bits(TYPE)) {
-      uint32_t qh;
-      __builtin_memcpy(&qh, qs - 4, sizeof qh);  // x86: little-endian
-      const __m256i lane_bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
-                                                 16384, static_cast<int16_t>(0x8000));
-      const __m256i fifth = _mm256_set1_epi16(0x10);
-      auto high = [&](uint32_t bits) {
-        const __m256i set = _mm256_and_si256(_mm256_set1_epi16(static_cast<int16_t>(bits)), lane_bit);
-        return _mm256_and_si256(_mm256_cmpeq_epi16(set, lane_bit), fifth);
-      };
-      lo = _mm256_or_si256(lo, high(qh & 0xffff));
-      hi = _mm256_or_si256(hi, high(qh >> 16));
-    }
-    return WeightBlock<int16_t>{lo, hi};
-  }
-}
-
-// The float16 field at p, p + stride, ... of `count` (<= 8) blocks as float32 lanes, the rest zero.
-inline __m256 halves_at(const uint8_t* p, int64_t stride, int count) {
+// The d (and m) fields of the 8 blocks at p, p + stride, ... p + 7 stride as float32 lanes: each
+// block's first 4 bytes (d | m for Q4_1/Q5_1) read as one word, the words' halves packed and widened
+// (8 word inserts, against 16 of the halves one at a time; AVX2's gather was slower on Zen).
+template <bool WITH_MIN>
+inline void first_halves(const uint8_t* p, int64_t stride, __m256& d, __m256& m) {
   auto at = [&](int j) {
-    uint16_t h;
-    __builtin_memcpy(&h, p + j * stride, sizeof h);
-    return static_cast<int>(h);
+    uint32_t w;
+    __builtin_memcpy(&w, p + j * stride, sizeof w);
+    return static_cast<int>(w);
   };
-  __m128i h = _mm_setzero_si128();
-  if (count == 8) {
-    h = _mm_setr_epi16(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7));
-  } else {
-    alignas(16) uint16_t part[8] = {};
-    for (int j = 0; j < count; ++j) part[j] = static_cast<uint16_t>(at(j));
-    h = _mm_load_si128(reinterpret_cast<const __m128i*>(part));
-  }
-  return _mm256_cvtph_ps(h);
-}
-
-// The first `count` (<= 8) floats at p, the rest zero (nothing past them is read).
-inline __m256 floats_at(const float* p, int count) {
-  if (count == 8) return _mm256_loadu_ps(p);
-  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  return _mm256_maskload_ps(p, mask);
+  const __m256i words = _mm256_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7));
+  const __m256i low = _mm256_and_si256(words, _mm256_set1_epi32(0xffff));
+  const __m256i high = WITH_MIN ? _mm256_srli_epi32(words, 16) : low;
+  // packus interleaves per 128-bit lane (low 0-3, high 0-3 | low 4-7, high 4-7); the permute puts
+  // the lows first.
+  const __m256i halves = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xD8);
+  d = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+  if constexpr (WITH_MIN) m = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
 }
 
 // kquant_affine in registers: the 8 blocks' s and c of super-block sb.
@@ -132,17 +98,15 @@ inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
   }
 }
 
-// run_affine in registers: the s and c of blocks b .. b + count of a row, lanes past count zero.
+// run_affine in registers: the s and c of blocks b .. b + 7 of a row.
 template <int TYPE>
-inline void run_affine_lanes(const uint8_t* row, int b, int count, __m256& s, __m256& c) {
+inline void run_affine_lanes(const uint8_t* row, int b, __m256& s, __m256& c) {
   if constexpr (is_kquant(TYPE)) {
     kquant_affine_lanes<TYPE>(row + (b / 8) * block_bytes(TYPE), s, c);
   } else {
     const uint8_t* first = row + static_cast<int64_t>(b) * block_bytes(TYPE);
-    s = halves_at(first, block_bytes(TYPE), count);
-    if constexpr (legacy_has_min(TYPE)) {
-      c = halves_at(first + 2, block_bytes(TYPE), count);
-    } else {
+    first_halves<legacy_has_min(TYPE)>(first, block_bytes(TYPE), s, c);
+    if constexpr (!legacy_has_min(TYPE)) {
       c = _mm256_mul_ps(s, _mm256_set1_ps(-static_cast<float>(legacy_zero(TYPE))));
     }
   }
@@ -157,7 +121,9 @@ inline WeightBlock<int16_t> run_block(const uint8_t* row, int b, int j) {
   if constexpr (is_kquant(TYPE)) {
     return kquant_block<TYPE>(row + (b / 8) * block_bytes(TYPE), j);
   } else {
-    return legacy_block<TYPE>(row + static_cast<int64_t>(b + j) * block_bytes(TYPE));
+    WeightBlock<int16_t> w;
+    legacy_code_lanes<TYPE>(row + static_cast<int64_t>(b + j) * block_bytes(TYPE), w.lo, w.hi);
+    return w;
   }
 }
 
@@ -250,39 +216,54 @@ inline void block_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
     for (int i = 0; i < ACCS; ++i) acc[m][i] = _mm256_setzero_ps();
   alignas(32) float sd[MR][8];
   alignas(32) int16_t q6[TYPE == kQ6K ? kSuperBlock : 1];
-  for (int b = 0; b < blocks; b += 8) {
-    const int count = is_kquant(TYPE) || blocks - b >= 8 ? 8 : blocks - b;
-    // Every line of the run's bytes, `ahead` further on (a run's bytes start anywhere in a line).
-    const int64_t at = is_kquant(TYPE) ? (b / 8) * kBytes : static_cast<int64_t>(b) * kBytes;
-    const uintptr_t start = reinterpret_cast<uintptr_t>(row + at + ahead);
-    const uintptr_t end = start + (is_kquant(TYPE) ? kBytes : count * kBytes);
-    for (uintptr_t line = start & ~uintptr_t{63}; line < end; line += 64)
-      __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
+  // Block b + j against the rows, its scale times theirs at sd[m][j], into accumulator `into`.
+  auto add_block = [&](int b, int j, int into) {
+    WeightBlock<int16_t> w;
+    if constexpr (TYPE == kQ6K) {
+      w = WeightBlock<int16_t>{_mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j)),
+                               _mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j + 16))};
+    } else {
+      w = run_block<TYPE>(row, b, j);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m256 prod = _mm256_cvtepi32_ps(block_dot<16>(w, xq[m] + (b + j) * B));
+      acc[m][into] = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(&sd[m][j]), acc[m][into]);
+    }
+  };
+  int b = 0;
+  for (; b + 8 <= blocks; b += 8) {
+    // The run's bytes `ahead` further on, a line at a time (a legacy run's last line, where it starts
+    // a line of its own, is the next run's first).
+    const uint8_t* run = row + (is_kquant(TYPE) ? (b / 8) * kBytes : static_cast<int64_t>(b) * kBytes);
+    constexpr int kRunBytes = is_kquant(TYPE) ? kBytes : 8 * kBytes;
+    for (int line = 0; line < kRunBytes; line += 64) __builtin_prefetch(run + ahead + line, 0, 3);
     __m256 sv, cv;
-    run_affine_lanes<TYPE>(row, b, count, sv, cv);
+    run_affine_lanes<TYPE>(row, b, sv, cv);
     for (int m = 0; m < MR; ++m) {
       if constexpr (has_offsets(TYPE))
-        acc[m][ACCS - 1] = _mm256_fmadd_ps(cv, floats_at(sums[m] + b, count), acc[m][ACCS - 1]);
-      _mm256_store_ps(sd[m], _mm256_mul_ps(sv, floats_at(d[m] + b, count)));
+        acc[m][ACCS - 1] = _mm256_fmadd_ps(cv, _mm256_loadu_ps(sums[m] + b), acc[m][ACCS - 1]);
+      _mm256_store_ps(sd[m], _mm256_mul_ps(sv, _mm256_loadu_ps(d[m] + b)));
     }
-    if constexpr (TYPE == kQ6K) q6k_decode(row + (b / 8) * kBytes, q6);
-    for (int j = 0; j < count; ++j) {
-      WeightBlock<int16_t> w;
-      if constexpr (TYPE == kQ6K) {
-        w = WeightBlock<int16_t>{_mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j)),
-                                 _mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j + 16))};
-      } else {
-        w = run_block<TYPE>(row, b, j);
-      }
+    if constexpr (TYPE == kQ6K) q6k_decode(run, q6);
+    // Unrolled, so that the accumulators stay in registers (a loop indexing them kept them in memory).
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) add_block(b, j, j % ACCS);
+  }
+  float tail[MR] = {};  // the last blocks of a legacy row whose blocks are not a multiple of 8
+  if constexpr (!is_kquant(TYPE)) {
+    for (; b < blocks; ++b) {
+      float s, c;
+      legacy_affine<TYPE>(row + static_cast<int64_t>(b) * kBytes, s, c);
       for (int m = 0; m < MR; ++m) {
-        const __m256 prod = _mm256_cvtepi32_ps(block_dot<16>(w, xq[m] + (b + j) * B));
-        acc[m][j % ACCS] = _mm256_fmadd_ps(prod, _mm256_set1_ps(sd[m][j]), acc[m][j % ACCS]);
+        tail[m] += c * sums[m][b];
+        sd[m][0] = s * d[m][b];
       }
+      add_block(b, 0, 0);
     }
   }
   for (int m = 0; m < MR; ++m) {
     __m256 total = acc[m][0];
     for (int i = 1; i < ACCS; ++i) total = _mm256_add_ps(total, acc[m][i]);
-    lanes[m * 8] = total;
+    lanes[m * 8] = _mm256_add_ps(total, _mm256_setr_ps(tail[m], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f));
   }
 }

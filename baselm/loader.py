@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from baselm import kquant_blocks
+from baselm import gguf_blocks
 from baselm.adapters import Adapter, AdapterError, apply_adapters
 from baselm.backend import Backend
 from baselm.memory import release_freed_memory
@@ -80,11 +80,10 @@ def model_from_checkpoint(
     first. GGUF's `rope_freqs` tensor (llama 3 scaling as per-frequency divisors, also kept by `.base`
     files converted from GGUF) has no HF name: it goes to the model's RoPE, not among its weights."""
     factors = weights.pop(ROPE_FREQS, None)
-    has_blocks = any(kquant_blocks.split_name(name) for name in weights)  # a GGUF's or a version-2 `.base`'s
-    if has_blocks and (adapters or shard or not _keeps_kquant_blocks(backend)):
-        from baselm.store.gguf_kquants import blocks_as_triplets  # deltas and slices take affine triplets
+    if any(gguf_blocks.split_name(name) for name in weights):  # a GGUF's or a `.base` pulled from one
+        from baselm.store.gguf import blocks_as_triplets  # deltas and slices take affine triplets
 
-        blocks_as_triplets(weights)
+        blocks_as_triplets(weights, keep=kept_block_types(backend, shard, adapters))
     if adapters:
         apply_adapters(weights, list(adapters), config)
     release_freed_memory()
@@ -107,13 +106,17 @@ def model_from_checkpoint(
     return model
 
 
-def _keeps_kquant_blocks(backend: Backend) -> bool:
-    """Whether a GGUF file's K-quant matrices stay blocks on this backend (`kquant_blocks.kept_on_load`)."""
-    if not backend.cpu_kernels:
-        return False
+def kept_block_types(backend: Backend, shard: Any = None, adapters: Sequence[Adapter] = ()) -> frozenset[str]:
+    """The GGUF types whose matrices stay blocks on this backend (`gguf_blocks.kept_on_load`): none
+    where no block kernel runs them (a GPU, the reference CPU path, a sharded or adapted model)."""
+    if not backend.cpu_kernels or shard is not None or adapters:
+        return frozenset()
     from baselm import cpu
 
-    return kquant_blocks.kept_on_load(cpu.kernels.isa())
+    try:
+        return gguf_blocks.kept_on_load(cpu.kernels.isa())
+    except gguf_blocks.BlockSettingError as exc:
+        raise ModelConfigError(str(exc)) from None
 
 
 def _load_gguf(
@@ -134,7 +137,7 @@ def _load_gguf(
         config = projector.model_config(config, checkpoint.metadata.get("tokenizer.ggml.tokens") or [])
     checkpoint.release_metadata()
     release_freed_memory()
-    weights = checkpoint.mx_weights(keep_blocks=_keeps_kquant_blocks(backend))
+    weights = checkpoint.mx_weights(keep_blocks=kept_block_types(backend, shard, adapters))
     if projector is not None:
         weights.update(projector.mx_weights())
     model = model_from_checkpoint(config, weights, backend, shard=shard, adapters=adapters)

@@ -1,8 +1,8 @@
-"""The `.base` container format (versions 1 and 2): its layout, alignment, size and checksum rules.
+"""The `.base` container format (versions 1, 2 and 3): its layout, alignment, size and checksum rules.
 
 Layout (all integers little-endian):
 
-    0x00  b"BASE" | u32 version (1 or 2) | u64 header_len | header JSON (UTF-8, header_len bytes)
+    0x00  b"BASE" | u32 version (1, 2 or 3) | u64 header_len | header JSON (UTF-8, header_len bytes)
           zero padding to the next 64 KiB boundary            <- blob start
           tensor blob: one region per tensor, each aligned     <- offsets are blob-relative
           (optional slots after the last region)
@@ -22,15 +22,17 @@ gaps: codes are MLX's affine packing, uint32 `(out, in * bits / 32)`; scales and
 `(out, in / group_size)` in `scale_dtype`; `w = scale * q + bias`. They load straight into
 `mx.quantized_matmul` / `mx.dequantize`.
 
-A block tensor (`gguf_q4_k`, `gguf_q5_k`, `gguf_q6_k`) holds a GGUF K-quant matrix exactly as
-llama.cpp writes it (`baselm/kquant_blocks.py`): one region of the rows' bytes, uint8
-`(out, in / 256 * block_bytes)`, shape 2-D `(out, in)` with `in % 256 == 0`, no scales or biases
-(each super-block of 256 values carries its own). Its entry has the float entry's keys. Bits per
-weight: Q4_K 4.5, Q5_K 5.5, Q6_K 6.5625.
+A block tensor holds a GGUF matrix exactly as llama.cpp writes it (`baselm/gguf_blocks.py`): one
+region of the rows' bytes, uint8 `(out, in / block_values * block_bytes)`, shape 2-D `(out, in)`
+with `in` a multiple of the block's values, no scales or biases (each block carries its own). Its
+entry has the float entry's keys. The block dtypes, their values a block and bits per weight:
+`gguf_q4_k` 256, 4.5; `gguf_q5_k` 256, 5.5; `gguf_q6_k` 256, 6.5625 (the K-quants); `gguf_q4_0`
+32, 4.5; `gguf_q4_1` 32, 5; `gguf_q5_0` 32, 5.5; `gguf_q5_1` 32, 6; `gguf_q8_0` 32, 8.5.
 
-Versions: a file with any block tensor is version 2, every other file version 1 (byte for byte
-what a version-1-only writer makes), so a build that reads only version 1 refuses a file it
-could not load by its version alone. A block dtype in a version-1 file is an error.
+Versions: a file with any legacy block tensor (`gguf_q4_0` ... `gguf_q8_0`) is version 3, one with
+K-quant block tensors and no legacy ones version 2, every other file version 1 (byte for byte what
+a version-1-only writer makes), so a build that does not know a file's block dtypes refuses it by
+its version alone. A block dtype in a file of a lower version than its own is an error.
 
 `checksum_xxh64` (16 hex digits) covers each tensor's whole region; `header_xxh64` covers the
 header itself (its canonical JSON without that key). Both are checked on request (`verify`).
@@ -51,12 +53,11 @@ import mlx.core as mx
 import numpy as np
 import xxhash
 
-from baselm import kquant_blocks
+from baselm import gguf_blocks
 
 MAGIC = b"BASE"
 VERSION = 1  # a file of float and affine tensors only
-BLOCK_VERSION = 2  # a file with block tensors
-VERSIONS = (VERSION, BLOCK_VERSION)
+VERSIONS = (1, 2, 3)  # 2: K-quant block tensors; 3: legacy block tensors (gguf_blocks.BlockType.base_version)
 SCHEMA = "base.v1"
 PREAMBLE = struct.Struct("<4sIQ")  # magic, version, header_len
 BLOB_ALIGN = 64 * 1024
@@ -71,7 +72,7 @@ GROUP_SIZES = (32, 64, 128)
 # Float dtypes as stored: numpy dtype of the raw little-endian values (bf16 as its uint16 bits).
 FLOAT_DTYPES: dict[str, np.dtype] = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
 QUANT_BITS = {f"base_q{b}": b for b in (2, 3, 4, 5, 6, 8)}
-BLOCK_DTYPES = tuple(kquant_blocks.BY_DTYPE)  # gguf_q4_k, gguf_q5_k, gguf_q6_k
+BLOCK_DTYPES = tuple(gguf_blocks.BY_DTYPE)  # gguf_q4_0 ... gguf_q8_0, gguf_q4_k, gguf_q5_k, gguf_q6_k
 DTYPES = (*FLOAT_DTYPES, *QUANT_BITS, *BLOCK_DTYPES)
 HEADER_TYPES: dict[str, tuple[type, ...]] = {
     "schema": (str,),
@@ -102,7 +103,7 @@ def region_sizes(
         return numel * FLOAT_DTYPES[dtype].itemsize, 0
     out_features, in_features = shape
     if dtype in BLOCK_DTYPES:
-        return out_features * kquant_blocks.row_bytes(dtype, in_features), 0
+        return out_features * gguf_blocks.row_bytes(dtype, in_features), 0
     codes = out_features * in_features * QUANT_BITS[dtype] // 8
     scales = out_features * (in_features // group_size) * FLOAT_DTYPES[scale_dtype].itemsize
     return codes, scales
@@ -113,9 +114,15 @@ def region_alignment(dtype: str, shape: tuple[int, ...]) -> int:
     return MATRIX_ALIGN if dtype in QUANT_BITS or dtype in BLOCK_DTYPES or len(shape) >= 2 else VECTOR_ALIGN
 
 
+def dtype_version(dtype: str) -> int:
+    """The first version that holds tensors of `dtype`: 1 but for the block dtypes."""
+    block_type = gguf_blocks.BY_DTYPE.get(dtype)
+    return VERSION if block_type is None else block_type.base_version
+
+
 def file_version(dtypes: Iterable[str]) -> int:
-    """The version a file of tensors of `dtypes` is written as: 2 with any block dtype, else 1."""
-    return BLOCK_VERSION if any(dtype in BLOCK_DTYPES for dtype in dtypes) else VERSION
+    """The version a file of tensors of `dtypes` is written as: the highest its dtypes need."""
+    return max((dtype_version(dtype) for dtype in dtypes), default=VERSION)
 
 
 def align(value: int, alignment: int) -> int:

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from baselm import kquant_blocks
+from baselm import gguf_blocks
 from baselm.store.base_format import (
     ALIGNMENT,
     BLOCK_DTYPES,
-    BLOCK_VERSION,
     DTYPES,
     FLOAT_DTYPES,
     GROUP_SIZES,
@@ -28,6 +27,7 @@ from baselm.store.base_format import (
     QUANT_BITS,
     SCHEMA,
     VERSIONS,
+    dtype_version,
     header_checksum,
     region_alignment,
     region_sizes,
@@ -59,9 +59,9 @@ class TensorEntry:
         return QUANT_BITS.get(self.dtype)
 
     @property
-    def kquant(self) -> kquant_blocks.BlockType | None:
-        """The block type of a tensor of kept GGUF K-quant blocks, else None."""
-        return kquant_blocks.BY_DTYPE.get(self.dtype)
+    def block_type(self) -> gguf_blocks.BlockType | None:
+        """The block type of a tensor of kept GGUF blocks, else None."""
+        return gguf_blocks.BY_DTYPE.get(self.dtype)
 
     @property
     def num_params(self) -> int:
@@ -123,7 +123,7 @@ def check_padding(path: Path, f: Any, start: int, blob_start: int, file_size: in
 
 def check_header(path: Path, header: dict[str, Any], version: int) -> dict[str, TensorEntry]:
     """Checks the header's keys and types and returns its tensor table; `version` is the preamble's
-    (block dtypes need version 2)."""
+    (a block dtype needs its own version or a later one)."""
     missing = sorted(set(HEADER_TYPES) - set(header))
     if missing:
         raise BaseFileError(path, f"its header lacks {', '.join(missing)}")
@@ -165,11 +165,11 @@ def _parse_entry(path: Path, index: int, item: Any, version: int) -> TensorEntry
     dtype = item.get("dtype")
     if dtype not in DTYPES:
         raise BaseFileError(path, f"{label} has dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    if dtype in BLOCK_DTYPES and version < BLOCK_VERSION:
+    if dtype in BLOCK_DTYPES and version < dtype_version(dtype):
         raise BaseFileError(
             path,
-            f"{label} has block dtype {dtype}, which needs a version-{BLOCK_VERSION} file, but the file is version "
-            f"{version}",
+            f"{label} has block dtype {dtype}, which needs a version-{dtype_version(dtype)} file, but the file is "
+            f"version {version}",
         )
     keys = _COMMON_KEYS | (_QUANT_KEYS if dtype in QUANT_BITS else set())
     if set(item) != keys:
@@ -236,14 +236,15 @@ def _check_sizes(path: Path, label: str, entry: TensorEntry) -> None:
 
 
 def _check_block_shape(path: Path, label: str, entry: TensorEntry) -> None:
-    """A block tensor is a matrix of whole 256-value super-blocks along its input."""
+    """A block tensor is a matrix of whole blocks along its input."""
     if len(entry.shape) != 2:
         raise BaseFileError(path, f"{label} holds {entry.dtype} blocks but has {len(entry.shape)} dimensions, not 2")
-    if entry.shape[1] % kquant_blocks.SUPER_BLOCK:
+    values = entry.block_type.block_values
+    if entry.shape[1] % values:
         raise BaseFileError(
             path,
-            f"{label} has {entry.shape[1]} input features, not a multiple of the {kquant_blocks.SUPER_BLOCK} values "
-            f"of a {entry.dtype} block",
+            f"{label} has {entry.shape[1]} input features, not a multiple of the {values} values of a {entry.dtype} "
+            "block",
         )
 
 

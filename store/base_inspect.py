@@ -55,7 +55,7 @@ def inspect_report(path: str | os.PathLike, verify: bool = False) -> dict[str, A
 
 
 def bits_per_weight(num_bytes: int, num_params: int) -> float:
-    """Stored bits a weight, scales and biases included (a block tensor's: Q4_K 4.5, Q5_K 5.5, Q6_K 6.5625)."""
+    """Stored bits a weight, scales and biases included (a block tensor's: Q4_0 4.5, Q8_0 8.5, Q6_K 6.5625)."""
     return round(8 * num_bytes / num_params, 4) if num_params else 0.0
 
 

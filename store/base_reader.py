@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import xxhash
 
-from baselm import kquant_blocks
+from baselm import gguf_blocks
 from baselm.store.base_format import BLOB_ALIGN, FLOAT_DTYPES, PREAMBLE, VERSION, align
 from baselm.store.base_header import (
     TensorEntry,
@@ -43,15 +43,15 @@ class QuantizedArray(NamedTuple):
 
 
 class BlockArray(NamedTuple):
-    """A loaded tensor of GGUF K-quant blocks (baselm/kquant_blocks.py): the rows' bytes as stored."""
+    """A loaded tensor of GGUF blocks (baselm/gguf_blocks.py): the rows' bytes as stored."""
 
-    data: mx.array  # (out, in / 256 * block_bytes) uint8
-    dtype: str  # gguf_q4_k | gguf_q5_k | gguf_q6_k
+    data: mx.array  # (out, in / block_values * block_bytes) uint8
+    dtype: str  # a block dtype: gguf_q8_0, gguf_q4_k ...
     shape: tuple[int, int]  # logical (out, in)
 
     def dequantize(self) -> mx.array:
         """The float32 values (out, in), as llama.cpp decodes the blocks."""
-        return mx.array(kquant_blocks.block_values(self.dtype, np.array(self.data), self.shape))
+        return mx.array(gguf_blocks.dequantize(self.dtype, np.array(self.data), self.shape))
 
 
 Tensor = mx.array | QuantizedArray | BlockArray  # what `read` and `load` give for one tensor
@@ -76,7 +76,7 @@ class BaseFile:
         self.header = header
         self.tensors = tensors
         self.blob_start = blob_start
-        self.version = version  # the preamble's: 2 when the file holds block tensors
+        self.version = version  # the preamble's: 2 or 3 when the file holds block tensors
         self.bytes_read = 0  # tensor bytes read from the file so far (header and checksums aside)
 
     @classmethod
@@ -156,7 +156,7 @@ class BaseFile:
         if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
             raise SignatureError(f"{self.path}: tensor {entry.name!r} differs from the one that was signed")
         self.bytes_read += entry.length
-        if entry.kquant is not None:
+        if entry.block_type is not None:
             return _blocks(entry, raw, entry.shape)
         if entry.bits is None:
             return _mx_float(raw, entry.dtype, entry.shape)
@@ -171,7 +171,8 @@ class BaseFile:
 
     def _read_cut(self, f: Any, entry: TensorEntry, cuts: list[Cut]) -> Tensor:
         if not cuts or any(not cut_fits(entry, cut) or cut.axis != cuts[0].axis for cut in cuts):
-            unit = f"{entry.dtype}'s blocks of 256 values" if entry.kquant is not None else "groups"
+            block_type = entry.block_type
+            unit = f"{entry.dtype}'s blocks of {block_type.block_values} values" if block_type is not None else "groups"
             raise ValueError(f"{entry.name}: {cuts} do not fit its shape {entry.shape} and {unit} on one axis")
         axis = cuts[0].axis
         parts = [read_cut(self.path, f, self.blob_start, entry, cut) for cut in cuts]
@@ -179,7 +180,7 @@ class BaseFile:
         self.bytes_read += sum(a.nbytes for a in arrays)
         shape = list(entry.shape)
         shape[axis] = sum(cut.stop - cut.start for cut in cuts)
-        if entry.kquant is not None:
+        if entry.block_type is not None:
             return _blocks(entry, arrays[0], tuple(shape))
         if entry.bits is None:
             return _mx_float(arrays[0], entry.dtype, tuple(shape))
@@ -203,7 +204,7 @@ def _quantized(
 
 def _blocks(entry: TensorEntry, raw: np.ndarray, shape: tuple[int, int]) -> BlockArray:
     """A block tensor of logical `shape` from its rows' bytes as stored (any layout of that many bytes)."""
-    rows = raw.reshape(shape[0], kquant_blocks.row_bytes(entry.dtype, shape[1]))  # (out, in / 256 * block_bytes)
+    rows = raw.reshape(shape[0], gguf_blocks.row_bytes(entry.dtype, shape[1]))  # (out, in / values * block_bytes)
     return BlockArray(mx.array(rows), entry.dtype, shape)
 
 
@@ -217,7 +218,7 @@ def model_weights(tensors: dict[str, Tensor]) -> tuple[dict[str, mx.array], dict
     """Flat weights as the model builder takes them, plus the group size of each quantized prefix.
 
     A quantized `x.weight` becomes `x.weight` (codes), `x.scales` and `x.biases`; a block tensor
-    `x.weight` becomes its uint8 rows under `x.q4_k` | `x.q5_k` | `x.q6_k` (baselm/kquant_blocks.py).
+    `x.weight` becomes its uint8 rows under its block type's suffix, `x.q8_0`, `x.q4_k` ... (baselm/gguf_blocks.py).
     """
     weights: dict[str, mx.array] = {}
     group_sizes: dict[str, int] = {}
@@ -231,7 +232,7 @@ def model_weights(tensors: dict[str, Tensor]) -> tuple[dict[str, mx.array], dict
             }
             group_sizes[prefix] = value.group_size
         elif isinstance(value, BlockArray):
-            weights[f"{name.removesuffix('.weight')}.{kquant_blocks.BY_DTYPE[value.dtype].suffix}"] = value.data
+            weights[f"{name.removesuffix('.weight')}.{gguf_blocks.BY_DTYPE[value.dtype].suffix}"] = value.data
         else:
             weights[name] = value
     return weights, group_sizes

@@ -5,8 +5,9 @@ tensor's logical shape (`BaseFile.load` reads several on one axis and joins them
 tensor's parts). Regions are row-major, so:
 - a row cut of a 2-D tensor is one contiguous range of each sub-region (codes, scales, biases);
 - a column cut is one range per row of each sub-region.
-A block tensor (`gguf_q4_k` ...) is one region of rows of 256-value blocks: a row cut takes whole
-rows, a column cut whole blocks (columns on 256-value boundaries, a byte range of each row).
+A block tensor (`gguf_q8_0`, `gguf_q4_k` ...) is one region of rows of blocks (32 or 256 values): a
+row cut takes whole rows, a column cut whole blocks (columns on block boundaries, a byte range of
+each row).
 Each sub-region is mapped (`mmap`), the window copied out, and the mapping closed before the next,
 so the process never holds more than one region's mapping.
 
@@ -25,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from baselm import kquant_blocks
+from baselm import gguf_blocks
 from baselm.store.base_format import FLOAT_DTYPES
 from baselm.store.base_header import TensorEntry
 from baselm.store.errors import BaseFileError
@@ -42,12 +43,12 @@ class Cut(NamedTuple):
 def cut_fits(entry: TensorEntry, cut: Cut) -> bool:
     """Whether `cut` can be read from `entry` as stored: inside its shape, and for a quantized
     tensor's columns on its quantization groups (codes are then whole uint32 words), for a block
-    tensor's on its 256-value blocks."""
+    tensor's on its blocks."""
     if len(entry.shape) < 2 or cut.axis not in (-1, -2) or not 0 <= cut.start < cut.stop <= entry.shape[cut.axis]:
         return False
-    if cut.axis == -2 or (entry.bits is None and entry.kquant is None):
+    if cut.axis == -2 or (entry.bits is None and entry.block_type is None):
         return True
-    unit = entry.group_size if entry.kquant is None else kquant_blocks.SUPER_BLOCK
+    unit = entry.group_size if entry.block_type is None else entry.block_type.block_values
     return cut.start % unit == 0 and cut.stop % unit == 0
 
 
@@ -56,10 +57,10 @@ def read_cut(path: Path, f: Any, blob_start: int, entry: TensorEntry, cut: Cut) 
     scales, biases] of a quantized one (scales and biases as stored: raw `FLOAT_DTYPES`), [bytes]
     of a block tensor (uint8 rows of whole blocks)."""
     position = blob_start + entry.offset
-    if entry.kquant is not None:
+    if entry.block_type is not None:
         out_features, in_features = entry.shape
-        row_bytes = kquant_blocks.row_bytes(entry.dtype, in_features)
-        byte_cut = _scaled(cut, entry.kquant.block_bytes, kquant_blocks.SUPER_BLOCK)
+        row_bytes = gguf_blocks.row_bytes(entry.dtype, in_features)
+        byte_cut = _scaled(cut, entry.block_type.block_bytes, entry.block_type.block_values)
         return [_window(path, f, position, np.dtype(np.uint8), (out_features, row_bytes), byte_cut)]
     if entry.bits is None:
         return [_window(path, f, position, FLOAT_DTYPES[entry.dtype], entry.shape, cut)]

@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 import xxhash
 
-from baselm import kquant_blocks
+from baselm import gguf_blocks
 from baselm.store.base_format import (
     ALIGNMENT,
     BLOB_ALIGN,
@@ -103,14 +103,14 @@ class TensorRecord:
 
     @classmethod
     def from_blocks(cls, dtype: str, data: np.ndarray, shape: tuple[int, int]) -> TensorRecord:
-        """A matrix of GGUF K-quant blocks kept as they are (baselm/kquant_blocks.py), dtype `gguf_q4_k` |
-        `gguf_q5_k` | `gguf_q6_k` of logical `shape` (out, in): `data` the rows' bytes, uint8
-        (out, in / 256 * block bytes) or flat. A contiguous `data` is kept as it is, not copied."""
-        if dtype not in kquant_blocks.BY_DTYPE:
-            raise ValueError(f"{dtype!r} is not a block dtype; expected one of {', '.join(kquant_blocks.BY_DTYPE)}")
+        """A matrix of GGUF blocks kept as they are (baselm/gguf_blocks.py), a block dtype (`gguf_q8_0`,
+        `gguf_q4_k` ...) of logical `shape` (out, in): `data` the rows' bytes, uint8
+        (out, in / block values * block bytes) or flat. A contiguous `data` is kept as it is, not copied."""
+        if dtype not in gguf_blocks.BY_DTYPE:
+            raise ValueError(f"{dtype!r} is not a block dtype; expected one of {', '.join(gguf_blocks.BY_DTYPE)}")
         if len(shape) != 2:
             raise ValueError(f"a {dtype} tensor is a matrix (out, in), not shape {list(shape)}")
-        rows, row_bytes = shape[0], kquant_blocks.row_bytes(dtype, shape[1])
+        rows, row_bytes = shape[0], gguf_blocks.row_bytes(dtype, shape[1])
         data = np.asarray(data)
         if data.dtype != np.uint8:
             raise ValueError(f"{dtype} blocks are uint8 bytes, not {data.dtype}")
@@ -127,9 +127,9 @@ class TensorRecord:
         return QUANT_BITS.get(self.dtype)
 
     @property
-    def kquant(self) -> kquant_blocks.BlockType | None:
-        """The block type of a record of kept K-quant blocks, else None."""
-        return kquant_blocks.BY_DTYPE.get(self.dtype)
+    def block_type(self) -> gguf_blocks.BlockType | None:
+        """The block type of a record of kept GGUF blocks, else None."""
+        return gguf_blocks.BY_DTYPE.get(self.dtype)
 
     def buffers(self) -> list[np.ndarray]:
         """The region's parts in file order: [data] of a float or block record, [codes, scales, biases] of an
@@ -144,9 +144,10 @@ class TensorRecord:
                 raise ValueError(f"{name}: quantized tensors must be 2-D with in_features divisible by 32/64/128")
             if scale_dtype not in FLOAT_DTYPES:
                 raise ValueError(f"{name}: scale_dtype must be f32, f16 or bf16, not {scale_dtype!r}")
-        elif self.kquant is not None:
-            if len(self.shape) != 2 or self.shape[1] % kquant_blocks.SUPER_BLOCK or self.data.dtype != np.uint8:
-                raise ValueError(f"{name}: {self.dtype} tensors are 2-D uint8 blocks with in_features % 256 == 0")
+        elif self.block_type is not None:
+            values = self.block_type.block_values
+            if len(self.shape) != 2 or self.shape[1] % values or self.data.dtype != np.uint8:
+                raise ValueError(f"{name}: {self.dtype} tensors are 2-D uint8 blocks with in_features % {values} == 0")
         elif self.dtype not in FLOAT_DTYPES:
             raise ValueError(f"{name}: unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         expected = region_sizes(self.dtype, self.shape, group, scale_dtype)

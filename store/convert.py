@@ -113,7 +113,7 @@ class _ParamCounter:
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         for name, record in self.tensors:
             self.params += math.prod(record.shape)
-            if isinstance(record, TensorRecord) and record.bits is not None:
+            if isinstance(record, TensorRecord) and (record.bits is not None or record.block_type is not None):
                 self.quantized += 1
             else:
                 self.floats += 1

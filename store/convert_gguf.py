@@ -1,13 +1,13 @@
 """The GGUF converter: a `.gguf` file read as a `SourceModel`.
 
-With no `quant` asked for, the file keeps its own quantization: F32/F16/BF16 and the legacy
-Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks as exact affine records (`gguf_quants.py`), Q4_K/Q5_K/Q6_K
-matrices as their own blocks byte for byte (the `.base` block dtypes, a version-2 file, which the
-CPU kernels run as they are: `baselm/kquant_blocks.py`), Q3_K as its exact affine form; Q2_K alone,
-which no affine group of 32 holds and no kernel reads, is re-quantized on a finer grid and the
-measured error logged (`gguf_kquants.py`). With a `quant`, blocks bound for at least as many bits in
-groups of the same size are widened exactly and the rest quantized anew; each re-quantization logs
-one line saying that it compounds error.
+With no `quant` asked for, the file keeps its own quantization: F32/F16/BF16 as they are, the
+legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and the Q4_K/Q5_K/Q6_K matrices as their own blocks byte for byte
+(the `.base` block dtypes, a version-3 or version-2 file, which the CPU kernels run as they are:
+`baselm/gguf_blocks.py`). Q3_K and stacks of matrices (MoE experts) become exact affine records
+(`gguf_quants.py`, `gguf_kquants.py`), but Q2_K and stacked Q6_K, which no affine group of 32
+holds: those are re-quantized on a finer grid and the measured error logged. With a `quant`,
+blocks bound for at least as many bits in groups of the same size are widened exactly and the rest
+quantized anew; each re-quantization logs one line saying that it compounds error.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from baselm import gguf_blocks
 from baselm.store import gguf
 from baselm.store.gguf_kquants import K_SCHEMES, is_exact
 from baselm.store.gguf_mmproj import Mmproj
@@ -58,9 +59,10 @@ def gguf_source(
     checkpoint = gguf.GGUFCheckpoint.open(path)
     gguf_file, config = checkpoint.file, checkpoint.config
     tokenizer = gguf_tokenizer(gguf_file.metadata)
-    # Kept as it is, a Q4_K/Q5_K/Q6_K matrix is stored as its blocks (a version-2 `.base`); asked for a
-    # quant, Q2_K/Q6_K tensors are quantized once, from the GGUF's own values.
-    records = checkpoint.records(inexact_as_float=quant is not None, keep_blocks=quant is None)
+    # Kept as it is, a matrix of a block type is stored as its blocks (a version-2 or -3 `.base`); asked
+    # for a quant, Q2_K/Q6_K tensors are quantized once, from the GGUF's own values.
+    keep_blocks = frozenset(gguf_blocks.BY_GGUF_TYPE) if quant is None else frozenset()
+    records = checkpoint.records(inexact_as_float=quant is not None, keep_blocks=keep_blocks)
     num = len(gguf_file.tensors)
     if mmproj is not None:
         projector = Mmproj.open(mmproj)
@@ -106,7 +108,7 @@ def _noting_requantized(
     """The records as they are, those of a GGUF type that has no exact `.base` form and came as no
     blocks (Q2_K: `GGUFFile.read` re-quantized it) noted in `not_exact` on the way."""
     for name, type_name, record in records:
-        if type_name in K_SCHEMES and not is_exact(type_name) and record.kquant is None:
+        if type_name in K_SCHEMES and not is_exact(type_name) and record.block_type is None:
             not_exact[name] = "requantized"
         yield name, record
 

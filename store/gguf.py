@@ -1,9 +1,10 @@
 """Reads a GGUF file as an HF-shaped model: config dict, HF tensor names, q/k rows in HF order.
 
 The file is parsed here (header, metadata, tensor table) and memory-mapped; each tensor's raw
-blocks are decoded by `store/gguf_quants.py` (F32/F16/BF16 as they are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0
-as exact MLX affine triplets of group 32), `store/gguf_kquants.py` (Q3_K/Q4_K/Q5_K exact,
-Q2_K/Q6_K re-quantized) and `store/mxfp4.py` (MXFP4 widened exactly to floats);
+blocks are kept as they are where the CPU kernels run them (`baselm/gguf_blocks.py`: Q4_0 ... Q8_0,
+Q4_K, Q5_K, Q6_K), else decoded by `store/gguf_quants.py` (F32/F16/BF16 as they are,
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 as exact MLX affine triplets of group 32), `store/gguf_kquants.py`
+(Q3_K/Q4_K/Q5_K exact, Q2_K/Q6_K re-quantized) and `store/mxfp4.py` (MXFP4 widened exactly to floats);
 `store/gguf_arch.py` says where each tensor goes for each architecture.
 The metadata comes back as plain Python values (str, int, float, bool, lists of them), ready for
 a `.base` header. NOTE: `gguf.GGUFReader` reads the same data, but it builds a numpy view per
@@ -29,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from baselm import kquant_blocks
+from baselm import gguf_blocks
 from baselm.store import gguf_arch, gguf_config, gguf_gpt_oss, gguf_split
 from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
@@ -140,13 +141,13 @@ class GGUFFile:
         info: TensorInfo,
         errors: dict[str, RequantError] | None = None,
         inexact_as_float: bool = False,
-        keep_blocks: bool = False,
+        keep_blocks: frozenset[str] = frozenset(),
     ) -> TensorRecord:
         """One tensor as a `.base` record. Quantized ones are 2-D, (rows, inputs), a stack's matrices
         one under the other; a Q2_K/Q6_K tensor is re-quantized and its error added to `errors`, or
         with `inexact_as_float` given as its float32 values (for a caller that quantizes anyway).
-        With `keep_blocks`, a Q4_K/Q5_K/Q6_K matrix comes as its blocks (baselm/kquant_blocks.py), a
-        view of the mapped file; stacks of them (experts) are converted as without."""
+        A matrix of a GGUF type in `keep_blocks` comes as its blocks (baselm/gguf_blocks.py), a view
+        of the mapped file; stacks of them (experts) are converted as without."""
         check_readable(info.type_name, info.name, self.path.name)
         raw = self.raw(info)
         if info.type_name in FLOAT_TYPES:
@@ -154,19 +155,13 @@ class GGUFFile:
         if info.type_name == "MXFP4":  # exact as floats: `.base` has no MXFP4 dtype
             return gguf_mxfp4_record(raw, info.shape)
         shape = (math.prod(info.shape[:-1]), info.shape[-1])
-        block_type = kquant_blocks.BY_GGUF_TYPE.get(info.type_name)
-        if keep_blocks and block_type and len(info.shape) == 2 and not inexact_as_float:
+        block_type = gguf_blocks.BY_GGUF_TYPE.get(info.type_name)
+        if info.type_name in keep_blocks and block_type and len(info.shape) == 2 and not inexact_as_float:
             return TensorRecord.from_blocks(block_type.dtype, raw.reshape(shape[0], -1), shape)
         try:
-            if info.type_name in EXACT_TYPES:
-                return exact_record(info.type_name, raw, shape)
-            if is_exact(info.type_name):
-                return k_record(info.type_name, raw, shape)
-            if inexact_as_float:
+            if inexact_as_float and info.type_name in K_SCHEMES and not is_exact(info.type_name):
                 return TensorRecord.from_array(k_values(info.type_name, raw, shape))
-            error = RequantError(info.type_name, K_SCHEMES[info.type_name][0])
-            error = error if errors is None else errors.setdefault(info.type_name, error)
-            return requantized_record(info.name, raw, shape, error)
+            return affine_record(info.type_name, raw, shape, info.name, {} if errors is None else errors)
         except ValueError as exc:
             raise ModelFileError(f"{self.path.name}: tensor {info.name!r}: {exc}") from None
 
@@ -341,14 +336,17 @@ class GGUFCheckpoint:
             scaling[key] = to_float32(record.data, record.dtype).reshape(-1).tolist()
 
     def records(
-        self, inexact_as_float: bool = False, skip: frozenset[str] = frozenset(), keep_blocks: bool = False
+        self,
+        inexact_as_float: bool = False,
+        skip: frozenset[str] = frozenset(),
+        keep_blocks: frozenset[str] = frozenset(),
     ) -> Iterator[tuple[str, str, TensorRecord]]:
         """(HF name, GGUF type, record) per tensor, sorted by HF name, converted a few tensors ahead
         of the consumer (`_read_ahead`); HF tensors named in `skip` are left out.
 
         Re-quantized K-quants (Q2_K, Q6_K) add their error to `requant_errors`, logged at the end;
         with `inexact_as_float` they come as float32 values instead (the caller quantizes them once).
-        With `keep_blocks`, Q4_K/Q5_K/Q6_K matrices come as their blocks (`GGUFFile.read`).
+        Matrices of the GGUF types in `keep_blocks` come as their blocks (`GGUFFile.read`).
         """
         self.requant_errors = {}
         fused_parts: dict[str, dict[str, tuple[TensorRecord, tuple[int, ...]]]] = {}
@@ -376,7 +374,7 @@ class GGUFCheckpoint:
             log.warning("%s: %s", self.file.path.name, error.describe())
 
     def _read_ahead(
-        self, placed: list[tuple[str, str, Placement]], inexact_as_float: bool, keep_blocks: bool
+        self, placed: list[tuple[str, str, Placement]], inexact_as_float: bool, keep_blocks: frozenset[str]
     ) -> Iterator[tuple[tuple[str, str, Placement], TensorRecord, dict[str, RequantError]]]:
         """(placed item, its record, its re-quantization errors) for each of `placed`, in order, converted
         on a few threads: numpy releases the GIL inside its loops, so tensors convert side by side.
@@ -407,10 +405,10 @@ class GGUFCheckpoint:
         finally:
             pool.shutdown(cancel_futures=True)
 
-    def mx_weights(self, keep_blocks: bool = False) -> dict[str, mx.array]:
+    def mx_weights(self, keep_blocks: frozenset[str] = frozenset()) -> dict[str, mx.array]:
         """Every tensor as MLX arrays under HF names (quantized ones as `.weight`/`.scales`/`.biases`,
-        Q4_K/Q5_K/Q6_K matrices with `keep_blocks` as their blocks, `x.q4_k` ...: the model decides
-        whether it runs them so or the loader converts them, `gguf_kquants.blocks_as_triplets`).
+        matrices of the GGUF types in `keep_blocks` as their blocks, `x.q8_0`, `x.q4_k` ...: the model
+        decides whether it runs them so or the loader converts them, `blocks_as_triplets`).
 
         gpt-oss experts stored as MXFP4 come back as the HF checkpoint's `_blocks`/`_scales`, so the
         model runs them as MXFP4 (a `.base` file, which has no MXFP4 dtype, gets `records`' floats).
@@ -450,9 +448,10 @@ def read_metadata(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]
 
 
 def record_arrays(name: str, record: TensorRecord) -> dict[str, mx.array]:
-    """A record as MLX arrays: `{name: values}`, or a quantized triplet under `.weight`/`.scales`/`.biases`."""
-    if record.kquant is not None:
-        return {f"{name.removesuffix('.weight')}.{record.kquant.suffix}": mx.array(record.data)}
+    """A record as MLX arrays: `{name: values}`, a quantized triplet under `.weight`/`.scales`/`.biases`,
+    or blocks under their suffix (`x.q8_0`)."""
+    if record.block_type is not None:
+        return {f"{name.removesuffix('.weight')}.{record.block_type.suffix}": mx.array(record.data)}
     if record.bits is None:
         value = mx.array(record.data)
         return {name: value.view(mx.bfloat16) if record.dtype == "bf16" else value}
@@ -461,3 +460,35 @@ def record_arrays(name: str, record: TensorRecord) -> dict[str, mx.array]:
         scales, biases = scales.view(mx.bfloat16), biases.view(mx.bfloat16)
     prefix = name.removesuffix(".weight")
     return {name: mx.array(record.codes), f"{prefix}.scales": scales, f"{prefix}.biases": biases}
+
+
+def affine_record(
+    type_name: str, raw: np.ndarray, shape: tuple[int, int], name: str, errors: dict[str, RequantError]
+) -> TensorRecord:
+    """A quantized GGUF matrix's bytes (rows, row bytes) as an affine record: exact for Q4_0 ... Q8_0
+    and Q3_K/Q4_K/Q5_K, re-quantized for Q2_K/Q6_K (the error added to `errors[type_name]`)."""
+    if type_name in EXACT_TYPES:
+        return exact_record(type_name, raw, shape)
+    if is_exact(type_name):
+        return k_record(type_name, raw, shape)
+    error = errors.setdefault(type_name, RequantError(type_name, K_SCHEMES[type_name][0]))
+    return requantized_record(name, raw, shape, error)
+
+
+def blocks_as_triplets(weights: dict[str, mx.array], keep: frozenset[str] = frozenset()) -> None:
+    """Replaces each kept block matrix of `weights` (`x.q8_0`, `x.q4_k` ..., baselm/gguf_blocks.py) whose
+    GGUF type is not in `keep` by what a read without blocks gives: an exact affine triplet (Q4_0 ... Q8_0,
+    Q4_K, Q5_K) or a re-quantized one (Q6_K, 8 bits), the error logged. For the paths that run no block
+    kernel (GPU, sharded, adapters) and the types that run faster so."""
+    errors: dict[str, RequantError] = {}
+    for name in list(weights):
+        split = gguf_blocks.split_name(name)
+        if split is None or split[1].gguf_type in keep:
+            continue
+        prefix, block_type = split
+        blocks = np.array(weights.pop(name))
+        shape = (blocks.shape[0], gguf_blocks.in_features(block_type.dtype, blocks.shape[1]))
+        record = affine_record(block_type.gguf_type, blocks, shape, prefix, errors)
+        weights.update(record_arrays(f"{prefix}.weight", record))
+    for error in errors.values():
+        log.warning("%s", error.describe())

@@ -44,7 +44,7 @@ def fused_record(kind: str, parts: dict[str, tuple[TensorRecord, tuple[int, ...]
 
 def _values(record: TensorRecord, shape: tuple[int, ...]) -> tuple[np.ndarray, str]:
     """(stored values in `shape`, dtype): floats as stored (bf16 as its bits), quantized ones in float32."""
-    if record.bits is None and record.kquant is None:
+    if record.bits is None and record.block_type is None:
         return record.data.reshape(shape), record.dtype
     return np.array(dequantize_record(record)).reshape(shape), "f32"
 

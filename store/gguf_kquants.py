@@ -3,8 +3,8 @@ re-quantized with the error measured.
 
 This is the form for the paths that run no K-quant kernel (a GPU, a sharded or adapted model, the
 generic CPU build) and for a pull asked for a quant. `base pull` of a K-quant file stores its
-Q4_K/Q5_K/Q6_K matrices as their blocks instead (the `.base` block dtypes, baselm/kquant_blocks.py),
-and `blocks_as_triplets` turns them into these records when such a path loads them.
+Q4_K/Q5_K/Q6_K matrices as their blocks instead (the `.base` block dtypes, baselm/gguf_blocks.py),
+and `gguf.blocks_as_triplets` turns them into these records when such a path loads them.
 
 A K-quant super-block holds 256 values of a row. What each type stores, and what it becomes:
 
@@ -31,16 +31,13 @@ logs the measured error (`RequantError`).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
-from baselm import kquant_blocks
 from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
 from baselm.store.quantize import pack_codes, quantize, unpack_codes
@@ -52,7 +49,6 @@ K_SCHEMES = {"Q2_K": (4, False), "Q3_K": (8, True), "Q4_K": (4, True), "Q5_K": (
 _BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 Q3_K_OFFSET = 127
 FLOAT_VIEW = {"f32": np.float32, "f16": np.float16}
-log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -132,28 +128,6 @@ def requantized_record(name: str, raw: np.ndarray, shape: tuple[int, int], error
         return record
 
     return _by_rows(raw, shape, requantize)
-
-
-def blocks_as_triplets(weights: dict[str, mx.array]) -> None:
-    """Replaces each kept K-quant matrix of `weights` (`x.q4_k` ..., baselm/kquant_blocks.py) by what
-    an import without blocks gives: an exact affine triplet (Q4_K, Q5_K) or a re-quantized one (Q6_K,
-    8 bits), the error logged. For the paths that run no K-quant kernel (GPU, sharded, adapters)."""
-    errors: dict[str, RequantError] = {}
-    for name in [n for n in weights if kquant_blocks.split_name(n)]:
-        prefix, block_type = kquant_blocks.split_name(name)
-        blocks, kind = np.array(weights.pop(name)), block_type.gguf_type
-        shape = (blocks.shape[0], kquant_blocks.in_features(block_type.dtype, blocks.shape[1]))
-        if is_exact(kind):
-            record = k_record(kind, blocks, shape)
-        else:
-            record = requantized_record(
-                prefix, blocks, shape, errors.setdefault(kind, RequantError(kind, K_SCHEMES[kind][0]))
-            )
-        weights[f"{prefix}.weight"] = mx.array(record.codes)
-        for part in ("scales", "biases"):
-            weights[f"{prefix}.{part}"] = mx.array(getattr(record, part))
-    for error in errors.values():
-        log.warning("%s", error.describe())
 
 
 def _by_rows(

@@ -280,7 +280,7 @@ class Mmproj:
     def _float32(self, name: str) -> np.ndarray:
         info = self.file.tensors[name]
         record = self.file.read(info, inexact_as_float=True)
-        if record.bits is None and record.kquant is None:
+        if record.bits is None and record.block_type is None:
             return to_float32(record.data, record.dtype).reshape(info.shape)
         return np.array(dequantize_record(record).astype(mx.float32)).reshape(info.shape)
 

@@ -31,7 +31,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from baselm import kquant_blocks
+from baselm import gguf_blocks
 from baselm.store.base_format import FLOAT_DTYPES, GROUP_SIZES, float_numpy, to_float32
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ProfileError, QuantizationError
@@ -437,8 +437,8 @@ def widen(record: TensorRecord, bits: int, group_size: int) -> TensorRecord | No
 
 def dequantize_record(record: TensorRecord) -> mx.array:
     """A record as MLX float values: float records as stored, quantized ones dequantized in f32."""
-    if record.kquant is not None:
-        return mx.array(kquant_blocks.block_values(record.kquant.dtype, record.data, record.shape))
+    if record.block_type is not None:
+        return mx.array(gguf_blocks.dequantize(record.dtype, record.data, record.shape))
     if record.bits is None:
         values = mx.array(record.data)
         return values.view(mx.bfloat16) if record.dtype == "bf16" else values

@@ -1,5 +1,6 @@
-"""`base doctor MODEL` through the real `base` entry point: each GGUF tensor type's fate (kept
-exactly, re-quantized, floats, refused) and the tokenizer's, before anything is pulled."""
+"""`base doctor MODEL` through the real `base` entry point: each GGUF tensor type's fate (kept as
+blocks, run so here or converted, kept exactly, re-quantized, floats, refused) and the tokenizer's,
+before anything is pulled."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import sys
 
 import numpy as np
 
+from baselm.backend import select_backend
 from baselm.commands.doctor_model import gguf_type_action
-from tests.tiny_gguf import add_llama_hparams, random_k_blocks, tiny_llama_gguf, write_gguf
+from baselm.loader import kept_block_types
+from tests.tiny_gguf import add_llama_hparams, random_blocks, tiny_llama_gguf, write_gguf
 from tests.tiny_model import write_model_folder
 from tests.vision_fixture import IDEFICS3
 from tests.vision_gguf import write_vision_gguf
@@ -28,7 +31,8 @@ def test_a_gguf_whose_blocks_base_keeps_is_reported_runnable(tmp_path):
     result = doctor(str(path), home=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = [line.strip() for line in result.stdout.splitlines()]
-    assert any(line.startswith("Q4_1") and line.endswith("kept exactly (base_q4)") for line in lines), lines
+    action = gguf_type_action("Q4_1", kept_block_types(select_backend("auto")))  # as this machine runs them
+    assert any(line.startswith("Q4_1") and line.endswith(action) for line in lines), lines
     assert any(line.startswith("F32") and line.endswith("kept as f32") for line in lines)
     assert "base can run it" in lines
     report = json.loads(doctor(str(path), "--json", home=tmp_path).stdout)["model"]
@@ -38,7 +42,7 @@ def test_a_gguf_whose_blocks_base_keeps_is_reported_runnable(tmp_path):
 
 def test_types_base_requantizes_or_cannot_read_and_a_refused_tokenizer_are_named(tmp_path):
     tensors = {
-        "blk.0.ffn_down.weight": (random_k_blocks("Q6_K", 4, 256), "Q6_K"),
+        "blk.0.ffn_down.weight": (random_blocks("Q6_K", 4, 256), "Q6_K"),
         "blk.0.ffn_up.weight": (np.zeros((4, 8 * 18), dtype=np.uint8), "IQ4_NL"),
     }
 
@@ -52,8 +56,9 @@ def test_types_base_requantizes_or_cannot_read_and_a_refused_tokenizer_are_named
     path = write_gguf(tmp_path / "odd.gguf", tensors, metadata)
     report = json.loads(doctor(str(path), "--json", home=tmp_path).stdout)["model"]
     actions = {row["type"]: row["action"] for row in report["tensors"]}
-    assert actions["Q6_K"] == gguf_type_action("Q6_K") and actions["IQ4_NL"].startswith("refused")
-    assert actions["Q6_K"].startswith("kept as its blocks (gguf_q6_k)") and "re-quantized on other" in actions["Q6_K"]
+    assert actions["Q6_K"] == gguf_type_action("Q6_K", kept_block_types(select_backend("auto")))
+    assert actions["Q6_K"].startswith("kept as its blocks (gguf_q6_k)") and "base_q8 re-quantized" in actions["Q6_K"]
+    assert actions["IQ4_NL"].startswith("refused")
     assert gguf_type_action("Q2_K").startswith("re-quantized to base_q4")
     assert report["tokenizer"]["status"].startswith("refused: ")
     assert "IQ4_NL" in report["refused"]  # the file as a whole: the type base cannot read
@@ -93,3 +98,13 @@ def test_a_projector_base_cannot_read_is_named_with_what_to_do(tmp_path):
     lines = [line.strip() for line in doctor(str(folder), home=tmp_path).stdout.splitlines()]
     assert "images: refused: mmproj-tiny-F16.gguf: projector type 'pixtral' is not supported" in " ".join(lines)
     assert "base cannot run it with its vision projector (base pull --no-mmproj stores the text model alone)" in lines
+
+
+def test_a_block_type_s_action_says_whether_this_machine_runs_its_blocks() -> None:
+    assert gguf_type_action("Q5_0", frozenset({"Q5_0"})) == (
+        "kept as its blocks (gguf_q5_0), which the CPU kernels run here; base_q5 exactly where no block kernel runs"
+    )
+    assert gguf_type_action("Q8_0", frozenset({"Q5_0"})) == (
+        "kept as its blocks (gguf_q8_0); runs here (and where no block kernel runs) as base_q8 exactly"
+    )
+    assert gguf_type_action("Q3_K", frozenset({"Q5_0"})) == "kept exactly (base_q8)"

@@ -148,7 +148,7 @@ def test_an_adapter_on_k_quant_blocks_adds_its_float_delta_to_their_values(tmp_p
     cpu.kernels.set_exact(True)
     try:
         served = load_model(path, KERNELS, served_adapters=[AdapterSpec.read(f"a={adapter}")])
-        assert type(served.model.layers[0].self_attn.q_proj).__name__ == "KQuantLinear"
+        assert type(served.model.layers[0].self_attn.q_proj).__name__ == "BlockLinear"
         got = prefill(served.model, IDS.tolist(), all_rows(len(IDS)))
     finally:
         cpu.kernels.set_exact(before)

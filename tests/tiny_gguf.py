@@ -308,9 +308,14 @@ def fixture_gguf(
 
 
 # ---------------------------------------------------------------------------------------------
-# Oracles and K-quant blocks
+# Oracles and random blocks
 
-K_LAYOUT = {  # type: (block bytes, byte offsets of the f16 fields d and dmin)
+BLOCK_LAYOUT = {  # type: (block bytes, byte offsets of the f16 fields: d and dmin / m)
+    "Q4_0": (18, (0,)),
+    "Q4_1": (20, (0, 2)),
+    "Q5_0": (22, (0,)),
+    "Q5_1": (24, (0, 2)),
+    "Q8_0": (34, (0,)),
     "Q2_K": (84, (80, 82)),
     "Q3_K": (110, (108,)),
     "Q4_K": (144, (0, 2)),
@@ -319,18 +324,20 @@ K_LAYOUT = {  # type: (block bytes, byte offsets of the f16 fields d and dmin)
 }
 
 
-def random_k_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """(rows, cols / 256 * block bytes) random K-quant blocks with d, dmin in [0.001, 0.01).
+def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """(rows, cols / block values * block bytes) random blocks of a GGUF type with its f16 fields (d,
+    dmin or m) in [0.001, 0.01): every code the type has, at sane scales.
 
     The gguf package quantizes no K-quant (its K classes have no `quantize_blocks`), so K-quant
-    files are made of random blocks with sane `d`/`dmin` fields, which its dequantizer reads like any other.
+    files are made of such blocks, which its dequantizer reads like any other.
     """
-    block_bytes, f16_fields = K_LAYOUT[type_name]
+    block_bytes, f16_fields = BLOCK_LAYOUT[type_name]
+    num_blocks = cols // gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0]
     rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
+    blocks = rng.integers(0, 256, size=(rows, num_blocks, block_bytes), dtype=np.uint8)
     for at in f16_fields:
-        scale = rng.uniform(0.001, 0.01, size=(rows, cols // 256)).astype(np.float16)
-        blocks[..., at : at + 2] = scale.view(np.uint8).reshape(rows, cols // 256, 2)
+        scale = rng.uniform(0.001, 0.01, size=(rows, num_blocks)).astype(np.float16)
+        blocks[..., at : at + 2] = scale.view(np.uint8).reshape(rows, num_blocks, 2)
     return blocks.reshape(rows, -1)
 
 

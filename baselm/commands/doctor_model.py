@@ -1,7 +1,8 @@
 """`base doctor MODEL`: what base will do with a model file or folder before it is pulled.
 
-For a GGUF file, tensor type by tensor type: kept exactly (the block's values as `.base` holds
-them), re-quantized (a type no `.base` dtype holds exactly), kept as floats, or refused (and why);
+For a GGUF file, tensor type by tensor type: kept as its blocks (and whether this machine runs
+them so or converts them at load), kept exactly (the block's values as `.base` holds them),
+re-quantized (a type no `.base` dtype holds exactly), kept as floats, or refused (and why);
 the architecture and the tokenizer, read or refused by name with the reason; in a folder, the
 vision projector (`mmproj*.gguf`) beside it, read or refused. For an HF folder, the weights are
 quantized at pull (q4 unless asked otherwise) and floats that stay floats are named; an MLX
@@ -65,7 +66,7 @@ def _gguf(path: Path) -> dict[str, Any]:
     gguf_file = GGUFFile.open(path)
     report: dict[str, Any] = {
         "architecture": gguf_file.metadata.get("general.architecture"),
-        "tensors": _types(gguf_file),
+        "tensors": _types(gguf_file, _blocks_run_here()),
     }
     try:
         checkpoint = GGUFCheckpoint.open(path)
@@ -76,21 +77,31 @@ def _gguf(path: Path) -> dict[str, Any]:
     return report
 
 
-def _types(gguf_file: Any) -> list[dict[str, Any]]:
-    """One row per GGUF tensor type: how many tensors and weights, and what base does with them."""
+def _blocks_run_here() -> frozenset[str]:
+    """The GGUF types whose blocks this machine's backend runs as they are (`loader.kept_block_types`)."""
+    from baselm.backend import select_backend
+    from baselm.loader import kept_block_types
+
+    return kept_block_types(select_backend("auto"))
+
+
+def _types(gguf_file: Any, kept: frozenset[str]) -> list[dict[str, Any]]:
+    """One row per GGUF tensor type: how many tensors and weights, and what base does with them
+    (`kept`: the types whose blocks run as they are here)."""
     rows: dict[str, dict[str, Any]] = {}
     for info in gguf_file.tensors.values():
         row = rows.setdefault(info.type_name, {"type": info.type_name, "tensors": 0, "weights": 0})
         row["tensors"] += 1
         row["weights"] += info.num_params
     for row in rows.values():
-        row["action"] = gguf_type_action(row["type"])
+        row["action"] = gguf_type_action(row["type"], kept)
     return sorted(rows.values(), key=lambda row: -row["weights"])
 
 
-def gguf_type_action(type_name: str) -> str:
-    """What a pull does with tensors of one GGUF type, in a few words."""
-    from baselm.kquant_blocks import BY_GGUF_TYPE as KEPT_AT_RUN
+def gguf_type_action(type_name: str, kept: frozenset[str] = frozenset()) -> str:
+    """What a pull does with tensors of one GGUF type, and a run here (`kept`: the types whose blocks
+    run as they are on this machine), in a few words."""
+    from baselm.gguf_blocks import BY_GGUF_TYPE as BLOCK_TYPES
     from baselm.store.gguf_kquants import K_SCHEMES, is_exact
     from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, READABLE
 
@@ -98,18 +109,17 @@ def gguf_type_action(type_name: str) -> str:
         return f"kept as {FLOAT_TYPES[type_name]}"
     if type_name == "MXFP4":
         return "widened to bf16, exactly"
-    if type_name in EXACT_TYPES:
-        return f"kept exactly (base_q{EXACT_TYPES[type_name].bits})"
+    exact = type_name in EXACT_TYPES or (type_name in K_SCHEMES and is_exact(type_name))
+    bits = EXACT_TYPES[type_name].bits if type_name in EXACT_TYPES else K_SCHEMES.get(type_name, (0,))[0]
+    affine = f"base_q{bits} {'exactly' if exact else 're-quantized'}"
+    if type_name in BLOCK_TYPES:
+        dtype = BLOCK_TYPES[type_name].dtype
+        if type_name in kept:
+            return f"kept as its blocks ({dtype}), which the CPU kernels run here; {affine} where no block kernel runs"
+        return f"kept as its blocks ({dtype}); runs here (and where no block kernel runs) as {affine}"
+    if exact:
+        return f"kept exactly (base_q{bits})"
     if type_name in K_SCHEMES:
-        bits = K_SCHEMES[type_name][0]
-        if type_name in KEPT_AT_RUN:
-            elsewhere = "exactly" if is_exact(type_name) else "re-quantized"
-            return (
-                f"kept as its blocks ({KEPT_AT_RUN[type_name].dtype}), which the CPU kernels run; "
-                f"base_q{bits} {elsewhere} on other backends"
-            )
-        if is_exact(type_name):
-            return f"kept exactly (base_q{bits})"
         return f"re-quantized to base_q{bits}: no .base dtype holds its blocks exactly"
     if type_name not in READABLE:
         return "refused: base cannot read this type (convert the model to a type it reads)"

@@ -11,7 +11,7 @@ import mlx.nn as nn
 from baselm.memory import release_freed_memory
 from baselm.models.attention import Attention
 from baselm.models.base import BaseModelArgs, DecoderModel, ModelConfigError
-from baselm.models.linear import can_fuse, use_cpu_kernels, use_kquant_layers
+from baselm.models.linear import can_fuse, use_block_layers, use_cpu_kernels
 from baselm.models.mlp import MLP
 
 # HF model_type -> module in this package.
@@ -151,7 +151,7 @@ def build_model(
     if consume:
         given.clear()
     del given
-    use_kquant_layers(model, weights, runs_blocks=cpu_kernels and shard is None)
+    use_block_layers(model, weights, runs_blocks=cpu_kernels and shard is None)
     # Codes are sliced on group boundaries; weights read already cut resize the layers first.
     if shard is not None and (keep_quantized or getattr(shard, "presliced", None)):
         weights = shard(model, weights)

@@ -9,10 +9,10 @@ and serves everything else.
 It applies when the kernels module is loaded, MLX runs on the CPU, the step has at most
 `LAYER_MAX_ROWS` tokens in float32 and no rows of a LoRA adapter (the per-op path adds their
 deltas, baselm/models/lora.py), the pools are plain float32, and the layer is the plain
-shape: RMSNorm (no weight offset), fused q/k/v and gate/up projections on float32 or affine
-weights, RoPE (any kind but LongRoPE) or none, no q/k norms or attention sinks, a gated
-activation the kernel knows. `BASE_CPU_LAYER=0` (`baselm.cpu.fused.layer_enabled`) keeps the
-per-op path.
+shape: RMSNorm (no weight offset), q/k/v and gate/up projections (fused, or up to 3 pieces
+each) on float32, affine or GGUF block weights, RoPE (any kind but LongRoPE) or none, no q/k
+norms or attention sinks, a gated activation the kernel knows. `BASE_CPU_LAYER=0`
+(`baselm.cpu.fused.layer_enabled`) keeps the per-op path.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from baselm import cpu, kquant_blocks
+from baselm import cpu, gguf_blocks
 from baselm.cpu import fused
 from baselm.cpu.fused import GATED_ACTIVATIONS
 from baselm.kv.cache import LayerKV
 from baselm.metal import AttentionMetadata
 from baselm.models.attention import Attention
-from baselm.models.linear import DENSE_KERNEL_MAX_ROWS, KernelLinear, KernelQuantizedLinear, KQuantLinear
+from baselm.models.linear import DENSE_KERNEL_MAX_ROWS, BlockLinear, KernelLinear, KernelQuantizedLinear
 from baselm.models.mlp import MLP
 from baselm.models.norm import RMSNorm
 from baselm.paged_attention import query_starts
@@ -47,8 +47,8 @@ def _linear_parts(layer: nn.Module) -> tuple[list[mx.array], int, int] | None:
         return [layer.weight, *bias], 0, 0
     if type(layer) is KernelQuantizedLinear:
         return [layer.weight, layer.scales, layer.biases, *bias], layer.bits, layer.group_size
-    if type(layer) is KQuantLinear:  # the kernels take the block type where they take bits
-        return [layer.weight, *bias], kquant_blocks.BY_SUFFIX[layer.kind].kernel_kind, 32
+    if type(layer) is BlockLinear:  # the kernels take the block type where they take bits
+        return [layer.weight, *bias], gguf_blocks.BY_SUFFIX[layer.kind].kernel_kind, 32
     return None
 
 
@@ -56,7 +56,7 @@ QKV, GATE_UP = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
 
 
 def _fused(module: nn.Module, fused: str, names: tuple[str, ...]) -> list[nn.Module]:
-    """[the fused projection], or its parts where they could not be fused (K-quant files mix formats)."""
+    """[the fused projection], or its parts where they could not be fused (GGUF files mix formats)."""
     layer = getattr(module, fused, None)
     return [layer[0]] if layer is not None else [getattr(module, name) for name in names]
 

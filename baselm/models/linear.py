@@ -5,7 +5,8 @@ On the CPU MLX runs every matmul as a BLAS GEMM and has no fast quantized matmul
 kernels loaded, `use_cpu_kernels` swaps a model's linear layers for `KernelLinear` (float32
 weights, the kernel for few rows, BLAS GEMM for prefill-sized inputs) and
 `KernelQuantizedLinear` / `KernelQuantizedEmbedding` (weights stay in MLX's affine layout and
-are decoded as they stream through the kernel, at every number of rows).
+are decoded as they stream through the kernel, at every number of rows); a GGUF's blocks kept as
+they are become `BlockLinear` / `BlockEmbedding` (`use_block_layers`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import copy
 import mlx.core as mx
 import mlx.nn as nn
 
-from baselm import cpu, kquant_blocks
+from baselm import cpu, gguf_blocks
 from baselm.models.base import ModelConfigError
 
 # Activation rows up to which the float32 kernel beats OpenBLAS GEMM. Measured per call on
@@ -46,10 +47,10 @@ class KernelLinear(nn.Module):
 
 
 def linear_shape(layer: nn.Module) -> tuple[int, int]:
-    """(out, in) of a linear layer of any kind here: float, quantized, kernel-backed, K-quant blocks."""
+    """(out, in) of a linear layer of any kind here: float, quantized, kernel-backed, GGUF blocks."""
     rows, columns = layer.weight.shape
-    if type(layer) is KQuantLinear:
-        return rows, kquant_blocks.in_features(kquant_blocks.BY_SUFFIX[layer.kind].dtype, columns)
+    if type(layer) is BlockLinear:
+        return rows, gguf_blocks.in_features(gguf_blocks.BY_SUFFIX[layer.kind].dtype, columns)
     bits = getattr(layer, "bits", None)
     return rows, columns if bits is None else columns * 32 // bits
 
@@ -105,67 +106,67 @@ class KernelQuantizedEmbedding(nn.Module):
         return _affine_linear(x, self, None)
 
 
-class KQuantLinear(nn.Module):
-    """A linear layer whose weight is rows of GGUF K-quant blocks (baselm/kquant_blocks.py), decoded
-    inside the kernel at every number of rows. `kind` is the blocks' suffix (q4_k, q5_k, q6_k)."""
+class BlockLinear(nn.Module):
+    """A linear layer whose weight is rows of GGUF blocks (baselm/gguf_blocks.py), decoded inside the
+    kernel at every number of rows. `kind` is the blocks' suffix (q4_0 ... q8_0, q4_k, q5_k, q6_k)."""
 
     def __init__(self, blocks: mx.array, kind: str, bias: mx.array | None = None):
         super().__init__()
-        self.weight = blocks  # (out, in / 256 * block bytes) uint8
+        self.weight = blocks  # (out, in / block values * block bytes) uint8
         if bias is not None:
             self.bias = bias  # (out,)
         self.kind = kind
 
     def __call__(self, x: mx.array) -> mx.array:
-        return _kquant_linear(x, self.weight, self.kind, self.get("bias"))
+        return _block_linear(x, self.weight, self.kind, self.get("bias"))
 
 
-def _kquant_linear(x: mx.array, blocks: mx.array, kind: str, bias: mx.array | None) -> mx.array:
+def _block_linear(x: mx.array, blocks: mx.array, kind: str, bias: mx.array | None) -> mx.array:
     if x.dtype == mx.float32:
-        return cpu.kernels.kquant_linear(x, blocks, kind, bias)
-    dense = cpu.kernels.kquant_dequantize(blocks, kind).astype(x.dtype)
+        return cpu.kernels.block_linear(x, blocks, kind, bias)
+    dense = cpu.kernels.block_dequantize(blocks, kind).astype(x.dtype)
     return x @ dense.T if bias is None else mx.addmm(bias, x, dense.T)
 
 
-class KQuantEmbedding(nn.Module):
-    """An embedding of GGUF K-quant rows: rows gathered then decoded; `as_linear` (a tied LM head) runs the kernel."""
+class BlockEmbedding(nn.Module):
+    """An embedding of GGUF block rows: rows gathered then decoded; `as_linear` (a tied LM head) runs the kernel."""
 
     def __init__(self, blocks: mx.array, kind: str):
         super().__init__()
-        self.weight = blocks  # (vocab, dims / 256 * block bytes) uint8
+        self.weight = blocks  # (vocab, dims / block values * block bytes) uint8
         self.kind = kind
 
     def __call__(self, ids: mx.array) -> mx.array:
         rows = self.weight[ids.reshape(-1)]
-        return cpu.kernels.kquant_dequantize(rows, self.kind).reshape(*ids.shape, -1)
+        return cpu.kernels.block_dequantize(rows, self.kind).reshape(*ids.shape, -1)
 
     def as_linear(self, x: mx.array) -> mx.array:
         """x (..., dims) @ the embedding table.T: the tied LM head."""
-        return _kquant_linear(x, self.weight, self.kind, None)
+        return _block_linear(x, self.weight, self.kind, None)
 
 
-def use_kquant_layers(model: nn.Module, weights: dict[str, mx.array], runs_blocks: bool) -> None:
-    """Puts a K-quant layer in place of each linear layer or embedding of `model` whose weight
-    `weights` holds as GGUF K-quant blocks (`x.q4_k` ..., baselm/kquant_blocks.py), and names the
+def use_block_layers(model: nn.Module, weights: dict[str, mx.array], runs_blocks: bool) -> None:
+    """Puts a block layer in place of each linear layer or embedding of `model` whose weight
+    `weights` holds as GGUF blocks (`x.q8_0`, `x.q4_k` ..., baselm/gguf_blocks.py), and names the
     blocks `x.weight`, the new layer's parameter, so loading `weights` fills it. Only the CPU
     kernels, unsharded, run blocks (`runs_blocks`); others get them converted by the loader."""
     modules = dict(model.named_modules())
-    kept = [(name, split) for name in weights if (split := kquant_blocks.split_name(name))]
+    kept = [(name, split) for name in weights if (split := gguf_blocks.split_name(name))]
     if kept and not runs_blocks:
-        raise ModelConfigError(f"{kept[0][0]}: K-quant blocks run on the CPU kernels only, unsharded")
+        raise ModelConfigError(f"{kept[0][0]}: GGUF blocks run on the CPU kernels only, unsharded")
     for name, (prefix, block_type) in kept:
         module, blocks = modules.get(prefix), weights.pop(name)
         if type(module) not in (nn.Linear, nn.Embedding):
-            raise ModelConfigError(f"{name}: K-quant blocks for {prefix}, which is not a linear layer or an embedding")
-        shape = (blocks.shape[0], kquant_blocks.in_features(block_type.dtype, blocks.shape[1]))
+            raise ModelConfigError(f"{name}: GGUF blocks for {prefix}, which is not a linear layer or an embedding")
+        shape = (blocks.shape[0], gguf_blocks.in_features(block_type.dtype, blocks.shape[1]))
         if tuple(module.weight.shape) != shape:
             raise ModelConfigError(
                 f"tensor {name} holds a {shape} matrix, the config implies {tuple(module.weight.shape)}"
             )
         if type(module) is nn.Embedding:
-            twin = KQuantEmbedding(blocks, block_type.suffix)
+            twin = BlockEmbedding(blocks, block_type.suffix)
         else:
-            twin = KQuantLinear(blocks, block_type.suffix, module.get("bias"))
+            twin = BlockLinear(blocks, block_type.suffix, module.get("bias"))
         parent, _, leaf = prefix.rpartition(".")
         setattr(modules[parent] if parent else model, leaf, twin)
         weights[f"{prefix}.weight"] = blocks
@@ -183,7 +184,7 @@ def _kernel_twin(module: nn.Module) -> nn.Module | None:
     return None
 
 
-KERNEL_LAYERS = (KernelLinear, KernelQuantizedLinear, KernelQuantizedEmbedding, KQuantLinear, KQuantEmbedding)
+KERNEL_LAYERS = (KernelLinear, KernelQuantizedLinear, KernelQuantizedEmbedding, BlockLinear, BlockEmbedding)
 
 
 def use_cpu_kernels(model: nn.Module) -> int:
@@ -206,7 +207,7 @@ def use_cpu_kernels(model: nn.Module) -> int:
     return swapped
 
 
-FUSABLE = (nn.Linear, KernelLinear, KernelQuantizedLinear, KQuantLinear)
+FUSABLE = (nn.Linear, KernelLinear, KernelQuantizedLinear, BlockLinear)
 
 
 def can_fuse(linears: list[nn.Module]) -> bool:
@@ -219,7 +220,7 @@ def can_fuse(linears: list[nn.Module]) -> bool:
     if type(first) is KernelQuantizedLinear:
         fmt = (first.group_size, first.bits, first.scales.dtype)
         return all((lin.group_size, lin.bits, lin.scales.dtype) == fmt for lin in linears)
-    if type(first) is KQuantLinear:
+    if type(first) is BlockLinear:
         return all(lin.kind == first.kind for lin in linears)
     return True
 

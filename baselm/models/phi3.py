@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from baselm import kquant_blocks
+from baselm import gguf_blocks
 from baselm.models import llama, mistral
 
 
@@ -20,10 +20,10 @@ def _split_rows(weights: dict[str, mx.array], fused: str, parts: dict[str, int])
     """Splits `{fused}.*` along its output rows into `parts` (name -> row count), in place.
 
     Rows are whole output features, so a quantized triplet's codes, scales and biases split alike,
-    as do the rows of K-quant blocks.
+    as do the rows of GGUF blocks.
     """
     prefix = fused.rsplit(".", 1)[0]
-    for suffix in ("weight", "scales", "biases", "bias", *kquant_blocks.BY_SUFFIX):
+    for suffix in ("weight", "scales", "biases", "bias", *gguf_blocks.BY_SUFFIX):
         value = weights.pop(f"{fused}.{suffix}", None)
         if value is None:
             continue

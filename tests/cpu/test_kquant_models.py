@@ -16,7 +16,7 @@ import pytest
 from baselm import cpu
 from baselm.backend import Backend
 from baselm.loader import load_model
-from baselm.models.linear import KQuantEmbedding, KQuantLinear
+from baselm.models.linear import BlockEmbedding, BlockLinear
 from tests.cpu.conftest import requires_kernels
 from tests.forward import prefill_logits
 from tests.store.test_gguf_kquants import k_quant_llama
@@ -48,12 +48,12 @@ def blocks_kept(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_the_k_quant_matrices_become_block_layers(files, blocks_kept) -> None:
     model = load_model(files[0], KERNELS).model
     attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
-    assert type(model.embed_tokens) is KQuantEmbedding and model.embed_tokens.kind == "q4_k"
+    assert type(model.embed_tokens) is BlockEmbedding and model.embed_tokens.kind == "q4_k"
     kinds = {name: getattr(attn, name).kind for name in ("q_proj", "k_proj", "o_proj")}
     assert kinds == {"q_proj": "q4_k", "k_proj": "q5_k", "o_proj": "q6_k"}
     assert [getattr(mlp, n).kind for n in ("gate_proj", "up_proj", "down_proj")] == ["q4_k", "q5_k", "q6_k"]
-    assert type(attn.v_proj) is not KQuantLinear  # Q3_K: an affine triplet, as without blocks
-    assert type(model.lm_head) is not KQuantLinear  # Q2_K: re-quantized, as without blocks
+    assert type(attn.v_proj) is not BlockLinear  # Q3_K: an affine triplet, as without blocks
+    assert type(model.lm_head) is not BlockLinear  # Q2_K: re-quantized, as without blocks
 
 
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "integer"])
@@ -82,11 +82,11 @@ def test_blocks_are_the_default_where_the_kernels_have_simd_loops_for_them(
         for isa in isas:
             cpu.kernels.set_isa(isa)
             model = load_model(files[0], KERNELS).model
-            kept = any(isinstance(m, KQuantLinear) for _, m in model.named_modules())
+            kept = any(isinstance(m, BlockLinear) for _, m in model.named_modules())
             assert kept == (isa != "generic"), isa
         cpu.kernels.set_isa("generic")
         monkeypatch.setenv("BASE_KQUANT_BLOCKS", "1")
-        assert any(isinstance(m, KQuantLinear) for _, m in load_model(files[0], KERNELS).model.named_modules())
+        assert any(isinstance(m, BlockLinear) for _, m in load_model(files[0], KERNELS).model.named_modules())
     finally:
         cpu.kernels.set_isa(before)
 
@@ -94,7 +94,7 @@ def test_blocks_are_the_default_where_the_kernels_have_simd_loops_for_them(
 def test_turned_off_the_file_loads_in_the_affine_form(files, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BASE_KQUANT_BLOCKS", "0")
     model = load_model(files[0], KERNELS).model
-    assert not any(isinstance(m, (KQuantLinear, KQuantEmbedding)) for _, m in model.named_modules())
+    assert not any(isinstance(m, (BlockLinear, BlockEmbedding)) for _, m in model.named_modules())
     # Its Q6_K matrices are re-quantized to 8 bits then: the logits move by more than the blocks' integer path does.
     expected = prefill_logits(load_model(files[1], FLOAT).model, IDS)
     assert np.abs(prefill_logits(model, IDS) - expected).max() > 1e-3 * np.abs(expected).max()
@@ -110,5 +110,5 @@ def test_a_pulled_base_file_runs_as_the_gguf_does(files, tmp_path: Path, monkeyp
     monkeypatch.setenv("BASE_KQUANT_BLOCKS", setting)
     direct, pulled = (load_model(path, KERNELS).model for path in (files[0], tmp_path / "k.base"))
     kinds = [[type(m).__name__ for _, m in model.named_modules()] for model in (direct, pulled)]
-    assert kinds[0] == kinds[1] and ("KQuantLinear" in kinds[0]) == (setting == "1")
+    assert kinds[0] == kinds[1] and ("BlockLinear" in kinds[0]) == (setting == "1")
     assert np.array_equal(prefill_logits(direct, IDS), prefill_logits(pulled, IDS))

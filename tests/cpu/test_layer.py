@@ -284,17 +284,23 @@ def test_projections_that_do_not_fuse_run_as_pieces(kernels, restore_enabled, fo
 
 K_LAYER = dict(model_type="qwen2", hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                intermediate_size=512)  # fmt: skip
-# A Q4_K_M-like mix: q/k and gate Q4_K, v and down Q6_K, up Q5_K, o float.
-K_FORMATS = {"q_proj": "q4_k", "k_proj": "q4_k", "v_proj": "q6_k", "gate_proj": "q4_k", "up_proj": "q5_k",
-             "down_proj": "q6_k"}  # fmt: skip
+# GGUF block mixes, o float: Q4_K_M-like (q/k and gate Q4_K, v and down Q6_K, up Q5_K), and one of
+# every legacy type (Qwen2.5's Q4_K_M file has q/k/v Q5_0 beside Q8_0 or Q6_K).
+BLOCK_FORMATS = {
+    "k_quants": {"q_proj": "q4_k", "k_proj": "q4_k", "v_proj": "q6_k", "gate_proj": "q4_k", "up_proj": "q5_k",
+                 "down_proj": "q6_k"},
+    "legacy": {"q_proj": "q5_0", "k_proj": "q5_0", "v_proj": "q8_0", "gate_proj": "q4_0", "up_proj": "q4_1",
+               "down_proj": "q5_1"},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "integer"])
 @pytest.mark.parametrize("step", ["one_decode", "three_decodes", "chunk_of_17_and_a_decode"])
-def test_a_k_quant_layer_matches_the_per_op_path(kernels, restore_enabled, exact, step):
-    """GGUF K-quant blocks kept as they are (baselm/kquant_blocks.py) in the one-node layer."""
-    from baselm.models.linear import KQuantLinear
-    from tests.tiny_gguf import random_k_blocks
+@pytest.mark.parametrize("formats", list(BLOCK_FORMATS))
+def test_a_block_layer_matches_the_per_op_path(kernels, restore_enabled, exact, step, formats):
+    """GGUF blocks kept as they are (baselm/gguf_blocks.py) in the one-node layer."""
+    from baselm.models.linear import BlockLinear
+    from tests.tiny_gguf import random_blocks
 
     CONFIGS["qwen2_k"] = K_LAYER
     try:
@@ -302,16 +308,16 @@ def test_a_k_quant_layer_matches_the_per_op_path(kernels, restore_enabled, exact
     finally:
         CONFIGS.pop("qwen2_k")
     weights = _weights(config, seed=0)
-    for seed, (proj, kind) in enumerate(K_FORMATS.items()):
+    for seed, (proj, kind) in enumerate(BLOCK_FORMATS[formats].items()):
         prefix = next(n for n in weights if n.endswith(f"{proj}.weight")).removesuffix(".weight")
         rows, cols = weights.pop(f"{prefix}.weight").shape
-        weights[f"{prefix}.{kind}"] = mx.array(random_k_blocks(kind.upper(), rows, cols, seed))
+        weights[f"{prefix}.{kind}"] = mx.array(random_blocks(kind.upper(), rows, cols, seed))
     before = kernels.exact_setting()
     kernels.set_exact(exact)
     try:
         model = build_model(config, weights, cpu_kernels=True)
         layer = model.layers[0]
-        assert type(layer.self_attn.v_proj) is KQuantLinear and "_qkv" not in vars(layer.self_attn)
+        assert type(layer.self_attn.v_proj) is BlockLinear and "_qkv" not in vars(layer.self_attn)
         # Integer path: a last-bit difference upstream can move an activation code by one unit (1/32767 of its block).
         _compare(model, layer, *STEPS[step], atol=1e-6 if exact else 1e-5)
     finally:

@@ -100,7 +100,8 @@ def test_quantized_layer_at_prefill_sizes_and_in_float16() -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_q4_kernels_match_the_dequantized_float32_path(smollm2_gguf, smollm2_reference) -> None:
+def test_smollm2_q4_kernels_match_the_dequantized_float32_path(smollm2_gguf, smollm2_reference, monkeypatch) -> None:
+    monkeypatch.setenv("BASE_GGUF_BLOCKS", "0")  # Q4_1 as affine triplets (the file's blocks: test_legacy_block_models)
     kernels = load_model(smollm2_gguf, Backend("cpu", mx.float32, keep_quantized=True, cpu_kernels=True))
     reference = load_model(smollm2_gguf, Backend("cpu", mx.float32, keep_quantized=False))
     assert isinstance(kernels.model.layers[0].mlp.down_proj, KernelQuantizedLinear)

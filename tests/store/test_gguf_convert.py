@@ -1,5 +1,6 @@
-"""GGUF tensors as `.base` tensors: exact for F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, refused by
-name for types base cannot read (K-quants: test_gguf_kquants.py).
+"""GGUF tensors as `.base` tensors: exact for F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (the legacy
+types as affine triplets, or kept as their blocks), refused by name for types base cannot read
+(K-quants: test_gguf_kquants.py).
 
 Every file here is written with the `gguf` package's GGUFWriter; the oracle for the values is
 the same package's reader and `gguf.quants.dequantize`.
@@ -15,14 +16,15 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from baselm import gguf_blocks
 from baselm.store import gguf as gguf_store
-from baselm.store.base_reader import QuantizedArray, read_base_file
+from baselm.store.base_reader import BlockArray, read_base_file
 from baselm.store.base_writer import TensorRecord
 from baselm.store.convert import convert
 from baselm.store.errors import UnsupportedModelError
 from baselm.store.quantize import pack_codes
 from tests.paths import TOKENIZER_FIXTURES
-from tests.tiny_gguf import encode, oracle, random_k_blocks, same_bits, tiny_llama_gguf, values_of, write_gguf
+from tests.tiny_gguf import encode, oracle, random_blocks, same_bits, tiny_llama_gguf, values_of, write_gguf
 
 EXACT = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8}
@@ -185,7 +187,7 @@ def test_metadata_arrays_nest_at_most_8_deep(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1"])
-def test_a_converted_llama_gguf_holds_its_tensors_exactly_with_qk_rows_in_hf_order(
+def test_a_converted_llama_gguf_holds_its_blocks_byte_for_byte_with_qk_rows_in_hf_order(
     type_name: str, tmp_path: Path
 ) -> None:
     path, config = tiny_llama_gguf(tmp_path / f"llama.{type_name}.gguf", type_name)
@@ -194,20 +196,47 @@ def test_a_converted_llama_gguf_holds_its_tensors_exactly_with_qk_rows_in_hf_ord
     header, tensors = read_base_file(tmp_path / "llama.base", verify=True)
     assert header["quant_profile"] == f"gguf-{type_name}"
     expected = oracle(path)
+    raw = {t.name: np.array(t.data) for t in gguf.GGUFReader(str(path)).tensors}
     q = tensors["model.layers.1.self_attn.q_proj.weight"]
-    assert isinstance(q, QuantizedArray) and (q.bits, q.group_size) == (5, 32)
+    assert isinstance(q, BlockArray) and q.dtype == f"gguf_{type_name.lower()}"
     heads = config["num_attention_heads"]
-    rows = expected["blk.1.attn_q.weight"]  # (out, in) in llama.cpp's row order
-    hf_rows = rows.reshape(heads, -1, 2, rows.shape[1]).swapaxes(1, 2).reshape(rows.shape)
-    dequantized = mx.dequantize(
-        q.codes, q.scales.astype(mx.float32), q.biases.astype(mx.float32), group_size=32, bits=5
-    )
-    assert same_bits(np.array(dequantized), hf_rows)
+
+    def in_hf_order(rows: np.ndarray) -> np.ndarray:  # llama.cpp's RoPE row order undone
+        return rows.reshape(heads, -1, 2, rows.shape[1]).swapaxes(1, 2).reshape(rows.shape)
+
+    assert np.array_equal(np.array(q.data), in_hf_order(raw["blk.1.attn_q.weight"]))  # whole rows of blocks moved
+    assert same_bits(np.array(q.dequantize()), in_hf_order(expected["blk.1.attn_q.weight"]))
     down = tensors["model.layers.0.mlp.down_proj.weight"]
-    down_values = mx.dequantize(
-        down.codes, down.scales.astype(mx.float32), down.biases.astype(mx.float32), group_size=32, bits=5
-    )
-    assert same_bits(np.array(down_values), expected["blk.0.ffn_down.weight"])
+    assert np.array_equal(np.array(down.data), raw["blk.0.ffn_down.weight"])
+    assert same_bits(np.array(down.dequantize()), expected["blk.0.ffn_down.weight"])
+
+
+@pytest.mark.parametrize("type_name", list(BITS))
+def test_a_legacy_tensor_kept_as_blocks_is_its_bytes_and_converts_to_the_exact_triplet(
+    type_name: str, tmp_path: Path
+) -> None:
+    """Read with its blocks kept, a tensor is a view of the file's bytes; `blocks_as_triplets` (the
+    paths that run no block kernel) turns them into the triplet a read without blocks gives."""
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_blocks(type_name, 8, 96, seed=3), type_name)})
+    gguf_file = gguf_store.GGUFFile.open(path)
+    kept = gguf_file.read(gguf_file.tensors["w.weight"], keep_blocks=frozenset({type_name}))
+    assert (kept.dtype, kept.shape, kept.bits) == (f"gguf_{type_name.lower()}", (8, 96), None)
+    assert np.shares_memory(kept.data, gguf_file.raw(gguf_file.tensors["w.weight"]))
+    assert same_bits(gguf_blocks.dequantize(kept.dtype, kept.data, kept.shape), oracle(path)["w.weight"])
+    weights = gguf_store.record_arrays("w.weight", kept)
+    assert list(weights) == [f"w.{type_name.lower()}"]
+    gguf_store.blocks_as_triplets(weights, keep=frozenset(set(BITS) - {type_name}))
+    expected = gguf_store.record_arrays("w.weight", read_one(path))
+    assert sorted(weights) == sorted(expected) == ["w.biases", "w.scales", "w.weight"]
+    assert all(mx.array_equal(weights[name], expected[name]).item() for name in expected)
+
+
+def test_blocks_as_triplets_leaves_the_kept_types_as_they_are(tmp_path: Path) -> None:
+    blocks = mx.array(random_blocks("Q8_0", 4, 64))
+    weights = {"a.q8_0": blocks, "b.q4_0": mx.array(random_blocks("Q4_0", 4, 64)), "c.weight": mx.zeros((2,))}
+    gguf_store.blocks_as_triplets(weights, keep=frozenset({"Q8_0"}))
+    assert sorted(weights) == ["a.q8_0", "b.biases", "b.scales", "b.weight", "c.weight"]
+    assert weights["a.q8_0"] is blocks
 
 
 def test_a_ggufs_recommended_sampling_is_kept_in_hf_generation_config_names(tmp_path: Path) -> None:
@@ -256,7 +285,7 @@ def test_read_metadata_gives_q5_and_k_quant_triplets_that_dequantize_as_gguf_doe
         tmp_path / "w.gguf",
         {
             "a.weight": (encode(weights(), "Q5_1"), "Q5_1"),
-            "b.weight": (random_k_blocks("Q5_K", 8, 256), "Q5_K"),
+            "b.weight": (random_blocks("Q5_K", 8, 256), "Q5_K"),
         },
     )
     tensors, _ = gguf_store.read_metadata(path)

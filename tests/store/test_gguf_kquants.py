@@ -2,7 +2,7 @@
 error measured and logged.
 
 The oracle is the `gguf` package's dequantizer. It quantizes no K-quant, so the files here are made
-of random blocks (tests/tiny_gguf.py `random_k_blocks`), which it reads like any other.
+of random blocks (tests/tiny_gguf.py `random_blocks`), which it reads like any other.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from baselm import gguf_blocks
 from baselm.backend import Backend
 from baselm.loader import load_model
 from baselm.store import gguf as gguf_store
@@ -27,7 +28,7 @@ from tests.tiny_gguf import (
     add_hparams,
     add_word_vocabulary,
     oracle,
-    random_k_blocks,
+    random_blocks,
     same_bits,
     values_of,
     write_gguf,
@@ -46,14 +47,14 @@ def read_one(path: Path, errors: dict[str, RequantError] | None = None):
 @pytest.mark.parametrize("type_name", list(EXACT_K))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_an_exact_k_quant_dequantizes_bit_for_bit_as_gguf_does(type_name: str, seed: int, tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks(type_name, 16, 512, seed), type_name)})
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_blocks(type_name, 16, 512, seed), type_name)})
     record = read_one(path)
     assert (record.dtype, record.group_size, record.shape) == (f"base_q{EXACT_K[type_name]}", 32, (16, 512))
     assert same_bits(values_of(record), oracle(path)["w.weight"])
 
 
 def test_q4_k_scales_are_float16_when_every_product_is_a_float16_value(tmp_path: Path) -> None:
-    blocks = random_k_blocks("Q4_K", 4, 256).reshape(4, 1, 144)
+    blocks = random_blocks("Q4_K", 4, 256).reshape(4, 1, 144)
     blocks[..., 0:4] = np.array([1.0, 0.5], np.float16).view(np.uint8)  # d = 1, dmin = 0.5: small exact products
     path = write_gguf(tmp_path / "w.gguf", {"w.weight": (blocks.reshape(4, -1), "Q4_K")})
     record = read_one(path)
@@ -62,13 +63,13 @@ def test_q4_k_scales_are_float16_when_every_product_is_a_float16_value(tmp_path:
 
 
 def test_q4_k_scales_are_float32_when_a_product_needs_more_bits(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks("Q4_K", 4, 256), "Q4_K")})
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_blocks("Q4_K", 4, 256), "Q4_K")})
     assert read_one(path).scale_dtype == "f32"  # d * sc of a random f16 d needs up to 17 bits
 
 
 @pytest.mark.parametrize("type_name", list(REQUANTIZED_K))
 def test_a_requantized_k_quant_is_within_half_a_step_and_its_error_is_measured(type_name: str, tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks(type_name, 16, 512), type_name)})
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_blocks(type_name, 16, 512), type_name)})
     errors: dict[str, RequantError] = {}
     record = read_one(path, errors)
     assert (record.dtype, record.group_size) == (f"base_q{REQUANTIZED_K[type_name]}", 32)
@@ -83,7 +84,7 @@ def test_a_requantized_k_quant_is_within_half_a_step_and_its_error_is_measured(t
 
 
 def test_a_corrupt_q3_k_block_is_a_clear_error(tmp_path: Path) -> None:
-    blocks = random_k_blocks("Q3_K", 2, 256).reshape(2, 1, 110)
+    blocks = random_blocks("Q3_K", 2, 256).reshape(2, 1, 110)
     blocks[0, 0, 108:110] = np.array([np.inf], np.float16).view(np.uint8)
     path = write_gguf(tmp_path / "w.gguf", {"w.weight": (blocks.reshape(2, -1), "Q3_K")})
     with pytest.raises(gguf_store.ModelFileError, match=r"w\.gguf: tensor 'w\.weight': a Q3_K block"):
@@ -112,12 +113,15 @@ K_TENSORS = {
 }
 
 
-def k_quant_llama(path: Path, types: dict[str, str] | None = None) -> Path:
-    """A Q4_K_M-like mix of every K-quant in one llama, as the converter names it (`types` overrides
-    the type of some stems); norms F32. With `types` mapping stems to "F32", the values given."""
+def k_quant_llama(
+    path: Path, types: dict[str, tuple[np.ndarray, str]] | None = None, stems: dict[str, tuple[int, str]] = K_TENSORS
+) -> Path:
+    """A Q4_K_M-like mix of every K-quant in one llama (or the mix `stems` gives: stem -> (rows, type)),
+    as the converter names it; norms F32. `types` maps tensor names to (data, type) put in their place:
+    with "F32", the values given."""
     tensors = {}
-    for seed, (stem, (rows, kind)) in enumerate(K_TENSORS.items()):
-        tensors[f"{stem}.weight"] = (random_k_blocks(kind, rows, 256, seed), kind)
+    for seed, (stem, (rows, kind)) in enumerate(stems.items()):
+        tensors[f"{stem}.weight"] = (random_blocks(kind, rows, 256, seed), kind)
     for name, (data, kind) in (types or {}).items():
         tensors[name] = (data, kind)
     for norm in ("blk.0.attn_norm", "blk.0.ffn_norm", "output_norm"):
@@ -196,7 +200,7 @@ def test_k_schemes_name_a_width_mlx_quantizes() -> None:
 
 
 def test_a_requantizing_pull_quantizes_q6_k_once_from_the_gguf_values(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks("Q6_K", 8, 256), "Q6_K")})
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_blocks("Q6_K", 8, 256), "Q6_K")})
     gguf_file = gguf_store.GGUFFile.open(path)
     record = gguf_file.read(gguf_file.tensors["w.weight"], inexact_as_float=True)
     assert record.dtype == "f32" and np.array_equal(record.data, oracle(path)["w.weight"])
@@ -219,7 +223,7 @@ def test_pulling_a_k_quant_gguf_as_q4_rounds_its_q6_k_values_once(tmp_path: Path
 def test_a_large_tensor_decoded_in_chunks_of_rows_gives_the_same_record(
     type_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_k_blocks(type_name, 10, 512), type_name)})
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (random_blocks(type_name, 10, 512), type_name)})
     whole = read_one(path)
     monkeypatch.setattr(gguf_kquants, "CHUNK_VALUES", 3 * 512)  # chunks of 3 rows: 3 + 3 + 3 + 1
     errors: dict[str, RequantError] = {}
@@ -234,7 +238,7 @@ def test_an_exact_k_quant_llama_runs_as_its_values_dequantized_by_the_gguf_packa
     """Q3_K/Q4_K/Q5_K matrices, the q/k rows unpermuted on their codes, scales and biases, lose nothing."""
     exact = {"Q6_K": "Q5_K", "Q2_K": "Q3_K"}
     swapped = {
-        f"{stem}.weight": (random_k_blocks(exact[kind], rows, 256, seed), exact[kind])
+        f"{stem}.weight": (random_blocks(exact[kind], rows, 256, seed), exact[kind])
         for seed, (stem, (rows, kind)) in enumerate(K_TENSORS.items())
         if kind in exact
     }
@@ -259,7 +263,8 @@ def test_a_tensor_s_mapped_pages_go_once_the_consumer_has_its_record(
     release = checkpoint.file.release
     monkeypatch.setattr(checkpoint.file, "release", lambda info: (events.append(("release", info.name)), release(info)))
     gguf_names = {hf_name: name for hf_name, name, _ in checkpoint._placed}
-    for name, _, record in checkpoint.records(keep_blocks=keep_blocks):
+    kept = frozenset(gguf_blocks.BY_GGUF_TYPE) if keep_blocks else frozenset()
+    for name, _, record in checkpoint.records(keep_blocks=kept):
         gguf_store.record_arrays(name, record)
         events.append(("copied", gguf_names.get(name, name)))
     for index, (event, name) in enumerate(events):

@@ -70,8 +70,9 @@ def test_a_conversion_counts_the_tensors_kept_exactly_requantized_and_float(tmp_
     path, _ = tiny_llama_gguf(tmp_path / "m.Q4_1.gguf", "Q4_1", more=with_names)
     kept = import_local(path, supported=SUPPORTED, store=store)
     base = BaseFile.open(kept.path)
-    floats = sum(1 for entry in base.tensors.values() if not entry.dtype.startswith("base_q"))
+    floats = sum(1 for entry in base.tensors.values() if entry.dtype in ("f32", "f16", "bf16"))
     num_tensors = len(base.tensors)
+    assert {entry.dtype for entry in base.tensors.values()} == {"gguf_q4_1", "f32"}  # the file's blocks, kept
     assert kept.source["tensors"] == {"exact": num_tensors - floats, "float": floats}
     assert base.header["quant_profile"] == "gguf-Q4_1"
     # Q4_1 blocks fit q8 exactly (widened) but not q3: those are quantized again from their values.

@@ -18,8 +18,9 @@ import pytest
 from hub_server import HubServer, tiny_gguf_files, tiny_llama_files
 from safetensors.numpy import load, load_file, save
 
+from baselm import gguf_blocks
 from baselm.store import gguf
-from baselm.store.base_reader import QuantizedArray, model_weights, read_base_file
+from baselm.store.base_reader import BaseFile, QuantizedArray, model_weights, read_base_file
 from baselm.store.convert import convert
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from baselm.store.hub import HubClient, HubError, NoProgress
@@ -116,14 +117,16 @@ def test_a_gguf_pull_picks_the_asked_file_and_keeps_its_quantization_bit_for_bit
     fetched = [p.rsplit("/", 1)[1] for m, p, _ in hub.requests[before:] if m == "GET" and "/resolve/" in p]
     assert fetched == ["tiny-llama.Q8_0.gguf"]
     assert (model.ref, model.quant, model.source["format"]) == ("org/Tiny-Llama-GGUF:q8_0", "q8", "gguf")
-    _, expected, _ = gguf.load_checkpoint(hub.gguf_dir / "tiny-llama.Q8_0.gguf")
+    expected = _gguf_weights(hub.gguf_dir / "tiny-llama.Q8_0.gguf")
     _, tensors = read_base_file(model.path, verify=True)
-    q = tensors["model.layers.1.self_attn.q_proj.weight"]
-    assert (q.bits, q.group_size, q.shape) == (8, 32, (64, 64))
-    for part in ("weight", "scales", "biases"):
-        assert mx.array_equal(
-            getattr(q, {"weight": "codes"}.get(part, part)), expected[f"model.layers.1.self_attn.q_proj.{part}"]
-        )
+    q = tensors["model.layers.1.self_attn.q_proj.weight"]  # its Q8_0 blocks, rows in HF order
+    assert (q.dtype, q.shape) == ("gguf_q8_0", (64, 64))
+    assert mx.array_equal(q.data, expected["model.layers.1.self_attn.q_proj.q8_0"])
+
+
+def _gguf_weights(path: Path) -> dict[str, mx.array]:
+    """A GGUF's weights as a pull stores them: every block type's matrices as their blocks."""
+    return gguf.GGUFCheckpoint.open(path).mx_weights(keep_blocks=frozenset(gguf_blocks.BY_GGUF_TYPE))
 
 
 def test_a_split_gguf_pull_fetches_every_part_and_keeps_the_weights_bit_for_bit(hub: HubServer, tmp_path: Path) -> None:
@@ -134,12 +137,12 @@ def test_a_split_gguf_pull_fetches_every_part_and_keeps_the_weights_bit_for_bit(
     fetched = [p.split("/", 1)[1] for p in resolved]  # after the commit
     assert sorted(fetched) == parts and model.source["files"] == parts
     assert (model.ref, model.quant) == ("org/Tiny-Split-GGUF:q8_0", "q8")
-    _, expected, _ = gguf.load_checkpoint(hub.gguf_dir / "split" / "tiny-llama.Q8_0-00001-of-00003.gguf")
+    expected = _gguf_weights(hub.gguf_dir / "split" / "tiny-llama.Q8_0-00001-of-00003.gguf")
     _, tensors = read_base_file(model.path, verify=True)
-    assert len(tensors) == 21
-    for name, value in tensors.items():
-        got = value.codes if isinstance(value, QuantizedArray) else value
-        assert mx.array_equal(got, expected[name]), name
+    weights, _ = model_weights(tensors)
+    assert len(tensors) == 21 and sorted(weights) == sorted(expected)
+    for name, value in weights.items():
+        assert mx.array_equal(value, expected[name]), name
 
 
 def test_a_split_gguf_with_a_part_missing_on_the_hub_is_refused_naming_it(hub: HubServer, tmp_path: Path) -> None:
@@ -247,10 +250,16 @@ def test_the_real_smollm2_gguf_converts_to_a_base_file_with_identical_weights(
     converted = convert(smollm2_gguf, tmp_path / "smollm2.base", None, None, "default")
     assert (converted.arch, converted.quant, converted.params) == ("llama", "q4", 134_515_008)
     header, tensors = read_base_file(tmp_path / "smollm2.base", verify=True)
-    weights, group_sizes = model_weights(tensors)
-    config, expected, metadata = gguf.load_checkpoint(smollm2_gguf)
+    weights, group_sizes = model_weights(tensors)  # its Q4_1 matrices and Q8_0 embeddings as their blocks
+    checkpoint = gguf.GGUFCheckpoint.open(smollm2_gguf)
+    config, metadata = checkpoint.config, dict(checkpoint.metadata)
+    expected = _gguf_weights(smollm2_gguf)
     assert header["config"] == config and header["quant_profile"] == "gguf-Q4_1"
-    assert sorted(weights) == sorted(expected) and set(group_sizes.values()) == {32}
+    assert (
+        sorted(weights) == sorted(expected)
+        and group_sizes == {}
+        and BaseFile.open(tmp_path / "smollm2.base").version == 3
+    )
     assert all(mx.array_equal(weights[name], expected[name]) for name in expected)
     stored, original = Tokenizer.from_gguf_metadata(header["tokenizer"]["gguf"]), Tokenizer.from_gguf_metadata(metadata)
     messages = [{"role": "user", "content": "What is 2+2?"}]

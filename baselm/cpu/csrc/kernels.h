@@ -21,13 +21,41 @@ struct DenseArgs {
 
 enum ScaleType : int { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
 
-// GGUF K-quant blocks kept as the file holds them, named by a weight's `bits` (above every
-// affine width): 256 values a block, in llama.cpp's layout (ggml-common.h's block_q4_K, block_q5_K
-// and block_q6_K). A row of K values is K / 256 blocks, back to back.
-enum KQuant : int { kQ4K = 104, kQ5K = 105, kQ6K = 106 };
+// GGUF blocks kept as the file holds them, named by a weight's `bits` (above every affine width),
+// in llama.cpp's layouts (ggml-common.h): the K-quants' super-blocks of 256 values (block_q4_K,
+// block_q5_K, block_q6_K) and the legacy blocks of 32 (block_q4_0, block_q4_1, block_q5_0,
+// block_q5_1, block_q8_0). A row of K values is K / block_values blocks, back to back.
+enum BlockType : int {
+  kQ4K = 104,
+  kQ5K = 105,
+  kQ6K = 106,
+  kQ4_0 = 110,
+  kQ4_1 = 111,
+  kQ5_0 = 112,
+  kQ5_1 = 113,
+  kQ8_0 = 118,
+};
 constexpr int kSuperBlock = 256;
+constexpr int kLegacyBlock = 32;
 constexpr bool is_kquant(int bits) { return bits == kQ4K || bits == kQ5K || bits == kQ6K; }
-constexpr int kquant_block_bytes(int bits) { return bits == kQ4K ? 144 : bits == kQ5K ? 176 : 210; }
+constexpr bool is_legacy_block(int bits) {
+  return bits == kQ4_0 || bits == kQ4_1 || bits == kQ5_0 || bits == kQ5_1 || bits == kQ8_0;
+}
+constexpr bool is_block(int bits) { return is_kquant(bits) || is_legacy_block(bits); }
+// Values a block of `type` holds, and its bytes.
+constexpr int block_values(int type) { return is_kquant(type) ? kSuperBlock : kLegacyBlock; }
+constexpr int block_bytes(int type) {
+  switch (type) {
+    case kQ4K: return 144;
+    case kQ5K: return 176;
+    case kQ6K: return 210;
+    case kQ4_0: return 18;
+    case kQ4_1: return 20;
+    case kQ5_0: return 22;
+    case kQ5_1: return 24;
+    default: return 34;  // kQ8_0
+  }
+}
 
 // The same product over an affine-quantized weight in MLX's layout: value k of row n is
 // scales[n, k / gs] * q + biases[n, k / gs], q the `bits`-bit field at bit k * bits of the
@@ -36,7 +64,7 @@ struct AffineArgs {
   const float* x;  // (M, K), row stride ldx
   int64_t ldx;
   int M;
-  const uint32_t* codes;  // (N, K * bits / 32), row stride ld_codes (K-quant blocks: bytes, ld_codes bytes)
+  const uint32_t* codes;  // (N, K * bits / 32), row stride ld_codes (GGUF blocks: bytes, ld_codes bytes)
   int64_t ld_codes;
   const void* scales;  // (N, K / gs) of scale_type, row stride ld_scales
   const void* biases;  // (N, K / gs) of scale_type, row stride ld_scales
@@ -71,8 +99,8 @@ struct LinearKernels {
   void (*affine_prepare)(const AffineArgs&, float* xp);
   // scratch: kAffineScratchRows * K floats, owned by the calling thread.
   void (*affine)(const AffineArgs&, int n0, int n1, float* scratch);
-  // out (R, K) float32: R rows of K-quant blocks (row stride ld bytes) decoded.
-  void (*kquant_rows)(int type, const uint8_t* rows, int64_t ld, int R, int K, float* out);
+  // out (R, K) float32: R rows of GGUF blocks of `type` (row stride ld bytes) decoded.
+  void (*block_rows)(int type, const uint8_t* rows, int64_t ld, int R, int K, float* out);
 };
 
 namespace generic {

@@ -1,4 +1,4 @@
-// GGUF K-quant super-blocks (kernels.h's KQuant) block by block, for the integer and float
+// GGUF K-quant super-blocks (kernels.h's kQ4K, kQ5K, kQ6K) block by block, for the integer and float
 // kernels. Included inside each instruction set's anonymous namespace, after scales_impl.h.
 //
 // A super-block of 256 values is 8 blocks of 32, and each block comes out as 32 integer codes
@@ -71,27 +71,4 @@ inline void kquant_codes(const uint8_t* sb, int j, int16_t* out) {
       out[l] = static_cast<int16_t>(q);
     }
   }
-}
-
-template <int TYPE>
-inline void kquant_decode_row_as(const uint8_t* row, int K, float* dst) {
-  constexpr int kBytes = kquant_block_bytes(TYPE);
-  alignas(64) int16_t codes[32];
-  float s[8], c[8];
-  for (int at = 0; at < K; at += kSuperBlock) {
-    const uint8_t* sb = row + static_cast<int64_t>(at / kSuperBlock) * kBytes;
-    kquant_affine<TYPE>(sb, s, c);
-    for (int j = 0; j < 8; ++j) {
-      kquant_codes<TYPE>(sb, j, codes);
-      float* out = dst + at + 32 * j;
-      for (int l = 0; l < 32; ++l) out[l] = s[j] * static_cast<float>(codes[l]) + c[j];
-    }
-  }
-}
-
-// The K float32 values of one row of K-quant blocks.
-inline void kquant_decode_row(int type, const uint8_t* row, int K, float* dst) {
-  if (type == kQ4K) return kquant_decode_row_as<kQ4K>(row, K, dst);
-  if (type == kQ5K) return kquant_decode_row_as<kQ5K>(row, K, dst);
-  kquant_decode_row_as<kQ6K>(row, K, dst);
 }

@@ -43,7 +43,7 @@ enum InSlot : int { kX = 0, kPositions, kNorm1, kFreqs };  // the attention's in
 enum OutSlot : int { kResidual = 0, kQueries, kKeyPool, kValuePool, kTables, kContextLens, kStarts, kNorm2 };
 enum Proj : int { kQkv = 0, kO, kGateUp, kDown, kNumProj };
 // A projection is one matrix or up to kMaxPieces stacked along N (q, k, v of different formats,
-// as K-quant files mix them): each piece runs on its own and its columns land in the stacked output.
+// as GGUF files mix them): each piece runs on its own and its columns land in the stacked output.
 constexpr int kMaxPieces = 3;
 
 struct LayerParams {
@@ -81,15 +81,15 @@ using Held = std::vector<std::vector<uint8_t>>;
 LinearWeights weights_of(const LayerParams& p, int proj, int piece, const std::vector<mx::array>& in, Held& held) {
   const int at = p.first[proj][piece], bits = p.bits[proj][piece];
   const mx::array& w = in[at];
-  const int parts = bits == 0 || is_kquant(bits) ? 1 : 3;
+  const int parts = bits == 0 || is_block(bits) ? 1 : 3;
   const float* bias = p.has_bias[proj][piece] ? static_cast<const float*>(row_major(in[at + parts], held)) : nullptr;
   if (bits == 0) {
     return LinearWeights{0, 0, 0, row_major(w, held), nullptr, nullptr, w.shape(1), 0, w.shape(0), w.shape(1), bias,
                          static_cast<int64_t>(w.nbytes())};
   }
-  if (is_kquant(bits)) {  // ld_codes counts bytes
+  if (is_block(bits)) {  // ld_codes counts bytes
     return LinearWeights{bits, kQBlock, kScaleF32, row_major(w, held), nullptr, nullptr, w.shape(1), 0,
-                         w.shape(0), w.shape(1) / kquant_block_bytes(bits) * kSuperBlock, bias,
+                         w.shape(0), w.shape(1) / block_bytes(bits) * block_values(bits), bias,
                          static_cast<int64_t>(w.nbytes())};
   }
   const mx::array& s = in[at + 1];
@@ -260,21 +260,21 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("decoder_layer: " + what);
 }
 
-// Checks one piece's parts (weight, codes/scales/biases or K-quant blocks; then an optional bias)
+// Checks one piece's parts (weight, codes/scales/biases or GGUF blocks; then an optional bias)
 // and appends them to `inputs`; returns its output width.
 int add_piece(const std::vector<mx::array>& parts, int bits, int group_size, int k, LayerParams& p, int proj,
               int piece, std::vector<mx::array>& inputs) {
-  const size_t base = bits == 0 || is_kquant(bits) ? 1 : 3;
+  const size_t base = bits == 0 || is_block(bits) ? 1 : 3;
   require(parts.size() == base || parts.size() == base + 1,
-          "a projection is [weight], [codes, scales, biases] or [K-quant blocks], then an optional bias");
+          "a projection is [weight], [codes, scales, biases] or [GGUF blocks], then an optional bias");
   const mx::array& w = parts[0];
   require(w.ndim() == 2, "projection weights must be 2-D");
   const int n = w.shape(0);
   if (bits == 0) {
     require(w.dtype() == mx::float32 && w.shape(1) == k, "float projection weights must be float32 (N, K)");
-  } else if (is_kquant(bits)) {
-    require(k % kSuperBlock == 0 && w.dtype() == mx::uint8 && w.shape(1) == k / kSuperBlock * kquant_block_bytes(bits),
-            "K-quant blocks must be uint8 (N, K / 256 * block bytes)");
+  } else if (is_block(bits)) {
+    require(k % block_values(bits) == 0 && w.dtype() == mx::uint8 && w.shape(1) == k / block_values(bits) * block_bytes(bits),
+            "GGUF blocks must be uint8 (N, K / block values * block bytes)");
     group_size = kQBlock;
   } else {
     require(bits >= 1 && bits <= 8 && group_size > 0 && k % group_size == 0 && (int64_t(k) * bits) % 32 == 0,

@@ -141,8 +141,8 @@ std::atomic<int>& activation_bits_slot() {
 
 QActivations quantized_buffers(const QdotKernels& kern, const float* x, int M, int K, int bits, int group_size) {
   thread_local QBuffers buffers;
-  // K-quant codes (Q6_K's carry their scale: up to 4096) meet 16-bit activations only.
-  const int width = is_kquant(bits) ? 16 : activation_bits_slot().load(std::memory_order_relaxed);
+  // GGUF blocks' codes (Q6_K's carry their scale: up to 4096) meet 16-bit activations only.
+  const int width = is_block(bits) ? 16 : activation_bits_slot().load(std::memory_order_relaxed);
   const size_t values = static_cast<size_t>(M) * K, blocks = values / kQBlock;
   if (buffers.q.size() < values) buffers.q.resize(values);
   if (buffers.d.size() < blocks) {
@@ -178,7 +178,7 @@ void run_affine(const std::vector<mx::array>& in, mx::array& out, int bits, int 
   std::vector<std::vector<uint8_t>> held;
   const int k = in[0].shape(-1);
   const int n = in[1].shape(0);
-  if (is_kquant(bits)) {  // inputs x, blocks (N, K / 256 * block bytes) uint8 [, bias]
+  if (is_block(bits)) {  // inputs x, blocks (N, K / block values * block bytes) uint8 [, bias]
     LinearWeights w{bits, kQBlock, kScaleF32, row_major(in[1], held), nullptr, nullptr, in[1].shape(1), 0, n, k,
                     has_bias ? static_cast<const float*>(row_major(in[2], held)) : nullptr,
                     static_cast<int64_t>(in[1].nbytes())};
@@ -293,72 +293,77 @@ mx::array affine_linear(const mx::array& x, const mx::array& codes, const mx::ar
   return mx::array(out_shape(x, n), mx::float32, std::move(prim), inputs);
 }
 
-// The KQuant of a name ("q4_k", "q5_k", "q6_k").
-int kquant_type(const std::string& name) {
+// The BlockType of a name (GGUF's type name in lower case).
+int block_type(const std::string& name) {
   if (name == "q4_k") return kQ4K;
   if (name == "q5_k") return kQ5K;
   if (name == "q6_k") return kQ6K;
-  throw std::invalid_argument("unknown K-quant type " + name + ": q4_k, q5_k or q6_k");
+  if (name == "q4_0") return kQ4_0;
+  if (name == "q4_1") return kQ4_1;
+  if (name == "q5_0") return kQ5_0;
+  if (name == "q5_1") return kQ5_1;
+  if (name == "q8_0") return kQ8_0;
+  throw std::invalid_argument("unknown block type " + name + ": q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k");
 }
 
-// blocks (R, K / 256 * block bytes) uint8: the row width K they hold, checked.
-int kquant_width(const mx::array& blocks, int type, const char* op) {
-  const int bytes = kquant_block_bytes(type);
+// blocks (R, K / block values * block bytes) uint8: the row width K they hold, checked.
+int block_width(const mx::array& blocks, int type, const char* op) {
+  const int bytes = block_bytes(type);
   if (blocks.dtype() != mx::uint8 || blocks.ndim() != 2 || blocks.shape(1) % bytes != 0 || blocks.shape(1) == 0) {
     std::ostringstream msg;
-    msg << op << ": blocks must be uint8 of shape (N, K / 256 * " << bytes << ")";
+    msg << op << ": blocks must be uint8 of shape (N, K / " << block_values(type) << " * " << bytes << ")";
     throw std::invalid_argument(msg.str());
   }
-  return blocks.shape(1) / bytes * kSuperBlock;
+  return blocks.shape(1) / bytes * block_values(type);
 }
 
-mx::array kquant_linear(const mx::array& x, const mx::array& blocks, const std::string& kind,
-                        const std::optional<mx::array>& bias) {
-  check_x(x, "kquant_linear");
-  const int type = kquant_type(kind);
-  if (kquant_width(blocks, type, "kquant_linear") != x.shape(-1))
-    throw std::invalid_argument("kquant_linear: blocks hold rows of a different K than x's last axis");
+mx::array block_linear(const mx::array& x, const mx::array& blocks, const std::string& kind,
+                       const std::optional<mx::array>& bias) {
+  check_x(x, "block_linear");
+  const int type = block_type(kind);
+  if (block_width(blocks, type, "block_linear") != x.shape(-1))
+    throw std::invalid_argument("block_linear: blocks hold rows of a different K than x's last axis");
   const int n = blocks.shape(0);
-  check_bias(bias, n, "kquant_linear");
+  check_bias(bias, n, "block_linear");
   std::vector<mx::array> inputs{x, blocks};
   if (bias) inputs.push_back(*bias);
   auto prim = std::make_shared<AffineLinear>(mx::default_stream(mx::Device::cpu), type, kQBlock, bias.has_value());
   return mx::array(out_shape(x, n), mx::float32, std::move(prim), inputs);
 }
 
-class KQuantRows : public mx::UnaryPrimitive {
+class BlockRows : public mx::UnaryPrimitive {
  public:
-  KQuantRows(mx::Stream stream, int type) : mx::UnaryPrimitive(stream), type_(type) {}
+  BlockRows(mx::Stream stream, int type) : mx::UnaryPrimitive(stream), type_(type) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const int type = type_;
     dispatch(stream(), inputs, out, [type](const std::vector<mx::array>& in, mx::array& o) {
       std::vector<std::vector<uint8_t>> held;
       const int k = o.shape(-1);
-      kernels().kquant_rows(type, static_cast<const uint8_t*>(row_major(in[0], held)), in[0].shape(1),
-                            in[0].shape(0), k, o.data<float>());
+      kernels().block_rows(type, static_cast<const uint8_t*>(row_major(in[0], held)), in[0].shape(1),
+                           in[0].shape(0), k, o.data<float>());
     });
   }
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("kquant_dequantize runs on the CPU only");
+    throw std::runtime_error("block_dequantize runs on the CPU only");
   }
 
-  const char* name() const override { return "BaseKQuantRows"; }
+  const char* name() const override { return "BaseBlockRows"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    return type_ == static_cast<const KQuantRows&>(other).type_;
+    return type_ == static_cast<const BlockRows&>(other).type_;
   }
 
  private:
   int type_;
 };
 
-mx::array kquant_dequantize(const mx::array& blocks, const std::string& kind) {
-  const int type = kquant_type(kind);
-  const int k = kquant_width(blocks, type, "kquant_dequantize");
+mx::array block_dequantize(const mx::array& blocks, const std::string& kind) {
+  const int type = block_type(kind);
+  const int k = block_width(blocks, type, "block_dequantize");
   return mx::array({blocks.shape(0), k}, mx::float32,
-                   std::make_shared<KQuantRows>(mx::default_stream(mx::Device::cpu), type), {blocks});
+                   std::make_shared<BlockRows>(mx::default_stream(mx::Device::cpu), type), {blocks});
 }
 
 }  // namespace
@@ -385,7 +390,7 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
                   M,
                   k,
                   static_cast<const uint8_t*>(w.w),
-                  is_kquant(w.bits) ? w.ld_codes : w.ld_codes * static_cast<int64_t>(sizeof(uint32_t)),
+                  is_block(w.bits) ? w.ld_codes : w.ld_codes * static_cast<int64_t>(sizeof(uint32_t)),
                   w.scales,
                   w.biases,
                   w.ld_scales,
@@ -482,11 +487,12 @@ void register_linear(nb::module_& m) {
   m.def("affine_linear", &affine_linear, nb::arg("x"), nb::arg("codes"), nb::arg("scales"), nb::arg("biases"),
         nb::arg("group_size"), nb::arg("bits"), nb::arg("bias") = nb::none(),
         "x (..., K) @ dequantize(codes, scales, biases).T (+ bias), decoding the weight as it streams.");
-  m.def("kquant_linear", &kquant_linear, nb::arg("x"), nb::arg("blocks"), nb::arg("kind"),
+  m.def("block_linear", &block_linear, nb::arg("x"), nb::arg("blocks"), nb::arg("kind"),
         nb::arg("bias") = nb::none(),
-        "x (..., K) @ W.T (+ bias), W rows of GGUF K-quant blocks (kind q4_k, q5_k or q6_k; uint8 (N, bytes)).");
-  m.def("kquant_dequantize", &kquant_dequantize, nb::arg("blocks"), nb::arg("kind"),
-        "The float32 values (R, K) of R rows of GGUF K-quant blocks (uint8 (R, bytes)).");
+        "x (..., K) @ W.T (+ bias), W rows of GGUF blocks (kind q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k; "
+        "uint8 (N, bytes)).");
+  m.def("block_dequantize", &block_dequantize, nb::arg("blocks"), nb::arg("kind"),
+        "The float32 values (R, K) of R rows of GGUF blocks (uint8 (R, bytes)).");
 }
 
 }  // namespace base_cpu

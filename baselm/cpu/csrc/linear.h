@@ -11,7 +11,7 @@ struct LinearWeights {
   int bits;  // 0: float32 in `w`
   int group_size;
   int scale_type;  // kScaleF32 / kScaleF16 / kScaleBF16
-  const void* w;  // float32 (N, K), uint32 codes (N, ld_codes), or K-quant blocks (bits a KQuant: ld_codes bytes)
+  const void* w;  // float32 (N, K), uint32 codes (N, ld_codes), or GGUF blocks (bits a BlockType: ld_codes bytes)
   const void* scales;  // (N, ld_scales), quantized only
   const void* biases;
   int64_t ld_codes, ld_scales;

@@ -24,6 +24,8 @@ inline int min_int(int a, int b) { return a < b ? a : b; }
 
 #include "scales_impl.h"
 #include "kquants_impl.h"
+#include "legacy_blocks_impl.h"
+#include "blocks_impl.h"
 
 inline vf load(const float* p) {
   vf v;
@@ -216,8 +218,8 @@ inline void decode_bits(const uint32_t* row, int64_t first_bit, int bits, int gs
 }
 
 void decode_row(const AffineArgs& a, int n, float* dst) {
-  if (is_kquant(a.bits))  // ld_codes counts bytes
-    return kquant_decode_row(a.bits, reinterpret_cast<const uint8_t*>(a.codes) + n * a.ld_codes, a.K, dst);
+  if (is_block(a.bits))  // ld_codes counts bytes
+    return block_decode_row(a.bits, reinterpret_cast<const uint8_t*>(a.codes) + n * a.ld_codes, a.K, dst);
   const uint32_t* row = a.codes + n * a.ld_codes;
   const int64_t scale_row = n * a.ld_scales;
   const int groups = a.K / a.group_size;
@@ -444,15 +446,15 @@ void affine(const AffineArgs& a, int n0, int n1, float* scratch) {
 }
 #endif
 
-void kquant_rows(int type, const uint8_t* rows, int64_t ld, int R, int K, float* out) {
-  for (int r = 0; r < R; ++r) kquant_decode_row(type, rows + r * ld, K, out + static_cast<int64_t>(r) * K);
+void block_rows(int type, const uint8_t* rows, int64_t ld, int R, int K, float* out) {
+  for (int r = 0; r < R; ++r) block_decode_row(type, rows + r * ld, K, out + static_cast<int64_t>(r) * K);
 }
 
 }  // namespace
 
 const LinearKernels& linear_kernels() {
   static const LinearKernels kernels{BASE_ISA_NAME, &dense, &affine_prepared_size, &affine_prepare, &affine,
-                                     &kquant_rows};
+                                     &block_rows};
   return kernels;
 }
 

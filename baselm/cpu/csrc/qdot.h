@@ -30,7 +30,7 @@ struct QActivations {
 struct QdotArgs {
   QActivations x;
   int M, K;
-  const uint8_t* codes;  // (N, K * bits / 8) bytes, row stride ld_bytes: MLX's affine layout (or K-quant blocks)
+  const uint8_t* codes;  // (N, K * bits / 8) bytes, row stride ld_bytes: MLX's affine layout (or GGUF blocks)
   int64_t ld_bytes;
   const void* scales;  // (N, K / gs) of scale_type, row stride ld_scales
   const void* biases;
@@ -52,10 +52,10 @@ struct QdotKernels {
   void (*matmul)(const QdotArgs&, int n0, int n1, float* scratch);
 };
 
-// Bit widths and group sizes the integer path decodes (MLX affine layout), and K-quant blocks
-// (kernels.h's KQuant: 16-bit activations, group sums over blocks of 32).
+// Bit widths and group sizes the integer path decodes (MLX affine layout), and GGUF blocks
+// (kernels.h's BlockType: 16-bit activations, group sums over blocks of 32).
 inline bool qdot_supports(int bits, int group_size, int K) {
-  if (is_kquant(bits)) return group_size == 32 && K % kSuperBlock == 0;
+  if (is_block(bits)) return group_size == 32 && K % block_values(bits) == 0;
   bool width = bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
   bool groups = group_size == 32 || group_size == 64 || group_size == 128;  // MLX's
   return width && groups && K % group_size == 0;

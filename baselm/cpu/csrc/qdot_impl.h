@@ -27,6 +27,8 @@ namespace {
 
 #include "scales_impl.h"
 #include "kquants_impl.h"
+#include "legacy_blocks_impl.h"
+#include "blocks_impl.h"
 
 constexpr int B = kQBlock;
 
@@ -376,7 +378,7 @@ inline __m256 sum_lanes_of_8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-#include "qdot_kquants_impl.h"
+#include "qdot_blocks_impl.h"
 
 // Activation rows m0..m0+MR against weight rows n0..n1: 8 weight rows at a time, their lanes
 // summed together (lanes[m][r] of weight row n + r).
@@ -387,8 +389,8 @@ void weight_rows(const QdotArgs& a, int n0, int n1, int m0, const Decoder& dec) 
   int n = n0;
   for (; n + 8 <= n1; n += 8) {
     for (int r = 0; r < 8; ++r) {
-      if constexpr (is_kquant(BITS)) {
-        kquant_row_lanes<BITS, MR, ACCS>(a, n + r, m0, &lanes[0][r]);
+      if constexpr (is_block(BITS)) {
+        block_row_lanes<BITS, MR, ACCS>(a, n + r, m0, &lanes[0][r]);
       } else {
         prefetch_row_scales(a, n + r + 8);
         weight_row_lanes<BITS, T, MR, ACCS, PER>(a, n + r, m0, dec, &lanes[0][r]);
@@ -401,8 +403,8 @@ void weight_rows(const QdotArgs& a, int n0, int n1, int m0, const Decoder& dec) 
     }
   }
   for (; n < n1; ++n) {
-    if constexpr (is_kquant(BITS)) {
-      kquant_row_lanes<BITS, MR, ACCS>(a, n, m0, &lanes[0][0]);
+    if constexpr (is_block(BITS)) {
+      block_row_lanes<BITS, MR, ACCS>(a, n, m0, &lanes[0][0]);
     } else {
       prefetch_row_scales(a, n + 8);
       weight_row_lanes<BITS, T, MR, ACCS, PER>(a, n, m0, dec, &lanes[0][0]);
@@ -446,9 +448,9 @@ void matmul_bits(const QdotArgs& a, int n0, int n1, float*) {
   return activations_in_groups<BITS, T, 4>(a, n0, n1, dec);  // qdot_supports: groups of 32, 64 or 128
 }
 
-// K-quant blocks (16-bit activations only): the same runs and chunks, a super-block a run of 8 blocks.
+// GGUF blocks (16-bit activations only): the same runs and chunks, 8 blocks of 32 values a run.
 template <int TYPE>
-void matmul_kquant(const QdotArgs& a, int n0, int n1, float*) {
+void matmul_blocks(const QdotArgs& a, int n0, int n1, float*) {
   activations_in_groups<TYPE, int16_t, 1>(a, n0, n1, Decoder{});
 }
 
@@ -511,9 +513,9 @@ inline int32_t block_dot(const int16_t* w, const T* x) {
   return dot;
 }
 
-// A K-quant block's dot: Q6_K's codes carry their scale (up to 4096), so 32 products against 16-bit
+// A GGUF block's dot: Q6_K's codes carry their scale (up to 4096), so 32 products against 16-bit
 // activation codes can pass 2^31; each half of 16 stays within it (the SIMD paths' lanes hold 4).
-inline int64_t kquant_block_dot(const int16_t* w, const int16_t* x) {
+inline int64_t wide_block_dot(const int16_t* w, const int16_t* x) {
   int32_t low = 0, high = 0;
   for (int i = 0; i < B / 2; ++i) low += static_cast<int32_t>(w[i]) * static_cast<int32_t>(x[i]);
   for (int i = B / 2; i < B; ++i) high += static_cast<int32_t>(w[i]) * static_cast<int32_t>(x[i]);
@@ -556,10 +558,9 @@ void matmul_bits(const QdotArgs& a, int n0, int n1, float* scratch) {
   }
 }
 
-// K-quant blocks: as above, each block's (s, c) from its super-block and codes from kquant_codes.
+// GGUF blocks: as above, each block's (s, c) and codes from blocks_impl.h.
 template <int TYPE>
-void matmul_kquant(const QdotArgs& a, int n0, int n1, float* scratch) {
-  constexpr int kBytes = kquant_block_bytes(TYPE);
+void matmul_blocks(const QdotArgs& a, int n0, int n1, float* scratch) {
   const int blocks = a.K / B;
   float* s = scratch;
   float* c = scratch + blocks;
@@ -567,19 +568,19 @@ void matmul_kquant(const QdotArgs& a, int n0, int n1, float* scratch) {
   float total[kRowsAtOnce];
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
-    for (int b = 0; b < blocks; b += 8) kquant_affine<TYPE>(row + (b / 8) * kBytes, s + b, c + b);
+    for (int b = 0; b < blocks; b += 8) run_affine<TYPE>(row, b, blocks - b < 8 ? blocks - b : 8, s + b, c + b);
     for (int m0 = 0; m0 < a.M; m0 += kRowsAtOnce) {
       const int rows = a.M - m0 < kRowsAtOnce ? a.M - m0 : kRowsAtOnce;
       for (int m = 0; m < rows; ++m) total[m] = 0.0f;
       for (int b0 = 0; b0 < blocks; b0 += kUnpackBlocks) {
         const int count = blocks - b0 < kUnpackBlocks ? blocks - b0 : kUnpackBlocks;
-        for (int j = 0; j < count; ++j) kquant_codes<TYPE>(row + ((b0 + j) / 8) * kBytes, (b0 + j) % 8, w + j * B);
+        for (int j = 0; j < count; ++j) block_codes<TYPE>(row, b0 + j, w + j * B);
         for (int m = 0; m < rows; ++m) {
           const int16_t* xq = static_cast<const int16_t*>(a.x.q) + static_cast<int64_t>(m0 + m) * a.K + b0 * B;
           const float* xd = a.x.d + static_cast<int64_t>(m0 + m) * blocks + b0;
           float t = total[m];
           for (int j = 0; j < count; ++j)
-            t += s[b0 + j] * xd[j] * static_cast<float>(kquant_block_dot(w + j * B, xq + j * B));
+            t += s[b0 + j] * xd[j] * static_cast<float>(wide_block_dot(w + j * B, xq + j * B));
           total[m] = t;
         }
       }
@@ -604,9 +605,17 @@ void matmul_as(const QdotArgs& a, int n0, int n1, float* scratch) {
 }
 
 void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
-  if (a.bits == kQ4K) return matmul_kquant<kQ4K>(a, n0, n1, scratch);
-  if (a.bits == kQ5K) return matmul_kquant<kQ5K>(a, n0, n1, scratch);
-  if (a.bits == kQ6K) return matmul_kquant<kQ6K>(a, n0, n1, scratch);
+  switch (a.bits) {
+    case kQ4K: return matmul_blocks<kQ4K>(a, n0, n1, scratch);
+    case kQ5K: return matmul_blocks<kQ5K>(a, n0, n1, scratch);
+    case kQ6K: return matmul_blocks<kQ6K>(a, n0, n1, scratch);
+    case kQ4_0: return matmul_blocks<kQ4_0>(a, n0, n1, scratch);
+    case kQ4_1: return matmul_blocks<kQ4_1>(a, n0, n1, scratch);
+    case kQ5_0: return matmul_blocks<kQ5_0>(a, n0, n1, scratch);
+    case kQ5_1: return matmul_blocks<kQ5_1>(a, n0, n1, scratch);
+    case kQ8_0: return matmul_blocks<kQ8_0>(a, n0, n1, scratch);
+    default: break;
+  }
   if (a.x.width == 16) return matmul_as<int16_t>(a, n0, n1, scratch);
   matmul_as<int8_t>(a, n0, n1, scratch);
 }

@@ -1,10 +1,12 @@
-// The AVX2 / AVX-512 integer loops over K-quant blocks (kquants_impl.h gives the layouts), included
-// by qdot_impl.h inside its AVX2 section: a super-block is a run of 8 blocks, its 8 (s, c) pairs
-// widened once into registers, each block decoded in registers into two vectors of 16-bit codes
-// (natural order) that meet the 16-bit activation codes in multiply-adds as the affine blocks do.
-// For a batch of rows, Q6_K's codes carry their 8-bit scale (mullo), so every block is one integer
-// sum and one FMA, and its blocks are decoded a super-block at a time into a small buffer
-// (q6k_decode); a row alone (one decode stream) takes them in registers (q6k_row_alone).
+// The AVX2 / AVX-512 integer loops over GGUF blocks (kquants_impl.h and legacy_blocks_impl.h give
+// the layouts), included by qdot_impl.h inside its AVX2 section. A row is taken in runs of 8
+// blocks of 32 values (a K-quant super-block; 8 legacy blocks, the row's last run maybe fewer):
+// the run's 8 (s, c) pairs widened once into registers, each block decoded in registers into two
+// vectors of 16-bit codes (natural order) that meet the 16-bit activation codes in multiply-adds
+// as the affine blocks do. For a batch of rows, Q6_K's codes carry their 8-bit scale (mullo), so
+// every block is one integer sum and one FMA, and its blocks are decoded a super-block at a time
+// into a small buffer (q6k_decode); a row alone (one decode stream) takes them in registers
+// (q6k_row_alone).
 
 template <int TYPE>
 inline WeightBlock<int16_t> kquant_block(const uint8_t* sb, int j) {
@@ -60,6 +62,26 @@ inline void q6k_decode(const uint8_t* sb, int16_t* w) {
   }
 }
 
+// The d (and m) fields of the 8 blocks at p, p + stride, ... p + 7 stride as float32 lanes: each
+// block's first 4 bytes (d | m for Q4_1/Q5_1) read as one word, the words' halves packed and widened
+// (8 word inserts, against 16 of the halves one at a time; AVX2's gather was slower on Zen).
+template <bool WITH_MIN>
+inline void first_halves(const uint8_t* p, int64_t stride, __m256& d, __m256& m) {
+  auto at = [&](int j) {
+    uint32_t w;
+    __builtin_memcpy(&w, p + j * stride, sizeof w);
+    return static_cast<int>(w);
+  };
+  const __m256i words = _mm256_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7));
+  const __m256i low = _mm256_and_si256(words, _mm256_set1_epi32(0xffff));
+  const __m256i high = WITH_MIN ? _mm256_srli_epi32(words, 16) : low;
+  // packus interleaves per 128-bit lane (low 0-3, high 0-3 | low 4-7, high 4-7); the permute puts
+  // the lows first.
+  const __m256i halves = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xD8);
+  d = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+  if constexpr (WITH_MIN) m = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+}
+
 // kquant_affine in registers: the 8 blocks' s and c of super-block sb.
 template <int TYPE>
 inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
@@ -76,6 +98,35 @@ inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
   }
 }
 
+// run_affine in registers: the s and c of blocks b .. b + 7 of a row.
+template <int TYPE>
+inline void run_affine_lanes(const uint8_t* row, int b, __m256& s, __m256& c) {
+  if constexpr (is_kquant(TYPE)) {
+    kquant_affine_lanes<TYPE>(row + (b / 8) * block_bytes(TYPE), s, c);
+  } else {
+    const uint8_t* first = row + static_cast<int64_t>(b) * block_bytes(TYPE);
+    first_halves<legacy_has_min(TYPE)>(first, block_bytes(TYPE), s, c);
+    if constexpr (!legacy_has_min(TYPE)) {
+      c = _mm256_mul_ps(s, _mm256_set1_ps(-static_cast<float>(legacy_zero(TYPE))));
+    }
+  }
+}
+
+// Whether blocks of TYPE have an offset c that meets the activations' block sums (Q6_K and Q8_0: none).
+constexpr bool has_offsets(int type) { return type != kQ6K && type != kQ8_0; }
+
+// Block j of the run from block b (K-quants: the super-block's sub-block j).
+template <int TYPE>
+inline WeightBlock<int16_t> run_block(const uint8_t* row, int b, int j) {
+  if constexpr (is_kquant(TYPE)) {
+    return kquant_block<TYPE>(row + (b / 8) * block_bytes(TYPE), j);
+  } else {
+    WeightBlock<int16_t> w;
+    legacy_code_lanes<TYPE>(row + static_cast<int64_t>(b + j) * block_bytes(TYPE), w.lo, w.hi);
+    return w;
+  }
+}
+
 // A Q6_K weight row against one activation row alone, its blocks decoded in registers: each
 // 128 values' 64 bytes of low nibbles and 32 of high bit pairs give 4 blocks of centred codes as
 // bytes (32 values an operation), widened once and taken in one dpwssd (AVX-512) or two maddwd
@@ -83,7 +134,7 @@ inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
 // of the first 16 values' pairs times d sc[2j] dx_j, the second's times d sc[2j + 1] dx_j (a batch
 // of rows takes q6k_decode's scaled codes instead, decoded once for all its rows).
 inline __m256 q6k_row_alone(const QdotArgs& a, int n, int m0) {
-  constexpr int kBytes = kquant_block_bytes(kQ6K);
+  constexpr int kBytes = block_bytes(kQ6K);
   constexpr int64_t ahead = 2048;
   const int blocks = a.K / B;
   const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
@@ -141,14 +192,14 @@ inline __m256 q6k_row_alone(const QdotArgs& a, int n, int m0) {
   return _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
 #endif
 }
-// weight_row_lanes for a row of K-quant blocks (activation group sums over blocks of 32).
+// weight_row_lanes for a row of GGUF blocks (activation group sums over blocks of 32).
 template <int TYPE, int MR, int ACCS>
-inline void kquant_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
+inline void block_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
   if constexpr (TYPE == kQ6K && MR == 1 && ACCS == 4) {  // a row alone (a batch's rows sum as one another)
     lanes[0] = q6k_row_alone(a, n, m0);
     return;
   }
-  constexpr int kBytes = kquant_block_bytes(TYPE);
+  constexpr int kBytes = block_bytes(TYPE);
   constexpr int64_t ahead = 2048;
   const int blocks = a.K / B;
   const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
@@ -165,33 +216,54 @@ inline void kquant_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
     for (int i = 0; i < ACCS; ++i) acc[m][i] = _mm256_setzero_ps();
   alignas(32) float sd[MR][8];
   alignas(32) int16_t q6[TYPE == kQ6K ? kSuperBlock : 1];
-  for (int b = 0; b < blocks; b += 8) {
-    const uint8_t* sb = row + (b / 8) * kBytes;
-    for (int line = 0; line < kBytes; line += 64) __builtin_prefetch(sb + ahead + line, 0, 3);
-    __m256 sv, cv;
-    kquant_affine_lanes<TYPE>(sb, sv, cv);
+  // Block b + j against the rows, its scale times theirs at sd[m][j], into accumulator `into`.
+  auto add_block = [&](int b, int j, int into) {
+    WeightBlock<int16_t> w;
+    if constexpr (TYPE == kQ6K) {
+      w = WeightBlock<int16_t>{_mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j)),
+                               _mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j + 16))};
+    } else {
+      w = run_block<TYPE>(row, b, j);
+    }
     for (int m = 0; m < MR; ++m) {
-      if constexpr (TYPE != kQ6K) acc[m][ACCS - 1] = _mm256_fmadd_ps(cv, _mm256_loadu_ps(sums[m] + b), acc[m][ACCS - 1]);
+      const __m256 prod = _mm256_cvtepi32_ps(block_dot<16>(w, xq[m] + (b + j) * B));
+      acc[m][into] = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(&sd[m][j]), acc[m][into]);
+    }
+  };
+  int b = 0;
+  for (; b + 8 <= blocks; b += 8) {
+    // The run's bytes `ahead` further on, a line at a time (a legacy run's last line, where it starts
+    // a line of its own, is the next run's first).
+    const uint8_t* run = row + (is_kquant(TYPE) ? (b / 8) * kBytes : static_cast<int64_t>(b) * kBytes);
+    constexpr int kRunBytes = is_kquant(TYPE) ? kBytes : 8 * kBytes;
+    for (int line = 0; line < kRunBytes; line += 64) __builtin_prefetch(run + ahead + line, 0, 3);
+    __m256 sv, cv;
+    run_affine_lanes<TYPE>(row, b, sv, cv);
+    for (int m = 0; m < MR; ++m) {
+      if constexpr (has_offsets(TYPE))
+        acc[m][ACCS - 1] = _mm256_fmadd_ps(cv, _mm256_loadu_ps(sums[m] + b), acc[m][ACCS - 1]);
       _mm256_store_ps(sd[m], _mm256_mul_ps(sv, _mm256_loadu_ps(d[m] + b)));
     }
-    if constexpr (TYPE == kQ6K) q6k_decode(sb, q6);
-    for (int j = 0; j < 8; ++j) {
-      WeightBlock<int16_t> w;
-      if constexpr (TYPE == kQ6K) {
-        w = WeightBlock<int16_t>{_mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j)),
-                                 _mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j + 16))};
-      } else {
-        w = kquant_block<TYPE>(sb, j);
-      }
+    if constexpr (TYPE == kQ6K) q6k_decode(run, q6);
+    // Unrolled, so that the accumulators stay in registers (a loop indexing them kept them in memory).
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) add_block(b, j, j % ACCS);
+  }
+  float tail[MR] = {};  // the last blocks of a legacy row whose blocks are not a multiple of 8
+  if constexpr (!is_kquant(TYPE)) {
+    for (; b < blocks; ++b) {
+      float s, c;
+      legacy_affine<TYPE>(row + static_cast<int64_t>(b) * kBytes, s, c);
       for (int m = 0; m < MR; ++m) {
-        const __m256 prod = _mm256_cvtepi32_ps(block_dot<16>(w, xq[m] + (b + j) * B));
-        acc[m][j % ACCS] = _mm256_fmadd_ps(prod, _mm256_set1_ps(sd[m][j]), acc[m][j % ACCS]);
+        tail[m] += c * sums[m][b];
+        sd[m][0] = s * d[m][b];
       }
+      add_block(b, 0, 0);
     }
   }
   for (int m = 0; m < MR; ++m) {
     __m256 total = acc[m][0];
     for (int i = 1; i < ACCS; ++i) total = _mm256_add_ps(total, acc[m][i]);
-    lanes[m * 8] = total;
+    lanes[m * 8] = _mm256_add_ps(total, _mm256_setr_ps(tail[m], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f));
   }
 }

@@ -1,5 +1,6 @@
-"""`.base` block dtypes: GGUF K-quant blocks (`gguf_q4_k`, `gguf_q5_k`, `gguf_q6_k`) kept byte for byte,
-in version-2 files; files without them stay version 1, byte for byte what they were."""
+"""`.base` block dtypes: GGUF blocks kept byte for byte, the K-quants (`gguf_q4_k`, `gguf_q5_k`,
+`gguf_q6_k`) in version-2 files, the legacy types (`gguf_q4_0` ... `gguf_q8_0`) in version-3 ones;
+files without them stay version 1, byte for byte what they were."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import xxhash
 from base_helpers import HEADER_FIELDS, assemble, entry, small_tensors, split_file
 from rich.console import Console
 
-from baselm import kquant_blocks
+from baselm import gguf_blocks
 from baselm.store import base_header, base_writer
 from baselm.store.base_format import BLOB_ALIGN, MATRIX_ALIGN, PREAMBLE, canonical_json
 from baselm.store.base_inspect import inspect_report, render_inspect
@@ -22,16 +23,16 @@ from baselm.store.base_writer import TensorRecord, write_base_file
 from baselm.store.errors import BaseFileError, SignatureError
 from baselm.store.signed_file import keys_with, sign_file, signed_statement, verify_file
 from baselm.store.signing import keygen
-from tests.tiny_gguf import random_k_blocks
+from tests.tiny_gguf import random_blocks
 
 BLOCKS = "model.layers.0.mlp.up_proj.weight"  # (4, 512): 2 blocks a row
-TYPES = [t.gguf_type for t in kquant_blocks.BLOCK_TYPES]  # Q4_K, Q5_K, Q6_K
+TYPES = [t.gguf_type for t in gguf_blocks.BLOCK_TYPES]  # Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K
 ROWS, COLS = 4, 512
 
 
 def _record(type_name: str, rows: int = ROWS, cols: int = COLS, seed: int = 0) -> TensorRecord:
-    dtype = kquant_blocks.BY_GGUF_TYPE[type_name].dtype
-    return TensorRecord.from_blocks(dtype, random_k_blocks(type_name, rows, cols, seed), (rows, cols))
+    dtype = gguf_blocks.BY_GGUF_TYPE[type_name].dtype
+    return TensorRecord.from_blocks(dtype, random_blocks(type_name, rows, cols, seed), (rows, cols))
 
 
 def _write(path: Path, type_name: str = "Q4_K") -> Path:
@@ -59,15 +60,15 @@ def test_block_tensors_round_trip_byte_for_byte(tmp_path: Path, type_name: str) 
     path = _write(tmp_path / "m.base", type_name)
     base = BaseFile.open(path)
     value = base.read(BLOCKS, verify=True)
-    block_type = kquant_blocks.BY_GGUF_TYPE[type_name]
+    block_type = gguf_blocks.BY_GGUF_TYPE[type_name]
     assert isinstance(value, BlockArray)
     assert (value.dtype, value.shape, value.data.dtype) == (block_type.dtype, (ROWS, COLS), mx.uint8)
-    assert value.data.shape == (ROWS, COLS // 256 * block_type.block_bytes)
+    assert value.data.shape == (ROWS, COLS // block_type.block_values * block_type.block_bytes)
     assert np.array(value.data).tobytes() == record.data.tobytes()
-    want = kquant_blocks.block_values(block_type.dtype, record.data, (ROWS, COLS))
+    want = gguf_blocks.dequantize(block_type.dtype, record.data, (ROWS, COLS))
     assert value.dequantize().dtype == mx.float32
     assert np.array_equal(np.array(value.dequantize()), want)
-    assert _version(path) == base.version == 2
+    assert _version(path) == base.version == (2 if block_type.is_kquant else 3)
     base.verify()
 
 
@@ -86,14 +87,18 @@ def test_model_weights_name_blocks_by_their_suffix(tmp_path: Path) -> None:
     prefix = BLOCKS.removesuffix(".weight")
     assert f"{prefix}.q5_k" in weights and BLOCKS not in weights and prefix not in group_sizes
     assert weights[f"{prefix}.q5_k"].dtype == mx.uint8 and weights[f"{prefix}.q5_k"].shape == (ROWS, 2 * 176)
-    assert kquant_blocks.split_name(f"{prefix}.q5_k") == (prefix, kquant_blocks.BY_SUFFIX["q5_k"])
+    assert gguf_blocks.split_name(f"{prefix}.q5_k") == (prefix, gguf_blocks.BY_SUFFIX["q5_k"])
 
 
 def test_from_blocks_takes_flat_bytes_and_keeps_them_uncopied() -> None:
-    raw = random_k_blocks("Q4_K", ROWS, COLS).reshape(-1)  # (rows * row_bytes,)
+    raw = random_blocks("Q4_K", ROWS, COLS).reshape(-1)  # (rows * row_bytes,)
     record = TensorRecord.from_blocks("gguf_q4_k", raw, (ROWS, COLS))
     assert record.data.shape == (ROWS, 288) and np.shares_memory(record.data, raw)
-    assert (record.bits, record.kquant, record.buffers()) == (None, kquant_blocks.BY_DTYPE["gguf_q4_k"], [record.data])
+    assert (record.bits, record.block_type, record.buffers()) == (
+        None,
+        gguf_blocks.BY_DTYPE["gguf_q4_k"],
+        [record.data],
+    )
 
 
 @pytest.mark.parametrize(
@@ -102,6 +107,7 @@ def test_from_blocks_takes_flat_bytes_and_keeps_them_uncopied() -> None:
         ("gguf_q3_k", np.zeros((4, 220), np.uint8), (4, 512), "'gguf_q3_k' is not a block dtype"),
         ("gguf_q4_k", np.zeros(288, np.uint8), (288 * 8,), "a gguf_q4_k tensor is a matrix"),
         ("gguf_q4_k", np.zeros((4, 216), np.uint8), (4, 384), "gguf_q4_k rows hold whole blocks of 256 values"),
+        ("gguf_q8_0", np.zeros((4, 51), np.uint8), (4, 48), "gguf_q8_0 rows hold whole blocks of 32 values"),
         ("gguf_q4_k", np.zeros((4, 288), np.int32), (4, 512), "gguf_q4_k blocks are uint8 bytes, not int32"),
         ("gguf_q4_k", np.zeros((4, 287), np.uint8), (4, 512), r"are not a matrix of shape \[4, 512\]"),
         ("gguf_q4_k", np.zeros((8, 144), np.uint8), (4, 512), r"blocks of shape \[8, 144\] are not a matrix"),
@@ -126,6 +132,10 @@ def test_from_blocks_refuses_what_is_not_whole_rows_of_blocks(dtype, data, shape
         (
             TensorRecord("gguf_q6_k", (2048,), data=np.zeros(1680, np.uint8)),
             "gguf_q6_k tensors are 2-D uint8 blocks",
+        ),
+        (
+            TensorRecord("gguf_q5_0", (4, 48), data=np.zeros((4, 33), np.uint8)),
+            "gguf_q5_0 tensors are 2-D uint8 blocks with in_features % 32 == 0",
         ),
     ],
 )
@@ -167,12 +177,27 @@ def test_a_file_with_blocks_is_version_2_and_otherwise_the_same_layout(tmp_path:
     assert blocks["tensors"][:-1] == plain["tensors"] and blocks_blob.startswith(plain_blob)
 
 
-def test_a_build_that_reads_version_1_alone_refuses_a_block_file_by_its_version(tmp_path: Path, monkeypatch) -> None:
-    path = _write(tmp_path / "m.base")
-    monkeypatch.setattr(base_header, "VERSIONS", (1,))  # what a build from before block dtypes reads
+def test_a_file_with_legacy_blocks_is_version_3_with_k_quant_blocks_or_without(tmp_path: Path) -> None:
+    legacy = _write(tmp_path / "a.base", "Q8_0")
+    both = [*small_tensors(), (BLOCKS, _record("Q5_0")), ("model.layers.0.mlp.gate_proj.weight", _record("Q6_K"))]
+    mixed = write_base_file(tmp_path / "b.base", both, **HEADER_FIELDS)
+    assert (_version(legacy), _version(mixed)) == (3, 3)
+    tensors = BaseFile.open(mixed).load(verify=True)
+    assert (tensors[BLOCKS].dtype, tensors["model.layers.0.mlp.gate_proj.weight"].dtype) == ("gguf_q5_0", "gguf_q6_k")
+
+
+@pytest.mark.parametrize(
+    ("type_name", "versions", "read"), [("Q4_K", (1,), "version 1"), ("Q8_0", (1, 2), "versions 1 and 2")]
+)
+def test_a_build_that_knows_no_such_blocks_refuses_the_file_by_its_version(
+    tmp_path: Path, monkeypatch, type_name: str, versions: tuple[int, ...], read: str
+) -> None:
+    path = _write(tmp_path / "m.base", type_name)
+    monkeypatch.setattr(base_header, "VERSIONS", versions)  # what a build from before these block dtypes reads
+    version = gguf_blocks.BY_GGUF_TYPE[type_name].base_version
     assert (
         _problem(path)
-        == "its version is 2, and this build reads version 1; a newer base wrote it, so upgrade base to read it"
+        == f"its version is {version}, and this build reads {read}; a newer base wrote it, so upgrade base to read it"
     )
 
 
@@ -240,11 +265,24 @@ def test_block_entries_are_checked(tmp_path: Path, mutate, problem: str) -> None
     assert _problem(assemble(tmp_path / "m.base", canonical_json(header), blob, version=2)) == problem
 
 
-def test_a_block_dtype_in_a_version_1_file_is_an_error(tmp_path: Path) -> None:
-    header, blob = split_file(_write(tmp_path / "m.base"))
-    path = assemble(tmp_path / "m.base", canonical_json(header), blob, version=1)
+@pytest.mark.parametrize(("type_name", "version"), [("Q4_K", 1), ("Q4_0", 1), ("Q4_0", 2)])
+def test_a_block_dtype_in_a_file_of_an_earlier_version_is_an_error(
+    tmp_path: Path, type_name: str, version: int
+) -> None:
+    header, blob = split_file(_write(tmp_path / "m.base", type_name))
+    path = assemble(tmp_path / "m.base", canonical_json(header), blob, version=version)
+    block_type = gguf_blocks.BY_GGUF_TYPE[type_name]
     assert _problem(path) == (
-        f"tensor {BLOCKS!r} has block dtype gguf_q4_k, which needs a version-2 file, but the file is version 1"
+        f"tensor {BLOCKS!r} has block dtype {block_type.dtype}, which needs a version-{block_type.base_version} file, "
+        f"but the file is version {version}"
+    )
+
+
+def test_legacy_block_entries_are_checked_against_their_32_value_blocks(tmp_path: Path) -> None:
+    header, blob = split_file(_write(tmp_path / "m.base", "Q8_0"))
+    entry(header, BLOCKS).update(shape=[ROWS, 48], length=ROWS * 51)  # 1.5 blocks a row
+    assert _problem(assemble(tmp_path / "m.base", canonical_json(header), blob, version=3)) == (
+        f"tensor {BLOCKS!r} has 48 input features, not a multiple of the 32 values of a gguf_q8_0 block"
     )
 
 
@@ -293,14 +331,28 @@ def test_cuts_off_whole_blocks_are_refused(tmp_path: Path, cut: Cut) -> None:
         base.load(cuts={BLOCKS: [cut]})
 
 
+def test_cuts_of_legacy_blocks_read_whole_32_value_blocks(tmp_path: Path) -> None:
+    raw = _record("Q5_1").data  # (4, 16 * 24)
+    base = BaseFile.open(_write(tmp_path / "m.base", "Q5_1"))
+    got = base.load(cuts={BLOCKS: [Cut(-1, 96, 160)]}, skip=set(base.tensors) - {BLOCKS})[BLOCKS]
+    assert (got.dtype, got.shape) == ("gguf_q5_1", (ROWS, 64))
+    assert np.array_equal(np.array(got.data), raw[:, 3 * 24 : 5 * 24])  # blocks 3 and 4 of each row
+    with pytest.raises(ValueError, match=r"and gguf_q5_1's blocks of 32 values"):
+        base.load(cuts={BLOCKS: [Cut(-1, 96, 144)]})
+
+
 # ---------------------------------------------------------------------------------------------
 # Inspect
 
 
-@pytest.mark.parametrize(("type_name", "bits"), [("Q4_K", 4.5), ("Q5_K", 5.5), ("Q6_K", 6.5625)])
+@pytest.mark.parametrize(
+    ("type_name", "bits"),
+    [("Q4_0", 4.5), ("Q4_1", 5.0), ("Q5_0", 5.5), ("Q5_1", 6.0), ("Q8_0", 8.5), ("Q4_K", 4.5), ("Q5_K", 5.5),
+     ("Q6_K", 6.5625)],
+)  # fmt: skip
 def test_inspect_shows_the_block_dtype_and_its_bits_per_weight(tmp_path: Path, type_name: str, bits: float) -> None:
     report = inspect_report(_write(tmp_path / "m.base", type_name), verify=True)
-    dtype = kquant_blocks.BY_GGUF_TYPE[type_name].dtype
+    dtype = gguf_blocks.BY_GGUF_TYPE[type_name].dtype
     row = next(row for row in report["tensors"] if row["name"] == BLOCKS)
     assert row == {
         "name": BLOCKS,

@@ -12,7 +12,8 @@ bytes llama.cpp's do (Q4_0 4.5 bits a weight, Q5_0 5.5, Q8_0 8.5, Q4_K 4.5, Q6_K
 In memory a kept tensor is one uint8 array `(out, in / block_values * block_bytes)` under the name
 `<module path>.<suffix>` (`model.layers.0.mlp.down_proj.q6_k`), in place of the `.weight` (and
 `.scales`/`.biases`) of a float or affine one; in a `.base` file it is one region of dtype
-`gguf_<suffix>` (`gguf_q8_0`) holding those bytes.
+`gguf_<suffix>` (`gguf_q8_0`) holding those bytes. The CPU kernels' layers take a legacy type's rows
+in the runs layout (RUNS_OFFSET below), rewritten once as the model loads.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ class BlockType(NamedTuple):
     def is_kquant(self) -> bool:
         return self.block_values == SUPER_BLOCK
 
+    def kernel_name(self, runs: bool) -> str:
+        """The kernels' name for these blocks, in the file's layout or (a legacy type) the runs layout."""
+        return f"{self.suffix}_runs" if runs else self.suffix
+
+    def kernel_enum(self, runs: bool) -> int:
+        """The kernels' BlockType value (csrc/kernels.h) for these blocks in either layout."""
+        return self.kernel_kind + (RUNS_OFFSET if runs else 0)
+
 
 BLOCK_TYPES = (
     BlockType("Q4_0", "gguf_q4_0", "q4_0", LEGACY_BLOCK, 18, 110, 3),
@@ -48,6 +57,10 @@ BLOCK_TYPES = (
     BlockType("Q5_K", "gguf_q5_k", "q5_k", SUPER_BLOCK, 176, 105, 2),
     BlockType("Q6_K", "gguf_q6_k", "q6_k", SUPER_BLOCK, 210, 106, 2),
 )
+# The kernels' legacy types in the runs layout (csrc/kernels.h's kQ*Runs, made by
+# `cpu.kernels.block_runs`): each full run of 8 blocks field by field, so that a run's scales load
+# as one vector. Their kind is the suffix + "_runs", their enum value the file's + RUNS_OFFSET.
+RUNS_OFFSET = 10
 BY_GGUF_TYPE = {t.gguf_type: t for t in BLOCK_TYPES}
 BY_DTYPE = {t.dtype: t for t in BLOCK_TYPES}
 BY_SUFFIX = {t.suffix: t for t in BLOCK_TYPES}

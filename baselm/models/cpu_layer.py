@@ -48,7 +48,7 @@ def _linear_parts(layer: nn.Module) -> tuple[list[mx.array], int, int] | None:
     if type(layer) is KernelQuantizedLinear:
         return [layer.weight, layer.scales, layer.biases, *bias], layer.bits, layer.group_size
     if type(layer) is BlockLinear:  # the kernels take the block type where they take bits
-        return [layer.weight, *bias], gguf_blocks.BY_SUFFIX[layer.kind].kernel_kind, 32
+        return [layer.weight, *bias], gguf_blocks.BY_SUFFIX[layer.kind].kernel_enum(layer.runs), 32
     return None
 
 

@@ -408,7 +408,7 @@ def test_wrong_calls_are_clear_errors(kernels) -> None:
     legacy = mx.array(_weights("q8_0", 4, 512, seed=12)[0])
     x = mx.array(_activations(2, 512, seed=12))
     blocks_shape = "blocks must be uint8 of shape (N, K / 256 * 144)"
-    kinds = "q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k"
+    kinds = "q4_0, q4_1, q5_0, q5_1, q8_0 (each also as q4_0_runs ...), q4_k, q5_k or q6_k"
     cases = [
         (lambda: kernels.block_linear(x.astype(mx.float16), raw, "q4_k"), "block_linear: x must be float32"),
         (lambda: kernels.block_linear(x, raw.astype(mx.int32), "q4_k"), f"block_linear: {blocks_shape}"),
@@ -423,9 +423,53 @@ def test_wrong_calls_are_clear_errors(kernels) -> None:
         (lambda: kernels.block_dequantize(raw.astype(mx.int8), "q4_k"), f"block_dequantize: {blocks_shape}"),
         (lambda: kernels.block_dequantize(raw[:, :100], "q6_k"), "blocks must be uint8 of shape (N, K / 256 * 210)"),
         (lambda: kernels.block_dequantize(raw, "Q4_K"), "unknown block type Q4_K"),
+        (lambda: kernels.block_linear(x, raw, "q4_k_runs"), "unknown block type q4_k_runs"),
+        (lambda: kernels.block_runs(raw, "q4_k"), "block_runs: q4_k is not a legacy block type"),
+        (
+            lambda: kernels.block_runs(legacy[:, :-1], "q8_0"),
+            "block_runs: blocks must be uint8 of shape (N, K / 32 * 34)",
+        ),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=re.escape(message)):
             call()
     with pytest.raises(TypeError, match="incompatible function arguments"):
         kernels.block_linear(x, raw, gguf_blocks.BY_SUFFIX["q4_k"].kernel_kind)  # the kind is a name
+
+
+LEGACY = [kind for kind in KINDS if not _is_kquant(kind)]
+
+
+@pytest.mark.parametrize("kind", LEGACY)
+def test_the_runs_layout_moves_each_runs_fields_together(kernels, kind: str) -> None:
+    """block_runs: each full run of 8 blocks becomes its 8 d, 8 m, 8 qh, then 8 qs (the fields in
+    the block's own order), the same bytes in the same span; a row's last blocks stay as they are."""
+    cols = 800  # 25 blocks: 3 full runs and 1 block
+    raw = _blocks(kind, 3, cols, seed=13)
+    runs = np.array(kernels.block_runs(mx.array(raw), kind))
+    blocks = raw.reshape(3, 25, -1)
+    per_block = blocks.shape[-1]
+    for r in range(3):
+        for run in range(3):
+            group = blocks[r, 8 * run : 8 * run + 8]
+            expected = np.concatenate([group[:, span].reshape(-1) for span in FIELDS[kind].values()])
+            assert np.array_equal(runs[r, 8 * run * per_block : 8 * (run + 1) * per_block], expected)
+        assert np.array_equal(runs[r, 24 * per_block :], blocks[r, 24])
+
+
+@pytest.mark.parametrize("kind", LEGACY)
+def test_the_runs_layout_gives_the_files_results_bit_for_bit(path, kind: str) -> None:
+    """Every row count up to 33 (one-row and batch tiles, the float GEMM past 32), every legacy width
+    (a last run of 1 to 7 blocks, none), weight-row remainders, on the integer and exact paths: the
+    same bits as the file's layout, which the tests above check against the reference."""
+    for cols in (*WIDTHS[kind], 256):
+        raw = _blocks(kind, 37, cols, seed=cols)
+        runs = path.block_runs(mx.array(raw), kind)
+        assert np.array_equal(
+            np.array(path.block_dequantize(runs, f"{kind}_runs")), np.array(path.block_dequantize(mx.array(raw), kind))
+        )
+        for rows in (1, 2, 3, 4, 5, 8, 17, 32, 33):
+            x = _activations(rows, cols, seed=rows + cols)
+            assert np.array_equal(
+                np.array(path.block_linear(mx.array(x), runs, f"{kind}_runs")), np.array(_linear(path, x, kind, raw))
+            )

@@ -3,24 +3,24 @@
 // legacy blocks (legacy_blocks_impl.h) behind one interface, for the integer and float kernels.
 // Included inside each instruction set's anonymous namespace, after those two.
 
-// The (s, c) of blocks b .. b + count of a row (count <= 8; a K-quant row's runs are its
-// super-blocks, so b % 8 == 0 and count == 8 there).
+// The (s, c) of blocks b .. b + count of a row of `blocks` blocks (count <= 8; a K-quant row's
+// runs are its super-blocks, so b % 8 == 0 and count == 8 there).
 template <int TYPE>
-inline void run_affine(const uint8_t* row, int b, int count, float* s, float* c) {
+inline void run_affine(const uint8_t* row, int b, int count, int blocks, float* s, float* c) {
   if constexpr (is_kquant(TYPE)) {
     kquant_affine<TYPE>(row + (b / 8) * block_bytes(TYPE), s, c);
   } else {
-    for (int j = 0; j < count; ++j) legacy_affine<TYPE>(row + (b + j) * block_bytes(TYPE), s[j], c[j]);
+    for (int j = 0; j < count; ++j) legacy_affine<TYPE>(legacy_block<TYPE>(row, b + j, blocks), s[j], c[j]);
   }
 }
 
-// The 32 codes of block b of a row.
+// The 32 codes of block b of a row of `blocks` blocks.
 template <int TYPE>
-inline void block_codes(const uint8_t* row, int b, int16_t* out) {
+inline void block_codes(const uint8_t* row, int b, int blocks, int16_t* out) {
   if constexpr (is_kquant(TYPE)) {
     kquant_codes<TYPE>(row + (b / 8) * block_bytes(TYPE), b % 8, out);
   } else {
-    legacy_codes<TYPE>(row + b * block_bytes(TYPE), out);
+    legacy_codes<TYPE>(legacy_block<TYPE>(row, b, blocks), out);
   }
 }
 
@@ -40,7 +40,7 @@ inline void block_decode_row_as(const uint8_t* row, int K, float* dst) {
 #if defined(__AVX2__)
   if constexpr (is_legacy_block(TYPE)) {  // codes decoded in registers (the prefill GEMM decodes every row)
     for (int b = 0; b < K / 32; ++b) {
-      const uint8_t* block = row + static_cast<int64_t>(b) * block_bytes(TYPE);
+      const LegacyBlock block = legacy_block<TYPE>(row, b, K / 32);
       float s, c;
       legacy_affine<TYPE>(block, s, c);
       __m256i lo, hi;
@@ -55,9 +55,9 @@ inline void block_decode_row_as(const uint8_t* row, int K, float* dst) {
   const int blocks = K / 32;
   for (int b = 0; b < blocks; b += 8) {
     const int count = blocks - b < 8 ? blocks - b : 8;
-    run_affine<TYPE>(row, b, count, s, c);
+    run_affine<TYPE>(row, b, count, blocks, s, c);
     for (int j = 0; j < count; ++j) {
-      block_codes<TYPE>(row, b + j, codes);
+      block_codes<TYPE>(row, b + j, blocks, codes);
       float* out = dst + 32 * (b + j);
       for (int l = 0; l < 32; ++l) out[l] = s[j] * static_cast<float>(codes[l]) + c[j];
     }
@@ -74,6 +74,11 @@ inline void block_decode_row(int type, const uint8_t* row, int K, float* dst) {
     case kQ4_1: return block_decode_row_as<kQ4_1>(row, K, dst);
     case kQ5_0: return block_decode_row_as<kQ5_0>(row, K, dst);
     case kQ5_1: return block_decode_row_as<kQ5_1>(row, K, dst);
-    default: return block_decode_row_as<kQ8_0>(row, K, dst);
+    case kQ8_0: return block_decode_row_as<kQ8_0>(row, K, dst);
+    case kQ4_0Runs: return block_decode_row_as<kQ4_0Runs>(row, K, dst);
+    case kQ4_1Runs: return block_decode_row_as<kQ4_1Runs>(row, K, dst);
+    case kQ5_0Runs: return block_decode_row_as<kQ5_0Runs>(row, K, dst);
+    case kQ5_1Runs: return block_decode_row_as<kQ5_1Runs>(row, K, dst);
+    default: return block_decode_row_as<kQ8_0Runs>(row, K, dst);
   }
 }

@@ -34,18 +34,32 @@ enum BlockType : int {
   kQ5_0 = 112,
   kQ5_1 = 113,
   kQ8_0 = 118,
+  // The legacy types with each full run of 8 blocks stored field by field (block_runs): the 8 d,
+  // the 8 m, the 8 qh, then the 8 qs, the same bytes in the same place as the run's 8 blocks; a
+  // row's last blocks (K / 32 % 8 of them) as the file holds them. A run's fields then load as
+  // vectors, not gathered from 8 blocks.
+  kQ4_0Runs = 120,
+  kQ4_1Runs = 121,
+  kQ5_0Runs = 122,
+  kQ5_1Runs = 123,
+  kQ8_0Runs = 128,
 };
+constexpr int kRunsOffset = kQ4_0Runs - kQ4_0;
 constexpr int kSuperBlock = 256;
 constexpr int kLegacyBlock = 32;
 constexpr bool is_kquant(int bits) { return bits == kQ4K || bits == kQ5K || bits == kQ6K; }
-constexpr bool is_legacy_block(int bits) {
+constexpr bool is_legacy_file_block(int bits) {
   return bits == kQ4_0 || bits == kQ4_1 || bits == kQ5_0 || bits == kQ5_1 || bits == kQ8_0;
 }
+constexpr bool is_legacy_runs(int bits) { return is_legacy_file_block(bits - kRunsOffset); }
+constexpr bool is_legacy_block(int bits) { return is_legacy_file_block(bits) || is_legacy_runs(bits); }
+// The file's type of a legacy type in either layout (the fields' meaning).
+constexpr int legacy_file_type(int bits) { return is_legacy_runs(bits) ? bits - kRunsOffset : bits; }
 constexpr bool is_block(int bits) { return is_kquant(bits) || is_legacy_block(bits); }
 // Values a block of `type` holds, and its bytes.
 constexpr int block_values(int type) { return is_kquant(type) ? kSuperBlock : kLegacyBlock; }
 constexpr int block_bytes(int type) {
-  switch (type) {
+  switch (legacy_file_type(type)) {
     case kQ4K: return 144;
     case kQ5K: return 176;
     case kQ6K: return 210;
@@ -55,6 +69,22 @@ constexpr int block_bytes(int type) {
     case kQ5_1: return 24;
     default: return 34;  // kQ8_0
   }
+}
+
+// A legacy block's fields (Each takes a type in either layout, kernels.h's kQ*_0 or kQ*Runs.)
+constexpr bool legacy_has_min(int type) {
+  return legacy_file_type(type) == kQ4_1 || legacy_file_type(type) == kQ5_1;
+}
+constexpr bool legacy_has_high_bits(int type) {
+  return legacy_file_type(type) == kQ5_0 || legacy_file_type(type) == kQ5_1;
+}
+constexpr bool legacy_is_q8(int type) { return legacy_file_type(type) == kQ8_0; }
+// Where qs starts in a block (qh, where there is one, is the 4 bytes before it): the bytes of its
+// d, m and qh fields.
+constexpr int legacy_qs_at(int type) { return 2 + (legacy_has_min(type) ? 2 : 0) + (legacy_has_high_bits(type) ? 4 : 0); }
+// The zero point of the types without a minimum: value = d * (q - zero).
+constexpr int legacy_zero(int type) {
+  return legacy_file_type(type) == kQ4_0 ? 8 : legacy_file_type(type) == kQ5_0 ? 16 : 0;
 }
 
 // The same product over an affine-quantized weight in MLX's layout: value k of row n is

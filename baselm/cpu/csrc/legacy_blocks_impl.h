@@ -16,21 +16,45 @@
 // 11 + 8 significant bits), so each value is llama.cpp's own: exact for Q4_0, Q5_0 and Q8_0, one
 // rounding of d * q + m for Q4_1 and Q5_1, as llama.cpp rounds it.
 
-constexpr bool legacy_has_min(int type) { return type == kQ4_1 || type == kQ5_1; }
-constexpr bool legacy_has_high_bits(int type) { return type == kQ5_0 || type == kQ5_1; }
-// Where qs starts in a block (qh, where there is one, is the 4 bytes before it).
-constexpr int legacy_qs_at(int type) {
-  return type == kQ4_0 || type == kQ8_0 ? 2 : type == kQ4_1 ? 4 : type == kQ5_0 ? 6 : 8;
+// Where one block's fields are: together in the block (the file's layout), or in its run's field
+// arrays (kQ*Runs: a run's 8 d at its start, then 8 m, 8 qh and 8 qs; 8 times the fields' bytes
+// before the qs).
+struct LegacyBlock {
+  const uint8_t* d;
+  const uint8_t* m;
+  const uint8_t* qh;
+  const uint8_t* qs;
+};
+
+template <int TYPE>
+inline LegacyBlock legacy_block_in_file(const uint8_t* block) {
+  const uint8_t* qs = block + legacy_qs_at(TYPE);
+  return LegacyBlock{block, block + 2, qs - 4, qs};
 }
-// The zero point of the types without a minimum: value = d * (q - zero).
-constexpr int legacy_zero(int type) { return type == kQ4_0 ? 8 : type == kQ5_0 ? 16 : 0; }
+
+// Block j of a full run in the runs layout.
+template <int TYPE>
+inline LegacyBlock legacy_block_in_run(const uint8_t* run, int j) {
+  constexpr int fields = legacy_qs_at(TYPE);
+  constexpr int qs_bytes = block_bytes(TYPE) - fields;
+  return LegacyBlock{run + 2 * j, run + 16 + 2 * j, run + 8 * (fields - 4) + 4 * j, run + 8 * fields + qs_bytes * j};
+}
+
+// Block b of a row of `blocks` blocks of TYPE, in either layout.
+template <int TYPE>
+inline LegacyBlock legacy_block(const uint8_t* row, int b, int blocks) {
+  if constexpr (is_legacy_runs(TYPE)) {
+    if (b < blocks / 8 * 8) return legacy_block_in_run<TYPE>(row + static_cast<int64_t>(b / 8) * 8 * block_bytes(TYPE), b % 8);
+  }
+  return legacy_block_in_file<TYPE>(row + static_cast<int64_t>(b) * block_bytes(TYPE));
+}
 
 // The block's s and c.
 template <int TYPE>
-inline void legacy_affine(const uint8_t* block, float& s, float& c) {
-  s = half_at(block);
+inline void legacy_affine(const LegacyBlock& block, float& s, float& c) {
+  s = half_at(block.d);
   if constexpr (legacy_has_min(TYPE)) {
-    c = half_at(block + 2);
+    c = half_at(block.m);
   } else if constexpr (legacy_zero(TYPE) != 0) {
     c = -static_cast<float>(legacy_zero(TYPE)) * s;
   } else {
@@ -46,12 +70,12 @@ inline uint32_t legacy_high_bits(const uint8_t* qh) {
 
 // The block's 32 codes.
 template <int TYPE>
-inline void legacy_codes(const uint8_t* block, int16_t* out) {
-  const uint8_t* qs = block + legacy_qs_at(TYPE);
-  if constexpr (TYPE == kQ8_0) {
+inline void legacy_codes(const LegacyBlock& block, int16_t* out) {
+  const uint8_t* qs = block.qs;
+  if constexpr (legacy_is_q8(TYPE)) {
     for (int l = 0; l < 32; ++l) out[l] = static_cast<int8_t>(qs[l]);
   } else {
-    const uint32_t qh = legacy_has_high_bits(TYPE) ? legacy_high_bits(qs - 4) : 0;
+    const uint32_t qh = legacy_has_high_bits(TYPE) ? legacy_high_bits(block.qh) : 0;
     for (int l = 0; l < 16; ++l) {
       out[l] = static_cast<int16_t>((qs[l] & 15) | ((qh >> l) & 1) << 4);
       out[l + 16] = static_cast<int16_t>((qs[l] >> 4) | ((qh >> (l + 16)) & 1) << 4);
@@ -64,10 +88,10 @@ inline void legacy_codes(const uint8_t* block, int16_t* out) {
 // widened to 16 bits give the low nibbles (values 0-15) and the high ones (16-31); a Q5 block's fifth
 // bits come from qh, each lane testing its own bit; Q8_0's bytes are widened with their sign.
 template <int TYPE>
-inline void legacy_code_lanes(const uint8_t* block, __m256i& lo, __m256i& hi) {
-  const uint8_t* qs = block + legacy_qs_at(TYPE);
+inline void legacy_code_lanes(const LegacyBlock& block, __m256i& lo, __m256i& hi) {
+  const uint8_t* qs = block.qs;
   auto bytes16 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
-  if constexpr (TYPE == kQ8_0) {
+  if constexpr (legacy_is_q8(TYPE)) {
     lo = _mm256_cvtepi8_epi16(bytes16(qs));
     hi = _mm256_cvtepi8_epi16(bytes16(qs + 16));
   } else {
@@ -76,7 +100,7 @@ inline void legacy_code_lanes(const uint8_t* block, __m256i& lo, __m256i& hi) {
     hi = _mm256_srli_epi16(v, 4);
     if constexpr (legacy_has_high_bits(TYPE)) {
       uint32_t qh;
-      __builtin_memcpy(&qh, qs - 4, sizeof qh);  // x86: little-endian
+      __builtin_memcpy(&qh, block.qh, sizeof qh);  // x86: little-endian
       const __m256i lane_bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
                                                  16384, static_cast<int16_t>(0x8000));
       const __m256i fifth = _mm256_set1_epi16(0x10);

@@ -303,7 +303,13 @@ int block_type(const std::string& name) {
   if (name == "q5_0") return kQ5_0;
   if (name == "q5_1") return kQ5_1;
   if (name == "q8_0") return kQ8_0;
-  throw std::invalid_argument("unknown block type " + name + ": q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k");
+  const std::string runs = "_runs";  // a legacy type in the runs layout (block_runs)
+  if (name.size() > runs.size() && name.compare(name.size() - runs.size(), runs.size(), runs) == 0) {
+    const int type = block_type(name.substr(0, name.size() - runs.size()));
+    if (is_legacy_file_block(type)) return type + kRunsOffset;
+  }
+  throw std::invalid_argument("unknown block type " + name +
+                              ": q4_0, q4_1, q5_0, q5_1, q8_0 (each also as q4_0_runs ...), q4_k, q5_k or q6_k");
 }
 
 // blocks (R, K / block values * block bytes) uint8: the row width K they hold, checked.
@@ -358,6 +364,66 @@ class BlockRows : public mx::UnaryPrimitive {
  private:
   int type_;
 };
+
+// A legacy row's full runs of 8 blocks rewritten field by field (kernels.h's kQ*Runs): per run,
+// the 8 blocks' first `fields` bytes (d, m, qh) one field at a time, then their qs; a row's last
+// blocks as they are.
+void runs_layout(int type, const uint8_t* in, int64_t ld, int64_t rows, int blocks, uint8_t* out) {
+  const int bytes = block_bytes(type);
+  const int field_sizes[3] = {2, legacy_has_min(type) ? 2 : 0, legacy_has_high_bits(type) ? 4 : 0};
+  const int fields = field_sizes[0] + field_sizes[1] + field_sizes[2];
+  const int full = blocks / 8 * 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* src = in + r * ld;
+    uint8_t* dst = out + r * static_cast<int64_t>(blocks) * bytes;
+    for (int b0 = 0; b0 < full; b0 += 8) {
+      const uint8_t* run = src + static_cast<int64_t>(b0) * bytes;
+      uint8_t* to = dst + static_cast<int64_t>(b0) * bytes;
+      int at = 0;
+      for (int f = 0, from = 0; f < 3; from += field_sizes[f], ++f)
+        for (int j = 0; j < 8; ++j, at += field_sizes[f]) std::memcpy(to + at, run + j * bytes + from, field_sizes[f]);
+      for (int j = 0; j < 8; ++j, at += bytes - fields) std::memcpy(to + at, run + j * bytes + fields, bytes - fields);
+    }
+    std::memcpy(dst + static_cast<int64_t>(full) * bytes, src + static_cast<int64_t>(full) * bytes,
+                static_cast<size_t>(blocks - full) * bytes);
+  }
+}
+
+class BlockRuns : public mx::UnaryPrimitive {
+ public:
+  BlockRuns(mx::Stream stream, int type) : mx::UnaryPrimitive(stream), type_(type) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const int type = type_;
+    dispatch(stream(), inputs, out, [type](const std::vector<mx::array>& in, mx::array& o) {
+      std::vector<std::vector<uint8_t>> held;
+      runs_layout(type, static_cast<const uint8_t*>(row_major(in[0], held)), in[0].shape(1), in[0].shape(0),
+                  in[0].shape(1) / block_bytes(type), o.data<uint8_t>());
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("block_runs runs on the CPU only");
+  }
+
+  const char* name() const override { return "BaseBlockRuns"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return type_ == static_cast<const BlockRuns&>(other).type_;
+  }
+
+ private:
+  int type_;
+};
+
+mx::array block_runs(const mx::array& blocks, const std::string& kind) {
+  const int type = block_type(kind);
+  if (!is_legacy_file_block(type))
+    throw std::invalid_argument("block_runs: " + kind + " is not a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0)");
+  block_width(blocks, type, "block_runs");
+  return mx::array(blocks.shape(), mx::uint8, std::make_shared<BlockRuns>(mx::default_stream(mx::Device::cpu), type),
+                   {blocks});
+}
 
 mx::array block_dequantize(const mx::array& blocks, const std::string& kind) {
   const int type = block_type(kind);
@@ -490,7 +556,10 @@ void register_linear(nb::module_& m) {
   m.def("block_linear", &block_linear, nb::arg("x"), nb::arg("blocks"), nb::arg("kind"),
         nb::arg("bias") = nb::none(),
         "x (..., K) @ W.T (+ bias), W rows of GGUF blocks (kind q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k; "
-        "uint8 (N, bytes)).");
+        "a legacy kind with _runs: block_runs' layout; uint8 (N, bytes)).");
+  m.def("block_runs", &block_runs, nb::arg("blocks"), nb::arg("kind"),
+        "Rows of legacy GGUF blocks (kind q4_0 ... q8_0) in the runs layout the kernels read fastest (kind "
+        "q4_0_runs ...): each full run of 8 blocks field by field (8 d, 8 m, 8 qh, 8 qs), the same bytes.");
   m.def("block_dequantize", &block_dequantize, nb::arg("blocks"), nb::arg("kind"),
         "The float32 values (R, K) of R rows of GGUF blocks (uint8 (R, bytes)).");
 }

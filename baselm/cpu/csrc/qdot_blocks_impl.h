@@ -105,7 +105,12 @@ inline void run_affine_lanes(const uint8_t* row, int b, __m256& s, __m256& c) {
     kquant_affine_lanes<TYPE>(row + (b / 8) * block_bytes(TYPE), s, c);
   } else {
     const uint8_t* first = row + static_cast<int64_t>(b) * block_bytes(TYPE);
-    first_halves<legacy_has_min(TYPE)>(first, block_bytes(TYPE), s, c);
+    if constexpr (is_legacy_runs(TYPE)) {  // the run's 8 d, then its 8 m
+      s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(first)));
+      if constexpr (legacy_has_min(TYPE)) c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(first + 16)));
+    } else {
+      first_halves<legacy_has_min(TYPE)>(first, block_bytes(TYPE), s, c);
+    }
     if constexpr (!legacy_has_min(TYPE)) {
       c = _mm256_mul_ps(s, _mm256_set1_ps(-static_cast<float>(legacy_zero(TYPE))));
     }
@@ -113,16 +118,22 @@ inline void run_affine_lanes(const uint8_t* row, int b, __m256& s, __m256& c) {
 }
 
 // Whether blocks of TYPE have an offset c that meets the activations' block sums (Q6_K and Q8_0: none).
-constexpr bool has_offsets(int type) { return type != kQ6K && type != kQ8_0; }
+constexpr bool has_offsets(int type) { return type != kQ6K && !legacy_is_q8(type); }
 
-// Block j of the run from block b (K-quants: the super-block's sub-block j).
-template <int TYPE>
+// Block j of the run from block b (K-quants: the super-block's sub-block j); IN_RUN: of a full
+// run (a legacy row's last blocks are not, and keep the file's layout in either).
+template <int TYPE, bool IN_RUN>
 inline WeightBlock<int16_t> run_block(const uint8_t* row, int b, int j) {
   if constexpr (is_kquant(TYPE)) {
     return kquant_block<TYPE>(row + (b / 8) * block_bytes(TYPE), j);
   } else {
+    const uint8_t* at = row + static_cast<int64_t>(b) * block_bytes(TYPE);
     WeightBlock<int16_t> w;
-    legacy_code_lanes<TYPE>(row + static_cast<int64_t>(b + j) * block_bytes(TYPE), w.lo, w.hi);
+    if constexpr (IN_RUN && is_legacy_runs(TYPE)) {
+      legacy_code_lanes<TYPE>(legacy_block_in_run<TYPE>(at, j), w.lo, w.hi);
+    } else {
+      legacy_code_lanes<TYPE>(legacy_block_in_file<TYPE>(at + j * block_bytes(TYPE)), w.lo, w.hi);
+    }
     return w;
   }
 }
@@ -217,13 +228,13 @@ inline void block_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
   alignas(32) float sd[MR][8];
   alignas(32) int16_t q6[TYPE == kQ6K ? kSuperBlock : 1];
   // Block b + j against the rows, its scale times theirs at sd[m][j], into accumulator `into`.
-  auto add_block = [&](int b, int j, int into) {
+  auto add_block = [&](auto in_run, int b, int j, int into) {  // in_run: std::true_type in a full run
     WeightBlock<int16_t> w;
     if constexpr (TYPE == kQ6K) {
       w = WeightBlock<int16_t>{_mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j)),
                                _mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j + 16))};
     } else {
-      w = run_block<TYPE>(row, b, j);
+      w = run_block<TYPE, decltype(in_run)::value>(row, b, j);
     }
     for (int m = 0; m < MR; ++m) {
       const __m256 prod = _mm256_cvtepi32_ps(block_dot<16>(w, xq[m] + (b + j) * B));
@@ -247,18 +258,18 @@ inline void block_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
     if constexpr (TYPE == kQ6K) q6k_decode(run, q6);
     // Unrolled, so that the accumulators stay in registers (a loop indexing them kept them in memory).
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) add_block(b, j, j % ACCS);
+    for (int j = 0; j < 8; ++j) add_block(std::true_type{}, b, j, j % ACCS);
   }
   float tail[MR] = {};  // the last blocks of a legacy row whose blocks are not a multiple of 8
   if constexpr (!is_kquant(TYPE)) {
     for (; b < blocks; ++b) {
       float s, c;
-      legacy_affine<TYPE>(row + static_cast<int64_t>(b) * kBytes, s, c);
+      legacy_affine<TYPE>(legacy_block_in_file<TYPE>(row + static_cast<int64_t>(b) * kBytes), s, c);
       for (int m = 0; m < MR; ++m) {
         tail[m] += c * sums[m][b];
         sd[m][0] = s * d[m][b];
       }
-      add_block(b, 0, 0);
+      add_block(std::false_type{}, b, 0, 0);
     }
   }
   for (int m = 0; m < MR; ++m) {

@@ -13,6 +13,7 @@
 // NOTE: as in linear_impl.h, nothing here may instantiate a std:: template.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels.h"
 #include "qdot.h"
@@ -568,13 +569,13 @@ void matmul_blocks(const QdotArgs& a, int n0, int n1, float* scratch) {
   float total[kRowsAtOnce];
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
-    for (int b = 0; b < blocks; b += 8) run_affine<TYPE>(row, b, blocks - b < 8 ? blocks - b : 8, s + b, c + b);
+    for (int b = 0; b < blocks; b += 8) run_affine<TYPE>(row, b, blocks - b < 8 ? blocks - b : 8, blocks, s + b, c + b);
     for (int m0 = 0; m0 < a.M; m0 += kRowsAtOnce) {
       const int rows = a.M - m0 < kRowsAtOnce ? a.M - m0 : kRowsAtOnce;
       for (int m = 0; m < rows; ++m) total[m] = 0.0f;
       for (int b0 = 0; b0 < blocks; b0 += kUnpackBlocks) {
         const int count = blocks - b0 < kUnpackBlocks ? blocks - b0 : kUnpackBlocks;
-        for (int j = 0; j < count; ++j) block_codes<TYPE>(row, b0 + j, w + j * B);
+        for (int j = 0; j < count; ++j) block_codes<TYPE>(row, b0 + j, blocks, w + j * B);
         for (int m = 0; m < rows; ++m) {
           const int16_t* xq = static_cast<const int16_t*>(a.x.q) + static_cast<int64_t>(m0 + m) * a.K + b0 * B;
           const float* xd = a.x.d + static_cast<int64_t>(m0 + m) * blocks + b0;
@@ -614,6 +615,11 @@ void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
     case kQ5_0: return matmul_blocks<kQ5_0>(a, n0, n1, scratch);
     case kQ5_1: return matmul_blocks<kQ5_1>(a, n0, n1, scratch);
     case kQ8_0: return matmul_blocks<kQ8_0>(a, n0, n1, scratch);
+    case kQ4_0Runs: return matmul_blocks<kQ4_0Runs>(a, n0, n1, scratch);
+    case kQ4_1Runs: return matmul_blocks<kQ4_1Runs>(a, n0, n1, scratch);
+    case kQ5_0Runs: return matmul_blocks<kQ5_0Runs>(a, n0, n1, scratch);
+    case kQ5_1Runs: return matmul_blocks<kQ5_1Runs>(a, n0, n1, scratch);
+    case kQ8_0Runs: return matmul_blocks<kQ8_0Runs>(a, n0, n1, scratch);
     default: break;
   }
   if (a.x.width == 16) return matmul_as<int16_t>(a, n0, n1, scratch);

@@ -176,8 +176,9 @@ def use_block_layers(model: nn.Module, weights: dict[str, mx.array], runs_blocks
         # A legacy type's rows go to the runs layout (one copy at load, the same bytes): a run's
         # scales then load as one vector, where gathering them from 8 blocks cost a one-row matmul 1.1-1.3x.
         runs = not block_type.is_kquant
-        if runs:
+        if runs:  # made now, so that the file's bytes go as each is done (a peak of one tensor's copy)
             blocks = cpu.kernels.block_runs(blocks, block_type.suffix)
+            mx.eval(blocks)
         if type(module) is nn.Embedding:
             twin = BlockEmbedding(blocks, block_type.suffix, runs)
         else:

@@ -366,39 +366,67 @@ class BlockRows : public mx::UnaryPrimitive {
 };
 
 // A legacy row's full runs of 8 blocks rewritten field by field (kernels.h's kQ*Runs): per run,
-// the 8 blocks' first `fields` bytes (d, m, qh) one field at a time, then their qs; a row's last
-// blocks as they are.
-void runs_layout(int type, const uint8_t* in, int64_t ld, int64_t rows, int blocks, uint8_t* out) {
-  const int bytes = block_bytes(type);
-  const int field_sizes[3] = {2, legacy_has_min(type) ? 2 : 0, legacy_has_high_bits(type) ? 4 : 0};
-  const int fields = field_sizes[0] + field_sizes[1] + field_sizes[2];
+// the 8 blocks' d, then m, then qh fields (each where the type has it), then their qs; a row's last
+// blocks as they are. `out` may be `in` (each run is read whole before it is written).
+template <int TYPE>
+void runs_layout_as(const uint8_t* in, int64_t ld, int64_t rows, int blocks, uint8_t* out) {
+  constexpr int bytes = block_bytes(TYPE);
+  constexpr int sizes[4] = {2, legacy_has_min(TYPE) ? 2 : 0, legacy_has_high_bits(TYPE) ? 4 : 0,
+                            bytes - legacy_qs_at(TYPE)};
   const int full = blocks / 8 * 8;
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* src = in + r * ld;
-    uint8_t* dst = out + r * static_cast<int64_t>(blocks) * bytes;
-    for (int b0 = 0; b0 < full; b0 += 8) {
-      const uint8_t* run = src + static_cast<int64_t>(b0) * bytes;
-      uint8_t* to = dst + static_cast<int64_t>(b0) * bytes;
-      int at = 0;
-      for (int f = 0, from = 0; f < 3; from += field_sizes[f], ++f)
-        for (int j = 0; j < 8; ++j, at += field_sizes[f]) std::memcpy(to + at, run + j * bytes + from, field_sizes[f]);
-      for (int j = 0; j < 8; ++j, at += bytes - fields) std::memcpy(to + at, run + j * bytes + fields, bytes - fields);
+  // Rows split among the pool's threads (a 0.5B model's weights take a few hundred MB).
+  parallel_for(static_cast<int>(rows), static_cast<size_t>(rows) * blocks * bytes, [&](int begin, int end, int) {
+    uint8_t run[8 * bytes];
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* src = in + r * ld;
+      uint8_t* dst = out + r * static_cast<int64_t>(blocks) * bytes;
+      for (int b0 = 0; b0 < full; b0 += 8) {
+        std::memcpy(run, src + static_cast<int64_t>(b0) * bytes, sizeof run);
+        uint8_t* to = dst + static_cast<int64_t>(b0) * bytes;
+        int from = 0;
+        for (int size : sizes) {
+          for (int j = 0; j < 8; ++j, to += size) std::memcpy(to, run + j * bytes + from, size);
+          from += size;
+        }
+      }
+      if (dst != src)
+        std::memcpy(dst + static_cast<int64_t>(full) * bytes, src + static_cast<int64_t>(full) * bytes,
+                    static_cast<size_t>(blocks - full) * bytes);
     }
-    std::memcpy(dst + static_cast<int64_t>(full) * bytes, src + static_cast<int64_t>(full) * bytes,
-                static_cast<size_t>(blocks - full) * bytes);
+  });
+}
+
+void runs_layout(int type, const uint8_t* in, int64_t ld, int64_t rows, int blocks, uint8_t* out) {
+  switch (type) {
+    case kQ4_0: return runs_layout_as<kQ4_0>(in, ld, rows, blocks, out);
+    case kQ4_1: return runs_layout_as<kQ4_1>(in, ld, rows, blocks, out);
+    case kQ5_0: return runs_layout_as<kQ5_0>(in, ld, rows, blocks, out);
+    case kQ5_1: return runs_layout_as<kQ5_1>(in, ld, rows, blocks, out);
+    default: return runs_layout_as<kQ8_0>(in, ld, rows, blocks, out);
   }
 }
 
+// block_runs' primitive: the output takes the input's buffer where nothing else holds it (a
+// model's weights as they load), so the layout costs no second copy.
 class BlockRuns : public mx::UnaryPrimitive {
  public:
   BlockRuns(mx::Stream stream, int type) : mx::UnaryPrimitive(stream), type_(type) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const int type = type_;
-    dispatch(stream(), inputs, out, [type](const std::vector<mx::array>& in, mx::array& o) {
+    const mx::array& in = inputs[0];
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    if (in.flags().row_contiguous && in.is_donatable()) {
+      out.copy_shared_buffer(in);
+    } else {
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+    }
+    encoder.set_input_array(in);
+    encoder.set_output_array(out);
+    encoder.dispatch([in, out, type]() mutable {
       std::vector<std::vector<uint8_t>> held;
-      runs_layout(type, static_cast<const uint8_t*>(row_major(in[0], held)), in[0].shape(1), in[0].shape(0),
-                  in[0].shape(1) / block_bytes(type), o.data<uint8_t>());
+      runs_layout(type, static_cast<const uint8_t*>(row_major(in, held)), in.shape(1),
+                  in.shape(0), in.shape(1) / block_bytes(type), out.data<uint8_t>());
     });
   }
 

@@ -42,12 +42,15 @@ from baselm.api.schemas import Common, check_depth
 from baselm.api.state import ModelState, ServerState
 from baselm.async_engine import RequestStream
 from baselm.engine import QueueFullError
+from baselm.memory import note_work
 from baselm.models.base import ModelConfigError
 from baselm.request import RequestOutput
 from baselm.sampling.params import SamplingParams, SamplingParamsError
 from baselm.scheduler import RequestTooLongError, effective_max_tokens
 from baselm.tokenizer.tokenizer import Tokenizer
 from baselm.vision.prompt import PromptImage
+
+LARGE_BODY_BYTES = 256 * 1024  # a body this large is parsed and rendered into much more, then freed
 
 # ---- the handler's opening ----------------------------------------------------------------
 
@@ -95,7 +98,10 @@ async def read_json(request: Request, state: ServerState) -> Any:
     if not budget.take(declared or 0):
         raise _busy_reading(budget)
     try:
-        return _parse(await _read_within(request, state, declared is None))
+        raw = await _read_within(request, state, declared is None)
+        if len(raw) >= LARGE_BODY_BYTES:
+            note_work()  # its parse and render come and go: the engine's idle release hands them back
+        return _parse(raw)
     finally:
         budget.give_back(declared or 0)
 

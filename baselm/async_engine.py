@@ -23,6 +23,7 @@ import numpy as np
 
 from baselm.embedding import EmbeddingQueue
 from baselm.engine import LLMEngine
+from baselm.memory import IdleRelease
 from baselm.request import AdapterChoice, RequestOutput
 from baselm.sampling.params import SamplingParams
 from baselm.vision.prompt import PromptImage
@@ -105,6 +106,7 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="base-engine", daemon=True)
         self._stopping = False
         self._wake = threading.Event()
+        self._memory = IdleRelease()  # what a burst freed goes back to the OS once idle a moment
 
     def start(self) -> AsyncEngine:
         if self._threads is not None:
@@ -205,10 +207,14 @@ class AsyncEngine:
                 next_save = time.monotonic() + engine.config.prefix_cache_save_interval
             ran = self._run_embedding_slice()
             if not engine.has_unfinished:
-                if not ran:
+                if ran:
+                    self._memory.busy()
+                else:
+                    self._memory.idle()
                     self._wake.wait(0.05)
                     self._wake.clear()
                 continue
+            self._memory.busy()
             try:
                 outputs = engine.step()
             except Exception as exc:  # a bug: fail the requests in flight, keep serving

@@ -1,15 +1,19 @@
-"""Handing freed memory back to the OS while a model loads.
+"""Handing freed memory back to the OS while a model loads, and when a server falls idle.
 
 Loading frees as much as it keeps: unfused and unpermuted tensors, a file's converted copies,
 a vocabulary's strings. MLX keeps freed buffers in a cache of its own, and glibc keeps freed
 heap pages in the process (a new, larger fused tensor rarely fits the holes the parts it was
-made of leave), so without this a load peaks well above what it ends with.
+made of leave), so without this a load peaks well above what it ends with. A server's bursts do
+the same (a batch's activations, a large request body parsed and rendered): `IdleRelease` gives
+that back once the engine has been idle a moment.
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
+import threading
+import time
 
 import mlx.core as mx
 
@@ -22,3 +26,46 @@ def release_freed_memory() -> None:
             ctypes.CDLL(None).malloc_trim(0)
         except (OSError, AttributeError):  # not glibc
             pass
+
+
+class _Work:
+    """When something last allocated and freed a lot, and when that was last given back."""
+
+    lock = threading.Lock()
+    last_work = 0.0
+    last_release = 0.0
+
+
+def note_work() -> None:
+    """Tells the idle release that something allocated and freed a lot (a large request body read,
+    parsed, rendered and dropped); any thread."""
+    with _Work.lock:
+        _Work.last_work = time.monotonic()
+
+
+class IdleRelease:
+    """Calls `release_freed_memory` on an engine's thread (MLX's cache is freed from the thread that
+    runs it) once the engine has been idle, and nothing has been noted, for `after_s`, when something
+    ran since the last release: a step of this engine, or `note_work` anywhere in the process."""
+
+    def __init__(self, after_s: float = 1.0) -> None:
+        self.after_s = after_s
+        self._idle_since: float | None = None
+
+    def busy(self) -> None:
+        """The engine ran a step or a slice."""
+        note_work()
+        self._idle_since = None
+
+    def idle(self) -> bool:
+        """The engine found nothing to do; True when this call released memory."""
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        with _Work.lock:
+            quiet_since = max(self._idle_since, _Work.last_work)
+            if _Work.last_work <= _Work.last_release or now - quiet_since < self.after_s:
+                return False
+            _Work.last_release = now
+        release_freed_memory()
+        return True

@@ -9,6 +9,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from baselm import cpu
+
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -99,7 +101,18 @@ class Metrics:
             lines += _token_lines(self.models)
         for model_name, model_stats in sorted(stats.items()):
             lines += _engine_lines(model_stats, f'model="{model_name}"')
+        lines += _pool_lines()
         return "\n".join(lines) + "\n"
+
+
+def _pool_lines() -> list[str]:
+    """The CPU KV pools' resident bytes (their pages become resident as blocks are first written);
+    none without the CPU kernels (0 where no pool is theirs)."""
+    if not cpu.available():
+        return []
+    name = "base_kv_pool_resident_bytes"
+    help_text = "Bytes of the CPU KV pools resident in memory (a page is, once a block on it was written)."
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {cpu.kernels.mapped_resident_bytes()}"]
 
 
 def _token_lines(models: dict[str, ModelMetrics]) -> list[str]:

@@ -3,6 +3,8 @@ start time nor memory until its blocks are written, and written in place like an
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -32,6 +34,22 @@ def test_a_cpu_pool_takes_no_memory_until_written() -> None:
     assert _resident_bytes() - before < 16 * 2**20
     assert mx.array_equal(cache[3].values[2047], mx.zeros((16, 4, 64))).item()
     assert mx.array_equal(cache[3].values[5], mx.ones((16, 4, 64))).item()
+
+
+@requires_kernels
+def test_the_pools_resident_bytes_count_the_pages_written() -> None:
+    before = cpu.kernels.mapped_resident_bytes()
+    cache = PagedKVCache(num_layers=2, num_blocks=512, block_size=16, num_kv_heads=4, head_dim=64)  # 2 x 2 x 8 MiB
+    headers = 4 * os.sysconf("SC_PAGESIZE")  # each pool's first page holds the size MLX reads before its data
+    assert cpu.kernels.mapped_resident_bytes() - before == headers
+    meta = AttentionMetadata.build([[5, 300]], query_lens=[32], context_lens=[32], block_size=16)
+    for layer in cache.layers:
+        layer.write(mx.ones((32, 4, 64)), mx.ones((32, 4, 64)), meta)
+        mx.eval(layer.keys, layer.values)
+    block = 16 * 4 * 64 * 4  # 16 KiB: four pages a block, two blocks, keys and values, two layers
+    assert cpu.kernels.mapped_resident_bytes() - before == headers + 2 * 2 * 2 * block
+    del cache, layer
+    assert cpu.kernels.mapped_resident_bytes() == before  # unmapped with the pools
 
 
 @requires_kernels

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <mutex>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -240,9 +240,25 @@ template struct Expose<DescTag, &mx::array::array_desc_>;
 
 long handles_on(const mx::array& a) { return (a.*member(DescTag{})).use_count(); }
 
-// Buffers zeroed() mapped; guarded by the mutex (pools are made on one thread, written on MLX's).
+// Buffers zeroed() mapped, each to its mapping (start, length); guarded by the mutex (pools are
+// made on one thread, written on MLX's).
 std::mutex mapped_mutex;
-std::unordered_set<const void*> mapped_buffers;
+std::unordered_map<const void*, std::pair<void*, size_t>> mapped_buffers;
+
+// The bytes of zeroed()'s mappings resident in memory (mincore): a pool's pages become resident as
+// its blocks are first written.
+size_t mapped_resident_bytes() {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::lock_guard<std::mutex> lock(mapped_mutex);
+  size_t total = 0;
+  std::vector<unsigned char> resident;
+  for (const auto& [buffer, mapping] : mapped_buffers) {
+    resident.resize((mapping.second + page - 1) / page);
+    if (mincore(mapping.first, mapping.second, resident.data()) != 0) continue;
+    for (unsigned char r : resident) total += (r & 1) ? page : 0;
+  }
+  return total;
+}
 
 bool is_mapped(const mx::array& a) {
   std::lock_guard<std::mutex> lock(mapped_mutex);
@@ -335,7 +351,7 @@ mx::array zeroed(const mx::Shape& shape, mx::Dtype dtype) {
   });
   {
     std::lock_guard<std::mutex> lock(mapped_mutex);
-    mapped_buffers.insert(header);
+    mapped_buffers.emplace(header, std::make_pair(mapped, length));
   }
   return mx::array(std::move(data), shape, dtype);
 }
@@ -398,6 +414,8 @@ void register_attention(nb::module_& m) {
       "zeroed", [](const std::vector<int>& shape, const std::string& dtype) { return zeroed(mx::Shape(shape.begin(), shape.end()), dtype_named(dtype)); },
       nb::arg("shape"), nb::arg("dtype"),
       "An array of zeros whose pages are mapped on first touch (no time or memory until written): for KV pools.");
+  m.def("mapped_resident_bytes", &mapped_resident_bytes,
+        "Bytes of the pages of zeroed()'s arrays (the KV pools) resident in memory.");
   m.def("attention_isa", [] { return std::string(attention_kernels_for(active_isa()).isa); });
 }
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -18,3 +20,14 @@ def prefill_logits(model: DecoderModel, ids: Sequence[int] | np.ndarray, block_s
     cache = PagedKVCache.for_model(model, num_blocks=num_blocks, block_size=block_size)
     meta = AttentionMetadata.build([list(reversed(range(num_blocks)))], [len(ids)], [len(ids)], block_size)
     return np.array(model(mx.array(ids), meta.positions, meta, cache))
+
+
+@contextmanager
+def exact_path(kernels: Any, exact: bool) -> Iterator[None]:
+    """The CPU kernels on the exact (float activation) path or the integer one, then as they were."""
+    before = kernels.exact_setting()
+    kernels.set_exact(exact)
+    try:
+        yield
+    finally:
+        kernels.set_exact(before)

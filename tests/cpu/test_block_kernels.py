@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import cache
 
 import mlx.core as mx
@@ -27,6 +26,7 @@ import numpy as np
 import pytest
 
 from baselm import gguf_blocks
+from tests.forward import exact_path
 from tests.tiny_gguf import random_blocks, same_bits
 
 KINDS = [t.suffix for t in gguf_blocks.BLOCK_TYPES]  # q4_0 ... q8_0, q4_k, q5_k, q6_k
@@ -61,27 +61,17 @@ CODE_FIELDS = {kind: tuple(f for f in ("ql", "qh", "qs") if f in FIELDS[kind]) f
 ZERO_POINT = {"q4_0": 8, "q5_0": 16}  # value d * (q - zero point); the other legacy types: d * q (+ m)
 
 
-@contextmanager
-def _exact_set(kernels, exact: bool) -> Iterator[None]:
-    before = kernels.exact_setting()
-    kernels.set_exact(exact)
-    try:
-        yield
-    finally:
-        kernels.set_exact(before)
-
-
 @pytest.fixture
 def integer(kernels) -> Iterator[object]:
     """The kernels on the integer path (whatever BASE_CPU_EXACT said), restored afterwards."""
-    with _exact_set(kernels, False):
+    with exact_path(kernels, False):
         yield kernels
 
 
 @pytest.fixture(params=[False, True], ids=["integer", "exact"])
 def path(kernels, request: pytest.FixtureRequest) -> Iterator[object]:
     """The kernels on the integer path, then on the exact (float activation) one."""
-    with _exact_set(kernels, request.param):
+    with exact_path(kernels, request.param):
         yield kernels
 
 
@@ -299,7 +289,7 @@ def test_past_32_rows_the_dense_float_matmul(integer, kind: str) -> None:
 def test_the_exact_path_is_the_float_matmul(kernels, kind: str, cols: int) -> None:
     """set_exact(True) (BASE_CPU_EXACT=1) multiplies float32 activations by the decoded weights."""
     weights = _weights(kind, 37, cols, seed=3)
-    with _exact_set(kernels, True):
+    with exact_path(kernels, True):
         for rows in (1, 3, 32):
             x = _activations(rows, cols, seed=rows)
             _check(kernels, x, weights, _linear(kernels, x, kind, weights[0]))

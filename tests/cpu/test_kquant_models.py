@@ -18,7 +18,7 @@ from baselm.backend import Backend
 from baselm.loader import load_model
 from baselm.models.linear import BlockEmbedding, BlockLinear
 from tests.cpu.conftest import requires_kernels
-from tests.forward import prefill_logits
+from tests.forward import exact_path, prefill_logits
 from tests.store.test_gguf_kquants import k_quant_llama
 from tests.tiny_gguf import oracle
 
@@ -60,12 +60,8 @@ def test_the_k_quant_matrices_become_block_layers(files, blocks_kept) -> None:
 def test_logits_match_the_values_run_in_float32(files, blocks_kept, kernels, exact: bool) -> None:
     """Q3_K and Q2_K are the same (affine triplets) in both; the rest are blocks against their
     values. The exact path agrees to float32 rounding; the integer path to its activation codes."""
-    before = kernels.exact_setting()
-    kernels.set_exact(exact)
-    try:
+    with exact_path(kernels, exact):
         kept = prefill_logits(load_model(files[0], KERNELS).model, IDS)
-    finally:
-        kernels.set_exact(before)
     expected = prefill_logits(load_model(files[1], FLOAT).model, IDS)
     assert np.abs(kept - expected).max() <= (1e-5 if exact else 1e-3) * np.abs(expected).max()
 

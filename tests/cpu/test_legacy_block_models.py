@@ -20,7 +20,7 @@ from baselm.models.base import ModelConfigError
 from baselm.models.linear import BlockEmbedding, BlockLinear
 from baselm.store.base_reader import BaseFile
 from tests.cpu.conftest import requires_kernels
-from tests.forward import prefill_logits
+from tests.forward import exact_path, prefill_logits
 from tests.store.test_gguf_kquants import k_quant_llama
 from tests.tiny_gguf import oracle
 
@@ -87,12 +87,8 @@ def test_logits_match_the_values_run_in_float32(files, kernels, monkeypatch, exa
     largest (q_proj, o_proj: 1.1e-3 to 1.3e-3; v_proj's Q8_0 blocks 8e-5, its affine form 1.6e-3), and
     those errors add up or cancel (all of them: 2.2e-3; with v_proj affine: 6e-4)."""
     monkeypatch.setenv("BASE_GGUF_BLOCKS", "1")
-    before = kernels.exact_setting()
-    kernels.set_exact(exact)
-    try:
+    with exact_path(kernels, exact):
         kept = prefill_logits(load_model(files[0], KERNELS).model, IDS)
-    finally:
-        kernels.set_exact(before)
     expected = prefill_logits(load_model(files[1], FLOAT).model, IDS)
     assert np.abs(kept - expected).max() <= (1e-5 if exact else 5e-3) * np.abs(expected).max()
 

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for its tests.tools
+from tests.tools.http_streams import ServerProcess, StreamTiming, free_port, summarize  # noqa: E402
 
 PROMPTS = [
     "Write a short story about a lighthouse keeper.",
@@ -39,15 +41,9 @@ PROMPTS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stream_one(client: openai.OpenAI, model: str, prompt: str, max_tokens: int) -> dict:
+def stream_one(client: openai.OpenAI, model: str, prompt: str, max_tokens: int) -> StreamTiming:
     start = time.perf_counter()
-    times = []
+    times, usage, finish_reason = [], None, ""
     stream = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": prompt}],
@@ -57,13 +53,14 @@ def stream_one(client: openai.OpenAI, model: str, prompt: str, max_tokens: int) 
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
     )
-    tokens = 0
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             times.append(time.perf_counter())
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish_reason = chunk.choices[0].finish_reason
         if chunk.usage:
-            tokens = chunk.usage.completion_tokens
-    return {"ttft": times[0] - start, "first": times[0], "last": times[-1], "tokens": tokens}
+            usage = chunk.usage
+    return StreamTiming(start, times[0], times[-1], usage.prompt_tokens, usage.completion_tokens, finish_reason)
 
 
 SYSTEM_WORDS = "you are a careful assistant who answers questions about ships harbours and the sea".split()
@@ -109,40 +106,21 @@ def shared_prefix_wave(client: openai.OpenAI, concurrency: int, prefix_tokens: i
 
 def run(client: openai.OpenAI, model: str, concurrency: int, max_tokens: int) -> dict:
     with ThreadPoolExecutor(concurrency) as pool:
-        start = time.perf_counter()
-        results = list(pool.map(lambda p: stream_one(client, model, p, max_tokens), (PROMPTS * 4)[:concurrency]))
-    first = min(r["first"] for r in results)
-    last = max(r["last"] for r in results)
-    per_stream = [(r["tokens"] - 1) / (r["last"] - r["first"]) for r in results]
-    return {
-        "concurrency": concurrency,
-        "completion_tokens": sum(r["tokens"] for r in results),
-        "aggregate_tok_s": round(sum(r["tokens"] for r in results) / (last - start), 2),
-        "decode_tok_s_aggregate": round(sum(r["tokens"] - 1 for r in results) / (last - first), 2),
-        "decode_tok_s_per_stream_median": round(statistics.median(per_stream), 2),
-        "ttft_p50_ms": round(1000 * statistics.median(r["ttft"] for r in results), 1),
-    }
+        streams = list(pool.map(lambda p: stream_one(client, model, p, max_tokens), (PROMPTS * 4)[:concurrency]))
+    return summarize(streams)
 
 
-def start_server(
-    model: str, device: str, concurrency: int, extra: tuple[str, ...] = ()
-) -> tuple[subprocess.Popen, openai.OpenAI]:
-    """`base serve MODEL` (served as "bench", with `extra` options) on a free loopback port, once it answers."""
+def base_server(model: str, device: str, concurrency: int, extra: tuple[str, ...] = ()) -> ServerProcess:
+    """`base serve MODEL` (served as "bench", with `extra` options) on a free loopback port: a context
+    manager that waits until it answers and stops it at the end."""
     port = free_port()
     command = [sys.executable, "-m", "baselm.cli", "serve", model, "--port", str(port), "--device", device]
     command += ["--max-num-seqs", str(max(concurrency, 1)), "--served-model-name", "bench", *extra]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            client.models.list()
-            return server, client
-        except openai.APIConnectionError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise SystemExit("base serve did not start") from None
-            time.sleep(0.5)
+    return ServerProcess("base serve", command, port, timeout_s=120, stop_timeout_s=120)
+
+
+def openai_client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=600)
 
 
 def main() -> None:
@@ -158,8 +136,8 @@ def main() -> None:
         from baselm.store.default_model import fetch_default_gguf
 
         model = str(fetch_default_gguf())
-    server, client = start_server(model, args.device, args.concurrency)
-    try:
+    with base_server(model, args.device, args.concurrency) as server:
+        client = openai_client(server)
         run(client, "bench", 1, 4)  # warm-up
         if args.shared_prefix:
             print(
@@ -170,13 +148,8 @@ def main() -> None:
             "single": run(client, "bench", 1, args.max_tokens),
             "concurrent": run(client, "bench", args.concurrency, args.max_tokens),
         }
-        report["speedup"] = round(
-            report["concurrent"]["decode_tok_s_aggregate"] / report["single"]["decode_tok_s_aggregate"], 2
-        )
+        report["speedup"] = round(report["concurrent"]["decode_tok_s"] / report["single"]["decode_tok_s"], 2)
         print(json.dumps(report, indent=2))
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 if __name__ == "__main__":

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import openai
-from bench_http import start_server  # scripts/ is on the path when a script here runs
+from bench_http import ServerProcess, base_server, openai_client  # scripts/ is on the path when a script here runs
 
 WORDS = "the ship sailed along the coast while gulls circled over the harbour and the old town".split()
 
 
-def start(model: str, cache_file: Path, device: str) -> tuple[subprocess.Popen, openai.OpenAI]:
-    return start_server(model, device, 1, ("--prefix-cache-file", str(cache_file)))
+def server(model: str, cache_file: Path, device: str) -> ServerProcess:
+    return base_server(model, device, 1, ("--prefix-cache-file", str(cache_file)))
 
 
 def ask(client: openai.OpenAI, prompt: str) -> dict:
@@ -50,11 +49,6 @@ def ask(client: openai.OpenAI, prompt: str) -> dict:
     return {"ttft_s": first - start, "text": text, "prompt_tokens": usage.prompt_tokens, "cached_tokens": cached}
 
 
-def stop(server: subprocess.Popen) -> None:
-    server.terminate()
-    server.wait(120)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?")
@@ -71,17 +65,11 @@ def main() -> None:
     prompt = " ".join(WORDS[i % len(WORDS)] + (f" {i}" if i % 7 == 0 else "") for i in range(words))
     with tempfile.TemporaryDirectory() as folder:
         cache_file = Path(folder) / "prefix.kvc"
-        server, client = start(model, cache_file, args.device)
-        try:
-            ask(client, "Hello")  # warm-up
-            cold = ask(client, prompt)
-        finally:
-            stop(server)
-        server, client = start(model, cache_file, args.device)
-        try:
-            warm = ask(client, prompt)
-        finally:
-            stop(server)
+        with server(model, cache_file, args.device) as first:
+            ask(openai_client(first), "Hello")  # warm-up
+            cold = ask(openai_client(first), prompt)
+        with server(model, cache_file, args.device) as restarted:  # after SIGTERM: the cache file is saved
+            warm = ask(openai_client(restarted), prompt)
         report = {
             "prompt_tokens": cold["prompt_tokens"],
             "cache_file_mib": round(cache_file.stat().st_size / 2**20, 1),

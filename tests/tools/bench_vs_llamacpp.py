@@ -37,14 +37,17 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import gguf
+import httpx
 import numpy as np
 
 from baselm.store.default_model import base_home, default_gguf_path
 from tests.llama_cpp_files import SDIST_REQUIREMENT, fetch_models_dir
+from tests.tools.http_streams import ServerError, ServerProcess, free_port, stream_completion, summarize
 
 VERSION = SDIST_REQUIREMENT.partition("==")[2]
 TARGETS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-quantize")
@@ -350,15 +353,24 @@ def batched_bench(bins: Path, path: Path, timeout_s: float) -> dict[int, float]:
     return {b: row["S_TG t/s"] for b, row in rows.items()}
 
 
-def base_bench(path: Path, isa: str, timeout_s: float) -> dict[str, float | str]:
-    """`base bench`'s 1- and 8-stream decode and 1-stream prefill (tok/s) under BASE_CPU_ISA=`isa`, and
-    the ISA its kernels report they ran (an unknown ISA falls back to the widest)."""
+def base_program() -> str:
+    """The `base` of this environment (beside its python), else the one on PATH."""
+    return shutil.which("base", path=str(Path(sys.executable).parent)) or "base"
+
+
+def isa_env(isa: str) -> dict[str, str]:
+    """This process's environment with BASE_CPU_ISA=`isa` ("default": unset)."""
     env = {k: v for k, v in os.environ.items() if k != "BASE_CPU_ISA"}
     if isa != "default":
         env["BASE_CPU_ISA"] = isa
-    base = shutil.which("base", path=str(Path(sys.executable).parent)) or "base"
-    cmd = [base, "bench", str(path), "--concurrency", "1,8", "--prompt-tokens", "128", "--gen-tokens", "64"]
-    out = run_tool([*cmd, "--json"], timeout_s, env=env)
+    return env
+
+
+def base_bench(path: Path, isa: str, timeout_s: float) -> dict[str, float | str]:
+    """`base bench`'s 1- and 8-stream decode and 1-stream prefill (tok/s) under BASE_CPU_ISA=`isa`, and
+    the ISA its kernels report they ran (an unknown ISA falls back to the widest)."""
+    cmd = [base_program(), "bench", str(path), "--concurrency", "1,8", "--prompt-tokens", "128", "--gen-tokens", "64"]
+    out = run_tool([*cmd, "--json"], timeout_s, env=isa_env(isa))
     report = parse_json(out, "base bench")
     if not report["matmuls"].startswith("base CPU kernels"):  # a comparison of MLX's own ops says nothing
         raise BenchError(f"base ran without its CPU kernels: {report['matmuls']}")
@@ -373,8 +385,9 @@ def base_bench(path: Path, isa: str, timeout_s: float) -> dict[str, float | str]
     }
 
 
-def bench_file(file: BenchFile, bins: Path, isas: list[str], timeout_s: float) -> dict:
-    """llama.cpp's two benchmarks, then base once per ISA, on one file."""
+def bench_file(file: BenchFile, bins: Path, isas: list[str], timeout_s: float, http: bool = False) -> dict:
+    """llama.cpp's two benchmarks, then base once per ISA, on one file; with `http`, then llama-server
+    and `base serve` (once per ISA) through HTTP. Every entry says the bytes a decode step reads."""
     print(f"{file.name}: llama-bench, llama-batched-bench", file=sys.stderr)
     llama = llama_bench(bins, file.path, timeout_s)
     llama["tg8"] = batched_bench(bins, file.path, timeout_s)[8]
@@ -382,7 +395,132 @@ def bench_file(file: BenchFile, bins: Path, isas: list[str], timeout_s: float) -
     for isa in isas:
         print(f"{file.name}: base bench (BASE_CPU_ISA={isa})", file=sys.stderr)
         runs.append({"requested_isa": isa, **base_bench(file.path, isa, timeout_s)})
-    return {**asdict(file), "path": str(file.path), "llama_cpp": llama, "base": runs}
+    entry = {**asdict(file), "path": str(file.path), "decode_bytes": decode_bytes(file.path)}
+    entry |= {"llama_cpp": llama, "base": runs}
+    if http:
+        entry["http"] = http_bench(file, bins, isas, timeout_s)
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------
+# Through HTTP: `llama-server -np 8` against `base serve`, the same streams to each
+
+HTTP_STREAMS = 8  # sequences each server holds at once; waves of 1 and of 8 streams
+HTTP_GEN_TOKENS = 128
+SEQ_LEN = 512  # one sequence's context in both servers: a ~128-token prompt and 128 tokens, with room
+SERVER_START_S = 300
+OPENINGS = (
+    "The lighthouse keeper wrote in her log before dawn.",
+    "Rain came in from the west over the low hills.",
+    "The copper works stood at the edge of the river town.",
+    "Autumn had turned the beech wood red and gold.",
+    "The tea merchant opened his shop at eight each morning.",
+    "A bicycle leaned against the bakery wall in the square.",
+    "The beekeeper lifted the lid of the oldest hive.",
+    "Snow lay on the roofs and the stars were out early.",
+    "The ferry left the harbour an hour behind its time.",
+)
+PASSAGE = (
+    "Along the coast the fishing boats came home one by one, and the people of the town walked down"
+    " to the quay to meet them, as they had done for as long as anyone could remember. Children ran"
+    " between the nets, the gulls circled and called above the masts, and an old man sat on an upturned"
+    " crate mending a sail with a bone needle. Later the lamps were lit along the sea wall, the market"
+    " stalls were packed away, and the smell of bread and smoke drifted up the narrow streets toward the"
+    " church on the hill."
+)
+# About 128 tokens each in Qwen2's and SmolLM2's tokenizers; each opens differently, so that no stream
+# finds another's prompt in a prefix cache. The last one is the 1-stream wave's.
+HTTP_PROMPTS = tuple(f"{opening} {PASSAGE}" for opening in OPENINGS)
+
+
+def llama_server_command(bins: Path, path: Path, port: int) -> list[str]:
+    ctx = HTTP_STREAMS * SEQ_LEN  # split evenly into the -np slots
+    cmd = [str(bins / "llama-server"), "-m", str(path), "-np", str(HTTP_STREAMS), "-c", str(ctx)]
+    return [*cmd, "-t", str(THREADS), "--host", "127.0.0.1", "--port", str(port)]
+
+
+def base_serve_command(path: Path, port: int) -> list[str]:
+    """`base serve` holding 8 sequences of SEQ_LEN tokens, as llama-server's slots; no runaway guard,
+    which could cut a greedy stream of random weights short where llama-server has none."""
+    cmd = [base_program(), "serve", str(path), "--port", str(port), "--device", "cpu", "--no-webui"]
+    cmd += ["--max-num-seqs", str(HTTP_STREAMS), "--max-model-len", str(SEQ_LEN), "--runaway-guard", "0"]
+    return [*cmd, "--served-model-name", "bench"]
+
+
+def completion_body(prompt: str, max_tokens: int) -> dict:
+    """Greedy, never stopped by an end-of-sequence token: every stream makes `max_tokens` tokens."""
+    return {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+
+
+def http_wave(http: httpx.Client, url: str, prompts: tuple[str, ...]) -> dict:
+    """One stream per prompt, all at once, summarized; a ServerError where one was not HTTP_GEN_TOKENS long."""
+    body = lambda prompt: completion_body(prompt, HTTP_GEN_TOKENS)  # noqa: E731
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        streams = list(pool.map(lambda prompt: stream_completion(http, url, body(prompt)), prompts))
+    counts = [s.completion_tokens for s in streams]
+    if any(n != HTTP_GEN_TOKENS for n in counts):
+        raise ServerError(f"its {len(prompts)} streams generated {counts} tokens, not {HTTP_GEN_TOKENS} each")
+    return summarize(streams)
+
+
+def http_waves(server: ServerProcess, timeout_s: float) -> list[dict]:
+    """A warm-up request, then one stream alone and HTTP_STREAMS at once (on prompts not sent before);
+    a ServerError quoting the server's log where a request failed or fell short."""
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as http:
+            stream_completion(http, server.url, completion_body("Hello", 4))
+            alone = http_wave(http, server.url, HTTP_PROMPTS[-1:])
+            return [alone, http_wave(http, server.url, HTTP_PROMPTS[:HTTP_STREAMS])]
+    except (httpx.HTTPError, ServerError) as exc:
+        raise server.fail(f"{server.name}: {exc}") from None
+
+
+def http_bench(file: BenchFile, bins: Path, isas: list[str], timeout_s: float) -> dict:
+    """The waves through llama-server, then through `base serve` once per ISA; one server at a time,
+    each stopped however its waves end."""
+    print(f"{file.name}: llama-server -np {HTTP_STREAMS}", file=sys.stderr)
+    port = free_port()
+    with ServerProcess("llama-server", llama_server_command(bins, file.path, port), port, None, SERVER_START_S) as s:
+        llama = http_waves(s, timeout_s)
+    runs = []
+    for isa in isas:
+        print(f"{file.name}: base serve (BASE_CPU_ISA={isa})", file=sys.stderr)
+        port = free_port()
+        with ServerProcess("base serve", base_serve_command(file.path, port), port, isa_env(isa), SERVER_START_S) as s:
+            runs.append({"requested_isa": isa, "waves": http_waves(s, timeout_s)})
+    return {"llama_server": llama, "base": runs}
+
+
+# ---------------------------------------------------------------------------------------------
+# Against the memory roofline
+
+LOOKED_UP = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
+
+
+def decode_bytes(path: Path) -> int:
+    """Bytes of the GGUF at `path` that one decode step reads: every tensor whole (matrices in their
+    blocks as stored, norms, biases), except tables a step only looks a row up in (the token and
+    position embeddings). The token embedding is also the output head when the file has no
+    `output.weight` (tied): the head's matmul reads it whole, so it then counts, once.
+    NOTE: the KV cache is left out: at these contexts (~256 tokens) it is under 1% of the weights."""
+    tensors = gguf.GGUFReader(str(path)).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
+    return sum(int(t.n_bytes) for t in tensors if t.name not in LOOKED_UP or (tied and t.name == "token_embd.weight"))
+
+
+def read_bandwidth() -> float:
+    """Bytes/s of a plain read of memory by base's kernel threads, as `base bench --synthetic` measures it."""
+    import mlx.core as mx
+
+    from baselm.backend import select_backend
+    from baselm.commands.bench_synthetic import stream_bandwidth
+
+    backend = select_backend("cpu")
+    if not backend.cpu_kernels:
+        raise BenchError("base's CPU kernels are not available here (see `base doctor`): no roofline without them")
+    bandwidth = stream_bandwidth(backend)
+    mx.clear_cache()  # the 512 MiB it read goes back before the benchmarks
+    return bandwidth
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,28 +531,85 @@ def ratio(ours: float, theirs: float) -> str:
     return f"{ours / theirs:.2f}" if theirs else "-"
 
 
+def aligned(rows: list[tuple[str, ...]], num_left: int) -> list[str]:
+    """`rows` (the head first) in columns, the first `num_left` aligned left and the rest right, with a
+    rule under the head."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
+    def line(row: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) if i < num_left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    lines = [line(row) for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return lines
+
+
+def shown_isa(run: dict) -> str:
+    """The ISA base ran, marked (!) where it is not the one asked for."""
+    return run["isa"] if run["requested_isa"] in ("default", run["isa"]) else f"{run['isa']}(!)"
+
+
 def render(report: dict) -> str:
-    """One row per file and ISA: llama.cpp / base / ratio for tg64, 8-stream decode and pp128."""
+    """One row per file and ISA: llama.cpp / base / ratio for tg64, 8-stream decode and pp128; then the
+    HTTP table and the roofline table where the report holds them."""
     head = ("file", "quant", "isa", "tg64 l.cpp", "base", "ratio", "8-str l.cpp", "base", "ratio")
     head += ("pp128 l.cpp", "base", "ratio")
     rows = [head]
     for entry in report["files"]:
         llama = entry["llama_cpp"]
         for run in entry["base"]:
-            isa = run["isa"] if run["requested_isa"] in ("default", run["isa"]) else f"{run['isa']}(!)"
-            row = (entry["name"], entry["quant"], isa)
+            row = (entry["name"], entry["quant"], shown_isa(run))
             for key in ("tg1", "tg8", "pp128"):
                 theirs = llama["tg64" if key == "tg1" else key]
                 row += (f"{theirs:.1f}", f"{run[key]:.1f}", ratio(run[key], theirs))
             rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
+    lines = aligned(rows, 3)
     lines.append(f"llama.cpp {report['llama_cpp']}, {THREADS} threads each; ratio = base / llama.cpp")
+    if any("http" in entry for entry in report["files"]):
+        lines += ["", *render_http(report["files"])]
+    if "bandwidth_gb_s" in report:
+        lines += ["", *render_roofline(report["files"], report["bandwidth_gb_s"])]
     lines += [f"{name}: {why}" for name, why in report.get("failed", {}).items()]
     if any("(!)" in row[2] for row in rows):
         lines.append("(!): base ran another ISA than asked for (BASE_CPU_ISA names one this CPU lacks)")
     return "\n".join(lines)
+
+
+def render_http(files: list[dict]) -> list[str]:
+    """One row per file, ISA and wave: aggregate decode tok/s and mean time to first token of each server."""
+    rows = [("file", "isa", "streams", "llama-server", "base", "ratio", "ttft l.cpp ms", "base ms")]
+    for entry in (e for e in files if "http" in e):
+        llama = entry["http"]["llama_server"]
+        for bench_run, run in zip(entry["base"], entry["http"]["base"]):
+            for theirs, ours in zip(llama, run["waves"]):
+                rows.append((entry["name"], shown_isa(bench_run), str(ours["streams"]), f"{theirs['decode_tok_s']:.1f}",
+                             f"{ours['decode_tok_s']:.1f}", ratio(ours["decode_tok_s"], theirs["decode_tok_s"]),
+                             f"{theirs['ttft_mean_ms']:.0f}", f"{ours['ttft_mean_ms']:.0f}"))  # fmt: skip
+    lines = aligned(rows, 2)
+    lines.append(
+        f"through HTTP: llama-server -np {HTTP_STREAMS} against base serve --max-num-seqs {HTTP_STREAMS}, streaming"
+        f" /v1/completions of {HTTP_GEN_TOKENS} greedy tokens each (ignore_eos); aggregate decode tok/s"
+    )
+    return lines
+
+
+def render_roofline(files: list[dict], bandwidth_gb_s: float) -> list[str]:
+    """One row per file and ISA, smallest first: bytes a decode step reads, the roofline they set and
+    each side's 1-stream decode against it."""
+    rows = [("file", "quant", "isa", "MiB/step", "roofline", "tg64 l.cpp", "of roof", "base", "of roof")]
+    for entry in sorted(files, key=lambda e: e["decode_bytes"]):
+        roof = bandwidth_gb_s * 1e9 / entry["decode_bytes"]
+        theirs = entry["llama_cpp"]["tg64"]
+        for run in entry["base"]:
+            rows.append((entry["name"], entry["quant"], shown_isa(run), f"{entry['decode_bytes'] / 2**20:.0f}",
+                         f"{roof:.1f}", f"{theirs:.1f}", f"{100 * theirs / roof:.0f}%", f"{run['tg1']:.1f}",
+                         f"{100 * run['tg1'] / roof:.0f}%"))  # fmt: skip
+    lines = aligned(rows, 3)
+    lines.append(
+        f"roofline tok/s = {bandwidth_gb_s:.2f} GB/s (a plain read of 512 MiB, as base bench --synthetic measures it)"
+        " / the bytes a decode step reads (every tensor; the token embedding only where it is the output head)"
+    )
+    return lines
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -424,6 +619,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--isa", default="default", help=f"comma-separated BASE_CPU_ISA values: {', '.join(ISAS)}")
     parser.add_argument("--cache", type=Path, help="where llama.cpp and the test files are kept")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds each benchmark may run")
+    parser.add_argument("--http", action="store_true", help=f"also llama-server -np {HTTP_STREAMS} against base serve")
+    parser.add_argument("--roofline", action="store_true", help="also decode against the measured memory roofline")
     parser.add_argument("--json", action="store_true", help="print the whole report as JSON")
     return parser.parse_args(argv)
 
@@ -437,12 +634,15 @@ def run(args: argparse.Namespace) -> dict:
     files = resolve_names(names, cache)
     bins = build_llama_cpp(cache)
     report = {"llama_cpp": VERSION, "cache": str(cache), "threads": THREADS, "files": [], "failed": {}}
+    if args.roofline:
+        report["bandwidth_gb_s"] = round(read_bandwidth() / 1e9, 2)
+        print(f"read bandwidth: {report['bandwidth_gb_s']} GB/s", file=sys.stderr)
     for name, path in files:
         try:
             if name in MADE:
                 make_file(name, bins, cache)
-            entry = bench_file(BenchFile(name, quant_of(path), path), bins, isas, args.timeout)
-        except BenchError as exc:  # one file's failure does not cost the others' numbers
+            entry = bench_file(BenchFile(name, quant_of(path), path), bins, isas, args.timeout, args.http)
+        except (BenchError, ServerError) as exc:  # one file's failure does not cost the others' numbers
             print(f"{name}: {exc}", file=sys.stderr)
             report["failed"][name] = str(exc)
             continue

@@ -1,7 +1,8 @@
 """llama.cpp and `base bench` side by side on the same GGUF files, on this machine's CPU.
 
     .venv/bin/python -m tests.tools.bench_vs_llamacpp [--quick] [--files NAME,...|PATH.gguf,...]
-                                                      [--isa default,avx2,...] [--cache DIR] [--json]
+                                                      [--isa default,avx2,...] [--http] [--roofline]
+                                                      [--cache DIR] [--json]
 
 The first run builds llama.cpp (llama-bench, llama-batched-bench, llama-server, llama-quantize) from the
 `llama-cpp-python` sdist on PyPI (`pip download --no-binary`; nothing of it is copied here) with
@@ -23,6 +24,27 @@ reports it ran (its `matmuls` line) is the one printed. It prints one row per fi
 tg64, base's 1-stream decode tok/s and their ratio; llama.cpp's S_TG at 8 streams, base's 8-stream
 aggregate decode and ratio; pp128 of each and ratio. A ratio is base / llama.cpp (above 1: base is
 faster). `--json` prints the whole report instead.
+
+`--http` then puts the two servers side by side, one at a time, each on a free loopback port and
+stopped however its turn ends (a server that does not start fails with its log's tail):
+`llama-server -m F -np 8 -c 4096 -t 2` (8 slots of 512 tokens) and, once per ISA, `base serve F
+--max-num-seqs 8 --max-model-len 512 --runaway-guard 0`. Each gets a warm-up request, then one stream
+alone, then 8 at once: streaming `/v1/completions` of 128 tokens (greedy, `ignore_eos`) on fixed
+~128-token prompts that open differently (no stream finds another's prompt cached). A wave's decode
+speed is its streams' tokens after their first, over the time from the first text of any stream to the
+end of the last; the counts are the servers' own (`usage`), and a stream that did not make all 128 is
+an error. A second table gives, per file, ISA and wave, each server's decode tok/s, their ratio and
+the mean time to first token (see tests/tools/http_streams.py, shared with scripts/bench_http.py).
+
+`--roofline` measures the read bandwidth once, as `base bench --synthetic` does (its
+`stream_bandwidth`: a plain read of 512 MiB by the kernels' threads), and prints a third table, smallest
+file first: the bytes a decode step reads, the roofline `bandwidth / bytes` in tok/s, and llama.cpp's
+tg64 and base's 1-stream decode with their share of it. A step reads every tensor of the file once (the
+matrices in their quantized blocks, norms and biases), except the token embedding, of which it looks up
+one row per token; when the file has no `output.weight` the embedding is also the output head, read
+whole by its matmul, and counts once. The KV cache is left out: at these contexts (under 200 tokens)
+it is under 1% of a Qwen2.5-shaped file's bytes, but some 5-8% of SmolLM2's (92 MiB; 30 layers of
+192-wide K and V, float16 in llama.cpp, float32 in base on the CPU).
 """
 
 from __future__ import annotations
@@ -502,7 +524,7 @@ def decode_bytes(path: Path) -> int:
     blocks as stored, norms, biases), except tables a step only looks a row up in (the token and
     position embeddings). The token embedding is also the output head when the file has no
     `output.weight` (tied): the head's matmul reads it whole, so it then counts, once.
-    NOTE: the KV cache is left out: at these contexts (~256 tokens) it is under 1% of the weights."""
+    NOTE: the KV cache is left out (see the module's docstring for how much that is)."""
     tensors = gguf.GGUFReader(str(path)).tensors
     tied = not any(t.name == "output.weight" for t in tensors)
     return sum(int(t.n_bytes) for t in tensors if t.name not in LOOKED_UP or (tied and t.name == "token_embd.weight"))

@@ -43,7 +43,8 @@ PROMPTS = [
 
 def stream_one(client: openai.OpenAI, model: str, prompt: str, max_tokens: int) -> StreamTiming:
     start = time.perf_counter()
-    times, usage, finish_reason = [], None, ""
+    first = last = usage = None
+    finish_reason = ""
     stream = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": prompt}],
@@ -54,13 +55,13 @@ def stream_one(client: openai.OpenAI, model: str, prompt: str, max_tokens: int) 
         extra_body={"ignore_eos": True},
     )
     for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            times.append(time.perf_counter())
+        if chunk.choices and chunk.choices[0].delta.content and first is None:
+            first = time.perf_counter()
         if chunk.choices and chunk.choices[0].finish_reason:
-            finish_reason = chunk.choices[0].finish_reason
+            last, finish_reason = time.perf_counter(), chunk.choices[0].finish_reason
         if chunk.usage:
             usage = chunk.usage
-    return StreamTiming(start, times[0], times[-1], usage.prompt_tokens, usage.completion_tokens, finish_reason)
+    return StreamTiming(start, first, last, usage.prompt_tokens, usage.completion_tokens, finish_reason)
 
 
 SYSTEM_WORDS = "you are a careful assistant who answers questions about ships harbours and the sea".split()

@@ -1,4 +1,6 @@
-"""tests/tools/bench_vs_llamacpp.py's readers: llama-batched-bench's table, and the files it can name."""
+"""tests/tools/bench_vs_llamacpp.py's pieces that need no llama.cpp: llama-batched-bench's table, the
+files it can name, the bytes a decode step reads, both servers' settings, streams timed through a
+loopback server (tests/tools/http_streams.py), server processes, and the three tables."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def test_an_unknown_file_name_is_one_clear_error(tmp_path: Path):
 
 
 def test_the_table_gives_base_over_llama_cpp_and_flags_an_isa_not_asked_for():
-    llama = {"tg64": 40.0, "tg8": 80.0, "pp128": 300.0}
+    llama = {"tg64": 44.0, "tg64_d128": 40.0, "tg8": 80.0, "pp128": 300.0}  # the ratio is against tg64 at depth 128
     run = {"requested_isa": "avx512", "isa": "avx2", "tg1": 50.0, "tg8": 100.0, "pp128": 150.0}
     entry = {"name": "0.5b-q4_k_m", "quant": "Q4_K_M", "llama_cpp": llama, "base": [run]}
     lines = render({"llama_cpp": "0.3.36", "files": [entry]}).splitlines()
@@ -230,7 +230,7 @@ def test_a_server_is_stopped_when_its_block_ends_even_by_an_error():
 
 def entry_of(name: str, decode_mib: int, tg64: float, tg1: float) -> dict:
     run = {"requested_isa": "default", "isa": "avx2", "tg1": tg1, "tg8": 2 * tg1, "pp128": 100.0}
-    llama = {"tg64": tg64, "tg8": 2 * tg64, "pp128": 100.0}
+    llama = {"tg64": tg64 + 5.0, "tg64_d128": tg64, "tg8": 2 * tg64, "pp128": 100.0}
     quant = name.partition("-")[2].upper()
     return {"name": name, "quant": quant, "decode_bytes": decode_mib * 2**20, "llama_cpp": llama, "base": [run]}
 
@@ -263,7 +263,7 @@ def test_the_roofline_table_runs_from_the_smallest_file_and_gives_each_side_its_
     small, large = entry_of("0.5b-q4_0", 200, 60.0, 50.0), entry_of("1.5b-q8_0", 1600, 8.0, 10.0)
     bandwidth_gb_s = 1600 * 2**20 * 12.5 / 1e9  # a roofline of 12.5 tok/s for 1600 MiB, 100 for 200 MiB
     lines = render({"llama_cpp": "0.3.36", "files": [large, small], "bandwidth_gb_s": bandwidth_gb_s}).splitlines()
-    assert rows_under(lines, "file quant isa MiB/step roofline tg64 l.cpp of roof base of roof") == [
+    assert rows_under(lines, "file quant isa MiB/step roofline tg64@d128 l.cpp of roof base of roof") == [
         "0.5b-q4_0 Q4_0 avx2 200 100.0 60.0 60% 50.0 50%".split(),
         "1.5b-q8_0 Q8_0 avx2 1600 12.5 8.0 64% 10.0 80%".split(),
     ]

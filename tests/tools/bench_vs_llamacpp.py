@@ -24,7 +24,8 @@ tokens), `llama-batched-bench -m F -c 4096 -npp 128
 reports it ran (its `matmuls` line) is the one printed. It prints one row per file and ISA: llama.cpp's
 tg64 at depth 128, base's 1-stream decode tok/s and their ratio (both decode 64 tokens after 128 in the
 cache, as the 8 streams do on both sides: on SmolLM2 tg64 from an empty cache runs about 10% faster
-than at depth 128, and so does base from a one-token prompt; plain tg64 is kept in the JSON); llama.cpp's S_TG at 8 streams, base's 8-stream
+than at depth 128, and so does base from a one-token prompt; plain tg64 is kept in the JSON);
+llama.cpp's S_TG at 8 streams, base's 8-stream
 aggregate decode and ratio; pp128 of each and ratio. A ratio is base / llama.cpp (above 1: base is
 faster). `--json` prints the whole report instead.
 
@@ -353,7 +354,8 @@ def llama_bench(bins: Path, path: Path, timeout_s: float) -> dict[str, float | s
     rows = parse_json(run_tool([*cmd, "-t", str(THREADS), "-o", "json"], timeout_s), "llama-bench")
 
     def find(n_prompt: int, n_gen: int, depth: int) -> dict:
-        row = next((r for r in rows if (r["n_prompt"], r["n_gen"], r.get("n_depth", 0)) == (n_prompt, n_gen, depth)), None)
+        wanted = (n_prompt, n_gen, depth)
+        row = next((r for r in rows if (r["n_prompt"], r["n_gen"], r.get("n_depth", 0)) == wanted), None)
         if row is None:
             raise BenchError(f"llama-bench reported no pp{n_prompt}/tg{n_gen} at depth {depth} for {path.name}")
         return row

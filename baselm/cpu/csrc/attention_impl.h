@@ -158,9 +158,36 @@ static inline float nsum(vn v) {
   return (a[0] + a[2]) + (a[1] + a[3]);
 }
 
+// The lane sums of four native vectors, as one vector of four: pairs of lanes added across the
+// vectors by shuffles, so no sum leaves the registers one float at a time.
+static inline vf4 nsum4(vn a, vn b, vn c, vn d) {
+#if defined(__AVX__)
+#if defined(__AVX512F__)
+  auto half = [](vn v) -> vf8 {
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  };
+  const vf8 a8 = half(a), b8 = half(b), c8 = half(c), d8 = half(d);
+#else
+  const vf8 a8 = a, b8 = b, c8 = c, d8 = d;
+#endif
+  // [a01 b01 a23 b23 | a45 b45 a67 b67], the same of c and d, then [a b c d | a b c d] by quarters.
+  const vf8 ab = __builtin_shufflevector(a8, b8, 0, 8, 2, 10, 4, 12, 6, 14) +
+                 __builtin_shufflevector(a8, b8, 1, 9, 3, 11, 5, 13, 7, 15);
+  const vf8 cd = __builtin_shufflevector(c8, d8, 0, 8, 2, 10, 4, 12, 6, 14) +
+                 __builtin_shufflevector(c8, d8, 1, 9, 3, 11, 5, 13, 7, 15);
+  const vf8 q = __builtin_shufflevector(ab, cd, 0, 1, 8, 9, 4, 5, 12, 13) +
+                __builtin_shufflevector(ab, cd, 2, 3, 10, 11, 6, 7, 14, 15);
+  return __builtin_shufflevector(q, q, 0, 1, 2, 3) + __builtin_shufflevector(q, q, 4, 5, 6, 7);
+#else
+  const vf4 ab = __builtin_shufflevector(a, b, 0, 4, 2, 6) + __builtin_shufflevector(a, b, 1, 5, 3, 7);
+  const vf4 cd = __builtin_shufflevector(c, d, 0, 4, 2, 6) + __builtin_shufflevector(c, d, 1, 5, 3, 7);
+  return __builtin_shufflevector(ab, cd, 0, 1, 4, 5) + __builtin_shufflevector(ab, cd, 2, 3, 6, 7);
+#endif
+}
+
 // Scores of R query rows from m against J keys from j0 (out[r][j0 + j]): the rows' query vectors
 // meet each key's vector as it is loaded, R x J sums in registers (3 x 4 of them beside 3 query
-// and one key vector fill AVX2's 16), one horizontal sum per score at the end.
+// and one key vector fill AVX2's 16), the horizontal sums four keys at a time at the end.
 template <int R, int J>
 static inline void scores_tile(const Scratch& w, const float* const* keys, int m, int j0, int head_dim,
                                float (*out)[kLanes]) {
@@ -174,8 +201,14 @@ static inline void scores_tile(const Scratch& w, const float* const* keys, int m
       for (int r = 0; r < R; ++r) acc[r][j] += qv[r] * k;
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) out[r][j0 + j] = nsum(acc[r][j]);
+  for (int r = 0; r < R; ++r) {
+    if constexpr (J == 4) {
+      const vf4 sums = nsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      std::memcpy(&out[r][j0], &sums, sizeof sums);
+    } else {
+      for (int j = 0; j < J; ++j) out[r][j0 + j] = nsum(acc[r][j]);
+    }
+  }
 }
 
 template <int R>
@@ -299,11 +332,15 @@ static void attend_tile_impl(const AttentionShape& a, const float* queries, floa
   const bool transpose = rows >= 8;
   vf* s = w.s.data();
   const float* rows_of[kLanes];  // the chunk's key (then value) rows
+  int64_t slots[kLanes];  // the chunk's pool slots
   for (int c = first; c <= last; c += kLanes) {
     const int num_keys = std::min(kLanes, last + 1 - c);
+    for (int j = 0, block = c / a.block_size, offset = c % a.block_size; j < num_keys; ++j) {
+      slots[j] = int64_t(table[block]) * a.block_size + offset;
+      if (++offset == a.block_size) offset = 0, ++block;
+    }
     for (int j = 0; j < num_keys; ++j) {
-      const int p = c + j;
-      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+      const int64_t slot = slots[j];
       float* into = &w.v[size_t(j) * head_dim];
       if (transpose) {
         load_row(keys, slot * a.num_kv_heads + h, head_dim, into);
@@ -319,11 +356,8 @@ static void attend_tile_impl(const AttentionShape& a, const float* queries, floa
       scores_dot(w, rows_of, rows, head_dim, num_keys, s);
     }
     softmax_chunk(w, s, rows, head_dim, c, num_keys, a);
-    for (int j = 0; j < num_keys; ++j) {
-      const int p = c + j;
-      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-      rows_of[j] = pool_row(values, slot * a.num_kv_heads + h, head_dim, &w.v[size_t(j) * head_dim]);
-    }
+    for (int j = 0; j < num_keys; ++j)
+      rows_of[j] = pool_row(values, slots[j] * a.num_kv_heads + h, head_dim, &w.v[size_t(j) * head_dim]);
     accumulate(w, rows_of, rows, head_dim, num_keys);
   }
   for (int i = i0; i < i1; ++i) {

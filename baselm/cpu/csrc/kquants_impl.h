@@ -15,13 +15,16 @@
 // (block j in byte j). Blocks 0-3: the low 6 bits of q[j] (scale) and q[j + 4] (minimum); blocks
 // 4-7: the low and high nibbles of q[j + 4] with the top 2 bits of q[j - 4] and q[j] above them.
 inline void kquant_scales_mins(const uint8_t* q, uint64_t& scales, uint64_t& mins) {
-  uint32_t u[3];
-  __builtin_memcpy(u, q, sizeof u);
+  // Three words loaded one by one, not as an array: an array went through the stack.
+  uint32_t u0, u1, u2;
+  __builtin_memcpy(&u0, q, 4);
+  __builtin_memcpy(&u1, q + 4, 4);
+  __builtin_memcpy(&u2, q + 8, 4);
   constexpr uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
-  const uint32_t high_scales = (u[2] & four) | (((u[0] >> 6) & two) << 4);
-  const uint32_t high_mins = ((u[2] >> 4) & four) | (((u[1] >> 6) & two) << 4);
-  scales = (u[0] & six) | static_cast<uint64_t>(high_scales) << 32;
-  mins = (u[1] & six) | static_cast<uint64_t>(high_mins) << 32;
+  const uint32_t high_scales = (u2 & four) | (((u0 >> 6) & two) << 4);
+  const uint32_t high_mins = ((u2 >> 4) & four) | (((u1 >> 6) & two) << 4);
+  scales = (u0 & six) | static_cast<uint64_t>(high_scales) << 32;
+  mins = (u1 & six) | static_cast<uint64_t>(high_mins) << 32;
 }
 
 // A block's float16 field at p (block fields sit on even offsets of 2-byte aligned rows).

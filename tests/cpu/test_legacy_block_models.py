@@ -132,8 +132,9 @@ def test_the_older_k_quant_setting_turns_only_the_k_quants_off(files, monkeypatc
 
 
 def test_a_setting_that_names_no_block_type_is_a_clear_error(files, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BASE_GGUF_BLOCKS", "q8_0,q3_k")
-    with pytest.raises(ModelConfigError, match=r"^BASE_GGUF_BLOCKS=q8_0,q3_k names Q3_K, which is not a block type"):
+    monkeypatch.setenv("BASE_GGUF_BLOCKS", "q8_0,iq2_xs")
+    message = r"^BASE_GGUF_BLOCKS=q8_0,iq2_xs names IQ2_XS, which is not a block type"
+    with pytest.raises(ModelConfigError, match=message):
         load_model(files[0], KERNELS)
 
 

@@ -73,8 +73,10 @@ BY_GGUF_TYPE = {t.gguf_type: t for t in BLOCK_TYPES}
 BY_DTYPE = {t.dtype: t for t in BLOCK_TYPES}
 BY_SUFFIX = {t.suffix: t for t in BLOCK_TYPES}
 KQUANT_TYPES = frozenset(t.gguf_type for t in BLOCK_TYPES if t.gguf_type.endswith("_K"))  # BASE_KQUANT_BLOCKS
-# The types kept by default where the kernels have SIMD loops for them: those whose blocks run at
-# least as fast as their affine form there (docs/measurements.md).
+# The types kept by default where the kernels have SIMD loops for them: every type. Most run at least
+# as fast as their affine form there; Q2_K, Q3_K, IQ4_NL and IQ4_XS are slower per one-row matmul but
+# kept for what the file holds: Q2_K's affine form is a re-quantization, the others' exact forms take
+# 2-2.6x the bytes (docs/measurements.md).
 DEFAULT_KEPT = frozenset(BY_GGUF_TYPE)
 
 

@@ -36,7 +36,8 @@ from baselm.store.source_model import SourceModel
 log = logging.getLogger(__name__)
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
-# The .base scheme a GGUF tensor type is kept as.
+# The .base scheme a GGUF tensor type is kept as: its affine form's width, or for the types that form
+# widens (kept as blocks), the width of the blocks' codes.
 _GGUF_SCHEMES = {
     "Q4_0": "q4",
     "Q4_1": "q4",
@@ -44,8 +45,10 @@ _GGUF_SCHEMES = {
     "Q5_1": "q5",
     "Q8_0": "q8",
     **{name: f"q{bits}" for name, (bits, _) in K_SCHEMES.items()},
-    "IQ4_NL": "q8",  # as affine records (gguf_iquants.py); kept, their blocks
-    "IQ4_XS": "q8",
+    "Q2_K": "q2",
+    "Q3_K": "q3",
+    "IQ4_NL": "q4",
+    "IQ4_XS": "q4",
     "F16": "f16",
     "BF16": "bf16",
     "F32": "f32",

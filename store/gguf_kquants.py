@@ -3,8 +3,9 @@ re-quantized with the error measured.
 
 This is the form for the paths that run no K-quant kernel (a GPU, a sharded or adapted model, the
 generic CPU build) and for a pull asked for a quant. `base pull` of a K-quant file stores its
-Q4_K/Q5_K/Q6_K matrices as their blocks instead (the `.base` block dtypes, baselm/gguf_blocks.py),
-and `gguf.blocks_as_triplets` turns them into these records when such a path loads them.
+matrices as their blocks instead (the `.base` block dtypes, baselm/gguf_blocks.py), and
+`gguf.blocks_as_triplets` turns them into these records when such a path loads them; stacks of
+matrices (MoE experts) become these records at pull.
 
 A K-quant super-block holds 256 values of a row. What each type stores, and what it becomes:
 

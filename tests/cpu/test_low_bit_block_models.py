@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from baselm import cpu, gguf_blocks
 from baselm.backend import Backend
 from baselm.loader import load_model
 from baselm.models.linear import BlockEmbedding, BlockLinear
-from baselm.store.base_reader import BaseFile
+from baselm.store.base_reader import BaseFile, read_base_file
 from baselm.store.gguf import GGUFFile
 from tests.cpu.conftest import requires_kernels
 from tests.forward import exact_path, prefill_logits
@@ -56,6 +57,17 @@ ALL_KINDS = {
     "layers.0.mlp.up_proj": "iq4_xs",
     "layers.0.mlp.down_proj": "q3_k",
     "lm_head": "q2_k",
+}
+
+# HF name -> GGUF stem of the matrices a pull stores in the file's row order.
+UNPERMUTED = {
+    "model.embed_tokens": "token_embd",
+    "model.layers.0.self_attn.v_proj": "blk.0.attn_v",
+    "model.layers.0.self_attn.o_proj": "blk.0.attn_output",
+    "model.layers.0.mlp.gate_proj": "blk.0.ffn_gate",
+    "model.layers.0.mlp.up_proj": "blk.0.ffn_up",
+    "model.layers.0.mlp.down_proj": "blk.0.ffn_down",
+    "lm_head": "output",
 }
 
 
@@ -104,6 +116,12 @@ def test_the_default_keeps_the_types_that_run_as_blocks_by_default_where_the_ker
         cpu.kernels.set_isa(before)
 
 
+def test_a_list_keeps_the_types_it_names(files, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BASE_GGUF_BLOCKS", "q3_k,IQ4_XS")
+    kept = _kinds(load_model(files[0], KERNELS).model)
+    assert kept == {name: kind for name, kind in ALL_KINDS.items() if kind in ("q3_k", "iq4_xs")}
+
+
 @pytest.mark.parametrize("setting", ["1", "0"], ids=["blocks", "affine"])
 def test_a_pulled_base_file_keeps_the_blocks_and_runs_as_the_gguf_does(
     files, tmp_path: Path, monkeypatch, setting: str
@@ -120,6 +138,10 @@ def test_a_pulled_base_file_keeps_the_blocks_and_runs_as_the_gguf_does(
     }
     expected = {f"model.{name}" if name != "lm_head" else name: f"gguf_{kind}" for name, kind in ALL_KINDS.items()}
     assert {name: dtypes[name] for name in expected} == expected
+    raw = {t.name: np.array(t.data).reshape(-1) for t in gguf.GGUFReader(str(files[0])).tensors}
+    stored = read_base_file(tmp_path / "m.base")[1]
+    for hf_name, stem in UNPERMUTED.items():  # q/k rows are reordered for RoPE; the rest are the file's bytes
+        assert np.array_equal(np.array(stored[f"{hf_name}.weight"].data).reshape(-1), raw[f"{stem}.weight"]), hf_name
     monkeypatch.setenv("BASE_GGUF_BLOCKS", setting)
     direct, pulled = (load_model(path, KERNELS).model for path in (files[0], tmp_path / "m.base"))
     assert _kinds(direct) == _kinds(pulled) == (ALL_KINDS if setting == "1" else {})

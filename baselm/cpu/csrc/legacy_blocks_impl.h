@@ -13,9 +13,9 @@
 // Nibble byte l of qs holds value l (low half) and value l + 16 (high half); bit l of the
 // little-endian u32 qh is bit 4 of value l. A block comes out as 32 integer codes in natural order
 // (q, signed for Q8_0, kIQ4Values[q] for IQ4_NL) and one affine pair (s, c), value = s * code + c:
-// s = d, and c = m (Q4_1, Q5_1), -8d (Q4_0), -16d (Q5_0) or 0 (Q8_0, IQ4_NL). d * code, -8d and -16d are exact in float32 (at most
-// 11 + 8 significant bits), so each value is llama.cpp's own: exact for Q4_0, Q5_0 and Q8_0, one
-// rounding of d * q + m for Q4_1 and Q5_1, as llama.cpp rounds it.
+// s = d, and c = m (Q4_1, Q5_1), -8d (Q4_0), -16d (Q5_0) or 0 (Q8_0, IQ4_NL). d * code, -8d and -16d
+// are exact in float32 (at most 11 + 8 significant bits), so each value is llama.cpp's own: exact for
+// Q4_0, Q5_0, Q8_0 and IQ4_NL, one rounding of d * q + m for Q4_1 and Q5_1, as llama.cpp rounds it.
 
 // Where one block's fields are: together in the block (the file's layout), or in its run's field
 // arrays (kQ*Runs: a run's 8 d at its start, then 8 m, 8 qh and 8 qs; 8 times the fields' bytes

@@ -329,8 +329,8 @@ int block_type(const std::string& name) {
     if (is_legacy_file_block(type)) return type + kRunsOffset;
   }
   throw std::invalid_argument("unknown block type " + name +
-                              ": q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl (each also as q4_0_runs ...), q2_k, q3_k, q4_k, q5_k, "
-                              "q6_k or iq4_xs");
+                              ": q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl (each also as q4_0_runs ...), q2_k, q3_k, "
+                              "q4_k, q5_k, q6_k or iq4_xs");
 }
 
 // blocks (R, K / block values * block bytes) uint8: the row width K they hold, checked.
@@ -469,7 +469,8 @@ class BlockRuns : public mx::UnaryPrimitive {
 mx::array block_runs(const mx::array& blocks, const std::string& kind) {
   const int type = block_type(kind);
   if (!is_legacy_file_block(type))
-    throw std::invalid_argument("block_runs: " + kind + " is not a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl)");
+    throw std::invalid_argument("block_runs: " + kind +
+                                " is not a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl)");
   block_width(blocks, type, "block_runs");
   return mx::array(blocks.shape(), mx::uint8, std::make_shared<BlockRuns>(mx::default_stream(mx::Device::cpu), type),
                    {blocks});

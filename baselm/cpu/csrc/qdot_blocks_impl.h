@@ -1,12 +1,13 @@
 // The AVX2 / AVX-512 integer loops over GGUF blocks (kquants_impl.h and legacy_blocks_impl.h give
-// the layouts; Q2_K's minimums, one per 16 values, meet the activations' sums over those values), included by qdot_impl.h inside its AVX2 section. A row is taken in runs of 8
-// blocks of 32 values (a K-quant super-block; 8 legacy blocks, the row's last run maybe fewer):
-// the run's 8 (s, c) pairs widened once into registers, each block decoded in registers into two
-// vectors of 16-bit codes (natural order) that meet the 16-bit activation codes in multiply-adds
-// as the affine blocks do. For a batch of rows, Q6_K's codes carry their 8-bit scale (mullo), so
-// every block is one integer sum and one FMA, and its blocks are decoded a super-block at a time
-// into a small buffer (q6k_decode); a row alone (one decode stream) takes them in registers
-// (q6k_row_alone).
+// the layouts; Q2_K's minimums, one per 16 values, meet the activations' sums over those values),
+// included by qdot_impl.h inside its AVX2 section. A row is taken in runs of 8 blocks of 32 values
+// (a super-block; 8 legacy blocks, the row's last run maybe fewer): the run's 8 (s, c) pairs widened
+// once into registers, each block decoded in registers into two vectors of 16-bit codes (natural
+// order) that meet the 16-bit activation codes in multiply-adds as the affine blocks do. For a
+// batch of rows, Q6_K's codes carry their 8-bit scale (mullo), and Q2_K's and Q3_K's their 4- or
+// 6-bit one, so every block is one integer sum and one FMA, and their blocks are decoded a
+// super-block at a time into a small buffer (q6k_decode, low_bits_decode); a row alone (one decode
+// stream) takes them in registers (q6k_row_alone, low_bits_row_alone).
 
 template <int TYPE>
 inline WeightBlock<int16_t> kquant_block(const uint8_t* sb, int j) {
@@ -100,7 +101,8 @@ inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
     const __m128i each_twice = _mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(scales_l)),
                                                 _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1));
     const __m256i low = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(each_twice), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
-    const __m256i high = _mm256_srlv_epi32(_mm256_set1_epi32(sb[2] | sb[3] << 8), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m256i high =
+        _mm256_srlv_epi32(_mm256_set1_epi32(sb[2] | sb[3] << 8), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
     const __m256i ls = _mm256_or_si256(_mm256_and_si256(low, _mm256_set1_epi32(15)),
                                        _mm256_slli_epi32(_mm256_and_si256(high, _mm256_set1_epi32(3)), 4));
     s = _mm256_mul_ps(_mm256_set1_ps(half_at(sb)), _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
@@ -239,8 +241,9 @@ inline __m256 q6k_row_alone(const QdotArgs& a, int n, int m0) {
   return _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
 #endif
 }
-// Q3_K's 16 scales less 32 (q3k_scale) as int8 lanes, from its 12 packed bytes q (at 96, d after them): the low nibbles of
-// bytes 0-7, then their high nibbles, with bit pairs 0-1, 2-3, 4-5, 6-7 of bytes 8-11 above each four.
+// Q3_K's 16 scales less 32 (q3k_scale) as int8 lanes, from its 12 packed bytes q (at 96, d after
+// them): the low nibbles of bytes 0-7, then their high nibbles, with bit pairs 0-1, 2-3, 4-5, 6-7 of
+// bytes 8-11 above each four.
 inline __m128i q3k_scale_lanes(const uint8_t* q) {
   // The 16 bytes ending with d (all within the super-block), moved down to start at q.
   const __m128i packed = _mm_srli_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q - 2)), 2);
@@ -262,7 +265,9 @@ template <int TYPE>
 struct LowBits {
   __m256i bits[4], cleared[2];
   explicit LowBits(const uint8_t* sb) {
-    auto widened = [](const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+    auto widened = [](const uint8_t* p) {
+      return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    };
     for (int h = 0; h < 4; ++h) bits[h] = widened(sb + (TYPE == kQ3K ? 32 : 16) + 16 * h);
     if constexpr (TYPE == kQ3K) {
       for (int h = 0; h < 2; ++h) cleared[h] = _mm256_xor_si256(widened(sb + 16 * h), _mm256_set1_epi16(0xff));
@@ -300,7 +305,8 @@ inline void low_bits_decode(const uint8_t* sb, int16_t* w) {
     __m256i q[2];
     fields.block(j, q);
     for (int h = 0; h < 2; ++h)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(w + 32 * j + 16 * h), _mm256_mullo_epi16(q[h], _mm256_set1_epi16(sc[2 * j + h])));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(w + 32 * j + 16 * h),
+                         _mm256_mullo_epi16(q[h], _mm256_set1_epi16(sc[2 * j + h])));
   }
 }
 

@@ -2,12 +2,14 @@
 format and the models share.
 
 A block tensor of shape (out, in) is `out` rows of `in / block_values` blocks, each the bytes
-llama.cpp writes: the legacy blocks of 32 values (ggml's `block_q4_0`, `block_q4_1`,
-`block_q5_0`, `block_q5_1`, `block_q8_0`) and the K-quants' super-blocks of 256 (`block_q4_K`,
-`block_q5_K`, `block_q6_K`). Kept whole, a row is `in / block_values * block_bytes` uint8 values,
-and the CPU kernels (`baselm.cpu`: csrc/legacy_blocks_impl.h, csrc/kquants_impl.h) decode them as
-they stream through the matmul: nothing is converted when a file loads, and the weights take the
-bytes llama.cpp's do (Q4_0 4.5 bits a weight, Q5_0 5.5, Q8_0 8.5, Q4_K 4.5, Q6_K 6.5625).
+llama.cpp writes: the blocks of 32 values (ggml's `block_q4_0`, `block_q4_1`, `block_q5_0`,
+`block_q5_1`, `block_q8_0`, `block_iq4_nl`: the "legacy" family) and the super-blocks of 256
+(`block_q2_K`, `block_q3_K`, `block_q4_K`, `block_q5_K`, `block_q6_K`, `block_iq4_xs`). Kept whole,
+a row is `in / block_values * block_bytes` uint8 values, and the CPU kernels (`baselm.cpu`:
+csrc/legacy_blocks_impl.h, csrc/kquants_impl.h) decode them as they stream through the matmul:
+nothing is converted when a file loads, and the weights take the bytes llama.cpp's do (Q2_K 2.625
+bits a weight, Q3_K 3.4375, Q4_0 4.5, IQ4_NL 4.5, IQ4_XS 4.25, Q5_0 5.5, Q8_0 8.5, Q4_K 4.5, Q6_K
+6.5625).
 
 In memory a kept tensor is one uint8 array `(out, in / block_values * block_bytes)` under the name
 `<module path>.<suffix>` (`model.layers.0.mlp.down_proj.q6_k`), in place of the `.weight` (and
@@ -21,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-SUPER_BLOCK = 256  # values a K-quant super-block holds
+SUPER_BLOCK = 256  # values a super-block (the K-quants', IQ4_XS's) holds
 LEGACY_BLOCK = 32  # values a legacy block holds
 
 
@@ -36,6 +38,8 @@ class BlockType(NamedTuple):
 
     @property
     def is_kquant(self) -> bool:
+        """Whether its blocks are super-blocks of 256 (the K-quants and IQ4_XS), which keep the
+        file's layout in memory; the legacy blocks of 32 are taken in the runs layout."""
         return self.block_values == SUPER_BLOCK
 
     def kernel_name(self, runs: bool) -> str:
@@ -53,9 +57,13 @@ BLOCK_TYPES = (
     BlockType("Q5_0", "gguf_q5_0", "q5_0", LEGACY_BLOCK, 22, 112, 3),
     BlockType("Q5_1", "gguf_q5_1", "q5_1", LEGACY_BLOCK, 24, 113, 3),
     BlockType("Q8_0", "gguf_q8_0", "q8_0", LEGACY_BLOCK, 34, 118, 3),
+    BlockType("IQ4_NL", "gguf_iq4_nl", "iq4_nl", LEGACY_BLOCK, 18, 114, 4),
+    BlockType("Q2_K", "gguf_q2_k", "q2_k", SUPER_BLOCK, 84, 102, 4),
+    BlockType("Q3_K", "gguf_q3_k", "q3_k", SUPER_BLOCK, 110, 103, 4),
     BlockType("Q4_K", "gguf_q4_k", "q4_k", SUPER_BLOCK, 144, 104, 2),
     BlockType("Q5_K", "gguf_q5_k", "q5_k", SUPER_BLOCK, 176, 105, 2),
     BlockType("Q6_K", "gguf_q6_k", "q6_k", SUPER_BLOCK, 210, 106, 2),
+    BlockType("IQ4_XS", "gguf_iq4_xs", "iq4_xs", SUPER_BLOCK, 136, 107, 4),
 )
 # The kernels' legacy types in the runs layout (csrc/kernels.h's kQ*Runs, made by
 # `cpu.kernels.block_runs`): each full run of 8 blocks field by field, so that a run's scales load
@@ -64,9 +72,11 @@ RUNS_OFFSET = 10
 BY_GGUF_TYPE = {t.gguf_type: t for t in BLOCK_TYPES}
 BY_DTYPE = {t.dtype: t for t in BLOCK_TYPES}
 BY_SUFFIX = {t.suffix: t for t in BLOCK_TYPES}
-KQUANT_TYPES = frozenset(t.gguf_type for t in BLOCK_TYPES if t.is_kquant)
-# The types kept by default where the kernels have SIMD loops for them: those whose blocks run at
-# least as fast as their affine form there (docs/measurements.md).
+KQUANT_TYPES = frozenset(t.gguf_type for t in BLOCK_TYPES if t.gguf_type.endswith("_K"))  # BASE_KQUANT_BLOCKS
+# The types kept by default where the kernels have SIMD loops for them: every type. Most run at least
+# as fast as their affine form there; Q2_K, Q3_K, IQ4_NL and IQ4_XS are slower per one-row matmul but
+# kept for what the file holds: Q2_K's affine form is a re-quantization, the others' exact forms take
+# 2-2.6x the bytes (docs/measurements.md).
 DEFAULT_KEPT = frozenset(BY_GGUF_TYPE)
 
 

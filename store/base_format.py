@@ -1,8 +1,8 @@
-"""The `.base` container format (versions 1, 2 and 3): its layout, alignment, size and checksum rules.
+"""The `.base` container format (versions 1 to 4): its layout, alignment, size and checksum rules.
 
 Layout (all integers little-endian):
 
-    0x00  b"BASE" | u32 version (1, 2 or 3) | u64 header_len | header JSON (UTF-8, header_len bytes)
+    0x00  b"BASE" | u32 version (1 to 4) | u64 header_len | header JSON (UTF-8, header_len bytes)
           zero padding to the next 64 KiB boundary            <- blob start
           tensor blob: one region per tensor, each aligned     <- offsets are blob-relative
           (optional slots after the last region)
@@ -26,12 +26,15 @@ A block tensor holds a GGUF matrix exactly as llama.cpp writes it (`baselm/gguf_
 region of the rows' bytes, uint8 `(out, in / block_values * block_bytes)`, shape 2-D `(out, in)`
 with `in` a multiple of the block's values, no scales or biases (each block carries its own). Its
 entry has the float entry's keys. The block dtypes, their values a block and bits per weight:
-`gguf_q4_k` 256, 4.5; `gguf_q5_k` 256, 5.5; `gguf_q6_k` 256, 6.5625 (the K-quants); `gguf_q4_0`
-32, 4.5; `gguf_q4_1` 32, 5; `gguf_q5_0` 32, 5.5; `gguf_q5_1` 32, 6; `gguf_q8_0` 32, 8.5.
+`gguf_q4_k` 256, 4.5; `gguf_q5_k` 256, 5.5; `gguf_q6_k` 256, 6.5625 (the K-quants of version 2);
+`gguf_q4_0` 32, 4.5; `gguf_q4_1` 32, 5; `gguf_q5_0` 32, 5.5; `gguf_q5_1` 32, 6; `gguf_q8_0` 32, 8.5
+(the legacy blocks of version 3); `gguf_q2_k` 256, 2.625; `gguf_q3_k` 256, 3.4375; `gguf_iq4_nl` 32,
+4.5; `gguf_iq4_xs` 256, 4.25 (version 4).
 
-Versions: a file with any legacy block tensor (`gguf_q4_0` ... `gguf_q8_0`) is version 3, one with
-K-quant block tensors and no legacy ones version 2, every other file version 1 (byte for byte what
-a version-1-only writer makes), so a build that does not know a file's block dtypes refuses it by
+Versions: a file is written as the highest version its block dtypes need (`gguf_q2_k`, `gguf_q3_k`,
+`gguf_iq4_nl`, `gguf_iq4_xs`: 4; the legacy `gguf_q4_0` ... `gguf_q8_0`: 3; `gguf_q4_k`,
+`gguf_q5_k`, `gguf_q6_k`: 2), a file without block tensors version 1 (byte for byte what a
+version-1-only writer makes), so a build that does not know a file's block dtypes refuses it by
 its version alone. A block dtype in a file of a lower version than its own is an error.
 
 `checksum_xxh64` (16 hex digits) covers each tensor's whole region; `header_xxh64` covers the
@@ -57,7 +60,7 @@ from baselm import gguf_blocks
 
 MAGIC = b"BASE"
 VERSION = 1  # a file of float and affine tensors only
-VERSIONS = (1, 2, 3)  # 2: K-quant block tensors; 3: legacy block tensors (gguf_blocks.BlockType.base_version)
+VERSIONS = (1, 2, 3, 4)  # 2: K-quant blocks; 3: legacy blocks; 4: Q2_K, Q3_K, IQ4 blocks (BlockType.base_version)
 SCHEMA = "base.v1"
 PREAMBLE = struct.Struct("<4sIQ")  # magic, version, header_len
 BLOB_ALIGN = 64 * 1024
@@ -72,7 +75,7 @@ GROUP_SIZES = (32, 64, 128)
 # Float dtypes as stored: numpy dtype of the raw little-endian values (bf16 as its uint16 bits).
 FLOAT_DTYPES: dict[str, np.dtype] = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
 QUANT_BITS = {f"base_q{b}": b for b in (2, 3, 4, 5, 6, 8)}
-BLOCK_DTYPES = tuple(gguf_blocks.BY_DTYPE)  # gguf_q4_0 ... gguf_q8_0, gguf_q4_k, gguf_q5_k, gguf_q6_k
+BLOCK_DTYPES = tuple(gguf_blocks.BY_DTYPE)  # gguf_q4_0 ... gguf_q8_0, gguf_iq4_nl, gguf_q2_k ... gguf_iq4_xs
 DTYPES = (*FLOAT_DTYPES, *QUANT_BITS, *BLOCK_DTYPES)
 HEADER_TYPES: dict[str, tuple[type, ...]] = {
     "schema": (str,),

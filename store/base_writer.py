@@ -170,8 +170,8 @@ def write_base_file(
     created: str | None = None,
     _reserve_bytes: int | None = None,
 ) -> Path:
-    """Writes a `.base` file atomically (temp file in the same folder, fsync, rename): version 2 when any
-    tensor is a block record, else version 1.
+    """Writes a `.base` file atomically (temp file in the same folder, fsync, rename): the version its
+    block records' dtypes need (2 to 4, `base_format.file_version`), else version 1.
 
     Tensors are consumed one at a time and never held together: the blob is streamed into the
     file behind a reserved header area; the header, known only at the end, then goes in front,

@@ -1,11 +1,11 @@
 """The GGUF converter: a `.gguf` file read as a `SourceModel`.
 
 With no `quant` asked for, the file keeps its own quantization: F32/F16/BF16 as they are, the
-legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and the Q4_K/Q5_K/Q6_K matrices as their own blocks byte for byte
-(the `.base` block dtypes, a version-3 or version-2 file, which the CPU kernels run as they are:
-`baselm/gguf_blocks.py`). Q3_K and stacks of matrices (MoE experts) become exact affine records
-(`gguf_quants.py`, `gguf_kquants.py`), but Q2_K and stacked Q6_K, which no affine group of 32
-holds: those are re-quantized on a finer grid and the measured error logged. With a `quant`,
+legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL and the Q2_K ... Q6_K/IQ4_XS matrices as their own blocks byte
+for byte (the `.base` block dtypes, a version-2 to -4 file, which the CPU kernels run as they are:
+`baselm/gguf_blocks.py`). Stacks of matrices (MoE experts) become exact affine records
+(`gguf_quants.py`, `gguf_kquants.py`, `gguf_iquants.py`), but stacked Q2_K and Q6_K, which no
+affine group of 32 holds: those are re-quantized on a finer grid and the measured error logged. With a `quant`,
 blocks bound for at least as many bits in groups of the same size are widened exactly and the rest
 quantized anew; each re-quantization logs one line saying that it compounds error.
 """
@@ -36,7 +36,8 @@ from baselm.store.source_model import SourceModel
 log = logging.getLogger(__name__)
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
-# The .base scheme a GGUF tensor type is kept as.
+# The .base scheme a GGUF tensor type is kept as: its affine form's width, or for the types that form
+# widens (kept as blocks), the width of the blocks' codes.
 _GGUF_SCHEMES = {
     "Q4_0": "q4",
     "Q4_1": "q4",
@@ -44,6 +45,10 @@ _GGUF_SCHEMES = {
     "Q5_1": "q5",
     "Q8_0": "q8",
     **{name: f"q{bits}" for name, (bits, _) in K_SCHEMES.items()},
+    "Q2_K": "q2",
+    "Q3_K": "q3",
+    "IQ4_NL": "q4",
+    "IQ4_XS": "q4",
     "F16": "f16",
     "BF16": "bf16",
     "F32": "f32",
@@ -105,8 +110,8 @@ def _about(gguf_file: gguf.GGUFFile) -> dict[str, str]:
 def _noting_requantized(
     records: Iterator[tuple[str, str, Any]], not_exact: dict[str, str]
 ) -> Iterator[tuple[str, Any]]:
-    """The records as they are, those of a GGUF type that has no exact `.base` form and came as no
-    blocks (Q2_K: `GGUFFile.read` re-quantized it) noted in `not_exact` on the way."""
+    """The records as they are, those of a GGUF type that has no exact affine form and came as no
+    blocks (a stacked Q2_K/Q6_K: `GGUFFile.read` re-quantized it) noted in `not_exact` on the way."""
     for name, type_name, record in records:
         if type_name in K_SCHEMES and not is_exact(type_name) and record.block_type is None:
             not_exact[name] = "requantized"

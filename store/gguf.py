@@ -2,9 +2,10 @@
 
 The file is parsed here (header, metadata, tensor table) and memory-mapped; each tensor's raw
 blocks are kept as they are where the CPU kernels run them (`baselm/gguf_blocks.py`: Q4_0 ... Q8_0,
-Q4_K, Q5_K, Q6_K), else decoded by `store/gguf_quants.py` (F32/F16/BF16 as they are,
+IQ4_NL, Q2_K ... Q6_K, IQ4_XS), else decoded by `store/gguf_quants.py` (F32/F16/BF16 as they are,
 Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 as exact MLX affine triplets of group 32), `store/gguf_kquants.py`
-(Q3_K/Q4_K/Q5_K exact, Q2_K/Q6_K re-quantized) and `store/mxfp4.py` (MXFP4 widened exactly to floats);
+(Q3_K/Q4_K/Q5_K exact, Q2_K/Q6_K re-quantized), `store/gguf_iquants.py` (IQ4_NL/IQ4_XS exact) and
+`store/mxfp4.py` (MXFP4 widened exactly to floats);
 `store/gguf_arch.py` says where each tensor goes for each architecture.
 The metadata comes back as plain Python values (str, int, float, bool, lists of them), ready for
 a `.base` header. NOTE: `gguf.GGUFReader` reads the same data, but it builds a numpy view per
@@ -36,6 +37,7 @@ from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
 from baselm.store.gguf_arch import ROPE_FACTORS, ROPE_FREQS, Placement
+from baselm.store.gguf_iquants import IQ4_TYPES, iq4_record
 from baselm.store.gguf_kquants import K_SCHEMES, RequantError, is_exact, k_record, k_values, requantized_record
 from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, check_readable, exact_record, float_record
 from baselm.store.gguf_rows import put_back, unpermute_rows
@@ -462,13 +464,24 @@ def record_arrays(name: str, record: TensorRecord) -> dict[str, mx.array]:
     return {name: mx.array(record.codes), f"{prefix}.scales": scales, f"{prefix}.biases": biases}
 
 
+def affine_form(type_name: str) -> tuple[int, bool]:
+    """(bits, whether exact) of the `base_q{bits}` record a quantized GGUF type becomes without blocks."""
+    if type_name in EXACT_TYPES:
+        return EXACT_TYPES[type_name].bits, True
+    if type_name in IQ4_TYPES:
+        return 8, True
+    return K_SCHEMES[type_name][0], is_exact(type_name)
+
+
 def affine_record(
     type_name: str, raw: np.ndarray, shape: tuple[int, int], name: str, errors: dict[str, RequantError]
 ) -> TensorRecord:
-    """A quantized GGUF matrix's bytes (rows, row bytes) as an affine record: exact for Q4_0 ... Q8_0
-    and Q3_K/Q4_K/Q5_K, re-quantized for Q2_K/Q6_K (the error added to `errors[type_name]`)."""
+    """A quantized GGUF matrix's bytes (rows, row bytes) as an affine record: exact for Q4_0 ... Q8_0,
+    Q3_K/Q4_K/Q5_K and IQ4_NL/IQ4_XS, re-quantized for Q2_K/Q6_K (the error added to `errors[type_name]`)."""
     if type_name in EXACT_TYPES:
         return exact_record(type_name, raw, shape)
+    if type_name in IQ4_TYPES:
+        return iq4_record(type_name, raw, shape)
     if is_exact(type_name):
         return k_record(type_name, raw, shape)
     error = errors.setdefault(type_name, RequantError(type_name, K_SCHEMES[type_name][0]))
@@ -478,8 +491,8 @@ def affine_record(
 def blocks_as_triplets(weights: dict[str, mx.array], keep: frozenset[str] = frozenset()) -> None:
     """Replaces each kept block matrix of `weights` (`x.q8_0`, `x.q4_k` ..., baselm/gguf_blocks.py) whose
     GGUF type is not in `keep` by what a read without blocks gives: an exact affine triplet (Q4_0 ... Q8_0,
-    Q4_K, Q5_K) or a re-quantized one (Q6_K, 8 bits), the error logged. For the paths that run no block
-    kernel (GPU, sharded, adapters) and the types that run faster so."""
+    IQ4_NL, Q3_K, Q4_K, Q5_K, IQ4_XS) or a re-quantized one (Q6_K at 8 bits, Q2_K at 4), the error logged.
+    For the paths that run no block kernel (GPU, sharded, adapters) and the types that run faster so."""
     errors: dict[str, RequantError] = {}
     for name in list(weights):
         split = gguf_blocks.split_name(name)

@@ -3,8 +3,9 @@ re-quantized with the error measured.
 
 This is the form for the paths that run no K-quant kernel (a GPU, a sharded or adapted model, the
 generic CPU build) and for a pull asked for a quant. `base pull` of a K-quant file stores its
-Q4_K/Q5_K/Q6_K matrices as their blocks instead (the `.base` block dtypes, baselm/gguf_blocks.py),
-and `gguf.blocks_as_triplets` turns them into these records when such a path loads them.
+matrices as their blocks instead (the `.base` block dtypes, baselm/gguf_blocks.py), and
+`gguf.blocks_as_triplets` turns them into these records when such a path loads them; stacks of
+matrices (MoE experts) become these records at pull.
 
 A K-quant super-block holds 256 values of a row. What each type stores, and what it becomes:
 
@@ -107,15 +108,15 @@ CHUNK_VALUES = 1 << 18
 def k_record(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> TensorRecord:
     """An exactly-kept K-quant (Q3_K, Q4_K, Q5_K) tensor's raw bytes (rows, bytes) as a `.base` record."""
     if type_name == "Q3_K":
-        return _by_rows(raw, shape, _q3_record)
+        return by_rows(raw, shape, _q3_record)
     bits = K_SCHEMES[type_name][0]
 
     def decode(part: np.ndarray, part_shape: tuple[int, int]) -> TensorRecord:
         blocks = part.reshape(part_shape[0], part_shape[1] // SUPER_BLOCK, _BLOCK_BYTES[type_name])  # (rows, n, B)
         scales, biases, q = _q45_fields(type_name, blocks)  # (rows, cols/32) x2, (rows, cols) uint8
-        return _record(bits, part_shape, q, scales, biases)
+        return exact_affine_record(bits, part_shape, q, scales, biases)
 
-    return _by_rows(raw, shape, decode)
+    return by_rows(raw, shape, decode)
 
 
 def requantized_record(name: str, raw: np.ndarray, shape: tuple[int, int], error: RequantError) -> TensorRecord:
@@ -127,10 +128,10 @@ def requantized_record(name: str, raw: np.ndarray, shape: tuple[int, int], error
         error.add(name, values, _dequantized(record))
         return record
 
-    return _by_rows(raw, shape, requantize)
+    return by_rows(raw, shape, requantize)
 
 
-def _by_rows(
+def by_rows(
     raw: np.ndarray, shape: tuple[int, int], fn: Callable[[np.ndarray, tuple[int, int]], TensorRecord]
 ) -> TensorRecord:
     """`fn(raw rows, their shape)` over chunks of rows, the records stacked back into one."""
@@ -193,10 +194,12 @@ def _q3_record(raw: np.ndarray, shape: tuple[int, int]) -> TensorRecord:
         raise ValueError("a Q3_K block does not hold d times an integer in [-124, 128]; the file is corrupt")
     codes = (products + Q3_K_OFFSET).astype(np.uint8).reshape(rows, cols)
     scales = np.repeat(d, SUPER_BLOCK // GROUP_SIZE, axis=1)  # (rows, cols / 32)
-    return _record(8, shape, codes, scales, scales * np.float32(-Q3_K_OFFSET))
+    return exact_affine_record(8, shape, codes, scales, scales * np.float32(-Q3_K_OFFSET))
 
 
-def _record(bits: int, shape: tuple[int, int], q: np.ndarray, scales: np.ndarray, biases: np.ndarray) -> TensorRecord:
+def exact_affine_record(
+    bits: int, shape: tuple[int, int], q: np.ndarray, scales: np.ndarray, biases: np.ndarray
+) -> TensorRecord:
     """An affine record of codes and float32 scales/biases, stored as float16 when that loses nothing."""
     scale_dtype = "f32"
     with np.errstate(over="ignore"):

@@ -18,7 +18,7 @@ dequantization bit for bit: `d * q` is exact (at most 11 + 8 significant bits), 
 same single sum. F32, F16 and BF16 stay float tensors as they are.
 
 K-quants (Q2_K..Q6_K) are read by `gguf_kquants.py`: Q3_K, Q4_K and Q5_K exactly, Q2_K and Q6_K
-re-quantized with their error measured.
+re-quantized with their error measured; IQ4_NL and IQ4_XS by `gguf_iquants.py`, exactly.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ EXACT_TYPES = {
     "Q8_0": BlockType(8, 34, False, 128),
 }
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # read by gguf_kquants.py
-READABLE = (*FLOAT_TYPES, *EXACT_TYPES, *K_TYPES, "MXFP4")  # MXFP4: widened exactly (store/mxfp4.py)
+IQ_TYPES = ("IQ4_NL", "IQ4_XS")  # read by gguf_iquants.py
+READABLE = (*FLOAT_TYPES, *EXACT_TYPES, *K_TYPES, *IQ_TYPES, "MXFP4")  # MXFP4: widened exactly (store/mxfp4.py)
 
 
 def check_readable(type_name: str, tensor: str, label: str) -> None:

@@ -18,7 +18,8 @@ from baselm.store.base_reader import BaseFile
 DEFAULT_CONTEXT_LENGTH = 4096  # a config that names none (as the loader has always assumed)
 # Sampling values an HF config may carry beside its shape; shown, never applied by base.
 GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-# GGUF block types no affine group of 32 holds: a pull without --quant re-quantizes them (gguf_kquants.py).
+# GGUF block types no affine group of 32 holds: a pull without --quant keeps their matrices as blocks but
+# re-quantizes their stacks of matrices (MoE experts, gguf_kquants.py).
 REQUANTIZED_GGUF_TYPES = ("Q2_K", "Q6_K")
 
 
@@ -92,11 +93,9 @@ def quant_origin(header: dict[str, Any]) -> str:
     source_format = str(header.get("source", {}).get("format") or "source")
     if isinstance(profile, str) and profile.startswith("gguf-"):
         tag = profile.removeprefix("gguf-")
-        if tag.upper().startswith(REQUANTIZED_GGUF_TYPES):
-            return f"re-quantized from the GGUF's {tag} blocks, which no affine group holds exactly"
         note = f"kept from the GGUF's own {tag} blocks, exactly"
-        if "_K" in tag.upper():  # a K-quant mix may hold the types no affine group holds
-            note += f"; any {' or '.join(REQUANTIZED_GGUF_TYPES)} tensors among them were re-quantized"
+        if "_K" in tag.upper():  # a K-quant mix may hold experts of the types no affine group holds
+            note += f"; any stacked (expert) {' or '.join(REQUANTIZED_GGUF_TYPES)} tensors among them were re-quantized"
         return note
     if isinstance(profile, str) and profile.startswith("mlx-"):
         return f"kept from the MLX folder's own {profile.removeprefix('mlx-')} weights, exactly"

@@ -43,7 +43,7 @@ def test_a_gguf_whose_blocks_base_keeps_is_reported_runnable(tmp_path):
 def test_types_base_requantizes_or_cannot_read_and_a_refused_tokenizer_are_named(tmp_path):
     tensors = {
         "blk.0.ffn_down.weight": (random_blocks("Q6_K", 4, 256), "Q6_K"),
-        "blk.0.ffn_up.weight": (np.zeros((4, 8 * 18), dtype=np.uint8), "IQ4_NL"),
+        "blk.0.ffn_up.weight": (np.zeros((4, 66), dtype=np.uint8), "IQ2_XXS"),
     }
 
     def metadata(writer) -> None:
@@ -58,10 +58,15 @@ def test_types_base_requantizes_or_cannot_read_and_a_refused_tokenizer_are_named
     actions = {row["type"]: row["action"] for row in report["tensors"]}
     assert actions["Q6_K"] == gguf_type_action("Q6_K", kept_block_types(select_backend("auto")))
     assert actions["Q6_K"].startswith("kept as its blocks (gguf_q6_k)") and "base_q8 re-quantized" in actions["Q6_K"]
-    assert actions["IQ4_NL"].startswith("refused")
-    assert gguf_type_action("Q2_K").startswith("re-quantized to base_q4")
+    assert actions["IQ2_XXS"].startswith("refused")
+    assert gguf_type_action("Q2_K") == (
+        "kept as its blocks (gguf_q2_k); runs here (and where no block kernel runs) as base_q4 re-quantized"
+    )
+    assert gguf_type_action("IQ4_XS", frozenset({"IQ4_XS"})) == (
+        "kept as its blocks (gguf_iq4_xs), which the CPU kernels run here; base_q8 exactly where no block kernel runs"
+    )
     assert report["tokenizer"]["status"].startswith("refused: ")
-    assert "IQ4_NL" in report["refused"]  # the file as a whole: the type base cannot read
+    assert "IQ2_XXS" in report["refused"]  # the file as a whole: the type base cannot read
     text = doctor(str(path), home=tmp_path).stdout
     assert "refused:" in text and "base can run it" not in text
 
@@ -107,4 +112,6 @@ def test_a_block_type_s_action_says_whether_this_machine_runs_its_blocks() -> No
     assert gguf_type_action("Q8_0", frozenset({"Q5_0"})) == (
         "kept as its blocks (gguf_q8_0); runs here (and where no block kernel runs) as base_q8 exactly"
     )
-    assert gguf_type_action("Q3_K", frozenset({"Q5_0"})) == "kept exactly (base_q8)"
+    assert gguf_type_action("Q3_K", frozenset({"Q5_0"})) == (
+        "kept as its blocks (gguf_q3_k); runs here (and where no block kernel runs) as base_q8 exactly"
+    )

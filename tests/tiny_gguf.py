@@ -321,6 +321,8 @@ BLOCK_LAYOUT = {  # type: (block bytes, byte offsets of the f16 fields: d and dm
     "Q4_K": (144, (0, 2)),
     "Q5_K": (176, (0, 2)),
     "Q6_K": (210, (208,)),
+    "IQ4_NL": (18, (0,)),
+    "IQ4_XS": (136, (0,)),
 }
 
 

@@ -102,28 +102,23 @@ def gguf_type_action(type_name: str, kept: frozenset[str] = frozenset()) -> str:
     """What a pull does with tensors of one GGUF type, and a run here (`kept`: the types whose blocks
     run as they are on this machine), in a few words."""
     from baselm.gguf_blocks import BY_GGUF_TYPE as BLOCK_TYPES
-    from baselm.store.gguf_kquants import K_SCHEMES, is_exact
-    from baselm.store.gguf_quants import EXACT_TYPES, FLOAT_TYPES, READABLE
+    from baselm.store.gguf import affine_form
+    from baselm.store.gguf_quants import FLOAT_TYPES, READABLE
 
     if type_name in FLOAT_TYPES:
         return f"kept as {FLOAT_TYPES[type_name]}"
     if type_name == "MXFP4":
         return "widened to bf16, exactly"
-    exact = type_name in EXACT_TYPES or (type_name in K_SCHEMES and is_exact(type_name))
-    bits = EXACT_TYPES[type_name].bits if type_name in EXACT_TYPES else K_SCHEMES.get(type_name, (0,))[0]
+    if type_name not in READABLE:
+        return "refused: base cannot read this type (convert the model to a type it reads)"
+    bits, exact = affine_form(type_name)
     affine = f"base_q{bits} {'exactly' if exact else 're-quantized'}"
     if type_name in BLOCK_TYPES:
         dtype = BLOCK_TYPES[type_name].dtype
         if type_name in kept:
             return f"kept as its blocks ({dtype}), which the CPU kernels run here; {affine} where no block kernel runs"
         return f"kept as its blocks ({dtype}); runs here (and where no block kernel runs) as {affine}"
-    if exact:
-        return f"kept exactly (base_q{bits})"
-    if type_name in K_SCHEMES:
-        return f"re-quantized to base_q{bits}: no .base dtype holds its blocks exactly"
-    if type_name not in READABLE:
-        return "refused: base cannot read this type (convert the model to a type it reads)"
-    return "read"
+    return f"converted to {affine}"  # a quantized type with no block dtype (none now: each has one)
 
 
 def _gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The block kernels (csrc/legacy_blocks_impl.h, kquants_impl.h, blocks_impl.h, qdot_blocks_impl.h):
-matmuls straight on GGUF blocks, the legacy Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K,
-Q6_K, on every instruction set this CPU runs.
+matmuls straight on GGUF blocks, the legacy Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and the super-blocks
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, on every instruction set this CPU runs.
 
 What is checked against what:
 - `block_dequantize` against the gguf package's decoder (the reference llama.cpp's Python ships),
@@ -10,6 +10,7 @@ What is checked against what:
   activations as the kernels do: blocks of 32 values, d = max|x| / 32767, codes rint(x * (1 / d))
   ties to even. Every block's integer dot is then exact, so kernel and reference differ only in
   float32 rounding of the per-block products and their sum: at most RTOL of the sum of |terms|.
+  The offsets meet the float sums of their 32 activations, Q2_K's minimums those of their 16.
 - The float path (set_exact(True), or more than qdot_max_rows rows) against the float64 product of
   the gguf-decoded weights, within float32 rounding: FLOAT_RTOL of the sum of |x| * |w|.
 Legacy rows are taken in runs of 8 blocks, so their widths here end in a run of 1 to 7 (WIDTHS).
@@ -29,7 +30,7 @@ from baselm import gguf_blocks
 from tests.forward import exact_path
 from tests.tiny_gguf import random_blocks, same_bits
 
-KINDS = [t.suffix for t in gguf_blocks.BLOCK_TYPES]  # q4_0 ... q8_0, q4_k, q5_k, q6_k
+KINDS = [t.suffix for t in gguf_blocks.BLOCK_TYPES]  # q4_0 ... q8_0, iq4_nl, q2_k ... q6_k, iq4_xs
 BLOCK = 32  # values an activation code block (and a legacy block, a Q4_K/Q5_K sub-block) holds
 SUPER = gguf_blocks.SUPER_BLOCK
 RTOL = 1e-5  # of the sum of |terms|: float32 rounding of a few hundred block products
@@ -46,7 +47,8 @@ WIDTHS = {kind: (256, 768, 2816) if _is_kquant(kind) else (32, 224, 800, 2848) f
 ODD = {kind: 768 if _is_kquant(kind) else 800 for kind in KINDS}
 KIND_WIDTHS = [(kind, cols) for kind in KINDS for cols in WIDTHS[kind]]
 
-# Byte ranges of one block (ggml's block_q4_0 ... block_q8_0, block_q4_K, block_q5_K, block_q6_K).
+# Byte ranges of one block (ggml's block_q4_0 ... block_q8_0, block_iq4_nl, block_q2_K ... block_q6_K,
+# block_iq4_xs).
 FIELDS = {
     "q4_0": {"d": slice(0, 2), "qs": slice(2, 18)},
     "q4_1": {"d": slice(0, 2), "m": slice(2, 4), "qs": slice(4, 20)},
@@ -56,8 +58,14 @@ FIELDS = {
     "q4_k": {"d": slice(0, 2), "dmin": slice(2, 4), "scales": slice(4, 16), "qs": slice(16, 144)},
     "q5_k": {"d": slice(0, 2), "dmin": slice(2, 4), "scales": slice(4, 16), "qh": slice(16, 48), "qs": slice(48, 176)},
     "q6_k": {"ql": slice(0, 128), "qh": slice(128, 192), "scales": slice(192, 208), "d": slice(208, 210)},
+    "iq4_nl": {"d": slice(0, 2), "qs": slice(2, 18)},
+    "q2_k": {"scales": slice(0, 16), "qs": slice(16, 80), "d": slice(80, 82), "dmin": slice(82, 84)},
+    "q3_k": {"hmask": slice(0, 32), "qs": slice(32, 96), "scales": slice(96, 108), "d": slice(108, 110)},
+    "iq4_xs": {"d": slice(0, 2), "scales_h": slice(2, 4), "scales": slice(4, 8), "qs": slice(8, 136)},
 }
-CODE_FIELDS = {kind: tuple(f for f in ("ql", "qh", "qs") if f in FIELDS[kind]) for kind in KINDS}
+CODE_FIELDS = {kind: tuple(f for f in ("ql", "qh", "hmask", "qs") if f in FIELDS[kind]) for kind in KINDS}
+# llama.cpp's kvalues_iq4nl: the levels IQ4_NL's and IQ4_XS's 4-bit codes index.
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int64)
 ZERO_POINT = {"q4_0": 8, "q5_0": 16}  # value d * (q - zero point); the other legacy types: d * q (+ m)
 
 
@@ -141,10 +149,48 @@ def _codes_q6(sb: np.ndarray) -> np.ndarray:
     return (((ql >> (4 * (quarter // 2))) & 15) | (((qh >> (2 * quarter)) & 3) << 4)) - 32
 
 
+def _codes_2bit(sb: np.ndarray, kind: str) -> np.ndarray:
+    """(rows, supers, 256) Q2_K/Q3_K 2-bit codes: value 32i + l in bits 2 (i % 4) of qs[32 (i // 4) + l]
+    (ggml's dequantize_row_q2_K, q3_K)."""
+    v = np.arange(SUPER)
+    sub, lane = v // BLOCK, v % BLOCK
+    return (_field(sb, kind, "qs")[..., BLOCK * (sub // 4) + lane] >> (2 * (sub % 4))) & 3
+
+
+def _codes_q3(sb: np.ndarray) -> np.ndarray:
+    """(rows, supers, 256) Q3_K codes q - 4: 2 bits as Q2_K's, the third bit i of hmask[l] for value 32i + l."""
+    v = np.arange(SUPER)
+    high = (_field(sb, "q3_k", "hmask")[..., v % BLOCK] >> (v // BLOCK)) & 1
+    return _codes_2bit(sb, "q3_k") + 4 * high - 4
+
+
+def _scales_q3(sb: np.ndarray) -> np.ndarray:
+    """(rows, supers, 16) Q3_K's 6-bit scales less 32: scale i's low 4 bits the low (i < 8) or high nibble
+    of byte i % 8, its top 2 bits bits 2 (i // 4) of byte 8 + i % 4 (ggml's kmask1/kmask2 unpacking)."""
+    packed, i = _field(sb, "q3_k", "scales"), np.arange(16)
+    low = (packed[..., i % 8] >> (4 * (i // 8))) & 15
+    return (low | ((packed[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4) - 32
+
+
+def _iq4_codes(nibbles: np.ndarray) -> np.ndarray:
+    """(..., 32) IQ4 levels of blocks of 16 nibble bytes (..., 16): byte l's low nibble value l, high l + 16."""
+    return IQ4_LEVELS[np.concatenate([nibbles & 15, nibbles >> 4], axis=-1)]
+
+
+def _scales_iq4xs(sb: np.ndarray) -> np.ndarray:
+    """(rows, supers, 8) IQ4_XS block scales ls - 32: nibble j % 2 of scales_l[j // 2], bits 2j, 2j + 1 of
+    the little-endian u16 scales_h above it (ggml's dequantize_row_iq4_xs)."""
+    high = _field(sb, "iq4_xs", "scales_h")
+    high = high[..., 0] | high[..., 1] << 8
+    j = np.arange(8)
+    low = (_field(sb, "iq4_xs", "scales")[..., j // 2] >> (4 * (j % 2))) & 15
+    return (low | ((high[..., None] >> (2 * j)) & 3) << 4) - 32
+
+
 def _parse_legacy(kind: str, raw: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """parse() of legacy blocks: codes q (Q8_0's signed), scales d, offsets m (Q4_1, Q5_1), -8d (Q4_0),
-    -16d (Q5_0) or 0 (Q8_0). Nibble byte l holds value l (low) and l + 16 (high); bit l of the
-    little-endian u32 qh is bit 4 of value l (ggml's dequantize_row_q4_0 ... q8_0)."""
+    """parse() of legacy blocks: codes q (Q8_0's signed, IQ4_NL's levels), scales d, offsets m (Q4_1,
+    Q5_1), -8d (Q4_0), -16d (Q5_0) or 0 (Q8_0, IQ4_NL). Nibble byte l holds value l (low) and l + 16
+    (high); bit l of the little-endian u32 qh is bit 4 of value l (ggml's dequantize_row_q4_0 ... q8_0)."""
     rows = raw.shape[0]
     blocks = raw.reshape(rows, cols // BLOCK, gguf_blocks.BY_SUFFIX[kind].block_bytes)
     d = _half(blocks, kind, "d")
@@ -152,6 +198,8 @@ def _parse_legacy(kind: str, raw: np.ndarray, cols: int) -> tuple[np.ndarray, np
         codes = np.ascontiguousarray(blocks[..., FIELDS[kind]["qs"]]).view(np.int8).astype(np.int64)
         return codes.astype(np.float64), d, np.zeros_like(d)
     qs = _field(blocks, kind, "qs")  # (rows, n, 16)
+    if kind == "iq4_nl":
+        return _iq4_codes(qs).astype(np.float64), d, np.zeros_like(d)
     codes = np.concatenate([qs & 15, qs >> 4], axis=-1)
     if "qh" in FIELDS[kind]:
         lane = np.arange(BLOCK)
@@ -160,24 +208,41 @@ def _parse_legacy(kind: str, raw: np.ndarray, cols: int) -> tuple[np.ndarray, np
     return codes.astype(np.float64), d, offsets
 
 
-def parse(kind: str, raw: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(codes, scales, offsets) of the blocks, value = code * scale + offset: codes (rows, groups,
-    group) with groups of 32 values (legacy, Q4_K, Q5_K) or 16 (Q6_K), scales (rows, groups) and
-    offsets (rows, cols / 32) in float64 (Q4_K/Q5_K: d * sc and -dmin * m; Q6_K: d * sc and 0)."""
-    if not _is_kquant(kind):
-        return _parse_legacy(kind, raw, cols)
-    rows = raw.shape[0]
-    sb = raw.reshape(rows, cols // SUPER, gguf_blocks.BY_SUFFIX[kind].block_bytes)
+def _parse_super(kind: str, sb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(codes (rows, supers, 256), scales (rows, supers, groups), offsets per 32 or None, minimums per 16
+    or None) of super-blocks sb (rows, supers, bytes)."""
+    rows, supers = sb.shape[:2]
     d = _half(sb, kind, "d")[..., None]
     if kind == "q6_k":
-        scales = d * sb[..., FIELDS[kind]["scales"]].view(np.int8)  # (rows, supers, 16)
-        codes, offsets = _codes_q6(sb), np.zeros((rows, cols // BLOCK))
-    else:
-        sc, mn = _scales_mins(_field(sb, kind, "scales"))
-        scales, offsets = d * sc, (-_half(sb, kind, "dmin")[..., None] * mn).reshape(rows, -1)
-        codes = _codes_q45(sb, kind)
+        return _codes_q6(sb), d * sb[..., FIELDS[kind]["scales"]].view(np.int8), None, None
+    if kind == "q3_k":
+        return _codes_q3(sb), d * _scales_q3(sb), None, None
+    if kind == "iq4_xs":
+        codes = _iq4_codes(_field(sb, kind, "qs").reshape(rows, supers, 8, 16)).reshape(rows, supers, SUPER)
+        return codes, d * _scales_iq4xs(sb), None, None
+    if kind == "q2_k":
+        packed = _field(sb, kind, "scales")  # (rows, supers, 16): scale low nibble, minimum high
+        return _codes_2bit(sb, kind), d * (packed & 15), None, -_half(sb, kind, "dmin")[..., None] * (packed >> 4)
+    sc, mn = _scales_mins(_field(sb, kind, "scales"))
+    return _codes_q45(sb, kind), d * sc, -_half(sb, kind, "dmin")[..., None] * mn, None
+
+
+def parse(kind: str, raw: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, scales, offsets, minimums) of the blocks, value = code * scale + offset + minimum: codes
+    (rows, groups, group) with groups of 32 values (legacy, Q4_K, Q5_K, IQ4_XS) or 16 (Q2_K, Q3_K,
+    Q6_K), scales (rows, groups), offsets (rows, cols / 32) and minimums (rows, cols / 16) in float64
+    (Q4_K/Q5_K: d * sc and -dmin * m; Q2_K: d * sc and -dmin * m per 16 values; Q3_K: d * (sc - 32);
+    Q6_K: d * sc; IQ4_XS: d * (ls - 32); offsets and minimums 0 where the type has none)."""
+    rows = raw.shape[0]
+    minimums = np.zeros((rows, cols // 16))
+    if not _is_kquant(kind):
+        return (*_parse_legacy(kind, raw, cols), minimums)
+    sb = raw.reshape(rows, cols // SUPER, gguf_blocks.BY_SUFFIX[kind].block_bytes)
+    codes, scales, offsets, mins = _parse_super(kind, sb)
+    offsets = np.zeros((rows, cols // BLOCK)) if offsets is None else offsets.reshape(rows, -1)
+    minimums = minimums if mins is None else mins.reshape(rows, -1)
     groups = scales.shape[-1] * (cols // SUPER)
-    return codes.reshape(rows, groups, -1).astype(np.float64), scales.reshape(rows, groups), offsets
+    return codes.reshape(rows, groups, -1).astype(np.float64), scales.reshape(rows, groups), offsets, minimums
 
 
 @cache
@@ -189,7 +254,7 @@ def _weights(kind: str, rows: int, cols: int, seed: int) -> tuple[np.ndarray, tu
 
 def reference(x: np.ndarray, fields: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(y, bound): x @ W.T with 16-bit activation codes, in float64, and its rounding bound."""
-    codes, scales, offsets = fields
+    codes, scales, offsets, minimums = fields
     m, k = x.shape
     blocks = x.reshape(m, k // BLOCK, BLOCK)
     d = np.abs(blocks).max(-1) / np.float32(32767)  # (m, k / 32) float32
@@ -199,9 +264,13 @@ def reference(x: np.ndarray, fields: tuple[np.ndarray, ...]) -> tuple[np.ndarray
     # (groups, m, size) @ (groups, size, n): integer sums below 2^33, exact in float64
     dots = np.matmul(q.reshape(m, groups, size).transpose(1, 0, 2), codes.transpose(1, 2, 0)).transpose(1, 2, 0)
     terms = dots * scales[None] * np.repeat(d.astype(np.float64), BLOCK // size, axis=1)[:, None, :]  # (m, n, groups)
-    y = terms.sum(-1) + blocks.astype(np.float64).sum(-1) @ offsets.T
-    bound = RTOL * (np.abs(terms).sum(-1) + np.abs(blocks).sum(-1) @ np.abs(offsets).T) + 1e-6
-    return y, bound
+    # Offsets meet the float sums of their 32 values, Q2_K's minimums (one per 16 values) those of their 16.
+    halves = x.reshape(m, k // 16, 16).astype(np.float64)
+    y = terms.sum(-1) + blocks.astype(np.float64).sum(-1) @ offsets.T + halves.sum(-1) @ minimums.T
+    bound = RTOL * (
+        np.abs(terms).sum(-1) + np.abs(blocks).sum(-1) @ np.abs(offsets).T + np.abs(halves).sum(-1) @ np.abs(minimums).T
+    )
+    return y, bound + 1e-6
 
 
 def _check(kernels, x: np.ndarray, weights: tuple, out: mx.array, bias: np.ndarray | None = None) -> None:
@@ -233,8 +302,9 @@ def test_blocks_decode_as_the_gguf_package_decodes_them(kernels, kind: str, cols
 def test_the_reference_parses_blocks_as_the_gguf_package_does(kind: str) -> None:
     """The reference's own parse of the bytes gives gguf's values: codes * scales + offsets."""
     cols = ODD[kind]
-    raw, (codes, scales, offsets), values = _weights(kind, 37, cols, seed=cols)
+    raw, (codes, scales, offsets, minimums), values = _weights(kind, 37, cols, seed=cols)
     parsed = (codes * scales[..., None]).reshape(37, cols) + np.repeat(offsets, BLOCK, axis=1)
+    parsed += np.repeat(minimums, 16, axis=1)
     assert same_bits(parsed.astype(np.float32), values)
 
 
@@ -357,24 +427,29 @@ def test_large_weights_split_across_threads(integer, kind: str) -> None:
 
 def _edge_blocks(kind: str, cols: int) -> np.ndarray:
     """Five weight rows: all bytes zero; d = dmin = 0 (legacy: d = m = 0) under random codes; every
-    code and scale at its top (legacy: codes; Q8_0's 127); codes at their bottom (Q6_K: -32 times
-    -128, the largest |code|, 4096; Q8_0: -128); scales 0 (legacy: d at float16's largest, 65504)."""
+    code and scale at its top (legacy: codes; Q8_0's 127); codes at their bottom with the largest |scale|
+    (Q6_K: -32 times -128, the largest |code|, 4096; Q3_K: -4 times -32; IQ4_XS: level -127 times -32;
+    Q8_0: -128); scales 0 (legacy: d at float16's largest, 65504)."""
     raw = _blocks(kind, 5, cols, seed=10).reshape(5, _num_blocks(kind, cols), -1)
     f = FIELDS[kind]
     raw[0] = 0
     for name in ("d", "dmin", "m"):
         if name in f:
             raw[1, :, f[name]] = 0
-    top_scale, bottom_scale = (0x7F, 0x80) if kind == "q6_k" else (0xFF, 0xFF)  # Q6_K: int8 127, -128
+    # Bytes of the top and bottom scale: Q6_K's int8 127, -128; Q3_K's and IQ4_XS's 6-bit 63 and 0 (31, -32).
+    top_scale, bottom_scale = {"q6_k": (0x7F, 0x80), "q3_k": (0xFF, 0x00), "iq4_xs": (0xFF, 0x00)}.get(
+        kind, (0xFF, 0xFF)
+    )
     top_code, bottom_code = (0x7F, 0x80) if kind == "q8_0" else (0xFF, 0x00)  # Q8_0: int8 127, -128
+    scale_fields = [name for name in ("scales", "scales_h") if name in f]
     for row, code_byte, scale_byte in ((2, top_code, top_scale), (3, bottom_code, bottom_scale)):
         for name in CODE_FIELDS[kind]:
             raw[row, :, f[name]] = code_byte
-        if "scales" in f:
-            raw[row, :, f["scales"]] = scale_byte
-    if "scales" in f:
-        raw[4, :, f["scales"]] = 0
-    else:
+        for name in scale_fields:
+            raw[row, :, f[name]] = scale_byte
+    for name in scale_fields:
+        raw[4, :, f[name]] = 0
+    if not scale_fields:
         raw[4, :, f["d"]] = np.array([65504.0], np.float16).view(np.uint8)
     return raw.reshape(5, -1)
 
@@ -398,7 +473,7 @@ def test_wrong_calls_are_clear_errors(kernels) -> None:
     legacy = mx.array(_weights("q8_0", 4, 512, seed=12)[0])
     x = mx.array(_activations(2, 512, seed=12))
     blocks_shape = "blocks must be uint8 of shape (N, K / 256 * 144)"
-    kinds = "q4_0, q4_1, q5_0, q5_1, q8_0 (each also as q4_0_runs ...), q4_k, q5_k or q6_k"
+    kinds = "q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl (each also as q4_0_runs ...), q2_k, q3_k, q4_k, q5_k, q6_k or iq4_xs"
     cases = [
         (lambda: kernels.block_linear(x.astype(mx.float16), raw, "q4_k"), "block_linear: x must be float32"),
         (lambda: kernels.block_linear(x, raw.astype(mx.int32), "q4_k"), f"block_linear: {blocks_shape}"),
@@ -407,7 +482,7 @@ def test_wrong_calls_are_clear_errors(kernels) -> None:
         (lambda: kernels.block_linear(x[:, :256], raw, "q4_k"), "rows of a different K than x's last axis"),
         (lambda: kernels.block_linear(x, raw, "q5_1"), "rows of a different K than x's last axis"),  # 384 values
         (lambda: kernels.block_linear(x, legacy[:, :-1], "q8_0"), "blocks must be uint8 of shape (N, K / 32 * 34)"),
-        (lambda: kernels.block_linear(x, raw, "q3_k"), f"unknown block type q3_k: {kinds}"),
+        (lambda: kernels.block_linear(x, raw, "iq2_xs"), f"unknown block type iq2_xs: {kinds}"),
         (lambda: kernels.block_linear(x, raw, "q4_k", mx.zeros((5,))), "bias must be float32 of shape (N,)"),
         (lambda: kernels.block_linear(x, raw, "q4_k", mx.zeros((4,), mx.float16)), "bias must be float32"),
         (lambda: kernels.block_dequantize(raw.astype(mx.int8), "q4_k"), f"block_dequantize: {blocks_shape}"),
@@ -415,6 +490,7 @@ def test_wrong_calls_are_clear_errors(kernels) -> None:
         (lambda: kernels.block_dequantize(raw, "Q4_K"), "unknown block type Q4_K"),
         (lambda: kernels.block_linear(x, raw, "q4_k_runs"), "unknown block type q4_k_runs"),
         (lambda: kernels.block_runs(raw, "q4_k"), "block_runs: q4_k is not a legacy block type"),
+        (lambda: kernels.block_runs(raw, "iq4_xs"), "block_runs: iq4_xs is not a legacy block type"),
         (
             lambda: kernels.block_runs(legacy[:, :-1], "q8_0"),
             "block_runs: blocks must be uint8 of shape (N, K / 32 * 34)",

@@ -1,14 +1,12 @@
-"""A K-quant GGUF run with its Q4_K/Q5_K/Q6_K matrices kept as blocks (the default;
-BASE_KQUANT_BLOCKS=0 turns it off) on the CPU kernels: the layers it gets, and its logits against the
-same file's values run in float32 (the gguf package's decode), on the exact and the integer paths;
-Q3_K and Q2_K tensors of the same model load as before (affine triplets), so one model mixes both kinds."""
+"""A K-quant GGUF run with its Q2_K ... Q6_K matrices kept as blocks (BASE_KQUANT_BLOCKS=0 turns it
+off) on the CPU kernels: the layers it gets, and its logits against the same file's values run in
+float32 (the gguf package's decode), on the exact and the integer paths."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
-import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -30,12 +28,10 @@ IDS = np.arange(3, 19)
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(the K-quant llama, the same values as F32 tensors but its Q2_K head, which loads re-quantized either way)."""
+    """(the K-quant llama, the same values as F32 tensors)."""
     folder = tmp_path_factory.mktemp("kquant")
     path = k_quant_llama(folder / "k.gguf")
     values = {name: (v.astype(np.float32), "F32") for name, v in oracle(path).items()}
-    head = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "output.weight")
-    values["output.weight"] = (np.array(head.data).reshape(head.shape[-1], -1), "Q2_K")
     return path, k_quant_llama(folder / "values.gguf", values)
 
 
@@ -52,14 +48,13 @@ def test_the_k_quant_matrices_become_block_layers(files, blocks_kept) -> None:
     kinds = {name: getattr(attn, name).kind for name in ("q_proj", "k_proj", "o_proj")}
     assert kinds == {"q_proj": "q4_k", "k_proj": "q5_k", "o_proj": "q6_k"}
     assert [getattr(mlp, n).kind for n in ("gate_proj", "up_proj", "down_proj")] == ["q4_k", "q5_k", "q6_k"]
-    assert type(attn.v_proj) is not BlockLinear  # Q3_K: an affine triplet, as without blocks
-    assert type(model.lm_head) is not BlockLinear  # Q2_K: re-quantized, as without blocks
+    assert (attn.v_proj.kind, model.lm_head.kind) == ("q3_k", "q2_k")
 
 
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "integer"])
 def test_logits_match_the_values_run_in_float32(files, blocks_kept, kernels, exact: bool) -> None:
-    """Q3_K and Q2_K are the same (affine triplets) in both; the rest are blocks against their
-    values. The exact path agrees to float32 rounding; the integer path to its activation codes."""
+    """Every matrix's blocks against its values. The exact path agrees to float32 rounding; the integer
+    path to its activation codes."""
     with exact_path(kernels, exact):
         kept = prefill_logits(load_model(files[0], KERNELS).model, IDS)
     expected = prefill_logits(load_model(files[1], FLOAT).model, IDS)
@@ -91,7 +86,7 @@ def test_turned_off_the_file_loads_in_the_affine_form(files, monkeypatch: pytest
     monkeypatch.setenv("BASE_KQUANT_BLOCKS", "0")
     model = load_model(files[0], KERNELS).model
     assert not any(isinstance(m, (BlockLinear, BlockEmbedding)) for _, m in model.named_modules())
-    # Its Q6_K matrices are re-quantized to 8 bits then: the logits move by more than the blocks' integer path does.
+    # Its Q6_K and Q2_K matrices are re-quantized then: the logits move by more than the blocks' integer path does.
     expected = prefill_logits(load_model(files[1], FLOAT).model, IDS)
     assert np.abs(prefill_logits(model, IDS) - expected).max() > 1e-3 * np.abs(expected).max()
 

@@ -43,7 +43,7 @@ MIXED = {
     "blk.0.ffn_down": (256, "Q6_K"),
     "output": (256, "Q8_0"),
 }
-LEGACY = frozenset(t.gguf_type for t in gguf_blocks.BLOCK_TYPES if not t.is_kquant)
+LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # version 3 (IQ4_NL, version 4: test_low_bit_block_models)
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +132,9 @@ def test_the_older_k_quant_setting_turns_only_the_k_quants_off(files, monkeypatc
 
 
 def test_a_setting_that_names_no_block_type_is_a_clear_error(files, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BASE_GGUF_BLOCKS", "q8_0,q3_k")
-    with pytest.raises(ModelConfigError, match=r"^BASE_GGUF_BLOCKS=q8_0,q3_k names Q3_K, which is not a block type"):
+    monkeypatch.setenv("BASE_GGUF_BLOCKS", "q8_0,iq2_xs")
+    message = r"^BASE_GGUF_BLOCKS=q8_0,iq2_xs names IQ2_XS, which is not a block type"
+    with pytest.raises(ModelConfigError, match=message):
         load_model(files[0], KERNELS)
 
 

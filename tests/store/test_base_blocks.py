@@ -1,6 +1,7 @@
 """`.base` block dtypes: GGUF blocks kept byte for byte, the K-quants (`gguf_q4_k`, `gguf_q5_k`,
-`gguf_q6_k`) in version-2 files, the legacy types (`gguf_q4_0` ... `gguf_q8_0`) in version-3 ones;
-files without them stay version 1, byte for byte what they were."""
+`gguf_q6_k`) in version-2 files, the legacy types (`gguf_q4_0` ... `gguf_q8_0`) in version-3 ones,
+`gguf_q2_k`, `gguf_q3_k`, `gguf_iq4_nl` and `gguf_iq4_xs` in version-4 ones; files without them stay
+version 1, byte for byte what they were."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from baselm.store.signing import keygen
 from tests.tiny_gguf import random_blocks
 
 BLOCKS = "model.layers.0.mlp.up_proj.weight"  # (4, 512): 2 blocks a row
-TYPES = [t.gguf_type for t in gguf_blocks.BLOCK_TYPES]  # Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K
+TYPES = [t.gguf_type for t in gguf_blocks.BLOCK_TYPES]  # Q4_0 ... Q8_0, IQ4_NL, Q2_K ... Q6_K, IQ4_XS
+VERSION_4 = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 ROWS, COLS = 4, 512
 
 
@@ -68,7 +70,7 @@ def test_block_tensors_round_trip_byte_for_byte(tmp_path: Path, type_name: str) 
     want = gguf_blocks.dequantize(block_type.dtype, record.data, (ROWS, COLS))
     assert value.dequantize().dtype == mx.float32
     assert np.array_equal(np.array(value.dequantize()), want)
-    assert _version(path) == base.version == (2 if block_type.is_kquant else 3)
+    assert _version(path) == base.version == (4 if type_name in VERSION_4 else 2 if block_type.is_kquant else 3)
     base.verify()
 
 
@@ -104,7 +106,7 @@ def test_from_blocks_takes_flat_bytes_and_keeps_them_uncopied() -> None:
 @pytest.mark.parametrize(
     ("dtype", "data", "shape", "problem"),
     [
-        ("gguf_q3_k", np.zeros((4, 220), np.uint8), (4, 512), "'gguf_q3_k' is not a block dtype"),
+        ("gguf_iq2_xs", np.zeros((4, 148), np.uint8), (4, 512), "'gguf_iq2_xs' is not a block dtype"),
         ("gguf_q4_k", np.zeros(288, np.uint8), (288 * 8,), "a gguf_q4_k tensor is a matrix"),
         ("gguf_q4_k", np.zeros((4, 216), np.uint8), (4, 384), "gguf_q4_k rows hold whole blocks of 256 values"),
         ("gguf_q8_0", np.zeros((4, 51), np.uint8), (4, 48), "gguf_q8_0 rows hold whole blocks of 32 values"),
@@ -186,8 +188,25 @@ def test_a_file_with_legacy_blocks_is_version_3_with_k_quant_blocks_or_without(t
     assert (tensors[BLOCKS].dtype, tensors["model.layers.0.mlp.gate_proj.weight"].dtype) == ("gguf_q5_0", "gguf_q6_k")
 
 
+@pytest.mark.parametrize("type_name", VERSION_4)
+def test_a_file_with_q2_k_q3_k_or_iq4_blocks_is_version_4_with_other_blocks_or_without(
+    tmp_path: Path, type_name: str
+) -> None:
+    alone = _write(tmp_path / "a.base", type_name)
+    both = [*small_tensors(), (BLOCKS, _record(type_name)), ("model.layers.0.mlp.gate_proj.weight", _record("Q8_0"))]
+    mixed = write_base_file(tmp_path / "b.base", both, **HEADER_FIELDS)
+    assert (_version(alone), _version(mixed)) == (4, 4)
+    dtype = gguf_blocks.BY_GGUF_TYPE[type_name].dtype
+    assert BaseFile.open(mixed).load(verify=True)[BLOCKS].dtype == dtype
+
+
 @pytest.mark.parametrize(
-    ("type_name", "versions", "read"), [("Q4_K", (1,), "version 1"), ("Q8_0", (1, 2), "versions 1 and 2")]
+    ("type_name", "versions", "read"),
+    [
+        ("Q4_K", (1,), "version 1"),
+        ("Q8_0", (1, 2), "versions 1 and 2"),
+        *((name, (1, 2, 3), "versions 1, 2 and 3") for name in VERSION_4),
+    ],
 )
 def test_a_build_that_knows_no_such_blocks_refuses_the_file_by_its_version(
     tmp_path: Path, monkeypatch, type_name: str, versions: tuple[int, ...], read: str
@@ -265,7 +284,9 @@ def test_block_entries_are_checked(tmp_path: Path, mutate, problem: str) -> None
     assert _problem(assemble(tmp_path / "m.base", canonical_json(header), blob, version=2)) == problem
 
 
-@pytest.mark.parametrize(("type_name", "version"), [("Q4_K", 1), ("Q4_0", 1), ("Q4_0", 2)])
+@pytest.mark.parametrize(
+    ("type_name", "version"), [("Q4_K", 1), ("Q4_0", 1), ("Q4_0", 2), ("Q3_K", 3), ("Q2_K", 2), ("IQ4_NL", 3)]
+)
 def test_a_block_dtype_in_a_file_of_an_earlier_version_is_an_error(
     tmp_path: Path, type_name: str, version: int
 ) -> None:

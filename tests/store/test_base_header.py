@@ -48,11 +48,11 @@ def test_bad_magic(tmp_path: Path) -> None:
     ("version", "problem"),
     [
         (
-            4,
-            "its version is 4, and this build reads versions 1, 2 and 3; a newer base wrote it, so upgrade base to "
-            "read it",
+            5,
+            "its version is 5, and this build reads versions 1, 2, 3 and 4; a newer base wrote it, so upgrade base "
+            "to read it",
         ),
-        (0, "its version is 0, and this build reads versions 1, 2 and 3"),
+        (0, "its version is 0, and this build reads versions 1, 2, 3 and 4"),
     ],
 )
 def test_other_version(tmp_path: Path, version: int, problem: str) -> None:
@@ -161,8 +161,8 @@ def _set(tensor: str, **fields):
         (
             _set(NORM_NAME, dtype="f64"),
             f"tensor {NORM_NAME!r} has dtype 'f64'; expected one of f32, f16, bf16, base_q2, base_q3, base_q4, "
-            "base_q5, base_q6, base_q8, gguf_q4_0, gguf_q4_1, gguf_q5_0, gguf_q5_1, gguf_q8_0, gguf_q4_k, gguf_q5_k, "
-            "gguf_q6_k",
+            "base_q5, base_q6, base_q8, gguf_q4_0, gguf_q4_1, gguf_q5_0, gguf_q5_1, gguf_q8_0, gguf_iq4_nl, gguf_q2_k, "
+            "gguf_q3_k, gguf_q4_k, gguf_q5_k, gguf_q6_k, gguf_iq4_xs",
         ),
         (_set(NORM_NAME, group_size=32), f"tensor {NORM_NAME!r} (f32) has missing or unexpected keys: group_size"),
         (

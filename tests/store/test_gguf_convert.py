@@ -100,10 +100,10 @@ def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
 
 
 def test_an_unsupported_tensor_type_is_refused_by_name(tmp_path: Path) -> None:
-    blocks = np.random.default_rng(0).integers(0, 256, size=(4, 4 * 18), dtype=np.uint8)  # 4 IQ4_NL blocks a row
-    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (blocks, "IQ4_NL")})
+    blocks = np.random.default_rng(0).integers(0, 256, size=(4, 2 * 66), dtype=np.uint8)  # 2 IQ2_XXS blocks a row
+    path = write_gguf(tmp_path / "w.gguf", {"w.weight": (blocks, "IQ2_XXS")})
     message = (
-        r"w\.gguf: tensor 'w\.weight' is GGUF type IQ4_NL, which base cannot read; base reads F32, F16, BF16, Q4_0"
+        r"w\.gguf: tensor 'w\.weight' is GGUF type IQ2_XXS, which base cannot read; base reads F32, F16, BF16, Q4_0"
     )
     with pytest.raises(UnsupportedModelError, match=message):
         gguf_store.GGUFFile.open(path).check_types()

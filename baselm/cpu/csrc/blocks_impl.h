@@ -1,6 +1,7 @@
 // Every GGUF block type (kernels.h's BlockType) as blocks of 32 values, each 32 integer codes and
 // an affine pair (s, c), value = s * code + c: the K-quants' sub-blocks (kquants_impl.h) and the
 // legacy blocks (legacy_blocks_impl.h) behind one interface, for the integer and float kernels.
+// Q2_K adds an offset per 16 values (has_half_offsets, q2k_half_offsets): its two minimums a block of 32.
 // Included inside each instruction set's anonymous namespace, after those two.
 
 // The (s, c) of blocks b .. b + count of a row of `blocks` blocks (count <= 8; a K-quant row's
@@ -51,15 +52,18 @@ inline void block_decode_row_as(const uint8_t* row, int K, float* dst) {
   }
 #endif
   alignas(64) int16_t codes[32];
-  float s[8], c[8];
+  float s[8], c[8], c16[16];
   const int blocks = K / 32;
   for (int b = 0; b < blocks; b += 8) {
     const int count = blocks - b < 8 ? blocks - b : 8;
     run_affine<TYPE>(row, b, count, blocks, s, c);
+    if constexpr (has_half_offsets(TYPE)) q2k_half_offsets(row + (b / 8) * block_bytes(TYPE), c16);
     for (int j = 0; j < count; ++j) {
       block_codes<TYPE>(row, b + j, blocks, codes);
       float* out = dst + 32 * (b + j);
-      for (int l = 0; l < 32; ++l) out[l] = s[j] * static_cast<float>(codes[l]) + c[j];
+      for (int l = 0; l < 32; ++l) {  // s * code is exact, so each value is one rounding, llama.cpp's
+        out[l] = s[j] * static_cast<float>(codes[l]) + (has_half_offsets(TYPE) ? c16[2 * j + l / 16] : c[j]);
+      }
     }
   }
 }
@@ -67,6 +71,11 @@ inline void block_decode_row_as(const uint8_t* row, int K, float* dst) {
 // The K float32 values of one row of blocks of `type`.
 inline void block_decode_row(int type, const uint8_t* row, int K, float* dst) {
   switch (type) {
+    case kQ2K: return block_decode_row_as<kQ2K>(row, K, dst);
+    case kQ3K: return block_decode_row_as<kQ3K>(row, K, dst);
+    case kIQ4XS: return block_decode_row_as<kIQ4XS>(row, K, dst);
+    case kIQ4NL: return block_decode_row_as<kIQ4NL>(row, K, dst);
+    case kIQ4NLRuns: return block_decode_row_as<kIQ4NLRuns>(row, K, dst);
     case kQ4K: return block_decode_row_as<kQ4K>(row, K, dst);
     case kQ5K: return block_decode_row_as<kQ5K>(row, K, dst);
     case kQ6K: return block_decode_row_as<kQ6K>(row, K, dst);

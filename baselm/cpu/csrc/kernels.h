@@ -22,17 +22,22 @@ struct DenseArgs {
 enum ScaleType : int { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
 
 // GGUF blocks kept as the file holds them, named by a weight's `bits` (above every affine width),
-// in llama.cpp's layouts (ggml-common.h): the K-quants' super-blocks of 256 values (block_q4_K,
-// block_q5_K, block_q6_K) and the legacy blocks of 32 (block_q4_0, block_q4_1, block_q5_0,
-// block_q5_1, block_q8_0). A row of K values is K / block_values blocks, back to back.
+// in llama.cpp's layouts (ggml-common.h): the super-blocks of 256 values (block_q2_K, block_q3_K,
+// block_q4_K, block_q5_K, block_q6_K, block_iq4_xs) and the blocks of 32 (block_q4_0, block_q4_1,
+// block_q5_0, block_q5_1, block_q8_0, block_iq4_nl; the "legacy" family, IQ4_NL being Q4_0's layout
+// with its codes looked up in a table). A row of K values is K / block_values blocks, back to back.
 enum BlockType : int {
+  kQ2K = 102,
+  kQ3K = 103,
   kQ4K = 104,
   kQ5K = 105,
   kQ6K = 106,
+  kIQ4XS = 107,
   kQ4_0 = 110,
   kQ4_1 = 111,
   kQ5_0 = 112,
   kQ5_1 = 113,
+  kIQ4NL = 114,
   kQ8_0 = 118,
   // The legacy types with each full run of 8 blocks stored field by field (block_runs): the 8 d,
   // the 8 m, the 8 qh, then the 8 qs, the same bytes in the same place as the run's 8 blocks; a
@@ -42,14 +47,18 @@ enum BlockType : int {
   kQ4_1Runs = 121,
   kQ5_0Runs = 122,
   kQ5_1Runs = 123,
+  kIQ4NLRuns = 124,
   kQ8_0Runs = 128,
 };
 constexpr int kRunsOffset = kQ4_0Runs - kQ4_0;
 constexpr int kSuperBlock = 256;
 constexpr int kLegacyBlock = 32;
-constexpr bool is_kquant(int bits) { return bits == kQ4K || bits == kQ5K || bits == kQ6K; }
+// The super-block types (named K-quants here for the most of them; IQ4_XS is one too).
+constexpr bool is_kquant(int bits) {
+  return bits == kQ2K || bits == kQ3K || bits == kQ4K || bits == kQ5K || bits == kQ6K || bits == kIQ4XS;
+}
 constexpr bool is_legacy_file_block(int bits) {
-  return bits == kQ4_0 || bits == kQ4_1 || bits == kQ5_0 || bits == kQ5_1 || bits == kQ8_0;
+  return bits == kQ4_0 || bits == kQ4_1 || bits == kQ5_0 || bits == kQ5_1 || bits == kQ8_0 || bits == kIQ4NL;
 }
 constexpr bool is_legacy_runs(int bits) { return is_legacy_file_block(bits - kRunsOffset); }
 constexpr bool is_legacy_block(int bits) { return is_legacy_file_block(bits) || is_legacy_runs(bits); }
@@ -60,10 +69,14 @@ constexpr bool is_block(int bits) { return is_kquant(bits) || is_legacy_block(bi
 constexpr int block_values(int type) { return is_kquant(type) ? kSuperBlock : kLegacyBlock; }
 constexpr int block_bytes(int type) {
   switch (legacy_file_type(type)) {
+    case kQ2K: return 84;
+    case kQ3K: return 110;
     case kQ4K: return 144;
     case kQ5K: return 176;
     case kQ6K: return 210;
+    case kIQ4XS: return 136;
     case kQ4_0: return 18;
+    case kIQ4NL: return 18;
     case kQ4_1: return 20;
     case kQ5_0: return 22;
     case kQ5_1: return 24;
@@ -79,6 +92,10 @@ constexpr bool legacy_has_high_bits(int type) {
   return legacy_file_type(type) == kQ5_0 || legacy_file_type(type) == kQ5_1;
 }
 constexpr bool legacy_is_q8(int type) { return legacy_file_type(type) == kQ8_0; }
+// IQ4_NL: Q4_0's nibbles, each an index into the 16 values of kIQ4Values (value = d * kIQ4Values[q]).
+constexpr bool legacy_is_iq4(int type) { return legacy_file_type(type) == kIQ4NL; }
+// llama.cpp's kvalues_iq4nl: the 16 int8 levels IQ4_NL's and IQ4_XS's 4-bit codes index.
+constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 // Where qs starts in a block (qh, where there is one, is the 4 bytes before it): the bytes of its
 // d, m and qh fields.
 constexpr int legacy_qs_at(int type) { return 2 + (legacy_has_min(type) ? 2 : 0) + (legacy_has_high_bits(type) ? 4 : 0); }

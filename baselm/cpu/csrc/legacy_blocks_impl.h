@@ -9,12 +9,13 @@
 //   Q5_0  22     d | qh[4] | qs[16]        d * (q - 16)
 //   Q5_1  24     d | m | qh[4] | qs[16]    d * q + m
 //   Q8_0  34     d | qs[32] (int8)         d * q
+//   IQ4_NL 18    d | qs[16]                d * kIQ4Values[q]
 // Nibble byte l of qs holds value l (low half) and value l + 16 (high half); bit l of the
 // little-endian u32 qh is bit 4 of value l. A block comes out as 32 integer codes in natural order
-// (q, signed for Q8_0) and one affine pair (s, c), value = s * code + c: s = d, and c = m (Q4_1,
-// Q5_1), -8d (Q4_0), -16d (Q5_0) or 0 (Q8_0). d * code, -8d and -16d are exact in float32 (at most
-// 11 + 8 significant bits), so each value is llama.cpp's own: exact for Q4_0, Q5_0 and Q8_0, one
-// rounding of d * q + m for Q4_1 and Q5_1, as llama.cpp rounds it.
+// (q, signed for Q8_0, kIQ4Values[q] for IQ4_NL) and one affine pair (s, c), value = s * code + c:
+// s = d, and c = m (Q4_1, Q5_1), -8d (Q4_0), -16d (Q5_0) or 0 (Q8_0, IQ4_NL). d * code, -8d and -16d
+// are exact in float32 (at most 11 + 8 significant bits), so each value is llama.cpp's own: exact for
+// Q4_0, Q5_0, Q8_0 and IQ4_NL, one rounding of d * q + m for Q4_1 and Q5_1, as llama.cpp rounds it.
 
 // Where one block's fields are: together in the block (the file's layout), or in its run's field
 // arrays (kQ*Runs: a run's 8 d at its start, then 8 m, 8 qh and 8 qs; 8 times the fields' bytes
@@ -74,6 +75,8 @@ inline void legacy_codes(const LegacyBlock& block, int16_t* out) {
   const uint8_t* qs = block.qs;
   if constexpr (legacy_is_q8(TYPE)) {
     for (int l = 0; l < 32; ++l) out[l] = static_cast<int8_t>(qs[l]);
+  } else if constexpr (legacy_is_iq4(TYPE)) {
+    for (int l = 0; l < 16; ++l) out[l] = kIQ4Values[qs[l] & 15], out[l + 16] = kIQ4Values[qs[l] >> 4];
   } else {
     const uint32_t qh = legacy_has_high_bits(TYPE) ? legacy_high_bits(block.qh) : 0;
     for (int l = 0; l < 16; ++l) {
@@ -84,6 +87,15 @@ inline void legacy_codes(const LegacyBlock& block, int16_t* out) {
 }
 
 #if defined(__AVX2__)
+// 16 bytes of nibbles (value l low in byte l, value l + 16 high) looked up in kIQ4Values in
+// registers (pshufb), widened to 16-bit codes: values 0-15 in lo, 16-31 in hi.
+inline void iq4_code_lanes(const uint8_t* qs, __m256i& lo, __m256i& hi) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values));
+  const __m128i low4 = _mm_set1_epi8(0x0f), bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(bytes, low4)));
+  hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), low4)));
+}
+
 // legacy_codes in registers, two vectors of 16-bit codes (values 0-15, 16-31): the 16 nibble bytes
 // widened to 16 bits give the low nibbles (values 0-15) and the high ones (16-31); a Q5 block's fifth
 // bits come from qh, each lane testing its own bit; Q8_0's bytes are widened with their sign.
@@ -94,6 +106,8 @@ inline void legacy_code_lanes(const LegacyBlock& block, __m256i& lo, __m256i& hi
   if constexpr (legacy_is_q8(TYPE)) {
     lo = _mm256_cvtepi8_epi16(bytes16(qs));
     hi = _mm256_cvtepi8_epi16(bytes16(qs + 16));
+  } else if constexpr (legacy_is_iq4(TYPE)) {
+    iq4_code_lanes(qs, lo, hi);
   } else {
     const __m256i v = _mm256_cvtepu8_epi16(bytes16(qs));
     lo = _mm256_and_si256(v, _mm256_set1_epi16(0x0f));

@@ -126,8 +126,18 @@ int scale_type(mx::Dtype dtype) {
 // One call's integer activations, per calling (stream) thread.
 struct QBuffers {
   std::vector<int16_t> q;  // int8 codes use the first half
-  std::vector<float> d, sum, qsum;
+  std::vector<float> d, sum, qsum, half_sum;
 };
+
+// The float sums of each 16 values of M rows of x (row stride K): what Q2_K's minimums, one per 16
+// values, meet (the other types' offsets meet the sums of their groups, which quantize() writes).
+void half_sums(const float* x, int M, int K, float* out) {
+  for (int64_t h = 0; h < static_cast<int64_t>(M) * K / 16; ++h) {
+    float total = 0.0f;
+    for (int i = 0; i < 16; ++i) total += x[16 * h + i];
+    out[h] = total;
+  }
+}
 
 // Bits per activation code: 16 (default: near-exact, integer products through maddwd/dpwssd)
 // or 8 (llama.cpp's choice: fewer operations per weight at many rows, larger logit error).
@@ -152,7 +162,13 @@ QActivations quantized_buffers(const QdotKernels& kern, const float* x, int M, i
   }
   kern.quantize(x, K, M, K, bits, group_size, width, buffers.q.data(), buffers.d.data(), buffers.sum.data(),
                 buffers.qsum.data());
-  return QActivations{buffers.q.data(), width, buffers.d.data(), buffers.sum.data(), buffers.qsum.data()};
+  float* half_sum = nullptr;
+  if (bits == kQ2K) {
+    if (buffers.half_sum.size() < values / 16) buffers.half_sum.resize(values / 16);
+    half_sum = buffers.half_sum.data();
+    half_sums(x, M, K, half_sum);
+  }
+  return QActivations{buffers.q.data(), width, buffers.d.data(), buffers.sum.data(), buffers.qsum.data(), half_sum};
 }
 
 // The reordered activations of one affine call, per calling (stream) thread.
@@ -295,6 +311,8 @@ mx::array affine_linear(const mx::array& x, const mx::array& codes, const mx::ar
 
 // The BlockType of a name (GGUF's type name in lower case).
 int block_type(const std::string& name) {
+  if (name == "q2_k") return kQ2K;
+  if (name == "q3_k") return kQ3K;
   if (name == "q4_k") return kQ4K;
   if (name == "q5_k") return kQ5K;
   if (name == "q6_k") return kQ6K;
@@ -303,13 +321,16 @@ int block_type(const std::string& name) {
   if (name == "q5_0") return kQ5_0;
   if (name == "q5_1") return kQ5_1;
   if (name == "q8_0") return kQ8_0;
+  if (name == "iq4_nl") return kIQ4NL;
+  if (name == "iq4_xs") return kIQ4XS;
   const std::string runs = "_runs";  // a legacy type in the runs layout (block_runs)
   if (name.size() > runs.size() && name.compare(name.size() - runs.size(), runs.size(), runs) == 0) {
     const int type = block_type(name.substr(0, name.size() - runs.size()));
     if (is_legacy_file_block(type)) return type + kRunsOffset;
   }
   throw std::invalid_argument("unknown block type " + name +
-                              ": q4_0, q4_1, q5_0, q5_1, q8_0 (each also as q4_0_runs ...), q4_k, q5_k or q6_k");
+                              ": q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl (each also as q4_0_runs ...), q2_k, q3_k, "
+                              "q4_k, q5_k, q6_k or iq4_xs");
 }
 
 // blocks (R, K / block values * block bytes) uint8: the row width K they hold, checked.
@@ -402,6 +423,7 @@ void runs_layout(int type, const uint8_t* in, int64_t ld, int64_t rows, int bloc
     case kQ4_1: return runs_layout_as<kQ4_1>(in, ld, rows, blocks, out);
     case kQ5_0: return runs_layout_as<kQ5_0>(in, ld, rows, blocks, out);
     case kQ5_1: return runs_layout_as<kQ5_1>(in, ld, rows, blocks, out);
+    case kIQ4NL: return runs_layout_as<kIQ4NL>(in, ld, rows, blocks, out);
     default: return runs_layout_as<kQ8_0>(in, ld, rows, blocks, out);
   }
 }
@@ -447,7 +469,8 @@ class BlockRuns : public mx::UnaryPrimitive {
 mx::array block_runs(const mx::array& blocks, const std::string& kind) {
   const int type = block_type(kind);
   if (!is_legacy_file_block(type))
-    throw std::invalid_argument("block_runs: " + kind + " is not a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0)");
+    throw std::invalid_argument("block_runs: " + kind +
+                                " is not a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl)");
   block_width(blocks, type, "block_runs");
   return mx::array(blocks.shape(), mx::uint8, std::make_shared<BlockRuns>(mx::default_stream(mx::Device::cpu), type),
                    {blocks});
@@ -583,10 +606,11 @@ void register_linear(nb::module_& m) {
         "x (..., K) @ dequantize(codes, scales, biases).T (+ bias), decoding the weight as it streams.");
   m.def("block_linear", &block_linear, nb::arg("x"), nb::arg("blocks"), nb::arg("kind"),
         nb::arg("bias") = nb::none(),
-        "x (..., K) @ W.T (+ bias), W rows of GGUF blocks (kind q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k; "
+        "x (..., K) @ W.T (+ bias), W rows of GGUF blocks (kind q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q2_k, q3_k, "
+        "q4_k, q5_k, q6_k or iq4_xs; "
         "a legacy kind with _runs: block_runs' layout; uint8 (N, bytes)).");
   m.def("block_runs", &block_runs, nb::arg("blocks"), nb::arg("kind"),
-        "Rows of legacy GGUF blocks (kind q4_0 ... q8_0) in the runs layout the kernels read fastest (kind "
+        "Rows of legacy GGUF blocks (kind q4_0 ... q8_0, iq4_nl) in the runs layout the kernels read fastest (kind "
         "q4_0_runs ...): each full run of 8 blocks field by field (8 d, 8 m, 8 qh, 8 qs), the same bytes.");
   m.def("block_dequantize", &block_dequantize, nb::arg("blocks"), nb::arg("kind"),
         "The float32 values (R, K) of R rows of GGUF blocks (uint8 (R, bytes)).");

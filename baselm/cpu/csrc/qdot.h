@@ -25,6 +25,7 @@ struct QActivations {
   const float* d;  // (M, K / 32): block scales
   const float* sum;  // (M, K / gs): float sums of each weight group's unquantized values
   const float* qsum;  // (M, K / gs): sums over the group's blocks of d times the block's codes
+  const float* half_sum;  // (M, K / 16): float sums of each 16 unquantized values (Q2_K's minimums), or nullptr
 };
 
 struct QdotArgs {
@@ -61,8 +62,9 @@ inline bool qdot_supports(int bits, int group_size, int K) {
   return width && groups && K % group_size == 0;
 }
 
-// A weight row's group scales and biases as float32 (the generic loops widen them there).
-inline int64_t qdot_scratch_floats(int K) { return 2 * (K / kQBlock) + 16; }
+// A weight row's group scales and biases as float32 (the generic loops widen them there), and a
+// Q2_K row's offsets per 16 values.
+inline int64_t qdot_scratch_floats(int K) { return 4 * (K / kQBlock) + 16; }
 
 namespace generic {
 const QdotKernels& qdot_kernels();

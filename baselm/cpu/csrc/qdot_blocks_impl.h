@@ -1,12 +1,13 @@
 // The AVX2 / AVX-512 integer loops over GGUF blocks (kquants_impl.h and legacy_blocks_impl.h give
-// the layouts), included by qdot_impl.h inside its AVX2 section. A row is taken in runs of 8
-// blocks of 32 values (a K-quant super-block; 8 legacy blocks, the row's last run maybe fewer):
-// the run's 8 (s, c) pairs widened once into registers, each block decoded in registers into two
-// vectors of 16-bit codes (natural order) that meet the 16-bit activation codes in multiply-adds
-// as the affine blocks do. For a batch of rows, Q6_K's codes carry their 8-bit scale (mullo), so
-// every block is one integer sum and one FMA, and its blocks are decoded a super-block at a time
-// into a small buffer (q6k_decode); a row alone (one decode stream) takes them in registers
-// (q6k_row_alone).
+// the layouts; Q2_K's minimums, one per 16 values, meet the activations' sums over those values),
+// included by qdot_impl.h inside its AVX2 section. A row is taken in runs of 8 blocks of 32 values
+// (a super-block; 8 legacy blocks, the row's last run maybe fewer): the run's 8 (s, c) pairs widened
+// once into registers, each block decoded in registers into two vectors of 16-bit codes (natural
+// order) that meet the 16-bit activation codes in multiply-adds as the affine blocks do. For a
+// batch of rows, Q6_K's codes carry their 8-bit scale (mullo), and Q2_K's and Q3_K's their 4- or
+// 6-bit one, so every block is one integer sum and one FMA, and their blocks are decoded a
+// super-block at a time into a small buffer (q6k_decode, low_bits_decode); a row alone (one decode
+// stream) takes them in registers (q6k_row_alone, low_bits_row_alone).
 
 template <int TYPE>
 inline WeightBlock<int16_t> kquant_block(const uint8_t* sb, int j) {
@@ -15,7 +16,13 @@ inline WeightBlock<int16_t> kquant_block(const uint8_t* sb, int j) {
   const __m256i low4 = _mm256_set1_epi16(0x0f);
   auto widened = [](const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
   auto nibble = [&](__m256i v, bool high) { return high ? _mm256_srli_epi16(v, 4) : _mm256_and_si256(v, low4); };
-  static_assert(TYPE != kQ6K, "Q6_K blocks are decoded a super-block at a time (q6k_decode)");
+  static_assert(TYPE != kQ6K && TYPE != kQ3K && TYPE != kQ2K,
+                "Q6_K, Q3_K and Q2_K blocks are decoded a super-block at a time (q6k_decode, low_bits_decode)");
+  if constexpr (TYPE == kIQ4XS) {
+    WeightBlock<int16_t> w;
+    iq4_code_lanes(sb + 8 + 16 * j, w.lo, w.hi);
+    return w;
+  }
   const uint8_t* qs = sb + (TYPE == kQ4K ? 16 : 48) + 32 * (j / 2);
   __m256i lo = nibble(widened(qs), j & 1), hi = nibble(widened(qs + 16), j & 1);
   if constexpr (TYPE == kQ5K) {  // bit j of byte i of qh: value i's fifth bit, moved to bit 4
@@ -85,8 +92,20 @@ inline void first_halves(const uint8_t* p, int64_t stride, __m256& d, __m256& m)
 // kquant_affine in registers: the 8 blocks' s and c of super-block sb.
 template <int TYPE>
 inline void kquant_affine_lanes(const uint8_t* sb, __m256& s, __m256& c) {
-  if constexpr (TYPE == kQ6K) {
-    s = _mm256_set1_ps(half_at(sb + 208));
+  if constexpr (TYPE == kQ6K || TYPE == kQ3K || TYPE == kQ2K) {
+    s = _mm256_set1_ps(half_at(sb + kquant_d_at(TYPE)));
+    c = _mm256_setzero_ps();
+  } else if constexpr (TYPE == kIQ4XS) {  // s = d * (ls - 32): low nibbles of scales_l, 2 bits of scales_h
+    uint32_t scales_l;
+    __builtin_memcpy(&scales_l, sb + 4, sizeof scales_l);
+    const __m128i each_twice = _mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(scales_l)),
+                                                _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m256i low = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(each_twice), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+    const __m256i high =
+        _mm256_srlv_epi32(_mm256_set1_epi32(sb[2] | sb[3] << 8), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m256i ls = _mm256_or_si256(_mm256_and_si256(low, _mm256_set1_epi32(15)),
+                                       _mm256_slli_epi32(_mm256_and_si256(high, _mm256_set1_epi32(3)), 4));
+    s = _mm256_mul_ps(_mm256_set1_ps(half_at(sb)), _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
     c = _mm256_setzero_ps();
   } else {
     uint64_t scales, mins;
@@ -117,8 +136,27 @@ inline void run_affine_lanes(const uint8_t* row, int b, __m256& s, __m256& c) {
   }
 }
 
-// Whether blocks of TYPE have an offset c that meets the activations' block sums (Q6_K and Q8_0: none).
-constexpr bool has_offsets(int type) { return type != kQ6K && !legacy_is_q8(type); }
+// Whether blocks of TYPE have an offset c that meets the activations' block sums (Q4_K, Q5_K and the
+// legacy types with a zero point or minimum; Q2_K's offsets are per 16 values, add_half_offsets).
+constexpr bool has_offsets(int type) {
+  return type == kQ4K || type == kQ5K || (is_legacy_block(type) && !legacy_is_q8(type) && !legacy_is_iq4(type));
+}
+
+// Q2_K's offsets per 16 values (q2k_half_offsets) of the super-block at sb (blocks b .. b + 7)
+// against the MR rows' sums of those values, into each row's last accumulator.
+template <int MR, int ACCS>
+inline void add_half_offsets(const QdotArgs& a, const uint8_t* sb, int m0, int b, __m256 (*acc)[ACCS]) {
+  const __m128i mins = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb)), 4),
+                                     _mm_set1_epi8(0x0f));
+  const __m256 minus_dmin = _mm256_set1_ps(-half_at(sb + 82));
+  const __m256 c0 = _mm256_mul_ps(minus_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mins)));
+  const __m256 c1 = _mm256_mul_ps(minus_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mins, 8))));
+  for (int m = 0; m < MR; ++m) {
+    const float* sums = a.x.half_sum + static_cast<int64_t>(m0 + m) * (a.K / 16) + 2 * b;
+    acc[m][ACCS - 1] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(sums), acc[m][ACCS - 1]);
+    acc[m][ACCS - 1] = _mm256_fmadd_ps(c1, _mm256_loadu_ps(sums + 8), acc[m][ACCS - 1]);
+  }
+}
 
 // Block j of the run from block b (K-quants: the super-block's sub-block j); IN_RUN: of a full
 // run (a legacy row's last blocks are not, and keep the file's layout in either).
@@ -203,11 +241,125 @@ inline __m256 q6k_row_alone(const QdotArgs& a, int n, int m0) {
   return _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
 #endif
 }
+// Q3_K's 16 scales less 32 (q3k_scale) as int8 lanes, from its 12 packed bytes q (at 96, d after
+// them): the low nibbles of bytes 0-7, then their high nibbles, with bit pairs 0-1, 2-3, 4-5, 6-7 of
+// bytes 8-11 above each four.
+inline __m128i q3k_scale_lanes(const uint8_t* q) {
+  // The 16 bytes ending with d (all within the super-block), moved down to start at q.
+  const __m128i packed = _mm_srli_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q - 2)), 2);
+  const __m128i low4 = _mm_set1_epi8(0x0f);
+  const __m128i low = _mm_unpacklo_epi64(_mm_and_si128(packed, low4), _mm_and_si128(_mm_srli_epi16(packed, 4), low4));
+  const __m128i pairs = _mm_shuffle_epi32(packed, _MM_SHUFFLE(2, 2, 2, 2));  // bytes 8-11, four times
+  __m128i high = _mm_blend_epi32(pairs, _mm_srli_epi16(pairs, 2), 0x2);
+  high = _mm_blend_epi32(high, _mm_srli_epi16(pairs, 4), 0x4);
+  high = _mm_blend_epi32(high, _mm_srli_epi16(pairs, 6), 0x8);
+  high = _mm_slli_epi16(_mm_and_si128(high, _mm_set1_epi8(3)), 4);
+  return _mm_sub_epi8(_mm_or_si128(low, high), _mm_set1_epi8(32));
+}
+
+// A Q2_K/Q3_K super-block's bytes as the blocks' codes take them: per 128 values its 32 bytes of 2-bit
+// fields widened to 16 bits (bits[2 g], bits[2 g + 1]: values 0-15 and 16-31 of blocks 4g .. 4g + 3),
+// and Q3_K's 32 hmask bytes widened and inverted (set where a code is less 4). A block's codes are
+// then shifts and masks in these lanes, with no shuffles (low_bits_block).
+template <int TYPE>
+struct LowBits {
+  __m256i bits[4], cleared[2];
+  explicit LowBits(const uint8_t* sb) {
+    auto widened = [](const uint8_t* p) {
+      return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    };
+    for (int h = 0; h < 4; ++h) bits[h] = widened(sb + (TYPE == kQ3K ? 32 : 16) + 16 * h);
+    if constexpr (TYPE == kQ3K) {
+      for (int h = 0; h < 2; ++h) cleared[h] = _mm256_xor_si256(widened(sb + 16 * h), _mm256_set1_epi16(0xff));
+    }
+  }
+  // Block j's codes, values 0-15 in q[0] and 16-31 in q[1] (Q2_K: q; Q3_K: q - 4 where its bit is clear).
+  void block(int j, __m256i* q) const {
+    for (int h = 0; h < 2; ++h) {
+      q[h] = _mm256_and_si256(_mm256_srli_epi16(bits[2 * (j / 4) + h], 2 * (j % 4)), _mm256_set1_epi16(3));
+      if constexpr (TYPE == kQ3K) {  // bit j of the inverted hmask moved to bit 2: 4 or 0
+        const __m256i at2 = j >= 2 ? _mm256_srli_epi16(cleared[h], j - 2) : _mm256_slli_epi16(cleared[h], 2 - j);
+        q[h] = _mm256_sub_epi16(q[h], _mm256_and_si256(at2, _mm256_set1_epi16(4)));
+      }
+    }
+  }
+};
+
+// The 16 scales of a Q2_K/Q3_K super-block (one per 16 values) as int8 lanes: Q2_K's low nibbles of
+// scales[16], Q3_K's 6-bit scales less 32.
+template <int TYPE>
+inline __m128i low_bits_scales(const uint8_t* sb) {
+  if constexpr (TYPE == kQ3K) return q3k_scale_lanes(sb + 96);
+  return _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb)), _mm_set1_epi8(15));
+}
+
+// A Q2_K/Q3_K super-block's 8 blocks as 16-bit codes times their 16-value scales, into w (256 values),
+// as q6k_decode does for Q6_K: a batch of rows takes each block decoded once.
+template <int TYPE>
+inline void low_bits_decode(const uint8_t* sb, int16_t* w) {
+  alignas(16) int8_t sc[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(sc), low_bits_scales<TYPE>(sb));
+  const LowBits<TYPE> fields(sb);
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    __m256i q[2];
+    fields.block(j, q);
+    for (int h = 0; h < 2; ++h)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(w + 32 * j + 16 * h),
+                         _mm256_mullo_epi16(q[h], _mm256_set1_epi16(sc[2 * j + h])));
+  }
+}
+
+// A Q2_K or Q3_K weight row against one activation row alone, its blocks decoded in registers
+// (LowBits): each block's two halves meet the row in a maddwd each and take their 16-value scale in
+// the float FMAs (the half's scale times d dx_j), as q6k_row_alone does; Q2_K's minimums meet the
+// row's sums of 16 values.
+template <int TYPE>
+inline __m256 low_bits_row_alone(const QdotArgs& a, int n, int m0) {
+  constexpr int kBytes = block_bytes(TYPE);
+  constexpr int64_t ahead = 2048;
+  const int blocks = a.K / B;
+  const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
+  const int16_t* xq = static_cast<const int16_t*>(a.x.q) + static_cast<int64_t>(m0) * a.K;
+  const float* d = a.x.d + static_cast<int64_t>(m0) * blocks;
+  __m256 acc[1][4] = {{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}};
+  alignas(32) float scale[16];
+  for (int b = 0; b < blocks; b += 8) {
+    const uint8_t* sb = row + (b / 8) * kBytes;
+    for (int line = 0; line < kBytes; line += 64) __builtin_prefetch(sb + ahead + line, 0, 3);
+    const int16_t* x = xq + b * B;
+    const __m128i sc8 = low_bits_scales<TYPE>(sb);
+    const __m256 dx = _mm256_mul_ps(_mm256_loadu_ps(d + b), _mm256_set1_ps(half_at(sb + kquant_d_at(TYPE))));
+    _mm256_store_ps(scale, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)),
+                                         _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3))));
+    _mm256_store_ps(scale + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))),
+                                             _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7))));
+    const LowBits<TYPE> fields(sb);
+    __asm__ volatile("" ::: "memory");  // the scales' FMAs then broadcast from memory, not by shuffles
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      __m256i q[2];
+      fields.block(j, q);
+      const __m256i p0 = _mm256_madd_epi16(q[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j * B)));
+      const __m256i p1 = _mm256_madd_epi16(q[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j * B + 16)));
+      acc[0][j % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcast_ss(scale + 2 * j), acc[0][j % 2]);
+      acc[0][2 + j % 2] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(scale + 2 * j + 1), acc[0][2 + j % 2]);
+    }
+    if constexpr (has_half_offsets(TYPE)) add_half_offsets<1, 4>(a, sb, m0, b, acc);
+  }
+  return _mm256_add_ps(_mm256_add_ps(acc[0][0], acc[0][1]), _mm256_add_ps(acc[0][2], acc[0][3]));
+}
+
 // weight_row_lanes for a row of GGUF blocks (activation group sums over blocks of 32).
 template <int TYPE, int MR, int ACCS>
 inline void block_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
   if constexpr (TYPE == kQ6K && MR == 1 && ACCS == 4) {  // a row alone (a batch's rows sum as one another)
     lanes[0] = q6k_row_alone(a, n, m0);
+    return;
+  }
+  if constexpr ((TYPE == kQ3K || TYPE == kQ2K) && MR == 1 && ACCS == 4) {
+    lanes[0] = low_bits_row_alone<TYPE>(a, n, m0);
     return;
   }
   constexpr int kBytes = block_bytes(TYPE);
@@ -227,22 +379,24 @@ inline void block_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
     for (int i = 0; i < ACCS; ++i) acc[m][i] = _mm256_setzero_ps();
   // The run's 8 block scales times each row's, in lanes: kept in registers, a lane picked by a
   // permute (broadcasts from memory went through spilled pointers: 8 activation rows 9-20% faster
-  // on Q4_0 and Q8_0); Q6_K's, beside its decoded blocks, from memory (5% faster there).
+  // on Q4_0 and Q8_0); for the types decoded a super-block at a time into q6 (Q6_K, Q3_K, Q2_K),
+  // beside those blocks, from memory (5% faster on Q6_K).
+  constexpr bool kDecoded = TYPE == kQ6K || TYPE == kQ3K || TYPE == kQ2K;
   __m256 sd[MR];
-  alignas(32) float sd_kept[TYPE == kQ6K ? MR : 1][8];
-  alignas(32) int16_t q6[TYPE == kQ6K ? kSuperBlock : 1];
+  alignas(32) float sd_kept[kDecoded ? MR : 1][8];
+  alignas(32) int16_t q6[kDecoded ? kSuperBlock : 1];
   auto scale_of = [&](int m, int j) {
-    if constexpr (TYPE == kQ6K) return _mm256_broadcast_ss(&sd_kept[m][j]);
+    if constexpr (kDecoded) return _mm256_broadcast_ss(&sd_kept[m][j]);
     return _mm256_permutevar8x32_ps(sd[m], _mm256_set1_epi32(j));
   };
   auto set_scales = [&](int m, __m256 v) {
-    if constexpr (TYPE == kQ6K) _mm256_store_ps(sd_kept[m], v);
+    if constexpr (kDecoded) _mm256_store_ps(sd_kept[m], v);
     sd[m] = v;
   };
   // Block b + j against the rows, its scale times theirs (scale_of), into accumulator `into`.
   auto add_block = [&](auto in_run, int b, int j, int into) {  // in_run: std::true_type in a full run
     WeightBlock<int16_t> w;
-    if constexpr (TYPE == kQ6K) {
+    if constexpr (kDecoded) {
       w = WeightBlock<int16_t>{_mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j)),
                                _mm256_load_si256(reinterpret_cast<const __m256i*>(q6 + 32 * j + 16))};
     } else {
@@ -267,7 +421,9 @@ inline void block_row_lanes(const QdotArgs& a, int n, int m0, __m256* lanes) {
         acc[m][ACCS - 1] = _mm256_fmadd_ps(cv, _mm256_loadu_ps(sums[m] + b), acc[m][ACCS - 1]);
       set_scales(m, _mm256_mul_ps(sv, _mm256_loadu_ps(d[m] + b)));
     }
+    if constexpr (has_half_offsets(TYPE)) add_half_offsets<MR, ACCS>(a, run, m0, b, acc);
     if constexpr (TYPE == kQ6K) q6k_decode(run, q6);
+    if constexpr (TYPE == kQ3K || TYPE == kQ2K) low_bits_decode<TYPE>(run, q6);
     // Unrolled, so that the accumulators stay in registers (a loop indexing them kept them in memory).
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) add_block(std::true_type{}, b, j, j % ACCS);

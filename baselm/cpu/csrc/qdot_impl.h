@@ -565,11 +565,15 @@ void matmul_blocks(const QdotArgs& a, int n0, int n1, float* scratch) {
   const int blocks = a.K / B;
   float* s = scratch;
   float* c = scratch + blocks;
+  float* c16 = scratch + 2 * blocks;  // Q2_K: the offsets per 16 values
   alignas(64) int16_t w[kUnpackBlocks * B];
   float total[kRowsAtOnce];
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = a.codes + static_cast<int64_t>(n) * a.ld_bytes;
-    for (int b = 0; b < blocks; b += 8) run_affine<TYPE>(row, b, blocks - b < 8 ? blocks - b : 8, blocks, s + b, c + b);
+    for (int b = 0; b < blocks; b += 8) {
+      run_affine<TYPE>(row, b, blocks - b < 8 ? blocks - b : 8, blocks, s + b, c + b);
+      if constexpr (has_half_offsets(TYPE)) q2k_half_offsets(row + b / 8 * block_bytes(TYPE), c16 + 2 * b);
+    }
     for (int m0 = 0; m0 < a.M; m0 += kRowsAtOnce) {
       const int rows = a.M - m0 < kRowsAtOnce ? a.M - m0 : kRowsAtOnce;
       for (int m = 0; m < rows; ++m) total[m] = 0.0f;
@@ -584,6 +588,10 @@ void matmul_blocks(const QdotArgs& a, int n0, int n1, float* scratch) {
             t += s[b0 + j] * xd[j] * static_cast<float>(wide_block_dot(w + j * B, xq + j * B));
           total[m] = t;
         }
+      }
+      if constexpr (has_half_offsets(TYPE)) {
+        for (int m = 0; m < rows; ++m)
+          total[m] += dot_floats(c16, a.x.half_sum + static_cast<int64_t>(m0 + m) * (a.K / 16), a.K / 16);
       }
       for (int m = 0; m < rows; ++m)
         a.y[static_cast<int64_t>(m0 + m) * a.ldy + n] = total[m] + row_terms(a, n, m0 + m, s, c, 0);
@@ -607,6 +615,11 @@ void matmul_as(const QdotArgs& a, int n0, int n1, float* scratch) {
 
 void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
   switch (a.bits) {
+    case kQ2K: return matmul_blocks<kQ2K>(a, n0, n1, scratch);
+    case kQ3K: return matmul_blocks<kQ3K>(a, n0, n1, scratch);
+    case kIQ4XS: return matmul_blocks<kIQ4XS>(a, n0, n1, scratch);
+    case kIQ4NL: return matmul_blocks<kIQ4NL>(a, n0, n1, scratch);
+    case kIQ4NLRuns: return matmul_blocks<kIQ4NLRuns>(a, n0, n1, scratch);
     case kQ4K: return matmul_blocks<kQ4K>(a, n0, n1, scratch);
     case kQ5K: return matmul_blocks<kQ5K>(a, n0, n1, scratch);
     case kQ6K: return matmul_blocks<kQ6K>(a, n0, n1, scratch);

@@ -1,4 +1,5 @@
-"""Handing freed memory back to the OS while a model loads, and when a server falls idle.
+"""Handing freed memory back to the OS while a model loads, and when a server falls idle; a server's
+malloc arenas capped.
 
 Loading frees as much as it keeps: unfused and unpermuted tensors, a file's converted copies,
 a vocabulary's strings. MLX keeps freed buffers in a cache of its own, and glibc keeps freed
@@ -26,6 +27,25 @@ def release_freed_memory() -> None:
             ctypes.CDLL(None).malloc_trim(0)
         except (OSError, AttributeError):  # not glibc
             pass
+
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+SERVER_ARENAS = 2
+
+
+def limit_malloc_arenas(arenas: int = SERVER_ARENAS) -> bool:
+    """Caps glibc's malloc arenas for the threads made from now on (a server's request threads).
+
+    By default each thread that meets a busy arena gets one of its own, up to 8 per core, and what a
+    burst of requests leaves scattered in a new arena stays resident: under the abuse of many slow
+    and vanishing clients on a loaded 2-core machine, RSS grew 50 MiB, 22 MiB of it in two new arenas,
+    and stayed there after the idle release; with 2 arenas it grew 7 MiB. False off glibc."""
+    if sys.platform.startswith("linux"):
+        try:
+            return ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas) == 1
+        except (OSError, AttributeError):  # not glibc
+            pass
+    return False
 
 
 class _Work:

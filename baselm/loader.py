@@ -81,7 +81,7 @@ def model_from_checkpoint(
     files converted from GGUF) has no HF name: it goes to the model's RoPE, not among its weights."""
     factors = weights.pop(ROPE_FREQS, None)
     if any(gguf_blocks.split_name(name) for name in weights):  # a GGUF's or a `.base` pulled from one
-        from baselm.store.gguf import blocks_as_triplets  # deltas and slices take affine triplets
+        from baselm.store.gguf_affine import blocks_as_triplets  # deltas and slices take affine triplets
 
         blocks_as_triplets(weights, keep=kept_block_types(backend, shard, adapters))
     if adapters:

@@ -38,7 +38,8 @@ import numpy as np
 from baselm.store.base_format import to_float32
 from baselm.store.base_writer import TensorRecord
 from baselm.store.errors import ModelFileError, UnsupportedModelError
-from baselm.store.gguf import GGUFFile, record_arrays
+from baselm.store.gguf import GGUFFile
+from baselm.store.gguf_affine import record_arrays
 from baselm.store.quantize import dequantize_record
 
 # clip.projector_type -> the HF model_type of the whole model, and its image placeholder token

@@ -102,7 +102,7 @@ def gguf_type_action(type_name: str, kept: frozenset[str] = frozenset()) -> str:
     """What a pull does with tensors of one GGUF type, and a run here (`kept`: the types whose blocks
     run as they are on this machine), in a few words."""
     from baselm.gguf_blocks import BY_GGUF_TYPE as BLOCK_TYPES
-    from baselm.store.gguf import affine_form
+    from baselm.store.gguf_affine import affine_form
     from baselm.store.gguf_quants import FLOAT_TYPES, READABLE
 
     if type_name in FLOAT_TYPES:

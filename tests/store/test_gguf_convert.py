@@ -18,6 +18,7 @@ import pytest
 
 from baselm import gguf_blocks
 from baselm.store import gguf as gguf_store
+from baselm.store import gguf_affine
 from baselm.store.base_reader import BlockArray, read_base_file
 from baselm.store.base_writer import TensorRecord
 from baselm.store.convert import convert
@@ -223,10 +224,10 @@ def test_a_legacy_tensor_kept_as_blocks_is_its_bytes_and_converts_to_the_exact_t
     assert (kept.dtype, kept.shape, kept.bits) == (f"gguf_{type_name.lower()}", (8, 96), None)
     assert np.shares_memory(kept.data, gguf_file.raw(gguf_file.tensors["w.weight"]))
     assert same_bits(gguf_blocks.dequantize(kept.dtype, kept.data, kept.shape), oracle(path)["w.weight"])
-    weights = gguf_store.record_arrays("w.weight", kept)
+    weights = gguf_affine.record_arrays("w.weight", kept)
     assert list(weights) == [f"w.{type_name.lower()}"]
-    gguf_store.blocks_as_triplets(weights, keep=frozenset(set(BITS) - {type_name}))
-    expected = gguf_store.record_arrays("w.weight", read_one(path))
+    gguf_affine.blocks_as_triplets(weights, keep=frozenset(set(BITS) - {type_name}))
+    expected = gguf_affine.record_arrays("w.weight", read_one(path))
     assert sorted(weights) == sorted(expected) == ["w.biases", "w.scales", "w.weight"]
     assert all(mx.array_equal(weights[name], expected[name]).item() for name in expected)
 
@@ -234,7 +235,7 @@ def test_a_legacy_tensor_kept_as_blocks_is_its_bytes_and_converts_to_the_exact_t
 def test_blocks_as_triplets_leaves_the_kept_types_as_they_are(tmp_path: Path) -> None:
     blocks = mx.array(random_blocks("Q8_0", 4, 64))
     weights = {"a.q8_0": blocks, "b.q4_0": mx.array(random_blocks("Q4_0", 4, 64)), "c.weight": mx.zeros((2,))}
-    gguf_store.blocks_as_triplets(weights, keep=frozenset({"Q8_0"}))
+    gguf_affine.blocks_as_triplets(weights, keep=frozenset({"Q8_0"}))
     assert sorted(weights) == ["a.q8_0", "b.biases", "b.scales", "b.weight", "c.weight"]
     assert weights["a.q8_0"] is blocks
 

@@ -19,7 +19,7 @@ from baselm import gguf_blocks
 from baselm.backend import Backend
 from baselm.loader import load_model
 from baselm.store import gguf as gguf_store
-from baselm.store import gguf_kquants
+from baselm.store import gguf_affine, gguf_kquants
 from baselm.store.base_reader import BaseFile, read_base_file
 from baselm.store.convert import convert
 from baselm.store.gguf_kquants import K_SCHEMES, RequantError
@@ -264,7 +264,7 @@ def test_a_tensor_s_mapped_pages_go_once_the_consumer_has_its_record(
     gguf_names = {hf_name: name for hf_name, name, _ in checkpoint._placed}
     kept = frozenset(gguf_blocks.BY_GGUF_TYPE) if keep_blocks else frozenset()
     for name, _, record in checkpoint.records(keep_blocks=kept):
-        gguf_store.record_arrays(name, record)
+        gguf_affine.record_arrays(name, record)
         events.append(("copied", gguf_names.get(name, name)))
     for index, (event, name) in enumerate(events):
         if event == "copied":

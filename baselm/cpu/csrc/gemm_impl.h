@@ -69,15 +69,20 @@ inline void panel_block(const float* panel, int rows, int n, const float* x, int
     const int k1 = min_int(K, k0 + kGemmSliceK);
     int m = 0;
     for (; m + MB <= M; m += MB) panel_rows<MB>(panel, rows, n, x + m * ldx, ldx, k0, k1, K, bias, y + m * ldy, ldy);
-    const float* xm = x + m * ldx;
-    float* ym = y + m * ldy;
-    switch (M - m) {
-      case 0: break;
-      case 1: panel_rows<1>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
-      case 2: panel_rows<(MB > 2 ? 2 : 1)>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
-      case 3: panel_rows<(MB > 3 ? 3 : 1)>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
-      case 4: panel_rows<(MB > 4 ? 4 : 1)>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
-      default: panel_rows<(MB > 5 ? 5 : 1)>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
+    // The rest (fewer than MB rows: up to 5 on AVX2, 11 on AVX-512, 2 generic) in tiles of at most 6.
+    while (m < M) {
+      const int r = min_int(M - m, 6);
+      const float* xm = x + m * ldx;
+      float* ym = y + m * ldy;
+      switch (r) {
+        case 1: panel_rows<1>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
+        case 2: panel_rows<(MB >= 2 ? 2 : 1)>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
+        case 3: panel_rows<(MB >= 3 ? 3 : 1)>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
+        case 4: panel_rows<(MB >= 4 ? 4 : 1)>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
+        case 5: panel_rows<(MB >= 5 ? 5 : 1)>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
+        default: panel_rows<(MB >= 6 ? 6 : 1)>(panel, rows, n, xm, ldx, k0, k1, K, bias, ym, ldy); break;
+      }
+      m += r;
     }
   }
 }

@@ -15,7 +15,7 @@ from baselm.commands.model import ModelArgs, is_follower, open_model, run_follow
 from baselm.commands.options import GenerationOptions
 from baselm.config import ConfigError, EngineConfig
 from baselm.duration import parse_duration
-from baselm.memory import limit_malloc_arenas
+from baselm.memory import tune_malloc_for_serving
 
 if TYPE_CHECKING:
     from baselm.api.app import PoolSetup
@@ -158,7 +158,7 @@ def pd_options(pd: str | None, role: str | None, dist: DistOptions | None) -> PD
 def serve(args: ServeArgs) -> NoReturn:
     """Serves until SIGINT/SIGTERM, then ends the process. A rank other than 0 of a tensor-parallel
     group follows rank 0 instead, and ends the process with it."""
-    limit_malloc_arenas()  # before the server's threads: what bursts leave in their own arenas stays resident
+    tune_malloc_for_serving()  # before the server's threads: what bursts leave in arenas stays resident
     warn_without_cpu_kernels(args.model.device)
     if args.pd is not None:
         from baselm.commands.serve_pd import serve_pd

@@ -35,9 +35,9 @@ def test_nothing_is_released_while_work_is_recent() -> None:
 
 ARENAS_SCRIPT = r"""
 import ctypes, sys, threading
-from baselm.memory import limit_malloc_arenas
+from baselm.memory import tune_malloc_for_serving
 
-assert limit_malloc_arenas(2)
+assert tune_malloc_for_serving(2)
 libc = ctypes.CDLL(None)
 libc.fopen.restype = ctypes.c_void_p
 libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
@@ -69,3 +69,42 @@ def test_a_server_caps_its_malloc_arenas(tmp_path) -> None:
     info = tmp_path / "malloc_info.xml"
     subprocess.run([sys.executable, "-c", ARENAS_SCRIPT, str(info)], check=True, timeout=120)
     assert 1 <= info.read_text().count("<heap nr=") <= 2
+
+
+MMAP_SCRIPT = r"""
+import ctypes, re, sys
+from baselm.memory import tune_malloc_for_serving
+
+if sys.argv[2] == "tuned":
+    assert tune_malloc_for_serving()
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+
+def mmapped():
+    out = libc.fopen(sys.argv[1].encode(), b"w")
+    libc.malloc_info(0, out)
+    libc.fclose(out)
+    with open(sys.argv[1]) as f:
+        return int(re.search(r'<total type="mmap" count="(\d+)"', f.read()).group(1))
+
+big = bytearray(16 * 2**20)  # a 16 MiB buffer, mmapped and freed: glibc's threshold rises to it
+del big
+before = mmapped()
+kept = [bytearray(2**20) for _ in range(8)]  # 8 buffers of 1 MiB, alive
+print(mmapped() - before)
+"""
+
+
+@pytest.mark.parametrize(("mode", "mapped"), [("default", 0), ("tuned", 8)])
+def test_a_servers_buffers_of_a_mib_get_pages_of_their_own(tmp_path, mode: str, mapped: int) -> None:
+    """Once a 16 MiB buffer has been freed, glibc carves later 1 MiB buffers out of its heap, where the
+    small objects beside them keep their pages resident after they are freed; `base serve` fixes the
+    threshold at 256 KiB, so they are mmapped (malloc_info's count of mmapped chunks) and go back
+    when freed."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc's malloc: Linux only")
+    command = [sys.executable, "-c", MMAP_SCRIPT, str(tmp_path / "malloc_info.xml"), mode]
+    done = subprocess.run(command, check=True, timeout=120, capture_output=True, text=True)
+    assert int(done.stdout) == mapped

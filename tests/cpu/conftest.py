@@ -3,7 +3,8 @@ instruction set this CPU runs, so every compiled path is checked, not only the w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -26,3 +27,28 @@ def kernels(request: pytest.FixtureRequest) -> Iterator[Any]:
     cpu.kernels.set_isa(request.param)
     yield cpu.kernels
     cpu.kernels.set_isa(before)
+
+
+def off_the_main_thread(call: Callable[[], object]) -> object:
+    """call() on a thread of its own, its arrays on that thread's stream; what it raised is raised here.
+
+    For evaluations meant to fail: MLX (0.32) raises a stream's error on the main thread when the next
+    task is queued there, after it has counted that task as running, so a failed evaluation on the main
+    thread can leave the count one too high for good; past 10, any later evaluation with nothing else
+    running waits forever (a whole suite's run hung so). Off the main thread nothing is counted twice.
+    The arrays `call` takes from this thread must have been evaluated here: a thread cannot run another
+    thread's stream."""
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread as it was
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")

@@ -15,7 +15,7 @@ import pytest
 
 from baselm import cpu, dense_attention
 from baselm.dense_attention import dense_attention_reference
-from tests.cpu.conftest import requires_kernels
+from tests.cpu.conftest import off_the_main_thread, requires_kernels
 
 CASES = {
     "siglip_d72": (300, 4, 72, None),
@@ -96,4 +96,6 @@ def test_bad_inputs_are_refused_with_a_reason():
     with pytest.raises(ValueError, match="int32"):
         cpu.kernels.dense_attention(q, k, v, 0.1, bounds.astype(mx.int64))
     with pytest.raises(RuntimeError, match="end at the sequence length 10"):
-        mx.eval(cpu.kernels.dense_attention(q, k, v, 0.1, mx.array([0, 9], dtype=mx.int32)))
+        bad = mx.array([0, 9], dtype=mx.int32)
+        mx.eval(q, k, v, bad)  # made here; another thread's evaluation cannot run this thread's stream
+        off_the_main_thread(lambda: mx.eval(cpu.kernels.dense_attention(q, k, v, 0.1, bad)))

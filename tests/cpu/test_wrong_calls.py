@@ -14,7 +14,7 @@ import mlx.core as mx
 import pytest
 
 from baselm import cpu
-from tests.cpu.conftest import requires_kernels
+from tests.cpu.conftest import off_the_main_thread, requires_kernels
 
 pytestmark = requires_kernels
 
@@ -107,9 +107,10 @@ WRONG_INDICES = {
 @pytest.mark.parametrize("why", list(WRONG_INDICES))
 def test_indices_outside_their_arrays_fail_the_evaluation_before_a_row_is_read(why: str):
     changes, message = WRONG_INDICES[why]
-    out = cpu.kernels.paged_attention(**_attention_args(**changes))
-    with pytest.raises(RuntimeError, match=message):
-        mx.eval(out)
+    args = _attention_args(**changes)
+    mx.eval([value for value in args.values() if isinstance(value, mx.array)], args["key_parts"], args["value_parts"])
+    with pytest.raises(RuntimeError, match=message):  # inputs made here, the failing call on a thread of its own
+        off_the_main_thread(lambda: mx.eval(cpu.kernels.paged_attention(**args)))
 
 
 @pytest.mark.parametrize(
@@ -242,6 +243,9 @@ def test_a_wrong_layer_call_is_a_value_error_before_any_work(why: str):
 
 
 def test_a_layer_step_naming_a_block_past_the_pool_fails_its_evaluation():
-    out, keys, values = cpu.kernels.decoder_layer(**_layer_args(block_tables=mx.array([[3, 9]], dtype=mx.int32)))
-    with pytest.raises(RuntimeError, match=r"block_tables\[0\]\[1\] is 9, outside the pool's 4 blocks"):
+    def step() -> None:
+        out, _, _ = cpu.kernels.decoder_layer(**_layer_args(block_tables=mx.array([[3, 9]], dtype=mx.int32)))
         mx.eval(out)
+
+    with pytest.raises(RuntimeError, match=r"block_tables\[0\]\[1\] is 9, outside the pool's 4 blocks"):
+        off_the_main_thread(step)

@@ -19,14 +19,20 @@ import time
 import mlx.core as mx
 
 
+def _glibc_call(name: str, *args: int) -> bool:
+    """libc's `name`(*args) returned 1; False off Linux or off glibc (no such function)."""
+    if sys.platform.startswith("linux"):
+        try:
+            return getattr(ctypes.CDLL(None), name)(*args) == 1
+        except (OSError, AttributeError):  # not glibc
+            pass
+    return False
+
+
 def release_freed_memory() -> None:
     """Empties MLX's cache of freed buffers and, on glibc, returns the heap's free pages."""
     mx.clear_cache()
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass
+    _glibc_call("malloc_trim", 0)
 
 
 M_ARENA_MAX = -8  # glibc's mallopt parameters
@@ -47,13 +53,7 @@ def tune_malloc_for_serving(arenas: int = SERVER_ARENAS, mmap_threshold: int = S
     carved from an arena and pin its pages between the small objects that outlive them: after the same
     abuse an arena held 9-27 MiB more than before it, trimmed or not; with the size fixed at 256 KiB
     such buffers go back to the system when freed. False off glibc."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None)
-            return libc.mallopt(M_ARENA_MAX, arenas) == 1 and libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1
-        except (OSError, AttributeError):  # not glibc
-            pass
-    return False
+    return _glibc_call("mallopt", M_ARENA_MAX, arenas) and _glibc_call("mallopt", M_MMAP_THRESHOLD, mmap_threshold)
 
 
 class _Work:

@@ -33,15 +33,28 @@ def test_nothing_is_released_while_work_is_recent() -> None:
     assert not release.idle()
 
 
-ARENAS_SCRIPT = r"""
-import ctypes, sys, threading
+# glibc's malloc_info, written to a file: one <heap> per arena, and a total of the chunks mmapped
+MALLOC_INFO = r"""
+import ctypes, re, sys, threading
 from baselm.memory import tune_malloc_for_serving
 
-assert tune_malloc_for_serving(2)
 libc = ctypes.CDLL(None)
 libc.fopen.restype = ctypes.c_void_p
 libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
 libc.fclose.argtypes = [ctypes.c_void_p]
+
+def malloc_info(path):
+    out = libc.fopen(path.encode(), b"w")
+    libc.malloc_info(0, out)
+    libc.fclose(out)
+    with open(path) as f:
+        return f.read()
+"""
+
+ARENAS_SCRIPT = (
+    MALLOC_INFO
+    + r"""
+assert tune_malloc_for_serving(2)
 start = threading.Barrier(16)
 
 def churn():
@@ -55,10 +68,9 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-out = libc.fopen(sys.argv[1].encode(), b"w")
-libc.malloc_info(0, out)
-libc.fclose(out)
+malloc_info(sys.argv[1])
 """
+)
 
 
 def test_a_server_caps_its_malloc_arenas(tmp_path) -> None:
@@ -71,23 +83,14 @@ def test_a_server_caps_its_malloc_arenas(tmp_path) -> None:
     assert 1 <= info.read_text().count("<heap nr=") <= 2
 
 
-MMAP_SCRIPT = r"""
-import ctypes, re, sys
-from baselm.memory import tune_malloc_for_serving
-
+MMAP_SCRIPT = (
+    MALLOC_INFO
+    + r"""
 if sys.argv[2] == "tuned":
     assert tune_malloc_for_serving()
-libc = ctypes.CDLL(None)
-libc.fopen.restype = ctypes.c_void_p
-libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
-libc.fclose.argtypes = [ctypes.c_void_p]
 
 def mmapped():
-    out = libc.fopen(sys.argv[1].encode(), b"w")
-    libc.malloc_info(0, out)
-    libc.fclose(out)
-    with open(sys.argv[1]) as f:
-        return int(re.search(r'<total type="mmap" count="(\d+)"', f.read()).group(1))
+    return int(re.search(r'<total type="mmap" count="(\d+)"', malloc_info(sys.argv[1])).group(1))
 
 big = bytearray(16 * 2**20)  # a 16 MiB buffer, mmapped and freed: glibc's threshold rises to it
 del big
@@ -95,6 +98,7 @@ before = mmapped()
 kept = [bytearray(2**20) for _ in range(8)]  # 8 buffers of 1 MiB, alive
 print(mmapped() - before)
 """
+)
 
 
 @pytest.mark.parametrize(("mode", "mapped"), [("default", 0), ("tuned", 8)])

@@ -155,6 +155,11 @@ class Watch:
                 self.beside_kv.setdefault(phase, []).append(rss - self.server.kv_resident())
 
 
+def back_within_tolerance(before: int, after: int) -> bool:
+    """An RSS reading `after` within RSS_TOLERANCE above `before`."""
+    return after <= before * (1 + RSS_TOLERANCE)
+
+
 def baseline(watch: Watch) -> int:
     """RSS less the KV pools' resident pages after the warm-up: the least of its readings, as after the
     abuse (the server hands freed memory back once it has been idle a second)."""
@@ -174,7 +179,7 @@ def abuse(server: Server, watch: Watch, report: Report, model: str) -> None:
     while time.monotonic() - began < AFTER_ABUSE_S:
         time.sleep(1)
         after = watch.beside_kv.get("after abuse", [])
-        if len(after) >= 3 and min(after) <= before * (1 + RSS_TOLERANCE):
+        if len(after) >= 3 and back_within_tolerance(before, min(after)):
             break
     watch.after_abuse_s = time.monotonic() - began
 
@@ -334,7 +339,7 @@ def _judge_abuse(watch: Watch, report: Report, latency_target: bool) -> None:
     before, after = baseline(watch), min(watch.beside_kv.get("after abuse", [0]))
     report.check(
         "RSS after abuse (less the KV pool's resident pages)",
-        after <= before * (1 + RSS_TOLERANCE),
+        back_within_tolerance(before, after),
         f"{before / 2**20:.0f} MiB before, {after / 2**20:.0f} MiB after, read for {watch.after_abuse_s:.0f} s "
         f"(target: within {RSS_TOLERANCE:.0%} within {AFTER_ABUSE_S:.0f} s)",
     )
@@ -355,7 +360,7 @@ def _judge_soak(watch: Watch, report: Report, end: dict[str, float], log: Path) 
     tail = second[-max(1, len(second) // 4) :] if second else [0]
     report.check(
         "RSS flat under load",
-        bool(second) and max(tail) <= warm * (1 + RSS_TOLERANCE),
+        bool(second) and back_within_tolerance(warm, max(tail)),
         f"{warm / 2**20:.0f} MiB after warm-up, {max(tail) / 2**20:.0f} MiB at most in the last quarter",
     )
     busy = {

@@ -87,34 +87,63 @@ def _weights(kind: str, rows: int, cols: int, seed: int) -> tuple[np.ndarray, tu
     return raw, parse(kind, raw, cols), _values(kind, raw, cols)
 
 
-def reference(x: np.ndarray, fields: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(y, bound): x @ W.T with 16-bit activation codes, in float64, and its rounding bound."""
+# What the 8-bit GEMM adds to a code to make it unsigned (the offset goes into the sub-block's c).
+SHIFT = {"q8_0": 128, "iq4_nl": 128, "iq4_xs": 128, "q6_k": 32, "q3_k": 4}
+
+
+def reference(
+    x: np.ndarray, fields: tuple[np.ndarray, ...], bits: int = 16, shift: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(y, bound): x @ W.T with 16- or 8-bit activation codes, in float64, and its rounding bound. The
+    few-row integer path (shift None): offsets meet the float sums of their 32 values, Q2_K's minimums
+    those of their 16. The VNNI GEMM past qdot_max_rows rows (shift: what it adds to the kind's codes,
+    SHIFT): both meet the sums of the quantized values (d times the codes' sum), and the bound counts
+    the codes moved up by `shift`."""
     codes, scales, offsets, minimums = fields
+    top = np.float32(32767 if bits == 16 else 127)
     m, k = x.shape
     blocks = x.reshape(m, k // BLOCK, BLOCK)
-    d = np.abs(blocks).max(-1) / np.float32(32767)  # (m, k / 32) float32
+    d = np.abs(blocks).max(-1) / top  # (m, k / 32) float32
     inverse = np.where(d != 0, np.float32(1) / np.where(d == 0, np.float32(1), d), np.float32(0)).astype(np.float32)
-    q = np.clip(np.rint(blocks * inverse[..., None]), -32767, 32767).astype(np.float64)
+    q = np.clip(np.rint(blocks * inverse[..., None]), -top, top).astype(np.float64)
     groups, size = codes.shape[1:]
-    # (groups, m, size) @ (groups, size, n): integer sums below 2^33, exact in float64
-    dots = np.matmul(q.reshape(m, groups, size).transpose(1, 0, 2), codes.transpose(1, 2, 0)).transpose(1, 2, 0)
-    terms = dots * scales[None] * np.repeat(d.astype(np.float64), BLOCK // size, axis=1)[:, None, :]  # (m, n, groups)
-    # Offsets meet the float sums of their 32 values, Q2_K's minimums (one per 16 values) those of their 16.
-    halves = x.reshape(m, k // 16, 16).astype(np.float64)
-    y = terms.sum(-1) + blocks.astype(np.float64).sum(-1) @ offsets.T + halves.sum(-1) @ minimums.T
+
+    def products(a: np.ndarray, c: np.ndarray) -> np.ndarray:  # (groups, m, size) @ (groups, size, n): exact sums
+        return np.matmul(a.reshape(m, groups, size).transpose(1, 0, 2), c.transpose(1, 2, 0)).transpose(1, 2, 0)
+
+    dx = np.repeat(d.astype(np.float64), BLOCK // size, axis=1)[:, None, :]
+    terms = products(q, codes) * scales[None] * dx  # (m, n, groups)
+    sums = blocks.astype(np.float64) if shift is None else q * d.astype(np.float64)[..., None]
+    halves = sums.reshape(m, k // 16, 16)
+    y = terms.sum(-1) + sums.sum(-1) @ offsets.T + halves.sum(-1) @ minimums.T
+    if shift is None:
+        magnitude = np.abs(terms).sum(-1)
+    else:  # the kernel's integer sums are of the moved codes, and its offsets take the shift back out
+        magnitude = (products(np.abs(q), np.abs(codes) + shift) * np.abs(scales[None] * dx)).sum(-1)
+        magnitude += shift * np.abs(sums.reshape(m, groups, size).sum(-1)) @ np.abs(scales).T
     bound = RTOL * (
-        np.abs(terms).sum(-1) + np.abs(blocks).sum(-1) @ np.abs(offsets).T + np.abs(halves).sum(-1) @ np.abs(minimums).T
+        magnitude
+        + np.abs(sums.reshape(m, k // BLOCK, BLOCK)).sum(-1) @ np.abs(offsets).T
+        + np.abs(halves).sum(-1) @ np.abs(minimums).T
     )
     return y, bound + 1e-6
 
 
-def _check(kernels, x: np.ndarray, weights: tuple, out: mx.array, bias: np.ndarray | None = None) -> None:
-    """out against the path the kernels take for x: the integer reference, or the float product."""
+def _check(
+    kernels, x: np.ndarray, weights: tuple, out: mx.array, bias: np.ndarray | None = None, kind: str = ""
+) -> None:
+    """out against the path the kernels take for x: the 16-bit integer reference (up to qdot_max_rows
+    rows), the GEMM's (past them, where the ISA has the VNNI GEMM: activation_bits() codes), or the
+    float product."""
     _, fields, values = weights
     actual = np.array(out, dtype=np.float64)
-    if kernels.exact() or x.shape[0] > kernels.qdot_max_rows():
+    many = x.shape[0] > kernels.qdot_max_rows()
+    if kernels.exact() or (many and not kernels.integer_gemm()):
         x64, w64 = x.astype(np.float64), values.astype(np.float64)
         expected, bound = x64 @ w64.T, FLOAT_RTOL * (np.abs(x64) @ np.abs(w64).T) + 1e-6
+    elif many:
+        assert kind, "the GEMM's reference needs the kind (its codes' shift)"
+        expected, bound = reference(x, fields, bits=kernels.activation_bits(), shift=SHIFT.get(kind, 0))
     else:
         expected, bound = reference(x, fields)
     if bias is not None:
@@ -146,13 +175,13 @@ def test_the_reference_parses_blocks_as_the_gguf_package_does(kind: str) -> None
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_number_of_rows_up_to_32_and_past_it(integer, kind: str) -> None:
     """Register tiles of 1-4 activation rows and their remainders, one row alone, up to qdot_max_rows;
-    33, the first past it, on the float GEMM."""
+    33, the first past it, on the GEMM (8-bit activations with VNNI, float32 ones elsewhere)."""
     assert integer.qdot_max_rows() == 32
     cols = ODD[kind]
     weights = _weights(kind, 37, cols, seed=1)
     for rows in range(1, 34):
         x = _activations(rows, cols, seed=rows)
-        _check(integer, x, weights, _linear(integer, x, kind, weights[0]))
+        _check(integer, x, weights, _linear(integer, x, kind, weights[0]), kind=kind)
 
 
 @pytest.mark.parametrize(("kind", "cols"), KIND_WIDTHS)
@@ -163,7 +192,7 @@ def test_every_row_width_and_weight_tile_remainder(integer, kind: str, cols: int
         weights = _weights(kind, n, cols, seed=n)
         for rows in (1, 2, 3, 4, 7, 32):
             x = _activations(rows, cols, seed=100 * n + rows)
-            _check(integer, x, weights, _linear(integer, x, kind, weights[0]))
+            _check(integer, x, weights, _linear(integer, x, kind, weights[0]), kind=kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -182,12 +211,14 @@ def test_the_integer_path_follows_16_bit_codes_not_float_activations(integer, ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_past_32_rows_the_dense_float_matmul(integer, kind: str) -> None:
+def test_past_32_rows_the_gemm(integer, kind: str) -> None:
+    """The int8 GEMM's tiles of 48, 32 and 16 rows (rows rounded up to 16: 33 -> 48, 100 -> 112 as 48 +
+    48 + 16, 130 -> 144 as 3 x 48), or the float GEMM where the ISA has no VNNI."""
     cols = ODD[kind]
     weights = _weights(kind, 37, cols, seed=2)
-    for rows in (33, 64):
+    for rows in (33, 47, 64, 100, 130):
         x = _activations(rows, cols, seed=rows)
-        _check(integer, x, weights, _linear(integer, x, kind, weights[0]))
+        _check(integer, x, weights, _linear(integer, x, kind, weights[0]), kind=kind)
 
 
 @pytest.mark.parametrize(("kind", "cols"), KIND_WIDTHS)
@@ -195,9 +226,9 @@ def test_the_exact_path_is_the_float_matmul(kernels, kind: str, cols: int) -> No
     """set_exact(True) (BASE_CPU_EXACT=1) multiplies float32 activations by the decoded weights."""
     weights = _weights(kind, 37, cols, seed=3)
     with exact_path(kernels, True):
-        for rows in (1, 3, 32):
+        for rows in (1, 3, 32, 40):
             x = _activations(rows, cols, seed=rows)
-            _check(kernels, x, weights, _linear(kernels, x, kind, weights[0]))
+            _check(kernels, x, weights, _linear(kernels, x, kind, weights[0]), kind=kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -241,13 +272,13 @@ def test_bias_leading_axes_and_non_contiguous_inputs(path, kind: str) -> None:
     x = _activations(6, 512, seed=7)
     out = _linear(path, x.reshape(2, 3, 512), kind, raw, bias)
     assert out.shape == (2, 3, 50)
-    _check(path, x, weights, out.reshape(6, 50), bias)
+    _check(path, x, weights, out.reshape(6, 50), bias, kind)
     assert path.block_linear(mx.array(x[0]), mx.array(raw), kind).shape == (50,)
     strided = mx.array(_activations(512, 8, seed=8))[:, ::2].T  # (4, 512) with column strides
-    _check(path, np.array(strided), weights, path.block_linear(strided, mx.array(raw), kind))
+    _check(path, np.array(strided), weights, path.block_linear(strided, mx.array(raw), kind), kind=kind)
     every_other = mx.array(raw)[::2]  # (25, bytes): weight rows with a stride
     out = path.block_linear(mx.array(x), every_other, kind)
-    _check(path, x, (raw[::2], tuple(f[::2] for f in weights[1]), weights[2][::2]), out)
+    _check(path, x, (raw[::2], tuple(f[::2] for f in weights[1]), weights[2][::2]), out, kind=kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -257,7 +288,7 @@ def test_large_weights_split_across_threads(integer, kind: str) -> None:
     weights = (raw, parse(kind, raw, 1536), _values(kind, raw, 1536))
     for rows in (1, 8):
         x = _activations(rows, 1536, seed=rows)
-        _check(integer, x, weights, _linear(integer, x, kind, weights[0]))
+        _check(integer, x, weights, _linear(integer, x, kind, weights[0]), kind=kind)
 
 
 def _edge_blocks(kind: str, cols: int) -> np.ndarray:
@@ -300,7 +331,7 @@ def test_zero_blocks_and_extreme_codes(path, kind: str) -> None:
     x[1, 40] = 1e4
     x[2] = 1.0
     x[3] = np.where(np.arange(512) % 2 == 0, 1.0, -1.0)
-    _check(path, x, weights, _linear(path, x, kind, raw))
+    _check(path, x, weights, _linear(path, x, kind, raw), kind=kind)
 
 
 def test_wrong_calls_are_clear_errors(kernels) -> None:

@@ -171,6 +171,22 @@ QActivations quantized_buffers(const QdotKernels& kern, const float* x, int M, i
   return QActivations{buffers.q.data(), width, buffers.d.data(), buffers.sum.data(), buffers.qsum.data(), half_sum};
 }
 
+// Many rows of x quantized for the VNNI GEMM (qdot.h's GemmActivations) to activation_bits() codes,
+// per calling (stream) thread, the pool's threads taking 16 rows at a time.
+GemmActivations gemm_buffers(const QdotKernels& kern, const float* x, int M, int K) {
+  thread_local std::vector<int16_t> q;
+  thread_local std::vector<float> scales;
+  const int rows = (M + 15) / 16 * 16;
+  const size_t values = static_cast<size_t>(rows) * K;
+  if (q.size() < values) q.resize(values);  // 8-bit codes use the first half
+  if (scales.size() < values / 8) scales.resize(values / 8);  // d and sum32 (1/32 each), sum16 (1/16)
+  float* d = scales.data();
+  const int width = activation_bits_slot().load(std::memory_order_relaxed);
+  GemmActivations out{q.data(), width, d, d + values / 32, d + 3 * (values / 32), rows};
+  parallel_for(rows / 16, values, [&](int begin, int end, int) { kern.gemm_quantize(x, K, M, 16 * begin, 16 * end, K, out); });
+  return out;
+}
+
 // The reordered activations of one affine call, per calling (stream) thread.
 float* prepared_buffer(int64_t count) {
   thread_local std::vector<float> buffer;
@@ -502,6 +518,15 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
     return;
   }
   const QdotKernels& q = qdot_kernels();
+  if (M > kQdotMaxRows && !exact_now() && q.gemm != nullptr && is_block(w.bits)) {
+    GemmArgs args{gemm_buffers(q, x, M, k), M, k, static_cast<const uint8_t*>(w.w), w.ld_codes, w.bits, w.bias, y, n};
+    const int chunk = chunk_rows(n, bytes);
+    parallel_for((n + chunk - 1) / chunk, bytes, [&](int begin, int end, int thread) {
+      float* scratch = thread_scratch(thread, static_cast<size_t>(gemm_scratch_floats(k, args.x.rows)));
+      q.gemm(args, begin * chunk, end * chunk < n ? end * chunk : n, scratch);
+    });
+    return;
+  }
   if (M <= kQdotMaxRows && !exact_now() && qdot_supports(w.bits, w.group_size, k)) {
     QdotArgs args{quantized_buffers(q, x, M, k, w.bits, w.group_size),
                   M,
@@ -587,7 +612,9 @@ void register_linear(nb::module_& m) {
         if (bits != 8 && bits != 16) throw std::invalid_argument("activation bits must be 8 or 16");
         activation_bits_slot().store(bits);
       },
-      nb::arg("bits"), "Bits per activation code on the integer path: 16 (default) or 8 (BASE_CPU_ACT_BITS).");
+      nb::arg("bits"),
+      "Bits per activation code on the integer path: 16 (default) or 8 (BASE_CPU_ACT_BITS): the affine layers' "
+      "and, past qdot_max_rows rows, the GGUF blocks' GEMM (8: a faster prefill, larger logit error).");
   m.def(
       "activation_bits", [] { return activation_bits_slot().load(); }, "Bits per activation code (8 or 16).");
   m.def(
@@ -596,6 +623,10 @@ void register_linear(nb::module_& m) {
   m.def(
       "qdot_max_rows", [] { return kQdotMaxRows; },
       "Activation rows up to which quantized matmuls take integer activations (more: float32).");
+  m.def(
+      "integer_gemm", [] { return qdot_kernels().gemm != nullptr; },
+      "Whether GGUF block matmuls past qdot_max_rows rows take integer activations (activation_bits(): the VNNI "
+      "GEMM) on this instruction set, off the exact path; otherwise they multiply float32 activations.");
   m.def(
       "qdot_isa", [] { return std::string(qdot_kernels().name); },
       "The instruction set of the integer-activation kernels (avx512-vnni, avx2 or generic).");

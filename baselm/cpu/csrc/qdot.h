@@ -43,6 +43,29 @@ struct QdotArgs {
   int64_t ldy;
 };
 
+// Many activation rows (a prefill) as the VNNI GEMM takes them (qgemm_impl.h): 16- or 8-bit codes in
+// blocks of 32 values, `rows` (M rounded up to 16; the rows past M zero) a column, transposed so that
+// the codes of values 2k, 2k + 1 (8 bits: 4k..4k+3) of 16 consecutive rows are 64 contiguous bytes.
+struct GemmActivations {
+  const void* q;  // (K / 2, rows, 2) int16 or (K / 4, rows, 4) int8
+  int width;  // 16 or 8 bits a code
+  const float* d;  // (K / 32, rows): block scales
+  const float* sum16;  // (K / 16, rows): d times the sum of each 16 values' codes
+  const float* sum32;  // (K / 32, rows): the same over each 32
+  int rows;
+};
+
+struct GemmArgs {
+  GemmActivations x;
+  int M, K;
+  const uint8_t* codes;  // (N, bytes) GGUF blocks of `type`, row stride ld_bytes
+  int64_t ld_bytes;
+  int type;
+  const float* bias;  // (N,) or nullptr
+  float* y;  // (M, N), row stride ldy
+  int64_t ldy;
+};
+
 struct QdotKernels {
   const char* name;
   // Quantizes M rows of x (row stride ldx) to `width`-bit codes in q (int8 or int16), for a
@@ -51,7 +74,16 @@ struct QdotKernels {
                    float* d, float* sum, float* qsum);
   // y[:, n0:n1]; scratch holds at least qdot_scratch_floats(K) floats, owned by the caller.
   void (*matmul)(const QdotArgs&, int n0, int n1, float* scratch);
+  // The VNNI GEMM over GGUF blocks for many rows, or nullptr where this ISA has none: rows m0..m1 (a
+  // multiple of 16 apart) of x quantized into `out`'s buffers, then y[:, n0:n1] (scratch: at least
+  // gemm_scratch_floats(K, x.rows) floats).
+  void (*gemm_quantize)(const float* x, int64_t ldx, int M, int m0, int m1, int K, const GemmActivations& out);
+  void (*gemm)(const GemmArgs&, int n0, int n1, float* scratch);
 };
+
+// The GEMM's decoded weight rows (16 rows of K 16-bit or byte codes and two floats per 16 values)
+// and their sums against `rows` (M rounded up to 16) activation rows.
+inline int64_t gemm_scratch_floats(int K, int rows) { return 16 * (K / 2 + 2 * (K / 16)) + 16 * static_cast<int64_t>(rows) + 16; }
 
 // Bit widths and group sizes the integer path decodes (MLX affine layout), and GGUF blocks
 // (kernels.h's BlockType: 16-bit activations, group sums over blocks of 32).

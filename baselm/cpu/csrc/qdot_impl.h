@@ -455,6 +455,10 @@ void matmul_blocks(const QdotArgs& a, int n0, int n1, float*) {
   activations_in_groups<TYPE, int16_t, 1>(a, n0, n1, Decoder{});
 }
 
+#if defined(__AVX512VNNI__)
+#include "qgemm_impl.h"
+#endif
+
 #else  // generic: plain C++ loops the compiler vectorizes (SSE2 on x86-64, NEON on ARM)
 
 // The tile's weight rows' scales and biases per group, as float32 (rows x K / gs each).
@@ -642,7 +646,11 @@ void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
 }  // namespace
 
 const QdotKernels& qdot_kernels() {
-  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul};
+#if defined(__AVX512VNNI__)
+  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, &gemm_quantize, &gemm};
+#else
+  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, nullptr, nullptr};
+#endif
   return kernels;
 }
 

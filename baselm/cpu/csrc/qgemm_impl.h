@@ -1,0 +1,295 @@
+// The many-row (prefill) product over GGUF blocks with integer activations and AVX-512 VNNI, included
+// by qdot_impl.h inside the avx512 build's AVX2 section (kquant_block, q6k_centred, LowBits,
+// legacy_code_lanes and the rest come from there).
+//
+// Past kGemmMinRows activation rows a product is compute-bound. Here the activations are quantized
+// once per call to codes in blocks of 32 with one float scale dx: 16-bit codes by default (dpwssd: 32
+// products a 512-bit instruction, twice a float FMA's 16; near-exact, as the few-row path) or 8-bit
+// ones with activation_bits() 8 (dpbusd: 64 products; llama.cpp's Q8_0 precision). They are stored
+// transposed, 16 rows a vector: the codes of values 2k, 2k + 1 (8 bits: 4k..4k+3) of rows m..m+15
+// are one 64-byte vector (gemm_quantize). Each weight row is decoded once per call into unsigned
+// codes u (bytes or 16-bit) with a float pair (s, c) per sub-block of SB values (32; 16 for Q6_K, Q3_K
+// and Q2_K, whose 16-value scales differ within a block), value = s * u + c: a signed code (Q8_0,
+// IQ4_*, Q6_K, Q3_K) is moved up to unsigned and its offset goes into c. A tile of MV x 16 activation
+// rows and NB weight rows then takes, per lane word, MV vector loads of activations and NB broadcasts
+// of weight codes into MV x NB dot instructions, an exact integer sum per sub-block (at most 32 x 255
+// x 32767 in a lane); per sub-block each sum meets dx * s in one FMA, and c the rows' sums of
+// quantized values (dx times the sum of codes, as llama.cpp's bsums) in another. So a result is
+//   sum over sub-blocks of s * dx * sum(u * xq) + c * dx * sum(xq),
+// the exact value of the weight against the quantized activations, but for float32 rounding. A
+// row's codes and its sums' order do not depend on the other rows of the call.
+
+constexpr int kGemmLanes = 16;  // activation rows a vector: one int32 lane each
+constexpr int kGemmStrip = 4;  // weight rows a tile takes at once (NB)
+constexpr int kGemmGroup = 16;  // weight rows decoded at once: 4 strips
+constexpr int kGemmSliceK = 2048;  // values of K a pass takes: 48 rows' 16-bit codes, 192 KiB
+
+template <int TYPE>
+constexpr int gemm_sub_block() {
+  return TYPE == kQ6K || TYPE == kQ3K || TYPE == kQ2K ? 16 : 32;
+}
+
+inline int gemm_sub_block_of(int type) { return type == kQ6K || type == kQ3K || type == kQ2K ? 16 : 32; }
+
+// Two vectors of 16-bit codes (values 0-15, 16-31, each 0..255) as 32 codes of T in natural order.
+template <class T>
+inline void store_codes(__m256i lo, __m256i hi, T* out) {
+  if constexpr (sizeof(T) == 2) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), lo);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), hi);
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute4x64_epi64(_mm256_packus_epi16(lo, hi), 0xD8));
+  }
+}
+
+// One weight row of GGUF blocks of TYPE (K values) as unsigned byte codes and (s, c) per sub-block.
+template <int TYPE, class T>
+void gemm_row(const uint8_t* row, int K, T* codes, float* s, float* c) {
+  const __m256i up128 = _mm256_set1_epi16(128);
+  if constexpr (is_legacy_block(TYPE)) {
+    const int blocks = K / kLegacyBlock;
+    for (int b = 0; b < blocks; ++b) {
+      const LegacyBlock block = legacy_block<TYPE>(row, b, blocks);
+      legacy_affine<TYPE>(block, s[b], c[b]);
+      __m256i lo, hi;
+      legacy_code_lanes<TYPE>(block, lo, hi);
+      if constexpr (legacy_is_q8(TYPE) || legacy_is_iq4(TYPE)) {  // signed codes, moved up by 128
+        lo = _mm256_add_epi16(lo, up128), hi = _mm256_add_epi16(hi, up128);
+        c[b] -= 128.0f * s[b];
+      }
+      store_codes(lo, hi, codes + 32 * b);
+    }
+  } else if constexpr (TYPE == kQ4K || TYPE == kQ5K || TYPE == kIQ4XS) {
+    for (int i = 0; i < K / kSuperBlock; ++i) {
+      const uint8_t* sb = row + static_cast<int64_t>(i) * block_bytes(TYPE);
+      kquant_affine<TYPE>(sb, s + 8 * i, c + 8 * i);
+      for (int j = 0; j < 8; ++j) {
+        WeightBlock<int16_t> w = kquant_block<TYPE>(sb, j);
+        if constexpr (TYPE == kIQ4XS) {
+          w.lo = _mm256_add_epi16(w.lo, up128), w.hi = _mm256_add_epi16(w.hi, up128);
+          c[8 * i + j] = -128.0f * s[8 * i + j];
+        }
+        store_codes(w.lo, w.hi, codes + kSuperBlock * i + 32 * j);
+      }
+    }
+  } else if constexpr (TYPE == kQ6K) {  // q in 0..63, value d * sc * (q - 32) per 16 values
+    for (int i = 0; i < K / kSuperBlock; ++i) {
+      const uint8_t* sb = row + static_cast<int64_t>(i) * block_bytes(TYPE);
+      const float d = half_at(sb + kquant_d_at(TYPE));
+      const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192);
+      for (int g = 0; g < 2; ++g) {
+        __m256i q[4];
+        q6k_centred(sb, g, q);
+        for (int j = 0; j < 4; ++j) {
+          const __m256i u = _mm256_add_epi8(q[j], _mm256_set1_epi8(32));
+          store_codes(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1)),
+                      codes + kSuperBlock * i + 128 * g + 32 * j);
+        }
+      }
+      for (int h = 0; h < 16; ++h) {
+        s[16 * i + h] = d * static_cast<float>(sc[h]);
+        c[16 * i + h] = -32.0f * s[16 * i + h];
+      }
+    }
+  } else {  // Q3_K: q - 4 in -4..3, value d * (sc - 32) * (q - 4); Q2_K: q in 0..3, d * sc * q - dmin * m
+    for (int i = 0; i < K / kSuperBlock; ++i) {
+      const uint8_t* sb = row + static_cast<int64_t>(i) * block_bytes(TYPE);
+      const float d = half_at(sb + kquant_d_at(TYPE));
+      alignas(16) int8_t sc[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(sc), low_bits_scales<TYPE>(sb));
+      const LowBits<TYPE> fields(sb);
+      for (int j = 0; j < 8; ++j) {
+        __m256i q[2];
+        fields.block(j, q);
+        if constexpr (TYPE == kQ3K) {
+          q[0] = _mm256_add_epi16(q[0], _mm256_set1_epi16(4)), q[1] = _mm256_add_epi16(q[1], _mm256_set1_epi16(4));
+        }
+        store_codes(q[0], q[1], codes + kSuperBlock * i + 32 * j);
+      }
+      const float dmin = TYPE == kQ2K ? half_at(sb + 82) : 0.0f;
+      for (int h = 0; h < 16; ++h) {
+        s[16 * i + h] = d * static_cast<float>(sc[h]);
+        c[16 * i + h] = TYPE == kQ3K ? -4.0f * s[16 * i + h] : -(dmin * static_cast<float>(sb[h] >> 4));
+      }
+    }
+  }
+}
+
+// The 4 byte codes or 2 16-bit codes at p, as one int32 lane.
+template <class T>
+inline int32_t word_at(const T* p) {
+  int32_t w;
+  __builtin_memcpy(&w, p, sizeof w);
+  return w;
+}
+
+// part[r * ld + i] (+)= row r of the strip against activation row m0 + i, over sub-blocks t0..t1
+// (from zero where t0 is 0).
+template <int SB, int MV, class T>
+inline void gemm_tile(const GemmActivations& x, int K, const T* codes, const float* s, const float* c, int m0, int t0,
+                      int t1, float* part, int64_t ld) {
+  constexpr int P = 4 / sizeof(T);  // values a lane takes per instruction: 4 bytes or 2 16-bit codes
+  constexpr int NB = kGemmStrip;
+  const int subs = K / SB;
+  const int64_t mp = x.rows;
+  const int32_t* xq = reinterpret_cast<const int32_t*>(x.q) + m0;
+  const float* sums = (SB == 16 ? x.sum16 : x.sum32) + m0;
+  __m512 acc[MV][NB];
+  for (int v = 0; v < MV; ++v)
+    for (int r = 0; r < NB; ++r) acc[v][r] = t0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(part + r * ld + v * kGemmLanes);
+  for (int t = t0; t < t1; ++t) {
+    __m512i dots[MV][NB];
+    for (int v = 0; v < MV; ++v)
+      for (int r = 0; r < NB; ++r) dots[v][r] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+    for (int kp = t * SB / P; kp < (t + 1) * SB / P; ++kp) {
+      __m512i xv[MV];
+      for (int v = 0; v < MV; ++v) xv[v] = _mm512_loadu_si512(xq + kp * mp + v * kGemmLanes);
+      for (int r = 0; r < NB; ++r) {
+        const __m512i w = _mm512_set1_epi32(word_at(codes + static_cast<int64_t>(r) * K + P * kp));
+        for (int v = 0; v < MV; ++v) {
+          if constexpr (sizeof(T) == 1) {
+            dots[v][r] = _mm512_dpbusd_epi32(dots[v][r], w, xv[v]);
+          } else {
+            dots[v][r] = _mm512_dpwssd_epi32(dots[v][r], w, xv[v]);
+          }
+        }
+      }
+    }
+    const float* dx = x.d + (t * SB / 32) * mp + m0;
+    for (int v = 0; v < MV; ++v) {
+      const __m512 d = _mm512_loadu_ps(dx + v * kGemmLanes);
+      const __m512 q = _mm512_loadu_ps(sums + t * mp + v * kGemmLanes);
+      for (int r = 0; r < NB; ++r) {
+        const __m512 ds = _mm512_mul_ps(d, _mm512_set1_ps(s[r * subs + t]));
+        acc[v][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[v][r]), ds, acc[v][r]);
+        acc[v][r] = _mm512_fmadd_ps(q, _mm512_set1_ps(c[r * subs + t]), acc[v][r]);
+      }
+    }
+  }
+  for (int v = 0; v < MV; ++v)
+    for (int r = 0; r < NB; ++r) _mm512_storeu_ps(part + r * ld + v * kGemmLanes, acc[v][r]);
+}
+
+// Weight rows n0..n1 of GGUF blocks of TYPE, kGemmGroup rows at a time: decoded (the last strip
+// padded with zero rows), then, a slice of kGemmSliceK values at a time, each tile of activation rows
+// meets the group's strips in turn, so that the tile's activations are read from memory once for 16
+// weight rows and stay in L2 with the group's codes; the sums wait in `part` between slices.
+template <int TYPE, class T>
+void gemm_blocks(const GemmArgs& a, int n0, int n1, float* scratch) {
+  constexpr int SB = gemm_sub_block<TYPE>(), NB = kGemmStrip;
+  const int K = a.K, subs = K / SB;
+  const int64_t mp = a.x.rows;
+  float* part = scratch;  // (kGemmGroup, mp)
+  float* s = part + kGemmGroup * mp;
+  float* c = s + kGemmGroup * subs;
+  T* codes = reinterpret_cast<T*>(c + kGemmGroup * subs);
+  for (int n = n0; n < n1; n += kGemmGroup) {
+    const int rows = n1 - n < kGemmGroup ? n1 - n : kGemmGroup;
+    const int strips = (rows + NB - 1) / NB;
+    for (int r = 0; r < strips * NB; ++r) {
+      if (r < rows) {
+        gemm_row<TYPE>(a.codes + static_cast<int64_t>(n + r) * a.ld_bytes, K, codes + static_cast<int64_t>(r) * K,
+                       s + r * subs, c + r * subs);
+      } else {
+        __builtin_memset(codes + static_cast<int64_t>(r) * K, 0, sizeof(T) * K);
+        for (int t = 0; t < subs; ++t) s[r * subs + t] = 0.0f, c[r * subs + t] = 0.0f;
+      }
+    }
+    for (int t0 = 0; t0 < subs; t0 += kGemmSliceK / SB) {
+      const int t1 = t0 + kGemmSliceK / SB < subs ? t0 + kGemmSliceK / SB : subs;
+      for (int m0 = 0; m0 < a.M;) {
+        const int left = a.x.rows - m0;
+        const int mv = left >= 3 * kGemmLanes ? 3 : left >= 2 * kGemmLanes ? 2 : 1;
+        for (int strip = 0; strip < strips; ++strip) {
+          const int r0 = strip * NB;
+          const T* strip_codes = codes + static_cast<int64_t>(r0) * K;
+          float* at = part + r0 * mp + m0;
+          if (mv == 3) {
+            gemm_tile<SB, 3>(a.x, K, strip_codes, s + r0 * subs, c + r0 * subs, m0, t0, t1, at, mp);
+          } else if (mv == 2) {
+            gemm_tile<SB, 2>(a.x, K, strip_codes, s + r0 * subs, c + r0 * subs, m0, t0, t1, at, mp);
+          } else {
+            gemm_tile<SB, 1>(a.x, K, strip_codes, s + r0 * subs, c + r0 * subs, m0, t0, t1, at, mp);
+          }
+        }
+        m0 += mv * kGemmLanes;
+      }
+    }
+    for (int m = 0; m < a.M; ++m) {
+      float* y = a.y + static_cast<int64_t>(m) * a.ldy + n;
+      for (int r = 0; r < rows; ++r) y[r] = part[r * mp + m] + (a.bias != nullptr ? a.bias[n + r] : 0.0f);
+    }
+  }
+}
+
+template <class T>
+void gemm_as(const GemmArgs& a, int n0, int n1, float* scratch) {
+  switch (a.type) {
+    case kQ2K: return gemm_blocks<kQ2K, T>(a, n0, n1, scratch);
+    case kQ3K: return gemm_blocks<kQ3K, T>(a, n0, n1, scratch);
+    case kIQ4XS: return gemm_blocks<kIQ4XS, T>(a, n0, n1, scratch);
+    case kIQ4NL: return gemm_blocks<kIQ4NL, T>(a, n0, n1, scratch);
+    case kIQ4NLRuns: return gemm_blocks<kIQ4NLRuns, T>(a, n0, n1, scratch);
+    case kQ4K: return gemm_blocks<kQ4K, T>(a, n0, n1, scratch);
+    case kQ5K: return gemm_blocks<kQ5K, T>(a, n0, n1, scratch);
+    case kQ6K: return gemm_blocks<kQ6K, T>(a, n0, n1, scratch);
+    case kQ4_0: return gemm_blocks<kQ4_0, T>(a, n0, n1, scratch);
+    case kQ4_1: return gemm_blocks<kQ4_1, T>(a, n0, n1, scratch);
+    case kQ5_0: return gemm_blocks<kQ5_0, T>(a, n0, n1, scratch);
+    case kQ5_1: return gemm_blocks<kQ5_1, T>(a, n0, n1, scratch);
+    case kQ8_0: return gemm_blocks<kQ8_0, T>(a, n0, n1, scratch);
+    case kQ4_0Runs: return gemm_blocks<kQ4_0Runs, T>(a, n0, n1, scratch);
+    case kQ4_1Runs: return gemm_blocks<kQ4_1Runs, T>(a, n0, n1, scratch);
+    case kQ5_0Runs: return gemm_blocks<kQ5_0Runs, T>(a, n0, n1, scratch);
+    case kQ5_1Runs: return gemm_blocks<kQ5_1Runs, T>(a, n0, n1, scratch);
+    case kQ8_0Runs: return gemm_blocks<kQ8_0Runs, T>(a, n0, n1, scratch);
+    default: break;
+  }
+}
+
+void gemm(const GemmArgs& a, int n0, int n1, float* scratch) {
+  if (a.x.width == 16) return gemm_as<int16_t>(a, n0, n1, scratch);
+  gemm_as<uint8_t>(a, n0, n1, scratch);
+}
+
+// Rows m0..m1 (a multiple of 16 apart) of x as gemm_quantize's layout; rows from M on are zero.
+void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, const GemmActivations& out) {
+  const int64_t mp = out.rows;
+  const int words = out.width == 16 ? 16 : 8;  // lanes of 32 bits a block of 32 codes fills
+  const float top = out.width == 16 ? 32767.0f : 127.0f;
+  int32_t* q = reinterpret_cast<int32_t*>(const_cast<void*>(out.q));
+  float* d = const_cast<float*>(out.d);
+  float* sum16 = const_cast<float*>(out.sum16);
+  float* sum32 = const_cast<float*>(out.sum32);
+  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int m = m0; m < m1; ++m) {
+    for (int b = 0; b < K / 32; ++b) {
+      float scale = 0.0f;
+      int low = 0, high = 0;
+      alignas(64) int32_t codes[16] = {};
+      if (m < M) {
+        const __m512 v0 = _mm512_loadu_ps(x + m * ldx + 32 * b), v1 = _mm512_loadu_ps(x + m * ldx + 32 * b + 16);
+        const float most = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, magnitude), _mm512_and_ps(v1, magnitude)));
+        scale = most / top;
+        const __m512 inverse = _mm512_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+        const __m512 hi = _mm512_set1_ps(top), lo = _mm512_set1_ps(-top);
+        const __m512i i0 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v0, inverse), lo), hi));
+        const __m512i i1 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v1, inverse), lo), hi));
+        low = _mm512_reduce_add_epi32(i0), high = _mm512_reduce_add_epi32(i1);
+        if (words == 16) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(codes), _mm512_cvtepi32_epi16(i0));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8), _mm512_cvtepi32_epi16(i1));
+        } else {
+          _mm_store_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(i0));
+          _mm_store_si128(reinterpret_cast<__m128i*>(codes + 4), _mm512_cvtepi32_epi8(i1));
+        }
+      }
+      for (int i = 0; i < words; ++i) q[(words * b + i) * mp + m] = codes[i];
+      d[b * mp + m] = scale;
+      sum16[2 * b * mp + m] = scale * static_cast<float>(low);
+      sum16[(2 * b + 1) * mp + m] = scale * static_cast<float>(high);
+      sum32[b * mp + m] = scale * static_cast<float>(low + high);
+    }
+  }
+}

@@ -1,0 +1,109 @@
+"""The many-row product over GGUF blocks (csrc/qgemm_impl.h): past qdot_max_rows activation rows
+(a prefill), an AVX-512 VNNI build quantizes the activations to 16-bit codes (activation_bits() 16,
+the default: dpwssd) or 8-bit ones (8: dpbusd) in blocks of 32 and multiplies them against each
+weight block's codes; other instruction sets (and the exact path) multiply float32 activations
+(gemm_impl.h).
+
+test_block_kernels.py checks every path against its reference (the GEMM's: `reference(bits, shift)`,
+integer sums exact); here, at both widths, what a prefill relies on besides: a row's result does not
+depend on its batch, the error stays within what rounding the activations to codes can cause, and
+odd inputs and large weights split across threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from tests.cpu.block_layouts import BLOCK, KINDS, parse
+from tests.cpu.test_block_kernels import (
+    FLOAT_RTOL,
+    ODD,
+    SHIFT,
+    _activations,
+    _blocks,
+    _check,
+    _edge_blocks,
+    _linear,
+    _values,
+    _weights,
+    integer,  # noqa: F401 - the fixture
+    reference,
+)
+
+
+@pytest.fixture(params=[16, 8], ids=["16-bit", "8-bit"])
+def gemm(integer, request: pytest.FixtureRequest) -> Iterator[object]:  # noqa: F811
+    """The kernels on the integer path with activation_bits() at 16, then 8 (restored afterwards)."""
+    before = integer.activation_bits()
+    integer.set_activation_bits(request.param)
+    yield integer
+    integer.set_activation_bits(before)
+
+
+def test_the_gemm_is_where_vnni_is(kernels) -> None:
+    assert kernels.integer_gemm() == (kernels.qdot_isa() == "avx512-vnni")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_is_the_same_in_any_batch_past_32_rows(gemm, kind: str) -> None:
+    """Each row's activations are quantized on their own and each output sums its sub-blocks in one
+    order whatever tile (16, 32 or 48 rows) the row falls in: bit for bit in any batch past 32 rows."""
+    cols = ODD[kind]
+    raw = _weights(kind, 37, cols, seed=20)[0]
+    x = _activations(130, cols, seed=20)
+    together = np.array(_linear(gemm, x, kind, raw))
+    for i, rows in ((0, 33), (5, 40), (17, 64), (60, 70), (97, 33)):
+        assert np.array_equal(np.array(_linear(gemm, x[i : i + rows], kind, raw)), together[i : i + rows])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_error_is_what_8_bit_activations_allow(gemm, kind: str) -> None:
+    """Against the float64 product of the decoded weights: within sum |w| * d / 2 (each activation is
+    at most half a step d = max|x| / 127, or / 32767, of its block from its code) plus float32
+    rounding; and (8 bits) much nearer the 8-bit reference than the float product is, so the
+    reference checks the quantization."""
+    if not gemm.integer_gemm():
+        pytest.skip(f"{gemm.qdot_isa()}: no integer GEMM here (the float one is checked in test_block_kernels)")
+    bits = gemm.activation_bits()
+    cols = ODD[kind]
+    raw, fields, values = _weights(kind, 70, cols, seed=21)
+    x = _activations(40, cols, seed=21)
+    actual = np.array(_linear(gemm, x, kind, raw), np.float64)
+    x64, w64 = x.astype(np.float64), values.astype(np.float64)
+    top = 127 if bits == 8 else 32767
+    step = np.repeat(np.abs(x64.reshape(40, -1, BLOCK)).max(-1) / top, BLOCK, axis=1)  # (40, cols)
+    allowed = (step / 2) @ np.abs(w64).T + FLOAT_RTOL * (np.abs(x64) @ np.abs(w64).T) * 16 + 1e-6
+    assert (np.abs(actual - x64 @ w64.T) / allowed).max() <= 1.0
+    expected, bound = reference(x, fields, bits=bits, shift=SHIFT.get(kind, 0))
+    kernel_error = (np.abs(actual - expected) / bound).max()
+    assert kernel_error <= 1.0
+    if bits == 8:
+        float_error = (np.abs(x64 @ w64.T - expected) / bound).max()
+        assert float_error > 1.0 and kernel_error < float_error / 100
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_zero_blocks_and_extreme_codes_past_32_rows(gemm, kind: str) -> None:
+    """The edge weight blocks against 40 rows: a block of zeros (d = 0), one huge value, all ones (every
+    code 127), alternating signs, and random rows."""
+    raw = _edge_blocks(kind, 512)
+    weights = (raw, parse(kind, raw, 512), _values(kind, raw, 512))
+    x = _activations(40, 512, seed=22)
+    x[0, :BLOCK] = 0.0
+    x[1, 40] = 1e4
+    x[2] = 1.0
+    x[3] = np.where(np.arange(512) % 2 == 0, 1.0, -1.0)
+    _check(gemm, x, weights, _linear(gemm, x, kind, raw), kind=kind)
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q8_0", "q4_k", "q6_k", "q2_k"])
+def test_large_weights_split_across_threads_past_32_rows(gemm, kind: str) -> None:
+    """4864 x 1536 (Qwen2.5's MLP) against 40 and 130 rows: 16-row groups claimed by every thread."""
+    raw = _blocks(kind, 4864, 1536, seed=23)
+    weights = (raw, parse(kind, raw, 1536), _values(kind, raw, 1536))
+    for rows in (40, 130):
+        x = _activations(rows, 1536, seed=rows)
+        _check(gemm, x, weights, _linear(gemm, x, kind, raw), kind=kind)

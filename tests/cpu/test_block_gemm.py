@@ -4,7 +4,7 @@ the default: dpwssd) or 8-bit ones (8: dpbusd) in blocks of 32 and multiplies th
 weight block's codes; other instruction sets (and the exact path) multiply float32 activations
 (gemm_impl.h).
 
-test_block_kernels.py checks every path against its reference (the GEMM's: `reference(bits, shift)`,
+test_block_kernels.py checks every path against its reference (the GEMM's: `reference(top, shift)`,
 integer sums exact); here, at both widths, what a prefill relies on besides: a row's result does not
 depend on its batch, the error stays within what rounding the activations to codes can cause, and
 odd inputs and large weights split across threads.
@@ -21,7 +21,6 @@ from tests.cpu.block_layouts import BLOCK, KINDS, parse
 from tests.cpu.test_block_kernels import (
     FLOAT_RTOL,
     ODD,
-    SHIFT,
     _activations,
     _blocks,
     _check,
@@ -29,6 +28,7 @@ from tests.cpu.test_block_kernels import (
     _linear,
     _values,
     _weights,
+    gemm_codes,
     integer,  # noqa: F401 - the fixture
     reference,
 )
@@ -62,25 +62,24 @@ def test_a_row_is_the_same_in_any_batch_past_32_rows(gemm, kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_error_is_what_8_bit_activations_allow(gemm, kind: str) -> None:
     """Against the float64 product of the decoded weights: within sum |w| * d / 2 (each activation is
-    at most half a step d = max|x| / 127, or / 32767, of its block from its code) plus float32
+    at most half a step d = max|x| / top of its block from its code, gemm_codes) plus float32
     rounding; and (8 bits) much nearer the 8-bit reference than the float product is, so the
     reference checks the quantization."""
     if not gemm.integer_gemm():
         pytest.skip(f"{gemm.qdot_isa()}: no integer GEMM here (the float one is checked in test_block_kernels)")
-    bits = gemm.activation_bits()
+    top, shift = gemm_codes(gemm, kind)
     cols = ODD[kind]
     raw, fields, values = _weights(kind, 70, cols, seed=21)
     x = _activations(40, cols, seed=21)
     actual = np.array(_linear(gemm, x, kind, raw), np.float64)
     x64, w64 = x.astype(np.float64), values.astype(np.float64)
-    top = 127 if bits == 8 else 32767
     step = np.repeat(np.abs(x64.reshape(40, -1, BLOCK)).max(-1) / top, BLOCK, axis=1)  # (40, cols)
     allowed = (step / 2) @ np.abs(w64).T + FLOAT_RTOL * (np.abs(x64) @ np.abs(w64).T) * 16 + 1e-6
     assert (np.abs(actual - x64 @ w64.T) / allowed).max() <= 1.0
-    expected, bound = reference(x, fields, bits=bits, shift=SHIFT.get(kind, 0))
+    expected, bound = reference(x, fields, top, shift)
     kernel_error = (np.abs(actual - expected) / bound).max()
     assert kernel_error <= 1.0
-    if bits == 8:
+    if top == 127:
         float_error = (np.abs(x64 @ w64.T - expected) / bound).max()
         assert float_error > 1.0 and kernel_error < float_error / 100
 

@@ -91,16 +91,25 @@ def _weights(kind: str, rows: int, cols: int, seed: int) -> tuple[np.ndarray, tu
 SHIFT = {"q8_0": 128, "iq4_nl": 128, "iq4_xs": 128, "q6_k": 32, "q3_k": 4}
 
 
+def gemm_codes(kernels, kind: str) -> tuple[int, int]:
+    """(top, shift) of the VNNI GEMM's activation codes and weight codes for `kind` now: 8 bits, codes
+    to 127 against codes moved up by SHIFT; 16 bits, codes to 32767 (against Q6_K's, which carry their
+    scale, 16383) against signed codes."""
+    if kernels.activation_bits() == 8:
+        return 127, SHIFT.get(kind, 0)
+    return (16383 if kind == "q6_k" else 32767), 0
+
+
 def reference(
-    x: np.ndarray, fields: tuple[np.ndarray, ...], bits: int = 16, shift: int | None = None
+    x: np.ndarray, fields: tuple[np.ndarray, ...], top: int = 32767, shift: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(y, bound): x @ W.T with 16- or 8-bit activation codes, in float64, and its rounding bound. The
-    few-row integer path (shift None): offsets meet the float sums of their 32 values, Q2_K's minimums
-    those of their 16. The VNNI GEMM past qdot_max_rows rows (shift: what it adds to the kind's codes,
-    SHIFT): both meet the sums of the quantized values (d times the codes' sum), and the bound counts
-    the codes moved up by `shift`."""
+    """(y, bound): x @ W.T with activation codes up to `top` in blocks of 32, in float64, and its
+    rounding bound. The few-row integer path (shift None): offsets meet the float sums of their 32
+    values, Q2_K's minimums those of their 16. The VNNI GEMM past qdot_max_rows rows (shift: what it
+    adds to the kind's codes, gemm_codes): both meet the sums of the quantized values (d times the
+    codes' sum), and the bound counts the codes moved up by `shift`."""
     codes, scales, offsets, minimums = fields
-    top = np.float32(32767 if bits == 16 else 127)
+    top = np.float32(top)
     m, k = x.shape
     blocks = x.reshape(m, k // BLOCK, BLOCK)
     d = np.abs(blocks).max(-1) / top  # (m, k / 32) float32
@@ -143,7 +152,7 @@ def _check(
         expected, bound = x64 @ w64.T, FLOAT_RTOL * (np.abs(x64) @ np.abs(w64).T) + 1e-6
     elif many:
         assert kind, "the GEMM's reference needs the kind (its codes' shift)"
-        expected, bound = reference(x, fields, bits=kernels.activation_bits(), shift=SHIFT.get(kind, 0))
+        expected, bound = reference(x, fields, *gemm_codes(kernels, kind))
     else:
         expected, bound = reference(x, fields)
     if bias is not None:

@@ -173,7 +173,7 @@ QActivations quantized_buffers(const QdotKernels& kern, const float* x, int M, i
 
 // Many rows of x quantized for the VNNI GEMM (qdot.h's GemmActivations) to activation_bits() codes,
 // per calling (stream) thread, the pool's threads taking 16 rows at a time.
-GemmActivations gemm_buffers(const QdotKernels& kern, const float* x, int M, int K) {
+GemmActivations gemm_buffers(const QdotKernels& kern, const float* x, int M, int K, int type) {
   thread_local std::vector<int16_t> q;
   thread_local std::vector<float> scales;
   const int rows = (M + 15) / 16 * 16;
@@ -182,7 +182,9 @@ GemmActivations gemm_buffers(const QdotKernels& kern, const float* x, int M, int
   if (scales.size() < values / 8) scales.resize(values / 8);  // d and sum32 (1/32 each), sum16 (1/16)
   float* d = scales.data();
   const int width = activation_bits_slot().load(std::memory_order_relaxed);
-  GemmActivations out{q.data(), width, d, d + values / 32, d + 3 * (values / 32), rows};
+  // 32 products of Q6_K's codes (up to 4096 with their scale) in one int32 lane: 15-bit activations.
+  const int top = width == 8 ? 127 : type == kQ6K ? 16383 : 32767;
+  GemmActivations out{q.data(), width, top, d, d + values / 32, d + 3 * (values / 32), rows};
   parallel_for(rows / 16, values, [&](int begin, int end, int) { kern.gemm_quantize(x, K, M, 16 * begin, 16 * end, K, out); });
   return out;
 }
@@ -519,7 +521,7 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
   }
   const QdotKernels& q = qdot_kernels();
   if (M > kQdotMaxRows && !exact_now() && q.gemm != nullptr && is_block(w.bits)) {
-    GemmArgs args{gemm_buffers(q, x, M, k), M, k, static_cast<const uint8_t*>(w.w), w.ld_codes, w.bits, w.bias, y, n};
+    GemmArgs args{gemm_buffers(q, x, M, k, w.bits), M, k, static_cast<const uint8_t*>(w.w), w.ld_codes, w.bits, w.bias, y, n};
     const int chunk = chunk_rows(n, bytes);
     parallel_for((n + chunk - 1) / chunk, bytes, [&](int begin, int end, int thread) {
       float* scratch = thread_scratch(thread, static_cast<size_t>(gemm_scratch_floats(k, args.x.rows)));

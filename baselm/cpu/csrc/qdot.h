@@ -49,6 +49,7 @@ struct QdotArgs {
 struct GemmActivations {
   const void* q;  // (K / 2, rows, 2) int16 or (K / 4, rows, 4) int8
   int width;  // 16 or 8 bits a code
+  int top;  // the largest |code|: 127, 32767, or 16383 against Q6_K (its codes carry their scale: 4096)
   const float* d;  // (K / 32, rows): block scales
   const float* sum16;  // (K / 16, rows): d times the sum of each 16 values' codes
   const float* sum32;  // (K / 32, rows): the same over each 32

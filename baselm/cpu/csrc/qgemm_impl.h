@@ -29,8 +29,6 @@ constexpr int gemm_sub_block() {
   return TYPE == kQ6K || TYPE == kQ3K || TYPE == kQ2K ? 16 : 32;
 }
 
-inline int gemm_sub_block_of(int type) { return type == kQ6K || type == kQ3K || type == kQ2K ? 16 : 32; }
-
 // Two vectors of 16-bit codes (values 0-15, 16-31, each 0..255) as 32 codes of T in natural order.
 template <class T>
 inline void store_codes(__m256i lo, __m256i hi, T* out) {
@@ -42,9 +40,10 @@ inline void store_codes(__m256i lo, __m256i hi, T* out) {
   }
 }
 
-// One weight row of GGUF blocks of TYPE (K values) as unsigned byte codes and (s, c) per sub-block.
-template <int TYPE, class T>
-void gemm_row(const uint8_t* row, int K, T* codes, float* s, float* c) {
+// One weight row of GGUF blocks of TYPE (K values) as unsigned byte codes and (s, c) per sub-block
+// (the 8-bit GEMM's).
+template <int TYPE>
+void gemm_row(const uint8_t* row, int K, uint8_t* codes, float* s, float* c) {
   const __m256i up128 = _mm256_set1_epi16(128);
   if constexpr (is_legacy_block(TYPE)) {
     const int blocks = K / kLegacyBlock;
@@ -80,11 +79,9 @@ void gemm_row(const uint8_t* row, int K, T* codes, float* s, float* c) {
       for (int g = 0; g < 2; ++g) {
         __m256i q[4];
         q6k_centred(sb, g, q);
-        for (int j = 0; j < 4; ++j) {
-          const __m256i u = _mm256_add_epi8(q[j], _mm256_set1_epi8(32));
-          store_codes(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1)),
-                      codes + kSuperBlock * i + 128 * g + 32 * j);
-        }
+        for (int j = 0; j < 4; ++j)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + kSuperBlock * i + 128 * g + 32 * j),
+                              _mm256_add_epi8(q[j], _mm256_set1_epi8(32)));
       }
       for (int h = 0; h < 16; ++h) {
         s[16 * i + h] = d * static_cast<float>(sc[h]);
@@ -115,6 +112,61 @@ void gemm_row(const uint8_t* row, int K, T* codes, float* s, float* c) {
   }
 }
 
+// One weight row as the 16-bit GEMM takes it: signed 16-bit codes, each 32 values' s, and an offset c
+// only where the type has a minimum (Q4_1, Q5_1, Q4_K, Q5_K per 32 values, Q2_K per 16): a zero point
+// (Q4_0's 8, Q5_0's 16) is taken off the codes. Q6_K's, Q3_K's and Q2_K's codes carry their 16-value
+// scales (as the few-row path decodes them: q6k_decode, low_bits_decode), so s is d for all 32.
+template <int TYPE>
+void gemm_row_wide(const uint8_t* row, int K, int16_t* codes, float* s, float* c) {
+  if constexpr (is_legacy_block(TYPE)) {
+    const int blocks = K / kLegacyBlock;
+    const __m256i zero = _mm256_set1_epi16(static_cast<int16_t>(legacy_zero(TYPE)));
+    for (int b = 0; b < blocks; ++b) {
+      const LegacyBlock block = legacy_block<TYPE>(row, b, blocks);
+      legacy_affine<TYPE>(block, s[b], c[b]);
+      __m256i lo, hi;
+      legacy_code_lanes<TYPE>(block, lo, hi);
+      store_codes(_mm256_sub_epi16(lo, zero), _mm256_sub_epi16(hi, zero), codes + 32 * b);
+    }
+  } else if constexpr (TYPE == kQ4K || TYPE == kQ5K || TYPE == kIQ4XS) {
+    for (int i = 0; i < K / kSuperBlock; ++i) {
+      const uint8_t* sb = row + static_cast<int64_t>(i) * block_bytes(TYPE);
+      kquant_affine<TYPE>(sb, s + 8 * i, c + 8 * i);
+      for (int j = 0; j < 8; ++j) {
+        const WeightBlock<int16_t> w = kquant_block<TYPE>(sb, j);
+        store_codes(w.lo, w.hi, codes + kSuperBlock * i + 32 * j);
+      }
+    }
+  } else {
+    for (int i = 0; i < K / kSuperBlock; ++i) {
+      const uint8_t* sb = row + static_cast<int64_t>(i) * block_bytes(TYPE);
+      alignas(32) int16_t decoded[kSuperBlock];  // the decoders store aligned vectors
+      if constexpr (TYPE == kQ6K) {
+        q6k_decode(sb, decoded);
+      } else {
+        low_bits_decode<TYPE>(sb, decoded);
+      }
+      __builtin_memcpy(codes + kSuperBlock * i, decoded, sizeof decoded);
+      const float d = half_at(sb + kquant_d_at(TYPE));
+      for (int j = 0; j < 8; ++j) s[8 * i + j] = d;
+      if constexpr (TYPE == kQ2K) {
+        const float dmin = half_at(sb + 82);
+        for (int h = 0; h < 16; ++h) c[16 * i + h] = -(dmin * static_cast<float>(sb[h] >> 4));
+      }
+    }
+  }
+}
+
+// How a row of TYPE meets codes of T: values an integer sum covers (SUB), values an offset c covers
+// (OFFSET_VALUES), and whether there are offsets at all.
+template <int TYPE, class T>
+struct GemmLayout {
+  static constexpr bool kWide = sizeof(T) == 2;
+  static constexpr int SUB = kWide ? 32 : gemm_sub_block<TYPE>();
+  static constexpr int OFFSET_VALUES = kWide && TYPE == kQ2K ? 16 : SUB;
+  static constexpr bool OFFSETS = !kWide || TYPE == kQ2K || TYPE == kQ4K || TYPE == kQ5K || legacy_has_min(TYPE);
+};
+
 // The 4 byte codes or 2 16-bit codes at p, as one int32 lane.
 template <class T>
 inline int32_t word_at(const T* p) {
@@ -125,15 +177,18 @@ inline int32_t word_at(const T* p) {
 
 // part[r * ld + i] (+)= row r of the strip against activation row m0 + i, over sub-blocks t0..t1
 // (from zero where t0 is 0).
-template <int SB, int MV, class T>
+template <int TYPE, class T, int MV>
 inline void gemm_tile(const GemmActivations& x, int K, const T* codes, const float* s, const float* c, int m0, int t0,
                       int t1, float* part, int64_t ld) {
+  using L = GemmLayout<TYPE, T>;
+  constexpr int SB = L::SUB, CV = L::OFFSET_VALUES;
   constexpr int P = 4 / sizeof(T);  // values a lane takes per instruction: 4 bytes or 2 16-bit codes
+  const int offsets = K / CV;
   constexpr int NB = kGemmStrip;
   const int subs = K / SB;
   const int64_t mp = x.rows;
   const int32_t* xq = reinterpret_cast<const int32_t*>(x.q) + m0;
-  const float* sums = (SB == 16 ? x.sum16 : x.sum32) + m0;
+  const float* sums = (CV == 16 ? x.sum16 : x.sum32) + m0;
   __m512 acc[MV][NB];
   for (int v = 0; v < MV; ++v)
     for (int r = 0; r < NB; ++r) acc[v][r] = t0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(part + r * ld + v * kGemmLanes);
@@ -159,11 +214,15 @@ inline void gemm_tile(const GemmActivations& x, int K, const T* codes, const flo
     const float* dx = x.d + (t * SB / 32) * mp + m0;
     for (int v = 0; v < MV; ++v) {
       const __m512 d = _mm512_loadu_ps(dx + v * kGemmLanes);
-      const __m512 q = _mm512_loadu_ps(sums + t * mp + v * kGemmLanes);
       for (int r = 0; r < NB; ++r) {
         const __m512 ds = _mm512_mul_ps(d, _mm512_set1_ps(s[r * subs + t]));
         acc[v][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[v][r]), ds, acc[v][r]);
-        acc[v][r] = _mm512_fmadd_ps(q, _mm512_set1_ps(c[r * subs + t]), acc[v][r]);
+      }
+      if constexpr (L::OFFSETS) {
+        for (int o = t * SB / CV; o < (t + 1) * SB / CV; ++o) {
+          const __m512 q = _mm512_loadu_ps(sums + o * mp + v * kGemmLanes);
+          for (int r = 0; r < NB; ++r) acc[v][r] = _mm512_fmadd_ps(q, _mm512_set1_ps(c[r * offsets + o]), acc[v][r]);
+        }
       }
     }
   }
@@ -177,23 +236,28 @@ inline void gemm_tile(const GemmActivations& x, int K, const T* codes, const flo
 // weight rows and stay in L2 with the group's codes; the sums wait in `part` between slices.
 template <int TYPE, class T>
 void gemm_blocks(const GemmArgs& a, int n0, int n1, float* scratch) {
-  constexpr int SB = gemm_sub_block<TYPE>(), NB = kGemmStrip;
-  const int K = a.K, subs = K / SB;
+  using L = GemmLayout<TYPE, T>;
+  constexpr int SB = L::SUB, NB = kGemmStrip;
+  const int K = a.K, subs = K / SB, offsets = K / L::OFFSET_VALUES;
   const int64_t mp = a.x.rows;
   float* part = scratch;  // (kGemmGroup, mp)
   float* s = part + kGemmGroup * mp;
-  float* c = s + kGemmGroup * subs;
-  T* codes = reinterpret_cast<T*>(c + kGemmGroup * subs);
+  float* c = s + kGemmGroup * (K / 16);
+  T* codes = reinterpret_cast<T*>(c + kGemmGroup * (K / 16));
   for (int n = n0; n < n1; n += kGemmGroup) {
     const int rows = n1 - n < kGemmGroup ? n1 - n : kGemmGroup;
     const int strips = (rows + NB - 1) / NB;
     for (int r = 0; r < strips * NB; ++r) {
-      if (r < rows) {
-        gemm_row<TYPE>(a.codes + static_cast<int64_t>(n + r) * a.ld_bytes, K, codes + static_cast<int64_t>(r) * K,
-                       s + r * subs, c + r * subs);
+      const uint8_t* weights = a.codes + static_cast<int64_t>(n + r) * a.ld_bytes;
+      T* row_codes = codes + static_cast<int64_t>(r) * K;
+      if (r >= rows) {
+        __builtin_memset(row_codes, 0, sizeof(T) * K);
+        for (int t = 0; t < subs; ++t) s[r * subs + t] = 0.0f;
+        for (int o = 0; o < offsets; ++o) c[r * offsets + o] = 0.0f;
+      } else if constexpr (L::kWide) {
+        gemm_row_wide<TYPE>(weights, K, row_codes, s + r * subs, c + r * offsets);
       } else {
-        __builtin_memset(codes + static_cast<int64_t>(r) * K, 0, sizeof(T) * K);
-        for (int t = 0; t < subs; ++t) s[r * subs + t] = 0.0f, c[r * subs + t] = 0.0f;
+        gemm_row<TYPE>(weights, K, row_codes, s + r * subs, c + r * offsets);
       }
     }
     for (int t0 = 0; t0 < subs; t0 += kGemmSliceK / SB) {
@@ -205,12 +269,14 @@ void gemm_blocks(const GemmArgs& a, int n0, int n1, float* scratch) {
           const int r0 = strip * NB;
           const T* strip_codes = codes + static_cast<int64_t>(r0) * K;
           float* at = part + r0 * mp + m0;
+          const float* strip_s = s + r0 * subs;
+          const float* strip_c = c + r0 * offsets;
           if (mv == 3) {
-            gemm_tile<SB, 3>(a.x, K, strip_codes, s + r0 * subs, c + r0 * subs, m0, t0, t1, at, mp);
+            gemm_tile<TYPE, T, 3>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
           } else if (mv == 2) {
-            gemm_tile<SB, 2>(a.x, K, strip_codes, s + r0 * subs, c + r0 * subs, m0, t0, t1, at, mp);
+            gemm_tile<TYPE, T, 2>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
           } else {
-            gemm_tile<SB, 1>(a.x, K, strip_codes, s + r0 * subs, c + r0 * subs, m0, t0, t1, at, mp);
+            gemm_tile<TYPE, T, 1>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
           }
         }
         m0 += mv * kGemmLanes;
@@ -257,7 +323,7 @@ void gemm(const GemmArgs& a, int n0, int n1, float* scratch) {
 void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, const GemmActivations& out) {
   const int64_t mp = out.rows;
   const int words = out.width == 16 ? 16 : 8;  // lanes of 32 bits a block of 32 codes fills
-  const float top = out.width == 16 ? 32767.0f : 127.0f;
+  const float top = static_cast<float>(out.top);
   int32_t* q = reinterpret_cast<int32_t*>(const_cast<void*>(out.q));
   float* d = const_cast<float*>(out.d);
   float* sum16 = const_cast<float*>(out.sum16);

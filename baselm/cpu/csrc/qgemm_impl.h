@@ -319,7 +319,33 @@ void gemm(const GemmArgs& a, int n0, int n1, float* scratch) {
   gemm_as<uint8_t>(a, n0, n1, scratch);
 }
 
-// Rows m0..m1 (a multiple of 16 apart) of x as gemm_quantize's layout; rows from M on are zero.
+// r[c] = column c of the 16 x 16 matrix of 32-bit lanes whose rows were r[0..15]: 128-bit lanes of
+// 4 x 4 blocks transposed (two unpack stages), then the blocks moved into place.
+inline void transpose16(__m512i* r) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + e]: rows i..i+3 of column 4j + e in 128-bit lane j
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512i p0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44), p1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xEE);
+    const __m512i q0 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44), q1 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xEE);
+    r[e] = _mm512_shuffle_i32x4(p0, q0, 0x88);
+    r[4 + e] = _mm512_shuffle_i32x4(p0, q0, 0xDD);
+    r[8 + e] = _mm512_shuffle_i32x4(p1, q1, 0x88);
+    r[12 + e] = _mm512_shuffle_i32x4(p1, q1, 0xDD);
+  }
+}
+
+// Rows m0..m1 (a multiple of 16 apart) of x as gemm_quantize's layout, 16 rows at a time: each
+// block's 16 rows of codes, a vector a row, transposed into the 16 (8-bit: 8) vectors of 16 rows'
+// lanes; rows from M on are zero.
 void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, const GemmActivations& out) {
   const int64_t mp = out.rows;
   const int words = out.width == 16 ? 16 : 8;  // lanes of 32 bits a block of 32 codes fills
@@ -329,33 +355,38 @@ void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, co
   float* sum16 = const_cast<float*>(out.sum16);
   float* sum32 = const_cast<float*>(out.sum32);
   const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  for (int m = m0; m < m1; ++m) {
+  const __m512 hi = _mm512_set1_ps(top), lo = _mm512_set1_ps(-top);
+  for (int g = m0; g < m1; g += kGemmLanes) {
     for (int b = 0; b < K / 32; ++b) {
-      float scale = 0.0f;
-      int low = 0, high = 0;
-      alignas(64) int32_t codes[16] = {};
-      if (m < M) {
+      alignas(64) float scale[kGemmLanes], low[kGemmLanes], high[kGemmLanes];
+      __m512i rows[kGemmLanes];
+      for (int i = 0; i < kGemmLanes; ++i) {
+        const int m = g + i;
+        scale[i] = low[i] = high[i] = 0.0f;
+        rows[i] = _mm512_setzero_si512();
+        if (m >= M) continue;
         const __m512 v0 = _mm512_loadu_ps(x + m * ldx + 32 * b), v1 = _mm512_loadu_ps(x + m * ldx + 32 * b + 16);
         const float most = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, magnitude), _mm512_and_ps(v1, magnitude)));
-        scale = most / top;
-        const __m512 inverse = _mm512_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
-        const __m512 hi = _mm512_set1_ps(top), lo = _mm512_set1_ps(-top);
+        scale[i] = most / top;
+        const __m512 inverse = _mm512_set1_ps(scale[i] != 0.0f ? 1.0f / scale[i] : 0.0f);
         const __m512i i0 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v0, inverse), lo), hi));
         const __m512i i1 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v1, inverse), lo), hi));
-        low = _mm512_reduce_add_epi32(i0), high = _mm512_reduce_add_epi32(i1);
+        low[i] = static_cast<float>(_mm512_reduce_add_epi32(i0));
+        high[i] = static_cast<float>(_mm512_reduce_add_epi32(i1));
         if (words == 16) {
-          _mm256_store_si256(reinterpret_cast<__m256i*>(codes), _mm512_cvtepi32_epi16(i0));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8), _mm512_cvtepi32_epi16(i1));
+          rows[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(i0)), _mm512_cvtepi32_epi16(i1), 1);
         } else {
-          _mm_store_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(i0));
-          _mm_store_si128(reinterpret_cast<__m128i*>(codes + 4), _mm512_cvtepi32_epi8(i1));
+          rows[i] = _mm512_castsi256_si512(
+              _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(i0)), _mm512_cvtepi32_epi8(i1), 1));
         }
       }
-      for (int i = 0; i < words; ++i) q[(words * b + i) * mp + m] = codes[i];
-      d[b * mp + m] = scale;
-      sum16[2 * b * mp + m] = scale * static_cast<float>(low);
-      sum16[(2 * b + 1) * mp + m] = scale * static_cast<float>(high);
-      sum32[b * mp + m] = scale * static_cast<float>(low + high);
+      transpose16(rows);
+      for (int c = 0; c < words; ++c) _mm512_storeu_si512(q + (words * b + c) * mp + g, rows[c]);
+      const __m512 sv = _mm512_load_ps(scale), lv = _mm512_load_ps(low), hv = _mm512_load_ps(high);
+      _mm512_storeu_ps(d + b * mp + g, sv);
+      _mm512_storeu_ps(sum16 + 2 * b * mp + g, _mm512_mul_ps(sv, lv));
+      _mm512_storeu_ps(sum16 + (2 * b + 1) * mp + g, _mm512_mul_ps(sv, hv));
+      _mm512_storeu_ps(sum32 + b * mp + g, _mm512_mul_ps(sv, _mm512_add_ps(lv, hv)));
     }
   }
 }

@@ -7,15 +7,20 @@
 // products a 512-bit instruction, twice a float FMA's 16; near-exact, as the few-row path) or 8-bit
 // ones with activation_bits() 8 (dpbusd: 64 products; llama.cpp's Q8_0 precision). They are stored
 // transposed, 16 rows a vector: the codes of values 2k, 2k + 1 (8 bits: 4k..4k+3) of rows m..m+15
-// are one 64-byte vector (gemm_quantize). Each weight row is decoded once per call into unsigned
-// codes u (bytes or 16-bit) with a float pair (s, c) per sub-block of SB values (32; 16 for Q6_K, Q3_K
-// and Q2_K, whose 16-value scales differ within a block), value = s * u + c: a signed code (Q8_0,
-// IQ4_*, Q6_K, Q3_K) is moved up to unsigned and its offset goes into c. A tile of MV x 16 activation
-// rows and NB weight rows then takes, per lane word, MV vector loads of activations and NB broadcasts
-// of weight codes into MV x NB dot instructions, an exact integer sum per sub-block (at most 32 x 255
-// x 32767 in a lane); per sub-block each sum meets dx * s in one FMA, and c the rows' sums of
-// quantized values (dx times the sum of codes, as llama.cpp's bsums) in another. So a result is
-//   sum over sub-blocks of s * dx * sum(u * xq) + c * dx * sum(xq),
+// are one 64-byte vector (gemm_quantize). Each weight row is decoded once per call (GemmLayout):
+//   16 bits (gemm_row_wide): signed 16-bit codes q with one float scale s per 32 values, value
+//     s * q (+ c where the type has a minimum: Q4_1, Q5_1, Q4_K, Q5_K per 32 values, Q2_K per 16):
+//     zero points are taken off the codes, and Q6_K's, Q3_K's and Q2_K's carry their 16-value
+//     scales (Q6_K's up to 4096, so its activations take codes to 16383: 32 products fit an int32);
+//   8 bits (gemm_row): unsigned byte codes u (dpbusd's unsigned side) with (s, c) per sub-block of 32
+//     values (16 for Q6_K, Q3_K and Q2_K, whose 16-value scales differ within a block), value
+//     s * u + c: a signed code (Q8_0, IQ4_*, Q6_K, Q3_K) is moved up and its offset goes into c.
+// A tile of MV x 16 activation rows and NB weight rows then takes, per lane word, MV vector loads of
+// activations and NB broadcasts of weight codes into MV x NB dot instructions, an exact integer sum
+// per sub-block (at most 32 x 4096 x 16383 in a lane); per sub-block each sum meets dx * s in one
+// FMA, and an offset c the rows' sums of quantized values (dx times the sum of codes, as llama.cpp's
+// bsums) in another. So a result is
+//   sum over sub-blocks of s * dx * sum(q * xq) + c * dx * sum(xq),
 // the exact value of the weight against the quantized activations, but for float32 rounding. A
 // row's codes and its sums' order do not depend on the other rows of the call.
 
@@ -29,7 +34,8 @@ constexpr int gemm_sub_block() {
   return TYPE == kQ6K || TYPE == kQ3K || TYPE == kQ2K ? 16 : 32;
 }
 
-// Two vectors of 16-bit codes (values 0-15, 16-31, each 0..255) as 32 codes of T in natural order.
+// Two vectors of 16-bit codes (values 0-15, 16-31) as 32 codes of T in natural order: as they are, or
+// packed to bytes (codes 0..255).
 template <class T>
 inline void store_codes(__m256i lo, __m256i hi, T* out) {
   if constexpr (sizeof(T) == 2) {

@@ -60,7 +60,7 @@ def test_a_row_is_the_same_in_any_batch_past_32_rows(gemm, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_error_is_what_8_bit_activations_allow(gemm, kind: str) -> None:
+def test_the_error_is_what_rounding_the_activations_allows(gemm, kind: str) -> None:
     """Against the float64 product of the decoded weights: within sum |w| * d / 2 (each activation is
     at most half a step d = max|x| / top of its block from its code, gemm_codes) plus float32
     rounding; and (8 bits) much nearer the 8-bit reference than the float product is, so the
@@ -74,7 +74,7 @@ def test_the_error_is_what_8_bit_activations_allow(gemm, kind: str) -> None:
     actual = np.array(_linear(gemm, x, kind, raw), np.float64)
     x64, w64 = x.astype(np.float64), values.astype(np.float64)
     step = np.repeat(np.abs(x64.reshape(40, -1, BLOCK)).max(-1) / top, BLOCK, axis=1)  # (40, cols)
-    allowed = (step / 2) @ np.abs(w64).T + FLOAT_RTOL * (np.abs(x64) @ np.abs(w64).T) * 16 + 1e-6
+    allowed = (step / 2) @ np.abs(w64).T + FLOAT_RTOL * (np.abs(x64) @ np.abs(w64).T) + 1e-6
     assert (np.abs(actual - x64 @ w64.T) / allowed).max() <= 1.0
     expected, bound = reference(x, fields, top, shift)
     kernel_error = (np.abs(actual - expected) / bound).max()

@@ -98,11 +98,11 @@ def test_zero_blocks_and_extreme_codes_past_32_rows(gemm, kind: str) -> None:
     _check(gemm, x, weights, _linear(gemm, x, kind, raw), kind=kind)
 
 
-@pytest.mark.parametrize("kind", ["q4_0", "q8_0", "q4_k", "q6_k", "q2_k"])
+@pytest.mark.parametrize("kind", ["q4_0", "q4_k", "q6_k"])
 def test_large_weights_split_across_threads_past_32_rows(gemm, kind: str) -> None:
-    """4864 x 1536 (Qwen2.5's MLP) against 40 and 130 rows: 16-row groups claimed by every thread."""
+    """4864 x 1536 (Qwen2.5's MLP) against 40 rows: 16-row groups claimed by every thread (the tiles
+    past 48 rows are test_block_kernels' test_past_32_rows_the_gemm)."""
     raw = _blocks(kind, 4864, 1536, seed=23)
     weights = (raw, parse(kind, raw, 1536), _values(kind, raw, 1536))
-    for rows in (40, 130):
-        x = _activations(rows, 1536, seed=rows)
-        _check(gemm, x, weights, _linear(gemm, x, kind, raw), kind=kind)
+    x = _activations(40, 1536, seed=40)
+    _check(gemm, x, weights, _linear(gemm, x, kind, raw), kind=kind)

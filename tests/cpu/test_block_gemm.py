@@ -24,10 +24,10 @@ from tests.cpu.test_block_kernels import (
     _activations,
     _blocks,
     _check,
-    _edge_blocks,
     _linear,
     _values,
     _weights,
+    edge_case,
     gemm_codes,
     integer,  # noqa: F401 - the fixture
     reference,
@@ -86,16 +86,9 @@ def test_the_error_is_what_rounding_the_activations_allows(gemm, kind: str) -> N
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_zero_blocks_and_extreme_codes_past_32_rows(gemm, kind: str) -> None:
-    """The edge weight blocks against 40 rows: a block of zeros (d = 0), one huge value, all ones (every
-    code 127), alternating signs, and random rows."""
-    raw = _edge_blocks(kind, 512)
-    weights = (raw, parse(kind, raw, 512), _values(kind, raw, 512))
-    x = _activations(40, 512, seed=22)
-    x[0, :BLOCK] = 0.0
-    x[1, 40] = 1e4
-    x[2] = 1.0
-    x[3] = np.where(np.arange(512) % 2 == 0, 1.0, -1.0)
-    _check(gemm, x, weights, _linear(gemm, x, kind, raw), kind=kind)
+    """edge_case's activation rows, 40 of them, against the edge weight blocks."""
+    weights, x = edge_case(kind, 40, seed=22)
+    _check(gemm, x, weights, _linear(gemm, x, kind, weights[0]), kind=kind)
 
 
 @pytest.mark.parametrize("kind", ["q4_0", "q4_k", "q6_k"])

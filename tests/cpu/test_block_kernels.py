@@ -329,18 +329,24 @@ def _edge_blocks(kind: str, cols: int) -> np.ndarray:
     return raw.reshape(5, -1)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_zero_blocks_and_extreme_codes(path, kind: str) -> None:
-    """Activation rows: a block of zeros (d = 0), one huge value, every code at 32767 (the largest
-    integer sums), alternating signs (large sums that cancel); against edge weight blocks."""
+def edge_case(kind: str, rows: int, seed: int) -> tuple[tuple, np.ndarray]:
+    """(weights, x): _edge_blocks' 5 weight rows of 512 values, and `rows` (at least 4) activation rows
+    whose first four are a block of zeros (d = 0), one huge value, all ones (every code at its top: the
+    largest integer sums), alternating signs (large sums that cancel); the rest random."""
     raw = _edge_blocks(kind, 512)
-    weights = (raw, parse(kind, raw, 512), _values(kind, raw, 512))
-    x = _activations(4, 512, seed=11)
+    x = _activations(rows, 512, seed=seed)
     x[0, :BLOCK] = 0.0
     x[1, 40] = 1e4
     x[2] = 1.0
     x[3] = np.where(np.arange(512) % 2 == 0, 1.0, -1.0)
-    _check(path, x, weights, _linear(path, x, kind, raw), kind=kind)
+    return (raw, parse(kind, raw, 512), _values(kind, raw, 512)), x
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_zero_blocks_and_extreme_codes(path, kind: str) -> None:
+    """edge_case's 4 activation rows against the edge weight blocks."""
+    weights, x = edge_case(kind, 4, seed=11)
+    _check(path, x, weights, _linear(path, x, kind, weights[0]), kind=kind)
 
 
 def test_wrong_calls_are_clear_errors(kernels) -> None:

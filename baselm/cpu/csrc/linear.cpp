@@ -182,9 +182,7 @@ GemmActivations gemm_buffers(const QdotKernels& kern, const float* x, int M, int
   if (scales.size() < values / 8) scales.resize(values / 8);  // d and sum32 (1/32 each), sum16 (1/16)
   float* d = scales.data();
   const int width = activation_bits_slot().load(std::memory_order_relaxed);
-  // 32 products of Q6_K's codes (up to 4096 with their scale) in one int32 lane: 15-bit activations.
-  const int top = width == 8 ? 127 : type == kQ6K ? 16383 : 32767;
-  GemmActivations out{q.data(), width, top, d, d + values / 32, d + 3 * (values / 32), rows};
+  GemmActivations out{q.data(), width, gemm_code_top(width, type), d, d + values / 32, d + 3 * (values / 32), rows};
   parallel_for(rows / 16, values, [&](int begin, int end, int) { kern.gemm_quantize(x, K, M, 16 * begin, 16 * end, K, out); });
   return out;
 }

@@ -82,6 +82,11 @@ struct QdotKernels {
   void (*gemm)(const GemmArgs&, int n0, int n1, float* scratch);
 };
 
+// The largest activation code the GEMM takes against weights of `type` at `width` bits: 16-bit codes
+// stop at 16383 against Q6_K, whose codes carry their scale (up to 4096), so that 32 products fit an
+// int32 lane (qgemm_impl.h).
+inline int gemm_code_top(int width, int type) { return width == 8 ? 127 : type == kQ6K ? 16383 : 32767; }
+
 // The GEMM's decoded weight rows (16 rows of K 16-bit or byte codes and two floats per 16 values)
 // and their sums against `rows` (M rounded up to 16) activation rows.
 inline int64_t gemm_scratch_floats(int K, int rows) { return 16 * (K / 2 + 2 * (K / 16)) + 16 * static_cast<int64_t>(rows) + 16; }

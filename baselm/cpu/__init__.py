@@ -72,10 +72,12 @@ def describe() -> str:
 
 def activations() -> str:
     """What quantized weights are multiplied with: integer activation codes (the default, up to
-    `qdot_max_rows` rows a call) or float32 ones (BASE_CPU_EXACT=1, the exact path)."""
+    `qdot_max_rows` rows a call, and beyond for GGUF blocks where the ISA has the integer GEMM) or
+    float32 ones (BASE_CPU_EXACT=1, the exact path)."""
     if kernels is None or kernels.exact():
         return "float32 activations"
+    beyond = "GGUF blocks in the integer GEMM, float32 otherwise" if kernels.integer_gemm() else "float32"
     return (
         f"{kernels.activation_bits()}-bit integer activations up to {kernels.qdot_max_rows()} rows "
-        f"({kernels.qdot_isa()}), float32 beyond"
+        f"({kernels.qdot_isa()}), beyond: {beyond}"
     )

@@ -1,11 +1,11 @@
 """The many-row product over GGUF blocks (csrc/qgemm_impl.h): past qdot_max_rows activation rows
 (a prefill), an AVX-512 VNNI build quantizes the activations to 16-bit codes (activation_bits() 16,
 the default: dpwssd) or 8-bit ones (8: dpbusd) in blocks of 32 and multiplies them against each
-weight block's codes; other instruction sets (and the exact path) multiply float32 activations
-(gemm_impl.h).
+weight block's codes; an AVX2 build does so with 16-bit codes at either setting (maddwd); the
+generic build (and the exact path) multiplies float32 activations (gemm_impl.h).
 
 test_block_kernels.py checks every path against its reference (the GEMM's: `reference(top, shift)`,
-integer sums exact); here, at both widths, what a prefill relies on besides: a row's result does not
+integer sums exact); here, at both settings, what a prefill relies on besides: a row's result does not
 depend on its batch, the error stays within what rounding the activations to codes can cause, and
 odd inputs and large weights split across threads.
 """
@@ -43,8 +43,8 @@ def gemm(integer, request: pytest.FixtureRequest) -> Iterator[object]:  # noqa: 
     integer.set_activation_bits(before)
 
 
-def test_the_gemm_is_where_vnni_is(kernels) -> None:
-    assert kernels.integer_gemm() == (kernels.qdot_isa() == "avx512-vnni")
+def test_the_gemm_is_where_avx2_is(kernels) -> None:
+    assert kernels.integer_gemm() == (kernels.qdot_isa() in ("avx512-vnni", "avx2"))
 
 
 @pytest.mark.parametrize("kind", KINDS)

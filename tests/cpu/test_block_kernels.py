@@ -92,10 +92,10 @@ SHIFT = {"q8_0": 128, "iq4_nl": 128, "iq4_xs": 128, "q6_k": 32, "q3_k": 4}
 
 
 def gemm_codes(kernels, kind: str) -> tuple[int, int]:
-    """(top, shift) of the VNNI GEMM's activation codes and weight codes for `kind` now: 8 bits, codes
-    to 127 against codes moved up by SHIFT; 16 bits, codes to 32767 (against Q6_K's, which carry their
-    scale, 16383) against signed codes."""
-    if kernels.activation_bits() == 8:
+    """(top, shift) of the integer GEMM's activation codes and weight codes for `kind` now: 8 bits (VNNI
+    only), codes to 127 against codes moved up by SHIFT; 16 bits, codes to 32767 (against Q6_K's, which
+    carry their scale, 16383) against signed codes."""
+    if kernels.activation_bits() == 8 and kernels.qdot_isa() == "avx512-vnni":  # AVX2's GEMM: 16 bits only
         return 127, SHIFT.get(kind, 0)
     return (16383 if kind == "q6_k" else 32767), 0
 
@@ -105,7 +105,7 @@ def reference(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(y, bound): x @ W.T with activation codes up to `top` in blocks of 32, in float64, and its
     rounding bound. The few-row integer path (shift None): offsets meet the float sums of their 32
-    values, Q2_K's minimums those of their 16. The VNNI GEMM past qdot_max_rows rows (shift: what it
+    values, Q2_K's minimums those of their 16. The integer GEMM past qdot_max_rows rows (shift: what it
     adds to the kind's codes, gemm_codes): both meet the sums of the quantized values (d times the
     codes' sum), and the bound counts the codes moved up by `shift`."""
     codes, scales, offsets, minimums = fields
@@ -142,7 +142,7 @@ def _check(
     kernels, x: np.ndarray, weights: tuple, out: mx.array, bias: np.ndarray | None = None, kind: str = ""
 ) -> None:
     """out against the path the kernels take for x: the 16-bit integer reference (up to qdot_max_rows
-    rows), the GEMM's (past them, where the ISA has the VNNI GEMM: activation_bits() codes), or the
+    rows), the GEMM's (past them, where the ISA has the integer GEMM: gemm_codes), or the
     float product."""
     _, fields, values = weights
     actual = np.array(out, dtype=np.float64)
@@ -184,7 +184,7 @@ def test_the_reference_parses_blocks_as_the_gguf_package_does(kind: str) -> None
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_number_of_rows_up_to_32_and_past_it(integer, kind: str) -> None:
     """Register tiles of 1-4 activation rows and their remainders, one row alone, up to qdot_max_rows;
-    33, the first past it, on the GEMM (8-bit activations with VNNI, float32 ones elsewhere)."""
+    33, the first past it, on the GEMM (integer activations with VNNI or AVX2, float32 ones elsewhere)."""
     assert integer.qdot_max_rows() == 32
     cols = ODD[kind]
     weights = _weights(kind, 37, cols, seed=1)
@@ -221,8 +221,8 @@ def test_the_integer_path_follows_16_bit_codes_not_float_activations(integer, ki
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_past_32_rows_the_gemm(integer, kind: str) -> None:
-    """The int8 GEMM's tiles of 48, 32 and 16 rows (rows rounded up to 16: 33 -> 48, 100 -> 112 as 48 +
-    48 + 16, 130 -> 144 as 3 x 48), or the float GEMM where the ISA has no VNNI."""
+    """The integer GEMM's tiles of 48, 32 and 16 rows (VNNI; rows rounded up to 16: 33 -> 48, 100 -> 112
+    as 48 + 48 + 16, 130 -> 144 as 3 x 48) or of 16 (AVX2), or the float GEMM of the generic build."""
     cols = ODD[kind]
     weights = _weights(kind, 37, cols, seed=2)
     for rows in (33, 47, 64, 100, 130):

@@ -171,17 +171,23 @@ QActivations quantized_buffers(const QdotKernels& kern, const float* x, int M, i
   return QActivations{buffers.q.data(), width, buffers.d.data(), buffers.sum.data(), buffers.qsum.data(), half_sum};
 }
 
-// Many rows of x quantized for the VNNI GEMM (qdot.h's GemmActivations) to activation_bits() codes,
-// per calling (stream) thread, the pool's threads taking 16 rows at a time.
+// Many rows of x quantized for the integer GEMM (qdot.h's GemmActivations) to activation_bits() codes
+// (16-bit ones where the GEMM takes no bytes: AVX2), per calling (stream) thread, the pool's threads
+// taking 16 rows at a time.
 GemmActivations gemm_buffers(const QdotKernels& kern, const float* x, int M, int K, int type) {
   thread_local std::vector<int16_t> q;
   thread_local std::vector<float> scales;
-  const int rows = (M + 15) / 16 * 16;
+  // M rounded up to 16, and 16 more where that makes an even number of 64-byte lines: the layout's
+  // stride between a row's lane words (rows x 4 bytes) then maps them onto every cache set. A power
+  // of two (a 512-row prefill chunk: 2 KiB) left a tile's activations 1/32 of L1's sets and of L2's,
+  // and each strip read them again from L3 (the GEMM at 512 rows ran 0.6-0.95x the float one).
+  int rows = (M + 15) / 16 * 16;
+  if (rows / 16 % 2 == 0) rows += 16;
   const size_t values = static_cast<size_t>(rows) * K;
   if (q.size() < values) q.resize(values);  // 8-bit codes use the first half
   if (scales.size() < values / 8) scales.resize(values / 8);  // d and sum32 (1/32 each), sum16 (1/16)
   float* d = scales.data();
-  const int width = activation_bits_slot().load(std::memory_order_relaxed);
+  const int width = kern.gemm_bytes ? activation_bits_slot().load(std::memory_order_relaxed) : 16;
   GemmActivations out{q.data(), width, gemm_code_top(width, type), d, d + values / 32, d + 3 * (values / 32), rows};
   parallel_for(rows / 16, values, [&](int begin, int end, int) { kern.gemm_quantize(x, K, M, 16 * begin, 16 * end, K, out); });
   return out;
@@ -614,7 +620,7 @@ void register_linear(nb::module_& m) {
       },
       nb::arg("bits"),
       "Bits per activation code on the integer path: 16 (default) or 8 (BASE_CPU_ACT_BITS): the affine layers' "
-      "and, past qdot_max_rows rows, the GGUF blocks' GEMM (8: a faster prefill, larger logit error).");
+      "and, past qdot_max_rows rows, the GGUF blocks' VNNI GEMM (8: a faster prefill, larger logit error).");
   m.def(
       "activation_bits", [] { return activation_bits_slot().load(); }, "Bits per activation code (8 or 16).");
   m.def(
@@ -625,7 +631,7 @@ void register_linear(nb::module_& m) {
       "Activation rows up to which quantized matmuls take integer activations (more: float32).");
   m.def(
       "integer_gemm", [] { return qdot_kernels().gemm != nullptr; },
-      "Whether GGUF block matmuls past qdot_max_rows rows take integer activations (activation_bits(): the VNNI "
+      "Whether GGUF block matmuls past qdot_max_rows rows take integer activations (the VNNI GEMM: activation_bits() codes; AVX2's: 16-bit ones) "
       "GEMM) on this instruction set, off the exact path; otherwise they multiply float32 activations.");
   m.def(
       "qdot_isa", [] { return std::string(qdot_kernels().name); },

@@ -43,8 +43,9 @@ struct QdotArgs {
   int64_t ldy;
 };
 
-// Many activation rows (a prefill) as the VNNI GEMM takes them (qgemm_impl.h): 16- or 8-bit codes in
-// blocks of 32 values, `rows` (M rounded up to 16; the rows past M zero) a column, transposed so that
+// Many activation rows (a prefill) as the integer GEMM takes them (qgemm_impl.h): 16- or 8-bit codes in
+// blocks of 32 values, `rows` (M rounded up to 16, plus 16 where that is an even number of 16s: see
+// linear.cpp's gemm_buffers; the rows past M zero) a column, transposed so that
 // the codes of values 2k, 2k + 1 (8 bits: 4k..4k+3) of 16 consecutive rows are 64 contiguous bytes.
 struct GemmActivations {
   const void* q;  // (K / 2, rows, 2) int16 or (K / 4, rows, 4) int8
@@ -75,11 +76,12 @@ struct QdotKernels {
                    float* d, float* sum, float* qsum);
   // y[:, n0:n1]; scratch holds at least qdot_scratch_floats(K) floats, owned by the caller.
   void (*matmul)(const QdotArgs&, int n0, int n1, float* scratch);
-  // The VNNI GEMM over GGUF blocks for many rows, or nullptr where this ISA has none: rows m0..m1 (a
-  // multiple of 16 apart) of x quantized into `out`'s buffers, then y[:, n0:n1] (scratch: at least
-  // gemm_scratch_floats(K, x.rows) floats).
+  // The integer GEMM over GGUF blocks for many rows (VNNI, AVX2), or nullptr where this ISA has
+  // none: rows m0..m1 (a multiple of 16 apart) of x quantized into `out`'s buffers, then
+  // y[:, n0:n1] (scratch: at least gemm_scratch_floats(K, x.rows) floats).
   void (*gemm_quantize)(const float* x, int64_t ldx, int M, int m0, int m1, int K, const GemmActivations& out);
   void (*gemm)(const GemmArgs&, int n0, int n1, float* scratch);
+  bool gemm_bytes;  // whether the GEMM also takes 8-bit codes (VNNI's dpbusd); else 16-bit ones only
 };
 
 // The largest activation code the GEMM takes against weights of `type` at `width` bits: 16-bit codes

@@ -455,7 +455,7 @@ void matmul_blocks(const QdotArgs& a, int n0, int n1, float*) {
   activations_in_groups<TYPE, int16_t, 1>(a, n0, n1, Decoder{});
 }
 
-#if defined(__AVX512VNNI__)
+#if defined(__AVX2__)
 #include "qgemm_impl.h"
 #endif
 
@@ -647,9 +647,11 @@ void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
 
 const QdotKernels& qdot_kernels() {
 #if defined(__AVX512VNNI__)
-  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, &gemm_quantize, &gemm};
+  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, &gemm_quantize, &gemm, true};
+#elif defined(__AVX2__)
+  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, &gemm_quantize, &gemm, false};
 #else
-  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, nullptr, nullptr};
+  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, nullptr, nullptr, false};
 #endif
   return kernels;
 }

@@ -1,6 +1,7 @@
-// The many-row (prefill) product over GGUF blocks with integer activations and AVX-512 VNNI, included
-// by qdot_impl.h inside the avx512 build's AVX2 section (kquant_block, q6k_centred, LowBits,
-// legacy_code_lanes and the rest come from there).
+// The many-row (prefill) product over GGUF blocks with integer activations, on AVX-512 VNNI or AVX2,
+// included by qdot_impl.h inside the AVX2 section of the avx512 and avx2 builds (kquant_block,
+// q6k_centred, LowBits, legacy_code_lanes and the rest come from there). AVX2 takes 16-bit codes
+// only, 8 rows a vector, in tiles of 16 rows (vpmaddwd and vpaddd where VNNI has one dpwssd).
 //
 // Past kGemmMinRows activation rows a product is compute-bound. Here the activations are quantized
 // once per call to codes in blocks of 32 with one float scale dx: 16-bit codes by default (dpwssd: 32
@@ -24,7 +25,13 @@
 // the exact value of the weight against the quantized activations, but for float32 rounding. A
 // row's codes and its sums' order do not depend on the other rows of the call.
 
+#if defined(__AVX512VNNI__)
 constexpr int kGemmLanes = 16;  // activation rows a vector: one int32 lane each
+constexpr int kGemmMaxMV = 3;  // activation vectors a tile takes (MV): 12 sums in 32 registers
+#else
+constexpr int kGemmLanes = 8;
+constexpr int kGemmMaxMV = 2;  // 8 sums, 2 activation vectors and a broadcast in 16 registers
+#endif
 constexpr int kGemmStrip = 4;  // weight rows a tile takes at once (NB)
 constexpr int kGemmGroup = 16;  // weight rows decoded at once: 4 strips
 constexpr int kGemmSliceK = 2048;  // values of K a pass takes: 48 rows' 16-bit codes, 192 KiB
@@ -46,6 +53,7 @@ inline void store_codes(__m256i lo, __m256i hi, T* out) {
   }
 }
 
+#if defined(__AVX512VNNI__)
 // One weight row of GGUF blocks of TYPE (K values) as unsigned byte codes and (s, c) per sub-block
 // (the 8-bit GEMM's).
 template <int TYPE>
@@ -117,6 +125,7 @@ void gemm_row(const uint8_t* row, int K, uint8_t* codes, float* s, float* c) {
     }
   }
 }
+#endif  // __AVX512VNNI__
 
 // One weight row as the 16-bit GEMM takes it: signed 16-bit codes, each 32 values' s, and an offset c
 // only where the type has a minimum (Q4_1, Q5_1, Q4_K, Q5_K per 32 values, Q2_K per 16): a zero point
@@ -183,6 +192,7 @@ inline int32_t word_at(const T* p) {
 
 // part[r * ld + i] (+)= row r of the strip against activation row m0 + i, over sub-blocks t0..t1
 // (from zero where t0 is 0).
+#if defined(__AVX512VNNI__)
 template <int TYPE, class T, int MV>
 inline void gemm_tile(const GemmActivations& x, int K, const T* codes, const float* s, const float* c, int m0, int t0,
                       int t1, float* part, int64_t ld) {
@@ -235,6 +245,59 @@ inline void gemm_tile(const GemmActivations& x, int K, const T* codes, const flo
   for (int v = 0; v < MV; ++v)
     for (int r = 0; r < NB; ++r) _mm512_storeu_ps(part + r * ld + v * kGemmLanes, acc[v][r]);
 }
+#else
+// AVX2 (16-bit codes only): a vpmaddwd multiplies a lane's two codes and adds the pair (at most
+// 2 x 32767 x 32767, within an int32), a vpaddd takes it into the sub-block's sum: 16 products in
+// two instructions, against a float FMA's 8 in one, and the FMA's port stays free for the adds.
+template <int TYPE, class T, int MV>
+inline void gemm_tile(const GemmActivations& x, int K, const T* codes, const float* s, const float* c, int m0, int t0,
+                      int t1, float* part, int64_t ld) {
+  static_assert(sizeof(T) == 2, "the AVX2 GEMM takes 16-bit codes");
+  using L = GemmLayout<TYPE, T>;
+  constexpr int SB = L::SUB, CV = L::OFFSET_VALUES;
+  const int offsets = K / CV;
+  constexpr int NB = kGemmStrip;
+  const int subs = K / SB;
+  const int64_t mp = x.rows;
+  const int32_t* xq = reinterpret_cast<const int32_t*>(x.q) + m0;
+  const float* sums = (CV == 16 ? x.sum16 : x.sum32) + m0;
+  if (t0 == 0)
+    for (int v = 0; v < MV; ++v)
+      for (int r = 0; r < NB; ++r) _mm256_storeu_ps(part + r * ld + v * kGemmLanes, _mm256_setzero_ps());
+  for (int t = t0; t < t1; ++t) {
+    __m256i dots[MV][NB];
+    for (int v = 0; v < MV; ++v)
+      for (int r = 0; r < NB; ++r) dots[v][r] = _mm256_setzero_si256();
+    const int32_t* xt = xq + static_cast<int64_t>(t) * (SB / 2) * mp;
+    const T* wt = codes + t * SB;
+#pragma GCC unroll 2
+    for (int i = 0; i < SB / 2; ++i) {  // a lane word (two codes) at a time
+      __m256i xv[MV];
+      for (int v = 0; v < MV; ++v) xv[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + i * mp + v * kGemmLanes));
+      for (int r = 0; r < NB; ++r) {
+        const __m256i w = _mm256_set1_epi32(word_at(wt + static_cast<int64_t>(r) * K + 2 * i));
+        for (int v = 0; v < MV; ++v) dots[v][r] = _mm256_add_epi32(dots[v][r], _mm256_madd_epi16(w, xv[v]));
+      }
+    }
+    // The float sums live in `part` (16 registers hold the integer ones): a load and a store each
+    // per 32 values.
+    const float* dx = x.d + (t * SB / 32) * mp + m0;
+    for (int v = 0; v < MV; ++v) {
+      const __m256 d = _mm256_loadu_ps(dx + v * kGemmLanes);
+      for (int r = 0; r < NB; ++r) {
+        float* at = part + r * ld + v * kGemmLanes;
+        const __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(s[r * subs + t]));
+        __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[v][r]), ds, _mm256_loadu_ps(at));
+        if constexpr (L::OFFSETS) {
+          for (int o = t * SB / CV; o < (t + 1) * SB / CV; ++o)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(sums + o * mp + v * kGemmLanes), _mm256_set1_ps(c[r * offsets + o]), acc);
+        }
+        _mm256_storeu_ps(at, acc);
+      }
+    }
+  }
+}
+#endif
 
 // Weight rows n0..n1 of GGUF blocks of TYPE, kGemmGroup rows at a time: decoded (the last strip
 // padded with zero rows), then, a slice of kGemmSliceK values at a time, each tile of activation rows
@@ -263,23 +326,29 @@ void gemm_blocks(const GemmArgs& a, int n0, int n1, float* scratch) {
       } else if constexpr (L::kWide) {
         gemm_row_wide<TYPE>(weights, K, row_codes, s + r * subs, c + r * offsets);
       } else {
+#if defined(__AVX512VNNI__)
         gemm_row<TYPE>(weights, K, row_codes, s + r * subs, c + r * offsets);
+#endif
       }
     }
     for (int t0 = 0; t0 < subs; t0 += kGemmSliceK / SB) {
       const int t1 = t0 + kGemmSliceK / SB < subs ? t0 + kGemmSliceK / SB : subs;
       for (int m0 = 0; m0 < a.M;) {
-        const int left = a.x.rows - m0;
-        const int mv = left >= 3 * kGemmLanes ? 3 : left >= 2 * kGemmLanes ? 2 : 1;
+        const int left = (a.M + 15) / 16 * 16 - m0;  // the rows quantized (a.x.rows may be 16 more: a stride)
+        const int mv = left >= 3 * kGemmLanes && kGemmMaxMV >= 3 ? 3 : left >= 2 * kGemmLanes ? 2 : 1;
         for (int strip = 0; strip < strips; ++strip) {
           const int r0 = strip * NB;
           const T* strip_codes = codes + static_cast<int64_t>(r0) * K;
           float* at = part + r0 * mp + m0;
           const float* strip_s = s + r0 * subs;
           const float* strip_c = c + r0 * offsets;
-          if (mv == 3) {
-            gemm_tile<TYPE, T, 3>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
-          } else if (mv == 2) {
+          if constexpr (kGemmMaxMV >= 3) {
+            if (mv == 3) {
+              gemm_tile<TYPE, T, kGemmMaxMV>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
+              continue;
+            }
+          }
+          if (mv == 2) {
             gemm_tile<TYPE, T, 2>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
           } else {
             gemm_tile<TYPE, T, 1>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
@@ -321,9 +390,15 @@ void gemm_as(const GemmArgs& a, int n0, int n1, float* scratch) {
 }
 
 void gemm(const GemmArgs& a, int n0, int n1, float* scratch) {
+#if defined(__AVX512VNNI__)
   if (a.x.width == 16) return gemm_as<int16_t>(a, n0, n1, scratch);
   gemm_as<uint8_t>(a, n0, n1, scratch);
+#else
+  gemm_as<int16_t>(a, n0, n1, scratch);  // QdotKernels::gemm_bytes false: always 16-bit codes
+#endif
 }
+
+#if defined(__AVX512VNNI__)
 
 // r[c] = column c of the 16 x 16 matrix of 32-bit lanes whose rows were r[0..15]: 128-bit lanes of
 // 4 x 4 blocks transposed (two unpack stages), then the blocks moved into place.
@@ -396,3 +471,63 @@ void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, co
     }
   }
 }
+#else
+inline float gemm_hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t gemm_hsum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// Rows m0..m1 of x as gemm_quantize's layout, a row at a time: its codes and sums as the AVX-512
+// build makes them (scale max|x| / top, codes rounded to nearest even), each lane word of two
+// codes stored into its row's place in the word's column; rows from M on are zero.
+void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, const GemmActivations& out) {
+  const int64_t mp = out.rows;
+  const float top = static_cast<float>(out.top);
+  int32_t* q = reinterpret_cast<int32_t*>(const_cast<void*>(out.q));
+  float* d = const_cast<float*>(out.d);
+  float* sum16 = const_cast<float*>(out.sum16);
+  float* sum32 = const_cast<float*>(out.sum32);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 hi = _mm256_set1_ps(top), lo = _mm256_set1_ps(-top);
+  for (int m = m0; m < m1; ++m) {
+    for (int b = 0; b < K / 32; ++b) {
+      alignas(32) int16_t codes[32];
+      float scale = 0.0f, low = 0.0f, high = 0.0f;
+      if (m < M) {
+        const float* v = x + m * ldx + 32 * b;
+        __m256 part[4];
+        __m256 most = _mm256_setzero_ps();
+        for (int i = 0; i < 4; ++i) {
+          part[i] = _mm256_loadu_ps(v + 8 * i);
+          most = _mm256_max_ps(most, _mm256_and_ps(part[i], magnitude));
+        }
+        scale = gemm_hmax(most) / top;
+        const __m256 inverse = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+        __m256i ints[4];
+        for (int i = 0; i < 4; ++i)
+          ints[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(part[i], inverse), lo), hi));
+        low = static_cast<float>(gemm_hsum(_mm256_add_epi32(ints[0], ints[1])));
+        high = static_cast<float>(gemm_hsum(_mm256_add_epi32(ints[2], ints[3])));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes),
+                           _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[0], ints[1]), 0xD8));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 16),
+                           _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[2], ints[3]), 0xD8));
+      } else {
+        for (int i = 0; i < 32; ++i) codes[i] = 0;
+      }
+      for (int w = 0; w < 16; ++w) q[(16 * b + w) * mp + m] = word_at(codes + 2 * w);
+      d[b * mp + m] = scale;
+      sum16[2 * b * mp + m] = scale * low;
+      sum16[(2 * b + 1) * mp + m] = scale * high;
+      sum32[b * mp + m] = scale * (low + high);
+    }
+  }
+}
+#endif  // __AVX512VNNI__

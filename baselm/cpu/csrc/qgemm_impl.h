@@ -398,6 +398,18 @@ void gemm(const GemmArgs& a, int n0, int n1, float* scratch) {
 #endif
 }
 
+// gemm_quantize's outputs, writable (GemmActivations hands them to the GEMM as const).
+struct GemmOut {
+  int32_t* q;  // lane words of two 16-bit (or four 8-bit) codes
+  float *d, *sum16, *sum32;
+  int64_t mp;  // the row stride
+};
+
+inline GemmOut gemm_out(const GemmActivations& out) {
+  return GemmOut{reinterpret_cast<int32_t*>(const_cast<void*>(out.q)), const_cast<float*>(out.d),
+                 const_cast<float*>(out.sum16), const_cast<float*>(out.sum32), out.rows};
+}
+
 #if defined(__AVX512VNNI__)
 
 // r[c] = column c of the 16 x 16 matrix of 32-bit lanes whose rows were r[0..15]: 128-bit lanes of
@@ -428,13 +440,9 @@ inline void transpose16(__m512i* r) {
 // block's 16 rows of codes, a vector a row, transposed into the 16 (8-bit: 8) vectors of 16 rows'
 // lanes; rows from M on are zero.
 void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, const GemmActivations& out) {
-  const int64_t mp = out.rows;
+  const GemmOut o = gemm_out(out);
   const int words = out.width == 16 ? 16 : 8;  // lanes of 32 bits a block of 32 codes fills
   const float top = static_cast<float>(out.top);
-  int32_t* q = reinterpret_cast<int32_t*>(const_cast<void*>(out.q));
-  float* d = const_cast<float*>(out.d);
-  float* sum16 = const_cast<float*>(out.sum16);
-  float* sum32 = const_cast<float*>(out.sum32);
   const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 hi = _mm512_set1_ps(top), lo = _mm512_set1_ps(-top);
   for (int g = m0; g < m1; g += kGemmLanes) {
@@ -462,71 +470,43 @@ void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, co
         }
       }
       transpose16(rows);
-      for (int c = 0; c < words; ++c) _mm512_storeu_si512(q + (words * b + c) * mp + g, rows[c]);
+      for (int c = 0; c < words; ++c) _mm512_storeu_si512(o.q + (words * b + c) * o.mp + g, rows[c]);
       const __m512 sv = _mm512_load_ps(scale), lv = _mm512_load_ps(low), hv = _mm512_load_ps(high);
-      _mm512_storeu_ps(d + b * mp + g, sv);
-      _mm512_storeu_ps(sum16 + 2 * b * mp + g, _mm512_mul_ps(sv, lv));
-      _mm512_storeu_ps(sum16 + (2 * b + 1) * mp + g, _mm512_mul_ps(sv, hv));
-      _mm512_storeu_ps(sum32 + b * mp + g, _mm512_mul_ps(sv, _mm512_add_ps(lv, hv)));
+      _mm512_storeu_ps(o.d + b * o.mp + g, sv);
+      _mm512_storeu_ps(o.sum16 + 2 * b * o.mp + g, _mm512_mul_ps(sv, lv));
+      _mm512_storeu_ps(o.sum16 + (2 * b + 1) * o.mp + g, _mm512_mul_ps(sv, hv));
+      _mm512_storeu_ps(o.sum32 + b * o.mp + g, _mm512_mul_ps(sv, _mm512_add_ps(lv, hv)));
     }
   }
 }
 #else
-inline float gemm_hmax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
 inline int32_t gemm_hsum(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
-// Rows m0..m1 of x as gemm_quantize's layout, a row at a time: its codes and sums as the AVX-512
-// build makes them (scale max|x| / top, codes rounded to nearest even), each lane word of two
-// codes stored into its row's place in the word's column; rows from M on are zero.
+// Rows m0..m1 of x as gemm_quantize's layout, a row at a time: each block's codes as the few-row
+// path makes them (quantize_block, natural order: the AVX-512 build's rounding too), each lane
+// word of two codes stored into its row's place in the word's column; rows from M on are zero.
 void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, const GemmActivations& out) {
-  const int64_t mp = out.rows;
-  const float top = static_cast<float>(out.top);
-  int32_t* q = reinterpret_cast<int32_t*>(const_cast<void*>(out.q));
-  float* d = const_cast<float*>(out.d);
-  float* sum16 = const_cast<float*>(out.sum16);
-  float* sum32 = const_cast<float*>(out.sum32);
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 hi = _mm256_set1_ps(top), lo = _mm256_set1_ps(-top);
+  const GemmOut o = gemm_out(out);
   for (int m = m0; m < m1; ++m) {
     for (int b = 0; b < K / 32; ++b) {
-      alignas(32) int16_t codes[32];
-      float scale = 0.0f, low = 0.0f, high = 0.0f;
+      alignas(32) int16_t codes[32] = {};
+      float scale = 0.0f, total = 0.0f, low = 0.0f, high = 0.0f;
       if (m < M) {
-        const float* v = x + m * ldx + 32 * b;
-        __m256 part[4];
-        __m256 most = _mm256_setzero_ps();
-        for (int i = 0; i < 4; ++i) {
-          part[i] = _mm256_loadu_ps(v + 8 * i);
-          most = _mm256_max_ps(most, _mm256_and_ps(part[i], magnitude));
-        }
-        scale = gemm_hmax(most) / top;
-        const __m256 inverse = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
-        __m256i ints[4];
-        for (int i = 0; i < 4; ++i)
-          ints[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(part[i], inverse), lo), hi));
-        low = static_cast<float>(gemm_hsum(_mm256_add_epi32(ints[0], ints[1])));
-        high = static_cast<float>(gemm_hsum(_mm256_add_epi32(ints[2], ints[3])));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(codes),
-                           _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[0], ints[1]), 0xD8));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 16),
-                           _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[2], ints[3]), 0xD8));
-      } else {
-        for (int i = 0; i < 32; ++i) codes[i] = 0;
+        int sum = 0;
+        quantize_block(x + m * ldx + 32 * b, 8, static_cast<float>(out.top), codes, scale, total, sum);
+        const __m256i first = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes));
+        low = static_cast<float>(gemm_hsum(_mm256_madd_epi16(first, _mm256_set1_epi16(1))));
+        high = static_cast<float>(sum) - low;
       }
-      for (int w = 0; w < 16; ++w) q[(16 * b + w) * mp + m] = word_at(codes + 2 * w);
-      d[b * mp + m] = scale;
-      sum16[2 * b * mp + m] = scale * low;
-      sum16[(2 * b + 1) * mp + m] = scale * high;
-      sum32[b * mp + m] = scale * (low + high);
+      for (int w = 0; w < 16; ++w) o.q[(16 * b + w) * o.mp + m] = word_at(codes + 2 * w);
+      o.d[b * o.mp + m] = scale;
+      o.sum16[2 * b * o.mp + m] = scale * low;
+      o.sum16[(2 * b + 1) * o.mp + m] = scale * high;
+      o.sum32[b * o.mp + m] = scale * (low + high);
     }
   }
 }

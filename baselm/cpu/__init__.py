@@ -72,12 +72,13 @@ def describe() -> str:
 
 def activations() -> str:
     """What quantized weights are multiplied with: integer activation codes (the default, up to
-    `qdot_max_rows` rows a call, and beyond for GGUF blocks where the ISA has the integer GEMM) or
-    float32 ones (BASE_CPU_EXACT=1, the exact path)."""
+    `qdot_max_rows` rows a call, and for GGUF blocks the integer GEMM from `block_gemm_min_rows` rows
+    where the ISA has it) or float32 ones (BASE_CPU_EXACT=1, the exact path)."""
     if kernels is None or kernels.exact():
         return "float32 activations"
-    beyond = "GGUF blocks in the integer GEMM, float32 otherwise" if kernels.integer_gemm() else "float32"
-    return (
-        f"{kernels.activation_bits()}-bit integer activations up to {kernels.qdot_max_rows()} rows "
-        f"({kernels.qdot_isa()}), beyond: {beyond}"
-    )
+    bits, isa = kernels.activation_bits(), kernels.qdot_isa()
+    head = f"{bits}-bit integer activations up to {kernels.qdot_max_rows()} rows ({isa})"
+    if not kernels.integer_gemm():
+        return f"{head}, beyond: float32"
+    gemm = f"GGUF blocks in the integer GEMM from {kernels.block_gemm_min_rows()} rows"
+    return f"{head}, {gemm}, beyond: float32 otherwise"

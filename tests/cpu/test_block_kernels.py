@@ -141,16 +141,17 @@ def reference(
 def _check(
     kernels, x: np.ndarray, weights: tuple, out: mx.array, bias: np.ndarray | None = None, kind: str = ""
 ) -> None:
-    """out against the path the kernels take for x: the 16-bit integer reference (up to qdot_max_rows
-    rows), the GEMM's (past them, where the ISA has the integer GEMM: gemm_codes), or the
-    float product."""
+    """out against the path the kernels take for x: the GEMM's reference (from block_gemm_min_rows
+    rows, where the ISA has the integer GEMM: gemm_codes), the 16-bit few-row reference (fewer, up to
+    qdot_max_rows), or the float product (past them without the GEMM, and the exact path)."""
     _, fields, values = weights
     actual = np.array(out, dtype=np.float64)
-    many = x.shape[0] > kernels.qdot_max_rows()
-    if kernels.exact() or (many and not kernels.integer_gemm()):
+    rows = x.shape[0]
+    gemm = kernels.integer_gemm() and rows >= kernels.block_gemm_min_rows()
+    if kernels.exact() or (rows > kernels.qdot_max_rows() and not gemm):
         x64, w64 = x.astype(np.float64), values.astype(np.float64)
         expected, bound = x64 @ w64.T, FLOAT_RTOL * (np.abs(x64) @ np.abs(w64).T) + 1e-6
-    elif many:
+    elif gemm:
         assert kind, "the GEMM's reference needs the kind (its codes' shift)"
         expected, bound = reference(x, fields, *gemm_codes(kernels, kind))
     else:
@@ -183,9 +184,12 @@ def test_the_reference_parses_blocks_as_the_gguf_package_does(kind: str) -> None
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_number_of_rows_up_to_32_and_past_it(integer, kind: str) -> None:
-    """Register tiles of 1-4 activation rows and their remainders, one row alone, up to qdot_max_rows;
-    33, the first past it, on the GEMM (integer activations with VNNI or AVX2, float32 ones elsewhere)."""
+    """Register tiles of 1-4 activation rows and their remainders, one row alone, up to qdot_max_rows
+    or block_gemm_min_rows; from there the GEMM's tiles (VNNI: 8 rows in pairs of lanes, 16, 32 with
+    padding; AVX2: 8 and 16), and 33, the first past qdot_max_rows (float32 activations without the
+    integer GEMM)."""
     assert integer.qdot_max_rows() == 32
+    assert integer.block_gemm_min_rows() == {"avx512-vnni": 6, "avx2": 16, "generic": 0}[integer.qdot_isa()]
     cols = ODD[kind]
     weights = _weights(kind, 37, cols, seed=1)
     for rows in range(1, 34):
@@ -208,15 +212,20 @@ def test_every_row_width_and_weight_tile_remainder(integer, kind: str, cols: int
 def test_the_integer_path_follows_16_bit_codes_not_float_activations(integer, kind: str) -> None:
     """16-bit codes are within RTOL of the float product too (Q4_0/Q5_0's offsets -8d and -16d widen
     the bound, so theirs is 0.19 of it); the kernel is much nearer the codes' product, so the
-    reference checks the quantization, not only the sum."""
+    reference checks the quantization, not only the sum. The few-row loops at 4 rows, and the
+    GEMM (its reference) at 8 rows where it takes them."""
     cols = WIDTHS[kind][-1]
     weights = _weights(kind, 70, cols, seed=4)
-    x = _activations(8, cols, seed=4)
-    expected, bound = reference(x, weights[1])
-    float_product = x.astype(np.float64) @ weights[2].astype(np.float64).T
-    kernel_error = (np.abs(np.array(_linear(integer, x, kind, weights[0]), np.float64) - expected) / bound).max()
-    float_error = (np.abs(float_product - expected) / bound).max()
-    assert float_error > 0.1 and kernel_error < float_error / 20
+    gemm = integer.integer_gemm() and integer.block_gemm_min_rows() <= 8
+    for rows, codes in ((4, ()), (8, gemm_codes(integer, kind) if gemm else ())):
+        x = _activations(rows, cols, seed=4)
+        expected, bound = reference(x, weights[1], *codes)
+        float_product = x.astype(np.float64) @ weights[2].astype(np.float64).T
+        kernel_error = (np.abs(np.array(_linear(integer, x, kind, weights[0]), np.float64) - expected) / bound).max()
+        float_error = (np.abs(float_product - expected) / bound).max()
+        # (the GEMM's offsets meet the codes' sums, so its bound, and the float product's distance, differ)
+        least = 0.03 if codes else 0.1
+        assert float_error > least and kernel_error < float_error / 20, (rows, float_error, kernel_error)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -242,16 +251,20 @@ def test_the_exact_path_is_the_float_matmul(kernels, kind: str, cols: int) -> No
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_row_is_the_same_in_any_batch(integer, kind: str) -> None:
-    """Up to qdot_max_rows rows, a row's result does not depend on its neighbours: bit for bit in
-    any batch of 2 or more rows, and alone (summed on four accumulators) equal up to float32
-    rounding. 70 weight rows: runs of 8 and a remainder."""
+    """On the few-row loops (up to qdot_max_rows rows, or fewer than block_gemm_min_rows where the ISA
+    has the integer GEMM), a row's result does not depend on its neighbours: bit for bit in any batch
+    of 2 or more rows, and alone (summed on four accumulators) equal up to float32 rounding. 70
+    weight rows: runs of 8 and a remainder."""
     cols = ODD[kind]
     raw = _weights(kind, 70, cols, seed=5)[0]
-    x = _activations(32, cols, seed=5)
+    most = min(32, integer.block_gemm_min_rows() - 1) if integer.integer_gemm() else 32
+    x = _activations(most, cols, seed=5)
     together = np.array(_linear(integer, x, kind, raw))
-    for i, rows in ((0, 2), (4, 3), (17, 5), (30, 2), (8, 9), (1, 31)):
-        assert np.array_equal(np.array(_linear(integer, x[i : i + rows], kind, raw)), together[i : i + rows])
-    for i in (0, 4, 17, 31):
+    batches = [(0, 2), (4, 3), (17, 5), (30, 2), (8, 9), (1, 31), (most - 3, 3), (1, most - 1)]
+    for i, rows in batches:
+        if i + rows <= most:
+            assert np.array_equal(np.array(_linear(integer, x[i : i + rows], kind, raw)), together[i : i + rows])
+    for i in sorted({0, 4, 17, most - 1} & set(range(most))):
         alone = np.array(_linear(integer, x[i : i + 1], kind, raw))[0]
         np.testing.assert_allclose(alone, together[i], rtol=1e-5, atol=1e-6 * np.abs(together[i]).max())
 

@@ -181,14 +181,16 @@ GemmActivations gemm_buffers(const QdotKernels& kern, const float* x, int M, int
   // stride between a row's lane words (rows x 4 bytes) then maps them onto every cache set. A power
   // of two (a 512-row prefill chunk: 2 KiB) left a tile's activations 1/32 of L1's sets and of L2's,
   // and each strip read them again from L3 (the GEMM at 512 rows ran 0.6-0.95x the float one).
+  // Up to 8 rows of 16-bit codes on VNNI take the pairs layout (qdot.h): 16 lanes, two a row.
+  const int width = kern.gemm_bytes ? activation_bits_slot().load(std::memory_order_relaxed) : 16;
+  const bool pairs = kern.gemm_bytes && width == 16 && M <= 8;
   int rows = (M + 15) / 16 * 16;
-  if (rows / 16 % 2 == 0) rows += 16;
+  if (rows / 16 % 2 == 0 && !pairs) rows += 16;
   const size_t values = static_cast<size_t>(rows) * K;
   if (q.size() < values) q.resize(values);  // 8-bit codes use the first half
   if (scales.size() < values / 8) scales.resize(values / 8);  // d and sum32 (1/32 each), sum16 (1/16)
   float* d = scales.data();
-  const int width = kern.gemm_bytes ? activation_bits_slot().load(std::memory_order_relaxed) : 16;
-  GemmActivations out{q.data(), width, gemm_code_top(width, type), d, d + values / 32, d + 3 * (values / 32), rows};
+  GemmActivations out{q.data(), width, gemm_code_top(width, type), d, d + values / 32, d + 3 * (values / 32), rows, pairs};
   parallel_for(rows / 16, values, [&](int begin, int end, int) { kern.gemm_quantize(x, K, M, 16 * begin, 16 * end, K, out); });
   return out;
 }
@@ -524,7 +526,7 @@ void linear_forward(const LinearWeights& w, const float* x, int M, float* y) {
     return;
   }
   const QdotKernels& q = qdot_kernels();
-  if (M > kQdotMaxRows && !exact_now() && q.gemm != nullptr && is_block(w.bits)) {
+  if (M >= q.gemm_min_rows && !exact_now() && q.gemm != nullptr && is_block(w.bits)) {
     GemmArgs args{gemm_buffers(q, x, M, k, w.bits), M, k, static_cast<const uint8_t*>(w.w), w.ld_codes, w.bits, w.bias, y, n};
     const int chunk = chunk_rows(n, bytes);
     parallel_for((n + chunk - 1) / chunk, bytes, [&](int begin, int end, int thread) {
@@ -620,7 +622,7 @@ void register_linear(nb::module_& m) {
       },
       nb::arg("bits"),
       "Bits per activation code on the integer path: 16 (default) or 8 (BASE_CPU_ACT_BITS): the affine layers' "
-      "and, past qdot_max_rows rows, the GGUF blocks' VNNI GEMM (8: a faster prefill, larger logit error).");
+      "and, from block_gemm_min_rows rows, the GGUF blocks' VNNI GEMM (8: a faster prefill, larger logit error).");
   m.def(
       "activation_bits", [] { return activation_bits_slot().load(); }, "Bits per activation code (8 or 16).");
   m.def(
@@ -630,9 +632,13 @@ void register_linear(nb::module_& m) {
       "qdot_max_rows", [] { return kQdotMaxRows; },
       "Activation rows up to which quantized matmuls take integer activations (more: float32).");
   m.def(
+      "block_gemm_min_rows", [] { return qdot_kernels().gemm_min_rows; },
+      "Activation rows from which GGUF block matmuls take the integer GEMM on this instruction set (0: it has none).");
+  m.def(
       "integer_gemm", [] { return qdot_kernels().gemm != nullptr; },
-      "Whether GGUF block matmuls past qdot_max_rows rows take integer activations (the VNNI GEMM: activation_bits() codes; AVX2's: 16-bit ones) "
-      "GEMM) on this instruction set, off the exact path; otherwise they multiply float32 activations.");
+      "Whether GGUF block matmuls from block_gemm_min_rows rows (and past qdot_max_rows) take the integer GEMM "
+      "(VNNI's: activation_bits() codes; AVX2's: 16-bit ones) on this instruction set, off the exact path; "
+      "otherwise they multiply float32 activations past qdot_max_rows.");
   m.def(
       "qdot_isa", [] { return std::string(qdot_kernels().name); },
       "The instruction set of the integer-activation kernels (avx512-vnni, avx2 or generic).");

@@ -647,11 +647,11 @@ void matmul(const QdotArgs& a, int n0, int n1, float* scratch) {
 
 const QdotKernels& qdot_kernels() {
 #if defined(__AVX512VNNI__)
-  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, &gemm_quantize, &gemm, true};
+  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, &gemm_quantize, &gemm, true, 6};
 #elif defined(__AVX2__)
-  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, &gemm_quantize, &gemm, false};
+  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, &gemm_quantize, &gemm, false, 16};
 #else
-  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, nullptr, nullptr, false};
+  static const QdotKernels kernels{BASE_ISA_NAME, &quantize, &matmul, nullptr, nullptr, false, 0};
 #endif
   return kernels;
 }

@@ -190,60 +190,117 @@ inline int32_t word_at(const T* p) {
   return w;
 }
 
-// part[r * ld + i] (+)= row r of the strip against activation row m0 + i, over sub-blocks t0..t1
-// (from zero where t0 is 0).
 #if defined(__AVX512VNNI__)
-template <int TYPE, class T, int MV>
+// The VNNI tile's vectors: LANES activation rows each, 16 on 512-bit vectors, or 8 on 256-bit ones
+// (a call's last 8 rows or fewer: 8 decode streams take one such tile, not half of a 16-row one).
+template <int LANES>
+struct GemmVec;
+template <>
+struct GemmVec<16> {
+  using I = __m512i;
+  using F = __m512;
+  static I load(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static I zero() { return _mm512_setzero_si512(); }
+  static I set1(int32_t w) { return _mm512_set1_epi32(w); }
+  static I dpwssd(I acc, I w, I x) { return _mm512_dpwssd_epi32(acc, w, x); }
+  static I dpbusd(I acc, I w, I x) { return _mm512_dpbusd_epi32(acc, w, x); }
+  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static void storef(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F zerof() { return _mm512_setzero_ps(); }
+  static F set1f(float v) { return _mm512_set1_ps(v); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F floats(I v) { return _mm512_cvtepi32_ps(v); }
+};
+template <>
+struct GemmVec<8> {
+  using I = __m256i;
+  using F = __m256;
+  static I load(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I zero() { return _mm256_setzero_si256(); }
+  static I set1(int32_t w) { return _mm256_set1_epi32(w); }
+  static I dpwssd(I acc, I w, I x) { return _mm256_dpwssd_epi32(acc, w, x); }
+  static I dpbusd(I acc, I w, I x) { return _mm256_dpbusd_epi32(acc, w, x); }
+  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static void storef(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F zerof() { return _mm256_setzero_ps(); }
+  static F set1f(float v) { return _mm256_set1_ps(v); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F floats(I v) { return _mm256_cvtepi32_ps(v); }
+};
+
+// part[r * ld + i] (+)= row r of the strip against activation row m0 + i, over sub-blocks t0..t1
+// (from zero where t0 is 0): MV vectors of LANES rows. PAIRS: the layout of up to 8 rows
+// (GemmActivations::pairs): lanes 2i and 2i + 1 take a share of row i's products each (two lane
+// words of the row a 64-bit element, against one 64-bit broadcast of the weight's), their integer
+// sums are added before the float steps, and both lanes then hold row i's result, the same bits as
+// a 16-row tile gives it.
+template <int TYPE, class T, int MV, int LANES = kGemmLanes, bool PAIRS = false>
 inline void gemm_tile(const GemmActivations& x, int K, const T* codes, const float* s, const float* c, int m0, int t0,
                       int t1, float* part, int64_t ld) {
   using L = GemmLayout<TYPE, T>;
+  using V = GemmVec<LANES>;
   constexpr int SB = L::SUB, CV = L::OFFSET_VALUES;
-  constexpr int P = 4 / sizeof(T);  // values a lane takes per instruction: 4 bytes or 2 16-bit codes
+  constexpr int P = (PAIRS ? 8 : 4) / sizeof(T);  // values a lane (a pair of lanes) takes per instruction
   const int offsets = K / CV;
   constexpr int NB = kGemmStrip;
   const int subs = K / SB;
   const int64_t mp = x.rows;
   const int32_t* xq = reinterpret_cast<const int32_t*>(x.q) + m0;
   const float* sums = (CV == 16 ? x.sum16 : x.sum32) + m0;
-  __m512 acc[MV][NB];
+  auto weight = [&](int r, int kp) {
+    const T* at = codes + static_cast<int64_t>(r) * K + P * kp;
+    if constexpr (PAIRS) {
+      int64_t w;
+      __builtin_memcpy(&w, at, sizeof w);
+      return _mm512_set1_epi64(w);
+    } else {
+      return V::set1(word_at(at));
+    }
+  };
+  typename V::F acc[MV][NB];
   for (int v = 0; v < MV; ++v)
-    for (int r = 0; r < NB; ++r) acc[v][r] = t0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(part + r * ld + v * kGemmLanes);
+    for (int r = 0; r < NB; ++r) acc[v][r] = t0 == 0 ? V::zerof() : V::loadf(part + r * ld + v * LANES);
   for (int t = t0; t < t1; ++t) {
-    __m512i dots[MV][NB];
+    typename V::I dots[MV][NB];
     for (int v = 0; v < MV; ++v)
-      for (int r = 0; r < NB; ++r) dots[v][r] = _mm512_setzero_si512();
+      for (int r = 0; r < NB; ++r) dots[v][r] = V::zero();
 #pragma GCC unroll 16
     for (int kp = t * SB / P; kp < (t + 1) * SB / P; ++kp) {
-      __m512i xv[MV];
-      for (int v = 0; v < MV; ++v) xv[v] = _mm512_loadu_si512(xq + kp * mp + v * kGemmLanes);
+      typename V::I xv[MV];
+      for (int v = 0; v < MV; ++v) xv[v] = V::load(xq + kp * mp + v * LANES);
       for (int r = 0; r < NB; ++r) {
-        const __m512i w = _mm512_set1_epi32(word_at(codes + static_cast<int64_t>(r) * K + P * kp));
+        const typename V::I w = weight(r, kp);
         for (int v = 0; v < MV; ++v) {
           if constexpr (sizeof(T) == 1) {
-            dots[v][r] = _mm512_dpbusd_epi32(dots[v][r], w, xv[v]);
+            dots[v][r] = V::dpbusd(dots[v][r], w, xv[v]);
           } else {
-            dots[v][r] = _mm512_dpwssd_epi32(dots[v][r], w, xv[v]);
+            dots[v][r] = V::dpwssd(dots[v][r], w, xv[v]);
           }
         }
       }
     }
+    if constexpr (PAIRS) {  // each lane of a pair gets the row's whole sum, as a 16-row tile has it
+      for (int r = 0; r < NB; ++r) dots[0][r] = _mm512_add_epi32(dots[0][r], _mm512_shuffle_epi32(dots[0][r], _MM_PERM_CDAB));
+    }
     const float* dx = x.d + (t * SB / 32) * mp + m0;
     for (int v = 0; v < MV; ++v) {
-      const __m512 d = _mm512_loadu_ps(dx + v * kGemmLanes);
+      const typename V::F d = V::loadf(dx + v * LANES);
       for (int r = 0; r < NB; ++r) {
-        const __m512 ds = _mm512_mul_ps(d, _mm512_set1_ps(s[r * subs + t]));
-        acc[v][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[v][r]), ds, acc[v][r]);
+        const typename V::F ds = V::mul(d, V::set1f(s[r * subs + t]));
+        acc[v][r] = V::fmadd(V::floats(dots[v][r]), ds, acc[v][r]);
       }
       if constexpr (L::OFFSETS) {
         for (int o = t * SB / CV; o < (t + 1) * SB / CV; ++o) {
-          const __m512 q = _mm512_loadu_ps(sums + o * mp + v * kGemmLanes);
-          for (int r = 0; r < NB; ++r) acc[v][r] = _mm512_fmadd_ps(q, _mm512_set1_ps(c[r * offsets + o]), acc[v][r]);
+          const typename V::F q = V::loadf(sums + o * mp + v * LANES);
+          for (int r = 0; r < NB; ++r) acc[v][r] = V::fmadd(q, V::set1f(c[r * offsets + o]), acc[v][r]);
         }
       }
     }
   }
   for (int v = 0; v < MV; ++v)
-    for (int r = 0; r < NB; ++r) _mm512_storeu_ps(part + r * ld + v * kGemmLanes, acc[v][r]);
+    for (int r = 0; r < NB; ++r) V::storef(part + r * ld + v * LANES, acc[v][r]);
 }
 #else
 // AVX2 (16-bit codes only): a vpmaddwd multiplies a lane's two codes and adds the pair (at most
@@ -308,7 +365,7 @@ void gemm_blocks(const GemmArgs& a, int n0, int n1, float* scratch) {
   using L = GemmLayout<TYPE, T>;
   constexpr int SB = L::SUB, NB = kGemmStrip;
   const int K = a.K, subs = K / SB, offsets = K / L::OFFSET_VALUES;
-  const int64_t mp = a.x.rows;
+  const int64_t mp = a.x.rows, row_bytes = static_cast<int64_t>(K) / block_values(TYPE) * block_bytes(TYPE);
   float* part = scratch;  // (kGemmGroup, mp)
   float* s = part + kGemmGroup * mp;
   float* c = s + kGemmGroup * (K / 16);
@@ -318,6 +375,11 @@ void gemm_blocks(const GemmArgs& a, int n0, int n1, float* scratch) {
     const int strips = (rows + NB - 1) / NB;
     for (int r = 0; r < strips * NB; ++r) {
       const uint8_t* weights = a.codes + static_cast<int64_t>(n + r) * a.ld_bytes;
+      // The next group's row r, a group (16 rows' decode and tiles) ahead: from memory, a decode batch's
+      // few tiles are too short for the hardware's prefetchers to keep a read in flight.
+      if (n + kGemmGroup + r < n1) {
+        for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(weights + kGemmGroup * a.ld_bytes + line, 0, 3);
+      }
       T* row_codes = codes + static_cast<int64_t>(r) * K;
       if (r >= rows) {
         __builtin_memset(row_codes, 0, sizeof(T) * K);
@@ -334,32 +396,48 @@ void gemm_blocks(const GemmArgs& a, int n0, int n1, float* scratch) {
     for (int t0 = 0; t0 < subs; t0 += kGemmSliceK / SB) {
       const int t1 = t0 + kGemmSliceK / SB < subs ? t0 + kGemmSliceK / SB : subs;
       for (int m0 = 0; m0 < a.M;) {
-        const int left = (a.M + 15) / 16 * 16 - m0;  // the rows quantized (a.x.rows may be 16 more: a stride)
+        // The rows left, rounded up to the vectors' 8 (AVX2) or 16 (VNNI) lanes: up to kGemmMaxMV vectors
+        // a tile; VNNI's last 8 rows or fewer take 256-bit vectors of 8 lanes.
+        const int left = (a.M - m0 + kGemmLanes - 1) / kGemmLanes * kGemmLanes;
         const int mv = left >= 3 * kGemmLanes && kGemmMaxMV >= 3 ? 3 : left >= 2 * kGemmLanes ? 2 : 1;
+        const bool half = kGemmLanes == 16 && a.M - m0 <= 8;
         for (int strip = 0; strip < strips; ++strip) {
           const int r0 = strip * NB;
           const T* strip_codes = codes + static_cast<int64_t>(r0) * K;
           float* at = part + r0 * mp + m0;
           const float* strip_s = s + r0 * subs;
           const float* strip_c = c + r0 * offsets;
-          if constexpr (kGemmMaxMV >= 3) {
-            if (mv == 3) {
-              gemm_tile<TYPE, T, kGemmMaxMV>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
+#if defined(__AVX512VNNI__)
+          if constexpr (sizeof(T) == 2) {
+            if (a.x.pairs) {
+              gemm_tile<TYPE, T, 1, 16, true>(a.x, K, strip_codes, strip_s, strip_c, 0, t0, t1, at, mp);
               continue;
             }
           }
+          if (half) {
+            gemm_tile<TYPE, T, 1, 8>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
+            continue;
+          }
+          if (mv == 3) {
+            gemm_tile<TYPE, T, 3>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
+            continue;
+          }
+#endif
           if (mv == 2) {
             gemm_tile<TYPE, T, 2>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
           } else {
             gemm_tile<TYPE, T, 1>(a.x, K, strip_codes, strip_s, strip_c, m0, t0, t1, at, mp);
           }
         }
-        m0 += mv * kGemmLanes;
+        m0 += a.x.pairs ? a.M : half ? 8 : mv * kGemmLanes;
       }
     }
     for (int m = 0; m < a.M; ++m) {
       float* y = a.y + static_cast<int64_t>(m) * a.ldy + n;
-      for (int r = 0; r < rows; ++r) y[r] = part[r * mp + m] + (a.bias != nullptr ? a.bias[n + r] : 0.0f);
+      for (int r = 0; r < rows; ++r) {
+        const float* at = part + r * mp;
+        y[r] = at[a.x.pairs ? 2 * m : m] + (a.bias != nullptr ? a.bias[n + r] : 0.0f);
+      }
     }
   }
 }
@@ -436,15 +514,54 @@ inline void transpose16(__m512i* r) {
   }
 }
 
+// The codes of 32 values v as int32 lanes (values 0-15, 16-31), scale max|v| / top, codes round(v /
+// scale) to nearest even; and the sums of the first and second 16 codes.
+inline void gemm_block_codes(const float* v, float top, __m512i& i0, __m512i& i1, float& scale, float& low,
+                             float& high) {
+  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+  const float most = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, magnitude), _mm512_and_ps(v1, magnitude)));
+  scale = most / top;
+  const __m512 inverse = _mm512_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+  const __m512 hi = _mm512_set1_ps(top), lo = _mm512_set1_ps(-top);
+  i0 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v0, inverse), lo), hi));
+  i1 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v1, inverse), lo), hi));
+  low = static_cast<float>(_mm512_reduce_add_epi32(i0));
+  high = static_cast<float>(_mm512_reduce_add_epi32(i1));
+}
+
+// Up to 8 rows of x in GemmActivations::pairs' layout: row m's codes of values 4k..4k+3 (one 64-bit
+// element) at lanes 2m, 2m + 1 of vector k; its block scale and sums in both lanes.
+void gemm_quantize_pairs(const float* x, int64_t ldx, int M, int K, const GemmOut& o, float top) {
+  for (int m = 0; m < 8; ++m) {
+    for (int b = 0; b < K / 32; ++b) {
+      alignas(64) int16_t codes[32] = {};
+      float scale = 0.0f, low = 0.0f, high = 0.0f;
+      if (m < M) {
+        __m512i i0, i1;
+        gemm_block_codes(x + m * ldx + 32 * b, top, i0, i1, scale, low, high);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes), _mm512_cvtepi32_epi16(i0));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 16), _mm512_cvtepi32_epi16(i1));
+      }
+      for (int j = 0; j < 8; ++j) __builtin_memcpy(o.q + (8 * b + j) * o.mp + 2 * m, codes + 4 * j, 8);
+      for (int lane = 2 * m; lane < 2 * m + 2; ++lane) {
+        o.d[b * o.mp + lane] = scale;
+        o.sum16[2 * b * o.mp + lane] = scale * low;
+        o.sum16[(2 * b + 1) * o.mp + lane] = scale * high;
+        o.sum32[b * o.mp + lane] = scale * (low + high);
+      }
+    }
+  }
+}
+
 // Rows m0..m1 (a multiple of 16 apart) of x as gemm_quantize's layout, 16 rows at a time: each
 // block's 16 rows of codes, a vector a row, transposed into the 16 (8-bit: 8) vectors of 16 rows'
 // lanes; rows from M on are zero.
 void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, const GemmActivations& out) {
   const GemmOut o = gemm_out(out);
+  if (out.pairs) return gemm_quantize_pairs(x, ldx, M, K, o, static_cast<float>(out.top));
   const int words = out.width == 16 ? 16 : 8;  // lanes of 32 bits a block of 32 codes fills
   const float top = static_cast<float>(out.top);
-  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  const __m512 hi = _mm512_set1_ps(top), lo = _mm512_set1_ps(-top);
   for (int g = m0; g < m1; g += kGemmLanes) {
     for (int b = 0; b < K / 32; ++b) {
       alignas(64) float scale[kGemmLanes], low[kGemmLanes], high[kGemmLanes];
@@ -454,14 +571,8 @@ void gemm_quantize(const float* x, int64_t ldx, int M, int m0, int m1, int K, co
         scale[i] = low[i] = high[i] = 0.0f;
         rows[i] = _mm512_setzero_si512();
         if (m >= M) continue;
-        const __m512 v0 = _mm512_loadu_ps(x + m * ldx + 32 * b), v1 = _mm512_loadu_ps(x + m * ldx + 32 * b + 16);
-        const float most = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, magnitude), _mm512_and_ps(v1, magnitude)));
-        scale[i] = most / top;
-        const __m512 inverse = _mm512_set1_ps(scale[i] != 0.0f ? 1.0f / scale[i] : 0.0f);
-        const __m512i i0 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v0, inverse), lo), hi));
-        const __m512i i1 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v1, inverse), lo), hi));
-        low[i] = static_cast<float>(_mm512_reduce_add_epi32(i0));
-        high[i] = static_cast<float>(_mm512_reduce_add_epi32(i1));
+        __m512i i0, i1;
+        gemm_block_codes(x + m * ldx + 32 * b, top, i0, i1, scale[i], low[i], high[i]);
         if (words == 16) {
           rows[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(i0)), _mm512_cvtepi32_epi16(i1), 1);
         } else {

@@ -1,9 +1,10 @@
-// The many-row (prefill) product over GGUF blocks with integer activations, on AVX-512 VNNI or AVX2,
-// included by qdot_impl.h inside the AVX2 section of the avx512 and avx2 builds (kquant_block,
-// q6k_centred, LowBits, legacy_code_lanes and the rest come from there). AVX2 takes 16-bit codes
-// only, 8 rows a vector, in tiles of 16 rows (vpmaddwd and vpaddd where VNNI has one dpwssd).
+// The many-row product over GGUF blocks with integer activations (prefill, and decode steps from
+// QdotKernels::gemm_min_rows rows: 6 on VNNI, 16 on AVX2), on AVX-512 VNNI or AVX2, included by
+// qdot_impl.h inside the AVX2 section of the avx512 and avx2 builds (kquant_block, q6k_centred,
+// LowBits, legacy_code_lanes and the rest come from there). AVX2 takes 16-bit codes only, 8 rows a
+// vector, in tiles of 8 or 16 rows (vpmaddwd and vpaddd where VNNI has one dpwssd).
 //
-// Past kGemmMinRows activation rows a product is compute-bound. Here the activations are quantized
+// With many activation rows a product is compute-bound. Here the activations are quantized
 // once per call to codes in blocks of 32 with one float scale dx: 16-bit codes by default (dpwssd: 32
 // products a 512-bit instruction, twice a float FMA's 16; near-exact, as the few-row path) or 8-bit
 // ones with activation_bits() 8 (dpbusd: 64 products; llama.cpp's Q8_0 precision). They are stored

@@ -90,8 +90,8 @@ struct QdotKernels {
   // Activation rows from which GGUF block matmuls take the GEMM rather than the few-row loops (where
   // the GEMM exists): one weight row decoded once into 16-bit codes meets the rows in tiles without
   // a float step per block and row. On an AVX-512 EPYC (Zen 4, one thread, 8960 x 1536 weights) VNNI's
-  // 8-row tile (pairs) took 1.3-1.7x less time than the few-row loops at 8 rows, from 6 rows on for
-  // every type; AVX2's tiles won from 16 rows (1.15-1.5x there, 0.86-1.05x at 8).
+  // 8-row tile (pairs) ran 1.0x (Q4_K) to 1.5x (Q6_K) the few-row loops' speed at 6 rows, 1.2-1.7x at
+  // 8 (0.6-0.95x at 4); AVX2's tiles won from 16 rows (1.15-1.5x there, 0.86-1.12x at 8).
   int gemm_min_rows;
 };
 

@@ -1,8 +1,9 @@
-"""The many-row product over GGUF blocks (csrc/qgemm_impl.h): past qdot_max_rows activation rows
-(a prefill), an AVX-512 VNNI build quantizes the activations to 16-bit codes (activation_bits() 16,
-the default: dpwssd) or 8-bit ones (8: dpbusd) in blocks of 32 and multiplies them against each
-weight block's codes; an AVX2 build does so with 16-bit codes at either setting (maddwd); the
-generic build (and the exact path) multiplies float32 activations (gemm_impl.h).
+"""The many-row product over GGUF blocks (csrc/qgemm_impl.h): from block_gemm_min_rows activation
+rows (a prefill, or a decode batch: 6 rows on VNNI, 16 on AVX2), an AVX-512 VNNI build quantizes the
+activations to 16-bit codes (activation_bits() 16, the default: dpwssd) or 8-bit ones (8: dpbusd) in
+blocks of 32 and multiplies them against each weight block's codes; an AVX2 build does so with
+16-bit codes at either setting (maddwd); past qdot_max_rows the generic build (and at any count
+the exact path) multiplies float32 activations (gemm_impl.h).
 
 test_block_kernels.py checks every path against its reference (the GEMM's: `reference(top, shift)`,
 integer sums exact); here, at both settings, what a prefill relies on besides: a row's result does not

@@ -91,8 +91,15 @@ class DistGroup:
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
                 raise RankFailedError(f"rank {rank} (pid {child.pid}) {how}; restart every rank")
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stops the ranks this process started: asks nicely, then kills."""
+    def stop(self, timeout: float = 5.0, grace: float = 0.0) -> None:
+        """Stops the ranks this process started: waits up to `grace` seconds for each to leave on its
+        own (it was told to stop, and may still be writing a file: a prefix cache save), then asks,
+        then kills."""
+        for child in self.children:
+            try:
+                child.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
         for child in self.children:
             if child.poll() is None:
                 child.terminate()

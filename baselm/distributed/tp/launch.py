@@ -34,6 +34,8 @@ from baselm.loader import LoadedModel, load_model
 
 log = logging.getLogger(__name__)
 
+STOP_GRACE_S = 10.0  # how long a stopping rank 0 waits for the ranks it started to leave on their own
+
 
 @dataclass(frozen=True, slots=True)
 class DistOptions:
@@ -130,7 +132,10 @@ def lead(loaded: LoadedModel, group: DistGroup, step_timeout: float = STEP_TIMEO
 
     def stop() -> None:
         model.stop()
-        group.stop()
+        # A rank leaves its loop on the STOP plan, after the SAVE before it (the prefix cache file
+        # written as the server stops): a SIGTERM at once could cut that file short, and the next
+        # start would restore nothing (every rank needs its own usable file).
+        group.stop(grace=0.0 if model.failed is not None else STOP_GRACE_S)
 
     atexit.register(stop)
     loaded.model = model

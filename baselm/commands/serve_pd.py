@@ -93,19 +93,23 @@ def serve_pd(args: ServeArgs) -> int:
     """`base serve --pd`: forms the group, loads the model on every rank, and on rank 0 serves HTTP
     until a signal; every other rank follows rank 0's steps. Returns this process's exit status."""
     group = form_group(args.pd)
-    loaded = load_alone(args.model)
-    engine = start(loaded, args.engine_config(), args.pd, group)
-    if engine is None:  # a rank other than 0, told to stop
-        return 0
-    code = run_server(loaded, engine.config, args.serve_options(), engine=engine)
-    stop(engine, group)
-    return code
-
-
-def stop(engine: PDEngine, group: dist_group.DistGroup) -> None:
-    """After the server stopped: tells the other ranks to exit, then stops the ones this process started."""
+    engine = None
     try:
-        engine.stop()
+        loaded = load_alone(args.model)
+        engine = start(loaded, args.engine_config(), args.pd, group)
+        if engine is None:  # a rank other than 0, told to stop
+            return 0
+        return run_server(loaded, engine.config, args.serve_options(), engine=engine)
+    finally:
+        stop(engine, group)
+
+
+def stop(engine: PDEngine | None, group: dist_group.DistGroup) -> None:
+    """After the server stopped (or failed to start): tells the other ranks to exit, then stops the
+    ones this process started."""
+    try:
+        if engine is not None:
+            engine.stop()
     except dist_group.RankFailedError:
         pass  # a rank already gone has nothing to stop
     group.stop()

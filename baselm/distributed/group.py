@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -70,6 +71,7 @@ class DistGroup:
     backend: str
     hosts: list[str] = field(default_factory=list)  # one address per rank ("" when the backend has none)
     children: list[subprocess.Popen] = field(default_factory=list)  # ranks this process started
+    folder: Path | None = None  # the hostfile's temporary folder, when this process wrote it (start_local)
 
     @property
     def rank(self) -> int:
@@ -94,7 +96,14 @@ class DistGroup:
     def stop(self, timeout: float = 5.0, grace: float = 0.0) -> None:
         """Stops the ranks this process started: waits up to `grace` seconds for each to leave on its
         own (it was told to stop, and may still be writing a file: a prefix cache save), then asks,
-        then kills."""
+        then kills. Removes the hostfile folder this process wrote."""
+        try:
+            self._stop_children(timeout, grace)
+        finally:
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _stop_children(self, timeout: float, grace: float) -> None:
         for child in self.children:
             try:
                 child.wait(grace)
@@ -297,10 +306,12 @@ def start_local(
                 child_env = {**os.environ, **(env or {}), RANK_ENV: str(rank), HOSTFILE_ENV: str(hostfile)}
                 children.append(_start_rank(argv, child_env))
             os.environ[RANK_ENV], os.environ[HOSTFILE_ENV] = "0", str(hostfile)
-            return init(backend, hosts, timeout, children)
+            group = init(backend, hosts, timeout, children)
         except BaseException:
-            DistGroup(None, backend, hosts, children).stop(timeout=1.0)
+            DistGroup(None, backend, hosts, children, folder).stop(timeout=1.0)
             raise
+    group.folder = folder  # NOTE: removed on stop, not here: a rank's MLX may still read it after rank 0 is joined
+    return group
 
 
 def form(argv: Sequence[str], size: int, backend: str = "ring", timeout: float = INIT_TIMEOUT_S) -> DistGroup:

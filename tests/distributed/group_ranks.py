@@ -101,8 +101,10 @@ def main() -> None:
         group = dist.form([sys.executable, "-m", "tests.distributed.group_ranks", name], 2)
     result = SCENARIOS[name](group)
     if group.rank == 0:
-        print(json.dumps(result), flush=True)
+        folder = group.folder
         group.stop()
+        result["hostfile_folder_left"] = folder is not None and folder.exists()
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

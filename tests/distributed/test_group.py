@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def test_broadcast_reaches_every_rank_at_every_size():
     described = result["describe"]
     assert (described["backend"], described["rank"], described["size"]) == ("ring", 0, 2)
     assert all(h.startswith("127.0.0.1:") for h in described["hosts"])
+    assert result["hostfile_folder_left"] is False  # the temporary hostfile rank 0 wrote is gone once it stops
 
 
 def test_a_peer_that_exits_fails_the_next_collective_clearly():
@@ -68,16 +70,19 @@ def test_ranks_join_from_a_user_hostfile(tmp_path: Path):
             rank1.wait(30)
     assert result["describe"]["hosts"] == hosts
     assert all(seen["same"] for seen in result["bytes"].values())
+    assert hostfile.exists()  # a user's hostfile is theirs: stopping leaves it
 
 
-def test_a_rank_that_fails_to_start_is_reported_not_waited_for():
+def test_a_rank_that_fails_to_start_is_reported_not_waited_for(tmp_path: Path):
     code = (
         "import sys; from baselm import distributed as dist; "
         "dist.start_local([sys.executable, '-c', 'raise SystemExit(3)'], 2, timeout=60)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode != 0
     assert "rank 1" in proc.stderr and "exited with status 3 before joining the group" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # the hostfile's temporary folder went with the failed group
 
 
 # A started rank that, before it joins, tries to take rank 0's port with a plain socket (as any

@@ -148,6 +148,15 @@ def is_follower(group: DistGroup | None) -> bool:
     return group is not None and group.rank != 0
 
 
+def release_group(loaded: LoadedModel, group: DistGroup | None) -> None:
+    """Rank 0 of a tensor-parallel group, before the process ends without exit handlers: stops the
+    other ranks and waits for them to leave (see tp.launch.release); nothing without a group."""
+    if group is not None:
+        from baselm.distributed.tp import launch
+
+        launch.release(loaded.model, group)
+
+
 def run_follower(loaded: LoadedModel, group: DistGroup, dist: DistOptions) -> int:
     """Follows rank 0's forwards until it stops; returns the exit status (see tp.launch.run_follower)."""
     from baselm.distributed.tp import launch

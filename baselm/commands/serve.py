@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, NoReturn
 
 from baselm.api.server import LOG_FORMATS, ServeOptions, exit_process, run_server
 from baselm.commands.errors import report_user_errors
-from baselm.commands.model import ModelArgs, is_follower, open_model, run_follower, warn_without_cpu_kernels
+from baselm.commands.model import (
+    ModelArgs,
+    is_follower,
+    open_model,
+    release_group,
+    run_follower,
+    warn_without_cpu_kernels,
+)
 from baselm.commands.options import GenerationOptions
 from baselm.config import ConfigError, EngineConfig
 from baselm.duration import parse_duration
@@ -174,7 +181,9 @@ def serve(args: ServeArgs) -> NoReturn:
     if is_follower(group):
         raise SystemExit(run_follower(loaded, group, args.model.dist))
     pool = pulled_models(args) if group is None else None
-    exit_process(run_server(loaded, args.engine_config(), args.serve_options(), pool=pool))
+    code = run_server(loaded, args.engine_config(), args.serve_options(), pool=pool)
+    release_group(loaded, group)  # NOTE: exit_process runs no exit handlers
+    exit_process(code)
 
 
 def check_adapter_names(loaded: LoadedModel, model_name: str) -> None:

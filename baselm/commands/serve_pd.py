@@ -106,10 +106,11 @@ def serve_pd(args: ServeArgs) -> int:
 
 def stop(engine: PDEngine | None, group: dist_group.DistGroup) -> None:
     """After the server stopped (or failed to start): tells the other ranks to exit, then stops the
-    ones this process started."""
+    ones this process started, given time to leave on their own once told: a prefill rank writes
+    its prefix cache file as it stops, which a SIGTERM at once would cut short."""
+    told = False
     try:
-        if engine is not None:
-            engine.stop()
+        told = engine is not None and engine.stop()
     except dist_group.RankFailedError:
         pass  # a rank already gone has nothing to stop
-    group.stop()
+    group.stop(grace=dist_group.STOP_GRACE_S if told else 0.0)

@@ -50,6 +50,7 @@ log = logging.getLogger("baselm.distributed")
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")  # a rank listening on one of these listens on every interface
 RANK_ENV, HOSTFILE_ENV = "MLX_RANK", "MLX_HOSTFILE"
+STOP_GRACE_S = 10.0  # how long a stopping rank 0 waits for ranks it told to stop to leave (their files written)
 PARENT_ENV = "BASE_DIST_PARENT"  # the pid a started rank exits with
 READY_ENV = "BASE_DIST_READY_FD"  # the pipe a started rank writes one byte to before joining
 INIT_TIMEOUT_S = 60.0

@@ -249,10 +249,13 @@ class PDEngine:
             self._aborted.append(RequestOutput(request_id, index, finished=True, finish_reason="abort"))
             self._forget(copy_id)
 
-    def stop(self) -> None:
-        """Tells every other rank to exit its loop (the group's last collective)."""
+    def stop(self) -> bool:
+        """Tells every other rank to exit its loop (the group's last collective; the prefill ranks
+        save their prefix cache files first); False when there was no group left to tell."""
         if self.fallback is None and self.node is not None:
             self.node.step(Plan(stop=True))
+            return True
+        return False
 
     def save_prefix_cache(self) -> int | None:
         """Asks every prefill rank to save its prefix cache file in the next step (and `stop` saves

@@ -24,7 +24,7 @@ from typing import Any
 from baselm.backend import select_backend
 from baselm.distributed import group as groups
 from baselm.distributed.comm import traffic
-from baselm.distributed.group import DistError, DistGroup
+from baselm.distributed.group import STOP_GRACE_S, DistError, DistGroup
 from baselm.distributed.tp.engine import STEP_TIMEOUT_S, TensorParallelModel, follow
 from baselm.distributed.tp.layers import DEFAULT_MOE_SPLIT, Sharding
 from baselm.distributed.tp.moe import MOE_SPLITS
@@ -33,8 +33,6 @@ from baselm.distributed.watchdog import Watchdog
 from baselm.loader import LoadedModel, load_model
 
 log = logging.getLogger(__name__)
-
-STOP_GRACE_S = 10.0  # how long a stopping rank 0 waits for the ranks it started to leave on their own
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,17 +127,22 @@ def load_shard(
 def lead(loaded: LoadedModel, group: DistGroup, step_timeout: float = STEP_TIMEOUT_S) -> LoadedModel:
     """Rank 0: the model the engine runs sends each forward to the other ranks."""
     model = TensorParallelModel(loaded.model, group, step_timeout)
-
-    def stop() -> None:
-        model.stop()
-        # A rank leaves its loop on the STOP plan, after the SAVE before it (the prefix cache file
-        # written as the server stops): a SIGTERM at once could cut that file short, and the next
-        # start would restore nothing (every rank needs its own usable file).
-        group.stop(grace=0.0 if model.failed is not None else STOP_GRACE_S)
-
-    atexit.register(stop)
+    atexit.register(release, model, group)
     loaded.model = model
     return loaded
+
+
+def release(model: TensorParallelModel, group: DistGroup) -> None:
+    """Rank 0's end of the group: at exit, or called before a command ends its process with
+    `os._exit` (`base serve`), which runs no exit handlers. Tells the other ranks to stop, then
+    waits for them to leave.
+
+    A rank leaves its loop on the STOP plan, after the SAVE before it (the prefix cache file
+    written as the server stops): a SIGTERM at once, or this process's exit (the ranks die with
+    it), could cut that file short, and the next start would restore nothing (every rank needs its
+    own usable file). Calling it again does nothing more."""
+    model.stop()
+    group.stop(grace=0.0 if model.failed is not None else STOP_GRACE_S)
 
 
 def run_follower(

@@ -62,8 +62,8 @@ inline void q6k_decode(const uint8_t* sb, int16_t* w) {
       const __m256i centred = q[i];
       const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(centred));
       const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(centred, 1));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(w + 32 * j), _mm256_mullo_epi16(lo, _mm256_set1_epi16(sc[2 * j])));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(w + 32 * j + 16),
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + 32 * j), _mm256_mullo_epi16(lo, _mm256_set1_epi16(sc[2 * j])));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + 32 * j + 16),
                          _mm256_mullo_epi16(hi, _mm256_set1_epi16(sc[2 * j + 1])));
     }
   }
@@ -305,7 +305,7 @@ inline void low_bits_decode(const uint8_t* sb, int16_t* w) {
     __m256i q[2];
     fields.block(j, q);
     for (int h = 0; h < 2; ++h)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(w + 32 * j + 16 * h),
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + 32 * j + 16 * h),
                          _mm256_mullo_epi16(q[h], _mm256_set1_epi16(sc[2 * j + h])));
   }
 }

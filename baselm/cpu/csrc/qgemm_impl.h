@@ -76,7 +76,10 @@ void gemm_row(const uint8_t* row, int K, uint8_t* codes, float* s, float* c) {
   } else if constexpr (TYPE == kQ4K || TYPE == kQ5K || TYPE == kIQ4XS) {
     for (int i = 0; i < K / kSuperBlock; ++i) {
       const uint8_t* sb = row + static_cast<int64_t>(i) * block_bytes(TYPE);
-      kquant_affine<TYPE>(sb, s + 8 * i, c + 8 * i);
+      __m256 sv, cv;  // the 8 blocks' (s, c) in registers, stored once: a scalar loop cost as much as the codes
+      kquant_affine_lanes<TYPE>(sb, sv, cv);
+      _mm256_storeu_ps(s + 8 * i, sv);
+      _mm256_storeu_ps(c + 8 * i, cv);
       for (int j = 0; j < 8; ++j) {
         WeightBlock<int16_t> w = kquant_block<TYPE>(sb, j);
         if constexpr (TYPE == kIQ4XS) {
@@ -147,7 +150,10 @@ void gemm_row_wide(const uint8_t* row, int K, int16_t* codes, float* s, float* c
   } else if constexpr (TYPE == kQ4K || TYPE == kQ5K || TYPE == kIQ4XS) {
     for (int i = 0; i < K / kSuperBlock; ++i) {
       const uint8_t* sb = row + static_cast<int64_t>(i) * block_bytes(TYPE);
-      kquant_affine<TYPE>(sb, s + 8 * i, c + 8 * i);
+      __m256 sv, cv;  // the 8 blocks' (s, c) in registers, stored once: a scalar loop cost as much as the codes
+      kquant_affine_lanes<TYPE>(sb, sv, cv);
+      _mm256_storeu_ps(s + 8 * i, sv);
+      _mm256_storeu_ps(c + 8 * i, cv);
       for (int j = 0; j < 8; ++j) {
         const WeightBlock<int16_t> w = kquant_block<TYPE>(sb, j);
         store_codes(w.lo, w.hi, codes + kSuperBlock * i + 32 * j);
@@ -156,13 +162,11 @@ void gemm_row_wide(const uint8_t* row, int K, int16_t* codes, float* s, float* c
   } else {
     for (int i = 0; i < K / kSuperBlock; ++i) {
       const uint8_t* sb = row + static_cast<int64_t>(i) * block_bytes(TYPE);
-      alignas(32) int16_t decoded[kSuperBlock];  // the decoders store aligned vectors
       if constexpr (TYPE == kQ6K) {
-        q6k_decode(sb, decoded);
+        q6k_decode(sb, codes + kSuperBlock * i);
       } else {
-        low_bits_decode<TYPE>(sb, decoded);
+        low_bits_decode<TYPE>(sb, codes + kSuperBlock * i);
       }
-      __builtin_memcpy(codes + kSuperBlock * i, decoded, sizeof decoded);
       const float d = half_at(sb + kquant_d_at(TYPE));
       for (int j = 0; j < 8; ++j) s[8 * i + j] = d;
       if constexpr (TYPE == kQ2K) {

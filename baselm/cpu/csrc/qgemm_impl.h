@@ -37,6 +37,16 @@ constexpr int kGemmStrip = 4;  // weight rows a tile takes at once (NB)
 constexpr int kGemmGroup = 16;  // weight rows decoded at once: 4 strips
 constexpr int kGemmSliceK = 2048;  // values of K a pass takes: 48 rows' 16-bit codes, 192 KiB
 
+// A K-quant super-block's 8 (s, c) at s and c, converted in registers and stored once (a scalar loop
+// over the 8 cost a decode batch's GEMM as much as the codes).
+template <int TYPE>
+inline void store_kquant_affine(const uint8_t* sb, float* s, float* c) {
+  __m256 sv, cv;
+  kquant_affine_lanes<TYPE>(sb, sv, cv);
+  _mm256_storeu_ps(s, sv);
+  _mm256_storeu_ps(c, cv);
+}
+
 template <int TYPE>
 constexpr int gemm_sub_block() {
   return TYPE == kQ6K || TYPE == kQ3K || TYPE == kQ2K ? 16 : 32;
@@ -76,10 +86,7 @@ void gemm_row(const uint8_t* row, int K, uint8_t* codes, float* s, float* c) {
   } else if constexpr (TYPE == kQ4K || TYPE == kQ5K || TYPE == kIQ4XS) {
     for (int i = 0; i < K / kSuperBlock; ++i) {
       const uint8_t* sb = row + static_cast<int64_t>(i) * block_bytes(TYPE);
-      __m256 sv, cv;  // the 8 blocks' (s, c) in registers, stored once: a scalar loop cost as much as the codes
-      kquant_affine_lanes<TYPE>(sb, sv, cv);
-      _mm256_storeu_ps(s + 8 * i, sv);
-      _mm256_storeu_ps(c + 8 * i, cv);
+      store_kquant_affine<TYPE>(sb, s + 8 * i, c + 8 * i);
       for (int j = 0; j < 8; ++j) {
         WeightBlock<int16_t> w = kquant_block<TYPE>(sb, j);
         if constexpr (TYPE == kIQ4XS) {
@@ -150,10 +157,7 @@ void gemm_row_wide(const uint8_t* row, int K, int16_t* codes, float* s, float* c
   } else if constexpr (TYPE == kQ4K || TYPE == kQ5K || TYPE == kIQ4XS) {
     for (int i = 0; i < K / kSuperBlock; ++i) {
       const uint8_t* sb = row + static_cast<int64_t>(i) * block_bytes(TYPE);
-      __m256 sv, cv;  // the 8 blocks' (s, c) in registers, stored once: a scalar loop cost as much as the codes
-      kquant_affine_lanes<TYPE>(sb, sv, cv);
-      _mm256_storeu_ps(s + 8 * i, sv);
-      _mm256_storeu_ps(c + 8 * i, cv);
+      store_kquant_affine<TYPE>(sb, s + 8 * i, c + 8 * i);
       for (int j = 0; j < 8; ++j) {
         const WeightBlock<int16_t> w = kquant_block<TYPE>(sb, j);
         store_codes(w.lo, w.hi, codes + kSuperBlock * i + 32 * j);
